@@ -1,0 +1,1 @@
+"""byteps_like"""

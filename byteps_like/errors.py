@@ -1,0 +1,58 @@
+"""The exception tree of byteps_like.
+
+Every error a user can meet derives from :class:`BytePSError`. Messages name what failed,
+where (role, rank, host, tensor name) and what to do about it.
+"""
+from __future__ import annotations
+
+
+class BytePSError(RuntimeError):
+    """Base class of every byteps_like error."""
+
+
+class ConfigError(BytePSError, ValueError):
+    """A setting is missing or has a bad value; the message names the variable, value and source."""
+
+
+class NotInitializedError(BytePSError):
+    """An API call that needs ``init()`` came before it (or after ``shutdown()``)."""
+
+
+class CommunicationError(BytePSError):
+    """Talking to another node of the job failed."""
+
+
+class PeerLostError(CommunicationError):
+    """A node of the job stopped answering (crashed, killed, hung or partitioned away)."""
+
+    def __init__(self, message: str, *, role: str | None = None, rank: int | None = None,
+                 host: str | None = None):
+        super().__init__(message)
+        self.role, self.rank, self.host = role, rank, host
+
+
+class CommTimeoutError(CommunicationError, TimeoutError):
+    """A blocking operation did not complete within its timeout."""
+
+
+class ProtocolError(CommunicationError):
+    """A malformed, truncated, oversized or unexpected message arrived and was rejected."""
+
+
+class MismatchError(BytePSError):
+    """Workers disagree about a tensor (name, shape, dtype or declaration order)."""
+
+
+class RemoteError(BytePSError):
+    """Another node reported an error; carries its role, rank, host and text."""
+
+    def __init__(self, message: str, *, role: str | None = None, rank: int | None = None,
+                 host: str | None = None):
+        super().__init__(message)
+        self.role, self.rank, self.host = role, rank, host
+
+
+__all__ = [
+    "BytePSError", "ConfigError", "NotInitializedError", "CommunicationError", "PeerLostError",
+    "CommTimeoutError", "ProtocolError", "MismatchError", "RemoteError",
+]
