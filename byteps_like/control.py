@@ -1,0 +1,192 @@
+"""The node side of the control plane: register with the scheduler, receive the node table,
+barriers, heartbeats, and the scheduler's notices (a lost peer, shutdown).
+
+Used by servers and workers alike. Messages from the scheduler arrive on the owner's endpoint
+I/O thread and are handed to :meth:`ControlClient.handle`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from .config import Config
+from .errors import CommTimeoutError, ConfigError, PeerLostError, RemoteError
+from .transport import Endpoint, Route
+from .wire import Header, Message, MsgType, Role, encode, job_hash
+
+log = logging.getLogger("byteps_like.control")
+SCHEDULER = Route(peer="scheduler")
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    role: str
+    rank: int
+    host: str
+    port: int
+    pid: int
+
+    def describe(self) -> str:
+        return f"{self.role} rank {self.rank} on {self.host} (pid {self.pid})"
+
+
+def node_host(cfg: Config) -> str:
+    """The address this node advertises: DMLC_NODE_HOST, else loopback for a loopback
+    scheduler, else the address this host uses to reach the scheduler."""
+    if cfg.cluster.node_host:
+        return cfg.cluster.node_host
+    uri = cfg.cluster.root_uri
+    if uri in ("localhost",) or uri.startswith("127."):
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((uri, cfg.cluster.root_port))  # no packet is sent for UDP connect
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+
+
+class ControlClient:
+    def __init__(self, cfg: Config, ep: Endpoint, role: Role, *, port: int = 0,
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 on_shutdown: Callable[[], None] | None = None):
+        self.cfg = cfg
+        self.ep = ep
+        self.role = role
+        self.port = port
+        self.host = node_host(cfg)
+        self.job = job_hash(cfg.cluster.job_id)
+        self.rank = -1
+        self.peers: list[PeerInfo] = []
+        self.fatal: BaseException | None = None
+        self.on_fatal = on_fatal
+        self.on_shutdown = on_shutdown
+        self._table = threading.Event()
+        self._shutdown = threading.Event()
+        self._barrier_seq = 0
+        self._barriers: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._last_heard = time.monotonic()
+        self._heartbeats = False
+
+    # -- sending ----------------------------------------------------------------------------
+    def _send(self, mtype: MsgType, meta: dict | None = None, key: int = 0) -> None:
+        hdr = Header(mtype, role=self.role, rank=self.rank, job=self.job, key=key)
+        self.ep.send(SCHEDULER, encode(hdr, meta=meta))
+
+    def connect_and_register(self, address: str | None = None) -> None:
+        """Connect, register, and block until the node table arrives."""
+        c = self.cfg.cluster
+        address = address or f"tcp://{c.root_uri}:{c.root_port}"
+        self.ep.connect("scheduler", address)
+        meta = {"role": self.role.label, "host": self.host, "port": self.port, "pid": os.getpid(),
+                "worker_id": c.worker_id, "local_rank": c.local_rank, "local_size": c.local_size}
+        self._send(MsgType.REGISTER, meta)
+        self.ep.add_timer(self.cfg.timeouts.heartbeat_interval, self._tick)
+        t = self.cfg.timeouts.register_timeout
+        deadline = time.monotonic() + t
+        while not self._table.wait(0.1):
+            if self.fatal is not None:
+                raise self.fatal
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(
+                    f"{self.role.label} on {self.host}: no node table from the scheduler at "
+                    f"{address} within {t:g} s (BYTEPS_REGISTER_TIMEOUT_SECONDS); is the "
+                    "scheduler running, and have all workers and servers been started?")
+        if self.fatal is not None:
+            raise self.fatal
+
+    def barrier(self, group: str = "all", timeout: float | None = None) -> None:
+        with self._lock:
+            seq = self._barrier_seq
+            self._barrier_seq += 1
+            ev = self._barriers[seq] = threading.Event()
+        self._send(MsgType.BARRIER, {"group": group}, key=seq)
+        timeout = self.cfg.timeouts.op_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while not ev.wait(0.05):
+            self.check()
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(f"barrier of group {group!r} (#{seq}) did not complete "
+                                       f"within {timeout:g} s")
+        self.check()
+
+    def finish(self, timeout: float) -> bool:
+        """Tell the scheduler this worker is done; wait for the job's shutdown notice."""
+        self._send(MsgType.FINISH)
+        return self._shutdown.wait(timeout)
+
+    def abort(self, reason: str) -> None:
+        self._send(MsgType.ABORT, {"reason": reason[:4000]})
+
+    def check(self) -> None:
+        if self.fatal is not None:
+            raise self.fatal
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutdown.is_set()
+
+    # -- receiving (I/O thread) ---------------------------------------------------------------
+    def _fail(self, exc: BaseException) -> None:
+        if self.fatal is None:
+            self.fatal = exc
+            log.error("%s %d: %s", self.role.label, self.rank, exc)
+            if self.on_fatal is not None:
+                self.on_fatal(exc)
+
+    def handle(self, msg: Message) -> None:
+        self._last_heard = time.monotonic()
+        h, meta = msg.header, msg.meta or {}
+        if h.type is MsgType.NODE_TABLE:
+            self.rank = int(meta["rank"])
+            self.peers = [PeerInfo(str(n["role"]), int(n["rank"]), str(n["host"]), int(n["port"]),
+                                   int(n.get("pid", 0))) for n in meta["nodes"]]
+            self._heartbeats = True
+            self._table.set()
+        elif h.type is MsgType.HEARTBEAT:
+            pass
+        elif h.type is MsgType.BARRIER_DONE:
+            with self._lock:
+                ev = self._barriers.pop(h.key, None)
+            if ev is not None:
+                ev.set()
+        elif h.type is MsgType.PEER_LOST:
+            self._fail(PeerLostError(
+                f"{self.role.label} {self.rank}: lost {meta.get('role')} rank {meta.get('rank')} "
+                f"on {meta.get('host')} (pid {meta.get('pid')}): {meta.get('reason', '')}",
+                role=meta.get("role"), rank=meta.get("rank"), host=meta.get("host")))
+        elif h.type is MsgType.SHUTDOWN:
+            self._shutdown.set()
+            if self.on_shutdown is not None:
+                self.on_shutdown()
+        elif h.type is MsgType.ERROR:
+            text = str(meta.get("message", "unknown error"))
+            exc: BaseException
+            if meta.get("kind") == "register":
+                exc = ConfigError(f"the scheduler refused this {self.role.label}: {text}")
+            else:
+                exc = RemoteError(f"scheduler: {text}", role="scheduler", rank=0)
+            self._fail(exc)
+        else:
+            log.warning("%s: unexpected %s from the scheduler", self.role.label, h.type.name)
+
+    def _tick(self) -> None:
+        if self._shutdown.is_set() or self.fatal is not None:
+            return
+        self._send(MsgType.HEARTBEAT)
+        if not self._heartbeats:
+            return
+        silent = time.monotonic() - self._last_heard
+        limit = self.cfg.timeouts.heartbeat_timeout
+        if silent > limit:
+            c = self.cfg.cluster
+            self._fail(PeerLostError(
+                f"{self.role.label} {self.rank}: lost the scheduler at {c.root_uri}:{c.root_port}: "
+                f"no heartbeat for {silent:.1f} s (BYTEPS_HEARTBEAT_TIMEOUT_SECONDS={limit:g})",
+                role="scheduler", rank=0, host=c.root_uri))

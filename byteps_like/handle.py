@@ -1,0 +1,92 @@
+"""The handle of an asynchronous push_pull: owns its buffers, knows its own state."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from .errors import CommTimeoutError
+
+
+class Handle:
+    """Returned by ``push_pull_async``. Keeps the input and output arrays alive until done.
+
+    ``wait(timeout)`` blocks until every partition has come back and returns the output, or raises
+    the error that failed the operation (``PeerLostError``, ``MismatchError``, ...), or
+    ``CommTimeoutError`` naming the tensor and what is still outstanding.
+    """
+
+    def __init__(self, name: str, inp: Any, out: Any, nparts: int, *, default_timeout: float,
+                 describe_pending: Callable[["Handle"], str] | None = None):
+        self.name = name
+        self.input = inp
+        self.output = out
+        self.nparts = nparts
+        self.default_timeout = default_timeout
+        self._remaining = nparts
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Handle], None]] = []
+        self._describe_pending = describe_pending
+        self.started = time.monotonic()
+        self.finished: float | None = None
+        self.pending_parts: set[int] = set(range(nparts))
+        if nparts == 0:
+            self._finish()
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else f"{self._remaining}/{self.nparts} partitions pending"
+        return f"<Handle {self.name!r} {state}>"
+
+    # -- completion (pipeline side) --------------------------------------------------------------
+    def _finish(self) -> None:
+        self.finished = time.monotonic()
+        self._event.set()
+        for cb in self._callbacks:
+            cb(self)
+
+    def part_done(self, part: int) -> None:
+        with self._lock:
+            if self._event.is_set() or part not in self.pending_parts:
+                return
+            self.pending_parts.discard(part)
+            self._remaining -= 1
+            last = self._remaining == 0
+        if last:
+            self._finish()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._error = exc
+        self._finish()
+
+    def add_done_callback(self, fn: Callable[["Handle"], None]) -> None:
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    # -- user side ------------------------------------------------------------------------------
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        timeout = self.default_timeout if timeout is None else timeout
+        if not self._event.wait(timeout):
+            detail = self._describe_pending(self) if self._describe_pending else ""
+            raise CommTimeoutError(
+                f"push_pull of {self.name!r} did not complete within {timeout:g} s: "
+                f"{self._remaining} of {self.nparts} partitions outstanding{detail}")
+        if self._error is not None:
+            raise self._error
+        return self.output
+
+    def result(self) -> Any:
+        return self.wait()
+
+    def exception(self) -> BaseException | None:
+        return self._error if self.done() else None

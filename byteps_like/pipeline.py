@@ -1,0 +1,217 @@
+"""The worker pipeline: itineraries, the priority scheduler with byte credits, stage threads.
+
+Each partition is a :class:`Task` carrying its itinerary, a tuple of stage names built by the
+pure function :func:`plan`. Stage threads are joined by bounded queues; :meth:`Pipeline.advance`
+routes a task to the queue of its next stage, and observers (tracing, metrics) subscribe to stage
+start and end without living inside the router.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# Stage names, in the order a partition can meet them. Stages that do not apply to a tensor are
+# absent from its itinerary. This build runs PUSH and PULL; the others belong to local reduction,
+# device copies and compression.
+REDUCE, COPY_D2H, COMPRESS, PUSH, PULL, DECOMPRESS, COPY_H2D, BROADCAST = (
+    "reduce", "copy_d2h", "compress", "push", "pull", "decompress", "copy_h2d", "broadcast")
+ALL_STAGES = (REDUCE, COPY_D2H, COMPRESS, PUSH, PULL, DECOMPRESS, COPY_H2D, BROADCAST)
+
+
+def plan(*, distributed: bool, local_size: int = 1, on_device: bool = False,
+         compressed: bool = False) -> tuple[str, ...]:
+    """The itinerary of a partition, from the job's topology and the tensor's needs."""
+    stages = []
+    if local_size > 1:
+        stages.append(REDUCE)
+    if on_device:
+        stages.append(COPY_D2H)
+    if distributed:
+        if compressed:
+            stages.append(COMPRESS)
+        stages += [PUSH, PULL]
+        if compressed:
+            stages.append(DECOMPRESS)
+    if on_device:
+        stages.append(COPY_H2D)
+    if local_size > 1:
+        stages.append(BROADCAST)
+    return tuple(stages)
+
+
+@dataclass(eq=False)
+class Task:
+    """One partition of one push_pull on its way through the pipeline."""
+    handle: Any
+    key: int
+    part: int
+    offset: int
+    nbytes: int
+    priority: int
+    server: int
+    conn: int
+    round: int
+    itinerary: tuple[str, ...]
+    stage: int = 0
+    seq: int = 0
+    payload: Any = None      # set by the stage that received data (e.g. the pull response)
+    acked: bool = False
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def current(self) -> str | None:
+        return self.itinerary[self.stage] if self.stage < len(self.itinerary) else None
+
+
+class PriorityCreditQueue:
+    """Bounded queue that hands out the most urgent task (largest priority, then FIFO) whose bytes
+    fit in the credit: the bytes pushed but not yet acknowledged may not exceed ``credit_bytes``
+    (0 = unlimited), except that one task may always go when nothing is in flight.
+    """
+
+    def __init__(self, credit_bytes: int = 0, maxsize: int = 0):
+        self.credit_bytes = credit_bytes
+        self.maxsize = maxsize
+        self.inflight = 0
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._cv = threading.Condition()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def put(self, task: Task, timeout: float | None = None) -> None:
+        with self._cv:
+            if self.maxsize and not self._cv.wait_for(
+                    lambda: self._closed or len(self._heap) < self.maxsize, timeout):
+                raise queue.Full
+            task.seq = next(self._seq)
+            heapq.heappush(self._heap, (-task.priority, task.seq, task))
+            self._cv.notify_all()
+
+    def _ready(self) -> bool:
+        if self._closed:
+            return True
+        if not self._heap:
+            return False
+        nbytes = self._heap[0][2].nbytes
+        return (not self.credit_bytes or self.inflight == 0
+                or self.inflight + nbytes <= self.credit_bytes)
+
+    def get(self, timeout: float | None = None) -> Task | None:
+        """The next task to push, taking its bytes from the credit; None once closed."""
+        with self._cv:
+            if not self._cv.wait_for(self._ready, timeout):
+                return None
+            if self._closed:
+                return None
+            _p, _s, task = heapq.heappop(self._heap)
+            self.inflight += task.nbytes
+            self._cv.notify_all()
+            return task
+
+    def release(self, nbytes: int) -> None:
+        with self._cv:
+            self.inflight = max(0, self.inflight - nbytes)
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+
+Observer = Callable[[Task, str, str, float], None]  # (task, stage, "start"|"end", time)
+
+
+class Pipeline:
+    """Stage threads joined by bounded queues. ``handlers[stage](task)`` does a stage's work and
+    returns True when the task should move on at once, False when something else (a network
+    reply) will call :meth:`advance` for it later."""
+
+    def __init__(self, handlers: dict[str, Callable[[Task], bool]], *, queue_depth: int,
+                 credit_bytes: int, on_error: Callable[[Task, BaseException], None]):
+        self.handlers = handlers
+        self.on_error = on_error
+        self.observers: list[Observer] = []
+        self.queues: dict[str, Any] = {}
+        for stage in handlers:
+            if stage == PUSH:
+                self.queues[stage] = PriorityCreditQueue(credit_bytes, queue_depth)
+            else:
+                self.queues[stage] = _ClosableQueue(queue_depth)
+        self.on_complete: Callable[[Task], None] = lambda task: None
+        self._threads = [threading.Thread(target=self._loop, args=(s,), name=f"bpsl-{s}",
+                                          daemon=True) for s in handlers]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def submit(self, task: Task) -> None:
+        task.stage = 0
+        self._route(task)
+
+    def advance(self, task: Task) -> None:
+        """Move ``task`` on to its next stage, or complete it."""
+        task.stage += 1
+        self._route(task)
+
+    def _route(self, task: Task) -> None:
+        stage = task.current
+        if stage is None:
+            self.on_complete(task)
+            return
+        task.enqueued_at = time.monotonic()
+        self.queues[stage].put(task)
+
+    def _emit(self, task: Task, stage: str, event: str) -> None:
+        for obs in self.observers:
+            obs(task, stage, event, time.monotonic())
+
+    def _loop(self, stage: str) -> None:
+        q = self.queues[stage]
+        handler = self.handlers[stage]
+        while True:
+            task = q.get()
+            if task is None:
+                return
+            self._emit(task, stage, "start")
+            try:
+                move_on = handler(task)
+            except BaseException as exc:  # noqa: BLE001 - fails the task's handle, not the thread
+                self.on_error(task, exc)
+                continue
+            self._emit(task, stage, "end")
+            if move_on:
+                self.advance(task)
+
+    def close(self) -> None:
+        for q in self.queues.values():
+            q.close()
+        for t in self._threads:
+            if t.is_alive() and t is not threading.current_thread():
+                t.join(5.0)
+
+
+class _ClosableQueue:
+    def __init__(self, maxsize: int):
+        self._q: queue.Queue = queue.Queue(maxsize)
+
+    def put(self, task: Task) -> None:
+        self._q.put(task)
+
+    def get(self) -> Task | None:
+        return self._q.get()
+
+    def close(self) -> None:
+        try:
+            self._q.put_nowait(None)
+        except queue.Full:
+            pass

@@ -1,0 +1,60 @@
+"""The transport interface.
+
+An :class:`Endpoint` owns one I/O thread. It may *bind* one listening address (servers and the
+scheduler) and *connect* to named peers (workers to servers, everyone to the scheduler), with
+several connections per peer. Every received message is handed to ``on_message(route, frames)`` on
+the I/O thread; ``route`` says where to send a reply. ``send`` may be called from any thread.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a message came from: a connected peer (``peer``, ``conn``) or a client of our
+    listening socket (``ident``)."""
+    peer: str | None = None
+    conn: int = 0
+    ident: bytes | None = None
+
+    def __str__(self) -> str:
+        return self.peer if self.peer is not None else f"client {self.ident!r}"
+
+
+Handler = Callable[[Route, list], None]
+
+
+class Endpoint(abc.ABC):
+    on_message: Handler | None = None
+    on_error: Callable[[BaseException], None] | None = None
+
+    @abc.abstractmethod
+    def bind(self, address: str) -> str:
+        """Listen on ``address`` (``tcp://host:0`` picks a free port); return the bound address."""
+
+    @abc.abstractmethod
+    def connect(self, peer: str, address: str, connections: int = 1) -> None:
+        """Open ``connections`` connections to ``address`` under the name ``peer``."""
+
+    @abc.abstractmethod
+    def send(self, route: Route, frames: Sequence[Any]) -> None:
+        """Send one multipart message; thread-safe; buffers are sent without copying."""
+
+    @abc.abstractmethod
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread."""
+
+    @abc.abstractmethod
+    def add_timer(self, interval: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread every ``interval`` seconds."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Start the I/O thread."""
+
+    @abc.abstractmethod
+    def close(self, linger: float = 1.0) -> None:
+        """Stop the I/O thread and close every connection, flushing for at most ``linger`` s."""

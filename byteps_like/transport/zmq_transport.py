@@ -1,0 +1,238 @@
+"""ZeroMQ implementation of :class:`~byteps_like.transport.base.Endpoint`.
+
+One I/O thread owns every socket (ZeroMQ sockets are not thread-safe). Other threads hand it
+messages through an ``inproc`` PUSH/PULL pair: frames built with ``copy=False`` move through it
+without copying the payload. Listening sockets are ROUTERs, connections are DEALERs, and every
+socket has ``ZMQ_MAXMSGSIZE`` set, so an oversized message is dropped by ZeroMQ itself before
+any of it is buffered.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Callable, Sequence
+
+import zmq
+
+from .base import Endpoint, Route
+
+log = logging.getLogger("byteps_like.transport")
+
+_COPY_THRESHOLD = 64 * 1024  # below this pyzmq copying is cheaper than tracking a zero-copy frame
+
+
+def _frame(buf: Any) -> Any:
+    if isinstance(buf, (bytes, zmq.Frame)):
+        return buf
+    mv = memoryview(buf)
+    if mv.nbytes < _COPY_THRESHOLD:
+        return mv.tobytes()
+    return zmq.Frame(mv, copy=False)
+
+
+class ZmqEndpoint(Endpoint):
+    def __init__(self, name: str, *, max_message_bytes: int = 1 << 30, context: zmq.Context | None = None):
+        self.name = name
+        self.ctx = context or zmq.Context.instance()
+        self.max_message_bytes = int(max_message_bytes)
+        self._router: zmq.Socket | None = None
+        self._dealers: dict[tuple[str, int], zmq.Socket] = {}
+        self._sock_route: dict[zmq.Socket, Route] = {}
+        self._outbox_addr = f"inproc://bpsl-out-{uuid.uuid4().hex}"
+        self._outbox = self.ctx.socket(zmq.PULL)
+        self._outbox.bind(self._outbox_addr)
+        self._local = threading.local()
+        self._senders: list[zmq.Socket] = []
+        self._senders_lock = threading.Lock()
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._timers: list = []
+        self._tseq = itertools.count()
+        self._poller = zmq.Poller()
+        self._poller.register(self._outbox, zmq.POLLIN)
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._linger_ms = 0
+        self.on_message = None
+        self.on_error = None
+
+    # -- setup ---------------------------------------------------------------------------
+    def _socket(self, kind: int) -> zmq.Socket:
+        s = self.ctx.socket(kind)
+        s.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.setsockopt(zmq.RCVHWM, 0)
+        return s
+
+    def bind(self, address: str) -> str:
+        if self._router is not None:
+            raise RuntimeError(f"{self.name}: already bound")
+        s = self._socket(zmq.ROUTER)
+        s.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if address.startswith("tcp://") and address.endswith(":0"):
+            port = s.bind_to_random_port(address[:-2])
+            bound = f"{address[:-2]}:{port}"
+        else:
+            s.bind(address)
+            bound = s.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._router = s
+        self._poller.register(s, zmq.POLLIN)
+        return bound
+
+    def connect(self, peer: str, address: str, connections: int = 1) -> None:
+        def do() -> None:
+            for i in range(connections):
+                s = self._socket(zmq.DEALER)
+                s.connect(address)
+                self._dealers[(peer, i)] = s
+                self._sock_route[s] = Route(peer=peer, conn=i)
+                self._poller.register(s, zmq.POLLIN)
+        self._on_io_thread(do)
+
+    def connections(self, peer: str) -> int:
+        return sum(1 for (p, _i) in self._dealers if p == peer)
+
+    def add_timer(self, interval: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (time.monotonic() + interval, next(self._tseq), interval, fn))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"bpsl-io-{self.name}", daemon=True)
+        self._thread.start()
+
+    # -- sending ---------------------------------------------------------------------------
+    def _on_io_thread(self, fn: Callable[[], None]) -> None:
+        if self._thread is None or threading.current_thread() is self._thread:
+            fn()
+        else:
+            self.call_soon(fn)
+
+    def _sender(self) -> zmq.Socket:
+        s = getattr(self._local, "sock", None)
+        if s is None:
+            s = self.ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDHWM, 0)
+            s.connect(self._outbox_addr)
+            self._local.sock = s
+            with self._senders_lock:
+                self._senders.append(s)
+        return s
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        self._calls.put(fn)
+        self._sender().send(b"F")
+
+    def send(self, route: Route, frames: Sequence[Any]) -> None:
+        frames = [_frame(f) for f in frames]
+        if self._thread is None or threading.current_thread() is self._thread:
+            self._send_now(route, frames)
+            return
+        if route.ident is not None:
+            head = b"R" + route.ident
+        else:
+            head = b"D%d:" % route.conn + route.peer.encode()
+        self._sender().send_multipart([head, *frames], copy=False)
+
+    def _send_now(self, route: Route, frames: list) -> None:
+        if self._stop:
+            return
+        if route.ident is not None:
+            try:
+                self._router.send_multipart([route.ident, *frames], copy=False)
+            except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away
+                log.debug("%s: reply to vanished client dropped (%s)", self.name, exc)
+            return
+        sock = self._dealers.get((route.peer, route.conn))
+        if sock is None:
+            raise KeyError(f"{self.name}: no connection {route.conn} to peer {route.peer!r}")
+        sock.send_multipart(frames, copy=False)
+
+    # -- the I/O loop ------------------------------------------------------------------------
+    def _dispatch_outbox(self) -> None:
+        frames = self._outbox.recv_multipart(copy=False)
+        head = frames[0].bytes
+        if head == b"F":
+            self._calls.get_nowait()()
+            return
+        if head == b"S":
+            self._stop = True
+            return
+        if head[:1] == b"R":
+            route = Route(ident=head[1:])
+        else:
+            conn, _, peer = head[1:].partition(b":")
+            route = Route(peer=peer.decode(), conn=int(conn))
+        self._send_now(route, frames[1:])
+
+    def _run_timers(self) -> float | None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _due, seq, interval, fn = heapq.heappop(self._timers)
+            heapq.heappush(self._timers, (now + interval, seq, interval, fn))
+            fn()
+        if not self._timers:
+            return None
+        return max(0.0, self._timers[0][0] - time.monotonic())
+
+    def _run(self) -> None:
+        try:
+            while not self._stop:
+                wait = self._run_timers()
+                events = self._poller.poll(None if wait is None else max(1, int(wait * 1000)))
+                for sock, _ev in events:
+                    if sock is self._outbox:
+                        # drain a bounded batch so incoming traffic is not starved
+                        for _ in range(64):
+                            try:
+                                self._dispatch_outbox() if _ == 0 else self._dispatch_outbox_nb()
+                            except zmq.Again:
+                                break
+                    elif sock is self._router:
+                        frames = sock.recv_multipart(copy=False)
+                        self._deliver(Route(ident=frames[0].bytes), frames[1:])
+                    else:
+                        frames = sock.recv_multipart(copy=False)
+                        self._deliver(self._sock_route[sock], frames)
+        except BaseException as exc:  # noqa: BLE001 - reported to the owner
+            if not self._stop:
+                log.exception("%s: I/O thread failed", self.name)
+                if self.on_error is not None:
+                    self.on_error(exc)
+        finally:
+            self._close_sockets()
+
+    def _dispatch_outbox_nb(self) -> None:
+        if not self._outbox.poll(0):
+            raise zmq.Again()
+        self._dispatch_outbox()
+
+    def _deliver(self, route: Route, frames: list) -> None:
+        if self.on_message is not None:
+            self.on_message(route, frames)
+
+    def _close_sockets(self) -> None:
+        for s in [self._router, *self._dealers.values()]:
+            if s is not None:
+                s.close(self._linger_ms)
+        self._outbox.close(0)
+
+    def close(self, linger: float = 1.0) -> None:
+        self._linger_ms = int(linger * 1000)
+        if self._thread is None:
+            self._close_sockets()
+            return
+        if threading.current_thread() is self._thread:
+            self._stop = True
+            return
+        if self._thread.is_alive():
+            self._sender().send(b"S")
+            self._thread.join(linger + 5.0)
+        with self._senders_lock:
+            for s in self._senders:
+                s.close(0)
+            self._senders.clear()

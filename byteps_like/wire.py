@@ -1,0 +1,245 @@
+"""The wire protocol: a fixed, versioned binary header plus zero-copy payload frames.
+
+A message is a ZeroMQ multipart message::
+
+    [header (HEADER_SIZE bytes)] [payload (nbytes bytes), when the type carries data] [meta (JSON), when FLAG_META]
+
+The header is a little-endian ``struct`` with a magic number and a version. Nothing that arrives
+from the network is unpickled: control payloads are UTF-8 JSON objects of bounded size, data
+payloads are raw bytes whose length is checked against ``count * itemsize(dtype)``. Every decode
+failure raises :class:`~byteps_like.errors.ProtocolError` with a message that says what was wrong.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import ProtocolError
+
+MAGIC = b"BPSL"
+VERSION = 1
+# magic, version, type, dtype, sender role, sender rank, flags, job, key, round, count, nbytes
+_HEADER = struct.Struct("<4sBBBBiIIQqQQ")
+HEADER_SIZE = _HEADER.size
+MAX_META_BYTES = 1 << 20  # JSON control payloads: node tables of thousands of nodes fit
+
+
+class MsgType(enum.IntEnum):
+    # control plane (node <-> scheduler)
+    REGISTER = 1
+    NODE_TABLE = 2
+    BARRIER = 3
+    BARRIER_DONE = 4
+    HEARTBEAT = 5
+    PEER_LOST = 6
+    FINISH = 7
+    SHUTDOWN = 8
+    ABORT = 9
+    # data plane (worker <-> server)
+    PUSH = 20
+    PUSH_ACK = 21
+    PULL = 22
+    PULL_RESP = 23
+    # either
+    ERROR = 30
+
+
+class Role(enum.IntEnum):
+    SCHEDULER = 0
+    SERVER = 1
+    WORKER = 2
+
+    @classmethod
+    def parse(cls, name: str) -> "Role":
+        return cls[name.upper()]
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+# Flags
+FLAG_META = 1 << 0        # a JSON meta frame follows the payload
+FLAG_DECLARE = 1 << 1     # first round of a key: meta carries name, shape, dtype
+FLAG_ASYNC = 1 << 2       # asynchronous mode push (delta applied at once)
+
+# Error kinds carried in ERROR meta["kind"]
+ERR_MISMATCH = "mismatch"
+ERR_PROTOCOL = "protocol"
+ERR_PEER_LOST = "peer_lost"
+ERR_REGISTER = "register"
+ERR_INTERNAL = "internal"
+
+DTYPES: tuple[str, ...] = ("none", "float32", "float64", "float16", "bfloat16", "int32", "int64",
+                           "uint8", "int8")
+DTYPE_CODE = {name: i for i, name in enumerate(DTYPES)}
+ITEMSIZE = {"none": 1, "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4,
+            "int64": 8, "uint8": 1, "int8": 1}
+# numpy dtype used to hold each wire dtype (bfloat16 travels as raw uint16)
+NUMPY_DTYPE = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
+               "bfloat16": np.uint16, "int32": np.int32, "int64": np.int64, "uint8": np.uint8,
+               "int8": np.int8}
+SUMMABLE = frozenset({"float32", "float64", "float16", "bfloat16", "int32", "int64"})
+
+_DATA_TYPES = {MsgType.PUSH, MsgType.PULL_RESP}
+
+
+def dtype_name(dtype: Any) -> str:
+    """Map a numpy dtype (or a name) to its wire name; raise TypeError for unsupported ones."""
+    if isinstance(dtype, str) and dtype in DTYPE_CODE and dtype != "none":
+        return dtype
+    try:
+        name = np.dtype(dtype).name
+    except TypeError as exc:
+        raise TypeError(f"unsupported dtype {dtype!r}") from exc
+    if name == "bfloat16":
+        return name
+    if name not in DTYPE_CODE or name == "none":
+        raise TypeError(f"unsupported dtype {name!r}: byteps_like sums "
+                        f"{', '.join(sorted(SUMMABLE))}")
+    return name
+
+
+@dataclass(frozen=True)
+class Header:
+    type: MsgType
+    dtype: str = "none"
+    role: Role = Role.WORKER
+    rank: int = -1
+    flags: int = 0
+    job: int = 0
+    key: int = 0
+    round: int = 0
+    count: int = 0
+    nbytes: int = 0
+
+    def pack(self) -> bytes:
+        return _HEADER.pack(MAGIC, VERSION, int(self.type), DTYPE_CODE[self.dtype], int(self.role),
+                            self.rank, self.flags, self.job, self.key, self.round, self.count,
+                            self.nbytes)
+
+    @property
+    def sender(self) -> str:
+        return f"{self.role.label} {self.rank}" if self.rank >= 0 else self.role.label
+
+
+@dataclass
+class Message:
+    header: Header
+    payload: Any = None          # a buffer (bytes, memoryview, zmq.Frame buffer) or None
+    meta: dict | None = None
+
+
+def job_hash(job_id: str) -> int:
+    """A stable 32-bit tag of a job id, carried in every header."""
+    h = 2166136261
+    for b in job_id.encode():
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h
+
+
+def encode_meta(meta: dict) -> bytes:
+    data = json.dumps(meta, separators=(",", ":"), allow_nan=False).encode()
+    if len(data) > MAX_META_BYTES:
+        raise ProtocolError(f"control message of {len(data)} bytes exceeds {MAX_META_BYTES}")
+    return data
+
+
+def encode(header: Header, payload: Any = None, meta: dict | None = None) -> list:
+    """Frames of one message. The payload buffer is passed through untouched (zero-copy)."""
+    flags = header.flags | (FLAG_META if meta is not None else 0)
+    if flags != header.flags:
+        header = Header(**{**header.__dict__, "flags": flags})
+    frames: list = [header.pack()]
+    if header.type in _DATA_TYPES:
+        if payload is None:
+            raise ProtocolError(f"{header.type.name} needs a payload")
+        frames.append(payload)
+    if meta is not None:
+        frames.append(encode_meta(meta))
+    return frames
+
+
+def _buf_len(frame: Any) -> int:
+    if isinstance(frame, (bytes, bytearray)):
+        return len(frame)
+    buf = getattr(frame, "buffer", frame)  # zmq.Frame -> memoryview
+    return memoryview(buf).nbytes
+
+
+def _as_bytes(frame: Any) -> bytes:
+    if isinstance(frame, bytes):
+        return frame
+    return getattr(frame, "bytes", None) or bytes(memoryview(frame))
+
+
+def decode_header(raw: Any) -> Header:
+    n = _buf_len(raw)
+    if n != HEADER_SIZE:
+        raise ProtocolError(f"bad header: {n} bytes, expected {HEADER_SIZE}")
+    (magic, version, mtype, dcode, role, rank, flags, job, key, rnd, count,
+     nbytes) = _HEADER.unpack(_as_bytes(raw))
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {magic!r}: not a byteps_like peer (expected {MAGIC!r})")
+    if version != VERSION:
+        raise ProtocolError(f"protocol version {version} from peer, this side speaks {VERSION}: "
+                            "run the same byteps_like release on every node")
+    try:
+        mtype = MsgType(mtype)
+    except ValueError:
+        raise ProtocolError(f"unknown message type {mtype}") from None
+    if dcode >= len(DTYPES):
+        raise ProtocolError(f"unknown dtype code {dcode}")
+    try:
+        role = Role(role)
+    except ValueError:
+        raise ProtocolError(f"unknown sender role {role}") from None
+    dtype = DTYPES[dcode]
+    if mtype in _DATA_TYPES:
+        if dtype == "none":
+            raise ProtocolError(f"{mtype.name} without a dtype")
+        if count * ITEMSIZE[dtype] != nbytes:
+            raise ProtocolError(f"{mtype.name} key {key}: {count} x {dtype} is "
+                                f"{count * ITEMSIZE[dtype]} bytes, header says {nbytes}")
+    return Header(mtype, dtype, role, rank, flags, job, key, rnd, count, nbytes)
+
+
+def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
+    """Decode and validate one message; raise ProtocolError on anything malformed."""
+    if not frames:
+        raise ProtocolError("empty message")
+    header = decode_header(frames[0])
+    want = 1 + (header.type in _DATA_TYPES) + bool(header.flags & FLAG_META)
+    if len(frames) != want:
+        raise ProtocolError(f"{header.type.name} from {header.sender}: {len(frames)} frames, "
+                            f"expected {want}")
+    payload = None
+    idx = 1
+    if header.type in _DATA_TYPES:
+        payload = frames[1]
+        n = _buf_len(payload)
+        if n != header.nbytes:
+            raise ProtocolError(f"{header.type.name} key {header.key} from {header.sender}: "
+                                f"payload is {n} bytes, header says {header.nbytes}")
+        if max_bytes is not None and n > max_bytes:
+            raise ProtocolError(f"{header.type.name} key {header.key}: payload of {n} bytes "
+                                f"exceeds the limit of {max_bytes} (BYTEPS_MAX_MESSAGE_BYTES)")
+        idx = 2
+    meta = None
+    if header.flags & FLAG_META:
+        raw = frames[idx]
+        if _buf_len(raw) > MAX_META_BYTES:
+            raise ProtocolError(f"{header.type.name} meta frame exceeds {MAX_META_BYTES} bytes")
+        try:
+            meta = json.loads(_as_bytes(raw).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ProtocolError(f"{header.type.name} from {header.sender}: meta frame is not "
+                                f"UTF-8 JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise ProtocolError(f"{header.type.name}: meta frame is not a JSON object")
+    return Message(header, payload, meta)

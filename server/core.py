@@ -1,0 +1,301 @@
+"""The summation server.
+
+A store per key, allocated on the first push. Engine threads own disjoint keys (assigned on first
+sight to the engine with the fewest bytes) so no store is ever touched by two threads. The I/O
+thread only decodes headers and routes; summation runs in ``_core`` kernels that release the GIL.
+
+Synchronous mode: round r of a key sums one push from each of the job's workers into buffer
+``r % 2``; pulls of round r are answered once the round completes. A worker pushes round r+1 of a
+key only after it has pulled round r, so when the first push of round r+2 arrives every worker has
+received round r: the buffer can be reused without copying the result out for each pull.
+
+Asynchronous mode (``BYTEPS_ENABLE_ASYNC=1``): one buffer holds the value; every push is a delta
+added at once; a pull returns a snapshot of the current value.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import _core
+from ..config import Config
+from ..control import ControlClient
+from ..errors import ProtocolError
+from ..transport import Route, make_endpoint
+from ..wire import (ERR_INTERNAL, ERR_MISMATCH, ERR_PROTOCOL, FLAG_DECLARE, SUMMABLE, Header,
+                    Message, MsgType, Role, decode, decode_header, encode, job_hash)
+
+log = logging.getLogger("byteps_like.server")
+
+
+@dataclass
+class KeyStore:
+    key: int
+    dtype: str
+    nbytes: int
+    count: int
+    decl: dict
+    decl_rank: int
+    bufs: list
+    round: int = 0                 # the round being accumulated
+    completed: int = -1            # last completed round
+    pushed: set = field(default_factory=set)
+    pending: list = field(default_factory=list)   # (route, rank, round) waiting for a round
+    failed: str | None = None
+    pushes: int = 0
+
+    def describe_decl(self, decl: dict) -> str:
+        return f"{decl.get('name')!r} shape {tuple(decl.get('shape', ()))} {decl.get('dtype')}"
+
+
+class Engine(threading.Thread):
+    def __init__(self, server: "Server", idx: int):
+        super().__init__(name=f"bpsl-engine-{idx}", daemon=True)
+        self.server = server
+        self.idx = idx
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.stores: dict[int, KeyStore] = {}
+        self.bytes = 0
+
+    def run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            route, msg = item
+            try:
+                self.process(route, msg)
+            except Exception as exc:  # noqa: BLE001 - a bug must not kill the engine silently
+                log.exception("server %d: engine %d failed on key %d", self.server.rank,
+                              self.idx, msg.header.key)
+                self.server.reply_error(route, msg.header, ERR_INTERNAL,
+                                        f"server {self.server.rank} internal error: {exc!r}")
+
+    # -- processing -------------------------------------------------------------------------
+    def process(self, route: Route, msg: Message) -> None:
+        h = msg.header
+        store = self.stores.get(h.key)
+        if h.type is MsgType.PUSH:
+            if store is None:
+                store = self._create(route, msg)
+                if store is None:
+                    return
+            self._push(store, route, msg)
+        elif h.type is MsgType.PULL:
+            if store is None:
+                self.server.reply_error(route, h, ERR_PROTOCOL,
+                                        f"pull of key {h.key} before any push")
+                return
+            self._pull(store, route, h)
+
+    def _create(self, route: Route, msg: Message) -> KeyStore | None:
+        h = msg.header
+        if not (h.flags & FLAG_DECLARE) or not msg.meta:
+            self.server.reply_error(route, h, ERR_PROTOCOL, f"first push of key {h.key} from "
+                                    f"{h.sender} carries no declaration")
+            return None
+        if h.dtype not in SUMMABLE:
+            self.server.reply_error(route, h, ERR_PROTOCOL, f"dtype {h.dtype} cannot be summed")
+            return None
+        nbuf = 1 if self.server.async_mode else 2
+        bufs = [np.zeros(h.nbytes, dtype=np.uint8) for _ in range(nbuf)]
+        store = KeyStore(h.key, h.dtype, h.nbytes, h.count, dict(msg.meta), h.rank, bufs)
+        self.stores[h.key] = store
+        return store
+
+    def _fail_key(self, store: KeyStore, text: str) -> None:
+        store.failed = text
+        log.error("server %d: %s", self.server.rank, text)
+        for route, _rank, rnd in store.pending:
+            self.server.reply_error(route, Header(MsgType.PULL, key=store.key, round=rnd),
+                                    ERR_MISMATCH, text)
+        store.pending.clear()
+
+    def _check(self, store: KeyStore, route: Route, msg: Message) -> bool:
+        h = msg.header
+        decl = msg.meta if (h.flags & FLAG_DECLARE) else None
+        text = None
+        if decl is not None and any(decl.get(f) != store.decl.get(f)
+                                    for f in ("name", "shape", "dtype", "part", "nparts")):
+            text = (f"tensor mismatch on key {h.key}: worker rank {store.decl_rank} declared "
+                    f"{store.describe_decl(store.decl)} but worker rank {h.rank} declared "
+                    f"{store.describe_decl(decl)}; every worker must declare the same tensors, "
+                    "in the same order, with the same shape and dtype")
+        elif h.dtype != store.dtype or h.nbytes != store.nbytes:
+            text = (f"tensor mismatch on key {h.key} ({store.decl.get('name')!r}): worker rank "
+                    f"{store.decl_rank} pushed {store.count} x {store.dtype}, worker rank "
+                    f"{h.rank} pushed {h.count} x {h.dtype}")
+        if text is not None:
+            self._fail_key(store, text)
+        if store.failed is not None:
+            self.server.reply_error(route, h, ERR_MISMATCH, store.failed)
+            return False
+        return True
+
+    def _push(self, store: KeyStore, route: Route, msg: Message) -> None:
+        h = msg.header
+        if not self._check(store, route, msg):
+            return
+        srv = self.server
+        if srv.async_mode:
+            _core.add_into(store.bufs[0], msg.payload, store.dtype, srv.sum_threads)
+            store.pushes += 1
+            srv.reply(route, MsgType.PUSH_ACK, h)
+            return
+        if h.round != store.round or h.rank in store.pushed:
+            why = ("twice in one round" if h.rank in store.pushed and h.round == store.round
+                   else f"for round {h.round} while round {store.round} is open")
+            srv.reply_error(route, h, ERR_PROTOCOL, f"key {h.key}: push from worker rank "
+                            f"{h.rank} {why}")
+            return
+        buf = store.bufs[h.round % 2]
+        if not store.pushed:
+            _core.copy_into(buf, msg.payload, srv.sum_threads)
+        else:
+            _core.add_into(buf, msg.payload, store.dtype, srv.sum_threads)
+        store.pushed.add(h.rank)
+        store.pushes += 1
+        srv.reply(route, MsgType.PUSH_ACK, h)
+        if len(store.pushed) == srv.num_workers:
+            store.completed = store.round
+            store.round += 1
+            store.pushed = set()
+            waiting, store.pending = store.pending, []
+            for proute, _rank, rnd in waiting:
+                self._answer_pull(store, proute, rnd)
+
+    def _answer_pull(self, store: KeyStore, route: Route, rnd: int) -> None:
+        hdr = Header(MsgType.PULL_RESP, store.dtype, Role.SERVER, self.server.rank, 0,
+                     self.server.job, store.key, rnd, store.count, store.nbytes)
+        if self.server.async_mode:
+            payload = store.bufs[0].tobytes()  # a snapshot: later pushes must not tear it
+        else:
+            payload = store.bufs[rnd % 2]
+        self.server.ep.send(route, encode(hdr, payload))
+
+    def _pull(self, store: KeyStore, route: Route, h: Header) -> None:
+        if store.failed is not None:
+            self.server.reply_error(route, h, ERR_MISMATCH, store.failed)
+        elif self.server.async_mode or h.round == store.completed:
+            self._answer_pull(store, route, h.round)
+        elif h.round == store.round:
+            store.pending.append((route, h.rank, h.round))
+        else:
+            self.server.reply_error(route, h, ERR_PROTOCOL, f"key {h.key}: pull of round "
+                                    f"{h.round} from worker rank {h.rank}, but round "
+                                    f"{store.completed} is the last completed")
+
+
+class Server:
+    def __init__(self, cfg: Config, *, context=None, address: str | None = None,
+                 scheduler_address: str | None = None):
+        self.cfg = cfg
+        self.async_mode = cfg.server.enable_async
+        self.sum_threads = cfg.server.sum_threads
+        self.num_workers = cfg.cluster.num_worker * cfg.cluster.local_size
+        self.job = job_hash(cfg.cluster.job_id)
+        self.ep = make_endpoint("server", cfg, context=context)
+        from ..control import node_host
+        host = node_host(cfg)
+        self.address = self.ep.bind(address or f"tcp://{host}:{cfg.cluster.server_port}")
+        port = int(self.address.rsplit(":", 1)[1]) if self.address.startswith("tcp") else 0
+        self.control = ControlClient(cfg, self.ep, Role.SERVER, port=port,
+                                     on_fatal=lambda exc: self._done.set(),
+                                     on_shutdown=lambda: self._done.set())
+        self._scheduler_address = scheduler_address
+        self.engines = [Engine(self, i) for i in range(cfg.server.engine_threads)]
+        self.key_engine: dict[int, Engine] = {}
+        self.rejected = 0
+        self._done = threading.Event()
+        self.ep.on_message = self._on_message
+
+    @property
+    def rank(self) -> int:
+        return self.control.rank
+
+    def reply(self, route: Route, mtype: MsgType, h: Header, meta: dict | None = None) -> None:
+        hdr = Header(mtype, role=Role.SERVER, rank=self.rank, job=self.job, key=h.key,
+                     round=h.round)
+        self.ep.send(route, encode(hdr, meta=meta))
+
+    def reply_error(self, route: Route, h: Header, kind: str, text: str) -> None:
+        self.reply(route, MsgType.ERROR, h, {"kind": kind, "message": text,
+                                              "type": h.type.name})
+
+    def _on_message(self, route: Route, frames: list) -> None:
+        try:
+            msg = decode(frames, self.cfg.transport.max_message_bytes)
+        except ProtocolError as exc:
+            self.rejected += 1
+            log.warning("server %d: rejected a message from %s: %s", self.rank, route, exc)
+            if route.ident is not None:
+                try:
+                    h = decode_header(frames[0])
+                except ProtocolError:
+                    h = Header(MsgType.ERROR)
+                self.reply_error(route, h, ERR_PROTOCOL, f"server {self.rank}: {exc}")
+            return
+        if route.peer == "scheduler":
+            self.control.handle(msg)
+            return
+        h = msg.header
+        if h.job != self.job:
+            self.reply_error(route, h, ERR_PROTOCOL, f"server {self.rank} serves job "
+                             f"{self.cfg.cluster.job_id!r}; this peer belongs to another job")
+            return
+        if h.type not in (MsgType.PUSH, MsgType.PULL) or not 0 <= h.rank < self.num_workers:
+            self.rejected += 1
+            self.reply_error(route, h, ERR_PROTOCOL, f"server {self.rank}: unexpected "
+                             f"{h.type.name} from {h.sender}")
+            return
+        eng = self.key_engine.get(h.key)
+        if eng is None:
+            eng = min(self.engines, key=lambda e: (e.bytes, e.idx))
+            eng.bytes += h.nbytes
+            self.key_engine[h.key] = eng
+        eng.q.put((route, msg))
+
+    def start(self) -> None:
+        for e in self.engines:
+            e.start()
+        self.ep.start()
+        self.control.connect_and_register(self._scheduler_address)
+        log.info("server %d: serving on %s (%d engine threads, %s mode)", self.rank, self.address,
+                 len(self.engines), "async" if self.async_mode else "sync")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def close(self) -> None:
+        for e in self.engines:
+            e.q.put(None)
+        for e in self.engines:
+            if e.is_alive():
+                e.join(5.0)
+        self.ep.close(linger=1.0)
+
+    def run(self) -> int:
+        try:
+            self.start()
+            self._done.wait()
+        except Exception as exc:  # noqa: BLE001 - reported, exit non-zero
+            log.error("server: %s", exc)
+            return 1
+        finally:
+            self.close()
+        if self.control.fatal is not None:
+            return 1
+        return 0
+
+
+def run(cfg: Config) -> int:
+    import zmq
+    ctx = zmq.Context()
+    try:
+        return Server(cfg, context=ctx).run()
+    finally:
+        ctx.term()
