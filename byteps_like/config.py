@@ -1,0 +1,574 @@
+"""The one configuration object of byteps_like, and the only module that reads ``os.environ``.
+
+Each setting is declared once below, as a dataclass field carrying its environment name, type,
+default, unit, help and bounds; ``SETTINGS`` is the table collected from them. :func:`load`
+builds the frozen :class:`Config`; docs/configuration.md (``--markdown``) explains the rules.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import math
+import os
+import re
+import sys
+import textwrap
+import warnings
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from types import MappingProxyType
+from typing import Any, Mapping, NamedTuple
+
+from .errors import ConfigError
+
+_log = logging.getLogger(__name__)
+
+CONFIG_FILE_ENV = "BYTEPS_CONFIG_FILE"
+_PREFIXES = ("BYTEPS_", "DMLC_")
+#: Real BytePS / ps-lite variables that deployments set; accepted silently and ignored.
+IGNORED_NAMES = frozenset({
+    "DMLC_INTERFACE", "DMLC_ENABLE_RDMA", "DMLC_ENABLE_UCX", "DMLC_LOCAL",
+    "BYTEPS_FORCE_DISTRIBUTED", "BYTEPS_NCCL_GROUP_SIZE", "BYTEPS_NCCL_NUM_RINGS",
+    "BYTEPS_USE_HASH_KEY", "BYTEPS_KEY_HASH_FN", "BYTEPS_BUILT_IN_HASH_COEF",
+    "BYTEPS_ENABLE_MIXED_MODE", "BYTEPS_SERVER_ENABLE_SCHEDULE", "BYTEPS_ENABLE_IPC",
+    "BYTEPS_TRACE_ON", "BYTEPS_TRACE_START_STEP", "BYTEPS_TRACE_END_STEP", "BYTEPS_TRACE_DIR",
+    "BYTEPS_NUMA_ON", "BYTEPS_NUMA_DEFAULT_QUOTA", "BYTEPS_CPU_BLACKLIST",
+    "BYTEPS_VISIBLE_CPU_CORES", "BYTEPS_MULTITHREADED_CPU", "BYTEPS_OMP_THREAD_PER_GPU",
+    "BYTEPS_PCIE_SWITCH_SIZE", "BYTEPS_REDUCE_ROOTS", "BYTEPS_MIN_COMPRESS_BYTES",
+    "BYTEPS_THREADPOOL_SIZE", "BYTEPS_DEBUG_SAMPLE_TENSOR", "BYTEPS_ENABLE_GDB",
+    "BYTEPS_SOCKET_PATH", "BYTEPS_DISABLE_P2P", "BYTEPS_DISABLE_CPU_ALLREDUCE",
+    "BYTEPS_DISABLE_GPU_ALLREDUCE",
+})
+
+
+class ConfigWarning(UserWarning):
+    """An environment variable looks like a byteps_like setting (BYTEPS_*, DMLC_*) but is none."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the settings table."""
+    env: str
+    kind: str  # str | int | float | bool | size | seconds | choice
+    default: Any
+    help: str
+    unit: str = ""
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] = ()
+    section: str = ""
+    name: str = ""
+
+    @property
+    def path(self) -> str:
+        return f"{self.section}.{self.name}"
+
+
+def _s(env: str, kind: str, default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"setting": Setting(env, kind, default, help, **kw)})
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Who this process is and how to reach the rest of the job (BytePS / ps-lite names)."""
+    role: str = _s("DMLC_ROLE", "choice", "worker", "Role of this process.",
+                   choices=("worker", "server", "scheduler"))
+    num_worker: int = _s("DMLC_NUM_WORKER", "int", 1, "Number of worker machines (as in BytePS; "
+                         "each runs `local_size` worker processes).", unit="machines", min=1)
+    num_server: int = _s("DMLC_NUM_SERVER", "int", 0, "Number of server processes in the job.",
+                         unit="processes", min=0)
+    root_uri: str = _s("DMLC_PS_ROOT_URI", "str", "127.0.0.1",
+                       "Host name or IP address of the scheduler.")
+    root_port: int = _s("DMLC_PS_ROOT_PORT", "int", 9000, "TCP port the scheduler listens on.",
+                        min=1, max=65535)
+    worker_id: int | None = _s("DMLC_WORKER_ID", "int", None, "Index of this worker machine, "
+                               "0 .. num_worker - 1; unset when not given.", min=0)
+    node_host: str = _s("DMLC_NODE_HOST", "str", "", "Address this node advertises to the others; "
+                        "empty picks one automatically.")
+    local_rank: int = _s("BYTEPS_LOCAL_RANK", "int", 0, "Index of this process on its machine, "
+                         "0 .. local_size - 1.", min=0)
+    local_size: int = _s("BYTEPS_LOCAL_SIZE", "int", 1, "Number of worker processes per machine.",
+                         unit="processes", min=1)
+    server_port: int = _s("BYTEPS_SERVER_PORT", "int", 0, "TCP port a server binds; 0 picks a "
+                          "free (ephemeral) port.", min=0, max=65535)
+    job_id: str = _s("BYTEPS_JOB_ID", "str", "default", "Name of the job, to tell the nodes of "
+                     "different jobs apart.")
+
+    @property
+    def total_workers(self) -> int:
+        """Worker processes in the whole job: ``num_worker * local_size``."""
+        return self.num_worker * self.local_size
+
+    @property
+    def is_standalone(self) -> bool:
+        """A single worker process and no server: nothing to communicate."""
+        return self.total_workers == 1 and self.num_server == 0
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """How tensors are cut into partitions, the unit of pipelining and of server load balance."""
+    partition_bytes: int = _s("BYTEPS_PARTITION_BYTES", "size", 4096000, "Largest partition a "
+                              "tensor is cut into.", unit="bytes", min=1024)
+
+
+@dataclass(frozen=True)
+class SchedulingConfig:
+    """Flow control of the worker-side pipeline."""
+    credit: int = _s("BYTEPS_SCHEDULING_CREDIT", "int", 4, "Partitions' worth of bytes each "
+                     "worker may have in flight; 0 means unlimited.", unit="partitions", min=0)
+    queue_depth: int = _s("BYTEPS_PIPELINE_QUEUE_DEPTH", "int", 64, "Length of the bounded queue "
+                          "between two pipeline stages.", unit="items", min=1)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The summation service."""
+    engine_threads: int = _s("BYTEPS_SERVER_ENGINE_THREAD", "int", 4, "Threads a server uses to "
+                             "sum incoming partitions.", unit="threads", min=1)
+    enable_async: bool = _s("BYTEPS_ENABLE_ASYNC", "bool", False, "Asynchronous training: a "
+                            "server applies each push at once instead of waiting for all workers.")
+    sum_threads: int = _s("BYTEPS_SERVER_SUM_THREADS", "int", 1, "Threads one summation kernel "
+                          "call may use.", unit="threads", min=1)
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """Connections and messages between nodes."""
+    tcp_connections: int = _s("BYTEPS_TCP_CONNECTIONS", "int", 1, "TCP connections from each "
+                              "worker to each server.", unit="connections", min=1, max=16)
+    max_message_bytes: int = _s("BYTEPS_MAX_MESSAGE_BYTES", "size", 1 << 30, "Largest message a "
+                                "node accepts; must be >= partition_bytes + 4096.", unit="bytes",
+                                min=1024)
+    transport: str = _s("BYTEPS_TRANSPORT", "choice", "zmq", "Messaging library.",
+                        choices=("zmq",))
+
+
+@dataclass(frozen=True)
+class TimeoutsConfig:
+    """Default timeouts of blocking operations and liveness checks."""
+    op_timeout: float = _s("BYTEPS_TIMEOUT_SECONDS", "seconds", 600.0, "Default wait of one "
+                           "push_pull before it fails with a timeout.", unit="seconds")
+    register_timeout: float = _s("BYTEPS_REGISTER_TIMEOUT_SECONDS", "seconds", 120.0, "How long "
+                                 "a node waits for the whole job to register.", unit="seconds")
+    heartbeat_interval: float = _s("BYTEPS_HEARTBEAT_INTERVAL_SECONDS", "seconds", 1.0, "Time "
+                                   "between two heartbeats of a node.", unit="seconds")
+    heartbeat_timeout: float = _s("BYTEPS_HEARTBEAT_TIMEOUT_SECONDS", "seconds", 20.0, "Silence "
+                                  "after which a node is declared lost; must exceed twice "
+                                  "heartbeat_interval.", unit="seconds")
+    shutdown_timeout: float = _s("BYTEPS_SHUTDOWN_TIMEOUT_SECONDS", "seconds", 30.0, "How long "
+                                 "shutdown waits for peers before giving up.", unit="seconds")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Logging."""
+    level: str = _s("BYTEPS_LOG_LEVEL", "choice", "WARNING", "Log level (case-insensitive).",
+                    choices=("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"))
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration; build it with :func:`load`, change it with :meth:`replace`."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    _sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}),
+                                        compare=False, repr=False)
+
+    def get(self, path: str) -> Any:
+        """The value at a dotted path such as ``"cluster.num_worker"``."""
+        section, name = _resolve(path, "argument").path.split(".")
+        return getattr(getattr(self, section), name)
+
+    def source(self, path: str) -> str:
+        """Where the value at ``path`` came from ("default", "environment", ...)."""
+        return self._sources.get(_resolve(path, "argument").path, "default")
+
+    def to_env(self, include_defaults: bool = False) -> dict[str, str]:
+        """Environment names and string values of every non-default field (all with
+        ``include_defaults``); ``load(env=cfg.to_env()) == cfg``."""
+        out = {}
+        for s in SETTINGS:
+            value = self.get(s.path)
+            if value is not None and (include_defaults or value != s.default):
+                out[s.env] = _format(value)
+        return out
+
+    def replace(self, **overrides: Any) -> Config:
+        """A new validated Config; keys are dotted paths or environment names."""
+        values = {s.path: (self.get(s.path), self.source(s.path)) for s in SETTINGS}
+        for key, value in overrides.items():
+            values[_resolve(key, "override").path] = (value, "override")
+        return _build(values)
+
+
+def _collect() -> tuple[Setting, ...]:
+    rows = []
+    for sec in dataclasses.fields(Config):
+        if not sec.name.startswith("_"):
+            for f in dataclasses.fields(sec.default_factory):  # type: ignore[arg-type]
+                rows.append(dataclasses.replace(f.metadata["setting"], section=sec.name,
+                                                name=f.name))
+    return tuple(rows)
+
+
+#: The settings table, in declaration order.
+SETTINGS: tuple[Setting, ...] = _collect()
+_BY_PATH = {s.path: s for s in SETTINGS}
+_BY_ENV = {s.env: s for s in SETTINGS}
+_SECTIONS = {s.section for s in SETTINGS}
+
+# ---------------------------------------------------------------------------------- parsing
+SIZE_HINT = ("is not a size: use bytes or a suffix K, M, G (powers of 1024) "
+             "or KB, MB, GB (powers of 1000)")
+_SIZE_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?)(b?)", re.IGNORECASE)
+_SECONDS_RE = re.compile(r"(.+?)\s*(ms|s|m|h)?", re.IGNORECASE)
+_SECONDS_UNIT = {"": 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+class _Bad(Exception):
+    """A value failed to parse; the caller adds the variable name and source."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _parse_number(v: Any, conv: Any, error: str) -> Any:
+    """``conv`` of an int (or a float, for floats) or of a string; finite."""
+    try:
+        if _is_int(v) or (conv is float and isinstance(v, float)):
+            x = conv(v)
+        else:
+            x = conv(v.strip()) if isinstance(v, str) else None
+    except (ValueError, InvalidOperation):
+        x = None
+    if x is None or (conv is float and not math.isfinite(x)):
+        raise _Bad(error)
+    return x
+
+
+def _parse_size(v: Any) -> int:
+    if _is_int(v):
+        return v
+    m = _SIZE_RE.fullmatch(v.strip()) if isinstance(v, str) else None
+    if m is None or (m[3] and not m[2]):
+        raise _Bad(SIZE_HINT)
+    power = "kmgt".index(m[2].lower()) + 1 if m[2] else 0
+    base = 1000 if (m[2] and m[4] and not m[3]) else 1024
+    n = Decimal(m[1]) * base ** power
+    if n != n.to_integral_value():
+        raise _Bad("is not a whole number of bytes")
+    return int(n)
+
+
+def _parse_seconds(v: Any) -> float:
+    m = _SECONDS_RE.fullmatch(v.strip()) if isinstance(v, str) else None
+    scale = _SECONDS_UNIT[(m[2] or "").lower()] if m else 1.0
+    x = scale * _parse_number(m[1] if m else v, float,
+                              "is not a duration: use seconds, or a suffix ms, s, m or h")
+    if x <= 0:
+        raise _Bad("must be a positive number of seconds")
+    return x
+
+
+def _parse_bool(v: Any) -> bool:
+    text = str(int(v)) if _is_int(v) or isinstance(v, bool) else v
+    if isinstance(text, str) and text.strip().lower() in _TRUE | _FALSE:
+        return text.strip().lower() in _TRUE
+    raise _Bad("is not a boolean: use 1/0, true/false, yes/no or on/off")
+
+
+_PARSERS = {
+    "int": lambda v: _parse_number(v, int, "is not an integer"),
+    "float": lambda v: _parse_number(v, float, "is not a finite number"),
+    "size": _parse_size, "seconds": _parse_seconds, "bool": _parse_bool,
+}
+
+
+def _parse(s: Setting, v: Any) -> Any:
+    if s.kind == "choice":
+        for choice in s.choices:
+            if isinstance(v, str) and v.strip().lower() == choice.lower():
+                return choice
+        raise _Bad("is not one of " + ", ".join(s.choices))
+    if s.kind == "str":
+        if not isinstance(v, str):
+            raise _Bad("is not a string")
+        if not v.strip() and s.default:
+            raise _Bad("must not be empty")
+        return v.strip()
+    x = _PARSERS[s.kind](v)
+    if s.min is not None and s.max is not None and not s.min <= x <= s.max:
+        raise _Bad(f"must be between {s.min} and {s.max}")
+    elif s.min is not None and x < s.min:
+        raise _Bad(f"must be >= {s.min}")
+    elif s.max is not None and x > s.max:
+        raise _Bad(f"must be <= {s.max}")
+    return x
+
+
+def _format(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
+    return str(v)
+
+
+# ---------------------------------------------------------------------------------- layers
+def _suggest(name: str, candidates: Any) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f"did you mean {close[0]}?" if close else "not a byteps_like setting"
+
+
+def _resolve(key: str, source: str) -> Setting:
+    s = _BY_PATH.get(key) or _BY_ENV.get(key)
+    if s is None:
+        raise ConfigError(f"unknown setting {key!r} ({source}): "
+                          f"{_suggest(key, [*_BY_PATH, *_BY_ENV])}")
+    return s
+
+
+def _read_mapping(values: Any, source: str) -> dict[str, tuple[Any, str]]:
+    """Overrides keyed by dotted path or env name; None means "not given" (argparse-friendly)."""
+    items = values.items() if isinstance(values, Mapping) else vars(values).items()
+    return {_resolve(k, source).path: (v, source) for k, v in items if v is not None}
+
+
+def _read_file(path: str, origin: str) -> dict[str, tuple[Any, str]]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise ConfigError(f"config file {path} ({origin}) needs Python >= 3.11 or tomli")
+    source = f"config file {path}"
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{source} ({origin}) cannot be read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source} is not valid TOML: {exc}") from None
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _SECTIONS and isinstance(value, dict):
+            flat.update({f"{key}.{name}": v for name, v in value.items()})
+        else:
+            flat[key] = value
+    return _read_mapping(flat, source)
+
+
+def _read_env(env: Mapping[str, str]) -> tuple[dict[str, tuple[Any, str]], list[str]]:
+    values, unknown = {}, []
+    for name, raw in env.items():
+        if not name.startswith(_PREFIXES) or name == CONFIG_FILE_ENV:
+            continue
+        if name in _BY_ENV:
+            if raw.strip():  # empty means unset
+                values[_BY_ENV[name].path] = (raw, "environment")
+        elif name in IGNORED_NAMES:
+            _log.debug("%s is a BytePS setting that byteps_like accepts and ignores", name)
+        else:
+            unknown.append(f"{name} ({_suggest(name, _BY_ENV)})")
+    return values, unknown
+
+
+def _build(values: Mapping[str, tuple[Any, str]]) -> Config:
+    parsed: dict[str, dict[str, Any]] = {sec: {} for sec in _SECTIONS}
+    for s in SETTINGS:
+        raw, source = values[s.path]
+        try:
+            if raw is None and s.default is not None:
+                raise _Bad("must be set")
+            parsed[s.section][s.name] = None if raw is None else _parse(s, raw)
+        except _Bad as exc:
+            raise ConfigError(f"{s.env}={raw!r} ({source}) {exc}") from None
+    sections = {f.name: f.default_factory(**parsed[f.name])  # type: ignore[misc]
+                for f in dataclasses.fields(Config) if f.name in _SECTIONS}
+    cfg = Config(**sections, _sources=MappingProxyType({k: v[1] for k, v in values.items()}))
+    _cross_check(cfg)
+    return cfg
+
+
+def _cross_check(cfg: Config) -> None:
+    def who(path: str) -> str:
+        return f"{_BY_PATH[path].env}={cfg.get(path)!r} ({cfg.source(path)})"
+
+    c, t = cfg.cluster, cfg.timeouts
+    if c.worker_id is not None and c.worker_id >= c.num_worker:
+        raise ConfigError(f"{who('cluster.worker_id')} must be < {who('cluster.num_worker')}")
+    if c.local_rank >= c.local_size:
+        raise ConfigError(f"{who('cluster.local_rank')} must be < {who('cluster.local_size')}")
+    if cfg.transport.max_message_bytes < cfg.partition.partition_bytes + 4096:
+        raise ConfigError(f"{who('transport.max_message_bytes')} must be >= "
+                          f"{who('partition.partition_bytes')} + 4096 (one partition and header)")
+    if t.heartbeat_timeout <= 2 * t.heartbeat_interval:
+        raise ConfigError(f"{who('timeouts.heartbeat_timeout')} must exceed twice "
+                          f"{who('timeouts.heartbeat_interval')}")
+
+
+def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, object] | None = None,
+         config_file: str | None = None, argv_overrides: Any = None) -> Config:
+    """Build the validated Config: defaults < config file < environment < command line (
+    ``argv_overrides``: a mapping or argparse namespace) < ``overrides``. ``env=None`` reads
+    ``os.environ``; the config file comes from ``config_file`` or ``BYTEPS_CONFIG_FILE``.
+    Override keys are dotted paths ("cluster.num_worker") or env names ("DMLC_NUM_WORKER")."""
+    env = os.environ if env is None else env
+    values: dict[str, tuple[Any, str]] = {s.path: (s.default, "default") for s in SETTINGS}
+    path, origin = config_file, "argument"
+    if not path and env.get(CONFIG_FILE_ENV, "").strip():
+        path, origin = env[CONFIG_FILE_ENV].strip(), CONFIG_FILE_ENV
+    if path:
+        values.update(_read_file(os.fspath(path), origin))
+    env_values, unknown = _read_env(env)
+    if unknown:  # warn first: a misspelt name is a likely cause of a later error
+        warnings.warn(ConfigWarning("unknown environment variable(s) ignored: " + ", ".join(
+            sorted(unknown)) + "; `python -m byteps_like.config --describe` lists the settings"),
+            stacklevel=2)
+    values.update(env_values)
+    if argv_overrides is not None:
+        values.update(_read_mapping(argv_overrides, "command line"))
+    if overrides:
+        values.update(_read_mapping(overrides, "override"))
+    return _build(values)
+
+
+# ---------------------------------------------------------------------------------- docs
+class DescribeRow(NamedTuple):
+    section: str
+    path: str
+    env: str
+    type: str
+    default: str
+    unit: str
+    help: str
+
+
+def _describe_type(s: Setting) -> str:
+    if s.kind == "choice":
+        return "one of " + ", ".join(f"`{c}`" for c in s.choices)
+    bounds = ""
+    if s.min is not None and s.max is not None:
+        bounds = f" {s.min}..{s.max}"
+    elif s.min is not None:
+        bounds = f" >= {s.min}"
+    optional = ", optional" if s.default is None else ""
+    return {"seconds": "seconds > 0"}.get(s.kind, s.kind + bounds) + optional
+
+
+def _describe_default(s: Setting) -> str:
+    if s.default is None:
+        return "unset"
+    if s.kind == "size" and s.default % 1024 == 0:
+        n, unit = s.default, 0
+        while n % 1024 == 0 and unit < 3:
+            n, unit = n // 1024, unit + 1
+        return f"`{s.default}` ({n} {'BKMG'[unit]}{'iB' if unit else ''})"
+    return f"`{_format(s.default)}`" if s.default != "" else "empty"
+
+
+def describe_rows() -> list[DescribeRow]:
+    """One row of strings per setting, in declaration order (used by ``--describe``)."""
+    return [DescribeRow(s.section, s.path, s.env, _describe_type(s), _describe_default(s),
+                        s.unit, s.help) for s in SETTINGS]
+
+
+def describe_markdown() -> str:
+    """The settings tables, one per section, as markdown."""
+    out: list[str] = []
+    section = None
+    for row in describe_rows():
+        if row.section != section:
+            section = row.section
+            doc = [f.default_factory.__doc__ for f in dataclasses.fields(Config)  # type: ignore
+                   if f.name == section][0]
+            out += ([""] if out else []) + [f"## `{section}`", "", doc, "",
+                    "| Variable | Field | Type | Default | Unit | Description |",
+                    "|---|---|---|---|---|---|"]
+        cells = (f"`{row.env}`", f"`{row.path}`", row.type, row.default, row.unit, row.help)
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+_MARKDOWN_INTRO = """\
+# Configuration
+
+<!-- Generated by `python -m byteps_like.config --markdown > docs/configuration.md`.
+     Do not edit by hand: change byteps_like/config.py and regenerate. -->
+
+Every setting of byteps_like is read once, validated once and passed around as a frozen
+`byteps_like.config.Config`. Values come from these layers; a later layer wins:
+
+1. the defaults in the tables below;
+2. a TOML config file, named by `load(config_file=...)` or `BYTEPS_CONFIG_FILE`, with a table
+   per section (`[cluster]` / `num_worker = 2`) or top-level environment names
+   (`DMLC_NUM_WORKER = 2`); an unknown key there is an error;
+3. the environment, under the BytePS / ps-lite names below; an empty value counts as unset;
+4. command-line flags, then keyword overrides to `load(overrides=...)`, keyed by field path
+   (`"cluster.num_worker"`) or environment name (`"DMLC_NUM_WORKER"`).
+
+A bad value stops the program with a `ConfigError` naming the variable, the value and its
+source, e.g. `BYTEPS_PARTITION_BYTES='4x' (environment) is not a size: ...`.
+
+Value syntax:
+
+- **size**: a whole number of bytes, or a number with a suffix, case-insensitive:
+  `K`, `M`, `G`, `T` and `KiB`, `MiB`, `GiB`, `TiB` are powers of 1024 (`4M` = 4194304);
+  `KB`, `MB`, `GB`, `TB` are powers of 1000 (`4MB` = 4000000).
+- **bool**: `1`/`0`, `true`/`false`, `yes`/`no`, `on`/`off`, case-insensitive.
+- **seconds**: a positive number of seconds, optionally with a suffix `ms`, `s`, `m` or `h`.
+- **one of**: case-insensitive.
+
+An unknown `BYTEPS_*` or `DMLC_*` environment variable triggers a `ConfigWarning` naming the
+closest known one. These BytePS / ps-lite variables are accepted and ignored:
+{ignored}.
+
+`python -m byteps_like.config --show` prints the effective configuration and where each value
+came from.
+
+"""
+
+
+def render_markdown() -> str:
+    """The full text of docs/configuration.md."""
+    ignored = textwrap.fill(", ".join(f"`{n}`" for n in sorted(IGNORED_NAMES)), 96)
+    return _MARKDOWN_INTRO.replace("{ignored}", ignored) + describe_markdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m byteps_like.config",
+                                     description="Describe or show byteps_like settings.")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--describe", action="store_true", help="markdown table of every setting")
+    what.add_argument("--markdown", action="store_true", help="the text of docs/configuration.md")
+    what.add_argument("--show", action="store_true", help="the effective configuration")
+    parser.add_argument("--config-file", help="TOML config file for --show")
+    args = parser.parse_args(argv)
+    if args.describe:
+        sys.stdout.write(describe_markdown())
+    elif args.markdown:
+        sys.stdout.write(render_markdown())
+    else:
+        try:
+            cfg = load(config_file=args.config_file)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        for s in SETTINGS:
+            print(f"{s.path:30} = {cfg.get(s.path)!r:14} # {s.env}, {cfg.source(s.path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
