@@ -2,18 +2,31 @@
 
 ``import byteps_like as bps`` gives the framework-neutral API on numpy arrays; the framework
 plugins live in ``byteps_like.torch`` and friends. Importing has no side effects: nothing connects
-until :func:`init`.
+until :func:`init`, and the submodules load on first use (so ``python -m byteps_like.config`` and
+the launcher stay light).
 """
-from .api import (Handle, Runtime, barrier, declare, init, local_rank, local_size, poll,
-                  push_pull, push_pull_async, rank, shutdown, size, synchronize)
-from .errors import (BytePSError, CommTimeoutError, CommunicationError, ConfigError,
-                     MismatchError, NotInitializedError, PeerLostError, ProtocolError,
-                     RemoteError)
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["Handle", "Runtime", "barrier", "declare", "init", "local_rank", "local_size", "poll",
-           "push_pull", "push_pull_async", "rank", "shutdown", "size", "synchronize",
-           "BytePSError", "CommTimeoutError", "CommunicationError", "ConfigError",
+_API = ("Handle", "Runtime", "barrier", "declare", "init", "local_rank", "local_size", "poll",
+        "push_pull", "push_pull_async", "rank", "shutdown", "size", "synchronize")
+_ERRORS = ("BytePSError", "CommTimeoutError", "CommunicationError", "ConfigError",
            "MismatchError", "NotInitializedError", "PeerLostError", "ProtocolError",
-           "RemoteError", "__version__"]
+           "RemoteError")
+
+__all__ = [*_API, *_ERRORS, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        return getattr(importlib.import_module(".api", __name__), name)
+    if name in _ERRORS:
+        return getattr(importlib.import_module(".errors", __name__), name)
+    raise AttributeError(f"module 'byteps_like' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
