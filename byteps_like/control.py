@@ -136,7 +136,7 @@ class ControlClient:
     def _fail(self, exc: BaseException) -> None:
         if self.fatal is None:
             self.fatal = exc
-            log.error("%s %d: %s", self.role.label, self.rank, exc)
+            log.error("%s", exc)
             if self.on_fatal is not None:
                 self.on_fatal(exc)
 
@@ -158,8 +158,7 @@ class ControlClient:
                 ev.set()
         elif h.type is MsgType.PEER_LOST:
             self._fail(PeerLostError(
-                f"{self.role.label} {self.rank}: lost {meta.get('role')} rank {meta.get('rank')} "
-                f"on {meta.get('host')} (pid {meta.get('pid')}): {meta.get('reason', '')}",
+                f"{self.role.label} {self.rank}: {meta.get('reason', 'a peer was lost')}",
                 role=meta.get("role"), rank=meta.get("rank"), host=meta.get("host")))
         elif h.type is MsgType.SHUTDOWN:
             self._shutdown.set()

@@ -152,28 +152,35 @@ class Runtime:
             if not self.initialized:
                 return
             self.initialized = False
-            try:
-                if self.control is not None and self._fatal is None:
-                    for h in list(self._handles):
-                        try:
-                            h.wait()
-                        except Exception:  # noqa: BLE001 - reported by whoever waits for it
-                            pass
-                    if not self.control.finish(self.cfg.timeouts.shutdown_timeout):
-                        log.warning("worker %d: no shutdown confirmation from the scheduler "
-                                    "within %g s", self.rank_, self.cfg.timeouts.shutdown_timeout)
-            finally:
-                self._teardown()
+            handles = list(self._handles)
+        # no lock held from here on: the I/O thread needs it to complete the handles
+        try:
+            if self.control is not None and self._fatal is None:
+                for h in handles:
+                    try:
+                        h.wait()
+                    except Exception:  # noqa: BLE001 - reported by whoever waits for it
+                        pass
+                if not self.control.finish(self.cfg.timeouts.shutdown_timeout):
+                    log.warning("worker %d: no shutdown confirmation from the scheduler "
+                                "within %g s", self.rank_, self.cfg.timeouts.shutdown_timeout)
+        finally:
+            self._teardown()
 
     def _teardown(self) -> None:
         if self.pipeline is not None:
             self.pipeline.close()
             self.pipeline = None
+        stopped = True
         if self.ep is not None:
-            self.ep.close(linger=0.5)
+            stopped = self.ep.close(linger=0.5)
             self.ep = None
         if self._ctx is not None:
-            self._ctx.term()
+            if stopped:
+                self._ctx.term()
+            else:  # never hang in shutdown: leave the context to the process exit
+                log.warning("worker %d: I/O thread did not stop; skipping context teardown",
+                            self.rank_)
             self._ctx = None
 
     # -- errors -----------------------------------------------------------------------------------

@@ -237,7 +237,7 @@ def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
             raise ProtocolError(f"{header.type.name} meta frame exceeds {MAX_META_BYTES} bytes")
         try:
             meta = json.loads(_as_bytes(raw).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise ProtocolError(f"{header.type.name} from {header.sender}: meta frame is not "
                                 f"UTF-8 JSON ({exc})") from None
         if not isinstance(meta, dict):

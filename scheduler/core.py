@@ -8,6 +8,7 @@ exchanges heartbeats with every node, reports a silent node to all others (who r
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -178,8 +179,10 @@ class Scheduler:
 
     def _publish_table(self) -> None:
         assign_ranks(list(self.nodes.values()), self.cfg.cluster.local_size)
-        table = sorted((n.public() for n in self.nodes.values()),
-                       key=lambda d: (d["role"], d["rank"]))
+        me = {"role": "scheduler", "rank": 0, "host": self.cfg.cluster.root_uri,
+              "port": self.cfg.cluster.root_port, "pid": os.getpid()}
+        table = [me] + sorted((n.public() for n in self.nodes.values()),
+                              key=lambda d: (d["role"], d["rank"]))
         now = time.monotonic()
         for n in self.nodes.values():
             n.last_seen = now
@@ -260,7 +263,7 @@ class Scheduler:
         return self.exit_code
 
     def close(self) -> None:
-        self.ep.close(linger=2.0)
+        self.closed_cleanly = self.ep.close(linger=2.0)
 
     def run(self) -> int:
         log.info("scheduler: listening on %s for %s", self.address, self._counts())
@@ -283,9 +286,11 @@ def _bind_host(uri: str) -> str:
 
 
 def run(cfg: Config) -> int:
+    """Run a scheduler in this process until the job ends; returns the exit status."""
     import zmq
     ctx = zmq.Context()
-    try:
-        return Scheduler(cfg, context=ctx).run()
-    finally:
-        ctx.term()
+    node = Scheduler(cfg, context=ctx)
+    code = node.run()
+    if getattr(node, "closed_cleanly", True):
+        ctx.term()  # flushes what is still queued (bounded by each socket's linger)
+    return code

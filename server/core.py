@@ -276,7 +276,7 @@ class Server:
         for e in self.engines:
             if e.is_alive():
                 e.join(5.0)
-        self.ep.close(linger=1.0)
+        self.closed_cleanly = self.ep.close(linger=1.0)
 
     def run(self) -> int:
         try:
@@ -293,9 +293,11 @@ class Server:
 
 
 def run(cfg: Config) -> int:
+    """Run a server in this process until the job ends; returns the exit status."""
     import zmq
     ctx = zmq.Context()
-    try:
-        return Server(cfg, context=ctx).run()
-    finally:
-        ctx.term()
+    node = Server(cfg, context=ctx)
+    code = node.run()
+    if getattr(node, "closed_cleanly", True):
+        ctx.term()  # flushes what is still queued (bounded by each socket's linger)
+    return code

@@ -56,5 +56,6 @@ class Endpoint(abc.ABC):
         """Start the I/O thread."""
 
     @abc.abstractmethod
-    def close(self, linger: float = 1.0) -> None:
-        """Stop the I/O thread and close every connection, flushing for at most ``linger`` s."""
+    def close(self, linger: float = 1.0) -> bool:
+        """Stop the I/O thread and close every connection, flushing for at most ``linger`` s.
+        Returns False when the I/O thread could not be stopped."""

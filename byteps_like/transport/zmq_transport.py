@@ -221,14 +221,16 @@ class ZmqEndpoint(Endpoint):
                 s.close(self._linger_ms)
         self._outbox.close(0)
 
-    def close(self, linger: float = 1.0) -> None:
+    def close(self, linger: float = 1.0) -> bool:
+        """Stop the I/O thread and close the sockets; False if the thread did not stop in time
+        (the caller must then not terminate the context, which would block)."""
         self._linger_ms = int(linger * 1000)
         if self._thread is None:
             self._close_sockets()
-            return
+            return True
         if threading.current_thread() is self._thread:
             self._stop = True
-            return
+            return True
         if self._thread.is_alive():
             self._sender().send(b"S")
             self._thread.join(linger + 5.0)
@@ -236,3 +238,4 @@ class ZmqEndpoint(Endpoint):
             for s in self._senders:
                 s.close(0)
             self._senders.clear()
+        return not self._thread.is_alive()

@@ -52,8 +52,13 @@ def bpslaunch(args: list[str], *, workers: int, servers: int, env: dict | None =
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
+        # bpslaunch forwards SIGINT to every child's process group; SIGKILL it if that hangs
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            out, err = p.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
         run = Run(-9, out, err, time.monotonic() - t0)
         raise AssertionError(f"watchdog: bpslaunch hung for {timeout} s and was killed\n{run.log}")
     return Run(p.returncode, out, err, time.monotonic() - t0)

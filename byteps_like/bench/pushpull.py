@@ -1,0 +1,575 @@
+"""push_pull bandwidth of byteps_like against raw pyzmq and torch.distributed (gloo).
+
+``python -m byteps_like.bench pushpull [--workers 2] [--servers 2] [--sizes 1M,4M,16M,64M,256M]``
+runs, in one invocation and on loopback, three measurements of the same traffic:
+
+1. byteps_like: a real local job (scheduler, M servers, N worker processes); each worker
+   push_pulls one float32 tensor of each size (``average=False``, into a preallocated ``out``).
+2. raw pyzmq: N client and M echo-server processes with plain DEALER/ROUTER sockets; each client
+   sends its tensor cut into the same partitions, to the same servers byteps_like would pick,
+   zero-copy, and every server echoes each partition straight back; the client copies each echoed
+   partition into its output array (the copy any consumer of the result needs). No summation.
+3. torch.distributed ``all_reduce`` over gloo with N processes (unless ``--skip-gloo``).
+
+Every timed repetition starts after a barrier of the N workers; its time is the slowest worker's,
+and the table shows the median over repetitions. Algorithm bandwidth = tensor bytes / time.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from ._procs import ChildFailed, ProcGroup, free_port, free_ports
+
+PROG = "python -m byteps_like.bench pushpull"
+DEFAULT_SIZES = "1M,4M,16M,64M,256M"
+LARGE_BYTES = 128 << 20   # sizes from here on run at most --large-repeats repetitions
+RESULT_TAG = "BENCH_RESULT "
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
+          "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9}
+
+
+def parse_size(text: str) -> int:
+    """'64M' and '64MiB' -> 67108864 (K/M/G are binary; KB/MB/GB decimal); bytes of float32."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 64K, 4M, 1G or bytes")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0 or n % 4:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be a positive multiple of 4 bytes "
+                                         "(one float32 tensor)")
+    return n
+
+
+def fmt_size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One tensor size and how often it is run."""
+    nbytes: int
+    repeats: int
+    warmup: int
+
+    def encode(self) -> str:
+        return f"{self.nbytes}:{self.repeats}:{self.warmup}"
+
+    @classmethod
+    def decode(cls, text: str) -> "Case":
+        a, b, c = (int(x) for x in text.split(":"))
+        return cls(a, b, c)
+
+
+def _encode_cases(cases: Sequence[Case]) -> str:
+    return ",".join(c.encode() for c in cases)
+
+
+def _decode_cases(text: str) -> list[Case]:
+    return [Case.decode(t) for t in text.split(",") if t]
+
+
+def _progress(text: str) -> None:
+    print(f"progress: {text}", file=sys.stderr, flush=True)
+
+
+def _emit(results: dict) -> None:
+    print(RESULT_TAG + json.dumps(results), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker entry points (run in child processes: python -m byteps_like.bench.pushpull --_worker ..)
+# ---------------------------------------------------------------------------------------------
+
+def _bps_worker(cases: list[Case]) -> int:
+    import numpy as np
+
+    import byteps_like as bps
+    bps.init()
+    rank, n = bps.rank(), bps.size()
+    expect = n * (n + 1) / 2
+    out_times: dict[str, list[float]] = {}
+    for case in cases:
+        arr = np.full(case.nbytes // 4, rank + 1, dtype=np.float32)
+        out = np.empty_like(arr)
+        name = f"bench.pushpull.{case.nbytes}"
+        for _ in range(case.warmup):
+            bps.barrier()
+            bps.push_pull(arr, name=name, average=False, out=out)
+        times = []
+        for _ in range(case.repeats):
+            out.fill(0)  # untimed: the result of the timed round must be its own
+            bps.barrier()
+            t0 = time.perf_counter()
+            bps.push_pull(arr, name=name, average=False, out=out)
+            times.append(time.perf_counter() - t0)
+        if case.repeats and not (out == expect).all():
+            bad = int(np.flatnonzero(out != expect)[0])
+            raise AssertionError(f"worker {rank}: wrong push_pull result for {name}: "
+                                 f"out[{bad}] = {out[bad]}, expected {expect}")
+        out_times[str(case.nbytes)] = times
+        if rank == 0:
+            _progress(f"{fmt_size(case.nbytes)}: median {statistics.median(times) * 1e3:.1f} ms "
+                      f"on worker 0 ({case.repeats} repeats)" if times else
+                      f"{fmt_size(case.nbytes)}: done")
+        del arr, out
+    bps.shutdown()
+    _emit({"rank": rank, "times": out_times})
+    return 0
+
+
+def _plan_raw(cases: list[Case], partition_bytes: int, num_servers: int) -> list[list]:
+    """The (offset, nbytes, server) partitions of each case, exactly as byteps_like cuts the
+    tensors and assigns them to servers when they are declared in this order."""
+    from ..partition import ServerAssigner, make_key, partition_bounds
+    assigner = ServerAssigner(num_servers)
+    plans = []
+    for decl_id, case in enumerate(cases):
+        parts = []
+        for part, (off, n) in enumerate(partition_bounds(case.nbytes, 4, partition_bytes)):
+            parts.append((off, n, assigner.assign(make_key(decl_id, part), n)))
+        plans.append(parts)
+    return plans
+
+
+class _ZmqBarrier:
+    """N processes: rank 0 binds a ROUTER, the others connect DEALERs and wait for its go."""
+
+    def __init__(self, ctx, rank: int, size: int, port: int):
+        import zmq
+        self.rank, self.size = rank, size
+        if rank == 0:
+            self.sock = ctx.socket(zmq.ROUTER)
+            self.sock.bind(f"tcp://127.0.0.1:{port}")
+        else:
+            self.sock = ctx.socket(zmq.DEALER)
+            self.sock.connect(f"tcp://127.0.0.1:{port}")
+        self.sock.setsockopt(zmq.LINGER, 1000)
+
+    def wait(self, timeout_ms: int = 600_000) -> None:
+        if self.size == 1:
+            return
+        if self.rank == 0:
+            idents = []
+            while len(idents) < self.size - 1:
+                if not self.sock.poll(timeout_ms):
+                    raise TimeoutError("raw barrier: a client did not arrive")
+                ident, _ = self.sock.recv_multipart()
+                idents.append(ident)
+            for ident in idents:
+                self.sock.send_multipart([ident, b"G"])
+        else:
+            self.sock.send(b"B")
+            if not self.sock.poll(timeout_ms):
+                raise TimeoutError("raw barrier: no go from client 0")
+            self.sock.recv()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _raw_client(cases: list[Case], rank: int, nworkers: int, server_ports: list[int],
+                barrier_port: int, partition_bytes: int) -> int:
+    import struct
+
+    import numpy as np
+    import zmq
+    ctx = zmq.Context()
+    socks = []
+    for port in server_ports:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.setsockopt(zmq.RCVHWM, 0)
+        s.setsockopt(zmq.LINGER, 1000)
+        s.connect(f"tcp://127.0.0.1:{port}")
+        socks.append(s)
+    poller = zmq.Poller()
+    for s in socks:
+        poller.register(s, zmq.POLLIN)
+    barrier = _ZmqBarrier(ctx, rank, nworkers, barrier_port)
+    plans = _plan_raw(cases, partition_bytes, len(socks))
+    pack = struct.Struct("<Q")
+    out_times: dict[str, list[float]] = {}
+
+    def one_round(src: memoryview, dst, parts: list) -> None:
+        for idx, (off, n, srv) in enumerate(parts):
+            socks[srv].send(pack.pack(idx), zmq.SNDMORE)
+            socks[srv].send(src[off:off + n], copy=n < 65536)
+        left = len(parts)
+        while left:
+            for sock, _ev in poller.poll(600_000):
+                while left:
+                    try:
+                        hdr, payload = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    off, n, _srv = parts[pack.unpack(hdr.bytes)[0]]
+                    dst[off:off + n] = np.frombuffer(payload.buffer, dtype=np.uint8)
+                    left -= 1
+
+    try:
+        for case, parts in zip(cases, plans):
+            arr = np.full(case.nbytes // 4, rank + 1, dtype=np.float32)
+            out = np.empty_like(arr)
+            src = memoryview(arr.view(np.uint8))
+            dst = out.view(np.uint8)
+            for _ in range(case.warmup):
+                barrier.wait()
+                one_round(src, dst, parts)
+            times = []
+            for _ in range(case.repeats):
+                out.fill(0)
+                barrier.wait()
+                t0 = time.perf_counter()
+                one_round(src, dst, parts)
+                times.append(time.perf_counter() - t0)
+            if case.repeats and not np.array_equal(out, arr):
+                raise AssertionError(f"raw client {rank}: echoed data differs ({case.nbytes} B)")
+            out_times[str(case.nbytes)] = times
+            if rank == 0 and times:
+                _progress(f"{fmt_size(case.nbytes)}: median "
+                          f"{statistics.median(times) * 1e3:.1f} ms on client 0")
+            del src, arr, out, dst
+        barrier.wait()
+        for s in socks:
+            s.send(b"Q")
+    finally:
+        barrier.close()
+        for s in socks:
+            s.close()
+        ctx.term()
+    _emit({"rank": rank, "times": out_times})
+    return 0
+
+
+def _raw_server(port: int, nclients: int) -> int:
+    import zmq
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.ROUTER)
+    s.setsockopt(zmq.SNDHWM, 0)
+    s.setsockopt(zmq.RCVHWM, 0)
+    s.setsockopt(zmq.LINGER, 1000)
+    s.bind(f"tcp://127.0.0.1:{port}")
+    done = 0
+    try:
+        while done < nclients:
+            frames = s.recv_multipart(copy=False)
+            if len(frames) == 2:   # [ident, b"Q"]: that client has finished
+                done += 1
+                continue
+            s.send_multipart(frames, copy=False)
+    finally:
+        s.close()
+        ctx.term()
+    return 0
+
+
+def _gloo_worker(cases: list[Case], rank: int, world: int, port: int) -> int:
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    expect = world * (world + 1) / 2
+    out_times: dict[str, list[float]] = {}
+    try:
+        for case in cases:
+            t = torch.empty(case.nbytes // 4, dtype=torch.float32)
+            for _ in range(case.warmup):
+                t.fill_(rank + 1)
+                dist.barrier()
+                dist.all_reduce(t)
+            times = []
+            for _ in range(case.repeats):
+                t.fill_(rank + 1)
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(t)
+                times.append(time.perf_counter() - t0)
+            if case.repeats and not bool((t == expect).all()):
+                raise AssertionError(f"gloo rank {rank}: wrong all_reduce result")
+            out_times[str(case.nbytes)] = times
+            if rank == 0 and times:
+                _progress(f"{fmt_size(case.nbytes)}: median "
+                          f"{statistics.median(times) * 1e3:.1f} ms on rank 0")
+            del t
+    finally:
+        dist.destroy_process_group()
+    _emit({"rank": rank, "times": out_times})
+    return 0
+
+
+def _worker_main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog=f"{PROG} --_worker")
+    p.add_argument("kind", choices=("bps", "raw-client", "raw-server", "gloo"))
+    p.add_argument("--cases", default="")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--server-ports", default="")
+    p.add_argument("--partition-bytes", type=int, default=4096000)
+    a = p.parse_args(argv)
+    cases = _decode_cases(a.cases)
+    if a.kind == "bps":
+        return _bps_worker(cases)
+    if a.kind == "raw-client":
+        return _raw_client(cases, a.rank, a.world, [int(x) for x in a.server_ports.split(",")],
+                           a.port, a.partition_bytes)
+    if a.kind == "raw-server":
+        return _raw_server(a.port, a.world)
+    return _gloo_worker(cases, a.rank, a.world, a.port)
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+# ---------------------------------------------------------------------------------------------
+
+def _worker_argv(kind: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "byteps_like.bench.pushpull", "--_worker", kind, *extra]
+
+
+def _base_env() -> dict[str, str]:
+    """The parent's environment without any job description of its own (DMLC_*); BYTEPS_*
+    tuning the user set is kept, so it can be benchmarked."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _collect(children, kind: str) -> list[dict]:
+    results = []
+    for c in children:
+        lines = [ln for ln in c.stdout().splitlines() if ln.startswith(RESULT_TAG)]
+        if not lines:
+            raise ChildFailed(f"{kind}: {c.name} exited 0 but printed no result\n"
+                              f"--- stderr tail ---\n{c.stderr_tail()}")
+        results.append(json.loads(lines[-1][len(RESULT_TAG):]))
+    return results
+
+
+def run_bps(cases: list[Case], workers: int, servers: int, partition_bytes: int,
+            timeout: float) -> list[dict]:
+    port = free_port()
+    env = _base_env()
+    env.update({"DMLC_NUM_WORKER": str(workers), "DMLC_NUM_SERVER": str(servers),
+                "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
+                "BYTEPS_PARTITION_BYTES": str(partition_bytes)})
+    with ProcGroup("byteps_like") as g:
+        g.spawn("scheduler", [sys.executable, "-m", "byteps_like.scheduler"],
+                {**env, "DMLC_ROLE": "scheduler"}, role="service")
+        for i in range(servers):
+            g.spawn(f"server-{i}", [sys.executable, "-m", "byteps_like.server"],
+                    {**env, "DMLC_ROLE": "server"}, role="service")
+        ws = [g.spawn(f"worker-{i}", _worker_argv("bps", "--cases", _encode_cases(cases)),
+                      {**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(i)})
+              for i in range(workers)]
+        g.wait(timeout, relay=ws[0], relay_prefix="[pushpull] byteps_like ")
+        return _collect(ws, "byteps_like")
+
+
+def run_raw(cases: list[Case], workers: int, servers: int, partition_bytes: int,
+            timeout: float) -> list[dict]:
+    ports = free_ports(servers + 1)
+    sports, bport = ports[:servers], ports[servers]
+    env = _base_env()
+    with ProcGroup("raw-zmq") as g:
+        for i, p in enumerate(sports):
+            g.spawn(f"echo-server-{i}", _worker_argv("raw-server", "--port", str(p),
+                                                     "--world", str(workers)), env,
+                    role="service")
+        cs = [g.spawn(f"client-{r}", _worker_argv(
+                  "raw-client", "--cases", _encode_cases(cases), "--rank", str(r),
+                  "--world", str(workers), "--port", str(bport),
+                  "--server-ports", ",".join(map(str, sports)),
+                  "--partition-bytes", str(partition_bytes)), env)
+              for r in range(workers)]
+        g.wait(timeout, relay=cs[0], relay_prefix="[pushpull] raw zmq ")
+        return _collect(cs, "raw zmq")
+
+
+def run_gloo(cases: list[Case], workers: int, timeout: float) -> list[dict]:
+    port = free_port()
+    env = _base_env()
+    with ProcGroup("gloo") as g:
+        ws = [g.spawn(f"gloo-{r}", _worker_argv("gloo", "--cases", _encode_cases(cases),
+                                                 "--rank", str(r), "--world", str(workers),
+                                                 "--port", str(port)), env)
+              for r in range(workers)]
+        g.wait(timeout, relay=ws[0], relay_prefix="[pushpull] gloo ")
+        return _collect(ws, "gloo")
+
+
+def summarize(per_worker: list[dict], case: Case) -> dict:
+    """Max over workers per repetition, then the median over repetitions."""
+    series = [w["times"][str(case.nbytes)] for w in per_worker]
+    slowest = [max(rep) for rep in zip(*series)]
+    med = statistics.median(slowest)
+    return {"median_s": med, "gbps": case.nbytes / med / 1e9, "slowest_per_repeat_s": slowest,
+            "per_worker_s": series}
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_info() -> dict:
+    import zmq
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count() or 0
+    return {"nproc": usable, "cpu_count": os.cpu_count(), "machine": platform.machine(),
+            "processor": _cpu_model(), "platform": platform.platform(),
+            "python": platform.python_version(), "numpy": _version("numpy"),
+            "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(), "torch": _version("torch"),
+            "byteps_like": _version("byteps_like")}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+COLUMNS = ("size", "bps time ms", "bps GB/s", "raw zmq GB/s", "bps/raw", "gloo GB/s", "bps/gloo")
+
+
+def format_table(rows: list[dict]) -> str:
+    def num(x, spec):
+        return "n/a" if x is None else format(x, spec)
+    cells = [COLUMNS]
+    for r in rows:
+        cells.append((fmt_size(r["nbytes"]), num(r["bps"]["median_s"] * 1e3, ".2f"),
+                      num(r["bps"]["gbps"], ".3f"),
+                      num(r["raw"]["gbps"] if r["raw"] else None, ".3f"),
+                      num(r["bps"]["gbps"] / r["raw"]["gbps"] if r["raw"] else None, ".2f"),
+                      num(r["gloo"]["gbps"] if r["gloo"] else None, ".3f"),
+                      num(r["bps"]["gbps"] / r["gloo"]["gbps"] if r["gloo"] else None, ".2f")))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    lines = ["| " + " | ".join(c[i].rjust(widths[i]) for i in range(len(COLUMNS))) + " |"
+             for c in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--_worker"]:
+        return _worker_main(argv[1:])
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--workers", type=int, default=2, help="worker processes (N)")
+    p.add_argument("--servers", type=int, default=2, help="server processes (M)")
+    p.add_argument("--sizes", default=DEFAULT_SIZES,
+                   help="comma-separated bytes of one float32 tensor (K/M/G are binary)")
+    p.add_argument("--repeats", type=int, default=5, help="timed repetitions per size")
+    p.add_argument("--warmup", type=int, default=2, help="untimed repetitions per size")
+    p.add_argument("--large-repeats", type=int, default=3,
+                   help=f"at most this many repetitions (and 1 warm-up) for sizes of "
+                        f"{fmt_size(LARGE_BYTES)} and more; 0 = no cap")
+    p.add_argument("--partition-bytes", type=parse_size, default=4096000,
+                   help="BYTEPS_PARTITION_BYTES of the job, and the raw zmq chunk size")
+    p.add_argument("--skip-gloo", action="store_true", help="do not run the gloo all_reduce")
+    p.add_argument("--skip-raw", action="store_true", help="do not run the raw pyzmq baseline")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="watchdog per phase, seconds: on expiry every child is killed")
+    p.add_argument("--json", metavar="PATH", help="also write every measurement here")
+    a = p.parse_args(argv)
+    try:
+        sizes = [parse_size(s) for s in a.sizes.split(",") if s.strip()]
+    except argparse.ArgumentTypeError as exc:
+        p.error(str(exc))
+    if not sizes:
+        p.error("--sizes is empty")
+    if a.workers < 1 or a.servers < 1:
+        p.error("--workers and --servers must be >= 1")
+    if a.repeats < 1 or a.warmup < 0 or a.large_repeats < 0:
+        p.error("--repeats must be >= 1, --warmup and --large-repeats >= 0")
+    cases = []
+    capped = []
+    for n in sizes:
+        reps, warm = a.repeats, a.warmup
+        if a.large_repeats and n >= LARGE_BYTES:
+            reps, warm = min(reps, a.large_repeats), min(warm, 1)
+            if (reps, warm) != (a.repeats, a.warmup):
+                capped.append(fmt_size(n))
+        cases.append(Case(n, reps, warm))
+
+    info = machine_info()
+    command = shlex.join(["python", "-m", "byteps_like.bench", "pushpull", *argv])
+    gloo = not a.skip_gloo and importlib.util.find_spec("torch") is not None
+    print(f"command: {command}")
+    print(f"machine: nproc={info['nproc']} ({info['processor']}, {info['machine']}), "
+          f"{info['platform']}")
+    print(f"versions: python {info['python']}, numpy {info['numpy']}, pyzmq {info['pyzmq']} "
+          f"(libzmq {info['libzmq']}), torch {info['torch']}, byteps_like {info['byteps_like']}")
+    print(f"job: {a.workers} workers, {a.servers} servers, partition {a.partition_bytes} B, "
+          f"float32, average=False, loopback tcp")
+    print("repeats: " + ", ".join(f"{fmt_size(c.nbytes)} {c.repeats}+{c.warmup} warm-up"
+                                   for c in cases)
+          + (f" (capped by --large-repeats for {', '.join(capped)})" if capped else ""))
+    if not a.skip_gloo and not gloo:
+        print("gloo: torch is not importable here; skipped")
+    sys.stdout.flush()
+
+    phases = [("byteps_like", lambda: run_bps(cases, a.workers, a.servers, a.partition_bytes,
+                                               a.timeout))]
+    if not a.skip_raw:
+        phases.append(("raw zmq", lambda: run_raw(cases, a.workers, a.servers,
+                                                   a.partition_bytes, a.timeout)))
+    if gloo:
+        phases.append(("gloo", lambda: run_gloo(cases, a.workers, a.timeout)))
+    measured: dict[str, list[dict]] = {}
+    for name, fn in phases:
+        t0 = time.monotonic()
+        print(f"[pushpull] {name}: starting", file=sys.stderr, flush=True)
+        try:
+            measured[name] = fn()
+        except ChildFailed as exc:
+            print(f"[pushpull] {name} failed:\n{exc}", file=sys.stderr, flush=True)
+            return 1
+        print(f"[pushpull] {name}: done in {time.monotonic() - t0:.1f} s", file=sys.stderr,
+              flush=True)
+
+    rows = []
+    for case in cases:
+        rows.append({"nbytes": case.nbytes, "repeats": case.repeats, "warmup": case.warmup,
+                     "bps": summarize(measured["byteps_like"], case),
+                     "raw": summarize(measured["raw zmq"], case) if "raw zmq" in measured
+                     else None,
+                     "gloo": summarize(measured["gloo"], case) if "gloo" in measured else None})
+    print()
+    print(format_table(rows))
+    print("\nGB/s = tensor bytes / (median over repetitions of the slowest worker's time), 1e9 B")
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump({"command": command, "machine": info, "workers": a.workers,
+                       "servers": a.servers, "partition_bytes": a.partition_bytes,
+                       "results": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

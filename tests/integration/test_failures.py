@@ -1,0 +1,49 @@
+"""Failures on real clusters: lost servers and workers, tensor mismatches, asynchronous mode."""
+from __future__ import annotations
+
+import pytest
+
+from .harness import bpslaunch, pids_in, wait_gone, worker
+
+pytestmark = pytest.mark.integration
+
+
+def test_async_mode_applies_deltas_at_once():
+    run = bpslaunch(worker("faults.py", "async"), workers=2, servers=2,
+                    env={"BYTEPS_ENABLE_ASYNC": "1"})
+    assert run.rc == 0, run.log
+    assert len(run.lines("ASYNC OK")) == 2, run.log
+    assert all("total 10" in ln for ln in run.lines("ASYNC OK")), run.log
+
+
+def test_mismatch_raises_on_every_worker_naming_both_sides():
+    run = bpslaunch(worker("faults.py", "mismatch"), workers=2, servers=1)
+    assert run.rc == 0, run.log
+    lines = run.lines("MISMATCH")
+    assert len(lines) == 2, run.log
+    for ln in lines:
+        assert "'w'" in ln and "(3, 7)" in ln and "(7, 3)" in ln, ln
+        assert "worker rank 0" in ln and "worker rank 1" in ln, ln
+
+
+def test_server_killed_mid_run():
+    run = bpslaunch(worker("faults.py", "kill-server"), workers=2, servers=2, timeout=90)
+    assert run.rc != 0, run.log
+    lost = run.lines("PEER_LOST")
+    assert len(lost) == 2, run.log
+    assert all("server rank 0" in ln for ln in lost), run.log
+    assert "SIGKILL" in run.err and "server 0" in run.err, run.log
+    pids = pids_in(run.out)
+    assert len(pids) == 5, run.log  # scheduler, 2 servers, 2 workers
+    assert not wait_gone(pids), f"processes left behind\n{run.log}"
+
+
+def test_worker_killed_mid_run():
+    run = bpslaunch(worker("faults.py", "kill-worker"), workers=2, servers=1, timeout=90)
+    assert run.rc != 0, run.log
+    lost = run.lines("PEER_LOST")
+    assert len(lost) == 1 and "worker rank 1" in lost[0], run.log
+    assert "SIGKILL" in run.err and "worker 1" in run.err, run.log
+    pids = pids_in(run.out)
+    assert len(pids) == 4, run.log
+    assert not wait_gone(pids), f"processes left behind\n{run.log}"

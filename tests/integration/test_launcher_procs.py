@@ -1,0 +1,347 @@
+"""bpslaunch with real processes: stand-in scripts play the scheduler, servers and workers.
+
+The launcher runs as ``python -m byteps_like.launcher`` in its own process group under a
+watchdog; the internal ``--_role-cmd ROLE=JSON`` option swaps the scheduler and server entry
+points for the stand-in. Every child records its pid in a directory so that the tests can check
+that nothing outlives the launcher.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+WATCHDOG_S = 60
+
+# argv: PIDDIR BEHAVIOURS_JSON. BEHAVIOURS maps "worker-<rank>", "worker", "scheduler",
+# "server" to a list of actions, run in order.
+STANDIN = textwrap.dedent("""\
+    import json, os, signal, subprocess, sys, time
+    piddir, behaviours = sys.argv[1], json.loads(sys.argv[2])
+    role = os.environ.get("DMLC_ROLE", "worker")
+    if role == "worker":
+        rank = (int(os.environ["DMLC_WORKER_ID"]) * int(os.environ["BYTEPS_LOCAL_SIZE"])
+                + int(os.environ["BYTEPS_LOCAL_RANK"]))
+        name = f"worker-{rank}"
+    else:
+        name = f"{role}-{os.getpid()}"
+
+    def record(label, pid):
+        tmp = os.path.join(piddir, f".{label}.tmp")
+        with open(tmp, "w") as f:
+            f.write(str(pid))
+        os.rename(tmp, os.path.join(piddir, f"{label}.pid"))
+
+    record(name, os.getpid())
+    for action in behaviours.get(name, behaviours.get(role, ["ok"])):
+        verb, _, arg = action.partition(":")
+        if verb == "ok":
+            sys.exit(0)
+        elif verb == "say":
+            print(arg)
+        elif verb == "env":
+            keys = ("DMLC_ROLE", "DMLC_WORKER_ID", "BYTEPS_LOCAL_RANK", "BYTEPS_LOCAL_SIZE",
+                    "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_PS_ROOT_URI",
+                    "DMLC_PS_ROOT_PORT", "DMLC_NODE_HOST", "BYTEPS_SERVER_PORT",
+                    "BYTEPS_PARTITION_BYTES", "BPSLAUNCH_TEST_PASSTHROUGH")
+            print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}, sort_keys=True))
+        elif verb == "binary":
+            sys.stdout.buffer.write(b"raw \\xff\\xfe bytes\\n")
+            sys.stdout.flush()
+        elif verb == "stderr":
+            print(arg, file=sys.stderr)
+        elif verb == "nap":
+            time.sleep(float(arg))
+        elif verb == "await":  # wait until N pid files exist (all processes started)
+            deadline = time.time() + 30
+            while (len([f for f in os.listdir(piddir) if f.endswith(".pid")]) < int(arg)
+                   and time.time() < deadline):
+                time.sleep(0.02)
+        elif verb == "exit":
+            print(f"boom-marker from {name}", file=sys.stderr)
+            sys.exit(int(arg))
+        elif verb == "suicide":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif verb == "ignore-term":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif verb == "grandchild":
+            p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+            record(f"grandchild-of-{name}", p.pid)
+        elif verb == "sleep":
+            time.sleep(300)
+    """)
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed: float
+
+    @property
+    def lines(self) -> list[str]:
+        return self.stdout.splitlines()
+
+    @property
+    def last_err(self) -> str:
+        lines = self.stderr.strip().splitlines()
+        return lines[-1] if lines else ""
+
+    def dump(self) -> str:
+        return (f"exit status {self.returncode} after {self.elapsed:.1f} s\n--- stdout\n"
+                f"{self.stdout}\n--- stderr\n{self.stderr}")
+
+
+class Harness:
+    def __init__(self, tmp_path: Path):
+        self.piddir = tmp_path / "pids"
+        self.piddir.mkdir()
+        self.script = tmp_path / "standin.py"
+        self.script.write_text(STANDIN)
+        self.tmp_path = tmp_path
+
+    def cmd(self, behaviours: dict) -> list[str]:
+        return [sys.executable, str(self.script), str(self.piddir), json.dumps(behaviours)]
+
+    def argv(self, behaviours: dict, *options: str, local: bool = True) -> list[str]:
+        role_cmd = json.dumps(self.cmd(behaviours))
+        return [sys.executable, "-m", "byteps_like.launcher",
+                *(["--local"] if local else []), *options,
+                "--_role-cmd", f"scheduler={role_cmd}", "--_role-cmd", f"server={role_cmd}",
+                "--", *self.cmd(behaviours)]
+
+    def start(self, argv: list[str], env_extra: dict | None = None) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
+        env.pop("PYTHONWARNINGS", None)
+        env.update(env_extra or {})
+        self._t0 = time.monotonic()
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, cwd=self.tmp_path)
+
+    def finish(self, proc: subprocess.Popen, timeout: float = WATCHDOG_S) -> Result:
+        """Collect the launcher's result; on a hang kill its group and fail with its logs."""
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            self.kill_recorded()
+            pytest.fail(f"bpslaunch hung for {timeout} s (watchdog)\n" + Result(
+                -1, out.decode(errors="replace"), err.decode(errors="replace"),
+                time.monotonic() - self._t0).dump())
+        return Result(proc.returncode, out.decode("utf-8", errors="replace"),
+                      err.decode("utf-8", errors="replace"), time.monotonic() - self._t0)
+
+    def run(self, argv: list[str], env_extra: dict | None = None) -> Result:
+        return self.finish(self.start(argv, env_extra))
+
+    def pids(self) -> dict[str, int]:
+        return {p.stem: int(p.read_text()) for p in self.piddir.glob("*.pid")}
+
+    def wait_for_pids(self, count: int, proc: subprocess.Popen) -> dict[str, int]:
+        deadline = time.monotonic() + 30
+        while len(self.pids()) < count:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                result = self.finish(proc, timeout=5)
+                pytest.fail(f"expected {count} processes, got {sorted(self.pids())}\n"
+                            + result.dump())
+            time.sleep(0.02)
+        return self.pids()
+
+    def assert_all_gone(self, result: Result) -> None:
+        deadline = time.monotonic() + 5
+        alive = {}
+        while time.monotonic() < deadline:
+            alive = {name: pid for name, pid in self.pids().items() if _alive(pid)}
+            if not alive:
+                return
+            time.sleep(0.05)
+        self.kill_recorded()
+        pytest.fail(f"processes outlived bpslaunch: {alive}\n" + result.dump())
+
+    def kill_recorded(self) -> None:
+        for pid in self.pids().values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody has reaped yet counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
+
+
+@pytest.fixture
+def harness(tmp_path):
+    h = Harness(tmp_path)
+    yield h
+    h.kill_recorded()  # never leave anything behind, even when a test fails
+
+
+def test_success_prefixes_env_and_logs(harness):
+    behaviours = {"scheduler": ["say:ready", "nap:0.2", "ok"], "server": ["say:ready", "ok"],
+                  "worker": ["env", "binary", "stderr:to-stderr", "ok"]}
+    logs = harness.tmp_path / "logs"
+    result = harness.run(
+        harness.argv(behaviours, "--workers", "2", "--servers", "2", "--local-size", "2",
+                     "--grace", "1", "--log-dir", str(logs)),
+        {"BYTEPS_PARTITION_BYTES": "2048000", "BPSLAUNCH_TEST_PASSTHROUGH": "yes"})
+    assert result.returncode == 0, result.dump()
+    lines = result.lines
+    assert lines.count("[scheduler] ready") == 1, result.dump()
+    assert sorted(line for line in lines if line.endswith("] ready")) == [
+        "[scheduler] ready", "[server 0] ready", "[server 1] ready"], result.dump()
+    envs = {}
+    for line in lines:
+        if " ENV " in line:
+            prefix, _, payload = line.partition(" ENV ")
+            envs[prefix] = json.loads(payload)
+    assert sorted(envs) == [f"[worker {r}]" for r in range(4)], result.dump()
+    port = envs["[worker 0]"]["DMLC_PS_ROOT_PORT"]
+    for rank in range(4):
+        env = envs[f"[worker {rank}]"]
+        assert env == {
+            "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(rank // 2),
+            "BYTEPS_LOCAL_RANK": str(rank % 2), "BYTEPS_LOCAL_SIZE": "2",
+            "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "2", "DMLC_PS_ROOT_URI": "127.0.0.1",
+            "DMLC_PS_ROOT_PORT": port, "DMLC_NODE_HOST": "127.0.0.1",
+            "BYTEPS_SERVER_PORT": "0", "BYTEPS_PARTITION_BYTES": "2048000",
+            "BPSLAUNCH_TEST_PASSTHROUGH": "yes"}
+        assert f"[worker {rank}] raw \ufffd\ufffd bytes" in lines
+        assert f"[worker {rank}] to-stderr" in result.stderr.splitlines()
+    assert 0 < int(port) < 65536
+    assert (logs / "worker-3.log").read_bytes().startswith(b"ENV ")
+    assert b"raw \xff\xfe bytes\n" in (logs / "worker-3.log").read_bytes()
+    assert (logs / "scheduler.log").read_text() == "ready\n"
+    assert (logs / "server-1.log").read_text() == "ready\n"
+
+
+def test_failing_worker_stops_the_rest_and_is_named(harness):
+    # 4 processes + 1 grandchild; worker 1 fails once everyone has started.
+    behaviours = {"scheduler": ["sleep"], "server": ["sleep"],
+                  "worker-0": ["grandchild", "sleep"],
+                  "worker-1": ["await:5", "stderr:Traceback (most recent call last):",
+                               "exit:3"]}
+    result = harness.run(harness.argv(behaviours, "--grace", "0.5"))
+    assert result.returncode == 3, result.dump()
+    pids = harness.pids()
+    assert len(pids) == 5, pids
+    last = result.last_err
+    assert last.startswith("bpslaunch: error: worker 1 "), result.dump()
+    assert f"pid {pids['worker-1']}" in last and "exit status 3" in last, result.dump()
+    assert "boom-marker from worker-1" in last and "Traceback" in last, result.dump()
+    assert "[worker 1] boom-marker from worker-1" in result.stderr
+    harness.assert_all_gone(result)
+
+
+def test_survivors_exiting_during_grace_do_not_replace_first_failure(harness):
+    behaviours = {"scheduler": ["sleep"], "server": ["sleep"],
+                  "worker-0": ["await:4", "suicide"],
+                  "worker-1": ["await:4", "nap:0.3", "exit:5"]}
+    result = harness.run(harness.argv(behaviours, "--grace", "1.5"))
+    assert result.returncode == 128 + signal.SIGKILL, result.dump()
+    assert "worker 0" in result.last_err and "killed by SIGKILL" in result.last_err
+    assert "worker 1 (pid" in result.stderr and "exit status 5" in result.stderr
+    harness.assert_all_gone(result)
+
+
+@pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_to_launcher_stops_everything(harness, signum, status):
+    behaviours = {"scheduler": ["sleep"], "server": ["sleep"],
+                  "worker": ["grandchild", "sleep"]}
+    proc = harness.start(harness.argv(behaviours, "--servers", "2", "--grace", "30"))
+    harness.wait_for_pids(1 + 2 + 2 + 2, proc)
+    os.kill(proc.pid, signum)
+    result = harness.finish(proc)
+    assert result.returncode == status, result.dump()
+    assert f"interrupted by {signal.Signals(signum).name}" in result.last_err, result.dump()
+    assert result.elapsed < 20, result.dump()
+    harness.assert_all_gone(result)
+
+
+def test_child_ignoring_sigterm_is_killed(harness):
+    behaviours = {"scheduler": ["sleep"], "server": ["sleep"],
+                  "worker-0": ["ignore-term", "sleep"],
+                  "worker-1": ["await:4", "exit:1"]}
+    result = harness.run(harness.argv(behaviours, "--grace", "0.2"))
+    assert result.returncode == 1, result.dump()
+    pids = harness.pids()
+    assert f"SIGKILL to worker 0 (pid {pids['worker-0']})" in result.stderr, result.dump()
+    assert "worker 1" in result.last_err, result.dump()
+    assert 5 <= result.elapsed < 20, result.dump()
+    harness.assert_all_gone(result)
+
+
+@pytest.mark.parametrize("program", ["no-such-program-bpslaunch", "/no/such/dir/prog"])
+def test_missing_executable_exits_127_and_starts_nothing(harness, program):
+    role_cmd = json.dumps(harness.cmd({"scheduler": ["sleep"], "server": ["sleep"]}))
+    result = harness.run([sys.executable, "-m", "byteps_like.launcher", "--local",
+                          "--_role-cmd", f"scheduler={role_cmd}",
+                          "--_role-cmd", f"server={role_cmd}", "--", program, "arg"])
+    assert result.returncode == 127, result.dump()
+    assert repr(program) in result.last_err, result.dump()
+    assert harness.pids() == {}
+
+
+def test_all_success_exits_0(harness):
+    result = harness.run(harness.argv({"worker": ["say:hello", "ok"]}))
+    assert result.returncode == 0, result.dump()
+    assert sorted(result.lines) == ["[worker 0] hello", "[worker 1] hello"], result.dump()
+    assert result.stderr == ""
+    harness.assert_all_gone(result)
+
+
+def test_timeout_exits_124(harness):
+    result = harness.run(harness.argv({"scheduler": ["sleep"], "server": ["sleep"],
+                                       "worker": ["sleep"]}, "--timeout", "1"))
+    assert result.returncode == 124, result.dump()
+    assert "--timeout 1 s" in result.last_err and result.elapsed < 15, result.dump()
+    harness.assert_all_gone(result)
+
+
+def test_services_that_do_not_shut_down_are_a_failure(harness):
+    behaviours = {"scheduler": ["sleep"], "server": ["ok"], "worker": ["ok"]}
+    result = harness.run(harness.argv(behaviours, "--timeout-shutdown", "0.5"))
+    assert result.returncode == 1, result.dump()
+    assert "did not exit within --timeout-shutdown 0.5 s" in result.last_err, result.dump()
+    assert "scheduler (pid" in result.last_err, result.dump()
+    harness.assert_all_gone(result)
+
+
+def test_worker_machine_runs_local_size_copies(harness):
+    result = harness.run(harness.argv({"worker": ["env", "ok"]}, local=False),
+                         {"DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "1",
+                          "BYTEPS_LOCAL_SIZE": "3"})
+    assert result.returncode == 0, result.dump()
+    ranks = sorted(line.split("]")[0] + "]" for line in result.lines)
+    assert ranks == ["[worker 3]", "[worker 4]", "[worker 5]"], result.dump()
+
+
+def test_server_machine_runs_the_role_and_ignores_command(harness):
+    result = harness.run(harness.argv({"server": ["say:serving", "ok"]}, local=False),
+                         {"DMLC_ROLE": "server", "DMLC_NUM_SERVER": "1"})
+    assert result.returncode == 0, result.dump()
+    assert result.lines == ["[server] serving"], result.dump()
+    assert "ignoring the command" in result.stderr

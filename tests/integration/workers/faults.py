@@ -1,0 +1,62 @@
+"""Worker for failure tests. Usage: faults.py MODE
+
+kill-server  rank 0 SIGKILLs server 0 after a few rounds; everyone keeps pushing
+kill-worker  the last rank SIGKILLs itself after a few rounds
+mismatch     the last rank declares tensor 'w' with another shape
+async        asynchronous mode: pushes are deltas, a pull returns the current value
+Prints ``PIDS ...`` (every process of the job, from rank 0), then ``PEER_LOST <message>`` or
+``MISMATCH <message>`` when that error is raised.
+"""
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import byteps_like as bps
+from byteps_like.runtime import default_runtime
+
+
+def main():
+    mode = sys.argv[1]
+    bps.init()
+    rank, size = bps.rank(), bps.size()
+    peers = default_runtime().control.peers
+    if rank == 0:
+        print("PIDS", *sorted({p.pid for p in peers} | {os.getpid()}), flush=True)
+    x = np.ones(50000, np.float32)
+    if mode == "mismatch":
+        shape = (7, 3) if rank == size - 1 else (3, 7)
+        try:
+            bps.push_pull(np.zeros(shape, np.float32), name="w", timeout=30)
+        except bps.MismatchError as exc:
+            print(f"MISMATCH rank {rank}: {exc}", flush=True)
+        bps.shutdown()
+        return
+    if mode == "async":
+        for _ in range(5):
+            bps.push_pull(np.ones(1000, np.int64), name="v", average=False)
+        bps.barrier()
+        total = bps.push_pull(np.zeros(1000, np.int64), name="v", average=False)
+        assert np.array_equal(total, np.full(1000, 5 * size)), total[:4]
+        print(f"ASYNC OK rank {rank} total {int(total[0])}", flush=True)
+        bps.shutdown()
+        return
+    server0 = next(p for p in peers if p.role == "server" and p.rank == 0)
+    try:
+        for step in range(10_000):
+            if step == 5 and mode == "kill-server" and rank == 0:
+                os.kill(server0.pid, signal.SIGKILL)
+            if step == 5 and mode == "kill-worker" and rank == size - 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            bps.push_pull(x, name="x", timeout=60)
+            time.sleep(0.01)
+    except bps.PeerLostError as exc:
+        print(f"PEER_LOST rank {rank}: {exc}", flush=True)
+        sys.exit(1)
+    print("NO FAILURE SEEN", flush=True)
+
+
+if __name__ == "__main__":
+    main()
