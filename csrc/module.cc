@@ -1,3 +1,198 @@
+// Python bindings of byteps_like._core: argument and buffer checks, then GIL-free work in
+// ops.cc. Documented in byteps_like/_core.pyi.
 #include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cpu.h"
+#include "dtype.h"
+#include "ops.h"
+#include "parallel.h"
+
 namespace py = pybind11;
-PYBIND11_MODULE(_core, m) { m.doc() = "stub"; }
+
+namespace bps {
+namespace {
+
+// A C-contiguous buffer export of a Python object, viewed as raw bytes.
+class Buffer {
+ public:
+  Buffer(py::handle obj, bool writable, const char* func, const char* arg) {
+    if (!PyObject_CheckBuffer(obj.ptr())) {
+      throw py::type_error(std::string(func) + ": " + arg +
+                           " must support the buffer protocol (numpy array, bytes, bytearray, "
+                           "memoryview, ...), got " + Py_TYPE(obj.ptr())->tp_name);
+    }
+    const int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) {
+      const std::string why = py::error_already_set().what();  // fetches and clears
+      if (writable && PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_C_CONTIGUOUS) == 0) {
+        PyBuffer_Release(&view_);
+        throw py::value_error(std::string(func) + ": " + arg + " is read-only (" +
+                              Py_TYPE(obj.ptr())->tp_name + "); it must be a writable buffer");
+      }
+      PyErr_Clear();
+      throw py::value_error(std::string(func) + ": " + arg +
+                            " must be a C-contiguous buffer (" + why + ")");
+    }
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { PyBuffer_Release(&view_); }
+
+  void* data() const { return view_.buf; }
+  std::size_t size() const { return static_cast<std::size_t>(view_.len); }
+
+ private:
+  Py_buffer view_{};
+};
+
+DType to_dtype(const std::string& name, const char* func, const char* arg = "dtype") {
+  DType dt;
+  if (!parse_dtype(name, &dt)) {
+    throw py::value_error(std::string(func) + ": unknown " + arg + " '" + name +
+                          "'; expected one of: " + valid_dtype_names());
+  }
+  return dt;
+}
+
+// Checks a buffer pair holds the same whole number of elements of dt.
+std::size_t element_count(const Buffer& dst, const Buffer& src, DType dt, const char* func) {
+  const std::size_t size = itemsize(dt);
+  if (dst.size() != src.size() || dst.size() % size != 0) {
+    throw py::value_error(std::string(func) + ": dst has " + std::to_string(dst.size()) +
+                          " bytes and src has " + std::to_string(src.size()) +
+                          " bytes; they must be equal and a multiple of the " + dtype_name(dt) +
+                          " itemsize (" + std::to_string(size) + ")");
+  }
+  return dst.size() / size;
+}
+
+void py_add_into(py::handle dst, py::handle src, const std::string& dtype, int nthreads) {
+  const DType dt = to_dtype(dtype, "add_into");
+  const Buffer d(dst, true, "add_into", "dst");
+  const Buffer s(src, false, "add_into", "src");
+  const std::size_t n = element_count(d, s, dt, "add_into");
+  py::gil_scoped_release nogil;
+  add_into(dt, d.data(), s.data(), n, nthreads);
+}
+
+void py_copy_into(py::handle dst, py::handle src, int nthreads) {
+  const Buffer d(dst, true, "copy_into", "dst");
+  const Buffer s(src, false, "copy_into", "src");
+  if (d.size() != s.size()) {
+    throw py::value_error("copy_into: dst has " + std::to_string(d.size()) + " bytes and src has " +
+                          std::to_string(s.size()) + " bytes; they must be equal");
+  }
+  py::gil_scoped_release nogil;
+  copy_into(d.data(), s.data(), d.size(), nthreads);
+}
+
+void py_scale_into(py::handle buf, const std::string& dtype, std::int64_t divisor, int nthreads) {
+  const DType dt = to_dtype(dtype, "scale_into");
+  if (divisor < 1) {
+    throw py::value_error("scale_into: divisor must be >= 1, got " + std::to_string(divisor));
+  }
+  const Buffer b(buf, true, "scale_into", "buf");
+  if (b.size() % itemsize(dt) != 0) {
+    throw py::value_error("scale_into: buf has " + std::to_string(b.size()) +
+                          " bytes, not a multiple of the " + dtype_name(dt) + " itemsize (" +
+                          std::to_string(itemsize(dt)) + ")");
+  }
+  py::gil_scoped_release nogil;
+  scale_into(dt, b.data(), b.size() / itemsize(dt), divisor, nthreads);
+}
+
+void py_convert(py::handle dst, const std::string& dst_dtype, py::handle src,
+                const std::string& src_dtype, int nthreads) {
+  const DType ddt = to_dtype(dst_dtype, "convert", "dst_dtype");
+  const DType sdt = to_dtype(src_dtype, "convert", "src_dtype");
+  if (!can_convert(ddt, sdt)) {
+    throw py::value_error(std::string("convert: ") + dtype_name(sdt) + " -> " + dtype_name(ddt) +
+                          " is not supported; supported: float32 -> float16, float16 -> float32, "
+                          "float32 -> bfloat16, bfloat16 -> float32");
+  }
+  const Buffer d(dst, true, "convert", "dst");
+  const Buffer s(src, false, "convert", "src");
+  const std::size_t dsize = itemsize(ddt), ssize = itemsize(sdt);
+  if (d.size() % dsize != 0 || s.size() % ssize != 0 || d.size() / dsize != s.size() / ssize) {
+    throw py::value_error("convert: dst has " + std::to_string(d.size()) + " bytes (" +
+                          dtype_name(ddt) + ", itemsize " + std::to_string(dsize) +
+                          ") and src has " + std::to_string(s.size()) + " bytes (" +
+                          dtype_name(sdt) + ", itemsize " + std::to_string(ssize) +
+                          "); both must hold the same whole number of elements");
+  }
+  py::gil_scoped_release nogil;
+  convert(ddt, d.data(), sdt, s.data(), d.size() / dsize, nthreads);
+}
+
+py::dict py_cpu_features() {
+  const CpuFeatures& f = cpu_features();
+  const Isa isa = active_isa();
+  py::dict out;
+  out["x86_64"] = f.x86_64;
+  out["sse2"] = f.sse2;
+  out["avx"] = f.avx;
+  out["avx2"] = f.avx2;
+  out["fma"] = f.fma;
+  out["f16c"] = f.f16c;
+  out["avx512f"] = f.avx512f;
+  out["avx512bw"] = f.avx512bw;
+  out["avx512vl"] = f.avx512vl;
+  out["detected_isa"] = isa_name(detected_isa());
+  out["isa"] = isa_name(isa);
+  out["kernel_fp16"] = isa == Isa::kAvx512 ? "f16c-avx512" : isa == Isa::kAvx2 ? "f16c-avx2" : "scalar";
+  out["kernel_bf16"] = isa_name(isa);
+  out["kernel_float32"] = isa_name(isa);
+  out["max_threads"] = kMaxThreads;
+  out["min_bytes_per_thread"] = kMinBytesPerThread;
+  return out;
+}
+
+std::string py_set_isa(const std::string& name) {
+  const std::string previous = isa_name(active_isa());
+  if (name == "auto") {
+    reset_isa_limit();
+    return previous;
+  }
+  Isa isa;
+  if (!parse_isa(name.c_str(), &isa)) {
+    throw py::value_error("_set_isa: unknown level '" + name +
+                          "'; expected one of: auto, scalar, avx2, avx512");
+  }
+  if (!set_isa_limit(isa)) {
+    throw py::value_error("_set_isa: this CPU does not support '" + name + "' (detected: " +
+                          isa_name(detected_isa()) + ")");
+  }
+  return previous;
+}
+
+}  // namespace
+}  // namespace bps
+
+PYBIND11_MODULE(_core, m) {
+  using namespace bps;
+  m.doc() = "Native summation, scaling and conversion kernels of byteps_like (see _core.pyi).";
+  m.def("add_into", &py_add_into, py::arg("dst"), py::arg("src"), py::arg("dtype"),
+        py::arg("nthreads") = 1, "dst += src elementwise; buffers are raw bytes of `dtype`.");
+  m.def("copy_into", &py_copy_into, py::arg("dst"), py::arg("src"), py::arg("nthreads") = 1,
+        "Copy src's bytes into dst (equal lengths).");
+  m.def("scale_into", &py_scale_into, py::arg("buf"), py::arg("dtype"), py::arg("divisor"),
+        py::kw_only(), py::arg("nthreads") = 1,
+        "buf /= divisor in place (floor division for ints); divisor >= 1.");
+  m.def("convert", &py_convert, py::arg("dst"), py::arg("dst_dtype"), py::arg("src"),
+        py::arg("src_dtype"), py::kw_only(), py::arg("nthreads") = 1,
+        "dst = src converted between float32 and float16/bfloat16, round to nearest even.");
+  m.def("cpu_features", &py_cpu_features, "CPU features detected and kernels in use.");
+  m.def(
+      "itemsize",
+      [](const std::string& dtype) { return itemsize(to_dtype(dtype, "itemsize")); },
+      py::arg("dtype"), "Bytes per element of `dtype`.");
+  m.def("_set_isa", &py_set_isa, py::arg("name"),
+        "Testing hook: cap the kernel level ('scalar', 'avx2', 'avx512' or 'auto'); returns the "
+        "previous level.");
+  py::list names;
+  for (int i = 0; i < kNumDTypes; ++i) names.append(dtype_name(static_cast<DType>(i)));
+  m.attr("DTYPES") = py::tuple(names);
+}

@@ -63,29 +63,36 @@ def _bf16_numpy_add(a: np.ndarray, b: np.ndarray) -> None:
     a[...] = np.where(np.isnan(s), (x >> 16) | 0x40, rounded).astype(np.uint16)
 
 
-def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up: page faults, pool threads, caches
-    times = []
+def _median_seconds(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median wall time of each fn; runs are interleaved so drifting machine load hits all."""
+    for fn in fns.values():
+        fn()  # warm-up: page faults, pool threads, caches
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def measure(dtype: str, nbytes: int, repeats: int, nthreads: int,
-            rng: np.random.Generator) -> dict[str, float | None]:
+            rng: np.random.Generator) -> dict[str, float]:
     """GB/s of add_into (1 and nthreads threads) and of numpy on one dtype and size."""
     a, b = _arrays(dtype, nbytes, rng)
-    gb = a.nbytes / 1e9
-    core1 = gb / _median_seconds(lambda: _core.add_into(a, b, dtype), repeats)
-    coren = gb / _median_seconds(lambda: _core.add_into(a, b, dtype, nthreads), repeats)
+    if dtype == "bfloat16":
+        def ref() -> None:
+            _bf16_numpy_add(a, b)
+    else:
+        def ref() -> None:
+            np.add(a, b, out=a)
     with np.errstate(all="ignore"):
-        if dtype == "bfloat16":
-            ref = gb / _median_seconds(lambda: _bf16_numpy_add(a, b), repeats)
-        else:
-            ref = gb / _median_seconds(lambda: np.add(a, b, out=a), repeats)
-    return {"core_1t": core1, "core_nt": coren, "numpy": ref}
+        secs = _median_seconds({
+            "core_1t": lambda: _core.add_into(a, b, dtype),
+            "core_nt": lambda: _core.add_into(a, b, dtype, nthreads),
+            "numpy": ref,
+        }, repeats)
+    return {name: a.nbytes / 1e9 / t for name, t in secs.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
