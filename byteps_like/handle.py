@@ -40,10 +40,17 @@ class Handle:
         return f"<Handle {self.name!r} {state}>"
 
     # -- completion (pipeline side) --------------------------------------------------------------
-    def _finish(self) -> None:
+    def _finish_locked(self) -> list:
+        """Mark done (caller holds the lock); returns the callbacks to run after unlocking."""
         self.finished = time.monotonic()
         self._event.set()
-        for cb in self._callbacks:
+        callbacks, self._callbacks = self._callbacks, []
+        return callbacks
+
+    def _finish(self) -> None:
+        with self._lock:
+            callbacks = self._finish_locked()
+        for cb in callbacks:
             cb(self)
 
     def part_done(self, part: int) -> None:
@@ -52,16 +59,18 @@ class Handle:
                 return
             self.pending_parts.discard(part)
             self._remaining -= 1
-            last = self._remaining == 0
-        if last:
-            self._finish()
+            callbacks = self._finish_locked() if self._remaining == 0 else []
+        for cb in callbacks:
+            cb(self)
 
     def fail(self, exc: BaseException) -> None:
         with self._lock:
             if self._event.is_set():
                 return
             self._error = exc
-        self._finish()
+            callbacks = self._finish_locked()
+        for cb in callbacks:
+            cb(self)
 
     def add_done_callback(self, fn: Callable[["Handle"], None]) -> None:
         with self._lock:

@@ -11,6 +11,7 @@ import heapq
 import itertools
 import queue
 import threading
+from collections import deque
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -29,7 +30,7 @@ def plan(*, distributed: bool, local_size: int = 1, on_device: bool = False,
     stages = []
     if local_size > 1:
         stages.append(REDUCE)
-    if on_device:
+    if on_device and distributed:
         stages.append(COPY_D2H)
     if distributed:
         if compressed:
@@ -37,7 +38,7 @@ def plan(*, distributed: bool, local_size: int = 1, on_device: bool = False,
         stages += [PUSH, PULL]
         if compressed:
             stages.append(DECOMPRESS)
-    if on_device:
+    if on_device and distributed:
         stages.append(COPY_H2D)
     if local_size > 1:
         stages.append(BROADCAST)
@@ -201,17 +202,31 @@ class Pipeline:
 
 
 class _ClosableQueue:
+    """A bounded FIFO whose close() always wakes the consumer, even when the queue is full."""
+
     def __init__(self, maxsize: int):
-        self._q: queue.Queue = queue.Queue(maxsize)
+        self._q: deque = deque()
+        self._maxsize = maxsize
+        self._cv = threading.Condition()
+        self._closed = False
 
     def put(self, task: Task) -> None:
-        self._q.put(task)
+        with self._cv:
+            self._cv.wait_for(lambda: self._closed or not self._maxsize
+                              or len(self._q) < self._maxsize)
+            self._q.append(task)
+            self._cv.notify_all()
 
     def get(self) -> Task | None:
-        return self._q.get()
+        with self._cv:
+            self._cv.wait_for(lambda: self._closed or self._q)
+            if self._closed:
+                return None
+            task = self._q.popleft()
+            self._cv.notify_all()
+            return task
 
     def close(self) -> None:
-        try:
-            self._q.put_nowait(None)
-        except queue.Full:
-            pass
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()

@@ -191,8 +191,8 @@ class Runtime:
             h.fail(exc)
 
     def _fail_task(self, task: Task, exc: BaseException) -> None:
-        if self.pipeline is not None and not task.acked and task.stage == 0:
-            pass
+        if self.pipeline is not None:
+            self._release(task)  # a failed push must not keep its credit
         task.handle.fail(exc)
 
     def _check(self) -> None:

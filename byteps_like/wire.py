@@ -209,6 +209,10 @@ def decode_header(raw: Any) -> Header:
     return Header(mtype, dtype, role, rank, flags, job, key, rnd, count, nbytes)
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
 def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
     """Decode and validate one message; raise ProtocolError on anything malformed."""
     if not frames:
@@ -236,7 +240,7 @@ def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
         if _buf_len(raw) > MAX_META_BYTES:
             raise ProtocolError(f"{header.type.name} meta frame exceeds {MAX_META_BYTES} bytes")
         try:
-            meta = json.loads(_as_bytes(raw).decode("utf-8"))
+            meta = json.loads(_as_bytes(raw).decode("utf-8"), parse_constant=_reject_constant)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise ProtocolError(f"{header.type.name} from {header.sender}: meta frame is not "
                                 f"UTF-8 JSON ({exc})") from None

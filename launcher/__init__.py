@@ -1,0 +1,4 @@
+"""bpslaunch: start and supervise the processes of a byteps_like job (docs/launcher.md).
+
+Imports only the standard library, byteps_like.config and byteps_like.errors.
+"""

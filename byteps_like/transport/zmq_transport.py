@@ -11,7 +11,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import queue
 import threading
 import time
 import uuid
@@ -49,7 +48,8 @@ class ZmqEndpoint(Endpoint):
         self._local = threading.local()
         self._senders: list[zmq.Socket] = []
         self._senders_lock = threading.Lock()
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._calls: dict[int, Callable[[], None]] = {}   # keyed by token: order per sender
+        self._call_ids = itertools.count()
         self._timers: list = []
         self._tseq = itertools.count()
         self._poller = zmq.Poller()
@@ -98,7 +98,8 @@ class ZmqEndpoint(Endpoint):
         return sum(1 for (p, _i) in self._dealers if p == peer)
 
     def add_timer(self, interval: float, fn: Callable[[], None]) -> None:
-        heapq.heappush(self._timers, (time.monotonic() + interval, next(self._tseq), interval, fn))
+        entry = (time.monotonic() + interval, next(self._tseq), interval, fn)
+        self._on_io_thread(lambda: heapq.heappush(self._timers, entry))  # wakes a blocked poll
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"bpsl-io-{self.name}", daemon=True)
@@ -124,8 +125,11 @@ class ZmqEndpoint(Endpoint):
         return s
 
     def call_soon(self, fn: Callable[[], None]) -> None:
-        self._calls.put(fn)
-        self._sender().send(b"F")
+        # The callable is found by its own token, so it runs in the order of this thread's
+        # messages through the outbox, whatever other threads do meanwhile.
+        cid = next(self._call_ids)
+        self._calls[cid] = fn
+        self._sender().send(b"F%d" % cid)
 
     def send(self, route: Route, frames: Sequence[Any]) -> None:
         frames = [_frame(f) for f in frames]
@@ -148,16 +152,18 @@ class ZmqEndpoint(Endpoint):
                 log.debug("%s: reply to vanished client dropped (%s)", self.name, exc)
             return
         sock = self._dealers.get((route.peer, route.conn))
-        if sock is None:
-            raise KeyError(f"{self.name}: no connection {route.conn} to peer {route.peer!r}")
+        if sock is None:  # a bug in the caller; must not take the I/O thread down with it
+            log.error("%s: no connection %d to peer %r; message dropped", self.name, route.conn,
+                      route.peer)
+            return
         sock.send_multipart(frames, copy=False)
 
     # -- the I/O loop ------------------------------------------------------------------------
     def _dispatch_outbox(self) -> None:
         frames = self._outbox.recv_multipart(copy=False)
         head = frames[0].bytes
-        if head == b"F":
-            self._calls.get_nowait()()
+        if head[:1] == b"F":
+            self._calls.pop(int(head[1:]))()
             return
         if head == b"S":
             self._stop = True

@@ -67,6 +67,13 @@ STANDIN = textwrap.dedent("""\
             while (len([f for f in os.listdir(piddir) if f.endswith(".pid")]) < int(arg)
                    and time.time() < deadline):
                 time.sleep(0.02)
+        elif verb == "mark":  # create a marker file LABEL.mark
+            open(os.path.join(piddir, f"{arg}.mark"), "w").close()
+        elif verb == "awaitmark":
+            deadline = time.time() + 30
+            marker = os.path.join(piddir, f"{arg}.mark")
+            while not os.path.exists(marker) and time.time() < deadline:
+                time.sleep(0.02)
         elif verb == "exit":
             print(f"boom-marker from {name}", file=sys.stderr)
             sys.exit(int(arg))
@@ -159,6 +166,13 @@ class Harness:
             time.sleep(0.02)
         return self.pids()
 
+    def wait_for_mark(self, label: str, proc: subprocess.Popen) -> None:
+        deadline = time.monotonic() + 30
+        while not (self.piddir / f"{label}.mark").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"no mark {label!r}\n" + self.finish(proc, timeout=5).dump())
+            time.sleep(0.02)
+
     def assert_all_gone(self, result: Result) -> None:
         deadline = time.monotonic() + 5
         alive = {}
@@ -232,8 +246,10 @@ def test_success_prefixes_env_and_logs(harness):
         assert f"[worker {rank}] raw \ufffd\ufffd bytes" in lines
         assert f"[worker {rank}] to-stderr" in result.stderr.splitlines()
     assert 0 < int(port) < 65536
-    assert (logs / "worker-3.log").read_bytes().startswith(b"ENV ")
-    assert b"raw \xff\xfe bytes\n" in (logs / "worker-3.log").read_bytes()
+    # stdout and stderr of a child go to one log file; their relative order is not defined
+    log_lines = (logs / "worker-3.log").read_bytes().splitlines(keepends=True)
+    assert sorted(log_lines)[0].startswith(b"ENV {") and len(log_lines) == 3, log_lines
+    assert b"raw \xff\xfe bytes\n" in log_lines and b"to-stderr\n" in log_lines, log_lines
     assert (logs / "scheduler.log").read_text() == "ready\n"
     assert (logs / "server-1.log").read_text() == "ready\n"
 
@@ -283,14 +299,29 @@ def test_signal_to_launcher_stops_everything(harness, signum, status):
 
 def test_child_ignoring_sigterm_is_killed(harness):
     behaviours = {"scheduler": ["sleep"], "server": ["sleep"],
-                  "worker-0": ["ignore-term", "sleep"],
-                  "worker-1": ["await:4", "exit:1"]}
+                  "worker-0": ["ignore-term", "mark:ignoring", "sleep"],
+                  "worker-1": ["await:4", "awaitmark:ignoring", "exit:1"]}
     result = harness.run(harness.argv(behaviours, "--grace", "0.2"))
     assert result.returncode == 1, result.dump()
     pids = harness.pids()
     assert f"SIGKILL to worker 0 (pid {pids['worker-0']})" in result.stderr, result.dump()
     assert "worker 1" in result.last_err, result.dump()
     assert 5 <= result.elapsed < 20, result.dump()
+    harness.assert_all_gone(result)
+
+
+def test_second_signal_skips_to_sigkill(harness):
+    behaviours = {"scheduler": ["sleep"], "server": ["sleep"],
+                  "worker-0": ["ignore-term", "mark:ignoring", "sleep"], "worker-1": ["sleep"]}
+    proc = harness.start(harness.argv(behaviours))
+    harness.wait_for_pids(4, proc)
+    harness.wait_for_mark("ignoring", proc)
+    os.kill(proc.pid, signal.SIGINT)
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGINT)
+    result = harness.finish(proc)
+    assert result.returncode == 130, result.dump()
+    assert "SIGKILL to worker 0" in result.stderr and result.elapsed < 4.5, result.dump()
     harness.assert_all_gone(result)
 
 

@@ -1,0 +1,305 @@
+"""The bpslaunch command line: options, validation through byteps_like.config, the launch.
+
+Imports only the standard library, byteps_like.config and byteps_like.errors, so it runs on a
+machine with no deep-learning framework installed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from byteps_like.config import load
+from byteps_like.errors import ConfigError
+
+from .job import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, JobSettings, run_job
+from .plan import (ROLE_MODULES, ChildSpec, LocalCluster, child_environment, local_cluster_plan,
+                   node_plan)
+
+EXIT_USAGE = 2
+DEFAULT_WORKERS = 2
+DEFAULT_SERVERS = 1
+DEFAULT_LOCAL_SIZE = 1
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+#: The default grace period is the heartbeat timeout plus this, so that survivors have time to
+#: notice the lost peer and report it themselves.
+GRACE_MARGIN_S = 5.0
+
+# Internal, for tests only (hidden from --help): ``--_role-cmd ROLE=JSON_ARGV`` replaces the
+# argv of the scheduler or server role, e.g. ``--_role-cmd 'server=["python","-c","..."]'``, so
+# the supervision can be exercised with stand-in processes. Not a user interface.
+_ROLE_CMD_OPTION = "--_role-cmd"
+
+_USAGE = """\
+bpslaunch [options] [--] COMMAND [ARG ...]
+       bpslaunch --local [--workers N] [--servers M] [--local-size L] [--port P] [--host H]
+                 [options] -- COMMAND [ARG ...]"""
+
+_DESCRIPTION = """\
+Start the processes of a byteps_like job and supervise them (all-or-nothing: when one fails,
+the rest are stopped and bpslaunch exits non-zero naming the first failure).
+
+Without --local, the role comes from DMLC_ROLE (the BytePS environment contract): a worker
+machine runs BYTEPS_LOCAL_SIZE copies of COMMAND with BYTEPS_LOCAL_RANK=0..L-1; a server or
+scheduler machine runs `python -m byteps_like.server` / `byteps_like.scheduler`.
+With --local, a whole cluster (scheduler, servers, workers) runs on this machine."""
+
+_EPILOG = """\
+exit status: 0 success; the first failed process's status (128+N if killed by signal N);
+1 scheduler/server did not shut down; 2 usage or configuration error; 124 --timeout;
+126 command not executable; 127 command not found; 130/143 interrupted by SIGINT/SIGTERM.
+See docs/launcher.md."""
+
+
+class UsageError(Exception):
+    """A bad command line; the message is shown after the usage text (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print and sys.exit(2); main() does that
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1-65535)")
+    return value
+
+
+def _seconds(allow_zero: bool):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not value == value or value < 0 or (value == 0 and not allow_zero):
+            raise argparse.ArgumentTypeError(f"must be {'>= 0' if allow_zero else '> 0'}, "
+                                             f"not {text}")
+        return value
+    parse.__name__ = "seconds"
+    return parse
+
+
+def _role_cmd(text: str) -> tuple[str, tuple[str, ...]]:
+    role, sep, argv_json = text.partition("=")
+    try:
+        argv = json.loads(argv_json) if sep else None
+    except ValueError:
+        argv = None
+    if role not in ROLE_MODULES or not isinstance(argv, list) or not argv \
+            or not all(isinstance(a, str) for a in argv):
+        raise argparse.ArgumentTypeError("expected ROLE=JSON_LIST_OF_STRINGS, ROLE one of "
+                                         + ", ".join(ROLE_MODULES))
+    return role, tuple(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="bpslaunch", usage=_USAGE, description=_DESCRIPTION, epilog=_EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    local = parser.add_argument_group("local cluster (--local)")
+    local.add_argument("--local", action="store_true",
+                       help="run scheduler, servers and workers on this machine")
+    local.add_argument("--workers", type=_positive_int, metavar="N",
+                       help=f"worker machines, DMLC_NUM_WORKER (default {DEFAULT_WORKERS})")
+    local.add_argument("--servers", type=_positive_int, metavar="M",
+                       help=f"servers, DMLC_NUM_SERVER (default {DEFAULT_SERVERS})")
+    local.add_argument("--local-size", type=_positive_int, metavar="L",
+                       help="processes per worker machine, BYTEPS_LOCAL_SIZE "
+                            f"(default {DEFAULT_LOCAL_SIZE})")
+    local.add_argument("--port", type=_port, metavar="P",
+                       help="scheduler port, DMLC_PS_ROOT_PORT (default: a free port)")
+    local.add_argument("--host", metavar="H",
+                       help=f"address of every process, DMLC_PS_ROOT_URI and DMLC_NODE_HOST "
+                            f"(default {DEFAULT_HOST})")
+    sup = parser.add_argument_group("supervision")
+    sup.add_argument("--timeout", type=_seconds(False), metavar="SECONDS",
+                     help="wall-clock limit of the whole job; on expiry everything is "
+                          "stopped and bpslaunch exits 124 (default: none)")
+    sup.add_argument("--grace", type=_seconds(True), metavar="SECONDS",
+                     help="after the first failure, how long the others may take to exit on "
+                          "their own before SIGTERM (default: heartbeat timeout + "
+                          f"{GRACE_MARGIN_S:g} s)")
+    sup.add_argument("--timeout-shutdown", type=_seconds(False), metavar="SECONDS",
+                     default=DEFAULT_SHUTDOWN_TIMEOUT,
+                     help="after the last worker exits 0, how long the scheduler and servers "
+                          f"may take to exit (default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
+    sup.add_argument("--log-dir", metavar="DIR",
+                     help="also write each process's output to DIR/<role>-<rank>.log "
+                          "(scheduler.log for the scheduler)")
+    parser.add_argument(_ROLE_CMD_OPTION, type=_role_cmd, action="append", default=[],
+                        dest="role_cmd", help=argparse.SUPPRESS)
+    return parser
+
+
+_VALUE_OPTIONS = frozenset({"--workers", "--servers", "--local-size", "--port", "--host",
+                            "--timeout", "--grace", "--timeout-shutdown", "--log-dir",
+                            _ROLE_CMD_OPTION})
+_LOCAL_ONLY = ("workers", "servers", "local_size", "port", "host")
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split at ``--`` or at the first word that is neither an option nor an option's value."""
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return argv[:i], argv[i + 1:]
+        if word.startswith("-") and word != "-":
+            i += 2 if word in _VALUE_OPTIONS else 1
+            continue
+        return argv[:i], argv[i:]
+    return argv, []
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything run_job needs: what to start, from which environment, under which policy."""
+
+    specs: tuple[ChildSpec, ...]
+    base_env: Mapping[str, str]
+    settings: JobSettings
+    notes: tuple[str, ...] = ()
+
+
+class CommandError(Exception):
+    """The worker command cannot be executed; carries the exit status (126 or 127)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    options, command = split_command(argv)
+    args = build_parser().parse_args(options)
+    if not args.local:
+        given = [f"--{name.replace('_', '-')}" for name in _LOCAL_ONLY
+                 if getattr(args, name) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)}: only valid with --local")
+    return args, command
+
+
+def plan_launch(args: argparse.Namespace, command: Sequence[str],
+                env: Mapping[str, str]) -> Launch:
+    """Validate the settings through byteps_like.config and plan the children.
+
+    Raises ConfigError (bad setting), UsageError or CommandError.
+    """
+    role_overrides = dict(args.role_cmd)
+    notes: list[str] = []
+    if args.local:
+        if not command:
+            raise UsageError("--local needs the worker command after --")
+        host = args.host or DEFAULT_HOST
+        cluster = LocalCluster(
+            command=tuple(command), port=args.port or free_port(host),
+            workers=args.workers or DEFAULT_WORKERS, servers=args.servers or DEFAULT_SERVERS,
+            local_size=args.local_size or DEFAULT_LOCAL_SIZE, host=host,
+            role_argv=role_overrides)
+        specs = local_cluster_plan(cluster)
+    else:
+        cfg = _load(env, notes)
+        role = cfg.cluster.role
+        if role == "worker" and not command:
+            raise UsageError("missing the worker command (DMLC_ROLE is "
+                             f"{env.get('DMLC_ROLE', 'unset, so worker')})")
+        if role != "worker" and command:
+            notes.append(f"note: DMLC_ROLE={role} runs python -m {ROLE_MODULES[role]}; "
+                         f"ignoring the command {' '.join(command)!r}")
+        specs = node_plan(role, command, worker_id=cfg.cluster.worker_id or 0,
+                          local_size=cfg.cluster.local_size, role_overrides=role_overrides)
+    configs = [_load(child_environment(env, spec.env), notes) for spec in specs]
+    for spec in specs:
+        if spec.role == "worker":
+            check_executable(spec.argv[0], child_environment(env, spec.env))
+            break
+    grace = args.grace
+    if grace is None:
+        grace = configs[0].timeouts.heartbeat_timeout + GRACE_MARGIN_S
+    settings = JobSettings(grace=grace, shutdown_timeout=args.timeout_shutdown,
+                           timeout=args.timeout, log_dir=args.log_dir)
+    return Launch(tuple(specs), dict(env), settings, tuple(notes))
+
+
+def _load(env: Mapping[str, str], notes: list[str]):
+    """``byteps_like.config.load`` for one child's environment; its warnings (an unknown
+    BYTEPS_* name, say) become notes, each printed once instead of once per child."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = load(env=dict(env))
+    for warning in caught:
+        note = f"warning: {warning.message}"
+        if note not in notes:
+            notes.append(note)
+    return cfg
+
+
+def free_port(host: str) -> int:
+    """A TCP port that is free on ``host`` now (bind to port 0 and ask which one was given)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.bind(address)
+            return sock.getsockname()[1]
+    except OSError as exc:
+        raise UsageError(f"cannot find a free port on --host {host}: {exc}") from None
+
+
+def check_executable(program: str, env: Mapping[str, str]) -> str:
+    """Resolve ``program`` like exec would (PATH of the child's environment), or raise."""
+    if os.sep in program or (os.altsep and os.altsep in program):
+        if not os.path.exists(program):
+            raise CommandError(f"command not found: {program!r} (no such file)", EXIT_NOT_FOUND)
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            raise CommandError(f"command not executable: {program!r} (permission denied or "
+                               "not a file)", EXIT_CANNOT_EXECUTE)
+        return program
+    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise CommandError(f"command not found: {program!r} (not in PATH)", EXIT_NOT_FOUND)
+    return found
+
+
+def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None = None) -> int:
+    """Run bpslaunch; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    env = dict(os.environ if environ is None else environ)
+    try:
+        args, command = parse_args(argv)
+        launch = plan_launch(args, command, env)
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    except UsageError as exc:
+        print(f"usage: {_USAGE}\nbpslaunch: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ConfigError as exc:
+        print(f"bpslaunch: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except CommandError as exc:
+        print(f"bpslaunch: error: {exc}", file=sys.stderr)
+        return exc.status
+    for note in launch.notes:
+        print(f"bpslaunch: {note}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    return run_job(launch.specs, launch.base_env, launch.settings)

@@ -1,0 +1,200 @@
+"""The all-or-nothing policy of one bpslaunch run (torchrun's and mpirun's rule).
+
+``run_job`` starts the planned children and watches them:
+
+* a child exiting non-zero or by a signal is the *first failure* if none came before; the others
+  get ``grace`` seconds to exit on their own (so they can print their own PeerLostError naming
+  the lost node), then their process groups get SIGTERM and, ``kill_after`` s later, SIGKILL;
+* when every worker has exited 0, the scheduler and servers must exit 0 by themselves within
+  ``shutdown_timeout`` s, else they are stopped and that is a failure;
+* ``timeout`` bounds the whole run (exit 124); SIGINT/SIGTERM/SIGHUP to the launcher stop
+  everything (exit 128 + signal).
+
+The final line on stderr always names the cause of a non-zero exit.
+"""
+from __future__ import annotations
+
+import errno
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence, TextIO
+
+from .procs import Child, Supervisor, describe_returncode, exit_status_for, signal_name
+from .plan import ChildSpec, child_environment
+
+EXIT_FAILURE = 1
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
+EXIT_TIMEOUT = 124
+#: Lines of the failed child's stderr shown in the report, and on the one-line summary.
+REPORT_TAIL_LINES = 10
+SUMMARY_TAIL_LINES = 3
+_SUMMARY_MAX_CHARS = 600
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    grace: float
+    shutdown_timeout: float = 30.0
+    timeout: float | None = None
+    log_dir: str | None = None
+    kill_after: float = 5.0
+
+
+def run_job(specs: Sequence[ChildSpec], base_env: Mapping[str, str], settings: JobSettings, *,
+            stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """Start ``specs`` (in order), supervise them to the end and return the exit status."""
+    sup = Supervisor(stdout=stdout, stderr=stderr, log_dir=settings.log_dir,
+                     kill_after=settings.kill_after)
+    sup.install_signal_handlers()
+    try:
+        return _Job(sup, settings).run(specs, base_env)
+    finally:
+        sup.close()
+
+
+class _Job:
+    def __init__(self, sup: Supervisor, settings: JobSettings):
+        self.sup = sup
+        self.settings = settings
+        self.say = lambda text: sup.sink.message(f"bpslaunch: {text}")
+
+    def run(self, specs: Sequence[ChildSpec], base_env: Mapping[str, str]) -> int:
+        sup, settings = self.sup, self.settings
+        started_at = time.monotonic()
+        deadline = None if settings.timeout is None else started_at + settings.timeout
+        for spec in specs:
+            if sup.signal_received is not None:
+                return self._interrupted(None)
+            try:
+                sup.start(spec.name, spec.argv, child_environment(base_env, spec.env),
+                          role=spec.role, rank=spec.rank, log_name=spec.log_name)
+            except OSError as exc:
+                return self._cannot_start(spec, exc)
+
+        first_failure: Child | None = None
+        grace_deadline = shutdown_deadline = None
+        exited = sup.poll_exited()
+        while True:
+            if sup.signal_received is not None:
+                return self._interrupted(first_failure)
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return self._timed_out(first_failure)
+            for child in exited:
+                if child.returncode != 0:
+                    self.say(f"{child.describe()} failed: "
+                             f"{describe_returncode(child.returncode)}")
+                    if first_failure is None:
+                        first_failure = child
+                        grace_deadline = now + settings.grace
+                        others = len(sup.running())
+                        if others:
+                            self.say(f"{child.name} failed; giving the other {others} "
+                                     f"process(es) {settings.grace:g} s to exit before "
+                                     f"stopping them")
+            running = sup.running()
+            if first_failure is not None:
+                if not running:
+                    break
+                if now >= grace_deadline:
+                    self.say(f"stopping {_names(running)} (grace period over)")
+                    self._stop()
+                    break
+            else:
+                workers = [c for c in sup.children if c.role == "worker"]
+                if not running:
+                    return 0
+                if workers and all(not c.running for c in workers):
+                    if shutdown_deadline is None:
+                        shutdown_deadline = now + settings.shutdown_timeout
+                    elif now >= shutdown_deadline:
+                        return self._shutdown_timed_out(running)
+            wake_ups = [t for t in (grace_deadline, shutdown_deadline, deadline) if t is not None]
+            exited = sup.wait_any(
+                min([0.5] + [max(0.0, t - time.monotonic()) for t in wake_ups]))
+        return self._failed(first_failure)
+
+    # -- outcomes ----------------------------------------------------------------------------
+
+    def _stop(self) -> None:
+        killed = self.sup.terminate_all()
+        if killed:
+            self.say(f"sent SIGKILL to {_names(killed)}: still running "
+                     f"{self.settings.kill_after:g} s after SIGTERM")
+
+    def _failed(self, child: Child) -> int:
+        self._stop()  # grandchildren left in the groups
+        self.sup.sink.mute_children()
+        tail = [line for line in child.stderr_tail if line.strip()]
+        if tail:
+            self.say(f"last stderr lines of {child.describe()}:")
+            for line in tail[-REPORT_TAIL_LINES:]:
+                self.say(f"| {line}")
+        self.say("error: " + _failure_summary(child))
+        return exit_status_for(child.returncode) or EXIT_FAILURE
+
+    def _interrupted(self, first_failure: Child | None) -> int:
+        signum = self.sup.signal_received
+        running = self.sup.running()
+        if running:
+            self.say(f"received {signal_name(signum)}; stopping {_names(running)}")
+        self._stop()
+        self.sup.sink.mute_children()
+        cause = f"interrupted by {signal_name(signum)}"
+        if first_failure is not None:
+            cause += f" after the first failure: {_failure_summary(first_failure)}"
+        self.say(f"error: {cause}")
+        return 128 + signum
+
+    def _timed_out(self, first_failure: Child | None) -> int:
+        running = self.sup.running()
+        self._stop()
+        self.sup.sink.mute_children()
+        cause = f"job exceeded --timeout {self.settings.timeout:g} s"
+        if running:
+            cause += f"; stopped {_names(running)}"
+        if first_failure is not None:
+            cause += f" (first failure: {_failure_summary(first_failure)})"
+        self.say(f"error: {cause}")
+        return EXIT_TIMEOUT
+
+    def _shutdown_timed_out(self, running: list[Child]) -> int:
+        self._stop()
+        self.sup.sink.mute_children()
+        self.say(f"error: all workers exited 0 but {_names(running)} did not exit within "
+                 f"--timeout-shutdown {self.settings.shutdown_timeout:g} s; stopped them")
+        return EXIT_FAILURE
+
+    def _cannot_start(self, spec: ChildSpec, exc: OSError) -> int:
+        started = self.sup.running()
+        self._stop()
+        self.sup.sink.mute_children()
+        reason = exc.strerror or str(exc)
+        self.say(f"error: cannot execute {spec.argv[0]!r} for {spec.name}: {reason}"
+                 + (f" (stopped {_names(started)})" if started else ""))
+        return EXIT_NOT_FOUND if exc.errno == errno.ENOENT else EXIT_CANNOT_EXECUTE
+
+
+def _names(children: Sequence[Child]) -> str:
+    if len(children) > 6:
+        return f"{len(children)} processes"
+    return ", ".join(c.describe() for c in children)
+
+
+def _failure_summary(child: Child) -> str:
+    """One line: who failed first, how, and the last few lines of its stderr."""
+    text = f"{child.describe()} failed first: {describe_returncode(child.returncode)}"
+    tail = [line.strip() for line in child.stderr_tail if line.strip()]
+    if tail:
+        last = " | ".join(tail[-SUMMARY_TAIL_LINES:])
+        if len(last) > _SUMMARY_MAX_CHARS:
+            last = "..." + last[-_SUMMARY_MAX_CHARS:]
+        text += f"; last stderr: {last}"
+    else:
+        text += "; it wrote nothing to stderr"
+    return text
+
+
+__all__ = ["JobSettings", "run_job", "EXIT_FAILURE", "EXIT_TIMEOUT", "EXIT_NOT_FOUND",
+           "EXIT_CANNOT_EXECUTE"]

@@ -1,0 +1,383 @@
+"""Child-process supervision for bpslaunch: start, pump output, watch, stop.
+
+Standard library only. Every child runs without a shell (an argv list) in its own session, so
+its process group id is its pid and the whole tree it spawns can be signalled at once with
+``os.killpg``. Two daemon threads per child read its stdout and stderr line by line (bytes,
+decoded as UTF-8 with replacement) and print each line prefixed with the child's name, e.g.
+``[worker 1] ``. The supervisor never blocks in ``wait()`` without a bound, so a child that ignores
+SIGTERM is SIGKILLed and the launcher cannot hang on it.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Iterable, Mapping, Sequence, TextIO
+
+#: Seconds between SIGTERM and SIGKILL when stopping children.
+KILL_AFTER_S = 5.0
+#: How often the supervisor polls its children.
+POLL_INTERVAL_S = 0.05
+#: How many of a child's last stderr lines are kept for the failure report.
+TAIL_LINES = 20
+#: How long to wait for a pump thread to drain a pipe after its child exited (a grandchild
+#: may still hold the pipe open, so this is bounded).
+PUMP_JOIN_S = 0.5
+_READ_LIMIT = 1 << 16
+
+
+def describe_returncode(returncode: int) -> str:
+    """``exit status 3`` or ``killed by SIGKILL`` for a ``Popen.returncode``."""
+    if returncode < 0:
+        return f"killed by {signal_name(-returncode)}"
+    return f"exit status {returncode}"
+
+
+def exit_status_for(returncode: int) -> int:
+    """The shell convention: a positive status is kept, a death by signal N becomes 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class OutputSink:
+    """Serialises whole lines from many threads onto the launcher's stdout and stderr.
+
+    A broken or closed stream (``bpslaunch ... | head``) stops further writes to it but never
+    stops the pumps from draining the children's pipes, so a child cannot block on a full pipe.
+    """
+
+    def __init__(self, stdout: TextIO, stderr: TextIO):
+        self._lock = threading.Lock()
+        self._streams = {"stdout": stdout, "stderr": stderr}
+        self._broken: set[str] = set()
+        self._children_muted = False
+
+    def child_line(self, which: str, text: str) -> None:
+        with self._lock:
+            if not self._children_muted:
+                self._write(which, text)
+
+    def message(self, text: str) -> None:
+        """A line of the launcher's own, on stderr; printed even after the children are muted."""
+        with self._lock:
+            self._write("stderr", text)
+
+    def mute_children(self) -> None:
+        """Drop every later child line, so that the launcher's final report stays last."""
+        with self._lock:
+            self._children_muted = True
+
+    def _write(self, which: str, text: str) -> None:
+        if which in self._broken:
+            return
+        stream = self._streams[which]
+        line = text + "\n"
+        try:
+            try:
+                stream.write(line)
+            except UnicodeEncodeError:
+                encoding = getattr(stream, "encoding", None) or "ascii"
+                stream.write(line.encode(encoding, "replace").decode(encoding))
+            stream.flush()
+        except (OSError, ValueError):  # closed pipe or closed file
+            self._broken.add(which)
+
+
+@dataclass(eq=False)
+class Child:
+    """One started child process and what the supervisor knows about it."""
+
+    name: str
+    role: str
+    rank: int | None
+    argv: tuple[str, ...]
+    popen: subprocess.Popen
+    log_file: IO[bytes] | None = None
+    stderr_tail: collections.deque = field(
+        default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    pumps: list[threading.Thread] = field(default_factory=list)
+    returncode: int | None = None
+    reported: bool = False
+    group_gone: bool = False
+    log_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def running(self) -> bool:
+        return self.returncode is None
+
+    def describe(self) -> str:
+        """``worker 1 (pid 4242)``."""
+        return f"{self.name} (pid {self.pid})"
+
+    def join_pumps(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for pump in self.pumps:
+            pump.join(max(0.0, deadline - time.monotonic()))
+
+
+class Supervisor:
+    """Starts children, prints their output, notices exits and stops them all, tree by tree.
+
+    Not thread-safe: one thread (normally the main thread, which also receives signals) drives
+    it. ``close()`` is idempotent and is also registered with ``atexit``, so no child outlives
+    the launcher's interpreter.
+    """
+
+    def __init__(self, *, stdout: TextIO | None = None, stderr: TextIO | None = None,
+                 log_dir: str | os.PathLike | None = None, kill_after: float = KILL_AFTER_S):
+        self.sink = OutputSink(stdout if stdout is not None else sys.stdout,
+                               stderr if stderr is not None else sys.stderr)
+        self.children: list[Child] = []
+        self.kill_after = kill_after
+        self._log_dir = os.fspath(log_dir) if log_dir is not None else None
+        self._closed = False
+        self._old_handlers: dict[int, object] = {}
+        self.signal_received: int | None = None
+        self.signal_count = 0
+        atexit.register(self.close)
+
+    # -- starting ------------------------------------------------------------------------------
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str], *, role: str = "",
+              rank: int | None = None, log_name: str | None = None) -> Child:
+        """Start ``argv`` (no shell) in a new session; raises ``OSError`` if it cannot be run."""
+        if self._closed:
+            raise RuntimeError("the supervisor is closed")
+        log_file = None
+        if self._log_dir is not None:
+            os.makedirs(self._log_dir, exist_ok=True)
+            log_file = open(os.path.join(self._log_dir, log_name or f"{name}.log"), "wb")
+        try:
+            popen = subprocess.Popen(
+                list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+        except BaseException:
+            if log_file is not None:
+                log_file.close()
+            raise
+        child = Child(name=name, role=role, rank=rank, argv=tuple(argv), popen=popen,
+                      log_file=log_file)
+        self.children.append(child)
+        for which, stream in (("stdout", popen.stdout), ("stderr", popen.stderr)):
+            pump = threading.Thread(target=self._pump, args=(child, stream, which),
+                                    name=f"bpslaunch-{name}-{which}".replace(" ", "-"),
+                                    daemon=True)
+            child.pumps.append(pump)
+            pump.start()
+        return child
+
+    def _pump(self, child: Child, stream: IO[bytes], which: str) -> None:
+        prefix = f"[{child.name}] "
+        try:
+            while True:
+                raw = stream.readline(_READ_LIMIT)
+                if not raw:
+                    break
+                if child.log_file is not None:
+                    with child.log_lock:
+                        try:
+                            child.log_file.write(raw)
+                            child.log_file.flush()
+                        except (OSError, ValueError):
+                            pass
+                text = raw.decode("utf-8", errors="replace")
+                if text.endswith("\n"):
+                    text = text[:-1]
+                if text.endswith("\r"):
+                    text = text[:-1]
+                if which == "stderr":
+                    child.stderr_tail.append(text)
+                self.sink.child_line(which, prefix + text)
+        except (OSError, ValueError):
+            pass
+        finally:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    # -- watching ------------------------------------------------------------------------------
+
+    def running(self) -> list[Child]:
+        return [c for c in self.children if c.running]
+
+    def _reap(self, child: Child) -> None:
+        if child.returncode is None:
+            returncode = child.popen.poll()
+            if returncode is not None:
+                child.returncode = returncode
+
+    def poll_exited(self) -> list[Child]:
+        """Children that exited since the last call, each reported once, output drained."""
+        for child in self.children:
+            self._reap(child)
+        exited = [c for c in self.children if c.returncode is not None and not c.reported]
+        for child in exited:
+            child.reported = True
+            child.join_pumps(PUMP_JOIN_S)
+        return exited
+
+    def wait_any(self, timeout: float | None = None) -> list[Child]:
+        """Block until a child exits, a signal arrives or ``timeout`` seconds pass.
+
+        Returns the children that exited (possibly an empty list). Polls, so that a signal
+        handler in the main thread runs promptly and nothing here can block forever.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen_signals = self.signal_count
+        while True:
+            exited = self.poll_exited()
+            if exited or self.signal_count != seen_signals or not self.running():
+                return exited
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return []
+            time.sleep(POLL_INTERVAL_S if deadline is None
+                       else min(POLL_INTERVAL_S, deadline - now))
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def _signal_group(self, child: Child, signum: int) -> None:
+        if child.group_gone:
+            return
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            if child.returncode is not None:
+                child.group_gone = True
+        except PermissionError:
+            pass
+
+    def _group_done(self, child: Child) -> bool:
+        """True once the child and every live process of its group have exited."""
+        self._reap(child)
+        if child.returncode is None:
+            return False
+        if not child.group_gone and not _group_has_live_members(child.pid):
+            child.group_gone = True
+        return child.group_gone
+
+    def terminate_all(self, kill_after: float | None = None) -> list[Child]:
+        """SIGTERM every child's process group, SIGKILL what is left after ``kill_after`` s.
+
+        Groups of children that already exited are signalled too, so that grandchildren left
+        behind die with them. A new signal to the launcher while waiting skips to SIGKILL.
+        Returns the children whose group needed SIGKILL.
+        """
+        kill_after = self.kill_after if kill_after is None else kill_after
+        seen_signals = self.signal_count
+        for child in self.children:
+            self._signal_group(child, signal.SIGTERM)
+        deadline = time.monotonic() + kill_after
+        while True:
+            pending = [c for c in self.children if not self._group_done(c)]
+            if not pending or time.monotonic() >= deadline or self.signal_count != seen_signals:
+                break
+            time.sleep(POLL_INTERVAL_S)
+        if pending:
+            self.kill_all(pending)
+        return pending
+
+    def kill_all(self, children: Iterable[Child] | None = None) -> None:
+        """SIGKILL the given (default: all) children's process groups and reap the children."""
+        children = list(self.children if children is None else children)
+        for child in children:
+            self._signal_group(child, signal.SIGKILL)
+        deadline = time.monotonic() + KILL_AFTER_S
+        for child in children:
+            if child.returncode is None:
+                try:
+                    child.returncode = child.popen.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:  # stuck in the kernel; nothing more to do
+                    pass
+        for child in children:
+            self._group_done(child)
+
+    # -- signals -------------------------------------------------------------------------------
+
+    def install_signal_handlers(self, signums: Iterable[int] = (
+            signal.SIGINT, signal.SIGTERM, signal.SIGHUP)) -> None:
+        """Record SIGINT/SIGTERM/SIGHUP instead of dying; the driving loop acts on them."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in signums:
+            self._old_handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def restore_signal_handlers(self) -> None:
+        while self._old_handlers:
+            signum, handler = self._old_handlers.popitem()
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.signal_count += 1
+        if self.signal_received is None:
+            self.signal_received = signum
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop every child tree still alive, drain the pumps and close the logs. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if any(not self._group_done(c) for c in self.children):
+                self.terminate_all()
+        finally:
+            for child in self.children:
+                child.join_pumps(PUMP_JOIN_S)
+            self.sink.mute_children()
+            for child in self.children:
+                if child.log_file is not None:
+                    with child.log_lock:
+                        child.log_file.close()
+            self.restore_signal_handlers()
+            atexit.unregister(self.close)
+
+
+def _group_has_live_members(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a member that is not a zombie.
+
+    Zombies are ignored because an orphaned grandchild's zombie may never be reaped in a
+    container whose PID 1 does not reap; on Linux /proc tells them apart, elsewhere we fall back
+    to ``killpg(pgid, 0)``.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False

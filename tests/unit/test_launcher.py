@@ -1,0 +1,286 @@
+"""bpslaunch without processes: plans, environments, argument handling, exit codes."""
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import signal
+import sys
+
+import pytest
+
+from byteps_like.launcher import cli
+from byteps_like.launcher.cli import main, parse_args, plan_launch, split_command
+from byteps_like.launcher.plan import (ChildSpec, LocalCluster, child_environment,
+                                       local_cluster_plan, node_plan, role_argv)
+from byteps_like.launcher.procs import describe_returncode, exit_status_for
+
+LAUNCHER_DIR = pathlib.Path(cli.__file__).parent
+CMD = ("python", "train.py", "--lr", "0.1")
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
+    env.update(extra)
+    return env
+
+
+# -- local_cluster_plan ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("workers,servers,local_size", [(1, 1, 1), (2, 1, 1), (2, 3, 2), (3, 2, 4)])
+def test_local_plan_shape_and_ranks(workers, servers, local_size):
+    specs = local_cluster_plan(LocalCluster(command=CMD, port=4321, workers=workers,
+                                            servers=servers, local_size=local_size))
+    assert len(specs) == 1 + servers + workers * local_size
+    assert [s.role for s in specs] == (["scheduler"] + ["server"] * servers
+                                       + ["worker"] * (workers * local_size))
+    assert specs[0].rank is None and specs[0].name == "scheduler"
+    assert [s.rank for s in specs if s.role == "server"] == list(range(servers))
+    worker_specs = [s for s in specs if s.role == "worker"]
+    assert [s.rank for s in worker_specs] == list(range(workers * local_size))
+    for spec in worker_specs:
+        wid, lrank = int(spec.env["DMLC_WORKER_ID"]), int(spec.env["BYTEPS_LOCAL_RANK"])
+        assert spec.rank == wid * local_size + lrank
+        assert 0 <= wid < workers and 0 <= lrank < local_size
+        assert spec.argv == CMD
+    for spec in specs:
+        assert spec.env["DMLC_ROLE"] == spec.role
+        assert spec.env["DMLC_NUM_WORKER"] == str(workers)
+        assert spec.env["DMLC_NUM_SERVER"] == str(servers)
+        assert spec.env["DMLC_PS_ROOT_URI"] == "127.0.0.1"
+        assert spec.env["DMLC_PS_ROOT_PORT"] == "4321"
+        assert spec.env["DMLC_NODE_HOST"] == "127.0.0.1"
+        assert spec.env["BYTEPS_SERVER_PORT"] == "0"
+        assert spec.env["BYTEPS_LOCAL_SIZE"] == str(local_size)
+        assert all(isinstance(a, str) for a in spec.argv)
+
+
+def test_local_plan_service_argv_and_env():
+    specs = local_cluster_plan(LocalCluster(command=CMD, port=9, host="10.0.0.7"))
+    scheduler, server = specs[0], specs[1]
+    assert scheduler.argv == (sys.executable, "-m", "byteps_like.scheduler")
+    assert server.argv == (sys.executable, "-m", "byteps_like.server")
+    # A service has no worker id or local rank: inherited ones are removed.
+    for spec in (scheduler, server):
+        assert spec.env["DMLC_WORKER_ID"] is None and spec.env["BYTEPS_LOCAL_RANK"] is None
+        assert spec.env["DMLC_PS_ROOT_URI"] == spec.env["DMLC_NODE_HOST"] == "10.0.0.7"
+    assert [s.name for s in specs] == ["scheduler", "server 0", "worker 0", "worker 1"]
+    assert [s.log_name for s in specs] == ["scheduler.log", "server-0.log", "worker-0.log",
+                                           "worker-1.log"]
+
+
+def test_role_argv_override():
+    override = {"server": ["x", "y"]}
+    assert role_argv("server", override) == ("x", "y")
+    assert role_argv("scheduler", override) == (sys.executable, "-m", "byteps_like.scheduler")
+    specs = local_cluster_plan(LocalCluster(command=CMD, port=9, role_argv=override))
+    assert specs[1].argv == ("x", "y")
+
+
+@pytest.mark.parametrize("kwargs", [dict(port=0), dict(port=70000), dict(command=()),
+                                    dict(workers=0), dict(local_size=0), dict(servers=0)])
+def test_local_plan_rejects_bad_shapes(kwargs):
+    values = dict(command=CMD, port=1234)
+    values.update(kwargs)
+    with pytest.raises(ValueError):
+        local_cluster_plan(LocalCluster(**values))
+
+
+# -- node_plan (one machine of a multi-machine job) ----------------------------------------------
+
+def test_node_plan_worker_runs_local_size_copies():
+    specs = node_plan("worker", CMD, worker_id=1, local_size=3)
+    assert [s.rank for s in specs] == [3, 4, 5]
+    assert [s.env["BYTEPS_LOCAL_RANK"] for s in specs] == ["0", "1", "2"]
+    assert all(s.argv == CMD and s.env["BYTEPS_LOCAL_SIZE"] == "3" for s in specs)
+
+
+@pytest.mark.parametrize("role", ["scheduler", "server"])
+def test_node_plan_service_ignores_command(role):
+    (spec,) = node_plan(role, CMD)
+    assert spec == ChildSpec(role, None, (sys.executable, "-m", f"byteps_like.{role}"), {})
+
+
+def test_node_plan_errors():
+    with pytest.raises(ValueError, match="unknown role"):
+        node_plan("client", CMD)
+    with pytest.raises(ValueError, match="needs a command"):
+        node_plan("worker", ())
+
+
+def test_child_environment_passes_through_and_removes():
+    base = {"PATH": "/bin", "BYTEPS_PARTITION_BYTES": "1000000", "DMLC_WORKER_ID": "4"}
+    env = child_environment(base, {"DMLC_ROLE": "server", "DMLC_WORKER_ID": None})
+    assert env == {"PATH": "/bin", "BYTEPS_PARTITION_BYTES": "1000000", "DMLC_ROLE": "server",
+                   "PYTHONUNBUFFERED": "1"}
+    assert child_environment({"PYTHONUNBUFFERED": ""}, {})["PYTHONUNBUFFERED"] == ""
+    assert "DMLC_ROLE" not in base  # the input is not modified
+
+
+# -- command line -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,options,command", [
+    (["--local", "--workers", "2", "--", "python", "x.py"], ["--local", "--workers", "2"],
+     ["python", "x.py"]),
+    (["python", "train.py", "--workers", "3"], [], ["python", "train.py", "--workers", "3"]),
+    (["--grace=1", "--timeout", "5", "python", "-u"], ["--grace=1", "--timeout", "5"],
+     ["python", "-u"]),
+    (["--local", "--", "--weird-prog"], ["--local"], ["--weird-prog"]),
+    (["--local"], ["--local"], []),
+    ([], [], []),
+])
+def test_split_command(argv, options, command):
+    assert split_command(argv) == (options, command)
+
+
+def test_parse_args_defaults_and_values():
+    args, command = parse_args(["--local", "--workers", "3", "--servers", "2", "--local-size",
+                                "4", "--port", "1234", "--host", "::1", "--timeout", "9",
+                                "--grace", "0", "--log-dir", "L", "--", "a", "b"])
+    assert (args.workers, args.servers, args.local_size, args.port, args.host) == \
+           (3, 2, 4, 1234, "::1")
+    assert (args.timeout, args.grace, args.timeout_shutdown, args.log_dir) == (9.0, 0.0, 30.0, "L")
+    assert command == ["a", "b"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--workers", "2", "python"], "--workers: only valid with --local"),
+    (["--local", "--workers", "0", "--", "python"], "at least 1"),
+    (["--local", "--port", "70000", "--", "python"], "not a TCP port"),
+    (["--local", "--timeout", "0", "--", "python"], "must be > 0"),
+    (["--local", "--grace", "-1", "--", "python"], "must be >= 0"),
+    (["--local", "--work", "2", "--", "python"], "unrecognized arguments"),
+    (["--bogus", "python"], "unrecognized arguments"),
+    (["--local"], "--local needs the worker command"),
+    ([], "missing the worker command"),
+    (["--_role-cmd", "worker=[\"x\"]", "python"], "ROLE=JSON"),
+    (["--_role-cmd", "server=notjson", "python"], "ROLE=JSON"),
+])
+def test_usage_errors_exit_2(argv, message, capsys):
+    assert main(argv, environ=_clean_env()) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.startswith("usage: bpslaunch")
+
+
+def test_help_exits_0(capsys):
+    assert main(["--help"], environ=_clean_env()) == 0
+    out = capsys.readouterr().out
+    assert "--local" in out and "exit status" in out and "--_role-cmd" not in out
+
+
+# -- validation through byteps_like.config -------------------------------------------------------
+
+@pytest.mark.parametrize("name,value", [("DMLC_NUM_WORKER", "abc"), ("DMLC_ROLE", "client"),
+                                        ("BYTEPS_LOCAL_SIZE", "0"),
+                                        ("BYTEPS_PARTITION_BYTES", "4x")])
+def test_bad_setting_exits_2_with_config_message(monkeypatch, capsys, name, value):
+    for key in list(os.environ):
+        if key.startswith(("DMLC_", "BYTEPS_")):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv(name, value)
+    assert main(["python", "train.py"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("bpslaunch: error: ") and name in err[-1] and value in err[-1]
+
+
+def test_bad_setting_in_local_mode_exits_2(capsys):
+    env = _clean_env(BYTEPS_PARTITION_BYTES="4x")
+    assert main(["--local", "--", "python", "x.py"], environ=env) == 2
+    assert "BYTEPS_PARTITION_BYTES='4x'" in capsys.readouterr().err
+
+
+def test_worker_id_beyond_num_worker_exits_2(capsys):
+    env = _clean_env(DMLC_NUM_WORKER="2", DMLC_WORKER_ID="2")
+    assert main(["python", "x.py"], environ=env) == 2
+    assert "DMLC_WORKER_ID" in capsys.readouterr().err
+
+
+def test_plan_launch_local_validates_every_child_and_derives_grace():
+    env = _clean_env(BYTEPS_HEARTBEAT_TIMEOUT_SECONDS="7", BYTEPS_PARTITION_BYTES="1000000",
+                     DMLC_WORKER_ID="9")
+    args, command = parse_args(["--local", "--workers", "3", "--local-size", "2", "--", "true"])
+    launch = plan_launch(args, command, env)
+    assert launch.settings.grace == pytest.approx(12.0)
+    assert launch.settings.timeout is None and launch.settings.shutdown_timeout == 30.0
+    assert len(launch.specs) == 1 + 1 + 6
+    port = launch.specs[0].env["DMLC_PS_ROOT_PORT"]
+    assert 0 < int(port) < 65536 and all(s.env["DMLC_PS_ROOT_PORT"] == port for s in launch.specs)
+    assert launch.base_env["BYTEPS_PARTITION_BYTES"] == "1000000"  # passes through
+
+
+def test_plan_launch_respects_port_and_grace():
+    args, command = parse_args(["--local", "--port", "23456", "--grace", "1.5", "--", "true"])
+    launch = plan_launch(args, command, _clean_env())
+    assert launch.settings.grace == 1.5
+    assert {s.env["DMLC_PS_ROOT_PORT"] for s in launch.specs} == {"23456"}
+
+
+def test_plan_launch_worker_role_from_environment():
+    env = _clean_env(DMLC_NUM_WORKER="2", DMLC_WORKER_ID="1", BYTEPS_LOCAL_SIZE="3")
+    args, command = parse_args(["--", "true", "arg"])
+    launch = plan_launch(args, command, env)
+    assert [(s.name, s.argv) for s in launch.specs] == [
+        (f"worker {r}", ("true", "arg")) for r in (3, 4, 5)]
+    assert launch.notes == ()
+
+
+@pytest.mark.parametrize("role", ["server", "scheduler"])
+def test_plan_launch_service_role_notes_ignored_command(role):
+    env = _clean_env(DMLC_ROLE=role, DMLC_NUM_SERVER="1")
+    args, command = parse_args(["python", "train.py"])
+    launch = plan_launch(args, command, env)
+    assert [s.argv for s in launch.specs] == [(sys.executable, "-m", f"byteps_like.{role}")]
+    assert len(launch.notes) == 1 and "ignoring the command 'python train.py'" in launch.notes[0]
+    # no command is fine for a service
+    assert plan_launch(*parse_args([]), env).notes == ()
+
+
+def test_config_warnings_become_one_note_each():
+    env = _clean_env(BYTEPS_PARTITON_BYTES="1M")  # misspelt
+    launch = plan_launch(*parse_args(["--local", "--workers", "3", "--", "true"]), env)
+    assert len(launch.notes) == 1, launch.notes
+    assert launch.notes[0].startswith("warning: ") and "BYTEPS_PARTITON_BYTES" in launch.notes[0]
+
+
+# -- command not executable: checked before anything starts --------------------------------------
+
+def test_command_not_found_exits_127(capsys):
+    assert main(["--local", "--", "no-such-program-bpslaunch"], environ=_clean_env()) == 127
+    assert "command not found: 'no-such-program-bpslaunch'" in capsys.readouterr().err
+    assert main(["/no/such/dir/prog"], environ=_clean_env()) == 127
+    assert "'/no/such/dir/prog'" in capsys.readouterr().err
+
+
+def test_command_not_executable_exits_126(tmp_path, capsys):
+    script = tmp_path / "train.sh"
+    script.write_text("echo hi\n")
+    script.chmod(0o644)
+    assert main([str(script)], environ=_clean_env()) == 126
+    assert "not executable" in capsys.readouterr().err
+
+
+# -- small helpers and the import rule ------------------------------------------------------------
+
+def test_returncode_descriptions():
+    assert describe_returncode(3) == "exit status 3"
+    assert describe_returncode(-signal.SIGKILL) == "killed by SIGKILL"
+    assert exit_status_for(3) == 3 and exit_status_for(-signal.SIGTERM) == 143
+
+
+def test_launcher_imports_only_stdlib_config_and_errors():
+    allowed = {"byteps_like.config", "byteps_like.errors"}
+    for path in LAUNCHER_DIR.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: inside the launcher package
+                    continue
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                stdlib = top != "byteps_like" and top in sys.stdlib_module_names
+                assert name in allowed or stdlib, f"{path.name} imports {name}"

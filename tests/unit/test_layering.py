@@ -1,0 +1,344 @@
+"""ARCHITECTURE.md section 2 as a test: who may import whom, and who may read the environment.
+
+The source files are parsed with ``ast`` (imports inside functions count too); nothing is
+imported except in the tests that check the installed package's namespace.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import pathlib
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+# repository folder -> installed package name
+ROOTS = {"byteps_like": "byteps_like", "server": "byteps_like.server",
+         "scheduler": "byteps_like.scheduler", "launcher": "byteps_like.launcher"}
+FRAMEWORKS = {"torch", "torchvision", "tensorflow", "keras", "tf_keras", "mxnet", "jax", "jaxlib",
+              "flax"}
+# plugin folder -> the frameworks it may import (Horovod's keras plugin also imports tensorflow)
+PLUGINS = {"torch": {"torch"}, "tensorflow": {"tensorflow"},
+           "keras": {"keras", "tf_keras", "tensorflow"}, "mxnet": {"mxnet"}}
+PLUGIN_MODULES = tuple(f"byteps_like.{p}" for p in PLUGINS)
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+
+
+@dataclass(frozen=True)
+class Source:
+    path: pathlib.Path
+    rel: str          # e.g. "server/core.py"
+    module: str       # installed dotted name, e.g. "byteps_like.server.core"
+    package: str      # the package relative imports resolve against
+    tree: ast.Module
+
+    @property
+    def area(self) -> str:
+        """core | bench | plugin:<name> | server | scheduler | launcher"""
+        top, *rest = self.rel.split("/")
+        if top != "byteps_like":
+            return top
+        if rest and rest[0] == "bench":
+            return "bench"
+        if rest and rest[0] in PLUGINS and len(rest) > 1:
+            return f"plugin:{rest[0]}"
+        return "core"
+
+
+def _load_sources() -> list[Source]:
+    out = []
+    for folder, pkg in ROOTS.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            rel_in = path.relative_to(REPO / folder)
+            parts = list(rel_in.with_suffix("").parts)
+            is_init = parts[-1] == "__init__"
+            if is_init:
+                parts = parts[:-1]
+            module = ".".join([pkg, *parts])
+            package = module if is_init else module.rpartition(".")[0]
+            out.append(Source(path, path.relative_to(REPO).as_posix(), module, package,
+                              ast.parse(path.read_text(), str(path))))
+    return out
+
+
+SOURCES = _load_sources()
+
+
+def _resolve(src: Source, level: int, module: str | None) -> str:
+    if not level:
+        return module or ""
+    parts = src.package.split(".")
+    if level - 1 > len(parts) - 1:
+        raise AssertionError(f"{src.rel}: relative import beyond the top-level package")
+    base = ".".join(parts[:len(parts) - (level - 1)])
+    return f"{base}.{module}" if module else base
+
+
+def imported_names(src: Source) -> list[tuple[int, str]]:
+    """(line, fully qualified name) of everything ``src`` imports, statically or through
+    importlib.import_module / __import__ with a constant name. ``from X import a`` yields X.a."""
+    found = []
+    for node in ast.walk(src.tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(src, node.level, node.module)
+            found += [(node.lineno, f"{base}.{a.name}" if a.name != "*" else base)
+                      for a in node.names]
+        elif isinstance(node, ast.Call) and node.args:
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
+            arg = node.args[0]
+            if name in ("import_module", "__import__") and isinstance(arg, ast.Constant) \
+                    and isinstance(arg.value, str):
+                target = arg.value
+                if target.startswith("."):
+                    level = len(target) - len(target.lstrip("."))
+                    target = _resolve(src, level, target.lstrip(".") or None)
+                found.append((node.lineno, target))
+    return found
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _is_plugin(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in PLUGIN_MODULES)
+
+
+def _report(violations: list[str], rule: str) -> None:
+    assert not violations, f"{rule}:\n  " + "\n  ".join(violations)
+
+
+def _sources(*areas: str) -> list[Source]:
+    return [s for s in SOURCES if s.area in areas or
+            any(a.endswith(":*") and s.area.startswith(a[:-1]) for a in areas)]
+
+
+# ------------------------------------------------------------------------------ sanity
+def test_the_walk_sees_every_layer():
+    areas = {s.area for s in SOURCES}
+    assert {"core", "server", "scheduler", "launcher"} <= areas
+    mods = {s.module for s in SOURCES}
+    assert {"byteps_like.wire", "byteps_like.transport.zmq_transport", "byteps_like.server.core",
+            "byteps_like.scheduler.core", "byteps_like.launcher"} <= mods
+
+
+def test_relative_imports_resolve_into_the_installed_namespace():
+    server_core = next(s for s in SOURCES if s.rel == "server/core.py")
+    names = {n for _, n in imported_names(server_core)}
+    assert "byteps_like.config.Config" in names  # from ..config import Config
+
+
+# ------------------------------------------------------------------------------ import rules
+def test_core_imports_no_framework_and_no_plugin():
+    bad = []
+    for src in _sources("core"):
+        for line, name in imported_names(src):
+            if _top(name) in FRAMEWORKS:
+                bad.append(f"{src.rel}:{line} imports framework {name}")
+            elif _is_plugin(name):
+                bad.append(f"{src.rel}:{line} imports plugin {name}")
+    _report(bad, "core modules must import no deep-learning framework and no plugin")
+
+
+@pytest.mark.parametrize("area", ["server", "scheduler"])
+def test_server_and_scheduler_import_no_plugin_and_no_framework(area):
+    bad = []
+    for src in _sources(area):
+        for line, name in imported_names(src):
+            if _top(name) in FRAMEWORKS or _is_plugin(name):
+                bad.append(f"{src.rel}:{line} imports {name}")
+    _report(bad, f"{area} imports the core only, never a framework or a framework plugin")
+
+
+def test_launcher_imports_only_stdlib_config_errors_and_itself():
+    allowed_prefixes = ("byteps_like.config", "byteps_like.errors", "byteps_like.launcher")
+    bad = []
+    for src in _sources("launcher"):
+        for line, name in imported_names(src):
+            if _top(name) in STDLIB:
+                continue
+            if any(name == p or name.startswith(p + ".") for p in allowed_prefixes):
+                continue
+            bad.append(f"{src.rel}:{line} imports {name}")
+    _report(bad, "launcher imports the standard library, byteps_like.config and "
+                 "byteps_like.errors only")
+
+
+def test_plugins_import_only_their_own_framework():
+    bad = []
+    for src in _sources("plugin:*"):
+        own = PLUGINS[src.area.split(":")[1]]
+        for line, name in imported_names(src):
+            if _top(name) in FRAMEWORKS - own:
+                bad.append(f"{src.rel}:{line} imports {name}")
+    _report(bad, "a plugin imports the core and its own framework, nothing else")
+
+
+# ------------------------------------------------------------------------------ environment reads
+ENV_OK_FOR_COPY = {"launcher", "bench"}
+ENV_MUTATORS = {"update", "clear", "__setitem__", "__delitem__"}
+ENV_REMOVERS = {"pop", "popitem"}  # a write when the value is discarded
+
+
+def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
+    return {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+
+def _env_uses(src: Source) -> list[tuple[int, str, str]]:
+    """(line, kind, text) for every use of the process environment: kind is read, write or
+    copy."""
+    parents = _parents(src.tree)
+    env_names = {"environ", "environb"}  # names bound by ``from os import environ``
+    uses = []
+    for node in ast.walk(src.tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "os":
+            for a in node.names:
+                if a.name in ("environ", "environb", "getenv", "getenvb"):
+                    uses.append((node.lineno, "read", f"from os import {a.name}"))
+            continue
+        is_os_attr = (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                      and node.value.id == "os")
+        if is_os_attr and node.attr in ("getenv", "getenvb"):
+            uses.append((node.lineno, "read", f"os.{node.attr}"))
+            continue
+        if not ((is_os_attr and node.attr in env_names)
+                or (isinstance(node, ast.Name) and node.id in env_names
+                    and not is_os_attr and _imported_from_os(src, node.id))):
+            continue
+        text = ast.unparse(node)
+        parent = parents.get(node)
+        if isinstance(parent, ast.Subscript) and parent.value is node:
+            kind = "read" if isinstance(parent.ctx, ast.Load) else "write"
+            uses.append((node.lineno, kind, ast.unparse(parent)))
+            continue
+        if isinstance(parent, ast.Attribute) and parent.value is node:
+            call = parents.get(parent)
+            method = parent.attr
+            if method in ENV_MUTATORS:
+                kind = "write"
+            elif method in ENV_REMOVERS:
+                kind = "write" if isinstance(parents.get(call), ast.Expr) else "read"
+            elif method == "copy":
+                kind = "copy"
+            elif method == "items" and isinstance(parents.get(call), ast.comprehension):
+                kind = "copy"  # {k: v for k, v in os.environ.items() if ...}: a filtered copy
+            else:
+                kind = "read"
+            uses.append((node.lineno, kind, f"{text}.{method}"))
+            continue
+        # dict(os.environ) / dict(os.environ if x is None else x): a whole copy
+        up = parent
+        while isinstance(up, (ast.IfExp, ast.BoolOp)):
+            up = parents.get(up)
+        if isinstance(up, ast.Call) and getattr(up.func, "id", None) == "dict":
+            uses.append((node.lineno, "copy", ast.unparse(up)))
+            continue
+        uses.append((node.lineno, "read", ast.unparse(parent) if parent is not None else text))
+    return uses
+
+
+def _imported_from_os(src: Source, name: str) -> bool:
+    return any(isinstance(n, ast.ImportFrom) and n.module == "os"
+               and any((a.asname or a.name) == name for a in n.names)
+               for n in ast.walk(src.tree))
+
+
+def test_env_use_classifier():
+    code = """
+import os
+a = os.environ["X"]
+b = os.environ.get("X")
+c = os.getenv("X")
+d = "X" in os.environ
+os.environ["Y"] = "1"
+del os.environ["Y"]
+os.environ.update({"Z": "1"})
+os.environ.pop("Z", None)
+e = os.environ.pop("Z", None)
+f = os.environ.copy()
+g = dict(os.environ)
+h = dict(os.environ if a else {})
+i = {k: v for k, v in os.environ.items() if k}
+for k in os.environ: pass
+"""
+    src = Source(REPO / "x.py", "byteps_like/x.py", "byteps_like.x", "byteps_like",
+                 ast.parse(code))
+    kinds = sorted((line - 2, kind) for line, kind, _ in _env_uses(src))
+    assert kinds == [(1, "read"), (2, "read"), (3, "read"), (4, "read"), (5, "write"),
+                     (6, "write"), (7, "write"), (8, "write"), (9, "read"), (10, "copy"),
+                     (11, "copy"), (12, "copy"), (13, "copy"), (14, "read")]
+
+
+def test_only_config_reads_the_environment():
+    bad = []
+    for src in SOURCES:
+        if src.rel == "byteps_like/config.py":
+            continue
+        for line, kind, text in _env_uses(src):
+            if kind == "write":
+                continue  # writing a child's environment is allowed
+            if kind == "copy" and src.area in ENV_OK_FOR_COPY:
+                continue
+            bad.append(f"{src.rel}:{line} {kind}s the environment: {text}")
+    _report(bad, "only byteps_like/config.py reads os.environ / os.getenv (launcher and bench "
+                 "may copy the whole environment for their children)")
+
+
+def test_config_does_read_the_environment():
+    """Guards the classifier: the one module allowed to read must be seen reading."""
+    config = next(s for s in SOURCES if s.rel == "byteps_like/config.py")
+    assert any(kind != "write" for _l, kind, _t in _env_uses(config))
+
+
+# ------------------------------------------------------------------------------ installed namespace
+@pytest.mark.parametrize("name", ["server", "scheduler", "launcher"])
+def test_roles_are_not_top_level_modules_of_the_installed_package(name, tmp_path):
+    """Checked in an isolated interpreter (-I, cwd outside the repository): the test process
+    itself has the repository root on sys.path, where ``server/`` is visible as a package."""
+    code = ("import importlib.util as u, sys\n"
+            f"assert u.find_spec({name!r}) is None, u.find_spec({name!r})\n"
+            f"import byteps_like.{name} as m\n"
+            "print(m.__name__)\n")
+    out = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"byteps_like.{name}"
+
+
+@pytest.mark.parametrize("name", ["byteps_like.server", "byteps_like.scheduler",
+                                  "byteps_like.launcher"])
+def test_role_packages_import(name):
+    mod = importlib.import_module(name)
+    assert mod.__name__ == name
+    assert importlib.util.find_spec(name) is not None
+
+
+def test_launcher_and_core_load_no_framework_at_run_time(tmp_path):
+    """The static rules, checked dynamically: what importing each layer actually loads."""
+    code = """
+import importlib, json, sys
+heavy = {"numpy", "zmq", "torch", "tensorflow", "keras", "mxnet", "jax"}
+out = {}
+for mod in ["byteps_like.launcher", "byteps_like.launcher.cli", "byteps_like.config",
+            "byteps_like", "byteps_like.server", "byteps_like.scheduler", "byteps_like.runtime"]:
+    importlib.import_module(mod)
+    out[mod] = sorted(heavy & {m.split(".")[0] for m in sys.modules})
+print(json.dumps(out))
+"""
+    res = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    import json
+    loaded = json.loads(res.stdout)
+    for mod in ("byteps_like.launcher", "byteps_like.launcher.cli", "byteps_like.config"):
+        assert loaded[mod] == [], f"importing {mod} loads {loaded[mod]}"
+    for mod, mods in loaded.items():
+        assert not set(mods) & FRAMEWORKS, f"importing {mod} loads {mods}"

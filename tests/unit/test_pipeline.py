@@ -1,0 +1,399 @@
+"""Unit tests of byteps_like.pipeline: itineraries, the priority queue with byte credits, and the
+stage threads (priority overtaking, observers, error isolation, shutdown)."""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+
+import pytest
+
+from byteps_like.pipeline import (ALL_STAGES, BROADCAST, COMPRESS, COPY_D2H, COPY_H2D, DECOMPRESS,
+                                  PULL, PUSH, REDUCE, Pipeline, PriorityCreditQueue, Task, plan)
+
+WAIT = 5.0  # upper bound on any wait for something that should happen at once
+
+
+def make_task(key: int, *, nbytes: int = 1000, priority: int = 0,
+              itinerary: tuple[str, ...] = (PUSH,)) -> Task:
+    return Task(handle=None, key=key, part=0, offset=0, nbytes=nbytes, priority=priority,
+                server=0, conn=0, round=0, itinerary=itinerary)
+
+
+def run_in_thread(fn, *args):
+    """Start ``fn(*args)`` in a daemon thread; returns (thread, result box)."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001
+            box["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, box
+
+
+def wait_until(pred, timeout: float = WAIT) -> bool:
+    """Poll ``pred`` until it holds (True) or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+# ------------------------------------------------------------------------------ plan()
+def expected_plan(distributed, local_size, on_device, compressed):
+    """The documented itinerary: a stage that does not apply is absent. Host copies and
+    compression exist only to feed the network, so they need ``distributed``."""
+    stages = []
+    if local_size > 1:
+        stages.append(REDUCE)
+    if on_device and distributed:
+        stages.append(COPY_D2H)
+    if compressed and distributed:
+        stages.append(COMPRESS)
+    if distributed:
+        stages += [PUSH, PULL]
+    if compressed and distributed:
+        stages.append(DECOMPRESS)
+    if on_device and distributed:
+        stages.append(COPY_H2D)
+    if local_size > 1:
+        stages.append(BROADCAST)
+    return tuple(stages)
+
+
+COMBOS = list(itertools.product([False, True], [1, 2, 8], [False, True], [False, True]))
+
+
+@pytest.mark.parametrize("distributed, local_size, on_device, compressed", COMBOS,
+                         ids=lambda v: str(v))
+def test_plan_stages_in_documented_order(distributed, local_size, on_device, compressed):
+    got = plan(distributed=distributed, local_size=local_size, on_device=on_device,
+               compressed=compressed)
+    assert isinstance(got, tuple)
+    assert len(set(got)) == len(got), "a stage appears twice"
+    assert list(got) == sorted(got, key=ALL_STAGES.index), "stages out of the documented order"
+    want = expected_plan(distributed, local_size, on_device, compressed)
+    if distributed:
+        assert got == want
+    else:  # host copies without the network: see test_no_host_copies_without_the_network
+        copies = (COPY_D2H, COPY_H2D)
+        assert tuple(s for s in got if s not in copies) == want
+
+
+@pytest.mark.parametrize("local_size", [1, 4])
+def test_no_host_copies_without_the_network(local_size):
+    """Device-to-host and host-to-device copies only feed push/pull. A job that is not
+    distributed reduces and broadcasts on the device; copying to the host and straight back
+    does not apply, so (ARCHITECTURE.md section 5) it must be absent from the plan."""
+    got = plan(distributed=False, local_size=local_size, on_device=True)
+    assert COPY_D2H not in got and COPY_H2D not in got, got
+
+
+def test_plan_examples():
+    assert plan(distributed=True) == (PUSH, PULL)
+    assert plan(distributed=False) == ()
+    assert plan(distributed=True, local_size=4, on_device=True, compressed=True) == ALL_STAGES
+    assert plan(distributed=False, local_size=2) == (REDUCE, BROADCAST)
+
+
+def test_plan_push_pull_are_adjacent_and_compression_wraps_them():
+    it = plan(distributed=True, compressed=True)
+    assert it == (COMPRESS, PUSH, PULL, DECOMPRESS)
+
+
+# ------------------------------------------------------------------------------ PriorityCreditQueue
+def test_highest_priority_first_fifo_within_a_priority():
+    q = PriorityCreditQueue(credit_bytes=0)
+    order = [(1, 0), (2, 5), (3, 0), (4, 5), (5, -1), (6, 9), (7, 5)]
+    for key, prio in order:
+        q.put(make_task(key, priority=prio))
+    assert len(q) == len(order)
+    got = [q.get(timeout=WAIT).key for _ in order]
+    assert got == [6, 2, 4, 7, 1, 3, 5]
+    assert len(q) == 0
+
+
+def test_credit_blocks_a_second_task_until_release():
+    q = PriorityCreditQueue(credit_bytes=1500)
+    q.put(make_task(1, nbytes=1000))
+    q.put(make_task(2, nbytes=1000))
+    assert q.get(timeout=WAIT).key == 1
+    assert q.inflight == 1000
+    assert q.get(timeout=0.05) is None, "1000 + 1000 bytes exceed a credit of 1500"
+    t, box = run_in_thread(q.get, WAIT)
+    t.join(0.05)
+    assert t.is_alive(), "get() must block while the credit is used up"
+    q.release(1000)
+    t.join(WAIT)
+    assert not t.is_alive() and box["value"].key == 2
+    assert q.inflight == 1000
+
+
+def test_tasks_that_fit_the_credit_go_together():
+    q = PriorityCreditQueue(credit_bytes=3000)
+    for k in range(4):
+        q.put(make_task(k, nbytes=1000))
+    assert [q.get(timeout=WAIT).key for _ in range(3)] == [0, 1, 2]
+    assert q.get(timeout=0.05) is None
+    q.release(1000)
+    assert q.get(timeout=WAIT).key == 3
+
+
+def test_one_task_always_goes_when_nothing_is_in_flight():
+    q = PriorityCreditQueue(credit_bytes=100)
+    q.put(make_task(1, nbytes=10_000))
+    q.put(make_task(2, nbytes=10_000))
+    assert q.get(timeout=WAIT).key == 1  # larger than the whole credit, but nothing in flight
+    assert q.get(timeout=0.05) is None
+    q.release(10_000)
+    assert q.inflight == 0
+    assert q.get(timeout=WAIT).key == 2
+
+
+def test_credit_zero_is_unlimited():
+    q = PriorityCreditQueue(credit_bytes=0)
+    for k in range(50):
+        q.put(make_task(k, nbytes=1 << 30))
+    assert [q.get(timeout=WAIT).key for _ in range(50)] == list(range(50))
+    assert q.inflight == 50 << 30
+
+
+def test_release_never_goes_negative():
+    q = PriorityCreditQueue(credit_bytes=100)
+    q.release(500)
+    assert q.inflight == 0
+
+
+def test_maxsize_put_raises_full_after_timeout():
+    q = PriorityCreditQueue(credit_bytes=0, maxsize=2)
+    q.put(make_task(1))
+    q.put(make_task(2))
+    with pytest.raises(queue.Full):
+        q.put(make_task(3), timeout=0.05)
+    assert len(q) == 2
+
+
+def test_maxsize_put_blocks_until_a_get():
+    q = PriorityCreditQueue(credit_bytes=0, maxsize=1)
+    q.put(make_task(1))
+    t, box = run_in_thread(q.put, make_task(2))
+    t.join(0.05)
+    assert t.is_alive(), "put() into a full queue must block"
+    assert q.get(timeout=WAIT).key == 1
+    t.join(WAIT)
+    assert not t.is_alive() and "error" not in box
+    assert q.get(timeout=WAIT).key == 2
+
+
+def test_close_wakes_getters():
+    q = PriorityCreditQueue(credit_bytes=0)
+    getters = [run_in_thread(q.get) for _ in range(3)]
+    for t, _ in getters:
+        t.join(0.02)
+        assert t.is_alive()
+    q.close()
+    for t, box in getters:
+        t.join(WAIT)
+        assert not t.is_alive() and box["value"] is None
+
+
+def test_close_wakes_a_getter_blocked_on_credit():
+    q = PriorityCreditQueue(credit_bytes=10)
+    q.put(make_task(1, nbytes=10))
+    q.put(make_task(2, nbytes=10))
+    q.get(timeout=WAIT)
+    t, box = run_in_thread(q.get)
+    t.join(0.02)
+    assert t.is_alive()
+    q.close()
+    t.join(WAIT)
+    assert not t.is_alive() and box["value"] is None
+
+
+def test_close_wakes_a_blocked_putter():
+    q = PriorityCreditQueue(credit_bytes=0, maxsize=1)
+    q.put(make_task(1))
+    t, box = run_in_thread(q.put, make_task(2))
+    t.join(0.02)
+    assert t.is_alive()
+    q.close()
+    t.join(WAIT)
+    assert not t.is_alive() and "error" not in box
+
+
+# ------------------------------------------------------------------------------ Pipeline
+class AsyncPushRig:
+    """A Pipeline whose PUSH handler records the order it sees tasks and returns False; an
+    'acker' thread plays the server: once ``gate`` opens it acknowledges each push (releases its
+    credit) and advances the task, as the runtime does on PUSH_ACK / PULL_RESP."""
+
+    def __init__(self, credit_bytes: int, expect: int):
+        self.pushed: list[int] = []
+        self.first_pushed = threading.Event()
+        self.all_done = threading.Event()
+        self.gate = threading.Event()
+        self.completed: list[int] = []
+        self.errors: list = []
+        self.expect = expect
+        self._acks: queue.Queue = queue.Queue()
+        self.pipe = Pipeline({PUSH: self._push}, queue_depth=64, credit_bytes=credit_bytes,
+                             on_error=lambda task, exc: self.errors.append((task.key, exc)))
+        self.pipe.on_complete = self._complete
+        self._acker = threading.Thread(target=self._ack_loop, daemon=True)
+
+    def _push(self, task: Task) -> bool:
+        self.pushed.append(task.key)
+        self.first_pushed.set()
+        self._acks.put(task)
+        return False
+
+    def _ack_loop(self) -> None:
+        while True:
+            task = self._acks.get()
+            if task is None:
+                return
+            self.gate.wait(WAIT)
+            self.pipe.queues[PUSH].release(task.nbytes)
+            self.pipe.advance(task)
+
+    def _complete(self, task: Task) -> None:
+        self.completed.append(task.key)
+        if len(self.completed) == self.expect:
+            self.all_done.set()
+
+    def __enter__(self):
+        self._acker.start()
+        self.pipe.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.gate.set()
+        self._acks.put(None)
+        self.pipe.close()
+        self._acker.join(WAIT)
+
+
+def test_later_high_priority_task_overtakes_queued_bulk_traffic():
+    """With a credit of one task, ten low-priority partitions queue behind the one in flight;
+    a high-priority partition submitted afterwards is pushed second, not eleventh."""
+    HIGH = 100
+    with AsyncPushRig(credit_bytes=1000, expect=11) as rig:
+        for k in range(10):
+            rig.pipe.submit(make_task(k, nbytes=1000, priority=0))
+        assert rig.first_pushed.wait(WAIT)
+        assert len(rig.pipe.queues[PUSH]) == 9, "credit must hold the other nine back"
+        rig.pipe.submit(make_task(HIGH, nbytes=1000, priority=10))
+        rig.gate.set()  # the server starts acknowledging
+        assert rig.all_done.wait(WAIT), f"only {rig.completed} completed"
+    assert rig.errors == []
+    assert rig.pushed == [0, HIGH, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert rig.completed == rig.pushed
+
+
+def test_without_credit_the_late_task_cannot_overtake():
+    """The contrast: with unlimited credit (0) everything already queued is pushed at once, so
+    the late high-priority task goes last. Credit is what makes priority effective."""
+    HIGH = 100
+    with AsyncPushRig(credit_bytes=0, expect=11) as rig:
+        for k in range(10):
+            rig.pipe.submit(make_task(k, nbytes=1000, priority=0))
+        assert wait_until(lambda: len(rig.pushed) == 10), rig.pushed
+        rig.pipe.submit(make_task(HIGH, nbytes=1000, priority=10))
+        rig.gate.set()
+        assert rig.all_done.wait(WAIT)
+    assert rig.pushed == list(range(10)) + [HIGH]
+
+
+def test_observers_see_start_and_end_of_every_stage():
+    events = []
+    done = queue.Queue()
+    pipe = Pipeline({PUSH: lambda t: True, PULL: lambda t: True}, queue_depth=4, credit_bytes=0,
+                    on_error=lambda t, e: done.put(("error", t.key, e)))
+    pipe.observers.append(lambda task, stage, ev, when: events.append((task.key, stage, ev, when)))
+    pipe.on_complete = lambda t: done.put(("done", t.key))
+    pipe.start()
+    try:
+        for k in range(3):
+            pipe.submit(make_task(k, itinerary=(PUSH, PULL)))
+        assert sorted(done.get(timeout=WAIT) for _ in range(3)) == [("done", k) for k in range(3)]
+    finally:
+        pipe.close()
+    for k in range(3):
+        mine = [(stage, ev) for key, stage, ev, _ in events if key == k]
+        assert mine == [(PUSH, "start"), (PUSH, "end"), (PULL, "start"), (PULL, "end")]
+        times = [when for key, _s, _e, when in events if key == k]
+        assert times == sorted(times)
+
+
+def test_handler_exception_goes_to_on_error_and_the_stage_keeps_running():
+    errors = queue.Queue()
+    completed = queue.Queue()
+    boom = RuntimeError("boom")
+
+    def pull(task):
+        if task.key == 1:
+            raise boom
+        return True
+
+    pipe = Pipeline({PUSH: lambda t: True, PULL: pull}, queue_depth=4, credit_bytes=0,
+                    on_error=lambda t, e: errors.put((t.key, e)))
+    pipe.on_complete = lambda t: completed.put(t.key)
+    pipe.start()
+    try:
+        for k in range(4):
+            pipe.submit(make_task(k, itinerary=(PUSH, PULL)))
+        assert errors.get(timeout=WAIT) == (1, boom)
+        assert sorted(completed.get(timeout=WAIT) for _ in range(3)) == [0, 2, 3]
+        assert errors.empty()
+        assert all(t.is_alive() for t in pipe._threads)
+    finally:
+        pipe.close()
+
+
+def test_task_with_empty_itinerary_completes_at_submit():
+    completed = []
+    pipe = Pipeline({PUSH: lambda t: True}, queue_depth=1, credit_bytes=0,
+                    on_error=lambda t, e: None)
+    pipe.on_complete = completed.append
+    task = make_task(7, itinerary=())
+    pipe.submit(task)  # not started: nothing to run
+    assert completed == [task]
+
+
+def test_close_stops_every_stage_thread():
+    pipe = Pipeline({PUSH: lambda t: True, PULL: lambda t: True}, queue_depth=2, credit_bytes=0,
+                    on_error=lambda t, e: None)
+    pipe.start()
+    pipe.close()
+    assert not any(t.is_alive() for t in pipe._threads)
+
+
+def test_close_stops_a_stage_whose_queue_is_full():
+    """close() must stop a stage thread even when its bounded queue is full at that moment
+    (a slow handler is the usual reason). The stop sentinel must not be dropped."""
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(task):
+        entered.set()
+        release.wait(WAIT)
+        return True
+
+    pipe = Pipeline({PULL: slow}, queue_depth=1, credit_bytes=0, on_error=lambda t, e: None)
+    pipe.start()
+    pipe.submit(make_task(1, itinerary=(PULL,)))
+    assert entered.wait(WAIT)
+    pipe.submit(make_task(2, itinerary=(PULL,)))  # fills the queue of depth 1
+    closer, _ = run_in_thread(pipe.close)
+    closer.join(0.05)
+    release.set()
+    closer.join(WAIT + 6.0)
+    assert not closer.is_alive()
+    assert not any(t.is_alive() for t in pipe._threads), \
+        "the stage thread outlived close(): its stop sentinel was dropped on a full queue"
