@@ -175,6 +175,15 @@ class ProcGroup:
 
     # -- cleanup --------------------------------------------------------------------------------
     def close(self) -> None:
+        # a SIGTERM/SIGINT that arrives now must not cut the cleanup short: hold it until done
+        held = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            self._kill_all()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def _kill_all(self) -> None:
         live = [c for c in self.children if c.proc.poll() is None]
         for c in live:
             _signal_group(c.proc, signal.SIGTERM)

@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import statistics
 import sys
@@ -34,6 +35,7 @@ from ._procs import ChildFailed, ProcGroup, free_port, free_ports
 
 PROG = "python -m byteps_like.bench pushpull"
 DEFAULT_SIZES = "1M,4M,16M,64M,256M"
+DEFAULT_QUEUE_DEPTH = 64  # BYTEPS_PIPELINE_QUEUE_DEPTH's default
 LARGE_BYTES = 128 << 20   # sizes from here on run at most --large-repeats repetitions
 RESULT_TAG = "BENCH_RESULT "
 
@@ -184,7 +186,7 @@ class _ZmqBarrier:
 
 
 def _raw_client(cases: list[Case], rank: int, nworkers: int, server_ports: list[int],
-                barrier_port: int, partition_bytes: int) -> int:
+                barrier_port: int, partition_bytes: int, window: int) -> int:
     import struct
 
     import numpy as np
@@ -207,12 +209,19 @@ def _raw_client(cases: list[Case], rank: int, nworkers: int, server_ports: list[
     out_times: dict[str, list[float]] = {}
 
     def one_round(src: memoryview, dst, parts: list) -> None:
-        for idx, (off, n, srv) in enumerate(parts):
-            socks[srv].send(pack.pack(idx), zmq.SNDMORE)
-            socks[srv].send(src[off:off + n], copy=n < 65536)
-        left = len(parts)
+        # at most `window` partitions out at a time (0: all at once), like byteps_like's credit
+        nxt, left = 0, len(parts)
+        limit = window or len(parts)
         while left:
-            for sock, _ev in poller.poll(600_000):
+            while nxt < len(parts) and nxt - (len(parts) - left) < limit:
+                off, n, srv = parts[nxt]
+                socks[srv].send(pack.pack(nxt), zmq.SNDMORE)
+                socks[srv].send(src[off:off + n], copy=n < 65536)
+                nxt += 1
+            events = poller.poll(600_000)
+            if not events:
+                raise TimeoutError(f"raw client {rank}: no echo within 600 s")
+            for sock, _ev in events:
                 while left:
                     try:
                         hdr, payload = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -322,13 +331,14 @@ def _worker_main(argv: Sequence[str]) -> int:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--server-ports", default="")
     p.add_argument("--partition-bytes", type=int, default=4096000)
+    p.add_argument("--window", type=int, default=0)
     a = p.parse_args(argv)
     cases = _decode_cases(a.cases)
     if a.kind == "bps":
         return _bps_worker(cases)
     if a.kind == "raw-client":
         return _raw_client(cases, a.rank, a.world, [int(x) for x in a.server_ports.split(",")],
-                           a.port, a.partition_bytes)
+                           a.port, a.partition_bytes, a.window)
     if a.kind == "raw-server":
         return _raw_server(a.port, a.world)
     return _gloo_worker(cases, a.rank, a.world, a.port)
@@ -362,12 +372,14 @@ def _collect(children, kind: str) -> list[dict]:
 
 
 def run_bps(cases: list[Case], workers: int, servers: int, partition_bytes: int,
-            timeout: float) -> list[dict]:
+            timeout: float, queue_depth: int | None = None) -> list[dict]:
     port = free_port()
     env = _base_env()
     env.update({"DMLC_NUM_WORKER": str(workers), "DMLC_NUM_SERVER": str(servers),
                 "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
                 "BYTEPS_PARTITION_BYTES": str(partition_bytes)})
+    if queue_depth is not None:
+        env["BYTEPS_PIPELINE_QUEUE_DEPTH"] = str(queue_depth)
     with ProcGroup("byteps_like") as g:
         g.spawn("scheduler", [sys.executable, "-m", "byteps_like.scheduler"],
                 {**env, "DMLC_ROLE": "scheduler"}, role="service")
@@ -382,7 +394,7 @@ def run_bps(cases: list[Case], workers: int, servers: int, partition_bytes: int,
 
 
 def run_raw(cases: list[Case], workers: int, servers: int, partition_bytes: int,
-            timeout: float) -> list[dict]:
+            timeout: float, window: int = 0) -> list[dict]:
     ports = free_ports(servers + 1)
     sports, bport = ports[:servers], ports[servers]
     env = _base_env()
@@ -395,7 +407,7 @@ def run_raw(cases: list[Case], workers: int, servers: int, partition_bytes: int,
                   "raw-client", "--cases", _encode_cases(cases), "--rank", str(r),
                   "--world", str(workers), "--port", str(bport),
                   "--server-ports", ",".join(map(str, sports)),
-                  "--partition-bytes", str(partition_bytes)), env)
+                  "--partition-bytes", str(partition_bytes), "--window", str(window)), env)
               for r in range(workers)]
         g.wait(timeout, relay=cs[0], relay_prefix="[pushpull] raw zmq ")
         return _collect(cs, "raw zmq")
@@ -442,6 +454,40 @@ def machine_info() -> dict:
             "byteps_like": _version("byteps_like")}
 
 
+def _cpu_busy_s() -> float | None:
+    """Busy CPU-seconds of the whole machine since boot (all CPUs), from /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)   # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    """CPU-seconds used by this process and its reaped children."""
+    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _busy_now(seconds: float = 0.5) -> float | None:
+    """Fraction of the machine's CPUs busy (with anything) over the next ``seconds``."""
+    b0 = _cpu_busy_s()
+    time.sleep(seconds)
+    b1 = _cpu_busy_s()
+    if b0 is None or b1 is None:
+        return None
+    return (b1 - b0) / seconds / (os.cpu_count() or 1)
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return ""
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -474,6 +520,31 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _configured_queue_depth() -> int:
+    """The queue depth the workers would get from the environment handed to them."""
+    import warnings
+
+    from ..config import load
+    from ..errors import ConfigError
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the workers report bad settings themselves
+            return load(env=_base_env()).scheduling.queue_depth
+    except ConfigError:
+        return DEFAULT_QUEUE_DEPTH
+
+
+def _exit_on_signals() -> None:
+    """SIGTERM and SIGHUP end the driver through SystemExit, so every ProcGroup's cleanup runs
+    (the children live in their own sessions and would otherwise outlive it)."""
+    import signal
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--_worker"]:
@@ -486,13 +557,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="comma-separated bytes of one float32 tensor (K/M/G are binary)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per size")
     p.add_argument("--warmup", type=int, default=2, help="untimed repetitions per size")
-    p.add_argument("--large-repeats", type=int, default=3,
+    p.add_argument("--large-repeats", type=int, default=0,
                    help=f"at most this many repetitions (and 1 warm-up) for sizes of "
                         f"{fmt_size(LARGE_BYTES)} and more; 0 = no cap")
     p.add_argument("--partition-bytes", type=parse_size, default=4096000,
                    help="BYTEPS_PARTITION_BYTES of the job, and the raw zmq chunk size")
+    p.add_argument("--raw-window", type=int, default=0,
+                   help="partitions each raw zmq client keeps in flight; 0 = the whole tensor "
+                        "at once")
     p.add_argument("--skip-gloo", action="store_true", help="do not run the gloo all_reduce")
     p.add_argument("--skip-raw", action="store_true", help="do not run the raw pyzmq baseline")
+    p.add_argument("--queue-depth", default="auto",
+                   help="BYTEPS_PIPELINE_QUEUE_DEPTH of the workers; 'auto' keeps the "
+                        "environment's value, or the default 64, but raises it above the "
+                        "partition count of the largest tensor (see docs/performance.md: a "
+                        "tensor of more partitions than the queue depth deadlocks push_pull)")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="watchdog per phase, seconds: on expiry every child is killed")
     p.add_argument("--json", metavar="PATH", help="also write every measurement here")
@@ -505,8 +584,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--sizes is empty")
     if a.workers < 1 or a.servers < 1:
         p.error("--workers and --servers must be >= 1")
-    if a.repeats < 1 or a.warmup < 0 or a.large_repeats < 0:
-        p.error("--repeats must be >= 1, --warmup and --large-repeats >= 0")
+    if a.repeats < 1 or a.warmup < 0 or a.large_repeats < 0 or a.raw_window < 0:
+        p.error("--repeats must be >= 1; --warmup, --large-repeats and --raw-window >= 0")
     cases = []
     capped = []
     for n in sizes:
@@ -517,6 +596,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 capped.append(fmt_size(n))
         cases.append(Case(n, reps, warm))
 
+    max_parts = max(-(-n // (a.partition_bytes - a.partition_bytes % 4)) for n in sizes)
+    if a.queue_depth == "auto":
+        depth = _configured_queue_depth()
+        queue_depth = depth if depth > max_parts else max_parts + 1
+        depth_note = (f"pipeline queue depth {queue_depth}"
+                      + (f" (raised from {depth}: the largest tensor has {max_parts} partitions)"
+                         if queue_depth != depth else ""))
+    else:
+        try:
+            queue_depth = int(a.queue_depth)
+        except ValueError:
+            p.error(f"--queue-depth {a.queue_depth!r}: an integer or 'auto'")
+        depth_note = f"pipeline queue depth {queue_depth}"
+
     info = machine_info()
     command = shlex.join(["python", "-m", "byteps_like.bench", "pushpull", *argv])
     gloo = not a.skip_gloo and importlib.util.find_spec("torch") is not None
@@ -526,32 +619,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"versions: python {info['python']}, numpy {info['numpy']}, pyzmq {info['pyzmq']} "
           f"(libzmq {info['libzmq']}), torch {info['torch']}, byteps_like {info['byteps_like']}")
     print(f"job: {a.workers} workers, {a.servers} servers, partition {a.partition_bytes} B, "
-          f"float32, average=False, loopback tcp")
+          f"float32, average=False, loopback tcp, {depth_note}; raw zmq window "
+          f"{a.raw_window or 'whole tensor'}")
     print("repeats: " + ", ".join(f"{fmt_size(c.nbytes)} {c.repeats}+{c.warmup} warm-up"
                                    for c in cases)
           + (f" (capped by --large-repeats for {', '.join(capped)})" if capped else ""))
     if not a.skip_gloo and not gloo:
         print("gloo: torch is not importable here; skipped")
+    load_before = _loadavg()
+    busy = _busy_now()
+    print(f"before start: load average {load_before}" + (
+        "" if busy is None else f", CPUs {busy:.0%} busy over 0.5 s"
+        + (" (WARNING: something else is running; the numbers will be noisy)"
+           if busy > 0.15 else "")))
     sys.stdout.flush()
 
     phases = [("byteps_like", lambda: run_bps(cases, a.workers, a.servers, a.partition_bytes,
-                                               a.timeout))]
+                                               a.timeout, queue_depth))]
     if not a.skip_raw:
         phases.append(("raw zmq", lambda: run_raw(cases, a.workers, a.servers,
-                                                   a.partition_bytes, a.timeout)))
+                                                   a.partition_bytes, a.timeout, a.raw_window)))
     if gloo:
         phases.append(("gloo", lambda: run_gloo(cases, a.workers, a.timeout)))
     measured: dict[str, list[dict]] = {}
+    _exit_on_signals()
+    cpu: dict[str, dict] = {}
     for name, fn in phases:
         t0 = time.monotonic()
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        busy0, own0 = _cpu_busy_s(), _own_cpu_s()
         print(f"[pushpull] {name}: starting", file=sys.stderr, flush=True)
         try:
             measured[name] = fn()
         except ChildFailed as exc:
             print(f"[pushpull] {name} failed:\n{exc}", file=sys.stderr, flush=True)
             return 1
-        print(f"[pushpull] {name}: done in {time.monotonic() - t0:.1f} s", file=sys.stderr,
-              flush=True)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        busy1, own1 = _cpu_busy_s(), _own_cpu_s()
+        wall = time.monotonic() - t0
+        cpu[name] = {"wall_s": wall, "user_s": r1.ru_utime - r0.ru_utime,
+                     "sys_s": r1.ru_stime - r0.ru_stime, "others_share": None}
+        if busy0 is not None and busy1 is not None:
+            # machine-wide busy CPU time minus ours: what other processes took meanwhile
+            others = max(0.0, (busy1 - busy0) - (own1 - own0))
+            cpu[name]["others_share"] = others / wall / (os.cpu_count() or 1)
+        print(f"[pushpull] {name}: done in {cpu[name]['wall_s']:.1f} s (all its processes, "
+              f"start-up included: {cpu[name]['user_s']:.1f} s user + "
+              f"{cpu[name]['sys_s']:.1f} s system CPU)", file=sys.stderr, flush=True)
 
     rows = []
     for case in cases:
@@ -563,10 +677,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(format_table(rows))
     print("\nGB/s = tensor bytes / (median over repetitions of the slowest worker's time), 1e9 B")
+    shares = [f"{n} {c['others_share']:.0%}" for n, c in cpu.items()
+              if c["others_share"] is not None]
+    if shares:
+        noisy = any(c["others_share"] > 0.1 for c in cpu.values()
+                    if c["others_share"] is not None)
+        print("CPU taken by other processes (or the hypervisor) during each phase: "
+              + ", ".join(shares)
+              + (" (WARNING: noisy; run again on an idle machine)" if noisy else ""))
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump({"command": command, "machine": info, "workers": a.workers,
                        "servers": a.servers, "partition_bytes": a.partition_bytes,
+                       "queue_depth": queue_depth, "raw_window": a.raw_window,
+                       "load_before": load_before, "busy_before": busy, "cpu": cpu,
                        "results": rows}, f, indent=1)
     return 0
 
