@@ -87,9 +87,11 @@ class PriorityCreditQueue:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def put(self, task: Task, timeout: float | None = None) -> None:
+    def put(self, task: Task, timeout: float | None = None, *, force: bool = False) -> None:
+        """Queue ``task``; blocks while the queue is full, unless ``force`` (used by pipeline
+        threads, which must never wait on a queue that they themselves drain)."""
         with self._cv:
-            if self.maxsize and not self._cv.wait_for(
+            if self.maxsize and not force and not self._cv.wait_for(
                     lambda: self._closed or len(self._heap) < self.maxsize, timeout):
                 raise queue.Full
             task.seq = next(self._seq)
@@ -155,22 +157,25 @@ class Pipeline:
         for t in self._threads:
             t.start()
 
-    def submit(self, task: Task) -> None:
+    def submit(self, task: Task, *, block: bool = True) -> None:
+        """Enter ``task`` into its first stage. From a user thread this blocks while that
+        stage's queue is full (back-pressure); pipeline and I/O threads pass ``block=False``."""
         task.stage = 0
-        self._route(task)
+        self._route(task, force=not block)
 
     def advance(self, task: Task) -> None:
-        """Move ``task`` on to its next stage, or complete it."""
+        """Move ``task`` on to its next stage, or complete it. Never blocks: the tasks inside
+        the pipeline are already bounded by the credit and by what users submitted."""
         task.stage += 1
-        self._route(task)
+        self._route(task, force=True)
 
-    def _route(self, task: Task) -> None:
+    def _route(self, task: Task, force: bool) -> None:
         stage = task.current
         if stage is None:
             self.on_complete(task)
             return
         task.enqueued_at = time.monotonic()
-        self.queues[stage].put(task)
+        self.queues[stage].put(task, force=force)
 
     def _emit(self, task: Task, stage: str, event: str) -> None:
         for obs in self.observers:
@@ -210,10 +215,11 @@ class _ClosableQueue:
         self._cv = threading.Condition()
         self._closed = False
 
-    def put(self, task: Task) -> None:
+    def put(self, task: Task, *, force: bool = False) -> None:
         with self._cv:
-            self._cv.wait_for(lambda: self._closed or not self._maxsize
-                              or len(self._q) < self._maxsize)
+            if not force:
+                self._cv.wait_for(lambda: self._closed or not self._maxsize
+                                  or len(self._q) < self._maxsize)
             self._q.append(task)
             self._cv.notify_all()
 

@@ -26,7 +26,7 @@ from .handle import Handle
 from .partition import ServerAssigner, make_key, partition_bounds
 from .pipeline import PULL, PUSH, Pipeline, Task, plan
 from .transport import Route, make_endpoint
-from .wire import (ERR_MISMATCH, FLAG_DECLARE, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
+from .wire import (ERR_MISMATCH, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
                    Role, decode, dtype_name, encode, job_hash)
 
 log = logging.getLogger("byteps_like.worker")
@@ -119,6 +119,8 @@ class Runtime:
         self.conns = cfg.transport.tcp_connections
         for p in servers:
             self.ep.connect(f"server-{p.rank}", f"tcp://{p.host}:{p.port}", self.conns)
+        self._routes = [[Route(peer=f"server-{p.rank}", conn=i) for i in range(self.conns)]
+                        for p in servers]
         self.assigner = ServerAssigner(self.num_servers)
         self.job = job_hash(cfg.cluster.job_id)
         credit = cfg.scheduling.credit * cfg.partition.partition_bytes
@@ -287,17 +289,21 @@ class Runtime:
                     np.copyto(out, arr)
                 return h
             self._handles.add(h)
-            h.add_done_callback(lambda hh, st=st: self._on_handle_done(st, hh))
-            start = lambda: self._start(st, h, arr, out, wire_dtype, average, priority)  # noqa: E731
-            if st.busy is None:
+            start = lambda block: self._start(st, h, arr, out, wire_dtype, average,  # noqa: E731
+                                              priority, block)
+            idle = st.busy is None
+            if idle:
                 st.busy = h
-                start()
             else:
                 st.waiting.append((h, start))  # one round of a key in flight at a time
+            # registered last: a handle of no partitions is already done and frees the name now
+            h.add_done_callback(lambda hh, st=st: self._on_handle_done(st, hh))
+        if idle:
+            start(True)  # outside the lock: may block on a full queue (back-pressure)
         return h
 
     def _start(self, st: TensorState, h: Handle, arr, out, dtype: str, average: bool,
-               priority: int) -> None:
+               priority: int, block: bool) -> None:
         if self._fatal is not None:
             h.fail(self._fatal)
             return
@@ -314,7 +320,7 @@ class Runtime:
             task.average = average
             task.decl = ({"name": st.name, "shape": list(st.shape), "dtype": dtype, "part": part,
                           "nparts": len(st.parts)} if rnd == 0 else None)
-            self.pipeline.submit(task)
+            self.pipeline.submit(task, block=block)
 
     def _on_handle_done(self, st: TensorState, h: Handle) -> None:
         with self._lock:
@@ -324,7 +330,7 @@ class Runtime:
             nxt = st.waiting.pop(0) if st.waiting else None
             st.busy = nxt[0] if nxt else None
         if nxt is not None:
-            nxt[1]()
+            nxt[1](False)  # on a pipeline thread: must not block
 
     def _describe_pending(self, h: Handle) -> str:
         st = self._tensors.get(h.name)
@@ -336,16 +342,13 @@ class Runtime:
 
     # -- stages (pipeline threads) ---------------------------------------------------------------
     def _stage_push(self, task: Task) -> bool:
+        # one message pushes the partition and asks for the round's sum (FLAG_PULL)
         hdr = Header(MsgType.PUSH, task.dtype, Role.WORKER, self.rank_,
-                     FLAG_DECLARE if task.decl else 0, self.job, task.key, task.round,
-                     task.nbytes // ITEMSIZE[task.dtype], task.nbytes)
-        route = Route(peer=f"server-{task.server}", conn=task.conn)
+                     FLAG_PULL | (FLAG_DECLARE if task.decl else 0), self.job, task.key,
+                     task.round, task.nbytes // ITEMSIZE[task.dtype], task.nbytes)
         with self._lock:
             self._inflight[task.key] = task
-        self.ep.send(route, encode(hdr, task.src, task.decl))
-        pull = Header(MsgType.PULL, task.dtype, Role.WORKER, self.rank_, 0, self.job, task.key,
-                      task.round)
-        self.ep.send(route, encode(pull))
+        self.ep.send(self._routes[task.server][task.conn], encode(hdr, task.src, task.decl))
         self.bytes_pushed += task.nbytes
         return False  # the pull response advances the task
 

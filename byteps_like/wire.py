@@ -67,6 +67,7 @@ class Role(enum.IntEnum):
 FLAG_META = 1 << 0        # a JSON meta frame follows the payload
 FLAG_DECLARE = 1 << 1     # first round of a key: meta carries name, shape, dtype
 FLAG_ASYNC = 1 << 2       # asynchronous mode push (delta applied at once)
+FLAG_PULL = 1 << 3        # a push that also asks for the round's result (saves a message)
 
 # Error kinds carried in ERROR meta["kind"]
 ERR_MISMATCH = "mismatch"
@@ -87,6 +88,8 @@ NUMPY_DTYPE = {"float32": np.float32, "float64": np.float64, "float16": np.float
 SUMMABLE = frozenset({"float32", "float64", "float16", "bfloat16", "int32", "int64"})
 
 _DATA_TYPES = {MsgType.PUSH, MsgType.PULL_RESP}
+_MSG_TYPES = {int(t): t for t in MsgType}   # dict lookups: much cheaper than Enum calls
+_ROLES = {int(r): r for r in Role}
 
 
 def dtype_name(dtype: Any) -> str:
@@ -189,16 +192,15 @@ def decode_header(raw: Any) -> Header:
     if version != VERSION:
         raise ProtocolError(f"protocol version {version} from peer, this side speaks {VERSION}: "
                             "run the same byteps_like release on every node")
-    try:
-        mtype = MsgType(mtype)
-    except ValueError:
-        raise ProtocolError(f"unknown message type {mtype}") from None
+    mt = _MSG_TYPES.get(mtype)
+    if mt is None:
+        raise ProtocolError(f"unknown message type {mtype}")
     if dcode >= len(DTYPES):
         raise ProtocolError(f"unknown dtype code {dcode}")
-    try:
-        role = Role(role)
-    except ValueError:
-        raise ProtocolError(f"unknown sender role {role}") from None
+    rl = _ROLES.get(role)
+    if rl is None:
+        raise ProtocolError(f"unknown sender role {role}")
+    mtype, role = mt, rl
     dtype = DTYPES[dcode]
     if mtype in _DATA_TYPES:
         if dtype == "none":

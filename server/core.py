@@ -26,7 +26,7 @@ from ..config import Config
 from ..control import ControlClient
 from ..errors import ProtocolError
 from ..transport import Route, make_endpoint
-from ..wire import (ERR_INTERNAL, ERR_MISMATCH, ERR_PROTOCOL, FLAG_DECLARE, SUMMABLE, Header,
+from ..wire import (ERR_INTERNAL, ERR_MISMATCH, ERR_PROTOCOL, FLAG_DECLARE, FLAG_PULL, SUMMABLE, Header,
                     Message, MsgType, Role, decode, decode_header, encode, job_hash)
 
 log = logging.getLogger("byteps_like.server")
@@ -145,6 +145,8 @@ class Engine(threading.Thread):
             _core.add_into(store.bufs[0], msg.payload, store.dtype, srv.sum_threads)
             store.pushes += 1
             srv.reply(route, MsgType.PUSH_ACK, h)
+            if h.flags & FLAG_PULL:
+                self._pull(store, route, h)
             return
         if h.round != store.round or h.rank in store.pushed:
             why = ("twice in one round" if h.rank in store.pushed and h.round == store.round
@@ -160,6 +162,8 @@ class Engine(threading.Thread):
         store.pushed.add(h.rank)
         store.pushes += 1
         srv.reply(route, MsgType.PUSH_ACK, h)
+        if h.flags & FLAG_PULL:
+            store.pending.append((route, h.rank, h.round))
         if len(store.pushed) == srv.num_workers:
             store.completed = store.round
             store.round += 1

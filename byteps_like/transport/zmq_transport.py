@@ -22,6 +22,7 @@ from .base import Endpoint, Route
 
 log = logging.getLogger("byteps_like.transport")
 
+_BATCH = 32                 # messages taken from one socket per poll
 _COPY_THRESHOLD = 64 * 1024  # below this pyzmq copying is cheaper than tracking a zero-copy frame
 
 
@@ -191,19 +192,17 @@ class ZmqEndpoint(Endpoint):
                 wait = self._run_timers()
                 events = self._poller.poll(None if wait is None else max(1, int(wait * 1000)))
                 for sock, _ev in events:
-                    if sock is self._outbox:
-                        # drain a bounded batch so incoming traffic is not starved
-                        for _ in range(64):
-                            try:
-                                self._dispatch_outbox() if _ == 0 else self._dispatch_outbox_nb()
-                            except zmq.Again:
-                                break
-                    elif sock is self._router:
-                        frames = sock.recv_multipart(copy=False)
-                        self._deliver(Route(ident=frames[0].bytes), frames[1:])
-                    else:
-                        frames = sock.recv_multipart(copy=False)
-                        self._deliver(self._sock_route[sock], frames)
+                    # drain a bounded batch per socket so no socket starves the others
+                    for _ in range(_BATCH):
+                        if sock is self._outbox:
+                            self._dispatch_outbox()
+                        elif sock is self._router:
+                            frames = sock.recv_multipart(copy=False)
+                            self._deliver(Route(ident=frames[0].bytes), frames[1:])
+                        else:
+                            self._deliver(self._sock_route[sock], sock.recv_multipart(copy=False))
+                        if self._stop or not sock.get(zmq.EVENTS) & zmq.POLLIN:
+                            break
         except BaseException as exc:  # noqa: BLE001 - reported to the owner
             if not self._stop:
                 log.exception("%s: I/O thread failed", self.name)
@@ -211,11 +210,6 @@ class ZmqEndpoint(Endpoint):
                     self.on_error(exc)
         finally:
             self._close_sockets()
-
-    def _dispatch_outbox_nb(self) -> None:
-        if not self._outbox.poll(0):
-            raise zmq.Again()
-        self._dispatch_outbox()
 
     def _deliver(self, route: Route, frames: list) -> None:
         if self.on_message is not None:
