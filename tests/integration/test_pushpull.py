@@ -11,7 +11,7 @@ pytestmark = pytest.mark.integration
 SMALL = [1, 7, 1000, 70001]  # 70001 elements cross several 64 KiB partitions
 
 
-@pytest.mark.parametrize("workers,servers", [(1, 1), (2, 1), (2, 2), (4, 2)])
+@pytest.mark.parametrize("workers,servers", [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2)])
 def test_every_dtype_exact(workers, servers):
     run = bpslaunch(worker("pushpull_check.py", *SMALL), workers=workers, servers=servers,
                     env={"BYTEPS_PARTITION_BYTES": "64K", "BYTEPS_SCHEDULING_CREDIT": "2"})
