@@ -567,11 +567,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "at once")
     p.add_argument("--skip-gloo", action="store_true", help="do not run the gloo all_reduce")
     p.add_argument("--skip-raw", action="store_true", help="do not run the raw pyzmq baseline")
-    p.add_argument("--queue-depth", default="auto",
-                   help="BYTEPS_PIPELINE_QUEUE_DEPTH of the workers; 'auto' keeps the "
-                        "environment's value, or the default 64, but raises it above the "
-                        "partition count of the largest tensor (see docs/performance.md: a "
-                        "tensor of more partitions than the queue depth deadlocks push_pull)")
+    p.add_argument("--queue-depth", type=int, default=None,
+                   help="BYTEPS_PIPELINE_QUEUE_DEPTH of the workers (default: the "
+                        "environment's value, or the built-in default)")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="watchdog per phase, seconds: on expiry every child is killed")
     p.add_argument("--json", metavar="PATH", help="also write every measurement here")
@@ -596,19 +594,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 capped.append(fmt_size(n))
         cases.append(Case(n, reps, warm))
 
-    max_parts = max(-(-n // (a.partition_bytes - a.partition_bytes % 4)) for n in sizes)
-    if a.queue_depth == "auto":
-        depth = _configured_queue_depth()
-        queue_depth = depth if depth > max_parts else max_parts + 1
-        depth_note = (f"pipeline queue depth {queue_depth}"
-                      + (f" (raised from {depth}: the largest tensor has {max_parts} partitions)"
-                         if queue_depth != depth else ""))
-    else:
-        try:
-            queue_depth = int(a.queue_depth)
-        except ValueError:
-            p.error(f"--queue-depth {a.queue_depth!r}: an integer or 'auto'")
-        depth_note = f"pipeline queue depth {queue_depth}"
+    queue_depth = a.queue_depth
+    depth_note = f"pipeline queue depth {queue_depth if queue_depth else _configured_queue_depth()}"
 
     info = machine_info()
     command = shlex.join(["python", "-m", "byteps_like.bench", "pushpull", *argv])
