@@ -426,10 +426,11 @@ def default_runtime() -> Runtime:
         return _default
 
 
-def _after_fork() -> None:
+def reset_default_runtime() -> None:
+    """Forget the default runtime (after fork, or to join a new job after shutdown)."""
     global _default, _default_lock
     _default = None
     _default_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork)
+os.register_at_fork(after_in_child=reset_default_runtime)

@@ -1,0 +1,56 @@
+"""Broadcast through the parameter servers, for every framework.
+
+A broadcast is a push_pull in which every rank but the root contributes zeros: the sum is the
+root's value. Objects travel through :mod:`byteps_like.objcodec` (no pickle) as int64 words,
+whose sums with zeros are exact.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from . import objcodec
+from .runtime import Runtime
+
+_counter = itertools.count()
+
+
+def broadcast_array(rt: Runtime, arr: np.ndarray, root_rank: int, name: str,
+                    dtype: str | None = None) -> None:
+    """Overwrite ``arr`` in place with the root rank's values."""
+    _check_root(rt, root_rank)
+    if rt.rank() != root_rank:
+        arr[...] = 0
+    rt.push_pull_async(arr, name=name, average=False, out=arr, dtype=dtype).wait()
+
+
+def broadcast_bytes(rt: Runtime, data: bytes | None, root_rank: int, name: str) -> bytes:
+    """The root's ``data`` on every rank (others pass None)."""
+    _check_root(rt, root_rank)
+    root = rt.rank() == root_rank
+    size = np.array([len(data) if root else 0], np.int64)
+    rt.push_pull_async(size, name=f"{name}.size", average=False, out=size).wait()
+    n = int(size[0])
+    words = np.zeros((n + 7) // 8, np.int64)
+    if root:
+        words.view(np.uint8)[:n] = np.frombuffer(data, np.uint8)
+    rt.push_pull_async(words, name=f"{name}.data.{words.size}", average=False, out=words).wait()
+    return words.view(np.uint8)[:n].tobytes()
+
+
+def broadcast_object(rt: Runtime, obj: Any, root_rank: int, name: str | None = None,
+                     to_array: objcodec.ToArray | None = None,
+                     from_array: objcodec.FromArray | None = None) -> Any:
+    """The root rank's ``obj`` on every rank. Trusts only what the root of this job sent, and
+    even that is decoded by the restricted codec: no code can travel."""
+    name = name or f"BroadcastObject.{next(_counter)}"
+    data = objcodec.encode(obj, to_array) if rt.rank() == root_rank else None
+    return objcodec.decode(broadcast_bytes(rt, data, root_rank, name), from_array)
+
+
+def _check_root(rt: Runtime, root_rank: int) -> None:
+    size = rt.size()
+    if not 0 <= root_rank < size:
+        raise ValueError(f"root_rank={root_rank} is out of range for a job of {size} workers")

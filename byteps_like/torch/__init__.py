@@ -1,0 +1,83 @@
+"""byteps_like.torch: drop-in for ``byteps.torch``.
+
+    import byteps_like.torch as bps
+    bps.init()
+    optimizer = bps.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    bps.broadcast_optimizer_state(optimizer, root_rank=0)
+"""
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without torch
+    raise ImportError("byteps_like.torch needs PyTorch: pip install 'byteps_like[torch]' "
+                      "(or torch itself)") from exc
+
+from ..compression import Compression
+from ..runtime import default_runtime
+from .broadcast import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .ops import (TorchHandle, poll, push_pull, push_pull_async, push_pull_async_inplace,
+                  push_pull_inplace, synchronize)
+from .optimizer import DistributedOptimizer
+from .parallel import DistributedDataParallel
+
+
+def init(lazy: bool = True, **overrides) -> None:
+    """Join the job (``lazy`` is accepted for BytePS compatibility)."""
+    from ..api import init as _init
+    _init(**overrides)
+
+
+def shutdown() -> None:
+    default_runtime().shutdown()
+
+
+def suspend() -> None:
+    """Leave the job, keeping nothing in flight (BytePS's elastic-training hook). ``resume``
+    joins again."""
+    shutdown()
+
+
+def resume(num_workers: int | None = None, num_servers: int | None = None,
+           global_rank: int | None = None, context=None) -> None:
+    """Join a (possibly resized) job after ``suspend()``. Counts not given are read from the
+    environment again."""
+    from ..runtime import reset_default_runtime
+    overrides = {}
+    if num_workers is not None:
+        overrides["cluster.num_worker"] = num_workers
+    if num_servers is not None:
+        overrides["cluster.num_server"] = num_servers
+    if global_rank is not None:
+        overrides["cluster.worker_id"] = global_rank
+    reset_default_runtime()  # a fresh runtime: the old one is shut down
+    init(**overrides)
+
+
+def rank() -> int:
+    return default_runtime().rank()
+
+
+def size() -> int:
+    return default_runtime().size()
+
+
+def local_rank() -> int:
+    return default_runtime().local_rank()
+
+
+def local_size() -> int:
+    return default_runtime().local_size()
+
+
+def declare(name: str) -> None:
+    """Declare a tensor name (same order on every worker)."""
+    default_runtime().declare(name)
+
+
+__all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank", "local_size",
+           "declare", "push_pull", "push_pull_async", "push_pull_inplace",
+           "push_pull_async_inplace", "poll", "synchronize", "Compression",
+           "DistributedOptimizer", "DistributedDataParallel", "broadcast_parameters",
+           "broadcast_optimizer_state", "broadcast_object", "TorchHandle"]

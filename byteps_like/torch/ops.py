@@ -1,0 +1,108 @@
+"""Tensor operations: push_pull (differentiable), the async and in-place forms, poll/synchronize."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..compression import Compression, Compressor
+from ..runtime import default_runtime
+from ._tensor import stage
+
+
+class TorchHandle:
+    """What ``push_pull_async`` returns: pass it to ``poll`` or ``synchronize``."""
+
+    def __init__(self, core, out: torch.Tensor, out_buf, wire, ctx, dtype: str,
+                 compression: Compressor):
+        self.core, self.out, self.out_buf = core, out, out_buf
+        self.wire, self.ctx, self.dtype, self.compression = wire, ctx, dtype, compression
+        self._finished = False
+
+    def done(self) -> bool:
+        return self.core.done()
+
+    def wait(self, timeout: float | None = None) -> torch.Tensor:
+        if not self._finished:
+            self.core.wait(timeout)
+            if self.wire is not self.out_buf.array:
+                self.compression.decompress(self.wire, self.ctx, self.out_buf.array, self.dtype)
+            if self.out_buf.writeback is not None:
+                self.out_buf.writeback()
+            self._finished = True
+        return self.out
+
+    def __repr__(self) -> str:
+        return f"<TorchHandle {self.core!r}>"
+
+
+def _start(tensor: torch.Tensor, out: torch.Tensor, average: bool, name: str | None,
+           priority: int, compression: Compressor) -> TorchHandle:
+    rt = default_runtime()
+    rt._check()
+    what = f"push_pull of {name!r}" if name else "push_pull"
+    src = stage(tensor, what)
+    dst = src if out is tensor else stage(out, what, copy_in=False)
+    wire, wdtype, ctx = compression.compress(src.array, src.dtype)
+    # uncompressed: the sum lands straight in the output's memory (no copy on CPU)
+    core_out = dst.array if wire is src.array else wire
+    core = rt.push_pull_async(wire, name=name, average=average, priority=priority, out=core_out,
+                              dtype=wdtype)
+    return TorchHandle(core, out, dst, core_out, ctx, src.dtype, compression)
+
+
+def push_pull_async(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+                    version: int = 0, priority: int = 0,
+                    compression: Compressor = Compression.none) -> TorchHandle:
+    """Start summing (or averaging) ``tensor`` over all workers into a new tensor.
+
+    ``version`` is accepted for BytePS compatibility and has no effect. Larger ``priority``
+    goes first. Wait with ``synchronize(handle)``."""
+    return _start(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
+                  average, name, priority, compression)
+
+
+def push_pull_async_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+                            version: int = 0, priority: int = 0,
+                            compression: Compressor = Compression.none) -> TorchHandle:
+    """Like ``push_pull_async`` but the result overwrites ``tensor``."""
+    return _start(tensor, tensor, average, name, priority, compression)
+
+
+def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+                      version: int = 0, priority: int = 0,
+                      compression: Compressor = Compression.none) -> torch.Tensor:
+    return synchronize(push_pull_async_inplace(tensor, average, name, version, priority,
+                                               compression))
+
+
+class _PushPull(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, average, name, priority, compression):
+        ctx.average, ctx.name, ctx.priority, ctx.compression = average, name, priority, compression
+        return synchronize(push_pull_async(tensor, average, name, 0, priority, compression))
+
+    @staticmethod
+    def backward(ctx, grad):
+        name = f"{ctx.name}.grad" if ctx.name is not None else None
+        g = synchronize(push_pull_async(grad.contiguous(), ctx.average, name, 0, ctx.priority,
+                                        ctx.compression))
+        return g, None, None, None, None
+
+
+def push_pull(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+              version: int = 0, priority: int = 0,
+              compression: Compressor = Compression.none) -> torch.Tensor:
+    """Sum (or average) ``tensor`` over all workers; differentiable: the gradient of the result
+    is push_pulled back in the backward pass, as in BytePS."""
+    return _PushPull.apply(tensor, average, name, priority, compression)
+
+
+def poll(handle: TorchHandle) -> bool:
+    """True once the operation behind ``handle`` has finished."""
+    return handle.done()
+
+
+def synchronize(handle: TorchHandle, timeout: float | None = None) -> Any:
+    """Wait for ``handle`` and return its output tensor."""
+    return handle.wait(timeout)

@@ -1,0 +1,75 @@
+"""DistributedDataParallel: a module wrapper that averages gradients during backward."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+from ..runtime import default_runtime
+from ..sync import GradBuffer, GradientSynchronizer, model_signature_check
+from ._tensor import stage, wire_dtype
+from .broadcast import broadcast_parameters
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """Wraps ``module``: parameters are broadcast from ``root_rank`` at construction, and every
+    backward pass averages the gradients across workers before it returns (each gradient's
+    push_pull starts as soon as it is accumulated). Inside ``no_sync()`` backward passes only
+    accumulate locally; the first backward after it averages the accumulated gradients."""
+
+    def __init__(self, module: torch.nn.Module, *, root_rank: int = 0, broadcast: bool = True,
+                 compression=None):
+        super().__init__()
+        from ..compression import Compression
+        self.module = module
+        rt = default_runtime()
+        rt._check()
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        for n, p in named:
+            wire_dtype(p, f"parameter {n!r}")
+        self._ddp_params = [p for _, p in named]
+        if rt.size() > 1:
+            model_signature_check(rt, [(n, tuple(p.shape), str(p.dtype)) for n, p in named],
+                                  "model")
+            if broadcast:
+                broadcast_parameters(module.state_dict(), root_rank=root_rank,
+                                     prefix="DDP.Parameter.")
+        self._sync = GradientSynchronizer(rt, [n for n, _ in named], self._grad_buffer,
+                                          compression=compression or Compression.none,
+                                          prefix="DDP.Gradient.")
+        self._callback_queued = False
+        self._sync_enabled = True
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))
+                       for i, p in enumerate(self._ddp_params)]
+
+    def _grad_buffer(self, index: int) -> GradBuffer:
+        p = self._ddp_params[index]
+        if p.grad is None:
+            p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        return stage(p.grad, "gradient")
+
+    def _make_hook(self, index: int):
+        def hook(_param: torch.Tensor) -> None:
+            if not self._sync_enabled:
+                return
+            if not self._callback_queued:
+                self._callback_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self._sync.ready(index)
+        return hook
+
+    def _end_of_backward(self) -> None:
+        self._callback_queued = False
+        self._sync.synchronize()
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        prev, self._sync_enabled = self._sync_enabled, False
+        try:
+            yield
+        finally:
+            self._sync_enabled = prev
