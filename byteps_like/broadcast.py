@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import objcodec
+from .errors import BytePSError
 from .runtime import Runtime
 
 _counter = itertools.count()
@@ -26,13 +27,22 @@ def broadcast_array(rt: Runtime, arr: np.ndarray, root_rank: int, name: str,
     rt.push_pull_async(arr, name=name, average=False, out=arr, dtype=dtype).wait()
 
 
-def broadcast_bytes(rt: Runtime, data: bytes | None, root_rank: int, name: str) -> bytes:
+_FAILED = -1  # the root could not produce its data: every rank raises instead of waiting
+
+
+def broadcast_bytes(rt: Runtime, data: bytes | None, root_rank: int, name: str,
+                    root_failed: bool = False) -> bytes:
     """The root's ``data`` on every rank (others pass None)."""
     _check_root(rt, root_rank)
     root = rt.rank() == root_rank
-    size = np.array([len(data) if root else 0], np.int64)
+    size = np.array([(_FAILED if root_failed else len(data)) if root else 0], np.int64)
     rt.push_pull_async(size, name=f"{name}.size", average=False, out=size).wait()
     n = int(size[0])
+    if n == _FAILED:
+        if root_failed:
+            return b""  # the root raises its own error
+        raise BytePSError(f"broadcast {name!r}: root rank {root_rank} could not serialise its "
+                          "object (its own error says why)")
     words = np.zeros((n + 7) // 8, np.int64)
     if root:
         words.view(np.uint8)[:n] = np.frombuffer(data, np.uint8)
@@ -46,7 +56,14 @@ def broadcast_object(rt: Runtime, obj: Any, root_rank: int, name: str | None = N
     """The root rank's ``obj`` on every rank. Trusts only what the root of this job sent, and
     even that is decoded by the restricted codec: no code can travel."""
     name = name or f"BroadcastObject.{next(_counter)}"
-    data = objcodec.encode(obj, to_array) if rt.rank() == root_rank else None
+    data = None
+    if rt.rank() == root_rank:
+        try:
+            data = objcodec.encode(obj, to_array)
+        except TypeError:
+            # tell the other ranks, so they raise too instead of waiting for the data
+            broadcast_bytes(rt, None, root_rank, name, root_failed=True)
+            raise
     return objcodec.decode(broadcast_bytes(rt, data, root_rank, name), from_array)
 
 

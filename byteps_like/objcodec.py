@@ -79,7 +79,7 @@ def encode(obj: Any, to_array: ToArray | None = None) -> bytes:
 def _array(a: np.ndarray, blob) -> dict:
     if a.dtype.name not in _DTYPES:
         raise TypeError(f"arrays of dtype {a.dtype} cannot be sent")
-    a = np.ascontiguousarray(a)
+    # tobytes() is C order whatever the layout (ascontiguousarray would turn 0-d into 1-d)
     return {"dtype": a.dtype.name, "shape": list(a.shape), "ref": blob(a.tobytes())}
 
 

@@ -234,9 +234,9 @@ class Scheduler:
         if self.phase != "running":
             return
         for n in list(self.nodes.values()):
+            self._send(n, MsgType.HEARTBEAT)  # finished workers still wait for SHUTDOWN
             if n.finished:
                 continue
-            self._send(n, MsgType.HEARTBEAT)
             silent = now - n.last_seen
             if silent > t.heartbeat_timeout:
                 self._lose(n, f"lost {n.describe()}: no heartbeat for {silent:.1f} s "

@@ -70,13 +70,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             wire_dtype(p, f"parameter {n!r}")
         self._params = [p for _, p in named]
         self._names = [n for n, _ in named]
+        if rt.size() > 1:  # before declaring anything: declarations must match across workers
+            model_signature_check(rt, [(n, tuple(p.shape), str(p.dtype)) for n, p in named],
+                                  "model")
         self._sync = GradientSynchronizer(
             rt, self._names, lambda i: _grad_buffer(self._params[i]),
             backward_passes_per_step=backward_passes_per_step, compression=compression)
         self._should_sync = True
-        if rt.size() > 1:
-            model_signature_check(rt, [(n, tuple(p.shape), str(p.dtype)) for n, p in named],
-                                  "model")
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                        for i, p in enumerate(self._params)]
 

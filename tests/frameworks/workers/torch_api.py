@@ -1,0 +1,148 @@
+"""Worker: byteps_like.torch API behaviour. Usage: torch_api.py MODE; prints ``API OK MODE``.
+
+errors     op before init, duplicate/missing names, a model that differs between workers
+broadcast  parameters, optimizer state and objects from a non-zero root
+ops        push_pull forms and dtypes, differentiable push_pull, fp16 compression
+priority   the order gradients go on the wire: first layer first, not backward order
+"""
+import sys
+
+import numpy as np
+import torch
+
+import byteps_like.torch as bps
+from byteps_like.errors import BytePSError, MismatchError, NotInitializedError
+from byteps_like.pipeline import PUSH
+from byteps_like.runtime import default_runtime
+
+MODE = sys.argv[1]
+
+
+def expect(exc_type, fn, *needles):
+    try:
+        fn()
+    except exc_type as exc:
+        for n in needles:
+            assert n in str(exc), f"{n!r} not in {exc}"
+        return str(exc)
+    raise AssertionError(f"{fn} did not raise {exc_type.__name__}")
+
+
+def errors(rank, size):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    named = list(model.named_parameters())
+    expect(ValueError, lambda: bps.DistributedOptimizer(opt, [("w", p) for _, p in named]),
+           "duplicate names", "'w'")
+    expect(ValueError, lambda: bps.DistributedOptimizer(opt, named[:2]),
+           "2 parameters of the optimizer are not in named_parameters")
+    expect(TypeError, lambda: bps.push_pull(torch.zeros(3, dtype=torch.bool), name="b"),
+           "torch.bool")
+    # a model that differs on the last rank: every rank raises, naming the groups of ranks
+    layers = [torch.nn.Linear(4, 4)] + ([torch.nn.Linear(4, 4)] if rank == size - 1 else [])
+    other = torch.nn.Sequential(*layers)
+    msg = expect(MismatchError, lambda: bps.DistributedOptimizer(
+        torch.optim.SGD(other.parameters(), lr=0.1), other.named_parameters()),
+        "the model differs between workers")
+    assert f"ranks [{size - 1}]" in msg, msg
+
+
+def broadcast(rank, size):
+    root = 1
+    torch.manual_seed(100 + rank)  # different on every rank
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.BatchNorm1d(7),
+                                torch.nn.Linear(7, 2))
+    model(torch.randn(8, 5))  # moves batch-norm running stats (and num_batches_tracked)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    if rank == root:  # only the root has optimizer state
+        model(torch.randn(8, 5)).sum().backward()
+        opt.step()
+    bps.broadcast_parameters(model.state_dict(), root_rank=root)
+    bps.broadcast_optimizer_state(opt, root_rank=root)
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    root_sd = bps.broadcast_object(sd if rank == root else None, root_rank=root)
+    assert root_sd.keys() == sd.keys()
+    for k in sd:
+        assert torch.equal(root_sd[k], sd[k]), k
+    st = opt.state_dict()["state"]
+    root_st = bps.broadcast_object(st if rank == root else None, root_rank=root)
+    assert st.keys() == root_st.keys() and len(st) == 6, (st.keys(), root_st.keys())
+    for i in st:
+        for k in st[i]:
+            assert torch.equal(st[i][k], root_st[i][k]), (i, k)
+    obj = {"epoch": 3, "lr": 0.5, "name": "x", (1, 2): [None, b"\x00\x01", float("inf")],
+           "t": torch.arange(4, dtype=torch.bfloat16)}
+    got = bps.broadcast_object(obj if rank == root else {"other": rank}, root_rank=root)
+    assert got.keys() == obj.keys() and got["t"].dtype == torch.bfloat16
+    assert got[(1, 2)][:2] == [None, b"\x00\x01"] and got["epoch"] == 3
+    # the root cannot serialise: it raises TypeError, every other rank raises too (no hang)
+    if rank == 0:
+        expect(TypeError, lambda: bps.broadcast_object(object(), root_rank=0), "no pickle")
+    else:
+        expect(BytePSError, lambda: bps.broadcast_object(None, root_rank=0),
+               "root rank 0 could not serialise")
+
+
+def ops(rank, size):
+    s = (size - 1) * size // 2  # sum of ranks
+    for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+               torch.int64):
+        x = torch.full((1000,), rank, dtype=dt)
+        y = bps.push_pull(x, average=False, name=f"sum.{dt}")
+        assert torch.equal(y, torch.full((1000,), s, dtype=dt)), (dt, y[:3])
+        assert torch.equal(x, torch.full((1000,), rank, dtype=dt))  # input untouched
+        bps.push_pull_inplace(x, average=False, name=f"inplace.{dt}")
+        assert torch.equal(x, torch.full((1000,), s, dtype=dt)), dt
+    h = bps.push_pull_async(torch.ones(3, 4), average=True, name="async")
+    out = bps.synchronize(h)
+    assert bps.poll(h) and torch.equal(out, torch.ones(3, 4))
+    t = torch.arange(6.0).reshape(2, 3).t()  # not contiguous
+    assert torch.equal(bps.push_pull(t, average=True, name="noncontig"), t)
+    # differentiable: d(sum over workers)/dx = number of workers
+    x = torch.full((5,), float(rank), requires_grad=True)
+    bps.push_pull(x, average=False, name="diff").sum().backward()
+    assert torch.equal(x.grad, torch.full((5,), float(size))), x.grad
+    # fp16 compression: values exact in half precision come back exact
+    z = bps.push_pull(torch.full((100,), rank + 0.5), average=False, name="fp16",
+                      compression=bps.Compression.fp16)
+    assert z.dtype == torch.float32 and torch.equal(z, torch.full((100,), s + 0.5 * size))
+
+
+def priority(rank, size):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   model.named_parameters())
+    rt = default_runtime()
+    wire, hooks = [], []
+    rt.pipeline.observers.append(
+        lambda task, stage, ev, t: stage == PUSH and ev == "start" and wire.append(
+            task.handle.name.removeprefix("Gradient.")))
+    for n, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(lambda _p, n=n: hooks.append(n))
+    q = rt.pipeline.queues[PUSH]
+    q.inflight += 1 << 40  # hold the credit: every gradient queues during backward
+    model(torch.randn(8, 64)).sum().backward()
+    q.release(1 << 40)
+    opt.step()
+    names = [n for n, _ in model.named_parameters()]
+    assert hooks == names[::-1], hooks             # backward produces the last layer first
+    assert wire == names, wire                     # the wire carries the first layer first
+    if rank == 0:
+        print("PRIORITY backward order:", " ".join(hooks))
+        print("PRIORITY wire order:    ", " ".join(wire))
+
+
+def main():
+    if MODE == "errors":
+        expect(NotInitializedError, lambda: bps.push_pull(torch.ones(1)), "call init() first")
+        expect(NotInitializedError, lambda: bps.rank(), "init()")
+    bps.init()
+    rank, size = bps.rank(), bps.size()
+    {"errors": errors, "broadcast": broadcast, "ops": ops, "priority": priority}[MODE](rank, size)
+    print(f"API OK {MODE} rank {rank}", flush=True)
+    bps.shutdown()
+
+
+if __name__ == "__main__":
+    main()
