@@ -5,6 +5,7 @@ broadcast  parameters, optimizer state and objects from a non-zero root
 ops        push_pull forms and dtypes, differentiable push_pull, fp16 compression
 priority   the order gradients go on the wire: first layer first, not backward order
 """
+import os
 import sys
 
 import numpy as np
@@ -85,14 +86,16 @@ def broadcast(rank, size):
 
 def ops(rank, size):
     s = (size - 1) * size // 2  # sum of ranks
+    dev = os.environ.get("API_DEVICE", "cpu")  # "cuda" on a GPU machine
     for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
                torch.int64):
-        x = torch.full((1000,), rank, dtype=dt)
+        x = torch.full((1000,), rank, dtype=dt, device=dev)
         y = bps.push_pull(x, average=False, name=f"sum.{dt}")
-        assert torch.equal(y, torch.full((1000,), s, dtype=dt)), (dt, y[:3])
-        assert torch.equal(x, torch.full((1000,), rank, dtype=dt))  # input untouched
+        assert y.device == x.device, (y.device, x.device)
+        assert torch.equal(y, torch.full((1000,), s, dtype=dt, device=dev)), (dt, y[:3])
+        assert torch.equal(x, torch.full((1000,), rank, dtype=dt, device=dev))  # untouched
         bps.push_pull_inplace(x, average=False, name=f"inplace.{dt}")
-        assert torch.equal(x, torch.full((1000,), s, dtype=dt)), dt
+        assert torch.equal(x, torch.full((1000,), s, dtype=dt, device=dev)), dt
     h = bps.push_pull_async(torch.ones(3, 4), average=True, name="async")
     out = bps.synchronize(h)
     assert bps.poll(h) and torch.equal(out, torch.ones(3, 4))

@@ -9,6 +9,7 @@ Usage: torch_equivalence.py MODE [STEPS]
 Every worker also trains the single-process reference itself and checks, after every step, that
 its parameters equal the reference's and every other worker's. Prints ``EQUIV OK``.
 """
+import os
 import sys
 
 import torch
@@ -19,13 +20,14 @@ MODE = sys.argv[1]
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 5
 DTYPE = torch.float32 if MODE == "fp16" else torch.float64
 TOL = 2e-3 if MODE == "fp16" else 1e-9
+DEVICE = torch.device(os.environ.get("EQUIV_DEVICE", "cpu"))  # "cuda" on a GPU machine
 
 
 def make_model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Tanh(),
                                torch.nn.Linear(16, 16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 3)).to(DTYPE)
+                               torch.nn.Linear(16, 3)).to(DTYPE).to(DEVICE)
 
 
 def make_opt(params):
@@ -48,8 +50,8 @@ def main():
     g = torch.Generator().manual_seed(42)
     per_worker = 4
     micro = 2 if MODE in ("bpps2", "ddp") else 1
-    X = torch.randn(STEPS, micro, per_worker * size, 10, generator=g, dtype=DTYPE)
-    Y = torch.randint(0, 3, (STEPS, micro, per_worker * size), generator=g)
+    X = torch.randn(STEPS, micro, per_worker * size, 10, generator=g, dtype=DTYPE).to(DEVICE)
+    Y = torch.randint(0, 3, (STEPS, micro, per_worker * size), generator=g).to(DEVICE)
 
     ref = make_model()
     ref_opt = make_opt(ref.parameters())
