@@ -25,11 +25,16 @@ ALL_STAGES = (REDUCE, COPY_D2H, COMPRESS, PUSH, PULL, DECOMPRESS, COPY_H2D, BROA
 
 
 def plan(*, distributed: bool, local_size: int = 1, on_device: bool = False,
-         compressed: bool = False) -> tuple[str, ...]:
-    """The itinerary of a partition, from the job's topology and the tensor's needs."""
+         compressed: bool = False, local_root: bool = True) -> tuple[str, ...]:
+    """The itinerary of a partition, from the job's topology and the tensor's needs.
+
+    With several local ranks only the local root talks to the servers: the other ranks reduce
+    and receive the broadcast."""
     stages = []
     if local_size > 1:
         stages.append(REDUCE)
+        if not local_root:
+            return (REDUCE, BROADCAST)
     if on_device and distributed:
         stages.append(COPY_D2H)
     if distributed:
@@ -162,6 +167,10 @@ class Pipeline:
         stage's queue is full (back-pressure); pipeline and I/O threads pass ``block=False``."""
         task.stage = 0
         self._route(task, force=not block)
+
+    def resume(self, task: Task) -> None:
+        """Run ``task``'s current stage again (a multi-step stage whose event has come)."""
+        self._route(task, force=True)
 
     def advance(self, task: Task) -> None:
         """Move ``task`` on to its next stage, or complete it. Never blocks: the tasks inside

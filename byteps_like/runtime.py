@@ -23,13 +23,16 @@ from .control import ControlClient
 from .errors import (CommunicationError, MismatchError, NotInitializedError, ProtocolError,
                      RemoteError)
 from .handle import Handle
-from .partition import ServerAssigner, make_key, partition_bounds
-from .pipeline import PULL, PUSH, Pipeline, Task, plan
+from .partition import ServerAssigner, make_key, mixed_mode_weights, partition_bounds
+from . import local
+from .pipeline import BROADCAST, PULL, PUSH, REDUCE, Pipeline, Task, plan
 from .transport import Route, make_endpoint
 from .wire import (ERR_MISMATCH, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
                    Role, decode, dtype_name, encode, job_hash)
 
 log = logging.getLogger("byteps_like.worker")
+_LOCAL_TYPES = frozenset({MsgType.LOCAL_READY, MsgType.LOCAL_REDUCE, MsgType.LOCAL_REDUCED,
+                          MsgType.LOCAL_DONE})
 
 
 @dataclass
@@ -103,7 +106,24 @@ class Runtime:
         cfg = self.cfg
         self._ctx = zmq.Context()
         self.ep = make_endpoint("worker", cfg, context=self._ctx)
-        self.control = ControlClient(cfg, self.ep, Role.WORKER, on_fatal=self._on_fatal)
+        c = cfg.cluster
+        self.local_size_, self.local_rank_ = c.local_size, c.local_rank
+        self.is_local_root = c.local_rank == 0
+        port = 0
+        if c.local_size > 1:
+            if c.worker_id is None:
+                from .errors import ConfigError
+                raise ConfigError(f"BYTEPS_LOCAL_SIZE={c.local_size} needs DMLC_WORKER_ID: the "
+                                  "local ranks of a machine find each other through it "
+                                  "(bpslaunch sets it)")
+            if self.is_local_root:  # the coordinator of this machine's local reduction
+                from .control import node_host
+                local.sweep(local.segment_prefix(c.job_id, c.root_port)
+                            + f"m{c.worker_id}-")
+                bound = self.ep.bind(f"tcp://{node_host(cfg)}:0")
+                port = int(bound.rsplit(":", 1)[1])
+        self.control = ControlClient(cfg, self.ep, Role.WORKER, port=port,
+                                     on_fatal=self._on_fatal)
         self.ep.on_message = self._on_message
         self.ep.on_error = self._on_fatal
         self.ep.start()
@@ -113,18 +133,39 @@ class Runtime:
             self._teardown()
             raise
         self.rank_ = self.control.rank
+        # the machine index is what servers count pushes by
+        self.machine = self.rank_ // c.local_size
+        self.push_rank = self.machine
+        self._segments: dict[int, local.Segment] = {}
+        self._local_routes: dict[int, Route] = {}
+        self._gate = local.Gate(lambda task: self.pipeline.resume(task))
+        self._ready = local.Counter(c.local_size)
+        self._reduced = local.Counter(c.local_size)
+        if c.local_size > 1 and not self.is_local_root:
+            root = next(p for p in self.control.peers
+                        if p.role == "worker" and p.rank == self.machine * c.local_size)
+            self.ep.connect("localroot", f"tcp://{root.host}:{root.port}")
         servers = sorted((p for p in self.control.peers if p.role == "server"),
                          key=lambda p: p.rank)
         self.num_servers = len(servers)
         self.conns = cfg.transport.tcp_connections
-        for p in servers:
-            self.ep.connect(f"server-{p.rank}", f"tcp://{p.host}:{p.port}", self.conns)
+        if self.is_local_root:  # only the local root talks to the servers
+            for p in servers:
+                self.ep.connect(f"server-{p.rank}", f"tcp://{p.host}:{p.port}", self.conns)
         self._routes = [[Route(peer=f"server-{p.rank}", conn=i) for i in range(self.conns)]
                         for p in servers]
-        self.assigner = ServerAssigner(self.num_servers)
+        weights = None
+        if cfg.partition.mixed_mode != "off":   # BytePS mixed mode: colocated vs dedicated
+            worker_hosts = {p.host for p in self.control.peers if p.role == "worker"}
+            weights = mixed_mode_weights([p.host in worker_hosts for p in servers],
+                                         len(worker_hosts))
+        self.assigner = ServerAssigner(self.num_servers, weights)
         self.job = job_hash(cfg.cluster.job_id)
         credit = cfg.scheduling.credit * cfg.partition.partition_bytes
-        self.pipeline = Pipeline({PUSH: self._stage_push, PULL: self._stage_pull},
+        stages = {PUSH: self._stage_push, PULL: self._stage_pull}
+        if c.local_size > 1:
+            stages = {REDUCE: self._stage_reduce, **stages, BROADCAST: self._stage_broadcast}
+        self.pipeline = Pipeline(stages,
                                  queue_depth=cfg.scheduling.queue_depth, credit_bytes=credit,
                                  on_error=lambda task, exc: self._fail_task(task, exc))
         self.pipeline.on_complete = lambda task: task.handle.part_done(task.part)
@@ -173,6 +214,9 @@ class Runtime:
         if self.pipeline is not None:
             self.pipeline.close()
             self.pipeline = None
+        for seg in getattr(self, "_segments", {}).values():
+            seg.close(unlink=True)  # every rank unlinks: whoever is last leaves nothing
+        self._segments = {}
         stopped = True
         if self.ep is not None:
             stopped = self.ep.close(linger=0.5)
@@ -311,11 +355,19 @@ class Runtime:
         st.round += 1
         src = arr.reshape(-1).view(np.uint8)
         dst = out.reshape(-1).view(np.uint8)
-        itinerary = plan(distributed=True)
+        itinerary = plan(distributed=True, local_size=self.local_size_,
+                         local_root=self.is_local_root)
+        seg = self._segment(st) if self.local_size_ > 1 else None
         for part, (off, n, key, server) in enumerate(st.parts):
             task = Task(h, key, part, off, n, priority, server, key % self.conns, rnd, itinerary)
             task.src = src[off:off + n]
             task.dst = dst[off:off + n]
+            # what goes to the servers and where their sum lands: the machine's reduced
+            # partition in shared memory with local ranks, the caller's arrays otherwise
+            task.seg = seg
+            task.push_src = seg.out[off:off + n] if seg is not None else task.src
+            task.pull_dst = seg.out[off:off + n] if seg is not None else task.dst
+            task.phase = 0
             task.dtype = dtype
             task.average = average
             task.decl = ({"name": st.name, "shape": list(st.shape), "dtype": dtype, "part": part,
@@ -343,23 +395,106 @@ class Runtime:
     # -- stages (pipeline threads) ---------------------------------------------------------------
     def _stage_push(self, task: Task) -> bool:
         # one message pushes the partition and asks for the round's sum (FLAG_PULL)
-        hdr = Header(MsgType.PUSH, task.dtype, Role.WORKER, self.rank_,
+        hdr = Header(MsgType.PUSH, task.dtype, Role.WORKER, self.push_rank,
                      FLAG_PULL | (FLAG_DECLARE if task.decl else 0), self.job, task.key,
                      task.round, task.nbytes // ITEMSIZE[task.dtype], task.nbytes)
         with self._lock:
             self._inflight[task.key] = task
-        self.ep.send(self._routes[task.server][task.conn], encode(hdr, task.src, task.decl))
+        self.ep.send(self._routes[task.server][task.conn],
+                     encode(hdr, task.push_src, task.decl))
         self.bytes_pushed += task.nbytes
         return False  # the pull response advances the task
 
     def _stage_pull(self, task: Task) -> bool:
         payload = task.payload
         task.payload = None
-        _core.copy_into(task.dst, payload.buffer if hasattr(payload, "buffer") else payload)
-        if task.average and self.size_ > 1:
+        _core.copy_into(task.pull_dst, payload.buffer if hasattr(payload, "buffer") else payload)
+        if task.average and self.size_ > 1 and task.seg is None:
             _core.scale_into(task.dst, task.dtype, self.size_)
         self.bytes_pulled += task.nbytes
         return True
+
+    # -- local reduction stages (see byteps_like.local) -------------------------------------------
+    def _segment(self, st: TensorState) -> "local.Segment":
+        seg = self._segments.get(st.decl_id)
+        if seg is None:
+            c = self.cfg.cluster
+            name = (local.segment_prefix(c.job_id, c.root_port)
+                    + f"m{self.machine}-t{st.decl_id}")
+            seg = local.Segment(name, st.nbytes, self.local_size_,
+                                what=f"tensor {st.name!r} on worker rank {self.rank_}")
+            self._segments[st.decl_id] = seg
+        return seg
+
+    def _local_send(self, mtype: MsgType, task: Task, route: Route) -> None:
+        hdr = Header(mtype, role=Role.WORKER, rank=self.rank_, job=self.job, key=task.key,
+                     round=task.round)
+        self.ep.send(route, encode(hdr))
+
+    def _stage_reduce(self, task: Task) -> bool:
+        token = (task.key, task.round)
+        if task.phase == 0:  # my input into my slot, then wait until every slot is filled
+            _core.copy_into(task.seg.slot(self.local_rank_)[task.offset:task.offset + task.nbytes],
+                            task.src)
+            task.phase = 1
+            if self.is_local_root:
+                self._local_ready(token)
+            else:
+                self._local_send(MsgType.LOCAL_READY, task, Route(peer="localroot"))
+            if not self._gate.park(("reduce",) + token, task):
+                return False
+        if task.phase == 1:  # reduce-scatter: sum my slice of the partition over all slots
+            lo, hi = local.slice_of(task.offset, task.nbytes, ITEMSIZE[task.dtype],
+                                    self.local_rank_, self.local_size_)
+            if hi > lo:
+                out = task.seg.out[lo:hi]
+                _core.copy_into(out, task.seg.slot(0)[lo:hi])
+                for i in range(1, self.local_size_):
+                    _core.add_into(out, task.seg.slot(i)[lo:hi], task.dtype)
+            task.phase = 2
+            if not self.is_local_root:
+                self._local_send(MsgType.LOCAL_REDUCED, task, Route(peer="localroot"))
+                return True  # on to the broadcast stage, which waits for the result
+            if self._reduced.arrive(token):
+                return True
+            return self._gate.park(("reduced",) + token, task)
+        return True  # phase 2: every slice is reduced, on to the push
+
+    def _local_ready(self, token) -> None:
+        """Local root: one more rank's input is in place; when all are, reduce."""
+        if self._ready.arrive(token):
+            for r, route in self._local_routes.items():
+                hdr = Header(MsgType.LOCAL_REDUCE, role=Role.WORKER, rank=self.rank_,
+                             job=self.job, key=token[0], round=token[1])
+                self.ep.send(route, encode(hdr))
+            self._gate.signal(("reduce",) + token)
+
+    def _stage_broadcast(self, task: Task) -> bool:
+        token = (task.key, task.round)
+        if self.is_local_root:
+            for route in self._local_routes.values():
+                self._local_send(MsgType.LOCAL_DONE, task, route)
+        elif task.phase < 3:
+            task.phase = 3
+            if not self._gate.park(("done",) + token, task):
+                return False
+        _core.copy_into(task.dst, task.seg.out[task.offset:task.offset + task.nbytes])
+        if task.average and self.size_ > 1:
+            _core.scale_into(task.dst, task.dtype, self.size_)
+        return True
+
+    def _on_local_message(self, route: Route, h: Header) -> None:
+        token = (h.key, h.round)
+        if h.type is MsgType.LOCAL_READY:
+            self._local_routes[h.rank % self.local_size_] = route
+            self._local_ready(token)
+        elif h.type is MsgType.LOCAL_REDUCED:
+            if self._reduced.arrive(token):
+                self._gate.signal(("reduced",) + token)
+        elif h.type is MsgType.LOCAL_REDUCE:
+            self._gate.signal(("reduce",) + token)
+        elif h.type is MsgType.LOCAL_DONE:
+            self._gate.signal(("done",) + token)
 
     # -- network replies (I/O thread) -----------------------------------------------------------------
     def _release(self, task: Task) -> None:
@@ -377,6 +512,13 @@ class Runtime:
             self.control.handle(msg)
             return
         h = msg.header
+        if h.type in _LOCAL_TYPES:
+            if h.job != self.job or h.rank // max(1, self.local_size_) != self.machine:
+                log.warning("worker %d: %s from rank %d, not of this machine", self.rank_,
+                            h.type.name, h.rank)
+                return
+            self._on_local_message(route, h)
+            return
         with self._lock:
             task = self._inflight.get(h.key)
         if task is None or task.round != h.round:

@@ -47,6 +47,11 @@ class MsgType(enum.IntEnum):
     PULL_RESP = 23
     # either
     ERROR = 30
+    # local reduction among the worker processes of one machine (see byteps_like.local)
+    LOCAL_READY = 40
+    LOCAL_REDUCE = 41
+    LOCAL_REDUCED = 42
+    LOCAL_DONE = 43
 
 
 class Role(enum.IntEnum):

@@ -200,7 +200,8 @@ class Server:
         self.cfg = cfg
         self.async_mode = cfg.server.enable_async
         self.sum_threads = cfg.server.sum_threads
-        self.num_workers = cfg.cluster.num_worker * cfg.cluster.local_size
+        # one push per worker machine: the local ranks of a machine reduce before pushing
+        self.num_workers = cfg.cluster.num_worker
         self.job = job_hash(cfg.cluster.job_id)
         self.ep = make_endpoint("server", cfg, context=context)
         from ..control import node_host

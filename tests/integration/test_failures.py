@@ -47,3 +47,16 @@ def test_worker_killed_mid_run():
     pids = pids_in(run.out)
     assert len(pids) == 4, run.log
     assert not wait_gone(pids), f"processes left behind\n{run.log}"
+
+
+def test_local_rank_killed_mid_run_leaves_no_shared_memory():
+    import glob
+    before = set(glob.glob("/dev/shm/bpsl-*"))
+    run = bpslaunch(worker("faults.py", "kill-worker"), workers=1, servers=1, local_size=2,
+                    timeout=90)
+    assert run.rc != 0, run.log
+    lost = run.lines("PEER_LOST")
+    assert len(lost) == 1 and "worker rank 1" in lost[0], run.log
+    assert "SIGKILL" in run.err and "worker 1" in run.err, run.log
+    assert not wait_gone(pids_in(run.out)), f"processes left behind\n{run.log}"
+    assert set(glob.glob("/dev/shm/bpsl-*")) <= before, "shared memory left behind"

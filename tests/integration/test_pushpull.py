@@ -34,3 +34,10 @@ def test_64mib_tensor_two_servers():
                     env={"ROUNDS": "1"}, timeout=240)
     assert run.rc == 0, run.log
     assert len(run.lines("OK rank")) == 2, run.log
+
+
+def test_one_machine_of_four_local_ranks():
+    run = bpslaunch(worker("pushpull_check.py", *SMALL), workers=1, servers=1, local_size=4,
+                    env={"ROUNDS": "1", "BYTEPS_PARTITION_BYTES": "64K"})
+    assert run.rc == 0, run.log
+    assert len(run.lines(f"of 4: {6 * len(SMALL)} tensors checked")) == 4, run.log

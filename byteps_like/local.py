@@ -1,0 +1,162 @@
+"""Local reduction across the worker processes of one machine (CPU path).
+
+The local ranks of a machine share one shared-memory segment per tensor, laid out as
+``local_size`` input slots followed by one output region, each ``nbytes`` long. For every
+partition:
+
+1. each rank copies its input into its slot and tells the local root (``LOCAL_READY``);
+2. once all have, the root tells every rank (``LOCAL_REDUCE``) to sum its own slice of the
+   partition across all slots into the output region: a reduce-scatter in shared memory, every
+   rank summing 1/local_size of the bytes with the ``_core`` kernels;
+3. when every rank has reported (``LOCAL_REDUCED``), the root pushes the reduced partition from
+   the output region and pulls the servers' sum back into it;
+4. the root announces the result (``LOCAL_DONE``) and every rank copies it out: an all-gather.
+
+Only the root talks to the servers; ``size()`` still counts every process. Segments are named
+``bpsl-<job>-<scheduler port>-m<machine>-t<tensor>`` in ``/dev/shm``; every rank unlinks them at
+exit, and a local root sweeps leftovers of a crashed run of the same job at start.
+"""
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+import re
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import BytePSError
+
+SHM_DIR = "/dev/shm"
+
+
+def segment_prefix(job_id: str, port: int) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)
+    return f"bpsl-{safe}-{port}-"
+
+
+def sweep(prefix: str, shm_dir: str = SHM_DIR) -> list[str]:
+    """Remove every segment whose name starts with ``prefix``; returns the names removed."""
+    removed = []
+    for path in glob.glob(os.path.join(shm_dir, glob.escape(prefix) + "*")):
+        try:
+            os.unlink(path)
+            removed.append(os.path.basename(path))
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+class Segment:
+    """One tensor's shared memory: ``slots`` input slots and one output region."""
+
+    def __init__(self, name: str, nbytes: int, slots: int, *, what: str,
+                 shm_dir: str = SHM_DIR):
+        self.name, self.nbytes, self.slots = name, nbytes, slots
+        self.path = os.path.join(shm_dir, name)
+        size = max(1, nbytes * (slots + 1))
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            have = os.fstat(fd).st_size
+            if have < size:
+                free = _free_bytes(shm_dir)
+                if free is not None and free < size - have:
+                    raise BytePSError(
+                        f"local reduction of {what} needs {_mib(size)} of shared memory in "
+                        f"{shm_dir}, only {_mib(free)} are free: raise it (e.g. `mount -o "
+                        f"remount,size=8G {shm_dir}`, or `docker run --shm-size=8g`), or use "
+                        "fewer local ranks")
+                os.ftruncate(fd, size)
+            self._mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._buf = np.frombuffer(self._mm, np.uint8)
+
+    def slot(self, i: int) -> np.ndarray:
+        return self._buf[i * self.nbytes:(i + 1) * self.nbytes]
+
+    @property
+    def out(self) -> np.ndarray:
+        return self._buf[self.slots * self.nbytes:(self.slots + 1) * self.nbytes]
+
+    def close(self, unlink: bool) -> None:
+        self._buf = None
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a view is still alive somewhere; the mapping goes with the process
+        if unlink:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def _free_bytes(path: str) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+class Gate:
+    """Meets a pipeline task with the event it waits for, whichever comes first.
+
+    ``park(token, task)`` returns True when the event already happened (go on now), otherwise
+    keeps the task; ``signal(token)`` records the event or resumes the parked task."""
+
+    def __init__(self, resume: Callable[[Any], None]):
+        self._resume = resume
+        self._lock = threading.Lock()
+        self._parked: dict = {}
+        self._fired: set = set()
+
+    def park(self, token, task) -> bool:
+        with self._lock:
+            if token in self._fired:
+                self._fired.discard(token)
+                return True
+            self._parked[token] = task
+            return False
+
+    def signal(self, token) -> None:
+        with self._lock:
+            task = self._parked.pop(token, None)
+            if task is None:
+                self._fired.add(token)
+                return
+        self._resume(task)
+
+
+class Counter:
+    """Counts arrivals per token; ``arrive`` returns True for the arrival that completes it."""
+
+    def __init__(self, need: int):
+        self.need = need
+        self._lock = threading.Lock()
+        self._counts: dict = {}
+
+    def arrive(self, token) -> bool:
+        with self._lock:
+            n = self._counts.get(token, 0) + 1
+            if n >= self.need:
+                self._counts.pop(token, None)
+                return True
+            self._counts[token] = n
+            return False
+
+
+def slice_of(offset: int, nbytes: int, itemsize: int, part: int, parts: int) -> tuple[int, int]:
+    """Byte range (start, end) of the ``part``-th of ``parts`` element-aligned slices of
+    [offset, offset + nbytes)."""
+    count = nbytes // itemsize
+    lo = count * part // parts
+    hi = count * (part + 1) // parts
+    return offset + lo * itemsize, offset + hi * itemsize
