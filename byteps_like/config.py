@@ -111,6 +111,12 @@ class PartitionConfig:
     """How tensors are cut into partitions, the unit of pipelining and of server load balance."""
     partition_bytes: int = _s("BYTEPS_PARTITION_BYTES", "size", 4096000, "Largest partition a "
                               "tensor is cut into.", unit="bytes", min=1024)
+    mixed_mode: str = _s("BYTEPS_MIXED_MODE", "choice", "auto", "BytePS's mixed mode: when some "
+                         "servers share a host with a worker and others do not, give the k "
+                         "dedicated servers 2k(n-1)/(n^2+kn-2k) of the bytes (n worker hosts) and "
+                         "the colocated ones the rest. `auto` and `on` do so whenever both kinds "
+                         "exist; `off` spreads bytes evenly over all servers.",
+                         choices=("auto", "on", "off"))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ Pure functions, no I/O: unit-tested directly.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Sequence
 
 PART_BITS = 16
 MAX_PARTS = 1 << PART_BITS
@@ -36,29 +38,71 @@ def partition_bounds(nbytes: int, itemsize: int, partition_bytes: int) -> list[t
 
 @dataclass
 class ServerAssigner:
-    """Maps each partition key to a server, spreading bytes evenly.
+    """Maps each partition key to a server, spreading bytes evenly (or in proportion to weights).
 
-    Each new partition goes to the server with the fewest bytes assigned so far (ties to the
-    lowest rank). Every worker sees the same sequence of (key, nbytes) — tensors are declared in
-    the same order everywhere, which the servers check — so every worker computes the same map.
+    Each new partition goes to the server whose load after taking it, divided by its weight,
+    is lowest (ties to the lowest rank); with equal weights that is the server with the fewest
+    bytes so far. A server of weight 0 gets nothing. Every worker sees the same sequence of
+    (key, nbytes) — tensors are declared in the same order everywhere, which the servers check —
+    so every worker computes the same map.
     """
     num_servers: int
+    weights: Sequence[float] | None = None
 
     def __post_init__(self) -> None:
         if self.num_servers < 1:
             raise ValueError("at least one server is needed")
+        if self.weights is None:
+            self.weights = (1.0,) * self.num_servers
+        w = tuple(float(x) for x in self.weights)
+        if len(w) != self.num_servers:
+            raise ValueError(f"{len(w)} weights for {self.num_servers} servers")
+        if any(not math.isfinite(x) or x < 0 for x in w) or not any(x > 0 for x in w):
+            raise ValueError(f"server weights must be finite, >= 0 and not all 0: {w}")
+        self.weights = w
+        self._eligible = [s for s in range(self.num_servers) if w[s] > 0]
         self.load = [0] * self.num_servers
         self.assigned: dict[int, int] = {}
 
     def assign(self, key: int, nbytes: int) -> int:
         srv = self.assigned.get(key)
         if srv is None:
-            srv = min(range(self.num_servers), key=lambda s: (self.load[s], s))
+            w = self.weights
+            srv = min(self._eligible, key=lambda s: ((self.load[s] + nbytes) / w[s], s))
             self.load[srv] += nbytes
             self.assigned[key] = srv
         return srv
 
     def imbalance(self) -> float:
-        """max/mean of the bytes per server (1.0 is perfect)."""
-        mean = sum(self.load) / len(self.load)
-        return max(self.load) / mean if mean else 1.0
+        """max over servers of (share of the bytes / share of the weight); 1.0 is perfect."""
+        total = sum(self.load)
+        if not total:
+            return 1.0
+        wsum = sum(self.weights)
+        return max((self.load[s] / total) / (self.weights[s] / wsum) for s in self._eligible)
+
+
+def mixed_mode_fraction(num_workers: int, num_dedicated: int) -> float:
+    """Share of the bytes BytePS's analysis gives the ``k`` dedicated server machines when every
+    one of the ``n`` worker machines also runs a server: 2k(n-1) / (n^2 + kn - 2k).
+
+    0 without dedicated servers, 1 when k = n (colocated servers then get nothing); capped at 1
+    for k > n."""
+    n, k = num_workers, num_dedicated
+    if n < 1 or k < 0:
+        raise ValueError(f"need n >= 1 workers and k >= 0 dedicated servers, got n={n}, k={k}")
+    if k == 0 or n == 1:   # one worker: its colocated server costs its NIC nothing
+        return 0.0
+    return min(1.0, 2 * k * (n - 1) / (n * n + k * n - 2 * k))
+
+
+def mixed_mode_weights(colocated: Sequence[bool], num_workers: int) -> list[float] | None:
+    """Per-server weights for BytePS's mixed mode: servers that share a host with a worker
+    (``colocated[s]``) split ``1 - f`` of the bytes, the others (dedicated) split ``f`` =
+    :func:`mixed_mode_fraction`. None when the servers are all of one kind (plain balance)."""
+    n_col = sum(1 for c in colocated if c)
+    n_ded = len(colocated) - n_col
+    if n_col == 0 or n_ded == 0:
+        return None
+    f = mixed_mode_fraction(num_workers, n_ded)
+    return [(1.0 - f) / n_col if c else f / n_ded for c in colocated]

@@ -227,3 +227,62 @@ def test_naive_mapping_puts_single_partition_tensors_on_server_zero():
     """Why key % n is a bad map: the low bits of a key are the partition index."""
     for n in (2, 4, 8):
         assert {make_key(d, 0) % n for d in range(161)} == {0}
+
+
+# ------------------------------------------------------------------ weighted servers (mixed mode)
+from byteps_like.partition import mixed_mode_fraction, mixed_mode_weights  # noqa: E402
+
+
+def test_equal_weights_match_the_unweighted_assigner():
+    sizes = [4096000] * 7 + [123, 4, 2048000, 999996, 4096000, 8]
+    a, b = ServerAssigner(3), ServerAssigner(3, [2.0, 2.0, 2.0])
+    assert [a.assign(i, n) for i, n in enumerate(sizes)] == \
+           [b.assign(i, n) for i, n in enumerate(sizes)]
+
+
+def test_weights_split_bytes_in_proportion():
+    a = ServerAssigner(3, [0.5, 0.25, 0.25])
+    for i in range(400):
+        a.assign(i, 1000)
+    assert a.load == [200_000, 100_000, 100_000]
+    assert a.imbalance() == pytest.approx(1.0)
+
+
+def test_zero_weight_server_gets_nothing_and_assignment_is_deterministic():
+    seq = [(i, 1000 + 37 * (i % 5)) for i in range(200)]
+    maps = []
+    for _ in range(2):
+        a = ServerAssigner(4, [0.0, 1.0, 0.0, 3.0])
+        maps.append([a.assign(k, n) for k, n in seq])
+        assert a.load[0] == a.load[2] == 0
+        assert a.load[3] / a.load[1] == pytest.approx(3.0, rel=0.05)
+    assert maps[0] == maps[1]
+
+
+@pytest.mark.parametrize("weights", [[1.0], [0.0, 0.0], [1.0, -1.0], [1.0, math.inf]])
+def test_bad_weights_are_refused(weights):
+    with pytest.raises(ValueError):
+        ServerAssigner(2, weights)
+
+
+def test_mixed_mode_fraction_matches_the_analysis():
+    # k = 0: all on colocated servers; k = n: all on the dedicated ones
+    assert mixed_mode_fraction(4, 0) == 0.0
+    assert mixed_mode_fraction(4, 4) == pytest.approx(1.0)
+    assert mixed_mode_fraction(2, 2) == pytest.approx(1.0)
+    assert mixed_mode_fraction(4, 1) == pytest.approx(6 / 18)       # 2*1*3 / (16+4-2)
+    assert mixed_mode_fraction(4, 2) == pytest.approx(12 / 20)      # 2*2*3 / (16+8-4)
+    assert mixed_mode_fraction(1, 3) == 0.0
+    assert mixed_mode_fraction(2, 8) == 1.0
+
+
+def test_mixed_mode_weights():
+    assert mixed_mode_weights([True, True], 2) is None          # all colocated
+    assert mixed_mode_weights([False, False], 2) is None        # all dedicated
+    w = mixed_mode_weights([True] * 4 + [False], 4)              # n = 4, k = 1
+    f = 6 / 18
+    assert w == pytest.approx([(1 - f) / 4] * 4 + [f])
+    a = ServerAssigner(5, w)
+    for i in range(1000):
+        a.assign(i, 4096)
+    assert sum(a.load[4:]) / sum(a.load) == pytest.approx(f, abs=0.01)
