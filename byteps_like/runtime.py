@@ -25,7 +25,8 @@ from .errors import (CommunicationError, MismatchError, NotInitializedError, Pro
 from .handle import Handle
 from .partition import ServerAssigner, make_key, mixed_mode_weights, partition_bounds
 from . import local
-from .pipeline import BROADCAST, PULL, PUSH, REDUCE, Pipeline, Task, plan
+from .pipeline import (BROADCAST, COPY_D2H, COPY_H2D, PULL, PUSH, REDUCE, Pipeline, Task,
+                       plan)
 from .transport import Route, make_endpoint
 from .wire import (ERR_MISMATCH, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
                    Role, decode, dtype_name, encode, job_hash)
@@ -33,6 +34,19 @@ from .wire import (ERR_MISMATCH, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE,
 log = logging.getLogger("byteps_like.worker")
 _LOCAL_TYPES = frozenset({MsgType.LOCAL_READY, MsgType.LOCAL_REDUCE, MsgType.LOCAL_REDUCED,
                           MsgType.LOCAL_DONE})
+
+
+class DeviceCopier:
+    """What a plugin implements to stage an accelerator tensor partition by partition.
+
+    Both methods run on pipeline threads and must return once the copy is complete (d2h) or
+    ordered before any later use of the output (h2d)."""
+
+    def d2h(self, offset: int, nbytes: int) -> None:
+        raise NotImplementedError
+
+    def h2d(self, offset: int, nbytes: int) -> None:
+        raise NotImplementedError
 
 
 @dataclass
@@ -163,6 +177,8 @@ class Runtime:
         self.job = job_hash(cfg.cluster.job_id)
         credit = cfg.scheduling.credit * cfg.partition.partition_bytes
         stages = {PUSH: self._stage_push, PULL: self._stage_pull}
+        if c.local_size == 1:  # device tensors stage partition by partition (DeviceCopier)
+            stages = {COPY_D2H: self._stage_d2h, **stages, COPY_H2D: self._stage_h2d}
         if c.local_size > 1:
             stages = {REDUCE: self._stage_reduce, **stages, BROADCAST: self._stage_broadcast}
         self.pipeline = Pipeline(stages,
@@ -295,13 +311,22 @@ class Runtime:
 
     # -- push_pull ----------------------------------------------------------------------------------
     def push_pull_async(self, array: Any, name: str | None = None, average: bool = True,
-                        priority: int = 0, out: Any = None, dtype: str | None = None) -> Handle:
+                        priority: int = 0, out: Any = None, dtype: str | None = None,
+                        device: "DeviceCopier | None" = None) -> Handle:
         """Start summing ``array`` across all workers; returns a :class:`Handle`.
 
         ``out`` receives the result (default: a new array; pass ``out=array`` for in place).
         ``dtype`` overrides the element type for buffers numpy cannot name (``"bfloat16"`` held
-        as uint16). Integer averages round down (floor division)."""
+        as uint16). Integer averages round down (floor division).
+
+        ``device`` (framework plugins): ``array``/``out`` are host staging buffers of a tensor
+        that lives on an accelerator; the pipeline copies each partition in with
+        ``device.d2h(offset, nbytes)`` just before pushing it and out with
+        ``device.h2d(offset, nbytes)`` as soon as it is pulled, so copies and network overlap."""
         self._check()
+        if device is not None and not self.device_pipeline:
+            raise ValueError("device staging through the pipeline needs a distributed job "
+                             "with one local rank; stage the tensor on the host instead")
         arr = np.asarray(array)
         wire_dtype = dtype or dtype_name(arr.dtype)
         if wire_dtype not in SUMMABLE:
@@ -334,7 +359,7 @@ class Runtime:
                 return h
             self._handles.add(h)
             start = lambda block: self._start(st, h, arr, out, wire_dtype, average,  # noqa: E731
-                                              priority, block)
+                                              priority, block, device)
             idle = st.busy is None
             if idle:
                 st.busy = h
@@ -347,7 +372,7 @@ class Runtime:
         return h
 
     def _start(self, st: TensorState, h: Handle, arr, out, dtype: str, average: bool,
-               priority: int, block: bool) -> None:
+               priority: int, block: bool, device: "DeviceCopier | None" = None) -> None:
         if self._fatal is not None:
             h.fail(self._fatal)
             return
@@ -356,7 +381,7 @@ class Runtime:
         src = arr.reshape(-1).view(np.uint8)
         dst = out.reshape(-1).view(np.uint8)
         itinerary = plan(distributed=True, local_size=self.local_size_,
-                         local_root=self.is_local_root)
+                         local_root=self.is_local_root, on_device=device is not None)
         seg = self._segment(st) if self.local_size_ > 1 else None
         for part, (off, n, key, server) in enumerate(st.parts):
             task = Task(h, key, part, off, n, priority, server, key % self.conns, rnd, itinerary)
@@ -368,6 +393,7 @@ class Runtime:
             task.push_src = seg.out[off:off + n] if seg is not None else task.src
             task.pull_dst = seg.out[off:off + n] if seg is not None else task.dst
             task.phase = 0
+            task.device = device
             task.dtype = dtype
             task.average = average
             task.decl = ({"name": st.name, "shape": list(st.shape), "dtype": dtype, "part": part,
@@ -413,6 +439,21 @@ class Runtime:
             _core.scale_into(task.dst, task.dtype, self.size_)
         self.bytes_pulled += task.nbytes
         return True
+
+    @staticmethod
+    def _stage_d2h(task: Task) -> bool:
+        task.device.d2h(task.offset, task.nbytes)
+        return True
+
+    @staticmethod
+    def _stage_h2d(task: Task) -> bool:
+        task.device.h2d(task.offset, task.nbytes)
+        return True
+
+    @property
+    def device_pipeline(self) -> bool:
+        """Whether push_pull_async accepts ``device=`` (a distributed job, one local rank)."""
+        return self.control is not None and self.local_size_ == 1
 
     # -- local reduction stages (see byteps_like.local) -------------------------------------------
     def _segment(self, st: TensorState) -> "local.Segment":

@@ -33,6 +33,7 @@ class GradBuffer:
     array: np.ndarray                     # the gradient as numpy (a view when possible)
     dtype: str | None = None              # wire dtype override (e.g. "bfloat16")
     writeback: Callable[[], None] | None = None   # after the sum landed in ``array``
+    device: Any = None   # a runtime.DeviceCopier: ``array`` is its host staging buffer
 
 
 @dataclass
@@ -103,9 +104,13 @@ class GradientSynchronizer:
     def _launch(self, index: int) -> None:
         buf = self.grad_buffer(index)
         dtype = buf.dtype or _wire_dtype(buf.array)
-        wire, wdtype, ctx = self.compression.compress(buf.array, dtype)
+        if buf.device is not None:  # staged partition by partition by the pipeline
+            wire, wdtype, ctx = buf.array, dtype, None
+        else:
+            wire, wdtype, ctx = self.compression.compress(buf.array, dtype)
         h = self.rt.push_pull_async(wire, name=self.tensor_names[index], average=self.average,
-                                    priority=self.priorities[index], out=wire, dtype=wdtype)
+                                    priority=self.priorities[index], out=wire, dtype=wdtype,
+                                    device=buf.device)
         with self._lock:
             self.pending[index] = _Pending(h, buf, wire, ctx, dtype)
 
@@ -127,7 +132,8 @@ class GradientSynchronizer:
             except Exception as exc:  # noqa: BLE001 - first one raised after cleanup
                 errors.append(exc)
                 continue
-            self.compression.decompress(p.wire, p.ctx, p.buf.array, p.dtype)
+            if p.wire is not p.buf.array:
+                self.compression.decompress(p.wire, p.ctx, p.buf.array, p.dtype)
             if p.buf.writeback is not None:
                 p.buf.writeback()
         self.pending.clear()

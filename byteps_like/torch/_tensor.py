@@ -42,3 +42,90 @@ def stage(t: torch.Tensor, what: str = "tensor", copy_in: bool = True) -> GradBu
         host.copy_(t.detach())
     writeback: Callable[[], None] = lambda: t.detach().copy_(host)  # noqa: E731
     return GradBuffer(as_numpy(host), dtype, writeback)
+
+
+class CudaCopier:
+    """Stages a CUDA tensor through a pinned host buffer, one partition at a time, on a copy
+    stream of its own: the pipeline calls ``d2h`` just before pushing a partition and ``h2d``
+    as soon as its sum is pulled, so copies overlap the network (byteps_like.runtime's
+    ``DeviceCopier``). ``finish()`` orders the caller's stream after every copy back.
+
+    The copy stream first waits for an event recorded on the caller's stream when the copier
+    is made, so the copies see every kernel queued before the push_pull."""
+
+    _streams: dict = {}
+
+    def __init__(self, src: torch.Tensor, out: torch.Tensor, host: torch.Tensor):
+        self.device = src.device
+        self.src = src.detach().reshape(-1).view(torch.uint8)
+        self.out = out.detach().reshape(-1).view(torch.uint8)
+        self.host = host.reshape(-1).view(torch.uint8)
+        self.stream = self._stream(self.device)
+        self.ready = torch.cuda.Event()
+        self.ready.record(torch.cuda.current_stream(self.device))
+
+    @classmethod
+    def _stream(cls, device: torch.device) -> "torch.cuda.Stream":
+        s = cls._streams.get(device)
+        if s is None:
+            s = cls._streams[device] = torch.cuda.Stream(device)
+        return s
+
+    def d2h(self, offset: int, nbytes: int) -> None:
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(self.ready)
+            self.host[offset:offset + nbytes].copy_(self.src[offset:offset + nbytes],
+                                                   non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        done.synchronize()  # the push reads the host bytes right after this returns
+
+    def h2d(self, offset: int, nbytes: int) -> None:
+        with torch.cuda.stream(self.stream):
+            self.out[offset:offset + nbytes].copy_(self.host[offset:offset + nbytes],
+                                                  non_blocking=True)
+
+    def finish(self) -> None:
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+
+_pinned: dict = {}
+
+
+def pinned_buffer(key, like: torch.Tensor) -> torch.Tensor:
+    """A pinned host buffer shaped like ``like``, reused across rounds for the same ``key``
+    (a tensor name): staging memory is registered once, not per push_pull."""
+    buf = _pinned.get(key)
+    if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+        buf = torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=True)
+        if key is not None:
+            _pinned[key] = buf
+    return buf
+
+
+def grad_buffer(grad: torch.Tensor, name: str, compression) -> GradBuffer:
+    """The GradBuffer of a gradient: zero-copy on CPU; for CUDA gradients partition-wise
+    staging through the pipeline where the job allows it (no compression: compressors work on
+    whole host arrays), else a whole-tensor host copy."""
+    from ..compression import Compression
+    if compression is Compression.none:
+        staged = device_stage(grad, grad, "Gradient." + name, "gradient")
+        if staged is not None:
+            buf, copier = staged
+            buf.device = copier
+            return buf
+    return stage(grad, "gradient")
+
+
+def device_stage(t: torch.Tensor, out: torch.Tensor, name, what: str):
+    """(host GradBuffer, CudaCopier) for a CUDA tensor staged through the pipeline, or None when
+    the job cannot pipeline device copies (standalone, or several local ranks)."""
+    from ..runtime import default_runtime
+    if t.device.type != "cuda" or not t.is_contiguous() or not out.is_contiguous():
+        return None
+    if not default_runtime().device_pipeline:
+        return None
+    dtype = wire_dtype(t, what)
+    host = pinned_buffer(name, t)
+    copier = CudaCopier(t, out, host)
+    return GradBuffer(as_numpy(host), dtype, copier.finish), copier

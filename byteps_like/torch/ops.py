@@ -7,7 +7,7 @@ import torch
 
 from ..compression import Compression, Compressor
 from ..runtime import default_runtime
-from ._tensor import stage
+from ._tensor import device_stage, stage
 
 
 class TorchHandle:
@@ -41,6 +41,13 @@ def _start(tensor: torch.Tensor, out: torch.Tensor, average: bool, name: str | N
     rt = default_runtime()
     rt._check()
     what = f"push_pull of {name!r}" if name else "push_pull"
+    if compression is Compression.none:
+        staged = device_stage(tensor, out, name, what)
+        if staged is not None:  # CUDA: partition-wise copies on their own stream
+            buf, copier = staged
+            core = rt.push_pull_async(buf.array, name=name, average=average, priority=priority,
+                                      out=buf.array, dtype=buf.dtype, device=copier)
+            return TorchHandle(core, out, buf, buf.array, None, buf.dtype, compression)
     src = stage(tensor, what)
     dst = src if out is tensor else stage(out, what, copy_in=False)
     wire, wdtype, ctx = compression.compress(src.array, src.dtype)

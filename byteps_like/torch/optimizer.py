@@ -12,7 +12,7 @@ from ..compression import Compression, Compressor
 from ..errors import BytePSError
 from ..runtime import default_runtime
 from ..sync import GradBuffer, GradientSynchronizer, check_names, model_signature_check
-from ._tensor import stage, wire_dtype
+from ._tensor import grad_buffer, wire_dtype
 
 
 def _named_params(optimizer: torch.optim.Optimizer, named_parameters) -> list[tuple[str, Any]]:
@@ -37,10 +37,10 @@ def _named_params(optimizer: torch.optim.Optimizer, named_parameters) -> list[tu
     return [(n, p) for n, p in named if id(p) in opt_ids]
 
 
-def _grad_buffer(p: torch.Tensor) -> GradBuffer:
+def _grad_buffer(p: torch.Tensor, name: str, compression: Compressor) -> GradBuffer:
     if p.grad is None:
         p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-    return stage(p.grad, "gradient")
+    return grad_buffer(p.grad, name, compression)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -74,7 +74,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             model_signature_check(rt, [(n, tuple(p.shape), str(p.dtype)) for n, p in named],
                                   "model")
         self._sync = GradientSynchronizer(
-            rt, self._names, lambda i: _grad_buffer(self._params[i]),
+            rt, self._names, lambda i: _grad_buffer(self._params[i], self._names[i], compression),
             backward_passes_per_step=backward_passes_per_step, compression=compression)
         self._should_sync = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))

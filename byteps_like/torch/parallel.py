@@ -8,7 +8,7 @@ import torch
 
 from ..runtime import default_runtime
 from ..sync import GradBuffer, GradientSynchronizer, model_signature_check
-from ._tensor import stage, wire_dtype
+from ._tensor import grad_buffer, wire_dtype
 from .broadcast import broadcast_parameters
 
 
@@ -47,7 +47,7 @@ class DistributedDataParallel(torch.nn.Module):
         p = self._ddp_params[index]
         if p.grad is None:
             p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-        return stage(p.grad, "gradient")
+        return grad_buffer(p.grad, "DDP." + self._sync.names[index], self._sync.compression)
 
     def _make_hook(self, index: int):
         def hook(_param: torch.Tensor) -> None:
