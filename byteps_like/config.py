@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
 
 from .errors import ConfigError
+from .topology import CpuListError, format_cpu_list, parse_cpu_list
 
 _log = logging.getLogger(__name__)
 
@@ -33,8 +34,7 @@ IGNORED_NAMES = frozenset({
     "BYTEPS_USE_HASH_KEY", "BYTEPS_KEY_HASH_FN", "BYTEPS_BUILT_IN_HASH_COEF",
     "BYTEPS_ENABLE_MIXED_MODE", "BYTEPS_SERVER_ENABLE_SCHEDULE", "BYTEPS_ENABLE_IPC",
     "BYTEPS_TRACE_ON", "BYTEPS_TRACE_START_STEP", "BYTEPS_TRACE_END_STEP", "BYTEPS_TRACE_DIR",
-    "BYTEPS_NUMA_ON", "BYTEPS_NUMA_DEFAULT_QUOTA", "BYTEPS_CPU_BLACKLIST",
-    "BYTEPS_VISIBLE_CPU_CORES", "BYTEPS_MULTITHREADED_CPU", "BYTEPS_OMP_THREAD_PER_GPU",
+    "BYTEPS_NUMA_DEFAULT_QUOTA", "BYTEPS_MULTITHREADED_CPU", "BYTEPS_OMP_THREAD_PER_GPU",
     "BYTEPS_PCIE_SWITCH_SIZE", "BYTEPS_REDUCE_ROOTS", "BYTEPS_MIN_COMPRESS_BYTES",
     "BYTEPS_THREADPOOL_SIZE", "BYTEPS_DEBUG_SAMPLE_TENSOR", "BYTEPS_ENABLE_GDB",
     "BYTEPS_SOCKET_PATH", "BYTEPS_DISABLE_P2P", "BYTEPS_DISABLE_CPU_ALLREDUCE",
@@ -50,7 +50,7 @@ class ConfigWarning(UserWarning):
 class Setting:
     """One row of the settings table."""
     env: str
-    kind: str  # str | int | float | bool | size | seconds | choice
+    kind: str  # str | int | float | bool | size | seconds | choice | cpulist
     default: Any
     help: str
     unit: str = ""
@@ -140,6 +140,21 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class PlacementConfig:
+    """Where bpslaunch runs the local worker processes: CPU binding and NUMA (docs/topology.md)."""
+    numa_on: bool = _s("BYTEPS_NUMA_ON", "bool", True, "Bind each local worker process to the "
+                       "CPUs and memory of one NUMA node: its GPU's node, else the nodes in "
+                       "turn. Off: every process may use all usable CPUs, with no NUMA "
+                       "preference.")
+    visible_cpu_cores: tuple[int, ...] = _s("BYTEPS_VISIBLE_CPU_CORES", "cpulist", (), "CPUs "
+                                            "the local processes may use, e.g. `0-15,32-47`; "
+                                            "empty means every online CPU bpslaunch may use.")
+    cpu_blacklist: tuple[int, ...] = _s("BYTEPS_CPU_BLACKLIST", "cpulist", (), "CPUs no local "
+                                        "process may use (same syntax), e.g. those serving "
+                                        "interrupts.")
+
+
+@dataclass(frozen=True)
 class TransportConfig:
     """Connections and messages between nodes."""
     tcp_connections: int = _s("BYTEPS_TCP_CONNECTIONS", "int", 1, "TCP connections from each "
@@ -181,6 +196,7 @@ class Config:
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -292,10 +308,22 @@ def _parse_bool(v: Any) -> bool:
     raise _Bad("is not a boolean: use 1/0, true/false, yes/no or on/off")
 
 
+def _parse_cpulist(v: Any) -> tuple[int, ...]:
+    if isinstance(v, str):
+        try:
+            return parse_cpu_list(v)
+        except CpuListError as exc:
+            raise _Bad(f"is not a CPU list: {exc.reason} (use e.g. 0-3,8,10-11)") from None
+    if isinstance(v, (list, tuple, set, frozenset)) and all(_is_int(c) and c >= 0 for c in v):
+        return tuple(sorted(set(v)))
+    raise _Bad("is not a CPU list: use a string such as 0-3,8,10-11 or a list of CPU numbers")
+
+
 _PARSERS = {
     "int": lambda v: _parse_number(v, int, "is not an integer"),
     "float": lambda v: _parse_number(v, float, "is not a finite number"),
     "size": _parse_size, "seconds": _parse_seconds, "bool": _parse_bool,
+    "cpulist": _parse_cpulist,
 }
 
 
@@ -322,6 +350,8 @@ def _parse(s: Setting, v: Any) -> Any:
 
 
 def _format(v: Any) -> str:
+    if isinstance(v, tuple):  # a CPU list
+        return format_cpu_list(v)
     if isinstance(v, bool):
         return "1" if v else "0"
     if isinstance(v, float):
@@ -469,7 +499,8 @@ def _describe_type(s: Setting) -> str:
     elif s.min is not None:
         bounds = f" >= {s.min}"
     optional = ", optional" if s.default is None else ""
-    return {"seconds": "seconds > 0"}.get(s.kind, s.kind + bounds) + optional
+    return {"seconds": "seconds > 0", "cpulist": "CPU list"}.get(s.kind, s.kind + bounds) \
+        + optional
 
 
 def _describe_default(s: Setting) -> str:
@@ -480,7 +511,7 @@ def _describe_default(s: Setting) -> str:
         while n % 1024 == 0 and unit < 3:
             n, unit = n // 1024, unit + 1
         return f"`{s.default}` ({n} {'BKMG'[unit]}{'iB' if unit else ''})"
-    return f"`{_format(s.default)}`" if s.default != "" else "empty"
+    return f"`{_format(s.default)}`" if s.default not in ("", ()) else "empty"
 
 
 def describe_rows() -> list[DescribeRow]:
@@ -534,6 +565,8 @@ Value syntax:
 - **bool**: `1`/`0`, `true`/`false`, `yes`/`no`, `on`/`off`, case-insensitive.
 - **seconds**: a positive number of seconds, optionally with a suffix `ms`, `s`, `m` or `h`.
 - **one of**: case-insensitive.
+- **CPU list**: CPU numbers and ranges separated by commas, as in Linux's `cpulist` files and
+  `taskset -c`: `0-3,8,10-11`.
 
 An unknown `BYTEPS_*` or `DMLC_*` environment variable triggers a `ConfigWarning` naming the
 closest known one. These BytePS / ps-lite variables are accepted and ignored:

@@ -1,4 +1,5 @@
 """bpslaunch: start and supervise the processes of a byteps_like job (docs/launcher.md).
 
-Imports only the standard library, byteps_like.config and byteps_like.errors.
+Imports only the standard library, byteps_like.config, byteps_like.errors and the
+standard-library-only byteps_like.topology.
 """

@@ -1,7 +1,8 @@
 """The bpslaunch command line: options, validation through byteps_like.config, the launch.
 
-Imports only the standard library, byteps_like.config and byteps_like.errors, so it runs on a
-machine with no deep-learning framework installed.
+Imports only the standard library, byteps_like.config, byteps_like.errors and (through
+binding.py) the standard-library-only byteps_like.topology, so it runs on a machine with no
+deep-learning framework installed.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from typing import Mapping, Sequence
 
 from byteps_like.config import load
 from byteps_like.errors import ConfigError
+from byteps_like.topology import format_cpu_list
 
+from .binding import Machine, NoBinding, bind_workers, probe
 from .job import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, JobSettings, run_job
 from .plan import (ROLE_MODULES, ChildSpec, LocalCluster, child_environment, local_cluster_plan,
                    node_plan)
@@ -144,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     sup.add_argument("--log-dir", metavar="DIR",
                      help="also write each process's output to DIR/<role>-<rank>.log "
                           "(scheduler.log for the scheduler)")
+    bind = parser.add_argument_group("CPU binding (docs/topology.md)")
+    bind.add_argument("--no-bind", action="store_true",
+                      help="start the worker processes without binding them to CPUs and a "
+                           "NUMA node (by default each local rank is bound, see "
+                           "BYTEPS_NUMA_ON, BYTEPS_VISIBLE_CPU_CORES, BYTEPS_CPU_BLACKLIST)")
     parser.add_argument(_ROLE_CMD_OPTION, type=_role_cmd, action="append", default=[],
                         dest="role_cmd", help=argparse.SUPPRESS)
     return parser
@@ -178,6 +186,9 @@ class Launch:
     base_env: Mapping[str, str]
     settings: JobSettings
     notes: tuple[str, ...] = ()
+    #: One line per bound worker (``worker 0 (local rank 0) -> CPUs 0-1, NUMA node 0
+    #: (numactl)``), printed at start.
+    binding: tuple[str, ...] = ()
 
 
 class CommandError(Exception):
@@ -200,10 +211,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def plan_launch(args: argparse.Namespace, command: Sequence[str],
-                env: Mapping[str, str]) -> Launch:
+                env: Mapping[str, str], *, machine: Machine | None = None) -> Launch:
     """Validate the settings through byteps_like.config and plan the children.
 
-    Raises ConfigError (bad setting), UsageError or CommandError.
+    ``machine`` is what binding knows of this machine (default: :func:`binding.probe` of the
+    real one). Raises ConfigError (bad setting), UsageError or CommandError.
     """
     role_overrides = dict(args.role_cmd)
     notes: list[str] = []
@@ -238,7 +250,32 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
         grace = configs[0].timeouts.heartbeat_timeout + GRACE_MARGIN_S
     settings = JobSettings(grace=grace, shutdown_timeout=args.timeout_shutdown,
                            timeout=args.timeout, log_dir=args.log_dir)
-    return Launch(tuple(specs), dict(env), settings, tuple(notes))
+    lines: list[str] = []
+    worker_cfg = next((c for s, c in zip(specs, configs) if s.role == "worker"), None)
+    if worker_cfg is not None and not args.no_bind:
+        specs, lines = _bind(specs, worker_cfg, env, machine, notes)
+    return Launch(tuple(specs), dict(env), settings, tuple(notes), tuple(lines))
+
+
+def _bind(specs: list[ChildSpec], cfg, env: Mapping[str, str], machine: Machine | None,
+          notes: list[str]) -> tuple[list[ChildSpec], list[str]]:
+    """Bind the workers (binding.py). A placement the user's own CPU settings make impossible
+    is a ConfigError; with the default settings, bpslaunch runs unbound with a note."""
+    p = cfg.placement
+    try:
+        return bind_workers(specs, machine if machine is not None else probe(env),
+                            local_size=cfg.cluster.local_size, numa_on=p.numa_on,
+                            visible_cpus=p.visible_cpu_cores, blacklist=p.cpu_blacklist)
+    except ValueError as exc:
+        if p.visible_cpu_cores or p.cpu_blacklist:
+            raise ConfigError(f"cannot bind the local workers with BYTEPS_VISIBLE_CPU_CORES="
+                              f"{format_cpu_list(p.visible_cpu_cores)!r} and BYTEPS_CPU_BLACKLIST="
+                              f"{format_cpu_list(p.cpu_blacklist)!r}: {exc}") from None
+        reason = str(exc)
+    except NoBinding as exc:
+        reason = str(exc)
+    notes.append(f"note: not binding the workers to CPUs: {reason} (--no-bind silences this)")
+    return specs, []
 
 
 def _load(env: Mapping[str, str], notes: list[str]):
@@ -299,7 +336,7 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
     except CommandError as exc:
         print(f"bpslaunch: error: {exc}", file=sys.stderr)
         return exc.status
-    for note in launch.notes:
+    for note in (*launch.notes, *launch.binding):
         print(f"bpslaunch: {note}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     return run_job(launch.specs, launch.base_env, launch.settings)

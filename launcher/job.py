@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence, TextIO
 
-from .procs import Child, Supervisor, describe_returncode, exit_status_for, signal_name
+from .procs import (AffinityError, Child, Supervisor, describe_returncode, exit_status_for,
+                    signal_name)
 from .plan import ChildSpec, child_environment
 
 EXIT_FAILURE = 1
@@ -66,9 +67,13 @@ class _Job:
         for spec in specs:
             if sup.signal_received is not None:
                 return self._interrupted(None)
+            binding = spec.binding
             try:
-                sup.start(spec.name, spec.argv, child_environment(base_env, spec.env),
-                          role=spec.role, rank=spec.rank, log_name=spec.log_name)
+                sup.start(spec.name, spec.launch_argv, child_environment(base_env, spec.env),
+                          role=spec.role, rank=spec.rank, log_name=spec.log_name,
+                          cpus=None if binding is None else binding.affinity)
+            except AffinityError as exc:
+                return self._cannot_bind(exc)
             except OSError as exc:
                 return self._cannot_start(spec, exc)
 
@@ -166,12 +171,20 @@ class _Job:
                  f"--timeout-shutdown {self.settings.shutdown_timeout:g} s; stopped them")
         return EXIT_FAILURE
 
+    def _cannot_bind(self, exc: AffinityError) -> int:
+        started = self.sup.running()
+        self._stop()
+        self.sup.sink.mute_children()
+        self.say(f"error: {exc.strerror}; bpslaunch --no-bind starts without binding"
+                 + (f" (stopped {_names(started)})" if started else ""))
+        return EXIT_FAILURE
+
     def _cannot_start(self, spec: ChildSpec, exc: OSError) -> int:
         started = self.sup.running()
         self._stop()
         self.sup.sink.mute_children()
         reason = exc.strerror or str(exc)
-        self.say(f"error: cannot execute {spec.argv[0]!r} for {spec.name}: {reason}"
+        self.say(f"error: cannot execute {spec.launch_argv[0]!r} for {spec.name}: {reason}"
                  + (f" (stopped {_names(started)})" if started else ""))
         return EXIT_NOT_FOUND if exc.errno == errno.ENOENT else EXIT_CANNOT_EXECUTE
 

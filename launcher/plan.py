@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from .binding import Binding
 
 ROLES = ("scheduler", "server", "worker")
 #: ``python -m <module>`` runs a role other than worker.
@@ -23,6 +26,13 @@ class ChildSpec:
     rank: int | None
     argv: tuple[str, ...]
     env: Mapping[str, str | None] = field(default_factory=dict)
+    #: CPUs and NUMA node to run on (launcher/binding.py); None: wherever the OS puts it.
+    binding: Binding | None = None
+
+    @property
+    def launch_argv(self) -> tuple[str, ...]:
+        """The argv actually started: ``argv``, wrapped by numactl when bound through it."""
+        return self.argv if self.binding is None else self.binding.wrap(self.argv)
 
     @property
     def name(self) -> str:

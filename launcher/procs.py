@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import os
 import signal
 import subprocess
@@ -30,6 +31,10 @@ TAIL_LINES = 20
 #: may still hold the pipe open, so this is bounded).
 PUMP_JOIN_S = 0.5
 _READ_LIMIT = 1 << 16
+
+
+class AffinityError(OSError):
+    """The kernel refused the CPU set a child was to be bound to."""
 
 
 def describe_returncode(returncode: int) -> str:
@@ -155,8 +160,14 @@ class Supervisor:
     # -- starting ------------------------------------------------------------------------------
 
     def start(self, name: str, argv: Sequence[str], env: Mapping[str, str], *, role: str = "",
-              rank: int | None = None, log_name: str | None = None) -> Child:
-        """Start ``argv`` (no shell) in a new session; raises ``OSError`` if it cannot be run."""
+              rank: int | None = None, log_name: str | None = None,
+              cpus: Iterable[int] | None = None) -> Child:
+        """Start ``argv`` (no shell) in a new session; raises ``OSError`` if it cannot be run.
+
+        ``cpus``: the child starts bound to these CPUs. The calling thread sets its own
+        affinity to them around the fork and restores it; the child inherits the mask of the
+        thread that forks it (AffinityError if the kernel refuses the set).
+        """
         if self._closed:
             raise RuntimeError("the supervisor is closed")
         log_file = None
@@ -164,9 +175,11 @@ class Supervisor:
             os.makedirs(self._log_dir, exist_ok=True)
             log_file = open(os.path.join(self._log_dir, log_name or f"{name}.log"), "wb")
         try:
-            popen = subprocess.Popen(
-                list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+            with _thread_affinity(cpus, name):
+                popen = subprocess.Popen(
+                    list(argv), env=dict(env), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                    close_fds=True)
         except BaseException:
             if log_file is not None:
                 log_file.close()
@@ -349,6 +362,27 @@ class Supervisor:
                         child.log_file.close()
             self.restore_signal_handlers()
             atexit.unregister(self.close)
+
+
+@contextlib.contextmanager
+def _thread_affinity(cpus: Iterable[int] | None, name: str):
+    """Run the body with the calling thread bound to ``cpus`` (nothing when None). Linux keeps
+    an affinity mask per thread (pid 0 means the calling thread), so the launcher's other
+    threads are untouched."""
+    if cpus is None:
+        yield
+        return
+    wanted = set(cpus)
+    saved = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, wanted)
+    except OSError as exc:
+        raise AffinityError(exc.errno, f"cannot bind {name} to CPUs "
+                            f"{','.join(map(str, sorted(wanted)))}: {exc.strerror}") from None
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
 
 
 def _group_has_live_members(pgid: int) -> bool:

@@ -7,8 +7,11 @@ that nothing outlives the launcher.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from byteps_like.launcher.procs import Supervisor
+from byteps_like.topology import discover, format_cpu_list, parse_cpu_list
 
 pytestmark = pytest.mark.integration
 
@@ -55,6 +61,10 @@ STANDIN = textwrap.dedent("""\
                     "DMLC_PS_ROOT_PORT", "DMLC_NODE_HOST", "BYTEPS_SERVER_PORT",
                     "BYTEPS_PARTITION_BYTES", "BPSLAUNCH_TEST_PASSTHROUGH")
             print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}, sort_keys=True))
+        elif verb == "affinity":  # what the kernel says this process may run on
+            with open("/proc/self/status") as f:
+                allowed = [l.split()[1] for l in f if l.startswith("Cpus_allowed_list:")]
+            print("AFFINITY " + allowed[0])
         elif verb == "binary":
             sys.stdout.buffer.write(b"raw \\xff\\xfe bytes\\n")
             sys.stdout.flush()
@@ -340,7 +350,8 @@ def test_all_success_exits_0(harness):
     result = harness.run(harness.argv({"worker": ["say:hello", "ok"]}))
     assert result.returncode == 0, result.dump()
     assert sorted(result.lines) == ["[worker 0] hello", "[worker 1] hello"], result.dump()
-    assert result.stderr == ""
+    assert sorted(bindings(result)) == [0, 1], result.dump()  # nothing else on stderr
+    assert len(result.stderr.splitlines()) == 2, result.dump()
     harness.assert_all_gone(result)
 
 
@@ -376,3 +387,145 @@ def test_server_machine_runs_the_role_and_ignores_command(harness):
     assert result.returncode == 0, result.dump()
     assert result.lines == ["[server] serving"], result.dump()
     assert "ignoring the command" in result.stderr
+
+
+# -- CPU binding ----------------------------------------------------------------------------------
+_BINDING_RE = re.compile(r"bpslaunch: worker (\d+) \(local rank (\d+)\) -> CPUs ([\d,-]+), "
+                         r"(NUMA node \d+|no NUMA preference) \((numactl|sched_setaffinity)\)")
+
+
+def bindings(result: Result) -> dict[int, tuple[int, tuple[int, ...], str, str]]:
+    """worker rank -> (local rank, CPUs, node text, method) from bpslaunch's binding lines."""
+    out = {}
+    for line in result.stderr.splitlines():
+        m = _BINDING_RE.fullmatch(line)
+        if m:
+            out[int(m[1])] = (int(m[2]), parse_cpu_list(m[3]), m[4], m[5])
+    return out
+
+
+def affinities(result: Result) -> dict[int, tuple[int, ...]]:
+    """worker rank -> the CPUs its process was allowed to run on (/proc/self/status)."""
+    out = {}
+    for line in result.lines:
+        m = re.fullmatch(r"\[worker (\d+)\] AFFINITY ([\d,-]+)", line)
+        if m:
+            out[int(m[1])] = parse_cpu_list(m[2])
+    return out
+
+
+OWN_CPUS = tuple(sorted(os.sched_getaffinity(0)))
+
+
+def test_local_workers_run_on_the_cpus_reported(harness):
+    result = harness.run(harness.argv({"worker": ["affinity", "ok"]}, "--workers", "2",
+                                      "--local-size", "2"))
+    assert result.returncode == 0, result.dump()
+    bound, seen = bindings(result), affinities(result)
+    assert sorted(bound) == sorted(seen) == [0, 1, 2, 3], result.dump()
+    for rank, (local_rank, cpus, _node, _method) in bound.items():
+        assert local_rank == rank % 2 and seen[rank] == cpus, result.dump()
+        assert set(cpus) <= set(OWN_CPUS)
+    assert bound[0][1] == bound[2][1] and bound[1][1] == bound[3][1]  # by local rank
+    if len(OWN_CPUS) >= 2:  # e.g. a 2-CPU machine: one CPU each
+        assert not set(bound[0][1]) & set(bound[1][1]), result.dump()
+        if len(OWN_CPUS) == 2:
+            assert [seen[0], seen[1]] == [OWN_CPUS[:1], OWN_CPUS[1:]], result.dump()
+
+
+def test_worker_machine_binds_its_local_ranks(harness):
+    result = harness.run(harness.argv({"worker": ["affinity", "ok"]}, local=False),
+                         {"DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "1", "BYTEPS_LOCAL_SIZE": "2"})
+    assert result.returncode == 0, result.dump()
+    bound, seen = bindings(result), affinities(result)
+    assert sorted(bound) == [2, 3] and {r: b[1] for r, b in bound.items()} == seen, \
+        result.dump()
+
+
+def test_no_bind_leaves_the_affinity_alone(harness):
+    result = harness.run(harness.argv({"worker": ["affinity", "ok"]}, "--no-bind",
+                                      "--local-size", "2"))
+    assert result.returncode == 0, result.dump()
+    assert bindings(result) == {} and "-> CPUs" not in result.stderr, result.dump()
+    assert set(affinities(result).values()) == {OWN_CPUS}, result.dump()
+
+
+def test_numa_off_and_blacklist(harness):
+    if len(OWN_CPUS) < 2:
+        pytest.skip("needs two CPUs")
+    result = harness.run(harness.argv({"worker": ["affinity", "ok"]}, "--local-size", "2"),
+                         {"BYTEPS_NUMA_ON": "0", "BYTEPS_CPU_BLACKLIST": str(OWN_CPUS[-1])})
+    assert result.returncode == 0, result.dump()
+    assert {b[2:] for b in bindings(result).values()} == {
+        ("no NUMA preference", "sched_setaffinity")}, result.dump()
+    assert set(affinities(result).values()) == {OWN_CPUS[:-1]}, result.dump()
+
+
+FAKE_NUMACTL = """\
+#!{python}
+# Stands in for numactl: records its argv, applies --physcpubind, execs the command.
+import os, sys
+args = sys.argv[1:]
+with open(os.path.join({record!r}, f"numactl-{{os.getpid()}}.json"), "w") as f:
+    f.write(__import__("json").dumps(args))
+cpus = [a.split("=", 1)[1] for a in args if a.startswith("--physcpubind=")][0]
+sys.path.insert(0, {src!r})
+from byteps_like.topology import parse_cpu_list
+os.sched_setaffinity(0, parse_cpu_list(cpus))
+command = args[args.index("--") + 1:]
+os.execvp(command[0], command)
+"""
+
+
+def test_numactl_wraps_the_command_when_on_the_path(harness, tmp_path):
+    if not discover().numa_known:
+        pytest.skip("this machine's sysfs has no NUMA nodes; bpslaunch would not use numactl")
+    bin_dir, record = tmp_path / "bin", tmp_path / "numactl-calls"
+    bin_dir.mkdir()
+    record.mkdir()
+    numactl = bin_dir / "numactl"
+    src = str(Path(__file__).resolve().parents[2])
+    numactl.write_text(FAKE_NUMACTL.format(python=sys.executable, record=str(record), src=src))
+    numactl.chmod(0o755)
+    result = harness.run(harness.argv({"worker": ["affinity", "ok"]}, "--local-size", "2"),
+                         {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"})
+    assert result.returncode == 0, result.dump()
+    bound, seen = bindings(result), affinities(result)
+    assert {b[3] for b in bound.values()} == {"numactl"}, result.dump()
+    assert {r: b[1] for r, b in bound.items()} == seen, result.dump()
+    calls = sorted(json.loads(p.read_text())[:3] for p in record.glob("*.json"))
+    expected = sorted([f"--physcpubind={format_cpu_list(b[1])}",
+                       f"--membind={b[2].split()[-1]}", "--"] for b in bound.values())
+    assert calls == expected, result.dump()
+    # the supervised pid is the command's own: numactl execs it
+    assert set(harness.pids()) >= {"worker-0", "worker-1"}
+
+
+@pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl is not installed")
+def test_real_numactl(harness):
+    if not discover().numa_known:
+        pytest.skip("this machine's sysfs has no NUMA nodes")
+    result = harness.run(harness.argv({"worker": ["affinity", "ok"]}, "--local-size", "2"))
+    assert result.returncode == 0, result.dump()
+    bound, seen = bindings(result), affinities(result)
+    assert {b[3] for b in bound.values()} == {"numactl"}, result.dump()
+    assert {r: b[1] for r, b in bound.items()} == seen, result.dump()
+
+
+def test_supervisor_binds_only_the_child(tmp_path):
+    """The launcher's main thread takes the child's mask for the fork only; later children
+    and the launcher itself keep theirs."""
+    show = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    out = io.StringIO()
+    sup = Supervisor(stdout=out, stderr=io.StringIO())
+    try:
+        bound = sup.start("bound", show, dict(os.environ), cpus=OWN_CPUS[:1])
+        assert os.sched_getaffinity(0) == set(OWN_CPUS)
+        free = sup.start("free", show, dict(os.environ))
+        for child in (bound, free):
+            child.popen.wait(30)
+            child.join_pumps(5)
+    finally:
+        sup.close()
+    lines = sorted(out.getvalue().splitlines())
+    assert lines == [f"[bound] {list(OWN_CPUS[:1])}", f"[free] {list(OWN_CPUS)}"]

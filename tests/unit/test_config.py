@@ -41,7 +41,7 @@ def test_defaults_have_declared_values_and_python_types():
             t.shutdown_timeout) == (600.0, 120.0, 1.0, 20.0, 30.0)
     assert cfg.log.level == "WARNING"
     expected = {"int": int, "size": int, "seconds": float, "float": float, "bool": bool,
-                "str": str, "choice": str}
+                "str": str, "choice": str, "cpulist": tuple}
     for s in C.SETTINGS:
         value = cfg.get(s.path)
         assert value is None or type(value) is expected[s.kind], s.path
@@ -294,7 +294,7 @@ def test_ignored_byteps_names_do_not_warn(caplog):
         assert load(env=env) == load(env={})  # -W error: a warning would fail this test
     assert "BYTEPS_TRACE_ON" in caplog.text
     for name in ("DMLC_INTERFACE", "DMLC_ENABLE_RDMA", "BYTEPS_FORCE_DISTRIBUTED",
-                 "BYTEPS_NCCL_GROUP_SIZE", "BYTEPS_PCIE_SWITCH_SIZE", "BYTEPS_NUMA_ON"):
+                 "BYTEPS_NCCL_GROUP_SIZE", "BYTEPS_PCIE_SWITCH_SIZE", "BYTEPS_NUMA_DEFAULT_QUOTA"):
         assert name in C.IGNORED_NAMES
 
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
+import json
 import os
 import pathlib
 import signal
@@ -9,14 +11,25 @@ import sys
 
 import pytest
 
-from byteps_like.launcher import cli
+from byteps_like.launcher import binding, cli
+from byteps_like.launcher.binding import (AFFINITY, NUMACTL, Binding, Machine, NoBinding,
+                                          bind_workers)
 from byteps_like.launcher.cli import main, parse_args, plan_launch, split_command
 from byteps_like.launcher.plan import (ChildSpec, LocalCluster, child_environment,
                                        local_cluster_plan, node_plan, role_argv)
 from byteps_like.launcher.procs import describe_returncode, exit_status_for
+from byteps_like.topology import Gpu, NumaNode, Topology, format_cpu_list
 
 LAUNCHER_DIR = pathlib.Path(cli.__file__).parent
 CMD = ("python", "train.py", "--lr", "0.1")
+
+
+@pytest.fixture(autouse=True)
+def fake_machine(monkeypatch):
+    """Every plan in this module binds as on a two-node, 8-CPU machine, whatever runs it."""
+    machine = two_node_machine(numactl=None)
+    monkeypatch.setattr(cli, "probe", lambda env: machine)
+    return machine
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -268,8 +281,8 @@ def test_returncode_descriptions():
     assert exit_status_for(3) == 3 and exit_status_for(-signal.SIGTERM) == 143
 
 
-def test_launcher_imports_only_stdlib_config_and_errors():
-    allowed = {"byteps_like.config", "byteps_like.errors"}
+def test_launcher_imports_only_stdlib_config_errors_and_topology():
+    allowed = {"byteps_like.config", "byteps_like.errors", "byteps_like.topology"}
     for path in LAUNCHER_DIR.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
@@ -284,3 +297,172 @@ def test_launcher_imports_only_stdlib_config_and_errors():
                 top = name.split(".")[0]
                 stdlib = top != "byteps_like" and top in sys.stdlib_module_names
                 assert name in allowed or stdlib, f"{path.name} imports {name}"
+
+
+# -- CPU binding (launcher/binding.py; placement itself is tested in test_topology.py) ----------
+
+def two_node_machine(numactl: str | None = "/usr/bin/numactl", **kwargs) -> Machine:
+    """8 CPUs on two NUMA nodes (0-3, 4-7), two GPUs, one per node."""
+    topo = Topology(tuple(range(8)), (NumaNode(0, (0, 1, 2, 3)), NumaNode(1, (4, 5, 6, 7))),
+                    tuple((c,) for c in range(8)),
+                    (Gpu(0, "0000:03:00.0", 0), Gpu(1, "0000:83:00.0", 1)))
+    return Machine(topo, numactl=numactl, **kwargs)
+
+
+def test_binding_wraps_argv_for_numactl_only():
+    numa = Binding((0, 1, 2, 3, 8), 0, NUMACTL, memory_node=0, numactl="/bin/numactl")
+    assert numa.wrap(CMD) == ("/bin/numactl", "--physcpubind=0-3,8", "--membind=0", "--", *CMD)
+    assert numa.affinity is None
+    assert numa.describe() == "CPUs 0-3,8, NUMA node 0 (numactl)"
+    no_memory = Binding((4,), 1, NUMACTL, memory_node=None)
+    assert no_memory.wrap(CMD) == ("numactl", "--physcpubind=4", "--", *CMD)
+    aff = Binding((0, 1), None, AFFINITY)
+    assert aff.wrap(CMD) == CMD and aff.affinity == (0, 1)
+    assert aff.describe() == "CPUs 0-1, no NUMA preference (sched_setaffinity)"
+    spec = ChildSpec("worker", 0, CMD, {}, numa)
+    assert spec.launch_argv[0] == "/bin/numactl" and spec.argv == CMD
+    assert ChildSpec("worker", 0, CMD).launch_argv == CMD
+
+
+def test_bind_workers_local_cluster_binds_by_local_rank():
+    specs = local_cluster_plan(LocalCluster(command=CMD, port=9, workers=2, local_size=2))
+    bound, lines = bind_workers(specs, two_node_machine(), local_size=2)
+    assert [s.binding for s in bound[:2]] == [None, None]  # scheduler, server: unbound
+    workers = bound[2:]
+    assert [(w.binding.cpus, w.binding.numa_node, w.binding.method) for w in workers] == [
+        ((0, 1, 2, 3), 0, NUMACTL), ((4, 5, 6, 7), 1, NUMACTL),
+        ((0, 1, 2, 3), 0, NUMACTL), ((4, 5, 6, 7), 1, NUMACTL)]
+    assert workers[0].launch_argv == ("/usr/bin/numactl", "--physcpubind=0-3", "--membind=0",
+                                      "--", *CMD)
+    assert lines == [
+        "worker 0 (local rank 0) -> CPUs 0-3, NUMA node 0 (numactl)",
+        "worker 1 (local rank 1) -> CPUs 4-7, NUMA node 1 (numactl)",
+        "worker 2 (local rank 0) -> CPUs 0-3, NUMA node 0 (numactl)",
+        "worker 3 (local rank 1) -> CPUs 4-7, NUMA node 1 (numactl)"]
+
+
+def test_probe_applies_cuda_visible_devices(tmp_path):
+    from tests.unit.test_topology import FakeSys, dgx_like
+    sysfs = FakeSys(tmp_path / "sys")
+    dgx_like(sysfs, 2)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "numactl").write_text("#!/bin/sh\n")
+    (bin_dir / "numactl").chmod(0o755)
+    machine = binding.probe({"PATH": str(bin_dir)}, sysfs=str(sysfs.root))
+    assert len(machine.topology.gpus) == 8 and machine.notes == ()
+    assert machine.numactl == str(bin_dir / "numactl")
+    machine = binding.probe({"CUDA_VISIBLE_DEVICES": "7,6", "PATH": ""}, sysfs=str(sysfs.root))
+    assert machine.numactl is None
+    assert [(g.index, g.numa_node) for g in machine.topology.gpus] == [(0, 1), (1, 1)]
+    machine = dataclasses.replace(machine, allowed=None)  # not this test process's own mask
+    _, lines = bind_workers(node_plan("worker", CMD, local_size=2), machine, local_size=2)
+    assert lines == ["worker 0 (local rank 0) -> CPUs 8-11,24-27, NUMA node 1 "
+                     "(sched_setaffinity)",
+                     "worker 1 (local rank 1) -> CPUs 12-15,28-31, NUMA node 1 "
+                     "(sched_setaffinity)"]
+    machine = binding.probe({"CUDA_VISIBLE_DEVICES": "GPU-1234"}, sysfs=str(sysfs.root))
+    _, lines = bind_workers(node_plan("worker", CMD, local_size=2), machine, local_size=2)
+    assert lines[-1].startswith("note: CUDA_VISIBLE_DEVICES='GPU-1234' names GPUs by UUID")
+
+
+def test_bind_workers_methods_and_settings():
+    specs = node_plan("worker", CMD, worker_id=1, local_size=2)
+    # no numactl: the launcher's thread affinity
+    bound, lines = bind_workers(specs, two_node_machine(numactl=None), local_size=2)
+    assert [s.binding.method for s in bound] == [AFFINITY, AFFINITY]
+    assert lines[0] == "worker 2 (local rank 0) -> CPUs 0-3, NUMA node 0 (sched_setaffinity)"
+    # NUMA off: every worker gets every usable CPU, no numactl
+    bound, lines = bind_workers(specs, two_node_machine(), local_size=2, numa_on=False,
+                                blacklist=[7])
+    assert [s.binding.cpus for s in bound] == [tuple(range(7))] * 2
+    assert lines[1] == "worker 3 (local rank 1) -> CPUs 0-6, no NUMA preference " \
+                       "(sched_setaffinity)"
+    # visible CPUs and the launcher's own mask narrow the choice; placement notes follow
+    bound, lines = bind_workers(specs, two_node_machine(allowed=(0, 1, 2, 3, 4, 5)),
+                                local_size=2, visible_cpus=[1, 2, 3, 4, 5, 6])
+    assert [s.binding.cpus for s in bound] == [(1, 2, 3), (4, 5)]
+    # sysfs without NUMA information: no numactl (it would refuse to run)
+    flat = Machine(Topology.flat(4), numactl="/usr/bin/numactl")
+    bound, _ = bind_workers(specs, flat, local_size=2)
+    assert [s.binding.method for s in bound] == [AFFINITY, AFFINITY]
+    with pytest.raises(NoBinding):
+        bind_workers(specs, Machine(Topology.flat(4), can_set_affinity=False), local_size=2)
+    with pytest.raises(ValueError, match="2 local ranks need at least 2 usable CPUs"):
+        bind_workers(specs, Machine(Topology.flat(1)), local_size=2)
+    _, lines = bind_workers(node_plan("worker", CMD, local_size=4),
+                            Machine(Topology.flat(8, [Gpu(0, "0000:01:00.0", 0)])), local_size=4)
+    assert lines[-1].startswith("note: 4 local ranks but 1 GPU(s)")
+
+
+
+
+def test_plan_launch_binds_workers(fake_machine):
+    launch = plan_launch(*parse_args(["--local", "--local-size", "2", "--", "true"]),
+                         _clean_env())
+    assert launch.binding == (
+        "worker 0 (local rank 0) -> CPUs 0-3, NUMA node 0 (sched_setaffinity)",
+        "worker 1 (local rank 1) -> CPUs 4-7, NUMA node 1 (sched_setaffinity)",
+        "worker 2 (local rank 0) -> CPUs 0-3, NUMA node 0 (sched_setaffinity)",
+        "worker 3 (local rank 1) -> CPUs 4-7, NUMA node 1 (sched_setaffinity)")
+    assert launch.notes == ()
+    assert [s.binding is None for s in launch.specs] == [True, True] + [False] * 4
+    # an explicit machine wins over the probe
+    launch = plan_launch(*parse_args(["--", "true"]), _clean_env(BYTEPS_NUMA_ON="off"),
+                         machine=Machine(Topology.flat(3)))
+    assert launch.binding == ("worker 0 (local rank 0) -> CPUs 0-2, no NUMA preference "
+                              "(sched_setaffinity)",)
+
+
+def test_no_bind_and_service_roles_bind_nothing(fake_machine):
+    launch = plan_launch(*parse_args(["--local", "--no-bind", "--", "true"]), _clean_env())
+    assert launch.binding == () and all(s.binding is None for s in launch.specs)
+    env = _clean_env(DMLC_ROLE="server", DMLC_NUM_SERVER="1")
+    assert plan_launch(*parse_args([]), env).binding == ()
+    assert parse_args(["--no-bind", "python", "x.py"])[1] == ["python", "x.py"]
+
+
+def test_impossible_binding_is_a_note_by_default_and_an_error_when_asked_for(
+        fake_machine, capsys):
+    env = _clean_env(BYTEPS_LOCAL_SIZE="9")
+    launch = plan_launch(*parse_args(["--", "true"]), env)
+    assert launch.binding == ()
+    assert launch.notes == ("note: not binding the workers to CPUs: 9 local ranks need at "
+                            "least 9 usable CPUs; there are 8 (0-7) (--no-bind silences this)",)
+    assert main(["true"], environ=_clean_env(BYTEPS_CPU_BLACKLIST="0-7")) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        "bpslaunch: error: cannot bind the local workers with BYTEPS_VISIBLE_CPU_CORES='' and "
+        "BYTEPS_CPU_BLACKLIST='0-7': no usable CPU: online 0-7, blacklisted 0-7")
+    assert main(["true"], environ=_clean_env(BYTEPS_VISIBLE_CPU_CORES="0-x")) == 2
+    assert "BYTEPS_VISIBLE_CPU_CORES='0-x' (environment) is not a CPU list" in \
+        capsys.readouterr().err
+
+
+def _run_python_workers(*options: str) -> int:
+    quick = json.dumps([sys.executable, "-c", "pass"])
+    return main([*options, "--_role-cmd", f"scheduler={quick}", "--_role-cmd",
+                 f"server={quick}", "--", sys.executable, "-c", "pass"], environ=_clean_env())
+
+
+def test_main_reports_the_binding_on_stderr(monkeypatch, capsys):
+    cpus = sorted(os.sched_getaffinity(0))
+    monkeypatch.setattr(cli, "probe", lambda env: Machine(Topology.flat(cpus)))
+    assert _run_python_workers("--local", "--workers", "1") == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"bpslaunch: worker 0 (local rank 0) -> CPUs {format_cpu_list(cpus)}, "
+                   "NUMA node 0 (sched_setaffinity)"]
+
+
+def test_a_cpu_the_kernel_refuses_stops_the_launch(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "probe", lambda env: Machine(Topology.flat([4000, 4001])))
+    assert _run_python_workers("--local", "--workers", "1") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("bpslaunch: error: cannot bind worker 0 to CPUs 4000,4001: "
+                              "Invalid argument; bpslaunch --no-bind starts without binding "
+                              "(stopped scheduler (pid "), err
+
+
+def test_help_mentions_no_bind(capsys):
+    assert main(["--help"], environ=_clean_env()) == 0
+    assert "--no-bind" in capsys.readouterr().out

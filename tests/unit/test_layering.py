@@ -158,18 +158,37 @@ def test_server_and_scheduler_import_no_plugin_and_no_framework(area):
     _report(bad, f"{area} imports the core only, never a framework or a framework plugin")
 
 
-def test_launcher_imports_only_stdlib_config_errors_and_itself():
-    allowed_prefixes = ("byteps_like.config", "byteps_like.errors", "byteps_like.launcher")
+# What the launcher may import besides the standard library. byteps_like.topology is allowed
+# because it is itself held to the same rule (the next test): standard library, config, errors.
+LAUNCHER_DEPS = ("byteps_like.config", "byteps_like.errors", "byteps_like.topology")
+
+
+def _imports_outside(src: Source, allowed_prefixes: tuple[str, ...]) -> list[str]:
+    bad = []
+    for line, name in imported_names(src):
+        if _top(name) in STDLIB:
+            continue
+        if any(name == p or name.startswith(p + ".") for p in allowed_prefixes):
+            continue
+        bad.append(f"{src.rel}:{line} imports {name}")
+    return bad
+
+
+def test_launcher_imports_only_stdlib_config_errors_topology_and_itself():
     bad = []
     for src in _sources("launcher"):
-        for line, name in imported_names(src):
-            if _top(name) in STDLIB:
-                continue
-            if any(name == p or name.startswith(p + ".") for p in allowed_prefixes):
-                continue
-            bad.append(f"{src.rel}:{line} imports {name}")
-    _report(bad, "launcher imports the standard library, byteps_like.config and "
-                 "byteps_like.errors only")
+        bad += _imports_outside(src, (*LAUNCHER_DEPS, "byteps_like.launcher"))
+    _report(bad, "launcher imports the standard library, byteps_like.config, "
+                 "byteps_like.errors and byteps_like.topology only")
+
+
+def test_what_the_launcher_imports_imports_only_stdlib_config_and_errors():
+    bad = []
+    for src in SOURCES:
+        if src.module in LAUNCHER_DEPS:  # tomli: tomllib's backport, on Python 3.10 only
+            bad += _imports_outside(src, (*LAUNCHER_DEPS, "tomli"))
+    _report(bad, "byteps_like.config, .errors and .topology (the launcher's dependencies) "
+                 "import the standard library and each other only")
 
 
 def test_plugins_import_only_their_own_framework():
@@ -328,7 +347,8 @@ import importlib, json, sys
 heavy = {"numpy", "zmq", "torch", "tensorflow", "keras", "mxnet", "jax"}
 out = {}
 for mod in ["byteps_like.launcher", "byteps_like.launcher.cli", "byteps_like.config",
-            "byteps_like", "byteps_like.server", "byteps_like.scheduler", "byteps_like.runtime"]:
+            "byteps_like.topology", "byteps_like", "byteps_like.server",
+            "byteps_like.scheduler", "byteps_like.runtime"]:
     importlib.import_module(mod)
     out[mod] = sorted(heavy & {m.split(".")[0] for m in sys.modules})
 print(json.dumps(out))
@@ -338,7 +358,8 @@ print(json.dumps(out))
     assert res.returncode == 0, res.stderr
     import json
     loaded = json.loads(res.stdout)
-    for mod in ("byteps_like.launcher", "byteps_like.launcher.cli", "byteps_like.config"):
+    for mod in ("byteps_like.launcher", "byteps_like.launcher.cli", "byteps_like.config",
+                "byteps_like.topology"):
         assert loaded[mod] == [], f"importing {mod} loads {loaded[mod]}"
     for mod, mods in loaded.items():
         assert not set(mods) & FRAMEWORKS, f"importing {mod} loads {mods}"
