@@ -1,0 +1,136 @@
+"""Train a small PyTorch MLP on scikit-learn's handwritten-digits dataset, data-parallel over every
+worker of a byteps_like job (the BytePS PyTorch recipe, with ``import byteps_like.torch as bps``).
+
+    bpslaunch --local --workers 2 --servers 1 -- python examples/pytorch/train_digits.py
+    python examples/pytorch/train_digits.py            # no launcher: one process, size() == 1
+
+The recipe, as in BytePS's ``example/pytorch``:
+
+1. ``bps.init()``; every worker takes its own shard of the training set (by rank).
+2. Wrap the optimizer in ``bps.DistributedOptimizer(opt, named_parameters=...)``: each
+   gradient starts its push_pull as soon as backward has accumulated it, and ``step()`` waits
+   for the averages.
+3. ``bps.broadcast_parameters`` and ``bps.broadcast_optimizer_state`` from rank 0, so every
+   worker starts from rank 0's weights (each worker seeds its own initialisation differently
+   here, on purpose, to show that the broadcast is what makes them agree).
+4. The learning rate is the per-worker one times ``bps.size()``: the gradients are averaged over
+   a global batch ``size()`` times larger than a worker's, and the linear-scaling rule keeps
+   the step per sample the same (BytePS's examples do this; ``--no-scale-lr`` turns it off).
+
+Rank 0 prints progress and, at the end, ``final test accuracy: 0.XXXX (N workers, S steps)``.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import byteps_like.torch as bps
+
+
+def load_data(seed: int):
+    from sklearn.datasets import load_digits  # ships with scikit-learn: no download
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    order = np.random.default_rng(seed).permutation(len(x))
+    x, y = torch.from_numpy(x[order]), torch.from_numpy(y[order]).long()
+    n_test = len(x) // 5
+    return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
+
+
+class Net(torch.nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(64, hidden)
+        self.fc2 = torch.nn.Linear(hidden, hidden)
+        self.fc3 = torch.nn.Linear(hidden, 10)
+
+    def forward(self, x):
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+@torch.no_grad()
+def accuracy(model, x, y) -> float:
+    model.eval()
+    acc = (model(x).argmax(1) == y).float().mean().item()
+    model.train()
+    return acc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=32, help="per worker")
+    ap.add_argument("--lr", type=float, default=0.05, help="per-worker learning rate")
+    ap.add_argument("--no-scale-lr", action="store_true",
+                    help="do not multiply the learning rate by bps.size()")
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--fp16-pushpull", action="store_true",
+                    help="gradients travel as float16 (Compression.fp16)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads per worker (0: torch's default alone, 1 in a job of "
+                         "several workers: they usually share the machine's cores)")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+
+    bps.init()
+    rank, size = bps.rank(), bps.size()
+    # several workers on one machine must not each start a thread per core (a tiny model
+    # gains nothing from more than one thread anyway)
+    if args.threads or size > 1:
+        torch.set_num_threads(args.threads or 1)
+    threads = torch.get_num_threads()
+
+    xtr, ytr, xte, yte = load_data(seed=0)
+    xs, ys = xtr[rank::size], ytr[rank::size]          # this worker's shard
+
+    torch.manual_seed(args.seed + rank)                # differs per rank; the broadcast fixes it
+    model = Net(args.hidden)
+    lr = args.lr if args.no_scale_lr else args.lr * size
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+    compression = bps.Compression.fp16 if args.fp16_pushpull else bps.Compression.none
+    opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=compression)
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    bps.broadcast_optimizer_state(opt, root_rank=0)
+
+    # the same number of steps on every worker: the smallest shard decides
+    steps = (len(xtr) // size) // args.batch_size
+    if rank == 0:
+        print(f"{size} worker(s), {len(xs)} training samples on rank 0, {steps} steps/epoch, "
+              f"batch {args.batch_size}/worker, lr {lr:g}"
+              f"{'' if args.no_scale_lr else f' ({args.lr:g} x {size} workers)'}, "
+              f"{threads} torch thread(s)", flush=True)
+    t0 = time.perf_counter()
+    g = torch.Generator().manual_seed(100 + rank)
+    for epoch in range(args.epochs):
+        order = torch.randperm(len(xs), generator=g)
+        total = 0.0
+        for s in range(steps):
+            idx = order[s * args.batch_size:(s + 1) * args.batch_size]
+            opt.zero_grad()
+            loss = F.cross_entropy(model(xs[idx]), ys[idx])
+            loss.backward()
+            opt.step()
+            total += loss.item()
+        if rank == 0:
+            print(f"epoch {epoch + 1:3d}/{args.epochs}  loss {total / steps:.4f}  "
+                  f"test accuracy {accuracy(model, xte, yte):.4f}  "
+                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+
+    # every worker must hold the same weights: compare with the average over workers
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    avg = bps.push_pull(flat.clone(), average=True, name="check.parameters")
+    assert torch.allclose(avg, flat, atol=1e-5), "workers diverged"
+    if rank == 0:
+        print(f"final test accuracy: {accuracy(model, xte, yte):.4f} "
+              f"({size} workers, {steps * args.epochs} steps)", flush=True)
+    bps.shutdown()
+
+
+if __name__ == "__main__":
+    main()
