@@ -3,6 +3,7 @@
 Subcommands:
   pushpull   push_pull bandwidth of a local job against raw pyzmq and gloo all_reduce
   sum        the summation kernels (_core.add_into) against numpy
+  cluster    emulated cluster (network namespaces, capped NICs) vs gloo, Horovod, theory (root)
 """
 from __future__ import annotations
 
@@ -20,9 +21,17 @@ def _sum(argv: Sequence[str]) -> int:
     return main(argv)
 
 
+def _cluster(argv: Sequence[str]) -> int:
+    from .cluster import main
+    return main(argv)
+
+
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "pushpull": (_pushpull, "push_pull bandwidth of a local job vs raw pyzmq and gloo"),
     "sum": (_sum, "summation kernels (_core.add_into) vs numpy"),
+    "cluster": (_cluster, "emulated cluster in network namespaces vs gloo/Horovod (root)"),
+    "local": (lambda argv: __import__("byteps_like.bench.local", fromlist=["main"]).main(argv),
+              "local reduction on one machine (L ranks) vs one process, vs memcpy; GPU copies"),
 }
 
 

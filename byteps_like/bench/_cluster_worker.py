@@ -1,0 +1,289 @@
+"""Processes of the emulated-cluster benchmark (``python -m byteps_like.bench cluster``), each
+started by the driver inside one host's network namespace:
+
+``python -m byteps_like.bench._cluster_worker KIND [options]`` with KIND one of
+
+- ``tcp-recv`` / ``tcp-send``: a plain TCP stream, to measure the achieved link rate;
+- ``bps``: a byteps_like worker timing push_pull of a model-sized list of tensors;
+- ``gloo``: torch.distributed all_reduce (gloo) of the same tensors;
+- ``horovod`` / ``hvd-rendezvous``: Horovod (gloo) allreduce of the same tensors, and the HTTP
+  rendezvous server it needs (run with the Horovod virtualenv's python);
+- ``step``: the training-step benchmark of priority scheduling (see :mod:`.priority`).
+
+Each prints one ``BENCH_RESULT {json}`` line on stdout and progress on stderr. Nothing here runs
+on import.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import sys
+import time
+from typing import Sequence
+
+RESULT_TAG = "BENCH_RESULT "
+
+# VGG-16's parameter tensors (weight, bias per layer, in forward order) and each layer's share
+# of forward compute (GMACs at 224x224). Largest tensors (fc6, fc7) are the last layers of the
+# forward pass, so their gradients are the first ready in backward.
+VGG16_LAYERS: list[tuple[str, int, int, float]] = [
+    # name, weight elements, bias elements, forward GMACs
+    ("conv1_1", 1728, 64, 0.087), ("conv1_2", 36864, 64, 1.85),
+    ("conv2_1", 73728, 128, 0.925), ("conv2_2", 147456, 128, 1.85),
+    ("conv3_1", 294912, 256, 0.925), ("conv3_2", 589824, 256, 1.85),
+    ("conv3_3", 589824, 256, 1.85), ("conv4_1", 1179648, 512, 0.925),
+    ("conv4_2", 2359296, 512, 1.85), ("conv4_3", 2359296, 512, 1.85),
+    ("conv5_1", 2359296, 512, 0.462), ("conv5_2", 2359296, 512, 0.462),
+    ("conv5_3", 2359296, 512, 0.462), ("fc6", 102760448, 4096, 0.103),
+    ("fc7", 16777216, 4096, 0.0168), ("fc8", 4096000, 1000, 0.0041),
+]
+
+
+def model_tensors(total_bytes: int) -> list[tuple[str, int, int]]:
+    """(name, float32 elements, layer index) of VGG-16's gradient tensors with the weights scaled
+    so that the list holds exactly ``total_bytes`` (biases keep their size). Forward order."""
+    if total_bytes % 4:
+        raise ValueError("total_bytes must be a multiple of 4")
+    total = total_bytes // 4
+    biases = sum(b for _n, _w, b, _f in VGG16_LAYERS)
+    weights = sum(w for _n, w, _b, _f in VGG16_LAYERS)
+    if total <= biases + len(VGG16_LAYERS):
+        raise ValueError(f"{total_bytes} bytes is too small for the VGG-16 tensor list")
+    scale = (total - biases) / weights
+    out = []
+    for i, (name, w, b, _f) in enumerate(VGG16_LAYERS):
+        out.append([f"{name}.weight", max(1, int(w * scale)), i])
+        out.append([f"{name}.bias", b, i])
+    short = total - sum(x[1] for x in out)
+    big = max(range(len(out)), key=lambda j: out[j][1])
+    out[big][1] += short
+    assert sum(x[1] for x in out) == total
+    return [tuple(x) for x in out]  # type: ignore[misc]
+
+
+def _progress(text: str) -> None:
+    print(f"progress: {text}", file=sys.stderr, flush=True)
+
+
+def _emit(obj: dict) -> None:
+    print(RESULT_TAG + json.dumps(obj), flush=True)
+
+
+# ---------------------------------------------------------------------------------- TCP stream
+def tcp_recv(host: str, port: int) -> int:
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((host, port))
+    srv.listen(1)
+    srv.settimeout(60)
+    conn, _ = srv.accept()
+    conn.settimeout(60)
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    got, t0, t_first = 0, None, None
+    marks = []
+    while True:
+        n = conn.recv_into(view)
+        if not n:
+            break
+        now = time.perf_counter()
+        if t0 is None:
+            t0 = now
+        got += n
+        marks.append((now, got))
+    conn.close()
+    srv.close()
+    # ignore the first 0.5 s (TCP slow start, the bucket's initial burst)
+    start = next(((t, b) for t, b in marks if t - t0 >= 0.5), marks[0])
+    end = marks[-1]
+    rate = (end[1] - start[1]) * 8 / max(1e-9, end[0] - start[0])
+    _emit({"bytes": got, "seconds": end[0] - t0, "bits_per_second": rate})
+    return 0
+
+
+def tcp_send(host: str, port: int, seconds: float) -> int:
+    end = time.monotonic() + 30
+    while True:
+        try:
+            s = socket.create_connection((host, port), timeout=5)
+            break
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.1)
+    chunk = b"\0" * (1 << 20)
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        s.sendall(chunk)
+    s.shutdown(socket.SHUT_WR)
+    s.recv(1)
+    s.close()
+    return 0
+
+
+# ------------------------------------------------------------------------------ all-reduce runs
+def _times_summary(times: list[float]) -> str:
+    return f"median {statistics.median(times) * 1e3:.0f} ms" if times else "done"
+
+
+def bps_worker(sizes: list[int], repeats: int, warmup: int) -> int:
+    import numpy as np
+
+    import byteps_like as bps
+    bps.init()
+    rank, n = bps.rank(), bps.size()
+    expect = n * (n + 1) / 2
+    result: dict[str, list[float]] = {}
+    for total in sizes:
+        specs = model_tensors(total)
+        arrs = [np.full(cnt, rank + 1, dtype=np.float32) for _nm, cnt, _l in specs]
+        outs = [np.empty_like(a) for a in arrs]
+        names = [f"{total}.{nm}" for nm, _c, _l in specs]
+        times = []
+        for rep in range(warmup + repeats):
+            for o in outs:
+                o.fill(0)
+            bps.barrier()
+            t0 = time.perf_counter()
+            hs = [bps.push_pull_async(a, name=nm, average=False, out=o)
+                  for a, nm, o in zip(arrs, names, outs)]
+            for h in hs:
+                h.wait()
+            dt = time.perf_counter() - t0
+            if rep >= warmup:
+                times.append(dt)
+        for o, nm in zip(outs, names):
+            if not (o == expect).all():
+                raise AssertionError(f"worker {rank}: wrong push_pull result for {nm}")
+        result[str(total)] = times
+        if rank == 0:
+            _progress(f"{total >> 20} MiB: {_times_summary(times)} on worker 0")
+        del arrs, outs
+    bps.shutdown()
+    _emit({"rank": rank, "times": result})
+    return 0
+
+
+def gloo_worker(sizes: list[int], repeats: int, warmup: int, rank: int, world: int,
+                master: str, port: int) -> int:
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank,
+                            world_size=world)
+    expect = world * (world + 1) / 2
+    result: dict[str, list[float]] = {}
+    try:
+        for total in sizes:
+            ts = [torch.empty(cnt, dtype=torch.float32) for _nm, cnt, _l in model_tensors(total)]
+            times = []
+            for rep in range(warmup + repeats):
+                for t in ts:
+                    t.fill_(rank + 1)
+                dist.barrier()
+                t0 = time.perf_counter()
+                works = [dist.all_reduce(t, async_op=True) for t in ts]
+                for w in works:
+                    w.wait()
+                dt = time.perf_counter() - t0
+                if rep >= warmup:
+                    times.append(dt)
+            if not all(bool((t == expect).all()) for t in ts):
+                raise AssertionError(f"gloo rank {rank}: wrong all_reduce result")
+            result[str(total)] = times
+            if rank == 0:
+                _progress(f"{total >> 20} MiB: {_times_summary(times)} on rank 0")
+            del ts
+    finally:
+        dist.destroy_process_group()
+    _emit({"rank": rank, "times": result})
+    return 0
+
+
+def horovod_worker(sizes: list[int], repeats: int, warmup: int) -> int:
+    import horovod.torch as hvd
+    import torch
+    hvd.init()
+    rank, world = hvd.rank(), hvd.size()
+    expect = world * (world + 1) / 2
+    result: dict[str, list[float]] = {}
+    for total in sizes:
+        specs = model_tensors(total)
+        ts = [torch.empty(cnt, dtype=torch.float32) for _nm, cnt, _l in specs]
+        times = []
+        for rep in range(warmup + repeats):
+            for t in ts:
+                t.fill_(rank + 1)
+            hvd.barrier()
+            t0 = time.perf_counter()
+            hs = [hvd.allreduce_async_(t, name=f"{total}.{nm}", op=hvd.Sum)
+                  for t, (nm, _c, _l) in zip(ts, specs)]
+            for h in hs:
+                hvd.synchronize(h)
+            dt = time.perf_counter() - t0
+            if rep >= warmup:
+                times.append(dt)
+        if not all(bool((t == expect).all()) for t in ts):
+            raise AssertionError(f"horovod rank {rank}: wrong allreduce result")
+        result[str(total)] = times
+        if rank == 0:
+            _progress(f"{total >> 20} MiB: {_times_summary(times)} on rank 0")
+        del ts
+    hvd.shutdown()
+    _emit({"rank": rank, "times": result})
+    return 0
+
+
+def hvd_rendezvous(hosts: str, size: int, port_file: str) -> int:
+    """Horovod's HTTP rendezvous (what horovodrun starts), serving until killed."""
+    import os
+
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.http.http_server import RendezvousServer
+    server = RendezvousServer(verbose=0)
+    port = server.start()
+    server.init(get_host_assignments(parse_hosts(hosts), size))
+    tmp = port_file + ".tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(str(port))
+    os.replace(tmp, port_file)
+    while True:
+        time.sleep(3600)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m byteps_like.bench._cluster_worker")
+    p.add_argument("kind", choices=("tcp-recv", "tcp-send", "bps", "gloo", "horovod",
+                                    "hvd-rendezvous", "step"))
+    p.add_argument("--host", default="")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--sizes", default="")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--hosts", default="")
+    p.add_argument("--port-file", default="")
+    p.add_argument("--step", default="", help="JSON parameters of the step benchmark")
+    a = p.parse_args(argv)
+    sizes = [int(x) for x in a.sizes.split(",") if x]
+    if a.kind == "tcp-recv":
+        return tcp_recv(a.host, a.port)
+    if a.kind == "tcp-send":
+        return tcp_send(a.host, a.port, a.seconds)
+    if a.kind == "bps":
+        return bps_worker(sizes, a.repeats, a.warmup)
+    if a.kind == "gloo":
+        return gloo_worker(sizes, a.repeats, a.warmup, a.rank, a.world, a.host, a.port)
+    if a.kind == "horovod":
+        return horovod_worker(sizes, a.repeats, a.warmup)
+    if a.kind == "hvd-rendezvous":
+        return hvd_rendezvous(a.hosts, a.world, a.port_file)
+    from .priority import step_worker
+    return step_worker(json.loads(a.step))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,552 @@
+"""push_pull on an emulated cluster: hosts in network namespaces with capped NICs, against gloo
+all-reduce, Horovod and the BytePS analysis.
+
+``python -m byteps_like.bench cluster [--rate 1gbit] [--quick] [--json PATH] [--plot PATH]``
+(root only) builds one network namespace per host behind a bridge, caps every host's NIC in
+both directions with ``tc`` (:mod:`.netns`), measures the achieved TCP rate B, and then, on the
+same hosts:
+
+1. byteps_like push_pull of VGG-16-shaped gradient lists (64 MiB and 256 MiB) with n = 2 and 4
+   worker hosts and k = 0 (one server colocated on each worker host), 1, 2 and n dedicated
+   server hosts; for 0 < k < n the worker hosts keep their colocated servers and the keys are
+   split in BytePS's mixed-mode proportion (``BYTEPS_MIXED_MODE``);
+2. torch.distributed gloo all_reduce of the same tensors on the same worker hosts;
+3. Horovod (gloo) allreduce, with the interpreter of ``--horovod-python`` (see
+   ``scripts/build_horovod.sh``), skipped with the reason when it is not importable;
+4. the theory: 2n(n-1)S / ((n^2 + kn - 2k) B) for the parameter server, 2(n-1)S / (nB) for a
+   ring all-reduce;
+5. the training-step benchmark of priority scheduling (:mod:`.priority`).
+
+Every namespace, link and process it made is removed at the end, also on Ctrl-C or failure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from . import netns
+from ._cluster_worker import RESULT_TAG, model_tensors
+from ._procs import ChildFailed, ProcGroup
+
+PROG = "python -m byteps_like.bench cluster"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_HOROVOD_PYTHON = os.path.join(ROOT, ".venv-horovod", "bin", "python")
+MiB = 1 << 20
+
+
+# ------------------------------------------------------------------------------------- theory
+def ps_time(n: int, k: int, nbytes: float, rate_bits: float) -> float:
+    """BytePS analysis: push_pull of S bytes with n worker hosts, k dedicated server hosts and a
+    server colocated on each worker host (mixed mode), every NIC at B bits/s."""
+    if n == 1:
+        return 0.0
+    return 2 * n * (n - 1) * nbytes * 8 / ((n * n + k * n - 2 * k) * rate_bits)
+
+
+def allreduce_time(n: int, nbytes: float, rate_bits: float) -> float:
+    """Ring all-reduce of S bytes over n hosts: 2(n-1)S / (nB)."""
+    return 2 * (n - 1) * nbytes * 8 / (n * rate_bits)
+
+
+_RATE_UNITS = {"": 1, "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "k": 1e3, "m": 1e6,
+               "g": 1e9}
+
+
+def parse_rate(text: str) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _RATE_UNITS:
+        raise argparse.ArgumentTypeError(f"bad rate {text!r}: use e.g. 1gbit, 500mbit")
+    v = float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
+    if v < 1e6:
+        raise argparse.ArgumentTypeError(f"rate {text!r} is below 1mbit")
+    return v
+
+
+def fmt_rate(bits: float) -> str:
+    return f"{bits / 1e9:.3f} Gbit/s" if bits >= 1e9 else f"{bits / 1e6:.1f} Mbit/s"
+
+
+# ------------------------------------------------------------------------------------ the runs
+@dataclass
+class Env:
+    cluster: netns.NetnsCluster
+    base_env: dict
+    timeout: float
+    python: str = sys.executable
+
+    def ip(self, host: str) -> str:
+        return self.cluster.ip(host)
+
+    def argv(self, host: str, kind: str, *extra: str, python: str | None = None) -> list[str]:
+        return self.cluster.exec_argv(host, [python or self.python, "-m",
+                                             "byteps_like.bench._cluster_worker", kind, *extra])
+
+
+def _collect(children, what: str) -> list[dict]:
+    out = []
+    for c in children:
+        lines = [ln for ln in c.stdout().splitlines() if ln.startswith(RESULT_TAG)]
+        if not lines:
+            raise ChildFailed(f"{what}: {c.name} printed no result\n{c.stderr_tail()}")
+        out.append(json.loads(lines[-1][len(RESULT_TAG):]))
+    return out
+
+
+def _slowest_median(per_worker: list[dict], nbytes: int) -> tuple[float, list[float]]:
+    series = [w["times"][str(nbytes)] for w in per_worker]
+    slowest = [max(rep) for rep in zip(*series)]
+    return statistics.median(slowest), slowest
+
+
+def measure_link(env: Env, a: str, b: str, seconds: float) -> float:
+    """Achieved rate of one plain TCP stream from host b to host a, bits/s."""
+    port = 5201
+    with ProcGroup("link") as g:
+        r = g.spawn("tcp-recv", env.argv(a, "tcp-recv", "--host", env.ip(a), "--port",
+                                         str(port)), env.base_env)
+        time.sleep(0.3)
+        g.spawn("tcp-send", env.argv(b, "tcp-send", "--host", env.ip(a), "--port", str(port),
+                                     "--seconds", str(seconds)), env.base_env)
+        g.wait(seconds + 60)
+        return float(_collect([r], "tcp stream")[0]["bits_per_second"])
+
+
+def _bps_env(env: Env, n: int, num_servers: int, port: int, extra: dict | None = None) -> dict:
+    e = dict(env.base_env)
+    e.update({"DMLC_NUM_WORKER": str(n), "DMLC_NUM_SERVER": str(num_servers),
+              "DMLC_PS_ROOT_URI": env.ip("w0"), "DMLC_PS_ROOT_PORT": str(port)})
+    e.update(extra or {})
+    return e
+
+
+def _start_bps_job(g: ProcGroup, env: Env, n: int, k: int, port: int, worker_argv,
+                   extra: dict | None = None) -> list:
+    """Scheduler on w0; a server on every worker host unless k >= n (mixed mode then gives the
+    colocated servers nothing); a server on each of s0..s{k-1}; a worker on w0..w{n-1}."""
+    colocated = k == 0 or k < n
+    hosts = ([f"w{i}" for i in range(n)] if colocated else []) + [f"s{j}" for j in range(k)]
+    e = _bps_env(env, n, len(hosts), port, extra)
+    g.spawn("scheduler", env.cluster.exec_argv("w0", [env.python, "-m", "byteps_like.scheduler"]),
+            {**e, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": env.ip("w0")}, role="service")
+    for h in hosts:
+        g.spawn(f"server-{h}", env.cluster.exec_argv(h, [env.python, "-m", "byteps_like.server"]),
+                {**e, "DMLC_ROLE": "server", "DMLC_NODE_HOST": env.ip(h)}, role="service")
+    return [g.spawn(f"worker-w{i}", worker_argv(f"w{i}"),
+                    {**e, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(i),
+                     "DMLC_NODE_HOST": env.ip(f"w{i}")}) for i in range(n)]
+
+
+def run_bps(env: Env, n: int, k: int, sizes: list[int], repeats: int, warmup: int,
+            port: int, partition_bytes: int) -> list[dict]:
+    args = ("--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats), "--warmup",
+            str(warmup))
+    with ProcGroup(f"bps-n{n}-k{k}") as g:
+        ws = _start_bps_job(g, env, n, k, port, lambda h: env.argv(h, "bps", *args),
+                            {"BYTEPS_PARTITION_BYTES": str(partition_bytes)})
+        g.wait(env.timeout, relay=ws[0], relay_prefix=f"[cluster] byteps_like n={n} k={k}: ")
+        return _collect(ws, "byteps_like")
+
+
+def run_gloo(env: Env, n: int, sizes: list[int], repeats: int, warmup: int,
+             port: int) -> list[dict]:
+    e = {**env.base_env, "GLOO_SOCKET_IFNAME": "eth0", "TP_SOCKET_IFNAME": "eth0"}
+    args = ("--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats), "--warmup",
+            str(warmup), "--world", str(n), "--host", env.ip("w0"), "--port", str(port))
+    with ProcGroup(f"gloo-n{n}") as g:
+        ws = [g.spawn(f"gloo-w{r}", env.argv(f"w{r}", "gloo", *args, "--rank", str(r)), e)
+              for r in range(n)]
+        g.wait(env.timeout, relay=ws[0], relay_prefix=f"[cluster] gloo n={n}: ")
+        return _collect(ws, "gloo")
+
+
+def horovod_unavailable(python: str) -> str | None:
+    if not os.path.exists(python):
+        return (f"no Horovod interpreter at {python} (build one with scripts/build_horovod.sh, "
+                f"or pass --horovod-python)")
+    p = subprocess.run([python, "-c", "import horovod.torch as h; assert h.gloo_built()"],
+                       env={**dict(os.environ), "PYTHONPATH": ROOT}, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["?"])[-1]
+        return f"horovod.torch with gloo does not import with {python}: {last}"
+    return None
+
+
+def run_horovod(env: Env, n: int, sizes: list[int], repeats: int, warmup: int,
+                python: str) -> list[dict]:
+    e = {**env.base_env, "PYTHONPATH": ROOT}
+    with ProcGroup(f"horovod-n{n}") as g:
+        port_file = os.path.join(g.dir, "rendezvous.port")
+        hosts = ",".join(f"w{i}:1" for i in range(n))
+        g.spawn("hvd-rendezvous", env.argv("w0", "hvd-rendezvous", "--hosts", hosts, "--world",
+                                           str(n), "--port-file", port_file, python=python),
+                e, role="service")
+        end = time.monotonic() + 60
+        while not os.path.exists(port_file):
+            if time.monotonic() > end:
+                raise ChildFailed(g._report("Horovod rendezvous server did not start"))
+            for c in g.children:
+                if c.proc.poll() is not None:
+                    raise ChildFailed(g._report("Horovod rendezvous server exited"))
+            time.sleep(0.1)
+        with open(port_file, encoding="ascii") as f:
+            port = f.read().strip()
+        args = ("--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats), "--warmup",
+                str(warmup))
+        ws = []
+        for r in range(n):
+            he = {**e, "HOROVOD_RANK": str(r), "HOROVOD_SIZE": str(n), "HOROVOD_LOCAL_RANK": "0",
+                  "HOROVOD_LOCAL_SIZE": "1", "HOROVOD_CROSS_RANK": str(r),
+                  "HOROVOD_CROSS_SIZE": str(n), "HOROVOD_HOSTNAME": f"w{r}",
+                  "HOROVOD_GLOO_RENDEZVOUS_ADDR": env.ip("w0"),
+                  "HOROVOD_GLOO_RENDEZVOUS_PORT": port, "HOROVOD_GLOO_IFACE": "eth0",
+                  "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+                  "GLOO_SOCKET_IFNAME": "eth0"}
+            ws.append(g.spawn(f"horovod-w{r}", env.argv(f"w{r}", "horovod", *args,
+                                                         python=python), he))
+        # the rendezvous server never exits by itself: no grace period for it
+        g.wait(env.timeout, relay=ws[0], relay_prefix=f"[cluster] horovod n={n}: ",
+               service_grace=0.0)
+        return _collect(ws, "horovod")
+
+
+def run_step(env: Env, n: int, k: int, nbytes: int, compute_s: float, priority: bool,
+             iters: int, warmup: int, port: int, partition_bytes: int) -> list[dict]:
+    params = json.dumps({"bytes": nbytes, "compute_s": compute_s, "priority": priority,
+                         "iters": iters, "warmup": warmup})
+    extra = {"BYTEPS_PARTITION_BYTES": str(partition_bytes)}
+    if not priority:
+        extra["BYTEPS_SCHEDULING_CREDIT"] = "0"   # FIFO: no priorities, no credit limit
+    mode = "priority" if priority else "fifo"
+    with ProcGroup(f"step-{mode}") as g:
+        ws = _start_bps_job(g, env, n, k, port, lambda h: env.argv(h, "step", "--step", params),
+                            extra)
+        g.wait(env.timeout, relay=ws[0], relay_prefix=f"[cluster] step n={n} k={k}: ")
+        return _collect(ws, f"step ({mode})")
+
+
+# ----------------------------------------------------------------------------------- CPU usage
+def _cpu_busy_s() -> float | None:
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    def __enter__(self):
+        self.t0, self.b0 = time.monotonic(), _cpu_busy_s()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.monotonic() - self.t0
+        b1 = _cpu_busy_s()
+        self.busy = None if self.b0 is None or b1 is None else \
+            (b1 - self.b0) / self.wall / (os.cpu_count() or 1)
+
+
+# ------------------------------------------------------------------------------ report / plot
+def format_table(records: list[dict]) -> str:
+    """One row per (n, k, bytes) of byteps_like, and one per n and bytes for gloo / horovod."""
+    gloo = {(r["n"], r["bytes"]): r["seconds"] for r in records if r["system"] == "gloo"}
+    cols = ("system", "n", "k", "size", "time s", "theory s", "of optimum", "vs gloo")
+    rows = [cols]
+    order = {"byteps_like": 0, "gloo": 1, "horovod": 2}
+    meas = [r for r in records if r["system"] in order]
+    meas.sort(key=lambda r: (r["bytes"], r["n"], order[r["system"]], r["k"] if r["k"] is not None
+                             else -1))
+    for r in meas:
+        g = gloo.get((r["n"], r["bytes"]))
+        rows.append((r["system"], str(r["n"]), "-" if r["k"] is None else str(r["k"]),
+                     f"{r['bytes'] // MiB}MiB", f"{r['seconds']:.3f}",
+                     f"{r['theory_seconds']:.3f}", f"{r['theory_seconds'] / r['seconds']:.2f}",
+                     f"{g / r['seconds']:.2f}x" if g else "n/a"))
+    w = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    lines = ["| " + " | ".join(row[i].rjust(w[i]) for i in range(len(cols))) + " |"
+             for row in rows]
+    lines.insert(1, "|" + "|".join("-" * (x + 1) + ":" for x in w) + "|")
+    return "\n".join(lines)
+
+
+def write_plot(records: list[dict], path: str, rate_bits: float) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'byteps_like[bench]'); no plot"
+    combos = sorted({(r["n"], r["bytes"]) for r in records if r["system"] == "byteps_like"})
+    if not combos:
+        return "nothing to plot"
+    fig, axes = plt.subplots(1, len(combos), figsize=(4.6 * len(combos), 4.2), squeeze=False)
+    for ax, (n, nbytes) in zip(axes[0], combos):
+        ks = [x / 20 * n for x in range(21)]
+        ax.plot(ks, [ps_time(n, k, nbytes, rate_bits) for k in ks], "-", color="0.3",
+                label="PS theory 2n(n-1)S/((n²+kn-2k)B)")
+        ax.axhline(allreduce_time(n, nbytes, rate_bits), color="0.6", ls=":",
+                   label="ring all-reduce theory")
+        pts = sorted((r["k"], r["seconds"]) for r in records
+                     if r["system"] == "byteps_like" and r["n"] == n and r["bytes"] == nbytes)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="C0",
+                label="byteps_like (measured)")
+        for sysname, color, ls in (("gloo", "C1", "--"), ("horovod", "C2", "-.")):
+            for r in records:
+                if r["system"] == sysname and r["n"] == n and r["bytes"] == nbytes:
+                    ax.axhline(r["seconds"], color=color, ls=ls, label=f"{sysname} all-reduce")
+        ax.set_title(f"n = {n} workers, {nbytes // MiB} MiB, B = {fmt_rate(rate_bits)}")
+        ax.set_xlabel("k (dedicated server hosts; 0 = colocated)")
+        ax.set_ylabel("push_pull time (s)")
+        ax.set_xticks(sorted({p[0] for p in pts} | {0, n}))
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+# ----------------------------------------------------------------------------------- the driver
+def _parse_list(text: str, what: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--{what}: comma-separated integers") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--rate", type=parse_rate, default=parse_rate("1gbit"),
+                   help="NIC cap of every host, both directions (e.g. 1gbit, 500mbit)")
+    p.add_argument("--partition-bytes", type=int, default=1 << 20,
+                   help="BYTEPS_PARTITION_BYTES of the byteps_like jobs (smaller partitions "
+                        "pipeline push and pull better: less fill and drain per round)")
+    p.add_argument("--queue-ms", type=float, default=20.0,
+                   help="queue of each NIC's token bucket (tc tbf latency), milliseconds")
+    p.add_argument("--workers", default="2,4", help="values of n (worker hosts)")
+    p.add_argument("--servers", default="0,1,2,n",
+                   help="values of k (dedicated server hosts; 0 = colocated; n = as many as "
+                        "workers)")
+    p.add_argument("--sizes", default="64,256", help="gradient sizes in MiB")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds per size")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds per size")
+    p.add_argument("--quick", action="store_true",
+                   help="reduced set: n = 4, k = 0 and 4, 64 MiB, short step benchmark")
+    p.add_argument("--skip-gloo", action="store_true")
+    p.add_argument("--skip-horovod", action="store_true")
+    p.add_argument("--skip-priority", action="store_true")
+    p.add_argument("--horovod-python", default=DEFAULT_HOROVOD_PYTHON,
+                   help="interpreter that imports horovod.torch (scripts/build_horovod.sh)")
+    p.add_argument("--priority-workers", type=int, default=2, help="n of the step benchmark")
+    p.add_argument("--priority-servers", type=int, default=2, help="k of the step benchmark")
+    p.add_argument("--priority-mib", type=int, default=64, help="model size of the step "
+                   "benchmark, MiB")
+    p.add_argument("--priority-iters", type=int, default=6, help="timed iterations")
+    p.add_argument("--compute-ratio", type=float, default=1.0,
+                   help="synthetic compute per iteration / theoretical communication time")
+    p.add_argument("--link-seconds", type=float, default=4.0, help="TCP stream duration")
+    p.add_argument("--timeout", type=float, default=900.0, help="watchdog per phase, seconds")
+    p.add_argument("--json", metavar="PATH", help="write every measurement as JSON records")
+    p.add_argument("--plot", metavar="PATH", default="cluster.png", help="PNG plot of time "
+                   "against k with the theoretical curve")
+    p.add_argument("--sweep", action="store_true",
+                   help="only remove leftovers (namespaces, processes) of earlier crashed runs")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = build_parser()
+    a = p.parse_args(argv)
+    reason = netns.why_unavailable()
+    if reason:
+        print(f"{PROG}: {reason}", file=sys.stderr)
+        return 2
+    if a.sweep:
+        gone = netns.sweep(sys.stderr, all_runs=False)
+        print(f"removed {len(gone)} leftover namespace(s)")
+        return 0
+    if a.quick:
+        ns_, ks_, sizes_mib = [4], ["0", "n"], [64]
+        a.priority_iters = min(a.priority_iters, 4)
+    else:
+        ns_ = _parse_list(a.workers, "workers")
+        ks_ = [x.strip() for x in a.servers.split(",") if x.strip()]
+        sizes_mib = _parse_list(a.sizes, "sizes")
+    if not ns_ or min(ns_) < 2:
+        p.error("--workers: every n must be >= 2")
+    sizes = [m * MiB for m in sizes_mib]
+    for s in sizes:
+        model_tensors(s)            # validates the size
+    configs: list[tuple[int, int]] = []
+    for n in ns_:
+        for kt in ks_:
+            k = n if kt == "n" else int(kt)
+            if k < 0:
+                p.error("--servers: k must be >= 0 or n")
+            if (n, k) not in configs:
+                configs.append((n, k))
+    max_n = max(ns_ + ([a.priority_workers] if not a.skip_priority else []))
+    max_k = max([k for _n, k in configs] + ([a.priority_servers] if not a.skip_priority else []))
+    hosts = [f"w{i}" for i in range(max_n)] + [f"s{j}" for j in range(max_k)]
+    command = shlex.join(["python", "-m", "byteps_like.bench", "cluster", *argv])
+    print(f"command: {command}")
+    print(f"hosts: {', '.join(hosts)} (one network namespace each), NIC cap {fmt_rate(a.rate)} "
+          f"each way (tc tbf, {a.queue_ms:g} ms queue), {os.cpu_count()} CPUs shared by all of "
+          f"them; byteps_like partition {a.partition_bytes} B")
+    hvd_reason = "skipped (--skip-horovod)" if a.skip_horovod else \
+        horovod_unavailable(a.horovod_python)
+    if hvd_reason:
+        print(f"horovod: {hvd_reason}")
+    sys.stdout.flush()
+
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "HOROVOD_"))}
+    base_env["PYTHONUNBUFFERED"] = "1"
+    records: list[dict] = []
+    cpu: dict[str, float] = {}
+    port = 9100
+
+    def next_port() -> int:
+        nonlocal port
+        port += 1
+        return port
+
+    try:
+        with netns.NetnsCluster(hosts, a.rate, latency_ms=a.queue_ms, log=sys.stderr) as cl:
+            env = Env(cl, base_env, a.timeout)
+            link = measure_link(env, "w0", "w1", a.link_seconds)
+            print(f"link: one TCP stream w1 -> w0 achieved {fmt_rate(link)} "
+                  f"({link / a.rate:.1%} of the {fmt_rate(a.rate)} cap); B = this rate below",
+                  flush=True)
+            for n, k in configs:
+                with CpuMeter() as m:
+                    res = run_bps(env, n, k, sizes, a.repeats, a.warmup, next_port(),
+                                  a.partition_bytes)
+                cpu[f"byteps_like n={n} k={k}"] = m.busy
+                for s in sizes:
+                    med, reps = _slowest_median(res, s)
+                    records.append({"system": "byteps_like", "n": n, "k": k, "bytes": s,
+                                    "seconds": med, "repeats_s": reps,
+                                    "placement": "colocated" if k == 0 else
+                                    ("dedicated" if k >= n else "mixed"),
+                                    "theory_seconds": ps_time(n, k, s, link),
+                                    "link_bits_per_second": link, "cap_bits_per_second": a.rate})
+            for n in ns_:
+                if a.skip_gloo:
+                    break
+                with CpuMeter() as m:
+                    res = run_gloo(env, n, sizes, a.repeats, a.warmup, next_port())
+                cpu[f"gloo n={n}"] = m.busy
+                for s in sizes:
+                    med, reps = _slowest_median(res, s)
+                    records.append({"system": "gloo", "n": n, "k": None, "bytes": s,
+                                    "seconds": med, "repeats_s": reps,
+                                    "theory_seconds": allreduce_time(n, s, link),
+                                    "link_bits_per_second": link, "cap_bits_per_second": a.rate})
+            for n in ns_:
+                if hvd_reason:
+                    break
+                try:
+                    with CpuMeter() as m:
+                        res = run_horovod(env, n, sizes, a.repeats, a.warmup, a.horovod_python)
+                except ChildFailed as exc:
+                    hvd_reason = f"failed: {str(exc).splitlines()[0]}"
+                    print(f"[cluster] horovod n={n} failed; skipping Horovod:\n{exc}",
+                          file=sys.stderr)
+                    break
+                cpu[f"horovod n={n}"] = m.busy
+                for s in sizes:
+                    med, reps = _slowest_median(res, s)
+                    records.append({"system": "horovod", "n": n, "k": None, "bytes": s,
+                                    "seconds": med, "repeats_s": reps,
+                                    "theory_seconds": allreduce_time(n, s, link),
+                                    "link_bits_per_second": link, "cap_bits_per_second": a.rate})
+            for n, k in configs:
+                for s in sizes:
+                    records.append({"system": "theory", "n": n, "k": k, "bytes": s,
+                                    "seconds": ps_time(n, k, s, link), "model": "ps",
+                                    "link_bits_per_second": link})
+            for n in ns_:
+                for s in sizes:
+                    records.append({"system": "theory", "n": n, "k": None, "bytes": s,
+                                    "seconds": allreduce_time(n, s, link), "model": "allreduce",
+                                    "link_bits_per_second": link})
+            step_lines = []
+            if not a.skip_priority:
+                pn, pk, pbytes = a.priority_workers, a.priority_servers, a.priority_mib * MiB
+                comm = ps_time(pn, pk, pbytes, link)
+                compute = a.compute_ratio * comm
+                step_lines.append(
+                    f"step benchmark: VGG-16-shaped {a.priority_mib} MiB model, n={pn} k={pk}, "
+                    f"partition {a.partition_bytes} B, synthetic compute "
+                    f"{compute * 1e3:.0f} ms/iteration (fwd:bwd 1:2, by VGG-16 FLOPs) = "
+                    f"{a.compute_ratio:g} x theoretical push_pull {comm * 1e3:.0f} ms")
+                med = {}
+                for prio in (False, True):
+                    mode = "priority" if prio else "fifo"
+                    with CpuMeter() as m:
+                        res = run_step(env, pn, pk, pbytes, compute, prio, a.priority_iters, 1,
+                                       next_port(), a.partition_bytes)
+                    cpu[f"step {mode}"] = m.busy
+                    per_iter = [max(x) for x in zip(*(r["iter_times"] for r in res))]
+                    med[mode] = statistics.median(per_iter)
+                    wait = statistics.median(res[0]["forward_wait_s"])
+                    records.append({"system": "byteps_like_step", "scheduling": mode, "n": pn,
+                                    "k": pk, "bytes": pbytes, "seconds": med[mode],
+                                    "iterations_s": per_iter, "compute_seconds": compute,
+                                    "forward_wait_seconds": wait,
+                                    "link_bits_per_second": link,
+                                    "cap_bits_per_second": a.rate})
+                    step_lines.append(f"  {mode:>8}: median iteration {med[mode] * 1e3:.0f} ms "
+                                      f"(worker 0 waits {wait * 1e3:.0f} ms for gradients in "
+                                      f"forward)")
+                step_lines.append(f"  priority speed-up: {med['fifo'] / med['priority']:.2f}x "
+                                  f"(target >= 1.15x)")
+            leftovers = None
+        leftovers = cl.leftovers()
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; everything it made was removed", file=sys.stderr)
+        return 130
+    except (ChildFailed, netns.NetnsError) as exc:
+        print(f"{PROG}: failed: {exc}\n(every namespace and process it made was removed)",
+              file=sys.stderr)
+        return 1
+
+    print()
+    print(format_table(records))
+    print(f"\ntime: median over {a.repeats} rounds of the slowest worker; theory at "
+          f"B = {fmt_rate(link)}; 'of optimum' = theory / time; 'vs gloo' = gloo time / time")
+    for line in step_lines:
+        print(line)
+    print("CPU busy (whole machine) per phase: " + ", ".join(
+        f"{name} {v:.0%}" for name, v in cpu.items() if v is not None))
+    print(f"teardown: {'clean' if not leftovers else f'LEFT {leftovers}'}")
+    if hvd_reason:
+        print(f"horovod: {hvd_reason}")
+    if a.plot:
+        why = write_plot(records, a.plot, link)
+        print(f"plot: {a.plot}" if why is None else f"plot: {why}")
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump(records, f, indent=1)
+        print(f"json: {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
