@@ -60,7 +60,7 @@ def _to_array(x: Any):
 
 def _from_array(tag: str, arr: np.ndarray) -> torch.Tensor:
     kind, _, dtype = tag.partition(":")
-    if kind != "torch" or not hasattr(torch, dtype):
+    if kind != "torch" or not isinstance(getattr(torch, dtype, None), torch.dtype):
         raise ValueError(f"unknown tensor tag {tag!r}")
     return torch.from_numpy(arr).to(getattr(torch, dtype))
 

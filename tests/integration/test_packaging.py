@@ -30,7 +30,8 @@ def test_wheel_installs_one_namespace_and_runs(tmp_path):
     assert tops == {"byteps_like", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1]
                     + ".dist-info"}, tops
     for must in ("byteps_like/server/core.py", "byteps_like/scheduler/core.py",
-                 "byteps_like/launcher/cli.py", "byteps_like/_core.pyi"):
+                 "byteps_like/launcher/cli.py", "byteps_like/_core.pyi",
+                 "byteps_like/torch/__init__.py", "byteps_like/topology.py"):
         assert must in names
     assert any(n.startswith("byteps_like/_core.") and n.endswith(".so") for n in names)
 
