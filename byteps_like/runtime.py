@@ -286,6 +286,28 @@ class Runtime:
             self.control.barrier("worker", timeout)
 
     # -- declaration --------------------------------------------------------------------------------
+    def auto_name(self) -> str:
+        """The next BytePS-style name for an unnamed tensor (same sequence on every worker)."""
+        with self._lock:
+            name = f"PushPull.noname.{self._noname}"
+            self._noname += 1
+            return name
+
+    def local_out(self, name: str, shape: tuple, dtype: str) -> np.ndarray:
+        """This machine's shared reduction buffer for tensor ``name`` (several local ranks): a
+        uint8 array of the tensor's bytes in shared memory, the same memory on every local rank.
+        Binds the name like a first push_pull would."""
+        self._check()
+        if self.control is None or self.local_size_ < 2:
+            raise ValueError("local_out needs a distributed job with several local ranks")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * ITEMSIZE[dtype]
+        with self._lock:
+            st = self._tensors.get(name)
+            if st is None:
+                st = self._tensors[name] = TensorState(len(self._tensors), name)
+            self._bind(st, tuple(shape), dtype, nbytes)
+            return self._segment(st).out
+
     def declare(self, name: str) -> int:
         """Reserve the next key for ``name``. Every worker must declare in the same order."""
         self._check()
@@ -312,7 +334,8 @@ class Runtime:
     # -- push_pull ----------------------------------------------------------------------------------
     def push_pull_async(self, array: Any, name: str | None = None, average: bool = True,
                         priority: int = 0, out: Any = None, dtype: str | None = None,
-                        device: "DeviceCopier | None" = None) -> Handle:
+                        device: "DeviceCopier | None" = None,
+                        prereduced: bool = False) -> Handle:
         """Start summing ``array`` across all workers; returns a :class:`Handle`.
 
         ``out`` receives the result (default: a new array; pass ``out=array`` for in place).
@@ -322,7 +345,13 @@ class Runtime:
         ``device`` (framework plugins): ``array``/``out`` are host staging buffers of a tensor
         that lives on an accelerator; the pipeline copies each partition in with
         ``device.d2h(offset, nbytes)`` just before pushing it and out with
-        ``device.h2d(offset, nbytes)`` as soon as it is pulled, so copies and network overlap."""
+        ``device.h2d(offset, nbytes)`` as soon as it is pulled, so copies and network overlap.
+
+        ``prereduced`` (several local ranks): the local ranks have already summed the tensor
+        into this machine's shared reduction buffer (:meth:`local_out`, e.g. each rank its
+        slice after an NCCL reduce-scatter); pass that buffer as ``array`` and ``out``. The
+        machine's sum of all workers lands in it; ``average`` must be False (the buffer is
+        shared, so the caller scales its own copy)."""
         self._check()
         if device is not None and not self.device_pipeline:
             raise ValueError("device staging through the pipeline needs a distributed job "
@@ -344,8 +373,7 @@ class Runtime:
                              f"array of shape {arr.shape}")
         with self._lock:
             if name is None:
-                name = f"PushPull.noname.{self._noname}"
-                self._noname += 1
+                name = self.auto_name()
             st = self._tensors.get(name)
             if st is None:
                 st = self._tensors[name] = TensorState(len(self._tensors), name)
@@ -359,7 +387,7 @@ class Runtime:
                 return h
             self._handles.add(h)
             start = lambda block: self._start(st, h, arr, out, wire_dtype, average,  # noqa: E731
-                                              priority, block, device)
+                                              priority, block, device, prereduced)
             idle = st.busy is None
             if idle:
                 st.busy = h
@@ -372,7 +400,8 @@ class Runtime:
         return h
 
     def _start(self, st: TensorState, h: Handle, arr, out, dtype: str, average: bool,
-               priority: int, block: bool, device: "DeviceCopier | None" = None) -> None:
+               priority: int, block: bool, device: "DeviceCopier | None" = None,
+               prereduced: bool = False) -> None:
         if self._fatal is not None:
             h.fail(self._fatal)
             return
@@ -392,7 +421,8 @@ class Runtime:
             task.seg = seg
             task.push_src = seg.out[off:off + n] if seg is not None else task.src
             task.pull_dst = seg.out[off:off + n] if seg is not None else task.dst
-            task.phase = 0
+            task.phase = 1 if prereduced else 0
+            task.prereduced = prereduced
             task.device = device
             task.dtype = dtype
             task.average = average
@@ -487,7 +517,7 @@ class Runtime:
         if task.phase == 1:  # reduce-scatter: sum my slice of the partition over all slots
             lo, hi = local.slice_of(task.offset, task.nbytes, ITEMSIZE[task.dtype],
                                     self.local_rank_, self.local_size_)
-            if hi > lo:
+            if hi > lo and not task.prereduced:
                 out = task.seg.out[lo:hi]
                 _core.copy_into(out, task.seg.slot(0)[lo:hi])
                 for i in range(1, self.local_size_):
@@ -519,15 +549,17 @@ class Runtime:
             task.phase = 3
             if not self._gate.park(("done",) + token, task):
                 return False
-        _core.copy_into(task.dst, task.seg.out[task.offset:task.offset + task.nbytes])
-        if task.average and self.size_ > 1:
+        if not task.prereduced:  # prereduced: the caller reads the shared buffer itself
+            _core.copy_into(task.dst, task.seg.out[task.offset:task.offset + task.nbytes])
+        if task.average and self.size_ > 1 and not task.prereduced:
             _core.scale_into(task.dst, task.dtype, self.size_)
         return True
 
     def _on_local_message(self, route: Route, h: Header) -> None:
         token = (h.key, h.round)
-        if h.type is MsgType.LOCAL_READY:
+        if route.ident is not None:  # a local rank talking to its root: remember the way back
             self._local_routes[h.rank % self.local_size_] = route
+        if h.type is MsgType.LOCAL_READY:
             self._local_ready(token)
         elif h.type is MsgType.LOCAL_REDUCED:
             if self._reduced.arrive(token):

@@ -34,6 +34,9 @@ class GradBuffer:
     dtype: str | None = None              # wire dtype override (e.g. "bfloat16")
     writeback: Callable[[], None] | None = None   # after the sum landed in ``array``
     device: Any = None   # a runtime.DeviceCopier: ``array`` is its host staging buffer
+    start: Callable[[int], Any] | None = None   # starts the push_pull itself, given its
+                                                # priority (e.g. after an NCCL reduce-scatter);
+                                                # writeback finishes it
 
 
 @dataclass
@@ -104,6 +107,11 @@ class GradientSynchronizer:
     def _launch(self, index: int) -> None:
         buf = self.grad_buffer(index)
         dtype = buf.dtype or _wire_dtype(buf.array)
+        if buf.start is not None:  # the plugin runs the whole operation (NCCL local reduction)
+            h = buf.start(self.priorities[index])
+            with self._lock:
+                self.pending[index] = _Pending(h, buf, buf.array, None, dtype)
+            return
         if buf.device is not None:  # staged partition by partition by the pipeline
             wire, wdtype, ctx = buf.array, dtype, None
         else:

@@ -30,6 +30,8 @@ def init(lazy: bool = True, **overrides) -> None:
 
 
 def shutdown() -> None:
+    from .nccl import close_groups
+    close_groups()
     default_runtime().shutdown()
 
 

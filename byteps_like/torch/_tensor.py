@@ -108,6 +108,12 @@ def grad_buffer(grad: torch.Tensor, name: str, compression) -> GradBuffer:
     staging through the pipeline where the job allows it (no compression: compressors work on
     whole host arrays), else a whole-tensor host copy."""
     from ..compression import Compression
+    from ..runtime import default_runtime
+    from . import nccl
+    rt = default_runtime()
+    if compression is Compression.none and nccl.available(rt, grad):
+        average = True  # gradients are averaged
+        return nccl.NcclPushPull(rt, grad, grad, "Gradient." + name, average, 0).buffer()
     if compression is Compression.none:
         staged = device_stage(grad, grad, "Gradient." + name, "gradient")
         if staged is not None:

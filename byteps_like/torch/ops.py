@@ -7,6 +7,7 @@ import torch
 
 from ..compression import Compression, Compressor
 from ..runtime import default_runtime
+from . import nccl
 from ._tensor import device_stage, stage
 
 
@@ -41,6 +42,10 @@ def _start(tensor: torch.Tensor, out: torch.Tensor, average: bool, name: str | N
     rt = default_runtime()
     rt._check()
     what = f"push_pull of {name!r}" if name else "push_pull"
+    if compression is Compression.none and nccl.available(rt, tensor):
+        op = nccl.NcclPushPull(rt, tensor, out, name or rt.auto_name(), average, priority)
+        buf = op.buffer()
+        return TorchHandle(op.start(), out, buf, buf.array, None, buf.dtype, compression)
     if compression is Compression.none:
         staged = device_stage(tensor, out, name, what)
         if staged is not None:  # CUDA: partition-wise copies on their own stream

@@ -86,7 +86,10 @@ def broadcast(rank, size):
 
 def ops(rank, size):
     s = (size - 1) * size // 2  # sum of ranks
-    dev = os.environ.get("API_DEVICE", "cpu")  # "cuda" on a GPU machine
+    dev = "cpu"
+    if os.environ.get("API_DEVICE") == "cuda":  # cuda:<local rank> on a GPU machine
+        dev = f"cuda:{bps.local_rank() % torch.cuda.device_count()}"
+        torch.cuda.set_device(dev)
     for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
                torch.int64):
         x = torch.full((1000,), rank, dtype=dt, device=dev)

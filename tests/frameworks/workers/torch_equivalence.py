@@ -20,7 +20,7 @@ MODE = sys.argv[1]
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 5
 DTYPE = torch.float32 if MODE == "fp16" else torch.float64
 TOL = 2e-3 if MODE == "fp16" else 1e-9
-DEVICE = torch.device(os.environ.get("EQUIV_DEVICE", "cpu"))  # "cuda" on a GPU machine
+DEVICE = torch.device("cpu")  # EQUIV_DEVICE=cuda: cuda:<local rank> on a GPU machine
 
 
 def make_model():
@@ -45,8 +45,12 @@ def flat(model):
 
 
 def main():
+    global DEVICE
     bps.init()
     rank, size = bps.rank(), bps.size()
+    if os.environ.get("EQUIV_DEVICE") == "cuda":
+        DEVICE = torch.device("cuda", bps.local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(DEVICE)
     g = torch.Generator().manual_seed(42)
     per_worker = 4
     micro = 2 if MODE in ("bpps2", "ddp") else 1
