@@ -18,8 +18,11 @@ class DistributedDataParallel(torch.nn.Module):
     push_pull starts as soon as it is accumulated). Inside ``no_sync()`` backward passes only
     accumulate locally; the first backward after it averages the accumulated gradients."""
 
-    def __init__(self, module: torch.nn.Module, *, root_rank: int = 0, broadcast: bool = True,
-                 compression=None):
+    def __init__(self, module: torch.nn.Module, device_ids=None, *, root_rank: int = 0,
+                 broadcast_buffers: bool = True, broadcast: bool = True, compression=None):
+        """``device_ids`` and ``broadcast_buffers`` are accepted for compatibility with BytePS's
+        and torch's wrappers: the module already lives on its device, and buffers are
+        broadcast with the parameters at construction."""
         super().__init__()
         from ..compression import Compression
         self.module = module
@@ -33,7 +36,9 @@ class DistributedDataParallel(torch.nn.Module):
             model_signature_check(rt, [(n, tuple(p.shape), str(p.dtype)) for n, p in named],
                                   "model")
             if broadcast:
-                broadcast_parameters(module.state_dict(), root_rank=root_rank,
+                state = (module.state_dict() if broadcast_buffers
+                         else dict(module.named_parameters()))
+                broadcast_parameters(state, root_rank=root_rank,
                                      prefix="DDP.Parameter.")
         self._sync = GradientSynchronizer(rt, [n for n, _ in named], self._grad_buffer,
                                           compression=compression or Compression.none,
