@@ -1,25 +1,17 @@
 """``python -m byteps_like.scheduler``: run the scheduler from the BytePS environment contract."""
 from __future__ import annotations
 
-import sys
-
 
 def main() -> int:
-    from ..config import load
-    from ..errors import ConfigError
-    from ..log import setup_logging
-    try:
-        cfg = load(overrides={"cluster.role": "scheduler"})
-    except ConfigError as exc:
-        print(f"byteps_like scheduler: {exc}", file=sys.stderr)
-        return 2
-    setup_logging(cfg.log.level, "scheduler")
-    from .core import run
-    code = run(cfg)
-    if code:
-        from .core import log
-        log.error("scheduler: job failed")
-    return code
+    from ..roles import role_main
+    from .core import log, run
+
+    def run_and_report(cfg) -> int:
+        code = run(cfg)
+        if code:
+            log.error("scheduler: job failed")
+        return code
+    return role_main("scheduler", run_and_report)
 
 
 if __name__ == "__main__":

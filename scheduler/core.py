@@ -287,10 +287,5 @@ def _bind_host(uri: str) -> str:
 
 def run(cfg: Config) -> int:
     """Run a scheduler in this process until the job ends; returns the exit status."""
-    import zmq
-    ctx = zmq.Context()
-    node = Scheduler(cfg, context=ctx)
-    code = node.run()
-    if getattr(node, "closed_cleanly", True):
-        ctx.term()  # flushes what is still queued (bounded by each socket's linger)
-    return code
+    from ..roles import run_node
+    return run_node(Scheduler, cfg)

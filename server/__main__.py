@@ -1,21 +1,11 @@
 """``python -m byteps_like.server``: run a summation server from the BytePS environment contract."""
 from __future__ import annotations
 
-import sys
-
 
 def main() -> int:
-    from ..config import load
-    from ..errors import ConfigError
-    from ..log import setup_logging
-    try:
-        cfg = load(overrides={"cluster.role": "server"})
-    except ConfigError as exc:
-        print(f"byteps_like server: {exc}", file=sys.stderr)
-        return 2
-    setup_logging(cfg.log.level, "server")
+    from ..roles import role_main
     from .core import run
-    return run(cfg)
+    return role_main("server", run)
 
 
 if __name__ == "__main__":

@@ -299,10 +299,5 @@ class Server:
 
 def run(cfg: Config) -> int:
     """Run a server in this process until the job ends; returns the exit status."""
-    import zmq
-    ctx = zmq.Context()
-    node = Server(cfg, context=ctx)
-    code = node.run()
-    if getattr(node, "closed_cleanly", True):
-        ctx.term()  # flushes what is still queued (bounded by each socket's linger)
-    return code
+    from ..roles import run_node
+    return run_node(Server, cfg)

@@ -14,6 +14,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("byteps_like.torch needs PyTorch: pip install 'byteps_like[torch]' "
                       "(or torch itself)") from exc
 
+from ..api import declare, local_rank, local_size, rank, size  # same as the core's
 from ..compression import Compression
 from ..runtime import default_runtime
 from .broadcast import broadcast_object, broadcast_optimizer_state, broadcast_parameters
@@ -55,27 +56,6 @@ def resume(num_workers: int | None = None, num_servers: int | None = None,
         overrides["cluster.worker_id"] = global_rank
     reset_default_runtime()  # a fresh runtime: the old one is shut down
     init(**overrides)
-
-
-def rank() -> int:
-    return default_runtime().rank()
-
-
-def size() -> int:
-    return default_runtime().size()
-
-
-def local_rank() -> int:
-    return default_runtime().local_rank()
-
-
-def local_size() -> int:
-    return default_runtime().local_size()
-
-
-def declare(name: str) -> None:
-    """Declare a tensor name (same order on every worker)."""
-    default_runtime().declare(name)
 
 
 __all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank", "local_size",

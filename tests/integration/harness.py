@@ -83,12 +83,12 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # a zombie still answers kill(0): look at its state
+    # a zombie nobody has reaped yet still answers kill(0): it counts as gone
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        return state != "Z"
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return False
+    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
 
 
 def wait_gone(pids: set[int], timeout: float = 10.0) -> set[int]:

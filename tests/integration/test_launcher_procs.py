@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.harness import alive
+
 from byteps_like.launcher.procs import Supervisor
 from byteps_like.topology import discover, format_cpu_list, parse_cpu_list
 
@@ -185,14 +187,14 @@ class Harness:
 
     def assert_all_gone(self, result: Result) -> None:
         deadline = time.monotonic() + 5
-        alive = {}
+        left = {}
         while time.monotonic() < deadline:
-            alive = {name: pid for name, pid in self.pids().items() if _alive(pid)}
-            if not alive:
+            left = {name: pid for name, pid in self.pids().items() if alive(pid)}
+            if not left:
                 return
             time.sleep(0.05)
         self.kill_recorded()
-        pytest.fail(f"processes outlived bpslaunch: {alive}\n" + result.dump())
+        pytest.fail(f"processes outlived bpslaunch: {left}\n" + result.dump())
 
     def kill_recorded(self) -> None:
         for pid in self.pids().values():
@@ -200,21 +202,6 @@ class Harness:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie nobody has reaped yet counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return True
-    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
 
 
 @pytest.fixture
