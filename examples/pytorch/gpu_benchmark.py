@@ -40,6 +40,31 @@ def timed(fn, repeats: int, warmup: int = 2) -> float:
     return statistics.median(ts)
 
 
+def staging(mib: int, part: int, repeats: int) -> tuple[float, float]:
+    """Seconds for D2H + H2D of ``mib`` MiB: plain pinned copies of the whole tensor, and
+    byteps_like's CudaCopier partition by partition (as the pipeline drives it)."""
+    from byteps_like.torch._tensor import CudaCopier, pinned_buffer
+    x = torch.ones((mib << 20) // 4, device="cuda")
+    out = torch.empty_like(x)
+    host = pinned_buffer(f"staging.{mib}", x)
+
+    def plain():
+        host.copy_(x, non_blocking=True)
+        out.copy_(host, non_blocking=True)
+
+    def copier():
+        c = CudaCopier(x, out, host)
+        for off in range(0, x.nbytes, part):
+            n = min(part, x.nbytes - off)
+            c.d2h(off, n)
+            c.h2d(off, n)
+        c.finish()
+    t_plain = timed(plain, repeats)
+    t_copier = timed(copier, repeats)
+    assert torch.equal(out, x)
+    return t_plain, t_copier
+
+
 def make_model(hidden: int, layers: int) -> torch.nn.Module:
     mods = [torch.nn.Linear(1024, hidden), torch.nn.ReLU()]
     for _ in range(layers - 1):
@@ -75,6 +100,7 @@ def main() -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{a.nccl_port}", rank=r,
                             world_size=L)
     rt = default_runtime()
+    stage_rows = [(mib, *staging(mib, 4096000, a.repeats)) for mib in (64, 256)]
     rows = []
     for mib in (int(s) for s in a.sizes.split(",")):
         n = (mib << 20) // 4
@@ -113,6 +139,13 @@ def main() -> None:
             print(f"| {mib} MiB | {t_ar * 1e3:.2f} ({nb / t_ar / 1e9:.1f}) | "
                   f"{t_local * 1e3:.2f} ({nb / t_local / 1e9:.1f}) | {t_ar / t_local:.2f} | "
                   f"{t_pp * 1e3:.1f} ({nb / t_pp / 1e9:.2f}) |")
+        print("| staging size | pinned D2H+H2D ms (GB/s) | CudaCopier, 4096000-byte partitions "
+              "ms (GB/s) | ratio |")
+        print("|---:|---:|---:|---:|")
+        for mib, tp, tc in stage_rows:
+            nb = 2 * (mib << 20)  # bytes moved: both directions
+            print(f"| {mib} MiB | {tp * 1e3:.2f} ({nb / tp / 1e9:.1f}) | {tc * 1e3:.2f} "
+                  f"({nb / tc / 1e9:.1f}) | {tp / tc:.2f} |")
         print(f"synthetic MLP ({params / 1e6:.1f}M parameters, batch {a.batch_size} per GPU): "
               f"byteps_like {bps_ips:.0f} img/s total, DDP NCCL {ddp_ips:.0f} img/s total, "
               f"ratio {bps_ips / ddp_ips:.2f}")
