@@ -1,0 +1,222 @@
+"""Keras support written once for ``byteps_like.keras`` (Keras 3) and
+``byteps_like.tensorflow.keras`` (tf.keras), Horovod's ``_keras`` pattern.
+
+Nothing here imports a framework: every function takes the ``keras`` module and the plugin's
+tensor operations (``ops``: ``push_pull_gradients(grads, variables, compression, average,
+prefix)`` and ``broadcast_variables(variables, root_rank, prefix=...)``) as parameters. Metric
+averaging works on Python floats through the core.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .compression import Compression, Compressor
+from .runtime import default_runtime
+
+_classes: dict = {}
+
+
+def distributed_optimizer_class(keras: Any, base: type, ops: Any) -> type:
+    """The distributed subclass of optimizer class ``base``, made once per (class, ops)."""
+    key = (base, ops)
+    cls = _classes.get(key)
+    if cls is not None:
+        return cls
+
+    class _Distributed(base):  # type: ignore[misc, valid-type]
+        _bps_ops = ops
+
+        def apply(self, grads, trainable_variables=None):  # Keras 3: apply_gradients calls it
+            grads = list(grads)
+            variables = (list(trainable_variables) if trainable_variables is not None
+                         else list(self._trainable_variables))
+            grads = self._bps_ops.push_pull_gradients(
+                grads, variables, getattr(self, "_bps_compression", Compression.none),
+                True, getattr(self, "_bps_prefix", "DistributedOptimizer."))
+            return super().apply(grads, trainable_variables)
+
+    _Distributed.__name__ = base.__name__   # saved models load with the plain optimizer
+    _Distributed.__qualname__ = base.__qualname__
+    _Distributed.__doc__ = (f"{base.__name__} whose gradients are averaged across byteps_like "
+                            "workers before the update.")
+    _classes[key] = _Distributed
+    return _Distributed
+
+
+def create_distributed_optimizer(keras: Any, optimizer: Any, ops: Any, name: str | None = None,
+                                 compression: Compressor = Compression.none,
+                                 backward_passes_per_step: int = 1) -> Any:
+    """A new optimizer of ``optimizer``'s class and configuration that averages gradients."""
+    if backward_passes_per_step != 1:
+        raise ValueError("backward_passes_per_step > 1 is not supported by the Keras "
+                         "DistributedOptimizer; use Keras 3's gradient_accumulation_steps "
+                         "on the optimizer instead")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a {keras.__name__}.optimizers.Optimizer, "
+                        f"not a {type(optimizer).__name__}")
+    cls = distributed_optimizer_class(keras, type(optimizer), ops)
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    opt = cls.from_config(config)
+    opt._bps_compression = compression
+    opt._bps_prefix = f"DistributedOptimizer.{config.get('name', 'optimizer')}."
+    return opt
+
+
+def model_variables(model: Any = None, optimizer: Any = None, variables: Any = None) -> list:
+    out = list(variables or [])
+    if model is not None:
+        out += list(model.variables)
+        optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    if optimizer is not None:
+        out += list(optimizer.variables)
+    return out
+
+
+def broadcast_global_variables(keras: Any, ops: Any, root_rank: int, model: Any = None,
+                               optimizer: Any = None, variables: Any = None) -> None:
+    """Overwrite the model's (and its optimizer's) variables with the root rank's."""
+    vs = model_variables(model, optimizer, variables)
+    if not vs:
+        raise TypeError("broadcast_global_variables: TensorFlow 2 has no global variable "
+                        "collection; pass model= (and optimizer=) or variables=")
+    ops.broadcast_variables(vs, root_rank, prefix="BroadcastGlobalVariables.")
+
+
+class BroadcastGlobalVariablesCallbackImpl:
+    """At the start of training, every rank takes the root rank's model and optimizer
+    variables (the optimizer's only once they exist: again after the first batch)."""
+
+    def __init__(self, keras: Any, ops: Any, root_rank: int, *args: Any):
+        super().__init__(*args)
+        self._keras, self._ops = keras, ops
+        self.root_rank = root_rank
+        self.broadcast_done = False
+
+    def _broadcast(self) -> None:
+        broadcast_global_variables(self._keras, self._ops, self.root_rank, self.model,
+                                   getattr(self.model, "optimizer", None))
+
+    def on_train_begin(self, logs=None):
+        if not self.broadcast_done:
+            self._broadcast()
+            self.broadcast_done = True
+
+
+class MetricAverageCallbackImpl:
+    """At the end of every epoch, replace each numeric entry of ``logs`` with its average over
+    the workers. Put it before callbacks that read the logs (checkpoints, early stopping)."""
+
+    def __init__(self, keras: Any, *args: Any):
+        super().__init__(*args)
+        self._keras = keras
+
+    def _average(self, logs: dict | None, what: str) -> None:
+        if not logs:
+            return
+        keys = sorted(k for k, v in logs.items() if _is_number(v))
+        if not keys:
+            return
+        rt = default_runtime()
+        vec = np.array([float(np.asarray(logs[k])) for k in keys], np.float64)
+        rt.push_pull_async(vec, name=f"MetricAverage.{what}.{','.join(keys)}", average=True,
+                           out=vec).wait()
+        for k, v in zip(keys, vec.tolist()):
+            logs[k] = v
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._average(logs, "epoch")
+
+
+def _is_number(v: Any) -> bool:
+    try:
+        return np.asarray(v).size == 1 and np.asarray(v).dtype.kind in "biuf"
+    except Exception:  # noqa: BLE001 - not an array-like number
+        return False
+
+
+def get_lr(keras: Any, optimizer: Any) -> float:
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+def set_lr(keras: Any, optimizer: Any, value: float) -> None:
+    optimizer.learning_rate = value
+
+
+class LearningRateScheduleCallbackImpl:
+    """``lr = initial_lr * multiplier(epoch)`` for ``start_epoch <= epoch < end_epoch``: at the
+    start of every epoch (``staircase=True``) or every batch with a fractional epoch
+    (``staircase=False``), as in Horovod/BytePS. ``multiplier`` is a function of the epoch or a
+    constant. ``momentum_correction`` is accepted for compatibility: Keras 3 optimizers hold
+    momentum as a constant of the compiled step, so it is not corrected."""
+
+    def __init__(self, keras: Any, initial_lr: float, multiplier: Callable | float,
+                 start_epoch: int = 0, end_epoch: int | None = None, staircase: bool = True,
+                 momentum_correction: bool = True, steps_per_epoch: int | None = None,
+                 *args: Any):
+        super().__init__(*args)
+        self._keras = keras
+        self.initial_lr = initial_lr
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+
+    def _in_range(self, epoch: int) -> bool:
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _adjust(self, epoch: float) -> None:
+        set_lr(self._keras, self.model.optimizer, self.initial_lr * self.multiplier(epoch))
+
+    def on_train_begin(self, logs=None):
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = (self.params or {}).get("steps")
+            if not self.steps_per_epoch:
+                raise ValueError("steps_per_epoch is unknown (a dataset of unknown length): "
+                                 "pass steps_per_epoch to the callback")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self._in_range(self.current_epoch):
+            return
+        if self.staircase:
+            if batch == 0:
+                self._adjust(self.current_epoch)
+        else:
+            self._adjust(self.current_epoch + float(batch) / self.steps_per_epoch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = get_lr(self._keras, self.model.optimizer)
+
+
+class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
+    """Ramp the learning rate from ``initial_lr / size()`` to ``initial_lr`` over
+    ``warmup_epochs`` epochs, batch by batch (Goyal et al.; Horovod's formula)."""
+
+    def __init__(self, keras: Any, initial_lr: float, warmup_epochs: int = 5,
+                 momentum_correction: bool = True, steps_per_epoch: int | None = None,
+                 verbose: int = 0, *args: Any):
+        def multiplier(epoch: float) -> float:
+            epoch += 1.0 / self.steps_per_epoch   # round numbers at epoch ends
+            size = default_runtime().size()
+            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+
+        super().__init__(keras, initial_lr, multiplier, 0, warmup_epochs, False,
+                         momentum_correction, steps_per_epoch, *args)
+        self.verbose = verbose
+        self.warmup_epochs = warmup_epochs
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and default_runtime().rank() == 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{get_lr(self._keras, self.model.optimizer):g}.")

@@ -1,0 +1,50 @@
+"""Tensor operations for Keras 3 on a backend other than TensorFlow (JAX, PyTorch): eager
+only, through numpy copies (``keras.ops.convert_to_numpy``). With the TensorFlow backend
+``byteps_like.keras`` uses :mod:`byteps_like.tensorflow.ops`, which also works in graphs."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import broadcast as core_broadcast
+from ..compression import Compression, Compressor
+from ..runtime import default_runtime
+from ..sync import GradBuffer, GradientSynchronizer
+from ..wire import dtype_name
+
+
+class EagerOps:
+    def __init__(self, keras: Any):
+        self.keras = keras
+        self._syncs: dict = {}
+
+    def push_pull_gradients(self, grads: Sequence[Any], variables: Sequence[Any],
+                            compression: Compressor = Compression.none, average: bool = True,
+                            prefix: str = "Gradient.") -> list:
+        k = self.keras
+        rt = default_runtime()
+        idx = [i for i, g in enumerate(grads) if g is not None]
+        names = tuple(f"{i}.{getattr(variables[i], 'path', i)}" for i in idx)
+        arrays = [np.ascontiguousarray(np.array(k.ops.convert_to_numpy(grads[i])))
+                  for i in idx]
+        key = (id(rt), names, prefix, compression, average)
+        sync = self._syncs.get(key)
+        if sync is None:
+            sync = self._syncs[key] = GradientSynchronizer(
+                rt, names, lambda j: GradBuffer(self._cur[j], dtype_name(self._cur[j].dtype)),
+                compression=compression, average=average, prefix=prefix)
+        self._cur = arrays
+        sync.synchronize()
+        out = list(grads)
+        for i, a in zip(idx, arrays):
+            out[i] = k.ops.convert_to_tensor(a, dtype=grads[i].dtype)
+        return out
+
+    def broadcast_variables(self, variables: Sequence[Any], root_rank: int,
+                            prefix: str = "BroadcastVariables.") -> None:
+        rt = default_runtime()
+        for i, v in enumerate(variables):
+            a = np.ascontiguousarray(np.array(self.keras.ops.convert_to_numpy(v)))
+            core_broadcast.broadcast_array(rt, a, root_rank, f"{prefix}{i}.{v.path}")
+            v.assign(a)

@@ -1,0 +1,46 @@
+"""byteps_like.tensorflow: drop-in for ``byteps.tensorflow`` (TensorFlow 2, eager and
+``tf.function``).
+
+    import byteps_like.tensorflow as bps
+    bps.init()
+    tape = bps.DistributedGradientTape(tape)          # averaged gradients
+    bps.broadcast_variables(model.variables, root_rank=0)
+"""
+from __future__ import annotations
+
+try:
+    import tensorflow as _tf  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without tensorflow
+    raise ImportError("byteps_like.tensorflow needs TensorFlow: pip install "
+                      "'byteps_like[tensorflow]' (or tensorflow-cpu itself)") from exc
+
+from ..api import declare, local_rank, local_size, rank, size  # same as the core's
+from ..compression import Compression
+from ..runtime import default_runtime
+from .ops import broadcast, broadcast_variables, push_pull, push_pull_gradients
+from .tape import DistributedGradientTape
+
+
+def init(lazy: bool = True, **overrides) -> None:
+    """Join the job (``lazy`` is accepted for BytePS compatibility)."""
+    from ..api import init as _init
+    _init(**overrides)
+
+
+def shutdown() -> None:
+    default_runtime().shutdown()
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",  # noqa: N802
+                         device_sparse="", compression=Compression.none, sparse_as_dense=True,
+                         backward_passes_per_step=1, op=None):
+    """A Keras optimizer (``tf.keras.optimizers.*``) whose updates use gradients averaged
+    across workers; see :mod:`byteps_like.tensorflow.keras`."""
+    from .keras import DistributedOptimizer as _dist
+    return _dist(optimizer, name=name, compression=compression,
+                 backward_passes_per_step=backward_passes_per_step)
+
+
+__all__ = ["init", "shutdown", "rank", "size", "local_rank", "local_size", "declare",
+           "push_pull", "push_pull_gradients", "broadcast", "broadcast_variables",
+           "DistributedGradientTape", "DistributedOptimizer", "Compression"]

@@ -1,0 +1,48 @@
+"""byteps_like.tensorflow on real local clusters: the framework conformance checks (push_pull
+averages and sums in eager mode and tf.function, dtypes, gradients of push_pull, broadcast from a
+non-zero root, DistributedGradientTape with dense and sparse gradients, fp16, mismatch errors).
+TF imports slowly, so every check runs inside one launch (tests/frameworks/workers/tf_api.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import bpslaunch
+
+pytest.importorskip("tensorflow")
+pytestmark = pytest.mark.integration
+
+WORKERS = Path(__file__).parent / "workers"
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
+CHECKS = ["dtypes", "average", "gradient", "fp16", "broadcast", "tape", "errors"]
+
+
+def test_tensorflow_conformance():
+    r = bpslaunch([str(WORKERS / "tf_api.py")], workers=2, servers=1, env=TF_ENV, timeout=150)
+    assert r.rc == 0, r.log
+    for check in CHECKS:
+        assert len(r.lines(f"TF API OK {check} ")) == 2, f"{check}\n{r.log}"
+    assert len(r.lines("TF API DONE")) == 2, r.log
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tensorflow"
+
+
+def test_tensorflow_digits_example_trains():
+    pytest.importorskip("sklearn")
+    r = bpslaunch([str(EXAMPLES / "train_digits.py"), "--epochs", "5"], workers=2, servers=1,
+                  env=TF_ENV, timeout=150)
+    assert r.rc == 0, r.log
+    (line,) = r.lines("final test accuracy:")
+    assert float(line.split("accuracy:")[1].split()[0]) >= 0.9, r.log
+
+
+def test_synthetic_benchmark_tf2_tiny():
+    r = bpslaunch([str(EXAMPLES / "synthetic_benchmark_tf2.py"), "--mlp-hidden", "32",
+                   "--mlp-layers", "1", "--image-size", "8", "--num-classes", "10",
+                   "--batch-size", "8", "--num-warmup-batches", "1", "--num-batches-per-iter",
+                   "2", "--num-iters", "2", "--threads", "1"], workers=2, servers=1, env=TF_ENV,
+                  timeout=150)
+    assert r.rc == 0, r.log
+    assert r.lines("Img/sec per worker:") and r.lines("Total img/sec on 2 worker(s):"), r.log
