@@ -1,0 +1,43 @@
+"""byteps_like.mxnet: drop-in for ``byteps.mxnet`` (MXNet 1.9.1, Gluon and the Module API).
+
+    import byteps_like.mxnet as bps
+    bps.init()
+    trainer = bps.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    ...
+    trainer.step(batch_size)      # gradients averaged across workers, then the update
+
+MXNet is imported lazily: ``init``, ``rank`` and friends work without it, and the first use of an
+MXNet-facing name raises an ImportError naming the numpy range MXNet 1.9.1 works with.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..api import local_rank, local_size, rank, size  # same as the core's
+from ..compression import Compression
+from ..runtime import default_runtime
+from .ops import broadcast_parameters, byteps_declare_tensor, byteps_push_pull
+
+_LAZY = ("DistributedOptimizer", "DistributedTrainer")
+
+
+def init(lazy: bool = True, **overrides: Any) -> None:
+    """Join the job (``lazy`` is accepted for BytePS compatibility)."""
+    from ..api import init as _init
+    _init(**overrides)
+
+
+def shutdown() -> None:
+    default_runtime().shutdown()
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(".trainer", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["init", "shutdown", "rank", "size", "local_rank", "local_size", "byteps_push_pull",
+           "byteps_declare_tensor", "broadcast_parameters", "Compression",
+           "DistributedOptimizer", "DistributedTrainer"]

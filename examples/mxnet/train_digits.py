@@ -1,0 +1,127 @@
+"""Train a small Gluon MLP on scikit-learn's handwritten-digits dataset, data-parallel over every
+worker of a byteps_like job (the BytePS MXNet recipe, with ``import byteps_like.mxnet as bps``).
+
+Runs in the MXNet environment (MXNet 1.9.1 needs numpy < 1.24; ``bash scripts/setup_mxnet.sh``):
+
+    .venv-mxnet/bin/bpslaunch --local --workers 2 --servers 1 -- \\
+        .venv-mxnet/bin/python examples/mxnet/train_digits.py
+    .venv-mxnet/bin/python examples/mxnet/train_digits.py      # one process, size() == 1
+
+The recipe, as in BytePS's ``example/mxnet``:
+
+1. ``bps.init()``; every worker takes its own shard of the training set (by rank).
+2. ``bps.DistributedTrainer(net.collect_params(), "sgd", {...})`` in place of
+   ``gluon.Trainer``: ``trainer.step(batch_size)`` averages every gradient across workers, then
+   updates. It also broadcasts rank 0's weights when it is built (each worker seeds its own
+   initialisation differently here, on purpose, to show that the broadcast makes them agree).
+3. The learning rate is the per-worker one times ``bps.size()`` (linear scaling for a global
+   batch ``size()`` times larger; ``--no-scale-lr`` turns it off).
+
+Rank 0 prints progress and, at the end, ``final test accuracy: 0.XXXX (N workers, S steps)``.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import numpy as np
+
+import byteps_like.mxnet as bps
+
+with warnings.catch_warnings():  # MXNet 1.9.1 touches numpy's deprecated aliases
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import mxnet as mx
+from mxnet import autograd, gluon
+
+
+def load_data(seed: int):
+    from sklearn.datasets import load_digits  # ships with scikit-learn: no download
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    order = np.random.default_rng(seed).permutation(len(x))
+    x, y = x[order], y[order].astype(np.float32)
+    n_test = len(x) // 5
+    return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
+
+
+def make_net(hidden: int) -> gluon.nn.HybridSequential:
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(hidden, in_units=64, activation="relu"),
+            gluon.nn.Dense(hidden, in_units=hidden, activation="relu"),
+            gluon.nn.Dense(10, in_units=hidden))
+    return net
+
+
+def accuracy(net, x: np.ndarray, y: np.ndarray) -> float:
+    pred = net(mx.nd.array(x)).argmax(axis=1).asnumpy()
+    return float((pred == y).mean())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=32, help="per worker")
+    ap.add_argument("--lr", type=float, default=0.05, help="per-worker learning rate")
+    ap.add_argument("--no-scale-lr", action="store_true",
+                    help="do not multiply the learning rate by bps.size()")
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--fp16-pushpull", action="store_true",
+                    help="gradients travel as float16 (compression_params={'compressor': 'fp16'})")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+
+    bps.init()
+    rank, size = bps.rank(), bps.size()
+    xtr, ytr, xte, yte = load_data(seed=0)
+    xs, ys = xtr[rank::size], ytr[rank::size]          # this worker's shard
+
+    mx.random.seed(args.seed + rank)                   # differs per rank; the trainer's broadcast
+    net = make_net(args.hidden)                        # makes every worker start from rank 0's
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    lr = args.lr if args.no_scale_lr else args.lr * size
+    trainer = bps.DistributedTrainer(
+        net.collect_params(), "sgd", {"learning_rate": lr, "momentum": args.momentum},
+        compression_params={"compressor": "fp16"} if args.fp16_pushpull else None)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    # the same number of steps on every worker: the smallest shard decides
+    steps = (len(xtr) // size) // args.batch_size
+    if rank == 0:
+        print(f"{size} worker(s), {len(xs)} training samples on rank 0, {steps} steps/epoch, "
+              f"batch {args.batch_size}/worker, lr {lr:g}"
+              f"{'' if args.no_scale_lr else f' ({args.lr:g} x {size} workers)'}", flush=True)
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(100 + rank)
+    for epoch in range(args.epochs):
+        order = rng.permutation(len(xs))
+        total = 0.0
+        for s in range(steps):
+            idx = order[s * args.batch_size:(s + 1) * args.batch_size]
+            x, y = mx.nd.array(xs[idx]), mx.nd.array(ys[idx])
+            with autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+            trainer.step(len(idx))                     # average over workers, then update
+            total += float(loss.mean().asscalar())
+        if rank == 0:
+            print(f"epoch {epoch + 1:3d}/{args.epochs}  loss {total / steps:.4f}  "
+                  f"test accuracy {accuracy(net, xte, yte):.4f}  "
+                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+
+    # every worker must hold the same weights: compare with the average over workers
+    flat = np.concatenate([p.data().asnumpy().ravel()
+                           for _, p in sorted(net.collect_params().items())])
+    avg = mx.nd.array(flat)
+    bps.byteps_push_pull(avg, name="check.parameters", is_average=True)
+    assert np.allclose(avg.asnumpy(), flat, atol=1e-5), "workers diverged"
+    if rank == 0:
+        print(f"final test accuracy: {accuracy(net, xte, yte):.4f} "
+              f"({size} workers, {steps * args.epochs} steps)", flush=True)
+    bps.shutdown()
+
+
+if __name__ == "__main__":
+    main()
