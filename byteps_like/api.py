@@ -75,5 +75,10 @@ def synchronize(handle: Handle, timeout: float | None = None) -> Any:
     return handle.wait(timeout)
 
 
+def get_pushpull_speed() -> tuple[int, float]:
+    """(timestamp in ms, MB/s this worker pushed plus pulled over the last few seconds)."""
+    return default_runtime().get_pushpull_speed()
+
+
 __all__ = ["Runtime", "Handle", "init", "shutdown", "rank", "size", "local_rank", "local_size",
-           "declare", "barrier", "push_pull", "push_pull_async", "poll", "synchronize"]
+           "declare", "barrier", "push_pull", "push_pull_async", "poll", "synchronize", "get_pushpull_speed"]

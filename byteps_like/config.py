@@ -33,7 +33,6 @@ IGNORED_NAMES = frozenset({
     "BYTEPS_FORCE_DISTRIBUTED", "BYTEPS_NCCL_GROUP_SIZE", "BYTEPS_NCCL_NUM_RINGS",
     "BYTEPS_USE_HASH_KEY", "BYTEPS_KEY_HASH_FN", "BYTEPS_BUILT_IN_HASH_COEF",
     "BYTEPS_ENABLE_MIXED_MODE", "BYTEPS_SERVER_ENABLE_SCHEDULE", "BYTEPS_ENABLE_IPC",
-    "BYTEPS_TRACE_ON", "BYTEPS_TRACE_START_STEP", "BYTEPS_TRACE_END_STEP", "BYTEPS_TRACE_DIR",
     "BYTEPS_NUMA_DEFAULT_QUOTA", "BYTEPS_MULTITHREADED_CPU", "BYTEPS_OMP_THREAD_PER_GPU",
     "BYTEPS_PCIE_SWITCH_SIZE", "BYTEPS_REDUCE_ROOTS", "BYTEPS_MIN_COMPRESS_BYTES",
     "BYTEPS_THREADPOOL_SIZE", "BYTEPS_DEBUG_SAMPLE_TENSOR", "BYTEPS_ENABLE_GDB",
@@ -65,8 +64,9 @@ class Setting:
         return f"{self.section}.{self.name}"
 
 
-def _s(env: str, kind: str, default: Any, help: str, **kw: Any) -> Any:
-    return field(default=default, metadata={"setting": Setting(env, kind, default, help, **kw)})
+def _s(env: str, kind: str, default: Any, help: str, *, repr: bool = True, **kw: Any) -> Any:
+    return field(default=default, repr=repr,
+                 metadata={"setting": Setting(env, kind, default, help, **kw)})
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,56 @@ class TimeoutsConfig:
                                   "heartbeat_interval.", unit="seconds")
     shutdown_timeout: float = _s("BYTEPS_SHUTDOWN_TIMEOUT_SECONDS", "seconds", 30.0, "How long "
                                  "shutdown waits for peers before giving up.", unit="seconds")
+    stall_check_time: float = _s("BYTEPS_STALL_CHECK_TIME_SECONDS", "seconds", 60.0, "Stall "
+                                 "inspector: a synchronous round of a tensor that some workers "
+                                 "have pushed and others have not for this long is reported by "
+                                 "its server to the scheduler, which logs the tensor names and "
+                                 "the missing worker ranks.", unit="seconds")
+    stall_shutdown_time: float = _s("BYTEPS_STALL_SHUTDOWN_TIME_SECONDS", "float", 0.0, "Stall "
+                                    "inspector: fail the whole job (every node raises "
+                                    "PeerLostError naming the missing ranks) once a round has "
+                                    "stalled this long; 0 turns it off.", unit="seconds", min=0)
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Authentication of peers (docs/reliability.md): ZeroMQ CURVE keys derived from a secret."""
+    secret: str = _s("BYTEPS_AUTH_SECRET", "str", "", "Shared secret of the job; when set, every "
+                     "TCP connection is encrypted and authenticated with ZeroMQ CURVE keys "
+                     "derived from it, and peers without it cannot connect. Empty turns "
+                     "authentication off. `bpslaunch --local --auth` generates one per job.", repr=False)
+    secret_file: str = _s("BYTEPS_AUTH_SECRET_FILE", "str", "", "File whose contents (stripped) "
+                          "are the shared secret; used when BYTEPS_AUTH_SECRET is empty, so the "
+                          "secret need not appear in the environment.")
+
+
+# --- observability (docs/observability.md): timeline traces, metrics, telemetry ---------------
+@dataclass(frozen=True)
+class TraceConfig:
+    """Timeline traces of the worker pipeline (Chrome trace-event JSON, as in BytePS)."""
+    on: bool = _s("BYTEPS_TRACE_ON", "bool", False, "Write a timeline trace: one event per "
+                  "pipeline stage per partition, to BYTEPS_TRACE_DIR/<rank>/comm.json.")
+    start_step: int = _s("BYTEPS_TRACE_START_STEP", "int", 10, "First traced step; a step is a "
+                         "round of the first tensor the worker declared.", min=0)
+    end_step: int = _s("BYTEPS_TRACE_END_STEP", "int", 20, "Last traced step (inclusive); the "
+                       "trace file is written once it is over, or at shutdown.", min=0)
+    dir: str = _s("BYTEPS_TRACE_DIR", "str", "./trace", "Directory of the trace files.")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus metrics endpoint and the periodic telemetry summary line."""
+    port: int = _s("BYTEPS_METRICS_PORT", "int", 0, "Serve Prometheus metrics over HTTP on "
+                   "this port (needs the `metrics` extra, prometheus-client; a worker serves "
+                   "this port + BYTEPS_LOCAL_RANK); 0 turns it off. "
+                   "`bpslaunch --local --metrics` assigns a free port to every process.",
+                   min=0, max=65535)
+    host: str = _s("BYTEPS_METRICS_HOST", "str", "0.0.0.0", "Address the metrics endpoint "
+                   "binds to.")
+    summary_interval: float = _s("BYTEPS_TELEMETRY_INTERVAL_SECONDS", "seconds", 10.0,
+                                 "Workers log a summary line (throughput, slowest stage) at "
+                                 "INFO level this often; 0 turns it off.", unit="seconds")
+# --- end observability -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -199,6 +249,9 @@ class Config:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     _sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}),
                                         compare=False, repr=False)

@@ -119,7 +119,16 @@ class ControlClient:
     def finish(self, timeout: float) -> bool:
         """Tell the scheduler this worker is done; wait for the job's shutdown notice."""
         self._send(MsgType.FINISH)
-        return self._shutdown.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while not self._shutdown.wait(0.05):
+            self.check()  # a peer (or the scheduler) lost meanwhile: raise, do not wait it out
+            if time.monotonic() > deadline:
+                return False
+        return True
+
+    def send_stall(self, stalls: list[dict]) -> None:
+        """Report stalled synchronous rounds to the scheduler (the stall inspector)."""
+        self._send(MsgType.STALL, {"stalls": stalls})
 
     def abort(self, reason: str) -> None:
         self._send(MsgType.ABORT, {"reason": reason[:4000]})

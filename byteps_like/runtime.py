@@ -83,6 +83,7 @@ class Runtime:
         self.pipeline: Pipeline | None = None
         self.bytes_pushed = 0
         self.bytes_pulled = 0
+        self.telemetry = None  # byteps_like.telemetry.Telemetry once connected
 
     # -- lifecycle ----------------------------------------------------------------------------
     def init(self) -> None:
@@ -185,6 +186,8 @@ class Runtime:
                                  queue_depth=cfg.scheduling.queue_depth, credit_bytes=credit,
                                  on_error=lambda task, exc: self._fail_task(task, exc))
         self.pipeline.on_complete = lambda task: task.handle.part_done(task.part)
+        from .telemetry import attach  # observers: trace, metrics, summary line
+        self.telemetry = attach(self)
         self.pipeline.start()
         self._install_excepthook()
 
@@ -227,6 +230,9 @@ class Runtime:
             self._teardown()
 
     def _teardown(self) -> None:
+        if self.telemetry is not None:  # writes the trace file
+            self.telemetry.close()
+            self.telemetry = None
         if self.pipeline is not None:
             self.pipeline.close()
             self.pipeline = None
@@ -279,6 +285,13 @@ class Runtime:
     def local_size(self) -> int:
         self._check()
         return self.local_size_
+
+    def get_pushpull_speed(self) -> tuple[int, float]:
+        """(timestamp in ms, MB/s pushed plus pulled over the last few seconds), as in BytePS."""
+        self._check()
+        if self.telemetry is None:  # standalone: nothing travels
+            return int(time.time() * 1000), 0.0
+        return self.telemetry.speed()
 
     def barrier(self, timeout: float | None = None) -> None:
         self._check()

@@ -40,6 +40,7 @@ class MsgType(enum.IntEnum):
     FINISH = 7
     SHUTDOWN = 8
     ABORT = 9
+    STALL = 10        # server -> scheduler: synchronous rounds waiting on some workers
     # data plane (worker <-> server)
     PUSH = 20
     PUSH_ACK = 21

@@ -43,7 +43,8 @@ _ROLE_CMD_OPTION = "--_role-cmd"
 _USAGE = """\
 bpslaunch [options] [--] COMMAND [ARG ...]
        bpslaunch --local [--workers N] [--servers M] [--local-size L] [--port P] [--host H]
-                 [options] -- COMMAND [ARG ...]"""
+                 [options] -- COMMAND [ARG ...]
+       bpslaunch plan|k8s|slurm ...   (bpslaunch SUBCOMMAND --help)"""
 
 _DESCRIPTION = """\
 Start the processes of a byteps_like job and supervise them (all-or-nothing: when one fails,
@@ -132,6 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--host", metavar="H",
                        help=f"address of every process, DMLC_PS_ROOT_URI and DMLC_NODE_HOST "
                             f"(default {DEFAULT_HOST})")
+    local.add_argument("--auth", action="store_true", default=None,
+                       help="generate a one-time BYTEPS_AUTH_SECRET for this job (unless one "
+                            "is set): every connection is then authenticated with CURVE")
+    local.add_argument("--status", action="store_true", default=None,
+                       help="show a live status of the cluster (a redrawn screen on a "
+                            "terminal, a status line every few seconds otherwise); implies "
+                            "--metrics (docs/observability.md)")
+    local.add_argument("--metrics", action="store_true", default=None,
+                       help="give every process a free BYTEPS_METRICS_PORT (Prometheus) and "
+                            "print the addresses")
     sup = parser.add_argument_group("supervision")
     sup.add_argument("--timeout", type=_seconds(False), metavar="SECONDS",
                      help="wall-clock limit of the whole job; on expiry everything is "
@@ -160,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 _VALUE_OPTIONS = frozenset({"--workers", "--servers", "--local-size", "--port", "--host",
                             "--timeout", "--grace", "--timeout-shutdown", "--log-dir",
                             _ROLE_CMD_OPTION})
-_LOCAL_ONLY = ("workers", "servers", "local_size", "port", "host")
+_LOCAL_ONLY = ("workers", "servers", "local_size", "port", "host", "auth", "status", "metrics")
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -222,6 +233,10 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
     if args.local:
         if not command:
             raise UsageError("--local needs the worker command after --")
+        if getattr(args, "auth", None) and not (env.get("BYTEPS_AUTH_SECRET")
+                                                or env.get("BYTEPS_AUTH_SECRET_FILE")):
+            import secrets
+            env = {**env, "BYTEPS_AUTH_SECRET": secrets.token_hex(32)}  # 256 bits, this job only
         host = args.host or DEFAULT_HOST
         cluster = LocalCluster(
             command=tuple(command), port=args.port or free_port(host),
@@ -318,10 +333,30 @@ def check_executable(program: str, env: Mapping[str, str]) -> str:
     return found
 
 
+#: ``bpslaunch SUBCOMMAND ...``: tools beside the launch itself (docs/deployment.md).
+SUBCOMMANDS = {"plan": "recommend servers, placement and partition size (launcher/planner.py)",
+               "k8s": "write Kubernetes manifests for a job (launcher/k8s.py)",
+               "slurm": "run this SLURM task's share of a job (launcher/slurm.py)"}
+
+
+def run_subcommand(name: str, argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """``bpslaunch plan|k8s|slurm ...``; imported on use."""
+    if name == "plan":
+        from .planner import main as sub_main
+        return sub_main(argv)
+    if name == "k8s":
+        from .k8s import main as sub_main
+        return sub_main(argv)
+    from .slurm import main as slurm_main
+    return slurm_main(argv, env)
+
+
 def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None = None) -> int:
     """Run bpslaunch; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     env = dict(os.environ if environ is None else environ)
+    if argv and argv[0] in SUBCOMMANDS:
+        return run_subcommand(argv[0], argv[1:], env)
     try:
         args, command = parse_args(argv)
         launch = plan_launch(args, command, env)
@@ -339,4 +374,8 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
     for note in (*launch.notes, *launch.binding):
         print(f"bpslaunch: {note}", file=sys.stderr, flush=True)
     sys.stdout.flush()
+    if args.local and (args.status or args.metrics):  # launcher/status.py
+        from .status import run_with_status
+        return run_with_status(launch, run_job, args.host or DEFAULT_HOST,
+                               metrics_only=not args.status)
     return run_job(launch.specs, launch.base_env, launch.settings)

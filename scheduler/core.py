@@ -34,6 +34,7 @@ class NodeInfo:
     rank: int = -1
     last_seen: float = field(default_factory=time.monotonic)
     finished: bool = False
+    lost: bool = False
 
     def describe(self) -> str:
         return f"{self.role.label} rank {self.rank} on {self.host} (pid {self.pid})"
@@ -76,8 +77,16 @@ class Scheduler:
         self.barriers: dict[tuple[str, int], set[bytes]] = {}
         self.exit_code: int | None = None
         self.failure: str | None = None
+        self.rejected = 0
+        # the stall inspector: (server rank, key, round) -> last report of that round
+        self.stalls: dict[tuple[int, int, int], dict] = {}
+        self.stall_log: list[str] = []
+        self.lost_workers: list[str] = []   # asynchronous mode: workers lost, job went on
         self._done = threading.Event()
+        self.heartbeats_missed = 0   # metrics: ticks that found a node silent > 2 intervals
+        self.metrics = None
         self.ep.on_message = self._on_message
+        self.ep.on_error = self._io_failed
         self.ep.add_timer(cfg.timeouts.heartbeat_interval, self._tick)
 
     # -- helpers ----------------------------------------------------------------------------
@@ -93,6 +102,11 @@ class Scheduler:
             self.phase = "done"
             self._done.set()
 
+    def _io_failed(self, exc: BaseException) -> None:
+        """The I/O thread died (a bug): exit non-zero at once instead of hanging; the nodes see
+        the scheduler's heartbeats stop and raise PeerLostError naming it."""
+        self._finish(1, f"scheduler internal error: {exc!r}")
+
     def _counts(self) -> str:
         parts = []
         for role in (Role.WORKER, Role.SERVER):
@@ -105,11 +119,13 @@ class Scheduler:
         try:
             msg = decode(frames, self.cfg.transport.max_message_bytes)
         except ProtocolError as exc:
+            self.rejected += 1
             log.warning("scheduler: rejected a malformed message from %s: %s", route, exc)
             self._send(route, MsgType.ERROR, {"kind": ERR_PROTOCOL, "message": str(exc)})
             return
         h = msg.header
         if h.job != self.job:
+            self.rejected += 1
             self._send(route, MsgType.ERROR, {"kind": ERR_REGISTER, "message":
                        f"this scheduler serves job {self.cfg.cluster.job_id!r}; the peer belongs "
                        "to another job (check BYTEPS_JOB_ID and DMLC_PS_ROOT_PORT)"})
@@ -120,6 +136,7 @@ class Scheduler:
         if h.type is MsgType.REGISTER:
             self._register(route, msg.meta or {}, h)
         elif node is None:
+            self.rejected += 1
             self._send(route, MsgType.ERROR, {"kind": ERR_REGISTER,
                        "message": f"{h.type.name} from an unregistered node"})
         elif h.type is MsgType.HEARTBEAT:
@@ -128,9 +145,12 @@ class Scheduler:
             self._barrier(node, (msg.meta or {}).get("group", "all"), h.key)
         elif h.type is MsgType.FINISH:
             self._worker_finished(node)
+        elif h.type is MsgType.STALL and node.role is Role.SERVER:
+            self._stall(node, (msg.meta or {}).get("stalls"))
         elif h.type is MsgType.ABORT:
             reason = (msg.meta or {}).get("reason", "aborted")
             self._lose(node, f"{node.describe()} failed: {reason}")
+            self._send(node, MsgType.SHUTDOWN)  # the failed node need not wait for anyone
         else:
             log.warning("scheduler: unexpected %s from %s", h.type.name, node.describe())
 
@@ -143,6 +163,7 @@ class Scheduler:
                             int(meta.get("local_rank", 0)))
             local_size = int(meta.get("local_size", self.cfg.cluster.local_size))
         except (KeyError, ValueError, TypeError) as exc:
+            self.rejected += 1
             self._send(route, MsgType.ERROR, {"kind": ERR_REGISTER,
                        "message": f"bad registration: {exc}"})
             return
@@ -167,6 +188,7 @@ class Scheduler:
                     err = (f"DMLC_WORKER_ID={info.worker_id} BYTEPS_LOCAL_RANK={info.local_rank} "
                            f"is already taken by {n.host} pid {n.pid}")
         if err:
+            self.rejected += 1
             log.error("scheduler: refused %s from %s: %s", role.label, info.host, err)
             self._send(route, MsgType.ERROR, {"kind": ERR_REGISTER, "message": err})
             return
@@ -193,14 +215,62 @@ class Scheduler:
         log.info("scheduler: all %d nodes joined; node table sent", len(self.nodes))
 
     def _barrier(self, node: NodeInfo, group: str, seq: int) -> None:
+        self.barriers.setdefault((group, seq), set()).add(node.route.ident)
+        self._check_barrier(group, seq)
+
+    def _check_barrier(self, group: str, seq: int) -> None:
         members = [n for n in self.nodes.values()
-                   if group == "all" or n.role.label == group]
-        arrived = self.barriers.setdefault((group, seq), set())
-        arrived.add(node.route.ident)
-        if len(arrived) >= len(members):
+                   if (group == "all" or n.role.label == group) and not n.lost]
+        arrived = self.barriers.get((group, seq), set())
+        if {n.route.ident for n in members} <= arrived:
             del self.barriers[(group, seq)]
             for n in members:
                 self._send(n, MsgType.BARRIER_DONE, {"group": group}, key=seq)
+
+    def _worker_ranks(self, machines: list[int]) -> list[int]:
+        """Worker ranks of worker machine indices (servers count pushes per machine)."""
+        ls = self.cfg.cluster.local_size
+        return [m * ls + i for m in machines for i in range(ls)]
+
+    def _stall(self, server: NodeInfo, stalls) -> None:
+        """The stall inspector: a server reports synchronous rounds that some workers pushed and
+        others did not; log them, aggregated, and fail the job past the shutdown limit."""
+        if not isinstance(stalls, list) or self.phase != "running":
+            return
+        fresh, oldest = [], None
+        for st in stalls[:1000]:
+            try:
+                ident = (server.rank, int(st["key"]), int(st["round"]))
+                age = float(st["age"])
+                missing = self._worker_ranks([int(m) for m in st["missing"]])
+                name = str(st["name"])[:200]
+            except (KeyError, TypeError, ValueError):
+                continue
+            if ident not in self.stalls:
+                fresh.append(f"{name!r} (key {ident[1]}, round {ident[2]}, server {server.rank}, "
+                             f"{age:.0f} s) is missing worker ranks {missing}")
+            self.stalls[ident] = {"name": name, "age": age, "missing": missing}
+            if oldest is None or age > oldest[0]:
+                oldest = (age, name, missing)
+        if fresh:
+            text = (f"stall inspector: {len(fresh)} tensor round(s) pushed by some workers but "
+                    f"not all for over {self.cfg.timeouts.stall_check_time:g} s "
+                    f"(BYTEPS_STALL_CHECK_TIME_SECONDS): " + "; ".join(fresh[:20])
+                    + (f"; and {len(fresh) - 20} more" if len(fresh) > 20 else ""))
+            self.stall_log.append(text)
+            log.warning("scheduler: %s", text)
+        limit = self.cfg.timeouts.stall_shutdown_time
+        if limit > 0 and oldest is not None and oldest[0] >= limit:
+            age, name, missing = oldest
+            names = sorted({v["name"] for v in self.stalls.values()})
+            workers = {n.rank: n for n in self.nodes.values() if n.role is Role.WORKER}
+            first = workers.get(missing[0]) if missing else None
+            why = (f"stall inspector: tensor {name!r} has waited {age:.0f} s for worker ranks "
+                   f"{missing} (stalled tensors: {', '.join(repr(n) for n in names[:20])}); "
+                   f"BYTEPS_STALL_SHUTDOWN_TIME_SECONDS={limit:g} reached, failing the job")
+            if first is None:
+                first = server
+            self._lose(first, why, tell_lost=True)
 
     def _worker_finished(self, node: NodeInfo) -> None:
         node.finished = True
@@ -208,17 +278,50 @@ class Scheduler:
         log.info("scheduler: %s finished (%d of %d)", node.describe(),
                  sum(n.finished for n in workers), len(workers))
         if all(n.finished for n in workers):
-            for n in self.nodes.values():
-                self._send(n, MsgType.SHUTDOWN)
-            self._finish(0)
+            self._shutdown_all()
 
-    def _lose(self, lost: NodeInfo, why: str) -> None:
+    def _lose(self, lost: NodeInfo, why: str, *, tell_lost: bool = False) -> None:
+        if (self.cfg.server.enable_async and lost.role is Role.WORKER and not tell_lost
+                and self.phase == "running"):
+            self._lose_async_worker(lost, why)
+            return
         log.error("scheduler: %s", why)
         for n in self.nodes.values():
-            if n is not lost and not n.finished:
+            if (n is not lost or tell_lost) and not n.finished:
                 self._send(n, MsgType.PEER_LOST, {**lost.public(), "reason": why})
         lost.finished = True
         self._finish(1, why)
+
+    def _lose_async_worker(self, lost: NodeInfo, why: str) -> None:
+        """Asynchronous mode: no round waits for every worker, so a lost worker does not stop
+        the others. It is logged, left out of barriers, and the job ends (exit status 1, naming
+        it) when the surviving workers finish."""
+        log.error("scheduler: %s; asynchronous mode: the other workers continue", why)
+        lost.lost = lost.finished = True
+        self.lost_workers.append(why)
+        for group, seq in list(self.barriers):
+            self._check_barrier(group, seq)
+        workers = [n for n in self.nodes.values() if n.role is Role.WORKER]
+        if all(n.lost for n in workers):
+            self._lose_all(why)
+        elif all(n.finished for n in workers):
+            self._shutdown_all()
+
+    def _lose_all(self, why: str) -> None:
+        for n in self.nodes.values():
+            if not n.finished:
+                self._send(n, MsgType.PEER_LOST, {"role": "worker", "rank": -1, "host": "",
+                                                  "port": 0, "pid": 0, "reason": why})
+        self._finish(1, why)
+
+    def _shutdown_all(self) -> None:
+        for n in self.nodes.values():
+            if not n.lost:
+                self._send(n, MsgType.SHUTDOWN)
+        if self.lost_workers:
+            self._finish(1, "; ".join(self.lost_workers))
+        else:
+            self._finish(0)
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -238,6 +341,8 @@ class Scheduler:
             if n.finished:
                 continue
             silent = now - n.last_seen
+            if silent > 2 * t.heartbeat_interval:
+                self.heartbeats_missed += 1  # metrics
             if silent > t.heartbeat_timeout:
                 self._lose(n, f"lost {n.describe()}: no heartbeat for {silent:.1f} s "
                               f"(BYTEPS_HEARTBEAT_TIMEOUT_SECONDS={t.heartbeat_timeout:g})")
@@ -257,12 +362,26 @@ class Scheduler:
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
         self.ep.start()
+        from byteps_like.metrics import serve_role  # metrics: BYTEPS_METRICS_PORT
+        self.metrics = serve_role("scheduler", 0, self.cfg, self._metrics_sample, "node_role")
+
+    def _metrics_sample(self) -> dict:
+        """What the Prometheus endpoint reports (byteps_like/metrics.py)."""
+        nodes: dict[str, int] = {"worker": 0, "server": 0}
+        for n in list(self.nodes.values()):
+            if not n.lost:
+                nodes[n.role.label] = nodes.get(n.role.label, 0) + 1
+        return {"byteps_scheduler_nodes": nodes,
+                "byteps_scheduler_heartbeats_missed": self.heartbeats_missed}
 
     def wait(self, timeout: float | None = None) -> int | None:
         self._done.wait(timeout)
         return self.exit_code
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         self.closed_cleanly = self.ep.close(linger=2.0)
 
     def run(self) -> int:

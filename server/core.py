@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +48,7 @@ class KeyStore:
     pending: list = field(default_factory=list)   # (route, rank, round) waiting for a round
     failed: str | None = None
     pushes: int = 0
+    round_started: float | None = None   # monotonic time of the open round's first push
 
     def describe_decl(self, decl: dict) -> str:
         return f"{decl.get('name')!r} shape {tuple(decl.get('shape', ()))} {decl.get('dtype')}"
@@ -87,6 +89,7 @@ class Engine(threading.Thread):
             self._push(store, route, msg)
         elif h.type is MsgType.PULL:
             if store is None:
+                self.server._reject("pull of an undeclared key")
                 self.server.reply_error(route, h, ERR_PROTOCOL,
                                         f"pull of key {h.key} before any push")
                 return
@@ -95,10 +98,12 @@ class Engine(threading.Thread):
     def _create(self, route: Route, msg: Message) -> KeyStore | None:
         h = msg.header
         if not (h.flags & FLAG_DECLARE) or not msg.meta:
+            self.server._reject("push of an undeclared key")
             self.server.reply_error(route, h, ERR_PROTOCOL, f"first push of key {h.key} from "
                                     f"{h.sender} carries no declaration")
             return None
         if h.dtype not in SUMMABLE:
+            self.server._reject("dtype that cannot be summed")
             self.server.reply_error(route, h, ERR_PROTOCOL, f"dtype {h.dtype} cannot be summed")
             return None
         nbuf = 1 if self.server.async_mode else 2
@@ -126,9 +131,13 @@ class Engine(threading.Thread):
                     f"{store.describe_decl(decl)}; every worker must declare the same tensors, "
                     "in the same order, with the same shape and dtype")
         elif h.dtype != store.dtype or h.nbytes != store.nbytes:
-            text = (f"tensor mismatch on key {h.key} ({store.decl.get('name')!r}): worker rank "
-                    f"{store.decl_rank} pushed {store.count} x {store.dtype}, worker rank "
-                    f"{h.rank} pushed {h.count} x {h.dtype}")
+            # Without a declaration this push is not a worker disagreeing about the tensor (that
+            # shows in the round-0 declarations): reject it alone, the key keeps serving.
+            self.server._reject("wrong dtype or size for a declared key")
+            self.server.reply_error(route, h, ERR_PROTOCOL, (
+                f"push to key {h.key} ({store.decl.get('name')!r}) from worker rank {h.rank}: "
+                f"{h.count} x {h.dtype}, but the key holds {store.count} x {store.dtype}"))
+            return False
         if text is not None:
             self._fail_key(store, text)
         if store.failed is not None:
@@ -142,7 +151,9 @@ class Engine(threading.Thread):
             return
         srv = self.server
         if srv.async_mode:
+            t_sum = time.perf_counter()
             _core.add_into(store.bufs[0], msg.payload, store.dtype, srv.sum_threads)
+            srv.sum_meter.add(h.nbytes, time.perf_counter() - t_sum)  # metrics
             store.pushes += 1
             srv.reply(route, MsgType.PUSH_ACK, h)
             if h.flags & FLAG_PULL:
@@ -151,14 +162,18 @@ class Engine(threading.Thread):
         if h.round != store.round or h.rank in store.pushed:
             why = ("twice in one round" if h.rank in store.pushed and h.round == store.round
                    else f"for round {h.round} while round {store.round} is open")
+            srv._reject("push out of round")
             srv.reply_error(route, h, ERR_PROTOCOL, f"key {h.key}: push from worker rank "
                             f"{h.rank} {why}")
             return
         buf = store.bufs[h.round % 2]
+        t_sum = time.perf_counter()
         if not store.pushed:
+            store.round_started = time.monotonic()
             _core.copy_into(buf, msg.payload, srv.sum_threads)
         else:
             _core.add_into(buf, msg.payload, store.dtype, srv.sum_threads)
+        srv.sum_meter.add(h.nbytes, time.perf_counter() - t_sum)  # metrics
         store.pushed.add(h.rank)
         store.pushes += 1
         srv.reply(route, MsgType.PUSH_ACK, h)
@@ -167,6 +182,7 @@ class Engine(threading.Thread):
         if len(store.pushed) == srv.num_workers:
             store.completed = store.round
             store.round += 1
+            store.round_started = None
             store.pushed = set()
             waiting, store.pending = store.pending, []
             for proute, _rank, rnd in waiting:
@@ -215,8 +231,23 @@ class Server:
         self.engines = [Engine(self, i) for i in range(cfg.server.engine_threads)]
         self.key_engine: dict[int, Engine] = {}
         self.rejected = 0
+        self.rejected_by_reason: dict[str, int] = {}
+        self._reject_lock = threading.Lock()
+        self.stall_reports = 0
         self._done = threading.Event()
+        # -- metrics (byteps_like/metrics.py, docs/observability.md) --
+        from byteps_like.metrics import SumMeter
+        self.sum_meter = SumMeter()
+        self.metrics = None
+        # -- end metrics --
         self.ep.on_message = self._on_message
+        self.ep.on_error = self._io_failed
+
+    def _io_failed(self, exc: BaseException) -> None:
+        """The I/O thread died (a bug): exit non-zero instead of hanging; the scheduler sees the
+        heartbeats stop and tells every other node which server was lost."""
+        self.control._fail(RuntimeError(f"server {self.rank} internal error: {exc!r}"))
+        self._done.set()
 
     @property
     def rank(self) -> int:
@@ -235,7 +266,7 @@ class Server:
         try:
             msg = decode(frames, self.cfg.transport.max_message_bytes)
         except ProtocolError as exc:
-            self.rejected += 1
+            self._reject("malformed")
             log.warning("server %d: rejected a message from %s: %s", self.rank, route, exc)
             if route.ident is not None:
                 try:
@@ -249,11 +280,12 @@ class Server:
             return
         h = msg.header
         if h.job != self.job:
+            self._reject("wrong job")
             self.reply_error(route, h, ERR_PROTOCOL, f"server {self.rank} serves job "
                              f"{self.cfg.cluster.job_id!r}; this peer belongs to another job")
             return
         if h.type not in (MsgType.PUSH, MsgType.PULL) or not 0 <= h.rank < self.num_workers:
-            self.rejected += 1
+            self._reject("unexpected type or rank")
             self.reply_error(route, h, ERR_PROTOCOL, f"server {self.rank}: unexpected "
                              f"{h.type.name} from {h.sender}")
             return
@@ -264,18 +296,73 @@ class Server:
             self.key_engine[h.key] = eng
         eng.q.put((route, msg))
 
+    def _reject(self, reason: str) -> None:
+        with self._reject_lock:
+            self.rejected += 1
+            self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
+
+    # -- the stall inspector ----------------------------------------------------------------
+    def stalled_rounds(self, now: float | None = None) -> list[dict]:
+        """Synchronous rounds open longer than BYTEPS_STALL_CHECK_TIME_SECONDS: some workers
+        have pushed, others have not. Read from the I/O thread while engines run, so every
+        field is read once into a local (a round may complete meanwhile; then it is skipped)."""
+        if self.async_mode:
+            return []
+        now = time.monotonic() if now is None else now
+        limit = self.cfg.timeouts.stall_check_time
+        out = []
+        for eng in self.engines:
+            for store in list(eng.stores.values()):
+                started, rnd = store.round_started, store.round
+                if started is None or now - started < limit or store.failed is not None:
+                    continue
+                try:
+                    pushed = sorted(store.pushed)
+                except RuntimeError:  # changed size while copying: the round is moving
+                    continue
+                if not pushed or store.round != rnd:
+                    continue
+                out.append({"name": str(store.decl.get("name")), "key": store.key, "round": rnd,
+                            "part": store.decl.get("part"), "age": round(now - started, 3),
+                            "pushed": pushed,
+                            "missing": sorted(set(range(self.num_workers)) - set(pushed))})
+        return out
+
+    def _stall_tick(self) -> None:
+        if self.control.rank < 0 or self.control.fatal is not None or self.control.shutting_down:
+            return
+        stalls = self.stalled_rounds()
+        if stalls:
+            self.stall_reports += 1
+            self.control.send_stall(stalls[:200])
+
     def start(self) -> None:
         for e in self.engines:
             e.start()
         self.ep.start()
         self.control.connect_and_register(self._scheduler_address)
+        if not self.async_mode:
+            check = self.cfg.timeouts.stall_check_time
+            self.ep.add_timer(max(0.05, min(check / 2, 5.0)), self._stall_tick)
         log.info("server %d: serving on %s (%d engine threads, %s mode)", self.rank, self.address,
                  len(self.engines), "async" if self.async_mode else "sync")
+        from byteps_like.metrics import serve_role  # metrics: BYTEPS_METRICS_PORT
+        self.metrics = serve_role("server", self.rank, self.cfg, self._metrics_sample)
+
+    def _metrics_sample(self) -> dict:
+        """What the Prometheus endpoint reports (byteps_like/metrics.py)."""
+        m = self.sum_meter
+        rounds = sum(st.round for e in self.engines for st in list(e.stores.values()))
+        return {"byteps_server_bytes_summed": m.bytes, "byteps_server_sum_seconds": m.seconds,
+                "byteps_server_pushes": m.pushes, "byteps_server_rounds": rounds}
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._done.wait(timeout)
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         for e in self.engines:
             e.q.put(None)
         for e in self.engines:

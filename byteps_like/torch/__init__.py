@@ -14,7 +14,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("byteps_like.torch needs PyTorch: pip install 'byteps_like[torch]' "
                       "(or torch itself)") from exc
 
-from ..api import declare, local_rank, local_size, rank, size  # same as the core's
+from ..api import declare, get_pushpull_speed, local_rank, local_size, rank, size  # the core's
 from ..compression import Compression
 from ..runtime import default_runtime
 from .broadcast import broadcast_object, broadcast_optimizer_state, broadcast_parameters
@@ -62,4 +62,4 @@ __all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank"
            "declare", "push_pull", "push_pull_async", "push_pull_inplace",
            "push_pull_async_inplace", "poll", "synchronize", "Compression",
            "DistributedOptimizer", "DistributedDataParallel", "broadcast_parameters",
-           "broadcast_optimizer_state", "broadcast_object", "TorchHandle"]
+           "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed"]

@@ -8,15 +8,17 @@ any of it is buffered.
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import zmq
+from zmq.utils import z85
 
 from .base import Endpoint, Route
 
@@ -35,10 +37,88 @@ def _frame(buf: Any) -> Any:
     return zmq.Frame(mv, copy=False)
 
 
+class CurveKeys(NamedTuple):
+    """The CURVE keys of one job (Z85 text), all derived from its shared secret: every listening
+    socket has the server pair, every connecting socket the client pair; a listening socket's
+    ZAP handler admits exactly the client public key."""
+    server_public: bytes
+    server_secret: bytes
+    client_public: bytes
+    client_secret: bytes
+
+
+def derive_curve_keys(secret: str) -> CurveKeys:
+    """Deterministic CURVE key pairs from a shared secret: a Curve25519 secret key is any 32
+    bytes, here BLAKE2b-256 of the secret personalised per role (a KDF for a high-entropy
+    secret such as the 256-bit one bpslaunch --local --auth generates)."""
+    if not secret:
+        raise ValueError("empty authentication secret")
+    if not zmq.has("curve"):
+        from ..errors import ConfigError
+        raise ConfigError("BYTEPS_AUTH_SECRET is set but this pyzmq/libzmq has no CURVE support")
+    keys = []
+    for label in (b"bpsl-server", b"bpsl-client"):
+        raw = hashlib.blake2b(secret.encode(), digest_size=32, person=label,
+                              salt=b"byteps_like.v1").digest()
+        sk = z85.encode(raw)
+        keys += [zmq.curve_public(sk), sk]
+    return CurveKeys(*keys)
+
+
+class _AllowKeys:
+    """ZAP credentials provider: admits exactly the given client public keys (Z85)."""
+
+    def __init__(self) -> None:
+        self.keys: set[bytes] = set()
+        self.denied = 0
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self.keys:
+            return True
+        self.denied += 1
+        log.warning("authentication: refused a CURVE client with an unknown key")
+        return False
+
+
+# One ZAP authenticator per context (it binds inproc://zeromq.zap.01), shared by that
+# context's listening endpoints and stopped when the last of them closes.
+_zap_lock = threading.Lock()
+_zap: dict[int, list] = {}   # id(ctx) -> [authenticator, provider, users]
+
+
+def _zap_acquire(ctx: zmq.Context, client_public: bytes) -> _AllowKeys:
+    from zmq.auth.thread import ThreadAuthenticator
+    with _zap_lock:
+        entry = _zap.get(id(ctx))
+        if entry is None:
+            auth = ThreadAuthenticator(ctx, log=logging.getLogger("byteps_like.auth"))
+            auth.start()
+            provider = _AllowKeys()
+            auth.configure_curve_callback(domain="*", credentials_provider=provider)
+            entry = _zap[id(ctx)] = [auth, provider, 0]
+        entry[1].keys.add(client_public)
+        entry[2] += 1
+        return entry[1]
+
+
+def _zap_release(ctx: zmq.Context) -> None:
+    with _zap_lock:
+        entry = _zap.get(id(ctx))
+        if entry is None:
+            return
+        entry[2] -= 1
+        if entry[2] <= 0:
+            del _zap[id(ctx)]
+            entry[0].stop()
+
+
 class ZmqEndpoint(Endpoint):
-    def __init__(self, name: str, *, max_message_bytes: int = 1 << 30, context: zmq.Context | None = None):
+    def __init__(self, name: str, *, max_message_bytes: int = 1 << 30, context: zmq.Context | None = None,
+                 curve: CurveKeys | None = None):
         self.name = name
         self.ctx = context or zmq.Context.instance()
+        self.curve = curve
+        self.auth: _AllowKeys | None = None
         self.max_message_bytes = int(max_message_bytes)
         self._router: zmq.Socket | None = None
         self._dealers: dict[tuple[str, int], zmq.Socket] = {}
@@ -68,11 +148,22 @@ class ZmqEndpoint(Endpoint):
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, 0)
         s.setsockopt(zmq.RCVHWM, 0)
+        if self.curve is not None:
+            if kind == zmq.ROUTER:
+                s.curve_secretkey = self.curve.server_secret
+                s.curve_publickey = self.curve.server_public
+                s.curve_server = True
+            else:
+                s.curve_serverkey = self.curve.server_public
+                s.curve_publickey = self.curve.client_public
+                s.curve_secretkey = self.curve.client_secret
         return s
 
     def bind(self, address: str) -> str:
         if self._router is not None:
             raise RuntimeError(f"{self.name}: already bound")
+        if self.curve is not None and self.auth is None and not address.startswith("inproc://"):
+            self.auth = _zap_acquire(self.ctx, self.curve.client_public)
         s = self._socket(zmq.ROUTER)
         s.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if address.startswith("tcp://") and address.endswith(":0"):
@@ -220,6 +311,9 @@ class ZmqEndpoint(Endpoint):
             if s is not None:
                 s.close(self._linger_ms)
         self._outbox.close(0)
+        if self.auth is not None:
+            self.auth = None
+            _zap_release(self.ctx)
 
     def close(self, linger: float = 1.0) -> bool:
         """Stop the I/O thread and close the sockets; False if the thread did not stop in time

@@ -1,0 +1,201 @@
+"""Optional Prometheus metrics of every role (``BYTEPS_METRICS_PORT``; the ``metrics`` extra).
+
+Every process serves its own registry over HTTP (``/metrics``); every metric carries the labels
+``role`` and ``rank``. Counters are read from the process's own counters when scraped, so they
+cost the hot path nothing; the stage-latency histogram is a pipeline observer. The metric names
+are listed in docs/observability.md (and :data:`METRIC_NAMES`).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from .errors import ConfigError
+
+log = logging.getLogger("byteps_like.metrics")
+
+#: name -> (type, help); the documented metric names (without the _total/_bucket suffixes that
+#: the exposition format adds).
+METRIC_NAMES = {
+    # workers
+    "byteps_bytes_pushed": ("counter", "Bytes this worker pushed to the servers."),
+    "byteps_bytes_pulled": ("counter", "Bytes this worker pulled from the servers."),
+    "byteps_rounds": ("counter", "push_pull rounds started, summed over the tensors."),
+    "byteps_step": ("gauge", "Round in progress of the first declared tensor (the trace step)."),
+    "byteps_queue_depth": ("gauge", "Partitions waiting in each pipeline stage's queue "
+                                    "(label stage)."),
+    "byteps_push_inflight_bytes": ("gauge", "Bytes pushed and not yet acknowledged (credit)."),
+    "byteps_stage_seconds": ("histogram", "Time a partition spends in a stage (label stage)."),
+    "byteps_stage_queue_wait_seconds": ("histogram", "Time a partition waits in a stage's queue "
+                                                     "(label stage)."),
+    "byteps_pushpull_speed_mbps": ("gauge", "get_pushpull_speed(): MB/s pushed plus pulled."),
+    # servers
+    "byteps_server_bytes_summed": ("counter", "Bytes of pushed partitions a server summed."),
+    "byteps_server_sum_seconds": ("counter", "Seconds a server spent summing (throughput = "
+                                             "rate(bytes_summed) / rate(sum_seconds))."),
+    "byteps_server_pushes": ("counter", "Push messages a server received."),
+    "byteps_server_rounds": ("counter", "Rounds a server completed (all pushes summed)."),
+    # scheduler
+    "byteps_scheduler_nodes": ("gauge", "Registered nodes (label node_role)."),
+    "byteps_scheduler_heartbeats_missed": ("counter", "Heartbeat deadlines nodes missed."),
+    "byteps_up": ("gauge", "1 while the process serves metrics."),
+}
+
+_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0, float("inf"))
+
+
+def _require():
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise ConfigError("BYTEPS_METRICS_PORT is set but prometheus-client is not installed: "
+                          "pip install 'byteps_like[metrics]' (or unset BYTEPS_METRICS_PORT)"
+                          ) from None
+    return prometheus_client
+
+
+class RoleMetrics:
+    """A registry served over HTTP, with a collector that reads ``sample()`` when scraped.
+
+    ``sample()`` returns ``{metric name: value or {label value: value}}`` for names in
+    :data:`METRIC_NAMES` (a dict value is labelled with ``label``)."""
+
+    def __init__(self, role: str, rank: int, host: str, port: int,
+                 sample: Callable[[], dict[str, Any]], label: str = "stage"):
+        pc = _require()
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        self.role, self.rank = role, str(rank)
+        self.registry = pc.CollectorRegistry(auto_describe=False)
+        self._sample = sample
+        outer = self
+
+        class _Collector:
+            def collect(self_inner):
+                values = outer._safe_sample()
+                values.setdefault("byteps_up", 1)
+                for name, value in values.items():
+                    kind, help_ = METRIC_NAMES[name]
+                    fam_cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                    extra = [label] if isinstance(value, dict) else []
+                    fam = fam_cls(name, help_, labels=["role", "rank", *extra])
+                    if isinstance(value, dict):
+                        for lv, v in value.items():
+                            fam.add_metric([outer.role, outer.rank, str(lv)], v)
+                    else:
+                        fam.add_metric([outer.role, outer.rank], value)
+                    yield fam
+
+        self.registry.register(_Collector())
+        self.server, self._thread = pc.start_http_server(port, addr=host, registry=self.registry)
+        self.port = self.server.server_port
+        log.info("%s %s: Prometheus metrics on http://%s:%d/metrics", role, rank, host, self.port)
+
+    def _safe_sample(self) -> dict[str, Any]:
+        try:
+            return dict(self._sample())
+        except Exception as exc:  # noqa: BLE001 - a scrape must never break the process
+            if not getattr(self, "_warned", False):
+                self._warned = True
+                log.warning("%s %s: metrics sample failed: %r", self.role, self.rank, exc)
+            return {}
+
+    def histogram(self, name: str, labels: tuple[str, ...] = ("stage",)):
+        pc = _require()
+        return pc.Histogram(name, METRIC_NAMES[name][1], ["role", "rank", *labels],
+                            registry=self.registry, buckets=_BUCKETS)
+
+    def close(self) -> None:
+        try:
+            self.server.shutdown()
+            self.server.server_close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class WorkerMetrics:
+    """The metrics of a worker runtime; :meth:`observe` is its pipeline observer."""
+
+    def __init__(self, runtime: Any, telemetry: Any, host: str, port: int):
+        self.runtime, self.tel = runtime, telemetry
+        self.role = RoleMetrics("worker", runtime.rank_, host, port, self._sample)
+        rank = str(runtime.rank_)
+        h = self.role.histogram("byteps_stage_seconds")
+        w = self.role.histogram("byteps_stage_queue_wait_seconds")
+        self._lat = {}
+        self._wait = {}
+        for stage in runtime.pipeline.queues:
+            self._lat[stage] = h.labels("worker", rank, stage)
+            self._wait[stage] = w.labels("worker", rank, stage)
+        self._open: dict[tuple[int, str], float] = {}
+        self.port = self.role.port
+
+    def observe(self, task: Any, stage: str, event: str, t: float) -> None:
+        ident = (id(task), stage)
+        if event == "start":
+            self._open[ident] = t
+            self._wait[stage].observe(max(0.0, t - task.enqueued_at))
+            return
+        t0 = self._open.pop(ident, None)
+        if t0 is not None:
+            self._lat[stage].observe(t - t0)
+
+    def _sample(self) -> dict[str, Any]:
+        rt = self.runtime
+        out: dict[str, Any] = {
+            "byteps_bytes_pushed": rt.bytes_pushed, "byteps_bytes_pulled": rt.bytes_pulled,
+            "byteps_rounds": self.tel.rounds(), "byteps_step": self.tel.step(),
+            "byteps_pushpull_speed_mbps": self.tel.speed()[1]}
+        pipe = rt.pipeline
+        if pipe is not None:
+            out["byteps_queue_depth"] = {s: _depth(q) for s, q in pipe.queues.items()}
+            push = pipe.queues.get("push")
+            if push is not None and hasattr(push, "inflight"):
+                out["byteps_push_inflight_bytes"] = push.inflight
+        return out
+
+    def close(self) -> None:
+        self.role.close()
+
+
+def _depth(q: Any) -> int:
+    try:
+        return len(q)
+    except TypeError:  # pipeline._ClosableQueue: a deque inside
+        return len(getattr(q, "_q", ()))
+
+
+def serve_role(role: str, rank: int, cfg: Any, sample: Callable[[], dict[str, Any]],
+               label: str = "stage") -> RoleMetrics | None:
+    """For servers and the scheduler: serve ``sample()`` if BYTEPS_METRICS_PORT is set."""
+    if not cfg.metrics.port:
+        return None
+    return RoleMetrics(role, rank, cfg.metrics.host, cfg.metrics.port, sample, label)
+
+
+class SumMeter:
+    """Server side: bytes summed and seconds spent summing (a context manager per sum)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.seconds = 0.0
+        self.pushes = 0
+        self._lock = threading.Lock()
+
+    def add(self, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self.bytes += nbytes
+            self.seconds += seconds
+            self.pushes += 1
+
+    def timed(self, nbytes: int):
+        meter = self
+
+        class _T:
+            def __enter__(self_inner):
+                self_inner.t0 = time.perf_counter()
+
+            def __exit__(self_inner, *exc):
+                meter.add(nbytes, time.perf_counter() - self_inner.t0)
+        return _T()

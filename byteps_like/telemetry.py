@@ -1,0 +1,141 @@
+"""Telemetry of a worker: push_pull speed, per-stage time, the periodic summary line.
+
+:func:`attach` subscribes the observability pieces to a runtime's pipeline (its observers), as
+the configuration asks: the always-on :class:`StageStats` (a few additions per stage), the
+timeline :class:`~byteps_like.trace.Tracer` (``BYTEPS_TRACE_ON``) and the Prometheus metrics
+(``BYTEPS_METRICS_PORT``). A daemon thread samples the byte counters for
+:func:`get_pushpull_speed` and logs a summary line at INFO level every
+``BYTEPS_TELEMETRY_INTERVAL_SECONDS``.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+log = logging.getLogger("byteps_like.telemetry")
+
+_SAMPLE_S = 0.5
+_SPEED_WINDOW_S = 5.0
+
+
+class StageStats:
+    """Pipeline observer: time spent per stage since the last :meth:`take`."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[int, str], float] = {}
+        self._lock = threading.Lock()
+        self._busy: dict[str, float] = {}
+        self._count: dict[str, int] = {}
+
+    def __call__(self, task: Any, stage: str, event: str, t: float) -> None:
+        ident = (id(task), stage)
+        if event == "start":
+            self._open[ident] = t
+            return
+        t0 = self._open.pop(ident, None)
+        if t0 is None:
+            return
+        with self._lock:
+            self._busy[stage] = self._busy.get(stage, 0.0) + (t - t0)
+            self._count[stage] = self._count.get(stage, 0) + 1
+
+    def take(self) -> dict[str, tuple[int, float]]:
+        """{stage: (events, seconds)} since the previous call."""
+        with self._lock:
+            out = {s: (self._count[s], self._busy[s]) for s in self._busy}
+            self._busy, self._count = {}, {}
+        return out
+
+
+class Telemetry:
+    """The observability of one worker runtime; :meth:`close` at shutdown."""
+
+    def __init__(self, runtime: Any, *, interval: float = 10.0):
+        self.runtime = runtime
+        self.interval = interval
+        self.stats = StageStats()
+        self.tracer = None
+        self.metrics = None
+        self._samples: deque = deque(maxlen=int(_SPEED_WINDOW_S / _SAMPLE_S) + 2)
+        self._samples.append((time.monotonic(), self._total()))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bpsl-telemetry", daemon=True)
+
+    def _total(self) -> int:
+        return self.runtime.bytes_pushed + self.runtime.bytes_pulled
+
+    def rounds(self) -> int:
+        """Rounds started, summed over the declared tensors."""
+        return sum(st.round for st in self.runtime.tensors().values())
+
+    def step(self) -> int:
+        """The step: the round in progress of the first declared tensor (-1 before any)."""
+        for st in self.runtime.tensors().values():
+            if st.decl_id == 0:
+                return st.round - 1
+        return -1
+
+    def speed(self) -> tuple[int, float]:
+        """(timestamp in ms, MB/s pushed plus pulled over the last few seconds)."""
+        now = time.monotonic()
+        total = self._total()
+        t0, b0 = self._samples[0]
+        dt = now - t0
+        mbps = (total - b0) / dt / 1e6 if dt > 0 else 0.0
+        return int(time.time() * 1000), mbps
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        last_summary = time.monotonic()
+        last_bytes = self._total()
+        while not self._stop.wait(_SAMPLE_S):
+            now = time.monotonic()
+            self._samples.append((now, self._total()))
+            if self.interval > 0 and now - last_summary >= self.interval:
+                total = self._total()
+                log.info(self.summary_line(now - last_summary, total - last_bytes))
+                last_summary, last_bytes = now, total
+
+    def summary_line(self, window: float, nbytes: int) -> str:
+        stages = self.stats.take()
+        slow = max(stages.items(), key=lambda kv: kv[1][1], default=None)
+        slowest = (f"slowest stage {slow[0]} {slow[1][1] * 1e3 / max(1, slow[1][0]):.2f} ms/part "
+                   f"({slow[1][0]} parts)") if slow else "no stage ran"
+        return (f"rank {self.runtime.rank_}: step {self.step()} | {nbytes / window / 1e6:.2f} MB/s "
+                f"pushed+pulled over {window:.1f} s | {self.rounds()} rounds | {slowest}")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.tracer is not None:
+            try:
+                self.tracer.flush()
+            except OSError as exc:
+                log.warning("cannot write the trace: %s", exc)
+        if self.metrics is not None:
+            self.metrics.close()
+
+
+def attach(runtime: Any) -> Telemetry:
+    """Subscribe telemetry, tracing and metrics (as configured) to ``runtime.pipeline``."""
+    cfg = runtime.cfg
+    tel = Telemetry(runtime, interval=cfg.metrics.summary_interval)
+    observers = runtime.pipeline.observers
+    observers.append(tel.stats)
+    if cfg.trace.on:
+        from .trace import Tracer
+        tel.tracer = Tracer(runtime.rank_, cfg.trace.dir, cfg.trace.start_step,
+                            cfg.trace.end_step, tel.step)
+        observers.append(tel.tracer)
+    if cfg.metrics.port:
+        from .metrics import WorkerMetrics
+        # the local ranks of a machine share the setting: each serves port + local rank
+        tel.metrics = WorkerMetrics(runtime, tel, cfg.metrics.host,
+                                    cfg.metrics.port + cfg.cluster.local_rank)
+        observers.append(tel.metrics.observe)
+    tel.start()
+    return tel

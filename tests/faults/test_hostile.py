@@ -1,0 +1,129 @@
+"""Hostile input against a live scheduler and server: each malformed or unauthorised message is
+rejected (answered with an ERROR, or dropped by ZeroMQ), counted, and the real job keeps getting
+exact results while it happens. Plus bounded fuzzing of the decoder (hypothesis, atheris)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from byteps_like.errors import ProtocolError
+from byteps_like.wire import HEADER_SIZE, MsgType, decode
+
+from .cluster import running_cluster
+from .hostile import HostileClient, scheduler_cases, server_cases
+
+pytestmark = pytest.mark.integration
+MAX_MSG = 64 * 1024
+SMALL = {"BYTEPS_MAX_MESSAGE_BYTES": str(MAX_MSG), "BYTEPS_PARTITION_BYTES": "16384"}
+
+
+def _real_rounds(c, rounds: int, n: int = 10000) -> None:
+    """The real job: partitioned float32 and int64 tensors, checked exactly."""
+    for r in range(rounds):
+        outs = c.push_pull(lambda k: np.arange(n, dtype=np.float32) * (k + 1) + r, "real.w")
+        want = np.arange(n, dtype=np.float32) * 3 + 2 * r
+        for o in outs:
+            assert isinstance(o, np.ndarray), o
+            assert np.array_equal(o, want)
+        outs = c.push_pull(lambda k: np.full(7, 10 ** 12 + k, np.int64), "real.i")
+        assert all(np.array_equal(o, np.full(7, 2 * 10 ** 12 + 1)) for o in outs), outs
+
+
+def test_server_and_scheduler_reject_and_count_hostile_input_while_the_job_runs():
+    with running_cluster(workers=2, extra=SMALL) as c:
+        _real_rounds(c, 1)   # declares the real keys
+        srv = c.server
+        real_key = next(iter(next(e for e in srv.engines if e.stores).stores))
+        cases = server_cases(real_key, MAX_MSG)
+        stop = threading.Event()
+        errors: list = []
+
+        def job():
+            try:
+                while not stop.is_set():
+                    _real_rounds(c, 1)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+        t = threading.Thread(target=job, daemon=True)
+        t.start()
+        before = srv.rejected
+        hc = HostileClient(srv.address)
+        outcomes = {}
+        for _ in range(3):
+            for label, frames, expect in cases:
+                reply = hc.send(frames, expect)
+                if expect:
+                    assert reply is not None, f"{label}: no reply"
+                    msg = decode(reply)
+                    assert msg.header.type is MsgType.ERROR, label
+                    outcomes[label] = msg.meta["message"]
+                else:
+                    assert reply is None, label
+        hc.close()
+        replied = sum(e for _l, _f, e in cases)
+        assert srv.rejected - before == 3 * replied, (srv.rejected_by_reason, outcomes)
+        # the scheduler
+        sb = c.sched.rejected
+        hs = HostileClient(c.sched.address)
+        for label, frames, expect in scheduler_cases():
+            reply = hs.send(frames, expect)
+            assert reply is not None and decode(reply).header.type is MsgType.ERROR, label
+        hs.close()
+        assert c.sched.rejected - sb == len(scheduler_cases())
+        time.sleep(0.5)
+        stop.set()
+        t.join(60)
+        assert not errors, errors
+        _real_rounds(c, 2)
+        assert c.sched.exit_code is None
+        assert not any(s.failed for e in srv.engines for s in e.stores.values())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(frames=st.lists(st.one_of(
+    st.binary(max_size=200),
+    st.binary(min_size=HEADER_SIZE, max_size=HEADER_SIZE).map(lambda b: b"BPSL\x01" + b[5:]),
+), min_size=1, max_size=4))
+def test_decoder_fuzz_hypothesis(frames):
+    try:
+        msg = decode(frames, MAX_MSG)
+    except ProtocolError:
+        return
+    assert msg.header.type in MsgType
+
+
+ATHERIS_TARGET = r'''
+import sys, atheris
+with atheris.instrument_imports():
+    from byteps_like.wire import decode
+    from byteps_like.errors import ProtocolError
+
+def one(data):
+    fdp = atheris.FuzzedDataProvider(data)
+    frames = [fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 120)) for _ in range(fdp.ConsumeIntInRange(1, 3))]
+    try:
+        decode(frames, 1 << 16)
+    except ProtocolError:
+        pass
+
+atheris.Setup([sys.argv[0], "-runs=%d" % int(sys.argv[1]), "-seed=1"], one)
+atheris.Fuzz()
+'''
+
+
+def test_decoder_fuzz_atheris(tmp_path):
+    pytest.importorskip("atheris")
+    script = tmp_path / "fuzz_wire.py"
+    script.write_text(ATHERIS_TARGET)
+    p = subprocess.run([sys.executable, str(script), "20000"], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert "Done 20000 runs" in p.stderr, p.stderr[-2000:]

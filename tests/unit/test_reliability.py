@@ -1,0 +1,78 @@
+"""Unit tests of the reliability pieces: settings, CURVE key derivation, the scheduler's
+stall-report handling and the wire type."""
+from __future__ import annotations
+
+import pytest
+
+from byteps_like.config import load
+from byteps_like.errors import ConfigError
+from byteps_like.scheduler.core import NodeInfo, Scheduler
+from byteps_like.transport import Route, derive_curve_keys
+from byteps_like.wire import Header, MsgType, Role, decode, encode
+
+
+def test_settings_defaults_and_parsing():
+    cfg = load(env={})
+    assert cfg.timeouts.stall_check_time == 60.0
+    assert cfg.timeouts.stall_shutdown_time == 0.0
+    assert cfg.auth.secret == "" and cfg.auth.secret_file == ""
+    cfg = load(env={"BYTEPS_STALL_CHECK_TIME_SECONDS": "2m", "BYTEPS_STALL_SHUTDOWN_TIME_SECONDS": "300",
+                    "BYTEPS_AUTH_SECRET": "abc"})
+    assert cfg.timeouts.stall_check_time == 120.0 and cfg.timeouts.stall_shutdown_time == 300
+    assert "abc" not in repr(cfg)  # the secret never shows in logs of the config
+    with pytest.raises(ConfigError, match="BYTEPS_STALL_SHUTDOWN_TIME_SECONDS"):
+        load(env={"BYTEPS_STALL_SHUTDOWN_TIME_SECONDS": "-1"})
+
+
+def test_curve_keys():
+    a = derive_curve_keys("k" * 64)
+    assert a == derive_curve_keys("k" * 64)
+    assert len(a.server_public) == 40 and len(a.client_secret) == 40
+    assert a != derive_curve_keys("k" * 63)
+
+
+def test_stall_message_round_trips():
+    frames = encode(Header(MsgType.STALL, role=Role.SERVER, rank=0),
+                    meta={"stalls": [{"name": "w", "key": 1, "round": 2, "age": 3.0,
+                                      "pushed": [0], "missing": [1]}]})
+    msg = decode(frames)
+    assert msg.header.type is MsgType.STALL and msg.meta["stalls"][0]["missing"] == [1]
+
+
+@pytest.fixture
+def sched(zmq_context):
+    env = {"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "BYTEPS_LOCAL_SIZE": "2",
+           "BYTEPS_STALL_CHECK_TIME_SECONDS": "1", "BYTEPS_STALL_SHUTDOWN_TIME_SECONDS": "10"}
+    s = Scheduler(load(env=env), context=zmq_context, address="inproc://sched-unit")
+    s.phase = "running"
+    sent = []
+    s._send = lambda node, mtype, meta=None, key=0: sent.append((node, mtype, meta))
+    srv = NodeInfo(Route(ident=b"s"), Role.SERVER, "h", 1, 1, rank=0)
+    workers = [NodeInfo(Route(ident=b"w%d" % i), Role.WORKER, "h", 0, 10 + i, rank=i)
+               for i in range(4)]
+    s.nodes = {n.route.ident: n for n in [srv, *workers]}
+    yield s, srv, sent
+    s.close()
+
+
+def test_scheduler_logs_each_stalled_round_once_in_worker_ranks(sched):
+    s, srv, sent = sched
+    st = {"name": "w", "key": 3, "round": 7, "age": 1.5, "pushed": [0], "missing": [1]}
+    s._stall(srv, [st])
+    s._stall(srv, [{**st, "age": 2.5}])
+    s._stall(srv, "garbage")
+    s._stall(srv, [{"key": "x"}])
+    assert len(s.stall_log) == 1
+    # machine 1 of local size 2 is worker ranks 2 and 3
+    assert "'w' (key 3, round 7, server 0, 2 s) is missing worker ranks [2, 3]" in s.stall_log[0]
+    assert s.exit_code is None and not sent
+
+
+def test_scheduler_fails_the_job_past_the_stall_shutdown_limit(sched):
+    s, srv, sent = sched
+    s._stall(srv, [{"name": "w", "key": 3, "round": 7, "age": 10.5, "pushed": [0],
+                    "missing": [1]}])
+    assert s.exit_code == 1 and "'w'" in s.failure and "[2, 3]" in s.failure
+    lost = [(n, m) for n, t, m in sent if t is MsgType.PEER_LOST]
+    assert len(lost) == 5  # every node, the stalled workers included
+    assert all(m["role"] == "worker" and m["rank"] == 2 for _n, m in lost)
