@@ -138,6 +138,22 @@ class PriorityCreditQueue:
 Observer = Callable[[Task, str, str, float], None]  # (task, stage, "start"|"end", time)
 
 
+class Spans:
+    """Pairs the start and end events of each (task, stage) for observers that time stages."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[int, str], float] = {}
+
+    def end(self, task: Task, stage: str, event: str, t: float) -> float | None:
+        """Record a start (returns None); for an end, return its start time (None if the start
+        was never seen)."""
+        ident = (id(task), stage)
+        if event == "start":
+            self._open[ident] = t
+            return None
+        return self._open.pop(ident, None)
+
+
 class Pipeline:
     """Stage threads joined by bounded queues. ``handlers[stage](task)`` does a stage's work and
     returns True when the task should move on at once, False when something else (a network

@@ -15,6 +15,8 @@ import time
 from collections import deque
 from typing import Any
 
+from .pipeline import Spans
+
 log = logging.getLogger("byteps_like.telemetry")
 
 _SAMPLE_S = 0.5
@@ -25,17 +27,13 @@ class StageStats:
     """Pipeline observer: time spent per stage since the last :meth:`take`."""
 
     def __init__(self) -> None:
-        self._open: dict[tuple[int, str], float] = {}
+        self._spans = Spans()
         self._lock = threading.Lock()
         self._busy: dict[str, float] = {}
         self._count: dict[str, int] = {}
 
     def __call__(self, task: Any, stage: str, event: str, t: float) -> None:
-        ident = (id(task), stage)
-        if event == "start":
-            self._open[ident] = t
-            return
-        t0 = self._open.pop(ident, None)
+        t0 = self._spans.end(task, stage, event, t)
         if t0 is None:
             return
         with self._lock:

@@ -28,6 +28,8 @@ import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable
 
+from .pipeline import Spans
+
 log = logging.getLogger("byteps_like.trace")
 
 #: Stable thread ids for the stages, in pipeline order.
@@ -46,7 +48,7 @@ class Tracer:
         self.start_step = start_step
         self.end_step = end_step
         self.step_fn = step_fn
-        self._open: dict[tuple[int, str], float] = {}
+        self._spans = Spans()
         self._events: list[dict] = []
         self._lock = threading.Lock()
         self._written = False
@@ -66,11 +68,7 @@ class Tracer:
         if step > self.end_step:
             self.flush()  # once: the traced steps are over
             return
-        ident = (id(task), stage)
-        if event == "start":
-            self._open[ident] = t
-            return
-        t0 = self._open.pop(ident, None)
+        t0 = self._spans.end(task, stage, event, t)
         if t0 is None:
             return
         wait = max(0.0, t0 - task.enqueued_at)
