@@ -220,3 +220,44 @@ class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
         if epoch == self.end_epoch - 1 and self.verbose > 0 and default_runtime().rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{get_lr(self._keras, self.model.optimizer):g}.")
+
+
+def callback_classes(keras: Any, ops: Any, module: str) -> tuple[type, type, type, type]:
+    """The four public callback classes for one keras module (Keras 3 or tf.keras), made once
+    per module: (BroadcastGlobalVariablesCallback, MetricAverageCallback,
+    LearningRateScheduleCallback, LearningRateWarmupCallback)."""
+    base = keras.callbacks.Callback
+
+    class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, base):
+        """Start training from the root rank's model and optimizer variables."""
+
+        def __init__(self, root_rank: int, device: str = ""):
+            super().__init__(keras, ops, root_rank)
+
+    class MetricAverageCallback(MetricAverageCallbackImpl, base):
+        """Average the epoch's metrics over the workers (put it first among the callbacks)."""
+
+        def __init__(self, device: str = ""):
+            super().__init__(keras)
+
+    class LearningRateScheduleCallback(LearningRateScheduleCallbackImpl, base):
+        """lr = initial_lr * multiplier(epoch) between start_epoch and end_epoch."""
+
+        def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None,
+                     staircase=True, momentum_correction=True, steps_per_epoch=None):
+            super().__init__(keras, initial_lr, multiplier, start_epoch, end_epoch, staircase,
+                             momentum_correction, steps_per_epoch)
+
+    class LearningRateWarmupCallback(LearningRateWarmupCallbackImpl, base):
+        """Ramp the learning rate from initial_lr / size() to initial_lr over warmup_epochs."""
+
+        def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
+                     steps_per_epoch=None, verbose=0):
+            super().__init__(keras, initial_lr, warmup_epochs, momentum_correction,
+                             steps_per_epoch, verbose)
+
+    classes = (BroadcastGlobalVariablesCallback, MetricAverageCallback,
+               LearningRateScheduleCallback, LearningRateWarmupCallback)
+    for cls in classes:
+        cls.__module__ = module  # where users import it from
+    return classes

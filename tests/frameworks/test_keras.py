@@ -19,7 +19,10 @@ pytest.importorskip("keras")
 pytestmark = pytest.mark.integration
 
 WORKERS = Path(__file__).parent / "workers"
-TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
+# TensorFlow can hold the GIL for seconds (imports, tracing): a tolerant heartbeat, so a busy
+# machine does not read as a lost peer
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0",
+          "BYTEPS_HEARTBEAT_TIMEOUT_SECONDS": "15"}
 
 
 def test_keras_fit_equivalence_and_callbacks():
