@@ -67,6 +67,7 @@ class Task:
     seq: int = 0
     payload: Any = None      # set by the stage that received data (e.g. the pull response)
     acked: bool = False
+    credited: bool = False   # holds bytes of the push credit (set when the push stage took it)
     enqueued_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -121,6 +122,7 @@ class PriorityCreditQueue:
                 return None
             _p, _s, task = heapq.heappop(self._heap)
             self.inflight += task.nbytes
+            task.credited = True
             self._cv.notify_all()
             return task
 

@@ -584,7 +584,9 @@ class Runtime:
 
     # -- network replies (I/O thread) -----------------------------------------------------------------
     def _release(self, task: Task) -> None:
-        if not task.acked:
+        """Return a task's push credit once: only a task the push queue handed out holds any
+        (one that failed in an earlier stage, e.g. a device copy, never took it)."""
+        if task.credited and not task.acked:
             task.acked = True
             self.pipeline.queues[PUSH].release(task.nbytes)
 
