@@ -1,4 +1,4 @@
-"""Native kernels of byteps_like: summation, averaging, conversion (C++, csrc/).
+"""Native kernels of byteps_like: summation, averaging, conversion, compression (C++, csrc/).
 
 Buffers are any object exporting a C-contiguous buffer (numpy arrays, bytes, bytearray,
 memoryview, a pyzmq ``Frame``); they are read as raw bytes whose element type is named by a
@@ -90,3 +90,57 @@ def _set_isa(name: Union[IsaLevel, Literal["auto"], str]) -> str:
     Returns the level in use before the call. ValueError for an unknown name or a level this
     CPU lacks. Not for production use.
     """
+
+# ---- compression kernels (csrc/compress.h) ------------------------------------------------------
+# float32 buffers are raw bytes (a whole number of float32, any alignment); index buffers are
+# little-endian uint32. Length mismatches raise ValueError naming the argument; malformed bodies
+# raise ValueError and out-of-range indices IndexError, in both cases *before* anything is
+# written. Every call releases the GIL. Randomness derives only from (seed, key, step):
+# base = mix(mix(mix(mix(seed + G) ^ (key + 2G)) ^ (step + 3G)) ^ domain*G), with mix the
+# splitmix64 finaliser, G = 0x9E3779B97F4A7C15, domain 1 for random-k and 2 for dithering.
+
+def onebit_encode(x: Buffer, bits: Buffer, scaling: bool = True) -> float:
+    """Pack the sign *bits* of float32 ``x`` (n elements) into ``bits`` ((n+7)//8 bytes, bit
+    i%8 of byte i//8, padding zero; -0.0 and negative NaNs count as negative). Returns mean |x|
+    (accumulated in double; NaN/inf propagate) when ``scaling``, else 1.0."""
+
+def onebit_decode(bits: Buffer, scale: float, out: Buffer, add: bool = False) -> None:
+    """``out[i] (+)= -scale if bit i else +scale`` (sign flip on the bit pattern)."""
+
+def topk_select(x: Buffer, idx: Buffer, val: Buffer) -> None:
+    """The k = len(val)/4 entries of largest magnitude of float32 ``x``: their indices
+    (uint32, increasing) into ``idx`` and values into ``val``. Magnitude is the float's bits
+    without the sign, so NaN ranks above inf; ties go to the lower index. Radix select on the top
+    11 magnitude bits, then nth_element within one bucket. ValueError when k > n."""
+
+def gather(x: Buffer, idx: Buffer, val: Buffer) -> None:
+    """``val[j] = x[idx[j]]``; IndexError for an index >= len(x)."""
+
+def scatter(idx: Buffer, val: Buffer, out: Buffer, add: bool = False) -> None:
+    """``add``: ``out[idx[j]] += val[j]`` (duplicates add up); else ``out`` is zeroed and
+    ``out[idx[j]] = val[j]`` (the last duplicate wins). IndexError for an index >= len(out)."""
+
+def randomk_indices(n: int, seed: int, key: int, step: int, idx: Buffer) -> None:
+    """Fill ``idx`` (k uint32) with k distinct indices of range(n), increasing, drawn uniformly
+    without replacement: Floyd's algorithm over an n-bit bitmap (for k > n/2 the n-k complement
+    is drawn), xoshiro256** seeded with four splitmix64 outputs of the random-k stream base,
+    bounded draws by Lemire's multiply-shift with rejection. ValueError when k > n or n >= 2^32."""
+
+def dither_bytes(n: int, levels: int) -> int:
+    """Body bytes of n dithered elements: ceil(n * (1 + levels.bit_length()) / 8)."""
+
+def dither_encode(x: Buffer, out: Buffer, levels: int, natural: bool, l2: bool, seed: int,
+                  key: int, step: int) -> float:
+    """Stochastic quantisation of float32 ``x`` into ``out`` (dither_bytes(n, levels) bytes);
+    returns the norm (max |x|, or the L2 norm accumulated in double). Per element, in float32:
+    a = min(|x|/norm, 1); u = (mix(base + (i+1)*G) >> 40) / 2^24; linear: t = a*s,
+    q = floor(t) + (u < t - floor(t)); natural (levels 0, 2^(q-s)): a = m*2^e (frexp),
+    q = e-1+s + (u < 2m-1) when e-1+s >= 1, else q = (u < a*2^(s-1)), q = s when a == 1.
+    Codes (q << 1 | sign bit), sign 0 when q == 0, packed LSB first at 1 + bit_length(s) bits.
+    A zero or non-finite norm encodes all codes 0. levels: linear 1..65535, natural 1..127."""
+
+def dither_decode(body: Buffer, norm: float, out: Buffer, levels: int, natural: bool,
+                  add: bool = False) -> None:
+    """``out[i] (+)= ±table[q]`` with linear table[q] = float32(float64(norm) * q / s), natural
+    table[0] = norm * 0 (NaN for a non-finite norm), table[q] = ldexp(norm, q - s). ValueError
+    for a wrong body length, a level above ``levels`` or nonzero padding bits."""

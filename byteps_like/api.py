@@ -1,10 +1,14 @@
 """The framework-neutral worker API on numpy arrays (``import byteps_like as bps``)."""
 from __future__ import annotations
 
+import threading
 from typing import Any
+
+import numpy as np
 
 from .handle import Handle
 from .runtime import Runtime, default_runtime
+from .wire import dtype_name
 
 
 def init(**overrides: Any) -> None:
@@ -51,18 +55,62 @@ def barrier(timeout: float | None = None) -> None:
 
 
 def push_pull_async(array: Any, name: str | None = None, average: bool = True, priority: int = 0,
-                    out: Any = None, dtype: str | None = None) -> Handle:
+                    out: Any = None, dtype: str | None = None,
+                    compression: Any = None) -> Handle:
     """Start summing ``array`` over all workers; returns a :class:`Handle`.
 
     Larger ``priority`` values go out first. The input must not change until the handle is done.
+    ``compression``: a compressor of :class:`byteps_like.compression.Compression` (fp16, bf16,
+    onebit, top-k, ...; docs/compression.md); the sum is then approximate.
     """
-    return default_runtime().push_pull_async(array, name, average, priority, out, dtype)
+    from .compression import split
+    cast, codec = split(compression)
+    rt = default_runtime()
+    arr = np.asarray(array)
+    wdtype = dtype or dtype_name(arr.dtype)
+    wire, wire_dtype, ctx = cast.compress(arr, wdtype)
+    if wire is arr:
+        return rt.push_pull_async(arr, name, average, priority, out, dtype, compression=codec)
+    # a cast compressor (fp16): the sum travels and lands in the narrower dtype; wait()
+    # converts it back into ``out``
+    result = np.empty_like(arr) if out is None else out
+    h = rt.push_pull_async(wire, name, average, priority, wire, wire_dtype, compression=codec)
+    return _CastHandle(h, lambda: cast.decompress(wire, ctx, result, wdtype), result)
+
+
+class _CastHandle:
+    """A :class:`Handle` whose result is converted back from a cast compressor's dtype."""
+
+    def __init__(self, inner: Handle, finish, result) -> None:
+        self._inner, self._finish, self._result = inner, finish, result
+        self._converted = False
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        return self._inner.done()
+
+    def exception(self):
+        return self._inner.exception()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        self._inner.wait(timeout)
+        with self._lock:
+            if not self._converted:
+                self._finish()
+                self._converted = True
+        return self._result
+
+    result = wait
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._inner, item)
 
 
 def push_pull(array: Any, name: str | None = None, average: bool = True, priority: int = 0,
-              out: Any = None, timeout: float | None = None) -> Any:
+              out: Any = None, timeout: float | None = None, compression: Any = None) -> Any:
     """Sum (or average) ``array`` over all workers and return the result."""
-    return push_pull_async(array, name, average, priority, out).wait(timeout)
+    return push_pull_async(array, name, average, priority, out,
+                           compression=compression).wait(timeout)
 
 
 def poll(handle: Handle) -> bool:

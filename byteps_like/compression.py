@@ -1,21 +1,83 @@
 """Gradient compression, written once for every framework.
 
-A compressor turns the array to be summed into the array that travels (``compress``) and the
-summed array back into the caller's dtype (``decompress``). Plugins expose them as
-``Compression.none`` and ``Compression.fp16``, as BytePS and Horovod do.
+Two kinds of compressor, both immutable descriptions (:class:`Compressor`):
+
+* **cast** (``Compression.none``, ``fp16``, ``bf16``): the array travels in another dtype and
+  the servers sum that dtype natively. ``compress`` turns the array to be summed into the array
+  that travels; ``decompress`` turns the summed array back into the caller's dtype.
+* **codec** (``onebit``, ``topk``, ``randomk``, ``dithering``, and the wrappers
+  :class:`ErrorFeedback` and :class:`NesterovMomentum`): ``make_codec(n, role=, key=)`` makes a
+  stateful :class:`Codec` per tensor partition and role. Workers ``encode`` their float32
+  partition into a byte payload; the server ``decode_add``\\ s every worker's payload into a
+  float32 accumulator and ``encode``\\ s the sum (with the step ``decode`` returned), so the pull
+  is compressed too; workers ``decode`` it. ``spec()`` is a JSON-safe dict the servers rebuild
+  the compressor from with :func:`from_spec` (it is untrusted input there and validated).
+
+Payloads start with a 20-byte little-endian header: magic ``b"BC"``, version (1), compressor
+id (1 onebit, 2 top-k, 3 random-k, 4 dithering), element count n (u32), step (u64), and one
+4-byte field (onebit: the scale f32; top-k, random-k: k u32; dithering: the norm f32). Every
+field and the exact payload length are checked on decode; a malformed payload raises
+:class:`CompressionError` and never touches memory outside the buffers (the C++ kernels check
+lengths and indices again, and validate before writing, so a rejected payload leaves an
+accumulator untouched).
+
+Non-finite values: top-k and random-k carry the values as they are (top-k ranks NaN above
+inf); onebit (with scaling) and dithering fold them into the scale / norm, so a partition
+holding NaN or inf decodes to NaN/inf everywhere instead of silently dropping them. Onebit
+without scaling carries only signs.
+
+Randomness: random-k indices and dithering's stochastic rounding derive only from
+``(seed, key, step)`` (see ``byteps_like/_core.pyi``), so every worker and the server draw the
+same random-k indices: the servers' sum has exactly that support and re-encoding it is exact;
+a random-k payload carries only the header and the k values.
+
+Adding a compressor (no engine change): write a :class:`Compressor` subclass with ``kind =
+"codec"``, ``spec()`` and ``make_codec``, and a :class:`Codec` subclass, then
+``register("mine", factory)`` where ``factory(**params)`` gets ``spec()`` without ``"name"``
+and returns the compressor; workers and servers then rebuild it with :func:`from_spec`.
+A compressor in C or C++ plugs in the same way: build your own extension (pybind11, nanobind,
+or a plain ``cc -shared`` library loaded with ``ctypes``) exposing encode/decode over raw
+buffers, and register a Python factory whose Codec calls it, passing numpy buffers
+(``arr.ctypes.data_as(...)`` or the buffer protocol). Release the GIL in the native code (ctypes
+does so for you): a CPU-bound Python thread starves the socket threads.
+``tests/unit/test_compressors.py::test_c_compressor_through_ctypes`` is a complete example.
 """
 from __future__ import annotations
 
-from typing import Any
+import math
+import re
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
 from . import _core
+from .errors import BytePSError
 
+__all__ = [
+    "CompressionError", "Compressor", "FP16Compressor", "BF16Compressor", "CodecCompressor",
+    "Codec", "OneBit", "TopK", "RandomK", "Dithering", "ErrorFeedback", "NesterovMomentum",
+    "Compression", "from_spec", "register", "unregister", "registered", "resolve", "split",
+    "HEADER_BYTES",
+]
+
+
+class CompressionError(BytePSError, ValueError):
+    """A compressor spec or a compressed payload is invalid; the message says which field."""
+
+
+# ---- cast compressors (the existing API) ---------------------------------------------------
 
 class Compressor:
-    """Identity: the array travels as it is."""
+    """Identity: the array travels as it is (``Compression.none``).
+
+    Base class of every compressor: ``name``, ``kind`` ("none", "cast" or "codec"),
+    ``spec()`` and, for codecs, ``make_codec``.
+    """
     name = "none"
+    kind = "none"
 
     def compress(self, arr: np.ndarray, dtype: str) -> tuple[np.ndarray, str, Any]:
         """Return (array to push, its wire dtype, context for decompress)."""
@@ -26,6 +88,14 @@ class Compressor:
         if wire is not out:
             _core.copy_into(out.reshape(-1).view(np.uint8), wire.reshape(-1).view(np.uint8))
 
+    def spec(self) -> dict:
+        """JSON-safe description the servers rebuild the compressor from (:func:`from_spec`)."""
+        return {"name": self.name}
+
+    def make_codec(self, n: int, *, role: str, key: int) -> Codec:
+        raise CompressionError(f"compressor {self.name!r} is a {self.kind} compressor, not a "
+                               "codec: use compress/decompress")
+
     def __repr__(self) -> str:
         return f"Compression.{self.name}"
 
@@ -34,6 +104,7 @@ class FP16Compressor(Compressor):
     """Floating-point gradients travel as IEEE half precision (half the bytes); other dtypes are
     left alone. Sums are formed in float16 on the servers, so this trades precision for bytes."""
     name = "fp16"
+    kind = "cast"
     _FLOATS = ("float32", "float64", "bfloat16")
 
     def compress(self, arr: np.ndarray, dtype: str) -> tuple[np.ndarray, str, Any]:
@@ -42,6 +113,10 @@ class FP16Compressor(Compressor):
         wire = np.empty(arr.shape, np.float16)
         if dtype == "float64":
             np.copyto(wire, arr, casting="same_kind")
+        elif dtype == "bfloat16":  # no direct kernel: through float32 (exact widening)
+            wide = np.empty(arr.shape, np.float32)
+            _core.convert(wide, "float32", arr, "bfloat16")
+            _core.convert(wire, "float16", wide, "float32")
         else:
             _core.convert(wire, "float16", arr, dtype)
         return wire, "float16", dtype
@@ -51,11 +126,681 @@ class FP16Compressor(Compressor):
             super().decompress(wire, ctx, out, dtype)
         elif ctx == "float64":
             np.copyto(out, wire, casting="unsafe")
+        elif ctx == "bfloat16":
+            wide = np.empty(wire.shape, np.float32)
+            _core.convert(wide, "float32", wire, "float16")
+            _core.convert(out, "bfloat16", wide, "float32")
         else:
             _core.convert(out, ctx, wire, "float16")
+
+
+class BF16Compressor(Compressor):
+    """float32/float64 gradients travel as bfloat16 (held as uint16; half the bytes of float32,
+    float32's range); the servers sum bfloat16 natively. float64 goes through float32 first
+    (two roundings). Other dtypes, bfloat16 included, travel as they are."""
+    name = "bf16"
+    kind = "cast"
+    _FLOATS = ("float32", "float64")
+
+    def compress(self, arr: np.ndarray, dtype: str) -> tuple[np.ndarray, str, Any]:
+        if dtype not in self._FLOATS:
+            return arr, dtype, None
+        wire = np.empty(arr.shape, np.uint16)
+        src = arr if dtype == "float32" else np.asarray(arr, dtype=np.float32)
+        _core.convert(wire, "bfloat16", np.ascontiguousarray(src), "float32")
+        return wire, "bfloat16", dtype
+
+    def decompress(self, wire: np.ndarray, ctx: Any, out: np.ndarray, dtype: str) -> None:
+        if ctx is None:
+            super().decompress(wire, ctx, out, dtype)
+        elif ctx == "float32":
+            _core.convert(out, "float32", wire, "bfloat16")
+        else:
+            tmp = np.empty(np.shape(wire), np.float32)
+            _core.convert(tmp, "float32", wire, "bfloat16")
+            np.copyto(out, tmp.reshape(np.shape(out)), casting="unsafe")
+
+
+# ---- codecs ---------------------------------------------------------------------------------
+
+class Codec:
+    """Encoder/decoder of one tensor partition for one role; stateful (residuals, momentum,
+    buffers). Subclasses set ``n`` and ``max_bytes`` and implement ``encode`` and ``decode``;
+    ``decode_add`` defaults to decode into a scratch buffer plus ``_core.add_into``."""
+    n: int
+    max_bytes: int
+    _scratch: np.ndarray | None = None
+    _scratch_lock: threading.Lock | None = None
+
+    def encode(self, x: np.ndarray, step: int) -> np.ndarray:
+        """Compress float32 ``x`` (length n, not modified) of round ``step`` into a uint8 payload
+        (may be a view of an internal buffer, valid until the next encode)."""
+        raise NotImplementedError
+
+    def decode(self, payload: Any, out: np.ndarray) -> int:
+        """Write the n float32 values of ``payload`` into ``out``; return the payload's step."""
+        raise NotImplementedError
+
+    def decode_add(self, payload: Any, acc: np.ndarray) -> int:
+        """``acc += decoded payload``; return the payload's step."""
+        if self._scratch_lock is None:
+            self._scratch_lock = threading.Lock()
+        with self._scratch_lock:
+            if self._scratch is None:
+                self._scratch = np.empty(self.n, np.float32)
+            step = self.decode(payload, self._scratch)
+            _core.add_into(_check_out(acc, self.n, "acc"), self._scratch, "float32")
+        return step
+
+
+MAGIC = b"BC"
+VERSION = 1
+_HDR_F = struct.Struct("<2sBBIQf")
+_HDR_I = struct.Struct("<2sBBIQI")
+HEADER_BYTES = _HDR_F.size  # 20
+_ID_NAMES = {1: "onebit", 2: "topk", 3: "randomk", 4: "dithering"}
+_U64 = 1 << 64
+
+
+def _payload_bytes(payload: Any) -> np.ndarray:
+    try:
+        return np.frombuffer(payload, dtype=np.uint8)
+    except (TypeError, ValueError, BufferError) as exc:
+        raise CompressionError(f"compressed payload must be a contiguous bytes-like buffer "
+                               f"({type(payload).__name__}: {exc})") from None
+
+
+def _check_x(x: Any, n: int) -> np.ndarray:
+    if (not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.size != n
+            or not x.flags.c_contiguous):
+        raise CompressionError(f"encode: x must be a C-contiguous float32 array of {n} "
+                               f"elements, got {getattr(x, 'dtype', type(x).__name__)} of "
+                               f"{getattr(x, 'size', '?')}")
+    return x.reshape(-1)
+
+
+def _check_out(out: Any, n: int, what: str = "out") -> np.ndarray:
+    if (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.size != n
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        raise CompressionError(f"decode: {what} must be a writable C-contiguous float32 array "
+                               f"of {n} elements, got {getattr(out, 'dtype', type(out).__name__)}"
+                               f" of {getattr(out, 'size', '?')}")
+    return out.reshape(-1)
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step < _U64:
+        raise CompressionError(f"encode: step must be an integer in [0, 2^64), got {step!r}")
+    return int(step)
+
+
+class _FramedCodec(Codec):
+    """A built-in codec: fixed payload size, header with one 4-byte field."""
+    _ID: ClassVar[int]
+    _HDR: ClassVar[struct.Struct]
+
+    def __init__(self, n: int, body_bytes: int):
+        self.n = n
+        self.max_bytes = HEADER_BYTES + body_bytes
+        self._buf = np.zeros(self.max_bytes, np.uint8)
+        self._body = self._buf[HEADER_BYTES:]
+
+    def _seal(self, step: int, field: Any) -> np.ndarray:
+        self._HDR.pack_into(self._buf, 0, MAGIC, VERSION, self._ID, self.n, step, field)
+        return self._buf
+
+    def _open(self, payload: Any) -> tuple[np.ndarray, int, Any]:
+        """(body, step, field) of a checked payload."""
+        p = _payload_bytes(payload)
+        name = _ID_NAMES[self._ID]
+        if p.size != self.max_bytes:
+            raise CompressionError(f"{name} payload has {p.size} bytes; {self.n} elements need "
+                                   f"exactly {self.max_bytes}")
+        magic, version, cid, n, step, field = self._HDR.unpack_from(p, 0)
+        if magic != MAGIC or version != VERSION:
+            raise CompressionError(f"{name} payload: bad magic/version {magic!r}/{version}; "
+                                   f"expected {MAGIC!r}/{VERSION}")
+        if cid != self._ID:
+            raise CompressionError(f"{name} payload carries compressor id {cid} "
+                                   f"({_ID_NAMES.get(cid, 'unknown')}), expected {self._ID}")
+        if n != self.n:
+            raise CompressionError(f"{name} payload is of {n} elements, expected {self.n}")
+        return p[HEADER_BYTES:], step, field
+
+    def _kernel(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        try:
+            return fn(*args, **kw)
+        except (ValueError, IndexError) as exc:
+            raise CompressionError(f"{_ID_NAMES[self._ID]} payload: {exc}") from None
+
+
+class _OneBitCodec(_FramedCodec):
+    _ID, _HDR = 1, _HDR_F
+
+    def __init__(self, n: int, scaling: bool):
+        super().__init__(n, (n + 7) // 8)
+        self.scaling = scaling
+
+    def encode(self, x: np.ndarray, step: int) -> np.ndarray:
+        x, step = _check_x(x, self.n), _check_step(step)
+        return self._seal(step, _core.onebit_encode(x, self._body, self.scaling))
+
+    def _decode(self, payload: Any, out: np.ndarray, add: bool) -> int:
+        body, step, scale = self._open(payload)
+        self._kernel(_core.onebit_decode, body, scale, _check_out(out, self.n), add)
+        return step
+
+    def decode(self, payload: Any, out: np.ndarray) -> int:
+        return self._decode(payload, out, False)
+
+    def decode_add(self, payload: Any, acc: np.ndarray) -> int:
+        return self._decode(payload, acc, True)
+
+
+class _SparseCodec(_FramedCodec):
+    _HDR = _HDR_I
+
+    def __init__(self, n: int, k: int, body_bytes: int):
+        super().__init__(n, body_bytes)
+        self.k = k
+
+    def _open_k(self, payload: Any) -> tuple[np.ndarray, int]:
+        body, step, k = self._open(payload)
+        if k != self.k:
+            raise CompressionError(f"{_ID_NAMES[self._ID]} payload carries k = {k}, "
+                                   f"expected {self.k}")
+        return body, step
+
+
+class _TopKCodec(_SparseCodec):
+    """Payload body: k u32 indices (increasing), then their k float32 values."""
+    _ID = 2
+
+    def __init__(self, n: int, k: int):
+        super().__init__(n, k, 8 * k)
+        self._idx, self._val = self._body[:4 * k], self._body[4 * k:]
+
+    def encode(self, x: np.ndarray, step: int) -> np.ndarray:
+        x, step = _check_x(x, self.n), _check_step(step)
+        _core.topk_select(x, self._idx, self._val)
+        return self._seal(step, self.k)
+
+    def _decode(self, payload: Any, out: np.ndarray, add: bool) -> int:
+        body, step = self._open_k(payload)
+        k = self.k
+        self._kernel(_core.scatter, body[:4 * k], body[4 * k:], _check_out(out, self.n), add)
+        return step
+
+    def decode(self, payload: Any, out: np.ndarray) -> int:
+        return self._decode(payload, out, False)
+
+    def decode_add(self, payload: Any, acc: np.ndarray) -> int:
+        return self._decode(payload, acc, True)
+
+
+class _RandomKCodec(_SparseCodec):
+    """Payload body: the k float32 values at the indices drawn from (seed, key, step)."""
+    _ID = 3
+
+    def __init__(self, n: int, k: int, seed: int, key: int):
+        super().__init__(n, k, 4 * k)
+        self.seed, self.key = seed, key
+        self._cached: tuple[int, np.ndarray] | None = None
+
+    def indices(self, step: int) -> np.ndarray:
+        """The k increasing indices of round ``step`` (the same on every worker and server)."""
+        cached = self._cached
+        if cached is not None and cached[0] == step:
+            return cached[1]
+        idx = np.empty(self.k, np.uint32)
+        _core.randomk_indices(self.n, self.seed, self.key, step, idx)
+        self._cached = (step, idx)
+        return idx
+
+    def encode(self, x: np.ndarray, step: int) -> np.ndarray:
+        x, step = _check_x(x, self.n), _check_step(step)
+        _core.gather(x, self.indices(step), self._body)
+        return self._seal(step, self.k)
+
+    def _decode(self, payload: Any, out: np.ndarray, add: bool) -> int:
+        body, step = self._open_k(payload)
+        self._kernel(_core.scatter, self.indices(step), body, _check_out(out, self.n), add)
+        return step
+
+    def decode(self, payload: Any, out: np.ndarray) -> int:
+        return self._decode(payload, out, False)
+
+    def decode_add(self, payload: Any, acc: np.ndarray) -> int:
+        return self._decode(payload, acc, True)
+
+
+class _DitheringCodec(_FramedCodec):
+    _ID, _HDR = 4, _HDR_F
+
+    def __init__(self, n: int, levels: int, natural: bool, l2: bool, seed: int, key: int):
+        super().__init__(n, _core.dither_bytes(n, levels))
+        self.levels, self.natural, self.l2, self.seed, self.key = levels, natural, l2, seed, key
+
+    def encode(self, x: np.ndarray, step: int) -> np.ndarray:
+        x, step = _check_x(x, self.n), _check_step(step)
+        norm = _core.dither_encode(x, self._body, self.levels, self.natural, self.l2, self.seed,
+                                   self.key, step)
+        return self._seal(step, norm)
+
+    def _decode(self, payload: Any, out: np.ndarray, add: bool) -> int:
+        body, step, norm = self._open(payload)
+        self._kernel(_core.dither_decode, body, norm, _check_out(out, self.n), self.levels,
+                     self.natural, add)
+        return step
+
+    def decode(self, payload: Any, out: np.ndarray) -> int:
+        return self._decode(payload, out, False)
+
+    def decode_add(self, payload: Any, acc: np.ndarray) -> int:
+        return self._decode(payload, acc, True)
+
+
+class _ErrorFeedbackCodec(Codec):
+    """encode(x): y = x + r; p = inner.encode(y); r = y - inner.decode(p). Decoding is the
+    inner codec's."""
+
+    def __init__(self, inner: Codec):
+        self.inner = inner
+        self.n, self.max_bytes = inner.n, inner.max_bytes
+        self.residual = np.zeros(inner.n, np.float32)
+        self._y = np.empty(inner.n, np.float32)
+        self._d = np.empty(inner.n, np.float32)
+
+    def encode(self, x: np.ndarray, step: int) -> np.ndarray:
+        np.add(_check_x(x, self.n), self.residual, out=self._y)
+        payload = self.inner.encode(self._y, step)
+        self.inner.decode(payload, self._d)
+        np.subtract(self._y, self._d, out=self.residual)
+        return payload
+
+    def decode(self, payload: Any, out: np.ndarray) -> int:
+        return self.inner.decode(payload, out)
+
+    def decode_add(self, payload: Any, acc: np.ndarray) -> int:
+        return self.inner.decode_add(payload, acc)
+
+
+class _NesterovCodec(Codec):
+    """encode(x): m = mu*m + x; encode x + mu*m with the inner codec."""
+
+    def __init__(self, inner: Codec, mu: float):
+        self.inner, self.mu = inner, np.float32(mu)
+        self.n, self.max_bytes = inner.n, inner.max_bytes
+        self.momentum = np.zeros(inner.n, np.float32)
+        self._y = np.empty(inner.n, np.float32)
+
+    def encode(self, x: np.ndarray, step: int) -> np.ndarray:
+        x = _check_x(x, self.n)
+        m = self.momentum
+        np.multiply(m, self.mu, out=m)
+        np.add(m, x, out=m)
+        np.multiply(m, self.mu, out=self._y)
+        np.add(self._y, x, out=self._y)
+        return self.inner.encode(self._y, step)
+
+    def decode(self, payload: Any, out: np.ndarray) -> int:
+        return self.inner.decode(payload, out)
+
+    def decode_add(self, payload: Any, acc: np.ndarray) -> int:
+        return self.inner.decode_add(payload, acc)
+
+
+# ---- codec compressors ------------------------------------------------------------------------
+
+def _field(cond: bool, name: str, what: str, value: Any) -> None:
+    if not cond:
+        raise CompressionError(f"{name}: {what}, got {value!r}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_seed(seed: Any) -> None:
+    _field(_is_int(seed) and 0 <= seed < _U64, "seed", "must be an integer in [0, 2^64)", seed)
+
+
+def _check_k(k: Any) -> None:
+    if _is_int(k):
+        _field(1 <= k < 1 << 32, "k", "a count must be in [1, 2^32)", k)
+    else:
+        _field(isinstance(k, float) and math.isfinite(k) and 0 < k < 1, "k",
+               "must be a fraction in (0, 1) or an integer count >= 1", k)
+
+
+def _k_count(k: int | float, n: int) -> int:
+    return min(k, n) if _is_int(k) else max(1, min(n, int(k * n)))
+
+
+class CodecCompressor(Compressor):
+    """Base of the compressors that work through per-partition :class:`Codec`\\ s."""
+    kind = "codec"
+
+    def compress(self, arr: np.ndarray, dtype: str) -> tuple[np.ndarray, str, Any]:
+        raise CompressionError(f"{self!r} is a codec compressor: use make_codec")
+
+    def decompress(self, wire: np.ndarray, ctx: Any, out: np.ndarray, dtype: str) -> None:
+        raise CompressionError(f"{self!r} is a codec compressor: use make_codec")
+
+    def make_codec(self, n: int, *, role: str, key: int) -> Codec:
+        _field(_is_int(n) and 1 <= n < 1 << 32, "n", "must be an element count in [1, 2^32)", n)
+        _field(role in ("worker", "server"), "role", "must be 'worker' or 'server'", role)
+        _field(_is_int(key) and 0 <= key < _U64, "key", "must be an integer in [0, 2^64)", key)
+        return self._make(n, role, key)
+
+    def _make(self, n: int, role: str, key: int) -> Codec:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.spec().items() if k != "name")
+        return f"{type(self).__name__}({args})"
+
+
+@dataclass(frozen=True, repr=False)
+class OneBit(CodecCompressor):
+    """Signs, 1 bit per element; with ``scaling`` each decodes to ±mean|x| of the partition,
+    else ±1."""
+    scaling: bool = True
+    name: ClassVar[str] = "onebit"
+
+    def __post_init__(self) -> None:
+        _field(isinstance(self.scaling, bool), "scaling", "must be a bool", self.scaling)
+
+    def spec(self) -> dict:
+        return {"name": self.name, "scaling": self.scaling}
+
+    def _make(self, n: int, role: str, key: int) -> Codec:
+        return _OneBitCodec(n, self.scaling)
+
+
+@dataclass(frozen=True, repr=False)
+class TopK(CodecCompressor):
+    """The k entries of largest magnitude (ties to the lower index) as (u32 index, f32 value);
+    ``k < 1`` is a fraction of the partition (at least 1 element), ``k >= 1`` an int count
+    (capped at the partition size)."""
+    k: int | float = 0.01
+    name: ClassVar[str] = "topk"
+
+    def __post_init__(self) -> None:
+        _check_k(self.k)
+
+    def spec(self) -> dict:
+        return {"name": self.name, "k": self.k}
+
+    def _make(self, n: int, role: str, key: int) -> Codec:
+        return _TopKCodec(n, _k_count(self.k, n))
+
+
+@dataclass(frozen=True, repr=False)
+class RandomK(CodecCompressor):
+    """k entries drawn uniformly without replacement from ``(seed, key, step)`` only, so all
+    workers and the servers pick the same ones; the payload carries only the values."""
+    k: int | float = 0.01
+    seed: int = 0
+    name: ClassVar[str] = "randomk"
+
+    def __post_init__(self) -> None:
+        _check_k(self.k)
+        _check_seed(self.seed)
+
+    def spec(self) -> dict:
+        return {"name": self.name, "k": self.k, "seed": self.seed}
+
+    def _make(self, n: int, role: str, key: int) -> Codec:
+        return _RandomKCodec(n, _k_count(self.k, n), self.seed, key)
+
+
+@dataclass(frozen=True, repr=False)
+class Dithering(CodecCompressor):
+    """Stochastic quantisation of x / norm to ``levels`` levels: ``partition="linear"`` (q/s,
+    levels 1..65535) or ``"natural"`` (0 and powers of two 2^(q-s), levels 1..127);
+    ``normalize="max"`` (max |x|) or ``"l2"``. Each element takes 1 + bit_length(levels) bits."""
+    levels: int = 16
+    partition: str = "linear"
+    normalize: str = "max"
+    seed: int = 0
+    name: ClassVar[str] = "dithering"
+
+    def __post_init__(self) -> None:
+        _field(self.partition in ("linear", "natural"), "partition",
+               "must be 'linear' or 'natural'", self.partition)
+        _field(self.normalize in ("max", "l2"), "normalize", "must be 'max' or 'l2'",
+               self.normalize)
+        hi = 127 if self.partition == "natural" else 65535
+        _field(_is_int(self.levels) and 1 <= self.levels <= hi, "levels",
+               f"must be an integer in [1, {hi}] for {self.partition} dithering", self.levels)
+        _check_seed(self.seed)
+
+    def spec(self) -> dict:
+        return {"name": self.name, "levels": self.levels, "partition": self.partition,
+                "normalize": self.normalize, "seed": self.seed}
+
+    def _make(self, n: int, role: str, key: int) -> Codec:
+        return _DitheringCodec(n, self.levels, self.partition == "natural",
+                               self.normalize == "l2", self.seed, key)
+
+
+def _check_inner(inner: Any) -> None:
+    if not isinstance(inner, Compressor) or inner.kind != "codec":
+        raise CompressionError(f"inner: must be a codec compressor (onebit, topk, ...), got "
+                               f"{inner!r}")
+
+
+@dataclass(frozen=True, repr=False)
+class ErrorFeedback(CodecCompressor):
+    """Error feedback around a codec: each encode adds the residual left by the previous one
+    (y = x + r; p = inner.encode(y); r = y - inner.decode(p)). Applies on both roles: on the
+    server it compensates the error of re-compressing the merged sum for the pull."""
+    inner: Compressor
+    name: ClassVar[str] = "ef"
+
+    def __post_init__(self) -> None:
+        _check_inner(self.inner)
+
+    def spec(self) -> dict:
+        return {"name": self.name, "inner": self.inner.spec()}
+
+    def _make(self, n: int, role: str, key: int) -> Codec:
+        return _ErrorFeedbackCodec(self.inner.make_codec(n, role=role, key=key))
+
+
+@dataclass(frozen=True, repr=False)
+class NesterovMomentum(CodecCompressor):
+    """Nesterov momentum before a codec, on the workers (as BytePS): m = mu*m + x, then
+    encode x + mu*m. On role="server" it is a pass-through (the server codec is the inner
+    one): momentum is a worker concern. Leave momentum out of the optimizer when using it."""
+    inner: Compressor
+    mu: float = 0.9
+    name: ClassVar[str] = "nesterov"
+
+    def __post_init__(self) -> None:
+        _check_inner(self.inner)
+        _field(isinstance(self.mu, (int, float)) and not isinstance(self.mu, bool)
+               and math.isfinite(self.mu) and 0 <= self.mu <= 1, "mu", "must be in [0, 1]",
+               self.mu)
+
+    def spec(self) -> dict:
+        return {"name": self.name, "mu": self.mu, "inner": self.inner.spec()}
+
+    def _make(self, n: int, role: str, key: int) -> Codec:
+        inner = self.inner.make_codec(n, role=role, key=key)
+        return inner if role == "server" else _NesterovCodec(inner, self.mu)
+
+
+def _wrap(c: Compressor, error_feedback: bool, momentum: float | None) -> Compressor:
+    _field(isinstance(error_feedback, bool), "error_feedback", "must be a bool", error_feedback)
+    if error_feedback:
+        c = ErrorFeedback(c)
+    if momentum:
+        c = NesterovMomentum(c, mu=momentum)
+    return c
 
 
 class Compression:
     """Namespace of the built-in compressors (BytePS/Horovod spelling)."""
     none = Compressor()
     fp16 = FP16Compressor()
+    bf16 = BF16Compressor()
+
+    @staticmethod
+    def onebit(scaling: bool = True, error_feedback: bool = False,
+               momentum: float | None = None) -> Compressor:
+        return _wrap(OneBit(scaling), error_feedback, momentum)
+
+    @staticmethod
+    def topk(k: int | float, error_feedback: bool = False,
+             momentum: float | None = None) -> Compressor:
+        return _wrap(TopK(k), error_feedback, momentum)
+
+    @staticmethod
+    def randomk(k: int | float, seed: int = 0, error_feedback: bool = False,
+                momentum: float | None = None) -> Compressor:
+        return _wrap(RandomK(k, seed), error_feedback, momentum)
+
+    @staticmethod
+    def dithering(levels: int = 16, partition: str = "linear", normalize: str = "max",
+                  seed: int = 0, error_feedback: bool = False,
+                  momentum: float | None = None) -> Compressor:
+        return _wrap(Dithering(levels, partition, normalize, seed), error_feedback, momentum)
+
+
+# ---- registry ---------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, Callable[..., Compressor]] = {}
+_REGISTRY_LOCK = threading.Lock()
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+_MAX_DEPTH = 8
+
+
+def register(name: str, factory: Callable[..., Compressor]) -> None:
+    """Make ``from_spec({"name": name, **params})`` call ``factory(**params)``; the factory
+    must validate its params (they come off the wire) and return a :class:`Compressor`.
+    A name already registered raises :class:`CompressionError`."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise CompressionError(f"register: name must be 1-64 characters [A-Za-z0-9_.-] starting "
+                               f"with a letter or underscore, got {name!r}")
+    if not callable(factory):
+        raise CompressionError(f"register: factory of {name!r} is not callable: {factory!r}")
+    with _REGISTRY_LOCK:
+        if name in _REGISTRY:
+            raise CompressionError(f"register: a compressor named {name!r} is already registered")
+        _REGISTRY[name] = factory
+
+
+def unregister(name: str) -> None:
+    """Remove a registered compressor (tests, reloading plugins); unknown names raise."""
+    with _REGISTRY_LOCK:
+        if _REGISTRY.pop(name, None) is None:
+            raise CompressionError(f"unregister: no compressor named {name!r}")
+
+
+def registered() -> tuple[str, ...]:
+    """Names from_spec understands."""
+    return tuple(sorted(_REGISTRY))
+
+
+def _check_json(value: Any, path: str, depth: int) -> None:
+    if depth > _MAX_DEPTH:
+        raise CompressionError(f"compressor spec nested deeper than {_MAX_DEPTH} at {path}")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise CompressionError(f"compressor spec: key {k!r} at {path} is not a string")
+            _check_json(v, f"{path}.{k}", depth + 1)
+    elif value is not None and not isinstance(value, (str, int, float, bool)):
+        raise CompressionError(f"compressor spec: {path} has a value of type "
+                               f"{type(value).__name__}; only str/int/float/bool/None/dict")
+
+
+def from_spec(spec: dict) -> Compressor:
+    """The compressor a :meth:`Compressor.spec` dict describes. The spec is untrusted (it comes
+    off the wire as JSON): every field is validated and errors raise :class:`CompressionError`
+    naming it."""
+    if not isinstance(spec, dict):
+        raise CompressionError(f"compressor spec must be a dict, got {type(spec).__name__}")
+    _check_json(spec, "spec", 0)
+    name = spec.get("name")
+    if not isinstance(name, str):
+        raise CompressionError(f"compressor spec: 'name' must be a string, got {name!r}")
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise CompressionError(f"compressor spec: unknown name {name!r}; registered: "
+                               f"{', '.join(registered())}")
+    params = {k: v for k, v in spec.items() if k != "name"}
+    try:
+        comp = factory(**params)
+    except CompressionError as exc:
+        raise CompressionError(f"compressor {name!r}: {exc}") from None
+    except TypeError as exc:
+        raise CompressionError(f"compressor {name!r}: bad fields {sorted(params)} ({exc})") \
+            from None
+    if not isinstance(comp, Compressor) or comp.kind not in ("none", "cast", "codec"):
+        raise CompressionError(f"compressor {name!r}: its factory returned {comp!r}, not a "
+                               "Compressor")
+    return comp
+
+
+def _inner(inner: Any) -> Compressor:
+    if isinstance(inner, Compressor):
+        return inner
+    try:
+        return from_spec(inner)
+    except CompressionError as exc:
+        raise CompressionError(f"inner: {exc}") from None
+
+
+def _no_params(c: Compressor) -> Callable[[], Compressor]:
+    return lambda: c
+
+
+register("none", _no_params(Compression.none))
+register("fp16", _no_params(Compression.fp16))
+register("bf16", _no_params(Compression.bf16))
+register("onebit", OneBit)
+register("topk", TopK)
+register("randomk", RandomK)
+register("dithering", Dithering)
+register("ef", lambda inner: ErrorFeedback(_inner(inner)))
+register("nesterov", lambda inner, mu=0.9: NesterovMomentum(_inner(inner), mu))
+
+
+# ---- engine helpers -----------------------------------------------------------------------------
+
+def split(c: Compressor | None) -> tuple[Compressor, Compressor | None]:
+    """(cast compressor, codec compressor or None): a codec travels with Compression.none as
+    its cast."""
+    if c is None:
+        return Compression.none, None
+    return (Compression.none, c) if c.kind == "codec" else (c, None)
+
+
+def resolve(c: Compressor | None, cfg: Any) -> Compressor:
+    """The compressor to use: ``c`` when the code passed one (not ``Compression.none``), else
+    the one ``cfg.compression`` (BYTEPS_COMPRESSOR*) describes, else ``Compression.none``."""
+    if c is not None and c is not Compression.none:
+        return c
+    cc = cfg.compression
+    name = cc.compressor.strip()
+    if not name:
+        return Compression.none
+    k: int | float = cc.k
+    if k >= 1:
+        _field(float(k).is_integer(), "BYTEPS_COMPRESSOR_K", "a count >= 1 must be whole", k)
+        k = int(k)
+    momentum = cc.momentum or None
+    if name == "onebit":
+        return Compression.onebit(cc.onebit_scaling, cc.error_feedback, momentum)
+    if name == "topk":
+        return Compression.topk(k, cc.error_feedback, momentum)
+    if name == "randomk":
+        return Compression.randomk(k, cc.seed, cc.error_feedback, momentum)
+    if name == "dithering":
+        return Compression.dithering(cc.levels, cc.partition, cc.normalize, cc.seed,
+                                     cc.error_feedback, momentum)
+    base = from_spec({"name": name})
+    return _wrap(base, cc.error_feedback, momentum) if base.kind == "codec" else base

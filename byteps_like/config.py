@@ -29,12 +29,12 @@ CONFIG_FILE_ENV = "BYTEPS_CONFIG_FILE"
 _PREFIXES = ("BYTEPS_", "DMLC_")
 #: Real BytePS / ps-lite variables that deployments set; accepted silently and ignored.
 IGNORED_NAMES = frozenset({
-    "DMLC_INTERFACE", "DMLC_ENABLE_RDMA", "DMLC_ENABLE_UCX", "DMLC_LOCAL",
+    "DMLC_INTERFACE", "DMLC_LOCAL",
     "BYTEPS_FORCE_DISTRIBUTED", "BYTEPS_NCCL_GROUP_SIZE", "BYTEPS_NCCL_NUM_RINGS",
     "BYTEPS_USE_HASH_KEY", "BYTEPS_KEY_HASH_FN", "BYTEPS_BUILT_IN_HASH_COEF",
     "BYTEPS_ENABLE_MIXED_MODE", "BYTEPS_SERVER_ENABLE_SCHEDULE", "BYTEPS_ENABLE_IPC",
     "BYTEPS_NUMA_DEFAULT_QUOTA", "BYTEPS_MULTITHREADED_CPU", "BYTEPS_OMP_THREAD_PER_GPU",
-    "BYTEPS_PCIE_SWITCH_SIZE", "BYTEPS_REDUCE_ROOTS", "BYTEPS_MIN_COMPRESS_BYTES",
+    "BYTEPS_PCIE_SWITCH_SIZE", "BYTEPS_REDUCE_ROOTS",
     "BYTEPS_THREADPOOL_SIZE", "BYTEPS_DEBUG_SAMPLE_TENSOR", "BYTEPS_ENABLE_GDB",
     "BYTEPS_SOCKET_PATH", "BYTEPS_DISABLE_P2P", "BYTEPS_DISABLE_CPU_ALLREDUCE",
     "BYTEPS_DISABLE_GPU_ALLREDUCE",
@@ -162,8 +162,19 @@ class TransportConfig:
     max_message_bytes: int = _s("BYTEPS_MAX_MESSAGE_BYTES", "size", 1 << 30, "Largest message a "
                                 "node accepts; must be >= partition_bytes + 4096.", unit="bytes",
                                 min=1024)
-    transport: str = _s("BYTEPS_TRANSPORT", "choice", "zmq", "Messaging library.",
-                        choices=("zmq",))
+    transport: str = _s("BYTEPS_TRANSPORT", "choice", "zmq", "Messaging library of the data "
+                        "plane (worker <-> server): `zmq` (TCP), or `ucx` (UCX through ucxx: "
+                        "RDMA, shared memory or TCP, per UCX_TLS; the scheduler's control "
+                        "traffic stays on ZeroMQ). See docs/transports.md.",
+                        choices=("zmq", "ucx"))
+    enable_rdma: bool = _s("DMLC_ENABLE_RDMA", "bool", False, "BytePS's switch for RDMA: selects "
+                           "BYTEPS_TRANSPORT=ucx unless BYTEPS_TRANSPORT is set explicitly.")
+    enable_ucx: bool = _s("DMLC_ENABLE_UCX", "bool", False, "BytePS's switch for its UCX van: "
+                          "selects BYTEPS_TRANSPORT=ucx like DMLC_ENABLE_RDMA.")
+    ucx_device_memory: bool = _s("BYTEPS_UCX_DEVICE_MEMORY", "bool", False, "With the ucx "
+                                 "transport and a UCX built with CUDA support, let the endpoint "
+                                 "send CUDA buffers directly (UCX_TLS must include cuda_copy or "
+                                 "cuda_ipc), skipping the copy to host memory.")
 
 
 @dataclass(frozen=True)
@@ -189,6 +200,35 @@ class TimeoutsConfig:
                                     "inspector: fail the whole job (every node raises "
                                     "PeerLostError naming the missing ranks) once a round has "
                                     "stalled this long; 0 turns it off.", unit="seconds", min=0)
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    """Gradient compression (docs/compression.md); a compressor passed in code wins over these."""
+    min_compress_bytes: int = _s("BYTEPS_MIN_COMPRESS_BYTES", "size", 64 << 10, "Tensors smaller "
+                                 "than this travel uncompressed (their compression would cost "
+                                 "more than it saves).", unit="bytes", min=0)
+    compressor: str = _s("BYTEPS_COMPRESSOR", "str", "", "Compressor of the gradients: onebit, "
+                         "topk, randomk, dithering, fp16, bf16 or a name registered with "
+                         "byteps_like.compression.register; empty = none.")
+    k: float = _s("BYTEPS_COMPRESSOR_K", "float", 0.01, "top-k / random-k: a fraction of each "
+                  "partition's elements when below 1, else a count.", min=0)
+    error_feedback: bool = _s("BYTEPS_COMPRESSOR_ERROR_FEEDBACK", "bool", False, "Wrap the "
+                              "compressor in error feedback (the compression error of a step is "
+                              "added to the next step's gradient).")
+    momentum: float = _s("BYTEPS_COMPRESSOR_MOMENTUM", "float", 0.0, "Nesterov momentum "
+                         "coefficient applied on the workers before compression; 0 turns it off "
+                         "(then leave momentum out of the optimizer).", min=0, max=1)
+    seed: int = _s("BYTEPS_COMPRESSOR_SEED", "int", 0, "Seed of random-k and dithering; workers "
+                   "and servers derive the same random stream from it.", min=0)
+    onebit_scaling: bool = _s("BYTEPS_COMPRESSOR_ONEBIT_SCALING", "bool", True, "onebit: scale "
+                              "the signs by the mean absolute value.")
+    levels: int = _s("BYTEPS_COMPRESSOR_DITHERING_LEVELS", "int", 16, "dithering: number of "
+                     "quantisation levels.", min=1, max=127)
+    partition: str = _s("BYTEPS_COMPRESSOR_DITHERING_PARTITION", "choice", "linear",
+                        "dithering: level spacing.", choices=("linear", "natural"))
+    normalize: str = _s("BYTEPS_COMPRESSOR_DITHERING_NORMALIZE", "choice", "max",
+                        "dithering: the norm values are scaled by.", choices=("max", "l2"))
 
 
 @dataclass(frozen=True)
@@ -249,6 +289,7 @@ class Config:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -482,6 +523,15 @@ def _build(values: Mapping[str, tuple[Any, str]]) -> Config:
             parsed[s.section][s.name] = None if raw is None else _parse(s, raw)
         except _Bad as exc:
             raise ConfigError(f"{s.env}={raw!r} ({source}) {exc}") from None
+    tr = parsed["transport"]
+    if tr["enable_rdma"] or tr["enable_ucx"]:   # BytePS's switches select the UCX transport
+        if values["transport.transport"][1] == "default":
+            tr["transport"] = "ucx"
+        elif tr["transport"] != "ucx":
+            flag = "DMLC_ENABLE_RDMA" if tr["enable_rdma"] else "DMLC_ENABLE_UCX"
+            raise ConfigError(f"{flag}=1 ({values[_BY_ENV[flag].path][1]}) asks for RDMA/UCX "
+                              f"but BYTEPS_TRANSPORT={tr['transport']!r} "
+                              f"({values['transport.transport'][1]}); unset one of them")
     sections = {f.name: f.default_factory(**parsed[f.name])  # type: ignore[misc]
                 for f in dataclasses.fields(Config) if f.name in _SECTIONS}
     cfg = Config(**sections, _sources=MappingProxyType({k: v[1] for k, v in values.items()}))
@@ -504,6 +554,13 @@ def _cross_check(cfg: Config) -> None:
     if t.heartbeat_timeout <= 2 * t.heartbeat_interval:
         raise ConfigError(f"{who('timeouts.heartbeat_timeout')} must exceed twice "
                           f"{who('timeouts.heartbeat_interval')}")
+
+
+def ucx_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``UCX_*`` variables UCX itself reads (UCX_TLS, UCX_NET_DEVICES, ...), for messages
+    that say which settings a failing UCX tried."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in env.items() if k.startswith("UCX_")}
 
 
 def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, object] | None = None,

@@ -25,10 +25,10 @@ from .errors import (CommunicationError, MismatchError, NotInitializedError, Pro
 from .handle import Handle
 from .partition import ServerAssigner, make_key, mixed_mode_weights, partition_bounds
 from . import local
-from .pipeline import (BROADCAST, COPY_D2H, COPY_H2D, PULL, PUSH, REDUCE, Pipeline, Task,
-                       plan)
+from .pipeline import (BROADCAST, COMPRESS, COPY_D2H, COPY_H2D, DECOMPRESS, PULL, PUSH, REDUCE,
+                       Pipeline, Task, plan)
 from .transport import Route, make_endpoint
-from .wire import (ERR_MISMATCH, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
+from .wire import (ERR_MISMATCH, FLAG_COMPRESSED, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
                    Role, decode, dtype_name, encode, job_hash)
 
 log = logging.getLogger("byteps_like.worker")
@@ -61,6 +61,15 @@ class TensorState:
     round: int = 0
     busy: Handle | None = None
     waiting: list = field(default_factory=list)   # closures that start queued push_pulls
+    compressor: Any = None     # a codec-kind Compressor bound at first use, or None
+    spec: dict | None = None   # its spec (what the servers get)
+    comp_bound: bool = False
+    codecs: list = field(default_factory=list)    # one worker Codec per partition
+    scratch: list = field(default_factory=list)   # float32 staging per partition (non-float32)
+
+
+#: dtypes a codec compressor applies to (codecs work in float32; the others are converted)
+COMPRESSIBLE = frozenset({"float32", "float16", "bfloat16", "float64"})
 
 
 class Runtime:
@@ -166,7 +175,8 @@ class Runtime:
         self.conns = cfg.transport.tcp_connections
         if self.is_local_root:  # only the local root talks to the servers
             for p in servers:
-                self.ep.connect(f"server-{p.rank}", f"tcp://{p.host}:{p.port}", self.conns)
+                scheme = "ucx" if cfg.transport.transport == "ucx" else "tcp"
+                self.ep.connect(f"server-{p.rank}", f"{scheme}://{p.host}:{p.port}", self.conns)
         self._routes = [[Route(peer=f"server-{p.rank}", conn=i) for i in range(self.conns)]
                         for p in servers]
         weights = None
@@ -177,7 +187,8 @@ class Runtime:
         self.assigner = ServerAssigner(self.num_servers, weights)
         self.job = job_hash(cfg.cluster.job_id)
         credit = cfg.scheduling.credit * cfg.partition.partition_bytes
-        stages = {PUSH: self._stage_push, PULL: self._stage_pull}
+        stages = {COMPRESS: self._stage_compress, PUSH: self._stage_push,
+                  PULL: self._stage_pull, DECOMPRESS: self._stage_decompress}
         if c.local_size == 1:  # device tensors stage partition by partition (DeviceCopier)
             stages = {COPY_D2H: self._stage_d2h, **stages, COPY_H2D: self._stage_h2d}
         if c.local_size > 1:
@@ -348,7 +359,7 @@ class Runtime:
     def push_pull_async(self, array: Any, name: str | None = None, average: bool = True,
                         priority: int = 0, out: Any = None, dtype: str | None = None,
                         device: "DeviceCopier | None" = None,
-                        prereduced: bool = False) -> Handle:
+                        prereduced: bool = False, compression: Any = None) -> Handle:
         """Start summing ``array`` across all workers; returns a :class:`Handle`.
 
         ``out`` receives the result (default: a new array; pass ``out=array`` for in place).
@@ -364,7 +375,14 @@ class Runtime:
         into this machine's shared reduction buffer (:meth:`local_out`, e.g. each rank its
         slice after an NCCL reduce-scatter); pass that buffer as ``array`` and ``out``. The
         machine's sum of all workers lands in it; ``average`` must be False (the buffer is
-        shared, so the caller scales its own copy)."""
+        shared, so the caller scales its own copy).
+
+        ``compression``: a codec :class:`~byteps_like.compression.Compressor` (onebit, top-k,
+        ...). Each partition is compressed before its push and decompressed after its pull; the
+        servers decompress, sum and compress the result. Tensors below
+        BYTEPS_MIN_COMPRESS_BYTES, integer tensors and standalone jobs are not compressed. A name
+        keeps the compressor of its first push_pull. Cast compressors (fp16, bf16) are applied
+        by the plugins before this call, so they are ignored here."""
         self._check()
         if device is not None and not self.device_pipeline:
             raise ValueError("device staging through the pipeline needs a distributed job "
@@ -391,6 +409,8 @@ class Runtime:
             if st is None:
                 st = self._tensors[name] = TensorState(len(self._tensors), name)
             self._bind(st, tuple(arr.shape), wire_dtype, arr.nbytes)
+            if self.control is not None:
+                self._bind_compressor(st, compression)
             nparts = len(st.parts) if self.control is not None else 0
             h = Handle(name, arr, out, nparts, default_timeout=self.cfg.timeouts.op_timeout,
                        describe_pending=self._describe_pending)
@@ -412,6 +432,32 @@ class Runtime:
             start(True)  # outside the lock: may block on a full queue (back-pressure)
         return h
 
+    def _bind_compressor(self, st: TensorState, compression: Any) -> None:
+        """Bind a codec compressor to a tensor at its first push_pull (every worker does the
+        same, so the servers see one compressor per key); refuse a different one later."""
+        codec = compression is not None and getattr(compression, "kind", "none") == "codec"
+        if codec and (st.dtype not in COMPRESSIBLE
+                      or st.nbytes < self.cfg.compression.min_compress_bytes):
+            codec = False   # too small to gain, or not a float tensor: travels as it is
+        wanted = compression.spec() if codec else None
+        if not st.comp_bound:
+            st.comp_bound = True
+            if wanted is None:
+                return
+            st.compressor, st.spec = compression, wanted
+            if self.is_local_root:  # only the local root pushes, so only it compresses
+                for off, n, key, _server in st.parts:
+                    count = n // ITEMSIZE[st.dtype]
+                    st.codecs.append(compression.make_codec(count, role="worker", key=key))
+                    st.scratch.append(None if st.dtype == "float32"
+                                      else np.empty(count, np.float32))
+            return
+        if st.spec != wanted:
+            raise MismatchError(f"worker rank {self.rank_}: tensor {st.name!r} was first "
+                                f"pushed with compression {st.spec or 'none'}, now with "
+                                f"{wanted or 'none'}; a tensor keeps its compressor (use "
+                                "another name for another setting)")
+
     def _start(self, st: TensorState, h: Handle, arr, out, dtype: str, average: bool,
                priority: int, block: bool, device: "DeviceCopier | None" = None,
                prereduced: bool = False) -> None:
@@ -423,7 +469,8 @@ class Runtime:
         src = arr.reshape(-1).view(np.uint8)
         dst = out.reshape(-1).view(np.uint8)
         itinerary = plan(distributed=True, local_size=self.local_size_,
-                         local_root=self.is_local_root, on_device=device is not None)
+                         local_root=self.is_local_root, on_device=device is not None,
+                         compressed=bool(st.codecs))
         seg = self._segment(st) if self.local_size_ > 1 else None
         for part, (off, n, key, server) in enumerate(st.parts):
             task = Task(h, key, part, off, n, priority, server, key % self.conns, rnd, itinerary)
@@ -441,6 +488,13 @@ class Runtime:
             task.average = average
             task.decl = ({"name": st.name, "shape": list(st.shape), "dtype": dtype, "part": part,
                           "nparts": len(st.parts)} if rnd == 0 else None)
+            task.codec = st.codecs[part] if st.codecs else None
+            if task.codec is not None:
+                task.scratch = st.scratch[part]
+                task.wire = None
+                if task.decl is not None:  # the compressor travels once per key, typed JSON
+                    task.decl["compressor"] = st.spec
+                    task.decl["count"] = n // ITEMSIZE[dtype]
             self.pipeline.submit(task, block=block)
 
     def _on_handle_done(self, st: TensorState, h: Handle) -> None:
@@ -464,17 +518,63 @@ class Runtime:
     # -- stages (pipeline threads) ---------------------------------------------------------------
     def _stage_push(self, task: Task) -> bool:
         # one message pushes the partition and asks for the round's sum (FLAG_PULL)
-        hdr = Header(MsgType.PUSH, task.dtype, Role.WORKER, self.push_rank,
-                     FLAG_PULL | (FLAG_DECLARE if task.decl else 0), self.job, task.key,
-                     task.round, task.nbytes // ITEMSIZE[task.dtype], task.nbytes)
+        flags = FLAG_PULL | (FLAG_DECLARE if task.decl else 0)
+        if task.codec is not None:  # a compressed payload: raw bytes the server decodes
+            payload = task.wire
+            task.wire = None
+            hdr = Header(MsgType.PUSH, "uint8", Role.WORKER, self.push_rank,
+                         flags | FLAG_COMPRESSED, self.job, task.key, task.round,
+                         payload.nbytes, payload.nbytes)
+        else:
+            payload = task.push_src
+            hdr = Header(MsgType.PUSH, task.dtype, Role.WORKER, self.push_rank, flags, self.job,
+                         task.key, task.round, task.nbytes // ITEMSIZE[task.dtype], task.nbytes)
         with self._lock:
             self._inflight[task.key] = task
-        self.ep.send(self._routes[task.server][task.conn],
-                     encode(hdr, task.push_src, task.decl))
-        self.bytes_pushed += task.nbytes
+        self.ep.send(self._routes[task.server][task.conn], encode(hdr, payload, task.decl))
+        self.bytes_pushed += hdr.nbytes
         return False  # the pull response advances the task
 
+    def _as_float32(self, task: Task, buf: np.ndarray) -> np.ndarray:
+        """The partition bytes ``buf`` as float32: a view, or converted into the scratch."""
+        if task.scratch is None:
+            return buf.view(np.float32)
+        if task.dtype == "float64":
+            np.copyto(task.scratch, buf.view(np.float64), casting="same_kind")
+        else:
+            _core.convert(task.scratch, "float32", buf, task.dtype)
+        return task.scratch
+
+    def _stage_compress(self, task: Task) -> bool:
+        x = self._as_float32(task, task.push_src)
+        task.wire = task.codec.encode(x, task.round)
+        return True
+
+    def _stage_decompress(self, task: Task) -> bool:
+        payload = task.payload
+        task.payload = None
+        buf = payload.buffer if hasattr(payload, "buffer") else payload
+        if task.scratch is None:
+            step = task.codec.decode(buf, task.pull_dst.view(np.float32))
+        else:
+            step = task.codec.decode(buf, task.scratch)
+            if task.dtype == "float64":
+                np.copyto(task.pull_dst.view(np.float64), task.scratch, casting="same_kind")
+            else:
+                _core.convert(task.pull_dst, task.dtype, task.scratch, "float32")
+        if step != task.round:
+            raise ProtocolError(f"push_pull of {task.handle.name!r} (key {task.key}): the "
+                                f"server's compressed sum is of step {step}, expected "
+                                f"{task.round}")
+        if task.average and self.size_ > 1 and task.seg is None:
+            _core.scale_into(task.dst, task.dtype, self.size_)
+        return True
+
     def _stage_pull(self, task: Task) -> bool:
+        if task.codec is not None:  # the decompress stage decodes the payload
+            self.bytes_pulled += memoryview(getattr(task.payload, "buffer",
+                                                    task.payload)).nbytes
+            return True
         payload = task.payload
         task.payload = None
         _core.copy_into(task.pull_dst, payload.buffer if hasattr(payload, "buffer") else payload)
@@ -617,10 +717,17 @@ class Runtime:
             self._release(task)
         elif h.type is MsgType.PULL_RESP:
             self._release(task)
-            if h.nbytes != task.nbytes or h.dtype != task.dtype:
+            if task.codec is not None:
+                bad = (not h.flags & FLAG_COMPRESSED or h.dtype != "uint8"
+                       or h.nbytes > task.codec.max_bytes)
+            else:
+                bad = h.nbytes != task.nbytes or h.dtype != task.dtype
+            if bad:
+                want = (f"a compressed payload of at most {task.codec.max_bytes} bytes"
+                        if task.codec is not None else f"{task.nbytes} bytes of {task.dtype}")
                 self._fail_task(task, ProtocolError(
                     f"server {h.rank} answered key {h.key} with {h.count} x {h.dtype}, "
-                    f"expected {task.nbytes} bytes of {task.dtype}"))
+                    f"expected {want}"))
                 return
             with self._lock:
                 self._inflight.pop(h.key, None)

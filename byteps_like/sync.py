@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .compression import Compression, Compressor
+from .compression import Compression, Compressor, resolve, split
 from .errors import BytePSError
 from .runtime import Runtime
 
@@ -76,7 +76,11 @@ class GradientSynchronizer:
         self.tensor_names = [prefix + n for n in self.names]
         self.grad_buffer = grad_buffer
         self.bpps = backward_passes_per_step
-        self.compression = compression
+        # BYTEPS_COMPRESSOR* applies where the code left the default; a cast compressor (fp16)
+        # changes the wire dtype here, a codec (onebit, top-k, ...) runs in the runtime's
+        # pipeline per partition
+        self.compression = resolve(compression, rt.cfg)
+        self._cast, self._codec = split(self.compression)
         self.average = average
         # the first parameter of the forward pass goes first
         self.priorities = [-i for i in range(len(self.names))]
@@ -115,10 +119,10 @@ class GradientSynchronizer:
         if buf.device is not None:  # staged partition by partition by the pipeline
             wire, wdtype, ctx = buf.array, dtype, None
         else:
-            wire, wdtype, ctx = self.compression.compress(buf.array, dtype)
+            wire, wdtype, ctx = self._cast.compress(buf.array, dtype)
         h = self.rt.push_pull_async(wire, name=self.tensor_names[index], average=self.average,
                                     priority=self.priorities[index], out=wire, dtype=wdtype,
-                                    device=buf.device)
+                                    device=buf.device, compression=self._codec)
         with self._lock:
             self.pending[index] = _Pending(h, buf, wire, ctx, dtype)
 
@@ -141,7 +145,7 @@ class GradientSynchronizer:
                 errors.append(exc)
                 continue
             if p.wire is not p.buf.array:
-                self.compression.decompress(p.wire, p.ctx, p.buf.array, p.dtype)
+                self._cast.decompress(p.wire, p.ctx, p.buf.array, p.dtype)
             if p.buf.writeback is not None:
                 p.buf.writeback()
         self.pending.clear()

@@ -74,6 +74,7 @@ FLAG_META = 1 << 0        # a JSON meta frame follows the payload
 FLAG_DECLARE = 1 << 1     # first round of a key: meta carries name, shape, dtype
 FLAG_ASYNC = 1 << 2       # asynchronous mode push (delta applied at once)
 FLAG_PULL = 1 << 3        # a push that also asks for the round's result (saves a message)
+FLAG_COMPRESSED = 1 << 4  # the payload is a compressor's encoding (uint8), not the tensor
 
 # Error kinds carried in ERROR meta["kind"]
 ERR_MISMATCH = "mismatch"

@@ -3,8 +3,10 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
+#include "compress.h"
 #include "cpu.h"
 #include "dtype.h"
 #include "ops.h"
@@ -168,12 +170,122 @@ std::string py_set_isa(const std::string& name) {
   return previous;
 }
 
+// ---- compression kernels (compress.h): buffers are checked here, bodies there ----
+std::size_t f32_count(const Buffer& b, const char* func, const char* arg) {
+  if (b.size() % 4 != 0) {
+    throw py::value_error(std::string(func) + ": " + arg + " has " + std::to_string(b.size()) +
+                          " bytes, not a whole number of float32");
+  }
+  return b.size() / 4;
+}
+void need_bytes(const Buffer& b, std::size_t want, const char* func, const char* arg) {
+  if (b.size() != want) {
+    throw py::value_error(std::string(func) + ": " + arg + " has " + std::to_string(b.size()) +
+                          " bytes, expected " + std::to_string(want));
+  }
+}
+
+float py_onebit_encode(py::handle x, py::handle bits, bool scaling) {
+  const Buffer xs(x, false, "onebit_encode", "x"), bs(bits, true, "onebit_encode", "bits");
+  const std::size_t n = f32_count(xs, "onebit_encode", "x");
+  need_bytes(bs, (n + 7) / 8, "onebit_encode", "bits");
+  py::gil_scoped_release nogil;
+  return compress::onebit_encode(static_cast<const float*>(xs.data()), n,
+                                 static_cast<std::uint8_t*>(bs.data()), scaling);
+}
+
+void py_onebit_decode(py::handle bits, float scale, py::handle out, bool add) {
+  const Buffer bs(bits, false, "onebit_decode", "bits"), os(out, true, "onebit_decode", "out");
+  const std::size_t n = f32_count(os, "onebit_decode", "out");
+  need_bytes(bs, (n + 7) / 8, "onebit_decode", "bits");
+  py::gil_scoped_release nogil;
+  compress::onebit_decode(static_cast<const std::uint8_t*>(bs.data()), n, scale,
+                          static_cast<float*>(os.data()), add);
+}
+
+void py_topk_select(py::handle x, py::handle idx, py::handle val) {
+  const Buffer xs(x, false, "topk_select", "x"), is(idx, true, "topk_select", "idx"),
+      vs(val, true, "topk_select", "val");
+  const std::size_t n = f32_count(xs, "topk_select", "x"), k = f32_count(vs, "topk_select", "val");
+  need_bytes(is, 4 * k, "topk_select", "idx");
+  py::gil_scoped_release nogil;
+  compress::topk_select(static_cast<const float*>(xs.data()), n, k, is.data(), vs.data());
+}
+
+void py_gather(py::handle x, py::handle idx, py::handle val) {
+  const Buffer xs(x, false, "gather", "x"), is(idx, false, "gather", "idx"),
+      vs(val, true, "gather", "val");
+  const std::size_t n = f32_count(xs, "gather", "x"), k = f32_count(vs, "gather", "val");
+  need_bytes(is, 4 * k, "gather", "idx");
+  py::gil_scoped_release nogil;
+  compress::gather(static_cast<const float*>(xs.data()), n, is.data(), k, vs.data());
+}
+
+void py_scatter(py::handle idx, py::handle val, py::handle out, bool add) {
+  const Buffer is(idx, false, "scatter", "idx"), vs(val, false, "scatter", "val"),
+      os(out, true, "scatter", "out");
+  const std::size_t n = f32_count(os, "scatter", "out"), k = f32_count(vs, "scatter", "val");
+  need_bytes(is, 4 * k, "scatter", "idx");
+  py::gil_scoped_release nogil;
+  compress::scatter(is.data(), vs.data(), k, static_cast<float*>(os.data()), n, add);
+}
+
+void py_randomk_indices(std::uint64_t n, std::uint64_t seed, std::uint64_t key, std::uint64_t step,
+                        py::handle idx) {
+  const Buffer is(idx, true, "randomk_indices", "idx");
+  const std::size_t k = f32_count(is, "randomk_indices", "idx");
+  py::gil_scoped_release nogil;
+  compress::randomk_indices(n, k, seed, key, step, is.data());
+}
+
+float py_dither_encode(py::handle x, py::handle out, int levels, bool natural, bool l2,
+                       std::uint64_t seed, std::uint64_t key, std::uint64_t step) {
+  const Buffer xs(x, false, "dither_encode", "x"), os(out, true, "dither_encode", "out");
+  const std::size_t n = f32_count(xs, "dither_encode", "x");
+  if (levels < 1 || levels > 65535) throw py::value_error("dither_encode: levels out of range");
+  need_bytes(os, compress::dither_bytes(n, levels), "dither_encode", "out");
+  py::gil_scoped_release nogil;
+  return compress::dither_encode(static_cast<const float*>(xs.data()), n, levels, natural, l2,
+                                 seed, key, step, static_cast<std::uint8_t*>(os.data()));
+}
+
+void py_dither_decode(py::handle body, float norm, py::handle out, int levels, bool natural,
+                      bool add) {
+  const Buffer bs(body, false, "dither_decode", "body"), os(out, true, "dither_decode", "out");
+  const std::size_t n = f32_count(os, "dither_decode", "out");
+  py::gil_scoped_release nogil;
+  compress::dither_decode(static_cast<const std::uint8_t*>(bs.data()), bs.size(), n, levels,
+                          natural, norm, static_cast<float*>(os.data()), add);
+}
+
+void bind_compress(py::module_& m) {
+  m.def("onebit_encode", &py_onebit_encode, py::arg("x"), py::arg("bits"),
+        py::arg("scaling") = true, "Sign bits of float32 x into bits; returns mean |x| or 1.");
+  m.def("onebit_decode", &py_onebit_decode, py::arg("bits"), py::arg("scale"), py::arg("out"),
+        py::arg("add") = false, "out (+)= +-scale by the sign bits.");
+  m.def("topk_select", &py_topk_select, py::arg("x"), py::arg("idx"), py::arg("val"),
+        "The len(val) entries of largest |x|: increasing u32 indices and their values.");
+  m.def("gather", &py_gather, py::arg("x"), py::arg("idx"), py::arg("val"), "val = x[idx].");
+  m.def("scatter", &py_scatter, py::arg("idx"), py::arg("val"), py::arg("out"),
+        py::arg("add") = false, "out[idx] (+)= val; out is zeroed first unless add.");
+  m.def("randomk_indices", &py_randomk_indices, py::arg("n"), py::arg("seed"), py::arg("key"),
+        py::arg("step"), py::arg("idx"), "len(idx) distinct increasing indices of range(n).");
+  m.def("dither_bytes", &compress::dither_bytes, py::arg("n"), py::arg("levels"),
+        "Body bytes of n dithered elements.");
+  m.def("dither_encode", &py_dither_encode, py::arg("x"), py::arg("out"), py::arg("levels"),
+        py::arg("natural"), py::arg("l2"), py::arg("seed"), py::arg("key"), py::arg("step"),
+        "Stochastic quantisation of x into out; returns the norm.");
+  m.def("dither_decode", &py_dither_decode, py::arg("body"), py::arg("norm"), py::arg("out"),
+        py::arg("levels"), py::arg("natural"), py::arg("add") = false,
+        "out (+)= the dithered values of body.");
+}
+
 }  // namespace
 }  // namespace bps
 
 PYBIND11_MODULE(_core, m) {
   using namespace bps;
-  m.doc() = "Native summation, scaling and conversion kernels of byteps_like (see _core.pyi).";
+  m.doc() = "Native summation, scaling, conversion and compression kernels of byteps_like (see _core.pyi).";
   m.def("add_into", &py_add_into, py::arg("dst"), py::arg("src"), py::arg("dtype"),
         py::arg("nthreads") = 1, "dst += src elementwise; buffers are raw bytes of `dtype`.");
   m.def("copy_into", &py_copy_into, py::arg("dst"), py::arg("src"), py::arg("nthreads") = 1,
@@ -195,4 +307,5 @@ PYBIND11_MODULE(_core, m) {
   py::list names;
   for (int i = 0; i < kNumDTypes; ++i) names.append(dtype_name(static_cast<DType>(i)));
   m.attr("DTYPES") = py::tuple(names);
+  bind_compress(m);
 }

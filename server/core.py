@@ -27,7 +27,8 @@ from ..config import Config
 from ..control import ControlClient
 from ..errors import ProtocolError
 from ..transport import Route, make_endpoint
-from ..wire import (ERR_INTERNAL, ERR_MISMATCH, ERR_PROTOCOL, FLAG_DECLARE, FLAG_PULL, SUMMABLE, Header,
+from ..wire import (ERR_INTERNAL, ERR_MISMATCH, ERR_PROTOCOL, FLAG_COMPRESSED, FLAG_DECLARE,
+                    FLAG_PULL, SUMMABLE, Header,
                     Message, MsgType, Role, decode, decode_header, encode, job_hash)
 
 log = logging.getLogger("byteps_like.server")
@@ -49,9 +50,27 @@ class KeyStore:
     failed: str | None = None
     pushes: int = 0
     round_started: float | None = None   # monotonic time of the open round's first push
+    codec: object = None           # compressed key: the server Codec (decode pushes, encode sum)
+    step: int = -1                 # compressed key: the step of the open round's pushes
+
+    @property
+    def compressed(self) -> bool:
+        return self.codec is not None
 
     def describe_decl(self, decl: dict) -> str:
-        return f"{decl.get('name')!r} shape {tuple(decl.get('shape', ()))} {decl.get('dtype')}"
+        comp = decl.get("compressor")
+        how = f" compressed with {_spec_text(comp)}" if comp is not None else " uncompressed"
+        return (f"{decl.get('name')!r} shape {tuple(decl.get('shape', ()))} "
+                f"{decl.get('dtype')}{how}")
+
+
+def _spec_text(spec) -> str:
+    """A compressor spec as a short readable text: name(k=v, ..., inner=...)."""
+    if not isinstance(spec, dict):
+        return repr(spec)
+    args = ", ".join(f"{k}={_spec_text(v) if isinstance(v, dict) else v!r}"
+                     for k, v in spec.items() if k != "name")
+    return f"{spec.get('name')}({args})"
 
 
 class Engine(threading.Thread):
@@ -102,6 +121,8 @@ class Engine(threading.Thread):
             self.server.reply_error(route, h, ERR_PROTOCOL, f"first push of key {h.key} from "
                                     f"{h.sender} carries no declaration")
             return None
+        if h.flags & FLAG_COMPRESSED:
+            return self._create_compressed(route, msg)
         if h.dtype not in SUMMABLE:
             self.server._reject("dtype that cannot be summed")
             self.server.reply_error(route, h, ERR_PROTOCOL, f"dtype {h.dtype} cannot be summed")
@@ -109,6 +130,37 @@ class Engine(threading.Thread):
         nbuf = 1 if self.server.async_mode else 2
         bufs = [np.zeros(h.nbytes, dtype=np.uint8) for _ in range(nbuf)]
         store = KeyStore(h.key, h.dtype, h.nbytes, h.count, dict(msg.meta), h.rank, bufs)
+        self.stores[h.key] = store
+        return store
+
+    def _create_compressed(self, route: Route, msg: Message) -> KeyStore | None:
+        """A key whose pushes are compressed: the declaration carries the compressor's spec
+        (JSON, validated field by field) and the partition's element count. The store keeps a
+        float32 accumulator and the server's codec."""
+        from ..compression import CompressionError, from_spec
+        h, decl, srv = msg.header, msg.meta, self.server
+        what = f"key {h.key} ({decl.get('name')!r}) from worker rank {h.rank}"
+        count = decl.get("count")
+        limit = srv.cfg.transport.max_message_bytes // 4
+        try:
+            if srv.async_mode:
+                raise CompressionError("compression needs synchronous mode; unset "
+                                       "BYTEPS_ENABLE_ASYNC or push without a compressor")
+            if type(count) is not int or not 0 < count <= limit:
+                raise CompressionError(f"element count {count!r} is not an integer in "
+                                       f"1..{limit}")
+            spec = decl.get("compressor")
+            if not isinstance(spec, dict):
+                raise CompressionError("the declaration carries no compressor spec")
+            codec = from_spec(spec).make_codec(count, role="server", key=h.key)
+        except CompressionError as exc:
+            srv._reject("bad compressor declaration")
+            srv.reply_error(route, h, ERR_PROTOCOL, f"server {srv.rank}: compressed push of "
+                            f"{what}: {exc}")
+            return None
+        store = KeyStore(h.key, "uint8", 0, count, dict(decl), h.rank, [None, None])
+        store.codec = codec
+        store.acc = np.zeros(count, np.float32)
         self.stores[h.key] = store
         return store
 
@@ -125,12 +177,21 @@ class Engine(threading.Thread):
         decl = msg.meta if (h.flags & FLAG_DECLARE) else None
         text = None
         if decl is not None and any(decl.get(f) != store.decl.get(f)
-                                    for f in ("name", "shape", "dtype", "part", "nparts")):
+                                    for f in ("name", "shape", "dtype", "part", "nparts",
+                                              "compressor")):
             text = (f"tensor mismatch on key {h.key}: worker rank {store.decl_rank} declared "
                     f"{store.describe_decl(store.decl)} but worker rank {h.rank} declared "
                     f"{store.describe_decl(decl)}; every worker must declare the same tensors, "
-                    "in the same order, with the same shape and dtype")
-        elif h.dtype != store.dtype or h.nbytes != store.nbytes:
+                    "in the same order, with the same shape, dtype and compressor")
+        elif store.compressed and (not h.flags & FLAG_COMPRESSED or h.dtype != "uint8"
+                                   or h.nbytes > store.codec.max_bytes):
+            self.server._reject("wrong payload for a compressed key")
+            self.server.reply_error(route, h, ERR_PROTOCOL, (
+                f"push to compressed key {h.key} ({store.decl.get('name')!r}) from worker rank "
+                f"{h.rank}: {h.nbytes} bytes of {h.dtype}, expected a compressed payload of at "
+                f"most {store.codec.max_bytes} bytes"))
+            return False
+        elif not store.compressed and (h.dtype != store.dtype or h.nbytes != store.nbytes):
             # Without a declaration this push is not a worker disagreeing about the tensor (that
             # shows in the round-0 declarations): reject it alone, the key keeps serving.
             self.server._reject("wrong dtype or size for a declared key")
@@ -166,13 +227,17 @@ class Engine(threading.Thread):
             srv.reply_error(route, h, ERR_PROTOCOL, f"key {h.key}: push from worker rank "
                             f"{h.rank} {why}")
             return
-        buf = store.bufs[h.round % 2]
         t_sum = time.perf_counter()
-        if not store.pushed:
-            store.round_started = time.monotonic()
-            _core.copy_into(buf, msg.payload, srv.sum_threads)
+        if store.compressed:
+            if not self._push_compressed(store, route, msg):
+                return
         else:
-            _core.add_into(buf, msg.payload, store.dtype, srv.sum_threads)
+            buf = store.bufs[h.round % 2]
+            if not store.pushed:
+                store.round_started = time.monotonic()
+                _core.copy_into(buf, msg.payload, srv.sum_threads)
+            else:
+                _core.add_into(buf, msg.payload, store.dtype, srv.sum_threads)
         srv.sum_meter.add(h.nbytes, time.perf_counter() - t_sum)  # metrics
         store.pushed.add(h.rank)
         store.pushes += 1
@@ -180,6 +245,10 @@ class Engine(threading.Thread):
         if h.flags & FLAG_PULL:
             store.pending.append((route, h.rank, h.round))
         if len(store.pushed) == srv.num_workers:
+            if store.compressed:  # the pull is compressed too: encode the merged sum
+                wire = store.codec.encode(store.acc, store.step)
+                store.bufs[store.round % 2] = np.array(wire, dtype=np.uint8, copy=True)
+                store.step = -1
             store.completed = store.round
             store.round += 1
             store.round_started = None
@@ -188,7 +257,47 @@ class Engine(threading.Thread):
             for proute, _rank, rnd in waiting:
                 self._answer_pull(store, proute, rnd)
 
+    def _push_compressed(self, store: KeyStore, route: Route, msg: Message) -> bool:
+        """Decode one worker's compressed push into the round's float32 accumulator (the first
+        push overwrites it). Every push of a round must carry the same step."""
+        from ..compression import CompressionError
+        h = msg.header
+        payload = getattr(msg.payload, "buffer", msg.payload)
+        try:
+            if not store.pushed:
+                step = store.codec.decode(payload, store.acc)
+            else:
+                step = store.codec.decode_add(payload, store.acc)
+                if step != store.step:  # decoded already: the round is now inconsistent
+                    self._fail_key(store, (
+                        f"compressed key {h.key} ({store.decl.get('name')!r}): worker rank "
+                        f"{h.rank} pushed step {step} while the round holds step {store.step}; "
+                        "every worker must push the tensor the same number of times"))
+                    self.server.reply_error(route, h, ERR_MISMATCH, store.failed)
+                    return False
+        except CompressionError as exc:
+            self.server._reject("malformed compressed payload")
+            if store.pushed:  # a partial decode_add may have touched the accumulator
+                self._fail_key(store, f"compressed key {h.key}: worker rank {h.rank} sent a "
+                               f"malformed payload ({exc})")
+                self.server.reply_error(route, h, ERR_PROTOCOL, store.failed)
+            else:
+                self.server.reply_error(route, h, ERR_PROTOCOL, f"compressed push to key "
+                                        f"{h.key} from worker rank {h.rank}: {exc}")
+            return False
+        if not store.pushed:
+            store.round_started = time.monotonic()
+            store.step = step
+        return True
+
     def _answer_pull(self, store: KeyStore, route: Route, rnd: int) -> None:
+        if store.compressed:
+            payload = store.bufs[rnd % 2]
+            hdr = Header(MsgType.PULL_RESP, "uint8", Role.SERVER, self.server.rank,
+                         FLAG_COMPRESSED, self.server.job, store.key, rnd, payload.nbytes,
+                         payload.nbytes)
+            self.server.ep.send(route, encode(hdr, payload))
+            return
         hdr = Header(MsgType.PULL_RESP, store.dtype, Role.SERVER, self.server.rank, 0,
                      self.server.job, store.key, rnd, store.count, store.nbytes)
         if self.server.async_mode:
@@ -222,8 +331,10 @@ class Server:
         self.ep = make_endpoint("server", cfg, context=context)
         from ..control import node_host
         host = node_host(cfg)
-        self.address = self.ep.bind(address or f"tcp://{host}:{cfg.cluster.server_port}")
-        port = int(self.address.rsplit(":", 1)[1]) if self.address.startswith("tcp") else 0
+        scheme = "ucx" if cfg.transport.transport == "ucx" else "tcp"  # docs/transports.md
+        self.address = self.ep.bind(address or f"{scheme}://{host}:{cfg.cluster.server_port}")
+        port = (int(self.address.rsplit(":", 1)[1])
+                if self.address.startswith(("tcp", "ucx")) else 0)
         self.control = ControlClient(cfg, self.ep, Role.SERVER, port=port,
                                      on_fatal=lambda exc: self._done.set(),
                                      on_shutdown=lambda: self._done.set())

@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "cluster": (_cluster, "emulated cluster in network namespaces vs gloo/Horovod (root)"),
     "local": (lambda argv: __import__("byteps_like.bench.local", fromlist=["main"]).main(argv),
               "local reduction on one machine (L ranks) vs one process, vs memcpy; GPU copies"),
+    "compress": (lambda argv: __import__("byteps_like.bench.compress", fromlist=["main"]).main(argv),
+                 "gradient compressors: encode/decode GB/s and payload ratio vs memcpy"),
 }
 
 

@@ -18,20 +18,61 @@ from .ops import broadcast_arrays, byteps_push_pull
 _mx = mx()
 
 
-def _compressor(compression_params: dict | None) -> Compressor:
-    """BytePS's ``compression_params``: ``{"compressor": "fp16"}`` or ``{"fp16": True}``."""
+_BYTEPS_KEYS = {"compressor", "fp16", "ef", "momentum", "mu", "scaling", "k", "seed",
+                "partition", "normalize"}
+
+
+def _compressor(compression_params: dict | None,
+                optimizer_params: dict | None = None) -> Compressor:
+    """BytePS's ``compression_params``: ``{"compressor": "onebit" | "topk" | "randomk" |
+    "dithering" | "fp16" | "bf16", "ef": "vanilla", "momentum": "nesterov", "scaling": bool,
+    "k": ..., "seed": ..., "partition": "linear" | "natural", "normalize": "max" | "l2"}``, or
+    ``{"fp16": True}``. With ``"momentum": "nesterov"`` the momentum coefficient is
+    ``"mu"`` or the optimizer's ``momentum``, which is then removed from ``optimizer_params``
+    (as BytePS does: the momentum is applied before compression instead of in the update)."""
     if not compression_params:
         return Compression.none
     params = dict(compression_params)
+    unknown = set(params) - _BYTEPS_KEYS
+    if unknown:
+        raise ValueError(f"compression_params: unknown key(s) {sorted(unknown)}; known: "
+                         f"{sorted(_BYTEPS_KEYS)}")
     name = params.pop("compressor", None)
     if params.pop("fp16", False):
         name = name or "fp16"
     if name in (None, "none"):
         return Compression.none
-    if name == "fp16" and not params:
-        return Compression.fp16
-    raise ValueError(f"compression_params={compression_params!r}: byteps_like.mxnet supports "
-                     "{'compressor': 'fp16'} (or {'fp16': True}) only")
+    if name in ("fp16", "bf16"):
+        return getattr(Compression, name)
+    ef = params.get("ef")
+    if ef not in (None, "vanilla"):
+        raise ValueError(f"compression_params: ef={ef!r}; byteps_like has 'vanilla' error "
+                         "feedback")
+    kw: dict = {"error_feedback": ef == "vanilla"}
+    mom = params.get("momentum")
+    if mom not in (None, "nesterov"):
+        raise ValueError(f"compression_params: momentum={mom!r}; byteps_like has 'nesterov'")
+    if mom == "nesterov":
+        mu = params.get("mu")
+        if mu is None and optimizer_params is not None:
+            mu = optimizer_params.pop("momentum", None)
+        kw["momentum"] = float(0.9 if mu is None else mu)
+    if name == "onebit":
+        return Compression.onebit(scaling=bool(params.get("scaling", False)), **kw)
+    if name in ("topk", "randomk"):
+        if "k" not in params:
+            raise ValueError(f"compression_params: {name} needs k (a fraction below 1 or a "
+                             "count)")
+        if name == "topk":
+            return Compression.topk(params["k"], **kw)
+        return Compression.randomk(params["k"], seed=int(params.get("seed", 0)), **kw)
+    if name == "dithering":
+        extra = {k: params[k] for k in ("partition", "normalize") if k in params}
+        return Compression.dithering(levels=int(params.get("k", 16)),
+                                     seed=int(params.get("seed", 0)), **extra, **kw)
+    from ..compression import from_spec  # a compressor registered by the user
+    return from_spec({"name": name, **{k: v for k, v in params.items()
+                                       if k not in ("ef", "momentum", "mu")}})
 
 
 class DistributedOptimizer(_mx.optimizer.Optimizer):
@@ -111,7 +152,9 @@ class DistributedTrainer(_mx.gluon.Trainer):
                           "DistributedOptimizer: it was unwrapped", UserWarning, stacklevel=2)
         rt = default_runtime()
         rt._check()
-        self._bps_compression = _compressor(compression_params)
+        if optimizer_params is not None:
+            optimizer_params = dict(optimizer_params)
+        self._bps_compression = _compressor(compression_params, optimizer_params)
         self._bps_root = root_rank
         self._bps_sync: GradientSynchronizer | None = None
         # compression is ours, not the kvstore's: the base class gets none

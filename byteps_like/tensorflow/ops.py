@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from ..compression import Compression, Compressor
+from ..compression import Compression, Compressor, resolve, split
 from ..runtime import default_runtime
 from ..sync import GradBuffer, GradientSynchronizer, model_signature_check
 
@@ -76,10 +76,11 @@ def push_pull_arrays(arrays: list, dtypes: list, names: list, average: bool,
     """Start every push_pull, then wait for all: the sums land in ``arrays``."""
     rt = default_runtime()
     pending, errors = [], []
+    compression, codec = split(compression)  # a codec runs in the runtime's pipeline
     for arr, dt, name, pr in zip(arrays, dtypes, names, priorities):
         wire, wdt, ctx = compression.compress(arr, dt)
         h = rt.push_pull_async(wire, name=name, average=average, priority=pr, out=wire,
-                               dtype=wdt)
+                               dtype=wdt, compression=codec)
         pending.append((h, wire, ctx, arr, dt))
     for h, wire, ctx, arr, dt in pending:
         try:
@@ -243,6 +244,7 @@ def push_pull_gradients(grads: Sequence[Any], variables: Sequence[Any] | None,
     warning). Names come from the variables (index and path), so they match across workers."""
     rt = default_runtime()
     rt._check()
+    compression = resolve(compression, rt.cfg)  # BYTEPS_COMPRESSOR* when left at the default
     if compression is not Compression.none:  # the wire dtype is part of a key's declaration
         prefix = f"{prefix}{compression.name}."
     grads = list(grads)

@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from ..compression import Compression, Compressor
+from ..compression import Compression, Compressor, split
 from ..runtime import default_runtime
 from . import nccl
 from ._tensor import device_stage, stage
@@ -46,21 +46,23 @@ def _start(tensor: torch.Tensor, out: torch.Tensor, average: bool, name: str | N
         op = nccl.NcclPushPull(rt, tensor, out, name or rt.auto_name(), average, priority)
         buf = op.buffer()
         return TorchHandle(op.start(), out, buf, buf.array, None, buf.dtype, compression)
-    if compression is Compression.none:
+    cast, codec = split(compression)
+    if cast is Compression.none:
         staged = device_stage(tensor, out, name, what)
         if staged is not None:  # CUDA: partition-wise copies on their own stream
             buf, copier = staged
             core = rt.push_pull_async(buf.array, name=name, average=average, priority=priority,
-                                      out=buf.array, dtype=buf.dtype, device=copier)
-            return TorchHandle(core, out, buf, buf.array, None, buf.dtype, compression)
+                                      out=buf.array, dtype=buf.dtype, device=copier,
+                                      compression=codec)
+            return TorchHandle(core, out, buf, buf.array, None, buf.dtype, cast)
     src = stage(tensor, what)
     dst = src if out is tensor else stage(out, what, copy_in=False)
-    wire, wdtype, ctx = compression.compress(src.array, src.dtype)
-    # uncompressed: the sum lands straight in the output's memory (no copy on CPU)
+    wire, wdtype, ctx = cast.compress(src.array, src.dtype)
+    # no cast: the sum lands straight in the output's memory (no copy on CPU)
     core_out = dst.array if wire is src.array else wire
     core = rt.push_pull_async(wire, name=name, average=average, priority=priority, out=core_out,
-                              dtype=wdtype)
-    return TorchHandle(core, out, dst, core_out, ctx, src.dtype, compression)
+                              dtype=wdtype, compression=codec)
+    return TorchHandle(core, out, dst, core_out, ctx, src.dtype, cast)
 
 
 def push_pull_async(tensor: torch.Tensor, average: bool = True, name: str | None = None,

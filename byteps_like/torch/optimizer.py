@@ -74,7 +74,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             model_signature_check(rt, [(n, tuple(p.shape), str(p.dtype)) for n, p in named],
                                   "model")
         self._sync = GradientSynchronizer(
-            rt, self._names, lambda i: _grad_buffer(self._params[i], self._names[i], compression),
+            rt, self._names,
+            lambda i: _grad_buffer(self._params[i], self._names[i], self._sync.compression),
             backward_passes_per_step=backward_passes_per_step, compression=compression)
         self._should_sync = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))

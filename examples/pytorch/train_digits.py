@@ -60,6 +60,21 @@ def accuracy(model, x, y) -> float:
     return acc
 
 
+def make_compression(args):
+    C = bps.Compression
+    name = "fp16" if args.fp16_pushpull else args.compressor
+    ef = {"error_feedback": args.error_feedback}
+    if name in ("none", "fp16", "bf16"):
+        return getattr(C, name)
+    if name == "onebit":
+        return C.onebit(scaling=True, **ef)
+    if name == "topk":
+        return C.topk(args.k, **ef)
+    if name == "randomk":
+        return C.randomk(args.k, seed=args.seed, **ef)
+    return C.dithering(levels=int(args.k) if args.k >= 1 else 16, seed=args.seed, **ef)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=10)
@@ -71,6 +86,15 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--fp16-pushpull", action="store_true",
                     help="gradients travel as float16 (Compression.fp16)")
+    ap.add_argument("--compressor", default="none",
+                    choices=("none", "fp16", "bf16", "onebit", "topk", "randomk", "dithering"),
+                    help="gradient compressor (docs/compression.md); servers aggregate the "
+                         "compressed pushes")
+    ap.add_argument("--k", type=float, default=0.01,
+                    help="topk/randomk: fraction (< 1) or count of elements kept; dithering: "
+                         "levels")
+    ap.add_argument("--error-feedback", action="store_true",
+                    help="carry each step's compression error into the next step")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads per worker (0: torch's default alone, 1 in a job of "
                          "several workers: they usually share the machine's cores)")
@@ -92,7 +116,7 @@ def main() -> None:
     model = Net(args.hidden)
     lr = args.lr if args.no_scale_lr else args.lr * size
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
-    compression = bps.Compression.fp16 if args.fp16_pushpull else bps.Compression.none
+    compression = make_compression(args)
     opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=compression)
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -102,6 +126,7 @@ def main() -> None:
     steps = (len(xtr) // size) // args.batch_size
     if rank == 0:
         print(f"{size} worker(s), {len(xs)} training samples on rank 0, {steps} steps/epoch, "
+              f"compression {compression!r}, "
               f"batch {args.batch_size}/worker, lr {lr:g}"
               f"{'' if args.no_scale_lr else f' ({args.lr:g} x {size} workers)'}, "
               f"{threads} torch thread(s)", flush=True)

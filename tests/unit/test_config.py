@@ -293,7 +293,8 @@ def test_ignored_byteps_names_do_not_warn(caplog):
     with caplog.at_level(logging.DEBUG, logger="byteps_like.config"):
         assert load(env=env) == load(env={})  # -W error: a warning would fail this test
     assert "BYTEPS_ENABLE_IPC" in caplog.text  # BYTEPS_TRACE_* are real settings now
-    for name in ("DMLC_INTERFACE", "DMLC_ENABLE_RDMA", "BYTEPS_FORCE_DISTRIBUTED",
+    # DMLC_ENABLE_RDMA / DMLC_ENABLE_UCX are settings now: they select BYTEPS_TRANSPORT=ucx
+    for name in ("DMLC_INTERFACE", "BYTEPS_FORCE_DISTRIBUTED",
                  "BYTEPS_NCCL_GROUP_SIZE", "BYTEPS_PCIE_SWITCH_SIZE", "BYTEPS_NUMA_DEFAULT_QUOTA"):
         assert name in C.IGNORED_NAMES
 

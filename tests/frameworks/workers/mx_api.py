@@ -44,7 +44,9 @@ def errors(rank, size):
            "uint8", "cannot be summed")
     expect(TypeError, lambda: bps.byteps_push_pull(np.zeros(3), name="np"), "NDArray")
     expect(ValueError, lambda: bps.DistributedTrainer(
-        {}, "sgd", compression_params={"compressor": "onebit"}), "fp16")
+        {}, "sgd", compression_params={"compressor": "topk"}), "needs k")
+    expect(ValueError, lambda: bps.DistributedTrainer(
+        {}, "sgd", compression_params={"compressor": "onebit", "ef": "sparse"}), "vanilla")
     expect(TypeError, lambda: bps.broadcast_parameters([mx.nd.ones(2)]), "dict")
     a, b = dense_net(1, prefix="same_"), dense_net(1, prefix="same_")
     params = list(a.collect_params().values()) + list(b.collect_params().values())

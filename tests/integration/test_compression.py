@@ -1,0 +1,33 @@
+"""Compressed push_pull on real local clusters: servers decode every push, sum, and encode the
+sum for the pull; the result must equal a replay of the job through the compression library."""
+from __future__ import annotations
+
+import pytest
+
+from .harness import bpslaunch, worker
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("servers,partition", [(1, "4M"), (2, "64K")])
+def test_compressed_push_pull_matches_replay(servers, partition):
+    # 50000 float32 = 195 KiB: one partition at 4M, four at 64K spread over two servers
+    run = bpslaunch(worker("compress_check.py", 50000), workers=2, servers=servers,
+                    env={"BYTEPS_PARTITION_BYTES": partition, "STEPS": "3"})
+    assert run.rc == 0, run.log
+    ok = run.lines("OK rank")
+    assert len(ok) == 2 and all("x 3 steps exact" in ln for ln in ok), run.log
+
+
+def test_small_tensors_travel_uncompressed():
+    # below BYTEPS_MIN_COMPRESS_BYTES the result is the exact average, not a compressed one
+    run = bpslaunch(worker("compress_small.py"), workers=2, servers=1,
+                    env={"BYTEPS_MIN_COMPRESS_BYTES": "64K"})
+    assert run.rc == 0, run.log
+    assert len(run.lines("OK small")) == 2, run.log
+
+
+def test_workers_disagreeing_on_the_compressor_fail_clearly():
+    run = bpslaunch(worker("compress_small.py", "mismatch"), workers=2, servers=1)
+    assert run.rc != 0, run.log
+    assert "compress" in run.err + run.out and "mismatch" in (run.err + run.out).lower(), run.log

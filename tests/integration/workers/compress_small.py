@@ -1,0 +1,43 @@
+"""Worker: small tensors stay exact under compression; a compressor mismatch between workers
+fails on every worker with a MismatchError that names the tensor.
+
+Usage: compress_small.py            tensors below and above BYTEPS_MIN_COMPRESS_BYTES
+       compress_small.py mismatch   rank 0 uses top-k, rank 1 onebit for the same tensor
+"""
+import sys
+
+import numpy as np
+
+import byteps_like as bps
+from byteps_like.compression import Compression
+from byteps_like.errors import MismatchError
+
+
+def main() -> None:
+    bps.init()
+    rank, size = bps.rank(), bps.size()
+    if sys.argv[1:] == ["mismatch"]:
+        comp = Compression.topk(0.5) if rank == 0 else Compression.onebit()
+        x = np.full(1 << 16, rank + 1, np.float32)
+        try:
+            bps.push_pull(x, name="grad.w", compression=comp, timeout=30)
+        except MismatchError as exc:
+            print(f"rank {rank}: MismatchError: {exc}", flush=True)
+            raise SystemExit(3)
+        raise SystemExit(f"rank {rank}: a compressor mismatch went unnoticed")
+    small = np.arange(1000, dtype=np.float32) * (rank + 1)         # 4 KB: not compressed
+    got = bps.push_pull(small, name="small", compression=Compression.onebit())
+    want = np.arange(1000, dtype=np.float32) * sum(r + 1 for r in range(size)) / size
+    assert np.array_equal(got, want), (got[:4], want[:4])
+    ints = np.arange(40000, dtype=np.int32)                         # ints: never compressed
+    got = bps.push_pull(ints, name="ints", average=False, compression=Compression.topk(0.01))
+    assert np.array_equal(got, ints * size)
+    big = np.linspace(-1, 1, 40000, dtype=np.float32)              # 160 KB: compressed
+    got = bps.push_pull(big, name="big", compression=Compression.onebit(scaling=True))
+    assert len(np.unique(np.abs(got))) == 1, "onebit: every element is +-scale"
+    print(f"OK small rank {rank}", flush=True)
+    bps.shutdown()
+
+
+if __name__ == "__main__":
+    main()
