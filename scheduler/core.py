@@ -69,7 +69,7 @@ class Scheduler:
         c = cfg.cluster
         self.expected = {Role.WORKER: c.num_worker * c.local_size, Role.SERVER: c.num_server}
         self.job = job_hash(c.job_id)
-        self.ep = make_endpoint("scheduler", cfg, context=context)
+        self.ep = make_endpoint("scheduler", cfg, context=context, data_plane=False)
         self.address = self.ep.bind(address or f"tcp://{_bind_host(c.root_uri)}:{c.root_port}")
         self.nodes: dict[bytes, NodeInfo] = {}
         self.phase = "register"

@@ -14,5 +14,5 @@ PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 .venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" torch==2.13.0
 # TensorFlow (CPU build, with Keras 3) for byteps_like.tensorflow / byteps_like.keras
 .venv/bin/python -c "import tensorflow" 2>/dev/null || "${PIP[@]}" "tensorflow-cpu==2.21.*"
-"${PIP[@]}" -e '.[test,examples,bench]'
+"${PIP[@]}" -e '.[test,examples,bench,ucx]'
 echo "setup: $(.venv/bin/python -c 'import byteps_like, byteps_like._core as c, zmq, numpy; print("byteps_like", byteps_like.__version__, "| pyzmq", zmq.__version__, "| numpy", numpy.__version__, "| kernels", c.cpu_features().get("kernel_fp16", "?"))')"

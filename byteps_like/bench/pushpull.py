@@ -371,10 +371,90 @@ def _collect(children, kind: str) -> list[dict]:
     return results
 
 
+def _transport_env(transport: str) -> dict[str, str]:
+    """BYTEPS_TRANSPORT, and for UCX loopback TCP unless the user chose UCX_TLS/NET_DEVICES."""
+    env = {"BYTEPS_TRANSPORT": transport}
+    if transport == "ucx":
+        base = _base_env()
+        env["UCX_TLS"] = base.get("UCX_TLS", "tcp")
+        env["UCX_NET_DEVICES"] = base.get("UCX_NET_DEVICES", "lo")
+        env["UCX_WARN_UNUSED_ENV_VARS"] = "n"
+    return env
+
+
+def ucx_perftest_path() -> str | None:
+    spec = importlib.util.find_spec("libucx")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "bin", "ucx_perftest")
+    return path if os.access(path, os.X_OK) else None
+
+
+def run_ucx_perftest(cases: list[Case], timeout: float) -> dict[int, float]:
+    """UCX's own ceiling: ``ucx_perftest -t tag_bw`` between two processes on loopback, per
+    size; GB/s (1e9 B) of the "Final" overall bandwidth, median of 3 runs."""
+    import statistics
+    import subprocess
+    exe = ucx_perftest_path()
+    if exe is None:
+        raise ChildFailed("ucx_perftest not found (pip install 'byteps_like[ucx]')")
+    env = {**_base_env(), **_transport_env("ucx")}
+    out: dict[int, float] = {}
+    for case in cases:
+        runs = []
+        for _ in range(3):
+            port = str(free_port())
+            iters = str(max(5, min(200, (256 << 20) // case.nbytes)))
+            srv = subprocess.Popen([exe, "-p", port], env=env, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+            try:
+                deadline = time.monotonic() + timeout
+                while True:   # the server may not listen yet: retry until the deadline
+                    r = subprocess.run([exe, "127.0.0.1", "-p", port, "-t", "tag_bw", "-s",
+                                        str(case.nbytes), "-n", iters], env=env,
+                                       capture_output=True, text=True, timeout=min(timeout, 60.0))
+                    final = [ln for ln in r.stdout.splitlines() if ln.startswith("Final:")]
+                    if final or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.1)
+                if not final:
+                    raise ChildFailed(f"ucx_perftest printed no result:\n{r.stdout}{r.stderr}")
+                runs.append(float(final[0].split()[6]) * 1e6 / 1e9)  # overall MB/s -> GB/s
+            finally:
+                srv.kill()
+                srv.wait()
+        out[case.nbytes] = statistics.median(runs)
+    return out
+
+
+def format_transports(rows: list[dict], ceiling: dict[int, float] | None) -> str:
+    cols = ("size", "zmq GB/s", "ucx GB/s", "ucx/zmq", "ucx_perftest GB/s", "ucx/perftest")
+
+    def num(x, spec):
+        return "n/a" if x is None else format(x, spec)
+    cells = [cols]
+    for r in rows:
+        z = r["transports"].get("zmq")
+        u = r["transports"].get("ucx")
+        c = (ceiling or {}).get(r["nbytes"])
+        cells.append((fmt_size(r["nbytes"]), num(z and z["gbps"], ".3f"),
+                      num(u and u["gbps"], ".3f"),
+                      num(u["gbps"] / z["gbps"] if u and z else None, ".2f"), num(c, ".3f"),
+                      num(u["gbps"] / c if u and c else None, ".2f")))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
+    lines = ["| " + " | ".join(c[i].rjust(widths[i]) for i in range(len(cols))) + " |"
+             for c in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
+    return "\n".join(lines)
+
+
 def run_bps(cases: list[Case], workers: int, servers: int, partition_bytes: int,
-            timeout: float, queue_depth: int | None = None) -> list[dict]:
+            timeout: float, queue_depth: int | None = None, transport: str | None = None
+            ) -> list[dict]:
     port = free_port()
     env = _base_env()
+    if transport is not None:
+        env.update(_transport_env(transport))
     env.update({"DMLC_NUM_WORKER": str(workers), "DMLC_NUM_SERVER": str(servers),
                 "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
                 "BYTEPS_PARTITION_BYTES": str(partition_bytes)})
@@ -573,6 +653,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0,
                    help="watchdog per phase, seconds: on expiry every child is killed")
     p.add_argument("--json", metavar="PATH", help="also write every measurement here")
+    p.add_argument("--transport", default="zmq",
+                   help="comma-separated transports byteps_like runs over, side by side "
+                        "(zmq, ucx); with ucx, ucx_perftest tag_bw is measured as its ceiling "
+                        "(UCX_TLS=tcp UCX_NET_DEVICES=lo unless set)")
     a = p.parse_args(argv)
     try:
         sizes = [parse_size(s) for s in a.sizes.split(",") if s.strip()]
@@ -621,8 +705,23 @@ def main(argv: Sequence[str] | None = None) -> int:
            if busy > 0.15 else "")))
     sys.stdout.flush()
 
-    phases = [("byteps_like", lambda: run_bps(cases, a.workers, a.servers, a.partition_bytes,
-                                               a.timeout, queue_depth))]
+    transports = [t.strip() for t in a.transport.split(",") if t.strip()]
+    if not transports or set(transports) - {"zmq", "ucx"}:
+        p.error("--transport takes zmq, ucx or zmq,ucx")
+    phases = []
+    for t in transports:   # the first one is the "bps" column of the main table
+        name = "byteps_like" if t == transports[0] else f"byteps_like/{t}"
+        phases.append((name, lambda t=t: run_bps(cases, a.workers, a.servers,
+                                                 a.partition_bytes, a.timeout, queue_depth,
+                                                 None if t == "zmq" and len(transports) == 1
+                                                 else t)))
+    ceiling = None
+    if "ucx" in transports:
+        def _ceiling():
+            nonlocal ceiling
+            ceiling = run_ucx_perftest(cases, a.timeout)
+            return []
+        phases.append(("ucx_perftest", _ceiling))
     if not a.skip_raw:
         phases.append(("raw zmq", lambda: run_raw(cases, a.workers, a.servers,
                                                    a.partition_bytes, a.timeout, a.raw_window)))
@@ -660,9 +759,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "bps": summarize(measured["byteps_like"], case),
                      "raw": summarize(measured["raw zmq"], case) if "raw zmq" in measured
                      else None,
-                     "gloo": summarize(measured["gloo"], case) if "gloo" in measured else None})
+                     "gloo": summarize(measured["gloo"], case) if "gloo" in measured else None,
+                     "transports": {t: summarize(measured["byteps_like" if t == transports[0]
+                                                          else f"byteps_like/{t}"], case)
+                                    for t in transports}})
     print()
     print(format_table(rows))
+    if len(transports) > 1 or transports != ["zmq"]:
+        print(f"\nbyteps_like per transport ({', '.join(transports)}); ceiling: ucx_perftest "
+              "-t tag_bw, one process pair, median of 3")
+        print(format_transports(rows, ceiling))
     print("\nGB/s = tensor bytes / (median over repetitions of the slowest worker's time), 1e9 B")
     shares = [f"{n} {c['others_share']:.0%}" for n, c in cpu.items()
               if c["others_share"] is not None]
@@ -678,6 +784,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "servers": a.servers, "partition_bytes": a.partition_bytes,
                        "queue_depth": queue_depth, "raw_window": a.raw_window,
                        "load_before": load_before, "busy_before": busy, "cpu": cpu,
+                       "transports": transports, "ucx_perftest_gbps": ceiling,
                        "results": rows}, f, indent=1)
     return 0
 

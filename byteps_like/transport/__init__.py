@@ -30,13 +30,30 @@ def auth_secret(cfg) -> str:
     return ""
 
 
-def make_endpoint(name: str, cfg, *, context=None) -> Endpoint:
-    """The endpoint for ``cfg.transport.transport`` (only ``zmq`` for now)."""
-    kind = cfg.transport.transport
+def make_endpoint(name: str, cfg, *, context=None, data_plane: bool = True) -> Endpoint:
+    """The endpoint for ``cfg.transport.transport``: ``zmq``, or ``ucx`` (UCX for ``ucx://``
+    addresses, the data plane; ZeroMQ for the scheduler's ``tcp://`` control traffic). A node
+    without data traffic (the scheduler: ``data_plane=False``) always gets ZeroMQ."""
+    kind = cfg.transport.transport if data_plane else "zmq"
     if kind == "zmq":
         secret = auth_secret(cfg)
         curve = derive_curve_keys(secret) if secret else None
         return ZmqEndpoint(name, max_message_bytes=cfg.transport.max_message_bytes,
                            context=context, curve=curve)
     from ..errors import ConfigError
+    if kind == "ucx":
+        if auth_secret(cfg):
+            raise ConfigError("BYTEPS_AUTH_SECRET (or BYTEPS_AUTH_SECRET_FILE) is set with "
+                              "BYTEPS_TRANSPORT=ucx: UCX traffic is neither authenticated nor "
+                              "encrypted, so the secret could not protect it; unset the secret "
+                              "and keep the job on a trusted network, or use "
+                              "BYTEPS_TRANSPORT=zmq (docs/transports.md)")
+        from ..config import ucx_environment
+        from .ucx_transport import UcxEndpoint, UcxZmqEndpoint
+        ucx = UcxEndpoint(name, max_message_bytes=cfg.transport.max_message_bytes,
+                          ucx_env=ucx_environment(),
+                          device_memory=cfg.transport.ucx_device_memory)
+        zmq_ep = ZmqEndpoint(name, max_message_bytes=cfg.transport.max_message_bytes,
+                             context=context)
+        return UcxZmqEndpoint(name, ucx, zmq_ep)
     raise ConfigError(f"BYTEPS_TRANSPORT={kind!r} is not available in this build")

@@ -1,6 +1,10 @@
 """push_pull on real local clusters: every dtype, sizes from 1 element to 64 MiB, 1/2/4 workers
-with 1/2 servers, asynchronous mode and declaration mismatches."""
+with 1/2 servers, asynchronous mode and declaration mismatches; the core cases over both
+transports, ZeroMQ and UCX (docs/transports.md)."""
 from __future__ import annotations
+
+import importlib.util
+import os
 
 import pytest
 
@@ -10,28 +14,48 @@ pytestmark = pytest.mark.integration
 
 SMALL = [1, 7, 1000, 70001]  # 70001 elements cross several 64 KiB partitions
 
+_UCX = pytest.mark.skipif(importlib.util.find_spec("ucxx") is None,
+                          reason="ucxx not installed (pip install 'byteps_like[ucx]')")
+ZMQ, UCX = "zmq", pytest.param("ucx", marks=_UCX)
 
-@pytest.mark.parametrize("workers,servers", [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2)])
-def test_every_dtype_exact(workers, servers):
+
+def transport_env(transport: str, **env: str) -> dict:
+    """``env`` plus what selects ``transport``; UCX stays on loopback TCP unless the user set
+    UCX_TLS / UCX_NET_DEVICES."""
+    env["BYTEPS_TRANSPORT"] = transport
+    if transport == "ucx":
+        env.setdefault("UCX_TLS", os.environ.get("UCX_TLS", "tcp"))
+        env.setdefault("UCX_NET_DEVICES", os.environ.get("UCX_NET_DEVICES", "lo"))
+        env.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    return env
+
+
+@pytest.mark.parametrize("workers,servers,transport", [
+    (1, 1, ZMQ), (1, 2, ZMQ), (2, 1, ZMQ), (2, 2, ZMQ), (4, 1, ZMQ), (4, 2, ZMQ),
+    pytest.param(2, 2, "ucx", marks=_UCX), pytest.param(4, 1, "ucx", marks=_UCX)])
+def test_every_dtype_exact(workers, servers, transport):
     run = bpslaunch(worker("pushpull_check.py", *SMALL), workers=workers, servers=servers,
-                    env={"BYTEPS_PARTITION_BYTES": "64K", "BYTEPS_SCHEDULING_CREDIT": "2"})
+                    env=transport_env(transport, BYTEPS_PARTITION_BYTES="64K",
+                                      BYTEPS_SCHEDULING_CREDIT="2"))
     assert run.rc == 0, run.log
     ok = run.lines("OK rank")
     assert len(ok) == workers, run.log
     assert all(f"of {workers}: {2 * 6 * len(SMALL)} tensors checked" in ln for ln in ok), run.log
 
 
-def test_two_local_ranks_per_machine():
+@pytest.mark.parametrize("transport", [ZMQ, UCX])
+def test_two_local_ranks_per_machine(transport):
     run = bpslaunch(worker("pushpull_check.py", 5, 5000), workers=2, servers=1, local_size=2,
-                    env={"ROUNDS": "1"})
+                    env=transport_env(transport, ROUNDS="1"))
     assert run.rc == 0, run.log
     assert len(run.lines("of 4: 12 tensors checked")) == 4, run.log
 
 
-def test_64mib_tensor_two_servers():
+@pytest.mark.parametrize("transport", [ZMQ, UCX])
+def test_64mib_tensor_two_servers(transport):
     n = (64 << 20) // 4  # 64 MiB of float32 (and the other dtypes at the same element count)
     run = bpslaunch(worker("pushpull_check.py", n), workers=2, servers=2,
-                    env={"ROUNDS": "1"}, timeout=240)
+                    env=transport_env(transport, ROUNDS="1"), timeout=240)
     assert run.rc == 0, run.log
     assert len(run.lines("OK rank")) == 2, run.log
 
