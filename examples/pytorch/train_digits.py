@@ -63,7 +63,8 @@ def accuracy(model, x, y) -> float:
 def make_compression(args):
     C = bps.Compression
     name = "fp16" if args.fp16_pushpull else args.compressor
-    ef = {"error_feedback": args.error_feedback}
+    ef = {"error_feedback": args.error_feedback,
+          "momentum": args.momentum if args.compressor_momentum else None}
     if name in ("none", "fp16", "bf16"):
         return getattr(C, name)
     if name == "onebit":
@@ -83,6 +84,8 @@ def main() -> None:
     ap.add_argument("--no-scale-lr", action="store_true",
                     help="do not multiply the learning rate by bps.size()")
     ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--cosine", action="store_true",
+                    help="decay the learning rate to 0 along a cosine over the run")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--fp16-pushpull", action="store_true",
                     help="gradients travel as float16 (Compression.fp16)")
@@ -95,6 +98,10 @@ def main() -> None:
                          "levels")
     ap.add_argument("--error-feedback", action="store_true",
                     help="carry each step's compression error into the next step")
+    ap.add_argument("--compressor-momentum", action="store_true",
+                    help="apply the momentum (--momentum) as Nesterov momentum before "
+                         "compression instead of in the optimizer (BytePS's recipe for onebit "
+                         "and top-k)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads per worker (0: torch's default alone, 1 in a job of "
                          "several workers: they usually share the machine's cores)")
@@ -115,8 +122,10 @@ def main() -> None:
     torch.manual_seed(args.seed + rank)                # differs per rank; the broadcast fixes it
     model = Net(args.hidden)
     lr = args.lr if args.no_scale_lr else args.lr * size
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     compression = make_compression(args)
+    # with --compressor-momentum the compressor applies the momentum, the optimizer must not
+    momentum = 0.0 if args.compressor_momentum else args.momentum
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=compression)
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -124,6 +133,8 @@ def main() -> None:
 
     # the same number of steps on every worker: the smallest shard decides
     steps = (len(xtr) // size) // args.batch_size
+    sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps * args.epochs)
+             if args.cosine else None)
     if rank == 0:
         print(f"{size} worker(s), {len(xs)} training samples on rank 0, {steps} steps/epoch, "
               f"compression {compression!r}, "
@@ -141,6 +152,8 @@ def main() -> None:
             loss = F.cross_entropy(model(xs[idx]), ys[idx])
             loss.backward()
             opt.step()
+            if sched is not None:
+                sched.step()
             total += loss.item()
         if rank == 0:
             print(f"epoch {epoch + 1:3d}/{args.epochs}  loss {total / steps:.4f}  "
@@ -154,6 +167,11 @@ def main() -> None:
     if rank == 0:
         print(f"final test accuracy: {accuracy(model, xte, yte):.4f} "
               f"({size} workers, {steps * args.epochs} steps)", flush=True)
+        if size > 1:
+            from byteps_like.runtime import default_runtime
+            rt = default_runtime()
+            print(f"bytes on the wire: {rt.bytes_pushed} pushed, {rt.bytes_pulled} pulled",
+                  flush=True)
     bps.shutdown()
 
 

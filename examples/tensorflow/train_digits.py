@@ -35,6 +35,9 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--lr", type=float, default=0.05, help="per worker; scaled by size()")
+    p.add_argument("--momentum", type=float, default=0.9,
+                   help="SGD momentum; 0 when BYTEPS_COMPRESSOR_MOMENTUM applies it before "
+                        "compression instead (docs/compression.md)")
     args = p.parse_args()
     bps.init()
     rank, size = bps.rank(), bps.size()
@@ -46,7 +49,7 @@ def main() -> None:
                                  tf.keras.layers.Dense(64, activation="relu"),
                                  tf.keras.layers.Dense(64, activation="relu"),
                                  tf.keras.layers.Dense(10)])
-    opt = tf.keras.optimizers.SGD(args.lr * size, momentum=0.9)
+    opt = tf.keras.optimizers.SGD(args.lr * size, momentum=args.momentum)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
@@ -69,6 +72,11 @@ def main() -> None:
     acc = float(np.mean(np.argmax(model(x_test).numpy(), 1) == y_test))
     if rank == 0:
         print(f"final test accuracy: {acc:.4f} ({size} workers, {steps} steps)", flush=True)
+        if size > 1:
+            from byteps_like.runtime import default_runtime
+            rt = default_runtime()
+            print(f"bytes on the wire: {rt.bytes_pushed} pushed, {rt.bytes_pulled} pulled",
+                  flush=True)
     bps.shutdown()
 
 

@@ -131,3 +131,30 @@ def test_synthetic_benchmark_compare_driver_prints_table():
     ddp_total = float(cells[2].split(" +-")[0])
     assert bps_total > 0 and ddp_total > 0, out
     assert float(cells[3]) == pytest.approx(bps_total / ddp_total, abs=0.01), out
+
+
+def _digits(*args: str) -> tuple[float, int]:
+    r = bpslaunch([str(DIGITS), "--epochs", "30", "--cosine", *args], workers=2, servers=1,
+                  timeout=90, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
+    assert r.rc == 0, r.log
+    acc = re.search(r"^\[worker 0\] final test accuracy: ([0-9.]+)", r.out, re.M)
+    wire = re.search(r"^\[worker 0\] bytes on the wire: (\d+) pushed", r.out, re.M)
+    assert acc and wire, r.log
+    return float(acc.group(1)), int(wire.group(1))
+
+
+@pytest.mark.timeout(240)
+def test_digits_with_compression_matches_uncompressed_accuracy():
+    """onebit and top-k 1%, both with error feedback and the momentum applied before
+    compression (BytePS's recipe), train the digits MLP to within 0.02 of the uncompressed
+    accuracy while pushing a small fraction of the bytes. Every tensor is compressed
+    (BYTEPS_MIN_COMPRESS_BYTES=0); the run is deterministic (two workers: the server's sums
+    do not depend on arrival order)."""
+    pytest.importorskip("sklearn")
+    base, base_bytes = _digits("--compressor", "none")
+    assert base >= 0.95
+    for comp, most in (("onebit", 1 / 20), ("topk", 1 / 20)):
+        acc, pushed = _digits("--compressor", comp, "--k", "0.01", "--error-feedback",
+                              "--compressor-momentum")
+        assert acc >= base - 0.02, (comp, acc, base)
+        assert pushed < base_bytes * most, (comp, pushed, base_bytes)
