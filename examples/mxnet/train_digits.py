@@ -22,6 +22,7 @@ Rank 0 prints progress and, at the end, ``final test accuracy: 0.XXXX (N workers
 from __future__ import annotations
 
 import argparse
+import json
 import time
 import warnings
 
@@ -69,6 +70,10 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--fp16-pushpull", action="store_true",
                     help="gradients travel as float16 (compression_params={'compressor': 'fp16'})")
+    ap.add_argument("--compression-params", type=json.loads, default=None, metavar="JSON",
+                    help="BytePS's compression_params, e.g. '{\"compressor\": \"onebit\", "
+                         "\"ef\": \"vanilla\", \"momentum\": \"nesterov\", \"scaling\": true}' "
+                         "(docs/compression.md)")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
 
@@ -82,9 +87,11 @@ def main() -> None:
     net.initialize(mx.init.Xavier())
     net.hybridize()
     lr = args.lr if args.no_scale_lr else args.lr * size
+    comp = args.compression_params or ({"compressor": "fp16"} if args.fp16_pushpull else None)
+    # with "momentum": "nesterov" the trainer moves the optimizer's momentum into the compressor
     trainer = bps.DistributedTrainer(
         net.collect_params(), "sgd", {"learning_rate": lr, "momentum": args.momentum},
-        compression_params={"compressor": "fp16"} if args.fp16_pushpull else None)
+        compression_params=comp)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
     # the same number of steps on every worker: the smallest shard decides
@@ -120,6 +127,11 @@ def main() -> None:
     if rank == 0:
         print(f"final test accuracy: {accuracy(net, xte, yte):.4f} "
               f"({size} workers, {steps * args.epochs} steps)", flush=True)
+        if size > 1:
+            from byteps_like.runtime import default_runtime
+            rt = default_runtime()
+            print(f"bytes on the wire: {rt.bytes_pushed} pushed, {rt.bytes_pulled} pulled",
+                  flush=True)
     bps.shutdown()
 
 

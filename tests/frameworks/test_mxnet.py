@@ -74,15 +74,26 @@ def test_gradients_go_on_the_wire_first_parameter_first():
     assert wire == sorted(wire) and wire[0] == "p_dense0_bias", r.log
 
 
+ONEBIT = '{"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov", "scaling": true}'
+
+
 @needs_mxnet
 @pytest.mark.integration
-def test_example_train_digits_two_workers_reaches_accuracy():
-    r = bpslaunch([str(ROOT / "examples" / "mxnet" / "train_digits.py")], workers=2, servers=1,
-                  timeout=90)
+@pytest.mark.parametrize("compression", [None, ONEBIT], ids=["uncompressed", "onebit"])
+def test_example_train_digits_two_workers_reaches_accuracy(compression):
+    """Also with BytePS's compression_params for onebit with error feedback and Nesterov
+    momentum (every tensor compressed): the servers aggregate the compressed pushes."""
+    extra = ["--compression-params", compression] if compression else []
+    r = bpslaunch([str(ROOT / "examples" / "mxnet" / "train_digits.py"), *extra], workers=2,
+                  servers=1, timeout=90, env={"BYTEPS_MIN_COMPRESS_BYTES": "0"})
     assert r.rc == 0, r.log
     m = re.search(r"^\[worker 0\] final test accuracy: ([0-9.]+) \(2 workers, (\d+) steps\)$",
                   r.out, re.M)
     assert m and float(m.group(1)) >= 0.9, r.log
+    wire = re.search(r"^\[worker 0\] bytes on the wire: (\d+) pushed", r.out, re.M)
+    assert wire, r.log
+    if compression:  # onebit: 1/32 of the gradient bytes, plus the uncompressed broadcasts
+        assert int(wire.group(1)) < 1_500_000, r.log
 
 
 @needs_mxnet
