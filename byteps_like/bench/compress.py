@@ -68,7 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="comma-separated float32 input bytes (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per case (default: 5)")
     parser.add_argument("--compressors", default="",
-                        help=f"comma-separated rows (default: all of {', '.join(compressors())})")
+                        help="comma-separated rows (default: all of "
+                             + ", ".join(compressors()).replace("%", "%%") + ")")
     args = parser.parse_args(argv)
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]

@@ -451,3 +451,12 @@ def test_benchmark_smoke():
     rows = [line[9:25].strip() for line in lines[3:]]
     assert rows == list(bench.compressors())
     assert _core is not None
+
+
+def test_benchmark_help_renders():
+    from byteps_like.bench import compress as bench
+    buf = io.StringIO()
+    with redirect_stdout(buf), pytest.raises(SystemExit) as exc:
+        bench.main(["--help"])
+    assert exc.value.code == 0
+    assert "topk 1%" in buf.getvalue()
