@@ -141,7 +141,8 @@ class Engine(threading.Thread):
         h, decl, srv = msg.header, msg.meta, self.server
         what = f"key {h.key} ({decl.get('name')!r}) from worker rank {h.rank}"
         count = decl.get("count")
-        limit = srv.cfg.transport.max_message_bytes // 4
+        # an uncompressed partition fits in a message and compressible dtypes have >= 2 bytes
+        limit = srv.cfg.transport.max_message_bytes // 2
         try:
             if srv.async_mode:
                 raise CompressionError("compression needs synchronous mode; unset "
@@ -191,13 +192,16 @@ class Engine(threading.Thread):
                 f"{h.rank}: {h.nbytes} bytes of {h.dtype}, expected a compressed payload of at "
                 f"most {store.codec.max_bytes} bytes"))
             return False
-        elif not store.compressed and (h.dtype != store.dtype or h.nbytes != store.nbytes):
+        elif not store.compressed and (h.dtype != store.dtype or h.nbytes != store.nbytes
+                                       or h.flags & FLAG_COMPRESSED):
             # Without a declaration this push is not a worker disagreeing about the tensor (that
             # shows in the round-0 declarations): reject it alone, the key keeps serving.
             self.server._reject("wrong dtype or size for a declared key")
+            comp = " compressed payload" if h.flags & FLAG_COMPRESSED else ""
             self.server.reply_error(route, h, ERR_PROTOCOL, (
                 f"push to key {h.key} ({store.decl.get('name')!r}) from worker rank {h.rank}: "
-                f"{h.count} x {h.dtype}, but the key holds {store.count} x {store.dtype}"))
+                f"{h.count} x {h.dtype}{comp}, but the key holds {store.count} x {store.dtype}"
+                f"{' uncompressed' if comp else ''}"))
             return False
         if text is not None:
             self._fail_key(store, text)

@@ -6,7 +6,8 @@ import os
 
 import zmq
 
-from byteps_like.wire import FLAG_DECLARE, Header, MsgType, Role, encode, job_hash
+from byteps_like.wire import (FLAG_COMPRESSED, FLAG_DECLARE, Header, MsgType, Role, encode,
+                              job_hash)
 
 JOB = job_hash("default")
 
@@ -16,6 +17,17 @@ def _push(key, count=1, dtype="float32", rank=0, rnd=0, job=JOB, flags=0, meta=N
     nbytes = count * itemsize
     h = Header(MsgType.PUSH, dtype, Role.WORKER, rank, flags, job, key, rnd, count, nbytes)
     return encode(h, payload if payload is not None else b"\0" * nbytes, meta)
+
+
+def _compressed(key, spec, count=1000, payload=None, declare=True):
+    """A push that says its payload is compressed (FLAG_COMPRESSED, uint8)."""
+    payload = payload if payload is not None else b"\0" * 64
+    meta = {"name": f"evil.{key}", "shape": [count], "dtype": "float32", "part": 0, "nparts": 1,
+            "compressor": spec, "count": count} if declare else None
+    flags = FLAG_COMPRESSED | (FLAG_DECLARE if declare else 0)
+    h = Header(MsgType.PUSH, "uint8", Role.WORKER, 0, flags, JOB, key, 0, len(payload),
+               len(payload))
+    return encode(h, payload, meta)
 
 
 def server_cases(real_key: int, max_message_bytes: int) -> list[tuple[str, list, bool]]:
@@ -52,6 +64,16 @@ def server_cases(real_key: int, max_message_bytes: int) -> list[tuple[str, list,
         ("wrong dtype for the real key", _push(real_key, count=3, dtype="int64", itemsize=8),
          True),
         ("push for a future round of the real key", _push(real_key, rnd=10 ** 6), True),
+        # compressed pushes: the declaration's compressor spec and every payload are untrusted
+        ("compressed push, invalid spec", _compressed(987660, {"name": "topk", "k": -1}), True),
+        ("compressed push, unknown compressor", _compressed(987661, {"name": "pickle"}), True),
+        ("compressed push, spec that is not an object", _compressed(987662, "onebit"), True),
+        ("compressed push, absurd element count",
+         _compressed(987663, {"name": "onebit", "scaling": True}, count=1 << 60), True),
+        ("compressed push, garbage payload",
+         _compressed(987664, {"name": "topk", "k": 3}, payload=os.urandom(44)), True),
+        ("compressed push to an uncompressed key", _compressed(real_key, {"name": "onebit"},
+                                                              declare=False), True),
         # ZMQ_MAXMSGSIZE: ZeroMQ drops the frame (and the connection) before buffering it
         ("oversized frame", [os.urandom(max_message_bytes + 1)], False),
     ]

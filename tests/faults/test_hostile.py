@@ -68,6 +68,10 @@ def test_server_and_scheduler_reject_and_count_hostile_input_while_the_job_runs(
                 else:
                     assert reply is None, label
         hc.close()
+        for label, text in outcomes.items():  # the compressed cases say what was wrong
+            if label.startswith("compressed push"):
+                assert "compress" in text.lower(), (label, text)
+        print("\n".join(f"{k}: {v}" for k, v in outcomes.items() if k.startswith("compressed")))
         replied = sum(e for _l, _f, e in cases)
         assert srv.rejected - before == 3 * replied, (srv.rejected_by_reason, outcomes)
         # the scheduler
