@@ -8,6 +8,9 @@ the I/O thread; ``route`` says where to send a reply. ``send`` may be called fro
 from __future__ import annotations
 
 import abc
+import heapq
+import itertools
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -59,3 +62,37 @@ class Endpoint(abc.ABC):
     def close(self, linger: float = 1.0) -> bool:
         """Stop the I/O thread and close every connection, flushing for at most ``linger`` s.
         Returns False when the I/O thread could not be stopped."""
+
+
+class Timers:
+    """The repeating timers of an I/O thread: a heap of (due, seq, interval, fn). Only the I/O
+    thread touches it (``add_timer`` hands ``push`` over with ``call_soon``)."""
+
+    def __init__(self) -> None:
+        self._heap: list = []
+        self._seq = itertools.count()
+
+    def entry(self, interval: float, fn: Callable[[], None]) -> tuple:
+        """A timer first due ``interval`` seconds from now (build it on the caller's thread)."""
+        return (time.monotonic() + interval, next(self._seq), interval, fn)
+
+    def push(self, entry: tuple) -> None:
+        heapq.heappush(self._heap, entry)
+
+    def run_due(self) -> float | None:
+        """Run every due timer (each is re-armed before it runs); return the seconds until the
+        next one, or None when there is none."""
+        now = time.monotonic()
+        while self._heap and self._heap[0][0] <= now:
+            _due, seq, interval, fn = heapq.heappop(self._heap)
+            heapq.heappush(self._heap, (now + interval, seq, interval, fn))
+            fn()
+        if not self._heap:
+            return None
+        return max(0.0, self._heap[0][0] - time.monotonic())
+
+    def next_due(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
+
+    def clear(self) -> None:
+        self._heap.clear()

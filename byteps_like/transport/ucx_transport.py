@@ -25,7 +25,6 @@ connection with a logged error; the I/O thread carries on.
 from __future__ import annotations
 
 import collections
-import heapq
 import itertools
 import logging
 import os
@@ -39,7 +38,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import CommunicationError, ConfigError
-from .base import Endpoint, Route
+from .base import Endpoint, Route, Timers
 
 log = logging.getLogger("byteps_like.transport")
 
@@ -231,8 +230,7 @@ class UcxEndpoint(Endpoint):
         self._poll = select.epoll()
         self._poll.register(self._efd, select.EPOLLIN)
         self._poll.register(self._worker.epoll_file_descriptor, select.EPOLLIN)
-        self._timers: list = []
-        self._tseq = itertools.count()
+        self._timers = Timers()
         self._thread: threading.Thread | None = None
         self._stop = False
         self._closed = False
@@ -293,8 +291,8 @@ class UcxEndpoint(Endpoint):
         return sum(1 for (p, _i) in self._by_route if p == peer)
 
     def add_timer(self, interval: float, fn: Callable[[], None]) -> None:
-        entry = (time.monotonic() + interval, next(self._tseq), interval, fn)
-        self._on_io_thread(lambda: heapq.heappush(self._timers, entry))
+        entry = self._timers.entry(interval, fn)
+        self._on_io_thread(lambda: self._timers.push(entry))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"bpsl-ucx-{self.name}",
@@ -758,11 +756,8 @@ class UcxEndpoint(Endpoint):
         return busy
 
     def _run_timers(self) -> float | None:
+        self._timers.run_due()
         now = time.monotonic()
-        while self._timers and self._timers[0][0] <= now:
-            _due, seq, interval, fn = heapq.heappop(self._timers)
-            heapq.heappush(self._timers, (now + interval, seq, interval, fn))
-            fn()
         if self._retry:
             due = [r for r in self._retry if r[0] <= now]
             if due:
@@ -770,7 +765,8 @@ class UcxEndpoint(Endpoint):
                 for _t, conn in due:
                     if not conn.closed:
                         self._open(conn)
-        nxt = [t[0] for t in self._timers[:1]] + [r[0] for r in self._retry]
+        nxt = [t for t in (self._timers.next_due(),) if t is not None]
+        nxt += [r[0] for r in self._retry]
         if self._handshakes:
             nxt.append(now + 0.5)  # handshake deadlines
         if not nxt:

@@ -9,7 +9,6 @@ any of it is buffered.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import itertools
 import logging
 import threading
@@ -20,7 +19,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import zmq
 from zmq.utils import z85
 
-from .base import Endpoint, Route
+from .base import Endpoint, Route, Timers
 
 log = logging.getLogger("byteps_like.transport")
 
@@ -131,8 +130,7 @@ class ZmqEndpoint(Endpoint):
         self._senders_lock = threading.Lock()
         self._calls: dict[int, Callable[[], None]] = {}   # keyed by token: order per sender
         self._call_ids = itertools.count()
-        self._timers: list = []
-        self._tseq = itertools.count()
+        self._timers = Timers()
         self._poller = zmq.Poller()
         self._poller.register(self._outbox, zmq.POLLIN)
         self._thread: threading.Thread | None = None
@@ -190,8 +188,8 @@ class ZmqEndpoint(Endpoint):
         return sum(1 for (p, _i) in self._dealers if p == peer)
 
     def add_timer(self, interval: float, fn: Callable[[], None]) -> None:
-        entry = (time.monotonic() + interval, next(self._tseq), interval, fn)
-        self._on_io_thread(lambda: heapq.heappush(self._timers, entry))  # wakes a blocked poll
+        entry = self._timers.entry(interval, fn)
+        self._on_io_thread(lambda: self._timers.push(entry))  # wakes a blocked poll
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"bpsl-io-{self.name}", daemon=True)
@@ -267,20 +265,10 @@ class ZmqEndpoint(Endpoint):
             route = Route(peer=peer.decode(), conn=int(conn))
         self._send_now(route, frames[1:])
 
-    def _run_timers(self) -> float | None:
-        now = time.monotonic()
-        while self._timers and self._timers[0][0] <= now:
-            _due, seq, interval, fn = heapq.heappop(self._timers)
-            heapq.heappush(self._timers, (now + interval, seq, interval, fn))
-            fn()
-        if not self._timers:
-            return None
-        return max(0.0, self._timers[0][0] - time.monotonic())
-
     def _run(self) -> None:
         try:
             while not self._stop:
-                wait = self._run_timers()
+                wait = self._timers.run_due()
                 events = self._poller.poll(None if wait is None else max(1, int(wait * 1000)))
                 for sock, _ev in events:
                     # drain a bounded batch per socket so no socket starves the others
