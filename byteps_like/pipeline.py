@@ -25,17 +25,19 @@ ALL_STAGES = (REDUCE, COPY_D2H, COMPRESS, PUSH, PULL, DECOMPRESS, COPY_H2D, BROA
 
 
 def plan(*, distributed: bool, local_size: int = 1, on_device: bool = False,
-         compressed: bool = False, local_root: bool = True) -> tuple[str, ...]:
+         compressed: bool = False, local_root: bool = True,
+         device_push: bool = False) -> tuple[str, ...]:
     """The itinerary of a partition, from the job's topology and the tensor's needs.
 
     With several local ranks only the local root talks to the servers: the other ranks reduce
-    and receive the broadcast."""
+    and receive the broadcast. ``device_push``: the transport sends device memory itself (UCX
+    with CUDA support), so a device tensor needs no copy to the host before its push."""
     stages = []
     if local_size > 1:
         stages.append(REDUCE)
         if not local_root:
             return (REDUCE, BROADCAST)
-    if on_device and distributed:
+    if on_device and distributed and not (device_push and not compressed):
         stages.append(COPY_D2H)
     if distributed:
         if compressed:

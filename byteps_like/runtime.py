@@ -48,6 +48,12 @@ class DeviceCopier:
     def h2d(self, offset: int, nbytes: int) -> None:
         raise NotImplementedError
 
+    #: Optional: ``device_slice(offset, nbytes)`` returns the partition's device memory (an
+    #: object with ``__cuda_array_interface__``), ordered after the caller's work. When the
+    #: transport can send device memory (BYTEPS_TRANSPORT=ucx, BYTEPS_UCX_DEVICE_MEMORY=1, a
+    #: UCX with CUDA support) the push sends it directly and ``d2h`` is skipped.
+    device_slice = None
+
 
 @dataclass
 class TensorState:
@@ -468,9 +474,11 @@ class Runtime:
         st.round += 1
         src = arr.reshape(-1).view(np.uint8)
         dst = out.reshape(-1).view(np.uint8)
+        device_push = (device is not None and self.device_push
+                       and getattr(device, "device_slice", None) is not None)
         itinerary = plan(distributed=True, local_size=self.local_size_,
                          local_root=self.is_local_root, on_device=device is not None,
-                         compressed=bool(st.codecs))
+                         compressed=bool(st.codecs), device_push=device_push)
         seg = self._segment(st) if self.local_size_ > 1 else None
         for part, (off, n, key, server) in enumerate(st.parts):
             task = Task(h, key, part, off, n, priority, server, key % self.conns, rnd, itinerary)
@@ -484,6 +492,7 @@ class Runtime:
             task.phase = 1 if prereduced else 0
             task.prereduced = prereduced
             task.device = device
+            task.device_direct = device_push and COPY_D2H not in itinerary
             task.dtype = dtype
             task.average = average
             task.decl = ({"name": st.name, "shape": list(st.shape), "dtype": dtype, "part": part,
@@ -526,7 +535,9 @@ class Runtime:
                          flags | FLAG_COMPRESSED, self.job, task.key, task.round,
                          payload.nbytes, payload.nbytes)
         else:
-            payload = task.push_src
+            # device memory straight from the accelerator when the transport sends it itself
+            payload = (task.device.device_slice(task.offset, task.nbytes) if task.device_direct
+                       else task.push_src)
             hdr = Header(MsgType.PUSH, task.dtype, Role.WORKER, self.push_rank, flags, self.job,
                          task.key, task.round, task.nbytes // ITEMSIZE[task.dtype], task.nbytes)
         with self._lock:
@@ -592,6 +603,13 @@ class Runtime:
     def _stage_h2d(task: Task) -> bool:
         task.device.h2d(task.offset, task.nbytes)
         return True
+
+    @property
+    def device_push(self) -> bool:
+        """Whether the transport sends device memory itself (UCX with CUDA support and
+        BYTEPS_UCX_DEVICE_MEMORY=1): device tensors then skip the copy to the host before the
+        push (their sums still arrive in host memory and are copied back)."""
+        return bool(getattr(getattr(self.ep, "ucx", None), "device_memory", False))
 
     @property
     def device_pipeline(self) -> bool:

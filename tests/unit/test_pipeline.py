@@ -397,3 +397,12 @@ def test_close_stops_a_stage_whose_queue_is_full():
     assert not closer.is_alive()
     assert not any(t.is_alive() for t in pipe._threads), \
         "the stage thread outlived close(): its stop sentinel was dropped on a full queue"
+
+
+def test_plan_device_push_skips_only_the_copy_to_the_host():
+    # UCX with CUDA support sends device memory: no d2h, the sum still comes back through h2d
+    assert plan(distributed=True, on_device=True, device_push=True) == (PUSH, PULL, COPY_H2D)
+    # a compressed tensor is encoded on the host: the copy stays
+    assert plan(distributed=True, on_device=True, compressed=True, device_push=True) == (
+        COPY_D2H, COMPRESS, PUSH, PULL, DECOMPRESS, COPY_H2D)
+    assert plan(distributed=True, on_device=False, device_push=True) == (PUSH, PULL)
