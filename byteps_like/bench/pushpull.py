@@ -11,6 +11,12 @@ runs, in one invocation and on loopback, three measurements of the same traffic:
    partition into its output array (the copy any consumer of the result needs). No summation.
 3. torch.distributed ``all_reduce`` over gloo with N processes (unless ``--skip-gloo``).
 
+With ``--transport zmq,ucx`` the byteps_like job runs once per transport, and UCX's own ceiling
+is measured with the wheel's ``ucx_perftest -t tag_bw`` (one server/client pair per run, a fresh
+free port each, the client started only once the server is seen listening, hard time limits,
+both process groups killed afterwards); if it cannot run, the table says "ceiling unavailable:
+<reason>" and the benchmark carries on.
+
 Every timed repetition starts after a barrier of the N workers; its time is the slowest worker's,
 and the table shows the median over repetitions. Algorithm bandwidth = tensor bytes / time.
 """
@@ -390,41 +396,130 @@ def ucx_perftest_path() -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
-def run_ucx_perftest(cases: list[Case], timeout: float) -> dict[int, float]:
+def ucx_perftest_env() -> dict[str, str]:
+    """The environment ucx_perftest runs in: the benchmark's UCX settings, and the wheel's
+    ``libucx/lib`` first on LD_LIBRARY_PATH. The binary's RPATH only names
+    ``libucx_cu12.libs`` (its libgomp); libucp/libuct/libucs, which Python finds through
+    ``libucx.load_library()``, a bare ``ucx_perftest`` cannot find without it."""
+    env = {**_base_env(), **_transport_env("ucx")}
+    exe = ucx_perftest_path()
+    if exe is not None:
+        lib = os.path.join(os.path.dirname(os.path.dirname(exe)), "lib")
+        old = env.get("LD_LIBRARY_PATH", "")
+        env["LD_LIBRARY_PATH"] = lib + (os.pathsep + old if old else "")
+    return env
+
+
+def _listening(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a TCP socket listening on ``port`` (Linux /proc). Looking
+    beats probing: ucx_perftest's server accepts exactly one connection, so a test connect()
+    would use it up, and a connect() to a port someone else took would prove nothing."""
+    try:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        for table in ("tcp", "tcp6"):
+            try:
+                with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
+                    next(f)
+                    for line in f:
+                        cols = line.split()
+                        # local_address is HEX_IP:HEX_PORT; state 0A is LISTEN; col 9 the inode
+                        if (cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port
+                                and cols[9] in inodes):
+                            return True
+            except FileNotFoundError:
+                continue
+    except OSError:
+        return False
+    return False
+
+
+PERFTEST_LISTEN_TIMEOUT = 10.0   # seconds a ucx_perftest server may take to listen
+PERFTEST_MIN_MBPS = 10.0         # a run's time limit assumes at least this rate (MB/s) ...
+PERFTEST_RUN_SLACK = 30.0        # ... plus this much start-up and wire-up time
+
+
+def _perftest_once(exe: str, env: dict[str, str], nbytes: int, iters: int, warmup: int,
+                   deadline: float) -> float:
+    """One ``ucx_perftest -t tag_bw`` run between a fresh server and client on loopback; the
+    overall bandwidth of its "Final:" line in GB/s (1e9 B).
+
+    The server gets a port free a moment ago; the client starts only once the server is seen
+    listening on it (a server that exits first, e.g. because the port was taken meanwhile, gets
+    a new port, 3 attempts). Both run in their own sessions with stdin from /dev/null and
+    stdout/stderr to files (no pipe to fill, no buffered output to wait for); the run has a hard
+    time limit, and leaving the ProcGroup kills both process groups whatever happened."""
+    limit = PERFTEST_RUN_SLACK + nbytes * (iters + warmup) / (PERFTEST_MIN_MBPS * 1e6)
+    for attempt in range(3):
+        with ProcGroup(f"ucx_perftest-{fmt_size(nbytes)}") as pg:
+            port = free_port()
+            srv = pg.spawn("server", [exe, "-p", str(port)], env, role="service")
+            listen_by = min(deadline, time.monotonic() + PERFTEST_LISTEN_TIMEOUT)
+            while not _listening(srv.proc.pid, port):
+                if srv.proc.poll() is not None:
+                    break
+                if time.monotonic() > listen_by:
+                    raise ChildFailed(f"the ucx_perftest server did not listen on port {port} "
+                                      f"within {PERFTEST_LISTEN_TIMEOUT:g} s; its stderr: "
+                                      f"{srv.stderr_tail(600).strip() or '(empty)'}")
+                time.sleep(0.02)
+            if srv.proc.poll() is not None:
+                why = (f"the ucx_perftest server exited with status {srv.proc.returncode} "
+                       f"before listening on port {port}: "
+                       f"{srv.stderr_tail(600).strip() or '(no output)'}")
+                if attempt < 2 and "error while loading shared libraries" not in why:
+                    continue   # most likely the port was taken meanwhile: a new one
+                raise ChildFailed(why)
+            cli = pg.spawn("client", [exe, "127.0.0.1", "-p", str(port), "-t", "tag_bw",
+                                      "-s", str(nbytes), "-n", str(iters), "-w", str(warmup)],
+                           env)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ChildFailed("the ucx_perftest phase ran out of time (--timeout)")
+            pg.wait(min(limit, left), service_grace=5.0)
+            final = [ln for ln in cli.stdout().splitlines() if ln.startswith("Final:")]
+            if not final:
+                raise ChildFailed("ucx_perftest printed no 'Final:' line; its output: "
+                                  f"{cli.stdout()[-600:]}{cli.stderr_tail(600)}".strip())
+            # Final: iters, overhead 50%ile/avg/overall (us), bandwidth avg/overall (MB/s), ...
+            return float(final[0].split()[6]) * 1e6 / 1e9
+    raise AssertionError("unreachable")
+
+
+def run_ucx_perftest(cases: list[Case], timeout: float, runs: int = 3
+                     ) -> tuple[dict[int, float], str | None]:
     """UCX's own ceiling: ``ucx_perftest -t tag_bw`` between two processes on loopback, per
-    size; GB/s (1e9 B) of the "Final" overall bandwidth, median of 3 runs."""
-    import statistics
-    import subprocess
+    size; GB/s (1e9 B) of the "Final" overall bandwidth, median of ``runs`` runs.
+
+    Never raises for a perftest problem: returns what it measured and, if something went wrong,
+    why the rest is missing (the benchmark then says "ceiling unavailable: <reason>")."""
     exe = ucx_perftest_path()
     if exe is None:
-        raise ChildFailed("ucx_perftest not found (pip install 'byteps_like[ucx]')")
-    env = {**_base_env(), **_transport_env("ucx")}
+        return {}, "ucx_perftest not found (pip install 'byteps_like[ucx]')"
+    if not os.path.isdir("/proc/self/net"):
+        return {}, "needs Linux /proc to see when the ucx_perftest server listens"
+    env = ucx_perftest_env()
+    deadline = time.monotonic() + timeout
     out: dict[int, float] = {}
     for case in cases:
-        runs = []
-        for _ in range(3):
-            port = str(free_port())
-            iters = str(max(5, min(200, (256 << 20) // case.nbytes)))
-            srv = subprocess.Popen([exe, "-p", port], env=env, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
-            try:
-                deadline = time.monotonic() + timeout
-                while True:   # the server may not listen yet: retry until the deadline
-                    r = subprocess.run([exe, "127.0.0.1", "-p", port, "-t", "tag_bw", "-s",
-                                        str(case.nbytes), "-n", iters], env=env,
-                                       capture_output=True, text=True, timeout=min(timeout, 60.0))
-                    final = [ln for ln in r.stdout.splitlines() if ln.startswith("Final:")]
-                    if final or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.1)
-                if not final:
-                    raise ChildFailed(f"ucx_perftest printed no result:\n{r.stdout}{r.stderr}")
-                runs.append(float(final[0].split()[6]) * 1e6 / 1e9)  # overall MB/s -> GB/s
-            finally:
-                srv.kill()
-                srv.wait()
-        out[case.nbytes] = statistics.median(runs)
-    return out
+        iters = max(5, min(200, (256 << 20) // case.nbytes))
+        warmup = max(1, iters // 10)
+        got = []
+        try:
+            for _ in range(runs):
+                got.append(_perftest_once(exe, env, case.nbytes, iters, warmup, deadline))
+        except ChildFailed as exc:
+            reason = " ".join(str(exc).split())
+            return out, (f"{fmt_size(case.nbytes)}: {reason[:400]}"
+                         + ("..." if len(reason) > 400 else ""))
+        out[case.nbytes] = statistics.median(got)
+    return out, None
 
 
 def format_transports(rows: list[dict], ceiling: dict[int, float] | None) -> str:
@@ -716,10 +811,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                  None if t == "zmq" and len(transports) == 1
                                                  else t)))
     ceiling = None
+    ceiling_note = None
     if "ucx" in transports:
         def _ceiling():
-            nonlocal ceiling
-            ceiling = run_ucx_perftest(cases, a.timeout)
+            nonlocal ceiling, ceiling_note
+            ceiling, ceiling_note = run_ucx_perftest(cases, a.timeout)
+            if ceiling_note:
+                ceiling_note = f"ceiling unavailable: {ceiling_note}"
+                print(f"[pushpull] ucx_perftest: {ceiling_note}", file=sys.stderr, flush=True)
             return []
         phases.append(("ucx_perftest", _ceiling))
     if not a.skip_raw:
@@ -769,6 +868,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nbyteps_like per transport ({', '.join(transports)}); ceiling: ucx_perftest "
               "-t tag_bw, one process pair, median of 3")
         print(format_transports(rows, ceiling))
+        if ceiling_note:
+            print(ceiling_note)
     print("\nGB/s = tensor bytes / (median over repetitions of the slowest worker's time), 1e9 B")
     shares = [f"{n} {c['others_share']:.0%}" for n, c in cpu.items()
               if c["others_share"] is not None]
@@ -785,6 +886,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "queue_depth": queue_depth, "raw_window": a.raw_window,
                        "load_before": load_before, "busy_before": busy, "cpu": cpu,
                        "transports": transports, "ucx_perftest_gbps": ceiling,
+                       "ucx_perftest_note": ceiling_note,
                        "results": rows}, f, indent=1)
     return 0
 
