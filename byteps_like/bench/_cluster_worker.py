@@ -4,7 +4,9 @@ started by the driver inside one host's network namespace:
 ``python -m byteps_like.bench._cluster_worker KIND [options]`` with KIND one of
 
 - ``tcp-recv`` / ``tcp-send``: a plain TCP stream, to measure the achieved link rate;
-- ``bps``: a byteps_like worker timing push_pull of a model-sized list of tensors;
+- ``bps``: a byteps_like worker timing push_pull of a model-sized list of tensors, optionally
+  with a gradient compressor (``--compressor``, one of :data:`COMPRESSORS`); it reports the wire
+  bytes it pushed and pulled (the runtime's counters) over the timed rounds;
 - ``gloo``: torch.distributed all_reduce (gloo) of the same tensors;
 - ``horovod`` / ``hvd-rendezvous``: Horovod (gloo) allreduce of the same tensors, and the HTTP
   rendezvous server it needs (run with the Horovod virtualenv's python);
@@ -128,41 +130,109 @@ def _times_summary(times: list[float]) -> str:
     return f"median {statistics.median(times) * 1e3:.0f} ms" if times else "done"
 
 
-def bps_worker(sizes: list[int], repeats: int, warmup: int) -> int:
+# the compressor settings of the compression benchmark (``bench cluster --compressors``):
+# name -> (label with its settings, factory)
+def _compressors() -> dict:
+    from byteps_like.compression import Compression
+    return {
+        "none": ("none (float32)", lambda: Compression.none),
+        "fp16": ("fp16 cast", lambda: Compression.fp16),
+        "bf16": ("bf16 cast", lambda: Compression.bf16),
+        "onebit": ("onebit scaled +EF", lambda: Compression.onebit(True, error_feedback=True)),
+        "topk": ("topk k=0.01 +EF", lambda: Compression.topk(0.01, error_feedback=True)),
+        "randomk": ("randomk k=0.01 +EF",
+                    lambda: Compression.randomk(0.01, error_feedback=True)),
+        "dithering": ("dithering 16 lin max",
+                      lambda: Compression.dithering(16, "linear", "max")),
+    }
+
+
+COMPRESSORS = ("none", "fp16", "bf16", "onebit", "topk", "randomk", "dithering")
+
+
+def compressor_label(name: str) -> str:
+    return _compressors()[name][0]
+
+
+def make_compressor(name: str):
+    return _compressors()[name][1]()
+
+
+def _check_sum(rank: int, name: str, comp: str, out, expect) -> None:
+    import numpy as np
+    if comp == "none":
+        ok = np.allclose(out, expect, rtol=1e-6, atol=0)
+    elif comp in ("fp16", "bf16"):   # one rounding per push, one sum in the narrow dtype
+        ok = np.allclose(out, expect, rtol=0.05, atol=0.05)
+    else:                            # lossy codecs: only shape and finiteness can be checked
+        ok = bool(np.isfinite(out).all())
+    if not ok:
+        raise AssertionError(f"worker {rank}: wrong push_pull result for {name} ({comp})")
+
+
+def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = "") -> int:
+    """push_pull of the model-sized tensor list. Without ``compressor``: every worker pushes
+    constants and checks the exact sum. With one (``none`` included): the gradients are a
+    seeded standard-normal array times (rank + 1), the same on every worker up to that factor,
+    so the expected sum is known; the compressor is passed to push_pull_async."""
     import numpy as np
 
     import byteps_like as bps
+    from byteps_like.runtime import default_runtime
     bps.init()
     rank, n = bps.rank(), bps.size()
     expect = n * (n + 1) / 2
+    comp = make_compressor(compressor) if compressor else None
+    kw = {} if comp is None else {"compression": comp}
+    rt = default_runtime()
     result: dict[str, list[float]] = {}
+    wire: dict[str, dict[str, int]] = {}
     for total in sizes:
         specs = model_tensors(total)
-        arrs = [np.full(cnt, rank + 1, dtype=np.float32) for _nm, cnt, _l in specs]
+        if comp is None:
+            arrs = [np.full(cnt, rank + 1, dtype=np.float32) for _nm, cnt, _l in specs]
+            bases = None
+        else:
+            rng = np.random.default_rng(total)
+            bases = [rng.standard_normal(cnt, dtype=np.float32) for _nm, cnt, _l in specs]
+            arrs = [b * np.float32(rank + 1) for b in bases]
         outs = [np.empty_like(a) for a in arrs]
-        names = [f"{total}.{nm}" for nm, _c, _l in specs]
+        tag = f"{compressor}." if compressor else ""
+        names = [f"{tag}{total}.{nm}" for nm, _c, _l in specs]
         times = []
+        pushed0 = pulled0 = 0
         for rep in range(warmup + repeats):
             for o in outs:
                 o.fill(0)
             bps.barrier()
+            if rep == warmup:
+                pushed0, pulled0 = rt.bytes_pushed, rt.bytes_pulled
             t0 = time.perf_counter()
-            hs = [bps.push_pull_async(a, name=nm, average=False, out=o)
+            hs = [bps.push_pull_async(a, name=nm, average=False, out=o, **kw)
                   for a, nm, o in zip(arrs, names, outs)]
             for h in hs:
                 h.wait()
             dt = time.perf_counter() - t0
             if rep >= warmup:
                 times.append(dt)
-        for o, nm in zip(outs, names):
-            if not (o == expect).all():
-                raise AssertionError(f"worker {rank}: wrong push_pull result for {nm}")
+        wire[str(total)] = {"pushed": rt.bytes_pushed - pushed0,
+                            "pulled": rt.bytes_pulled - pulled0, "rounds": repeats}
+        for i, (o, nm) in enumerate(zip(outs, names)):
+            if bases is None:
+                if not (o == expect).all():
+                    raise AssertionError(f"worker {rank}: wrong push_pull result for {nm}")
+            else:
+                _check_sum(rank, nm, compressor, o, bases[i] * np.float32(expect))
         result[str(total)] = times
         if rank == 0:
-            _progress(f"{total >> 20} MiB: {_times_summary(times)} on worker 0")
-        del arrs, outs
+            w = wire[str(total)]
+            per = (w["pushed"] + w["pulled"]) / max(1, repeats) / (1 << 20)
+            _progress(f"{total >> 20} MiB{' ' + compressor if compressor else ''}: "
+                      f"{_times_summary(times)}, {per:.1f} MiB pushed+pulled per round "
+                      f"on worker 0")
+        del arrs, outs, bases
     bps.shutdown()
-    _emit({"rank": rank, "times": result})
+    _emit({"rank": rank, "times": result, "wire": wire, "compressor": compressor or None})
     return 0
 
 
@@ -267,6 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hosts", default="")
     p.add_argument("--port-file", default="")
     p.add_argument("--step", default="", help="JSON parameters of the step benchmark")
+    p.add_argument("--compressor", default="", choices=("",) + COMPRESSORS,
+                   help="bps: gradient compressor of every push_pull (fixed settings, see "
+                        "COMPRESSORS); empty = the plain benchmark")
     a = p.parse_args(argv)
     sizes = [int(x) for x in a.sizes.split(",") if x]
     if a.kind == "tcp-recv":
@@ -274,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.kind == "tcp-send":
         return tcp_send(a.host, a.port, a.seconds)
     if a.kind == "bps":
-        return bps_worker(sizes, a.repeats, a.warmup)
+        return bps_worker(sizes, a.repeats, a.warmup, a.compressor)
     if a.kind == "gloo":
         return gloo_worker(sizes, a.repeats, a.warmup, a.rank, a.world, a.host, a.port)
     if a.kind == "horovod":

@@ -17,6 +17,12 @@ same hosts:
    ring all-reduce;
 5. the training-step benchmark of priority scheduling (:mod:`.priority`).
 
+``--compressors none,fp16,onebit,topk,randomk,dithering`` runs the compression benchmark instead
+of 1-5: byteps_like push_pull of the same gradient list with n = 2 worker hosts and k = 2
+dedicated server hosts (``--workers`` / ``--servers`` change them), one job per compressor
+(fixed settings, named in the table), the uncompressed run of the same invocation as the
+baseline; it reports time, wire bytes per worker per step and the algorithm bandwidth.
+
 Every namespace, link and process it made is removed at the end, also on Ctrl-C or failure.
 """
 from __future__ import annotations
@@ -35,7 +41,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from . import netns
-from ._cluster_worker import RESULT_TAG, model_tensors
+from ._cluster_worker import COMPRESSORS, RESULT_TAG, compressor_label, model_tensors
 from ._procs import ChildFailed, ProcGroup
 
 PROG = "python -m byteps_like.bench cluster"
@@ -155,6 +161,75 @@ def run_bps(env: Env, n: int, k: int, sizes: list[int], repeats: int, warmup: in
                             {"BYTEPS_PARTITION_BYTES": str(partition_bytes)})
         g.wait(env.timeout, relay=ws[0], relay_prefix=f"[cluster] byteps_like n={n} k={k}: ")
         return _collect(ws, "byteps_like")
+
+
+def run_bps_compressed(env: Env, n: int, k: int, sizes: list[int], repeats: int, warmup: int,
+                       port: int, partition_bytes: int, compressor: str) -> list[dict]:
+    """One byteps_like job whose workers push_pull with ``compressor`` (a name of
+    ``_cluster_worker.COMPRESSORS``) and report their wire bytes."""
+    args = ("--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats), "--warmup",
+            str(warmup), "--compressor", compressor)
+    with ProcGroup(f"bps-{compressor}-n{n}-k{k}") as g:
+        ws = _start_bps_job(g, env, n, k, port, lambda h: env.argv(h, "bps", *args),
+                            {"BYTEPS_PARTITION_BYTES": str(partition_bytes)})
+        g.wait(env.timeout, relay=ws[0],
+               relay_prefix=f"[cluster] compression {compressor} n={n} k={k}: ")
+        return _collect(ws, f"byteps_like ({compressor})")
+
+
+def compression_records(per_worker: list[dict], compressor: str, n: int, k: int,
+                        sizes: list[int], link: float, cap: float) -> list[dict]:
+    """One record per size: median time (slowest worker per round) and the mean over workers of
+    the wire bytes per step; ratios and bandwidth are filled in by :func:`add_ratios`."""
+    out = []
+    for s in sizes:
+        med, reps = _slowest_median(per_worker, s)
+        ws = [w["wire"][str(s)] for w in per_worker]
+        pushed = statistics.fmean(w["pushed"] / w["rounds"] for w in ws)
+        pulled = statistics.fmean(w["pulled"] / w["rounds"] for w in ws)
+        out.append({"system": "byteps_like_compressed", "compressor": compressor,
+                    "setting": compressor_label(compressor), "n": n, "k": k, "bytes": s,
+                    "seconds": med, "repeats_s": reps,
+                    "bytes_pushed_per_step": pushed, "bytes_pulled_per_step": pulled,
+                    "wire_bytes_per_step": pushed + pulled,
+                    "algbw_bits_per_second": s * 8 / med,
+                    # the network alone: the PS formula with the bytes that crossed per direction
+                    "floor_seconds": ps_time(n, k, max(pushed, pulled), link),
+                    "link_bits_per_second": link, "cap_bits_per_second": cap})
+    return out
+
+
+def add_ratios(records: list[dict]) -> None:
+    """time / uncompressed time and wire bytes / uncompressed wire bytes, per (n, k, size)."""
+    base = {(r["n"], r["k"], r["bytes"]): r for r in records
+            if r["system"] == "byteps_like_compressed" and r["compressor"] == "none"}
+    for r in records:
+        if r["system"] != "byteps_like_compressed":
+            continue
+        b = base.get((r["n"], r["k"], r["bytes"]))
+        r["time_ratio"] = r["seconds"] / b["seconds"] if b else None
+        r["bytes_ratio"] = r["wire_bytes_per_step"] / b["wire_bytes_per_step"] if b else None
+
+
+def format_compression_table(records: list[dict]) -> str:
+    cols = ("compressor (settings)", "n", "k", "size", "time s", "time/none", "MiB/step",
+            "bytes/none", "algbw Gbit/s", "net floor s")
+    rows = [cols]
+    for r in records:
+        if r["system"] != "byteps_like_compressed":
+            continue
+        rows.append((r["setting"], str(r["n"]), str(r["k"]), f"{r['bytes'] // MiB}MiB",
+                     f"{r['seconds']:.3f}",
+                     "n/a" if r.get("time_ratio") is None else f"{r['time_ratio']:.2f}",
+                     f"{r['wire_bytes_per_step'] / MiB:.1f}",
+                     "n/a" if r.get("bytes_ratio") is None else f"{r['bytes_ratio']:.4f}",
+                     f"{r['algbw_bits_per_second'] / 1e9:.2f}", f"{r['floor_seconds']:.3f}"))
+    w = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    lines = ["| " + " | ".join(row[i].ljust(w[i]) if i == 0 else row[i].rjust(w[i])
+                               for i in range(len(cols))) + " |" for row in rows]
+    lines.insert(1, "|" + "|".join("-" * (x + 2) if i == 0 else "-" * (x + 1) + ":"
+                                   for i, x in enumerate(w)) + "|")
+    return "\n".join(lines)
 
 
 def run_gloo(env: Env, n: int, sizes: list[int], repeats: int, warmup: int,
@@ -338,10 +413,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "pipeline push and pull better: less fill and drain per round)")
     p.add_argument("--queue-ms", type=float, default=20.0,
                    help="queue of each NIC's token bucket (tc tbf latency), milliseconds")
-    p.add_argument("--workers", default="2,4", help="values of n (worker hosts)")
-    p.add_argument("--servers", default="0,1,2,n",
+    p.add_argument("--workers", default=None,
+                   help="values of n (worker hosts); default 2,4 (with --compressors: 2)")
+    p.add_argument("--servers", default=None,
                    help="values of k (dedicated server hosts; 0 = colocated; n = as many as "
-                        "workers)")
+                        "workers); default 0,1,2,n (with --compressors: n)")
+    p.add_argument("--compressors", default=None, metavar="LIST",
+                   help="run the compression benchmark instead: byteps_like push_pull with each "
+                        f"of these compressors (of {','.join(COMPRESSORS)}; 'none' is always "
+                        "run first, as the baseline); no gloo, Horovod, step benchmark or plot")
     p.add_argument("--sizes", default="64,256", help="gradient sizes in MiB")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds per size")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds per size")
@@ -381,12 +461,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         gone = netns.sweep(sys.stderr, all_runs=False)
         print(f"removed {len(gone)} leftover namespace(s)")
         return 0
+    comps: list[str] = []
+    if a.compressors is not None:
+        comps = [c.strip() for c in a.compressors.split(",") if c.strip()]
+        bad = sorted(set(comps) - set(COMPRESSORS))
+        if bad or not comps:
+            p.error(f"--compressors: unknown {bad} (choose from {','.join(COMPRESSORS)})"
+                    if bad else "--compressors: give at least one")
+        comps = ["none"] + [c for i, c in enumerate(comps) if c != "none" and c not in comps[:i]]
+        if a.quick:
+            p.error("--quick does not apply to --compressors")
+        a.skip_gloo = a.skip_priority = True
+        a.plot = None
     if a.quick:
         ns_, ks_, sizes_mib = [4], ["0", "n"], [64]
         a.priority_iters = min(a.priority_iters, 4)
     else:
-        ns_ = _parse_list(a.workers, "workers")
-        ks_ = [x.strip() for x in a.servers.split(",") if x.strip()]
+        ns_ = _parse_list(a.workers or ("2" if comps else "2,4"), "workers")
+        ks_ = [x.strip() for x in (a.servers or ("n" if comps else "0,1,2,n")).split(",")
+               if x.strip()]
         sizes_mib = _parse_list(a.sizes, "sizes")
     if not ns_ or min(ns_) < 2:
         p.error("--workers: every n must be >= 2")
@@ -409,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"hosts: {', '.join(hosts)} (one network namespace each), NIC cap {fmt_rate(a.rate)} "
           f"each way (tc tbf, {a.queue_ms:g} ms queue), {os.cpu_count()} CPUs shared by all of "
           f"them; byteps_like partition {a.partition_bytes} B")
-    hvd_reason = "skipped (--skip-horovod)" if a.skip_horovod else \
+    hvd_reason = None if comps else "skipped (--skip-horovod)" if a.skip_horovod else \
         horovod_unavailable(a.horovod_python)
     if hvd_reason:
         print(f"horovod: {hvd_reason}")
@@ -434,6 +527,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"({link / a.rate:.1%} of the {fmt_rate(a.rate)} cap); B = this rate below",
                   flush=True)
             for n, k in configs:
+                if comps:
+                    for i, c in enumerate(comps):
+                        print(f"[cluster] compression n={n} k={k}: {compressor_label(c)} "
+                              f"({i + 1}/{len(comps)})", file=sys.stderr, flush=True)
+                        with CpuMeter() as m:
+                            res = run_bps_compressed(env, n, k, sizes, a.repeats, a.warmup,
+                                                     next_port(), a.partition_bytes, c)
+                        cpu[f"{c} n={n} k={k}"] = m.busy
+                        records += compression_records(res, c, n, k, sizes, link, a.rate)
+                    continue
                 with CpuMeter() as m:
                     res = run_bps(env, n, k, sizes, a.repeats, a.warmup, next_port(),
                                   a.partition_bytes)
@@ -459,7 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     "theory_seconds": allreduce_time(n, s, link),
                                     "link_bits_per_second": link, "cap_bits_per_second": a.rate})
             for n in ns_:
-                if hvd_reason:
+                if hvd_reason or comps:
                     break
                 try:
                     with CpuMeter() as m:
@@ -478,11 +581,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     "link_bits_per_second": link, "cap_bits_per_second": a.rate})
             for n, k in configs:
                 for s in sizes:
+                    if comps:
+                        break
                     records.append({"system": "theory", "n": n, "k": k, "bytes": s,
                                     "seconds": ps_time(n, k, s, link), "model": "ps",
                                     "link_bits_per_second": link})
             for n in ns_:
                 for s in sizes:
+                    if comps:
+                        break
                     records.append({"system": "theory", "n": n, "k": None, "bytes": s,
                                     "seconds": allreduce_time(n, s, link), "model": "allreduce",
                                     "link_bits_per_second": link})
@@ -528,9 +635,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
     print()
-    print(format_table(records))
-    print(f"\ntime: median over {a.repeats} rounds of the slowest worker; theory at "
-          f"B = {fmt_rate(link)}; 'of optimum' = theory / time; 'vs gloo' = gloo time / time")
+    if comps:
+        add_ratios(records)
+        print(format_compression_table(records))
+        print(f"\ntime: median over {a.repeats} rounds of the slowest worker (push_pull of the "
+              f"whole list, compression included); MiB/step: bytes pushed + pulled per worker "
+              f"per step (payloads on the wire, the runtime's counters, mean over workers); "
+              f"x/none: ratio to the uncompressed run above; algbw = model bytes / time; "
+              f"net floor = the PS formula at B = {fmt_rate(link)} with the bytes that crossed "
+              f"each way. Tensors below BYTEPS_MIN_COMPRESS_BYTES travel uncompressed (not the "
+              f"casts).")
+    else:
+        print(format_table(records))
+        print(f"\ntime: median over {a.repeats} rounds of the slowest worker; theory at "
+              f"B = {fmt_rate(link)}; 'of optimum' = theory / time; 'vs gloo' = gloo time / time")
     for line in step_lines:
         print(line)
     print("CPU busy (whole machine) per phase: " + ", ".join(

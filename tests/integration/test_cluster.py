@@ -104,6 +104,30 @@ def test_small_cluster_is_correct_and_tears_down(tmp_path):
 
 
 @needs_netns
+def test_compression_mode_reports_wire_bytes(tmp_path):
+    marker = uuid.uuid4().hex
+    links = _root_links()
+    out_json = tmp_path / "c.json"
+    proc = _start(["--compressors", "topk", "--sizes", "4", "--rate", "10gbit", "--repeats",
+                   "1", "--warmup", "0", "--link-seconds", "1", "--json", str(out_json)], marker)
+    out, err = _finish(proc, 120)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err}"
+    assert "teardown: clean" in out and "topk k=0.01 +EF" in out
+    assert "[cluster] compression n=2 k=2: topk k=0.01 +EF (2/2)" in err
+    records = json.loads(out_json.read_text())
+    assert [r["compressor"] for r in records] == ["none", "topk"]       # baseline first
+    none, topk = records
+    for r in records:
+        assert r["system"] == "byteps_like_compressed" and (r["n"], r["k"]) == (2, 2)
+        assert r["bytes"] == 4 << 20 and r["seconds"] > 0 and r["link_bits_per_second"] > 0
+    # uncompressed: every byte of the model goes out and comes back
+    assert none["bytes_pushed_per_step"] == none["bytes_pulled_per_step"] == 4 << 20
+    assert none["bytes_ratio"] == 1.0 and none["time_ratio"] == 1.0
+    assert 0 < topk["bytes_ratio"] < 0.2    # 1% of the elements; small tensors go as they are
+    _assert_clean(proc.pid, marker, links)
+
+
+@needs_netns
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_removes_everything(sig):
     marker = uuid.uuid4().hex
