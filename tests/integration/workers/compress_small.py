@@ -10,12 +10,20 @@ import numpy as np
 
 import byteps_like as bps
 from byteps_like.compression import Compression
-from byteps_like.errors import MismatchError
+from byteps_like.errors import MismatchError, RemoteError
 
 
 def main() -> None:
     bps.init()
     rank, size = bps.rank(), bps.size()
+    if sys.argv[1:] == ["async"]:  # the servers run BYTEPS_ENABLE_ASYNC=1
+        try:
+            bps.push_pull(np.ones(1 << 16, np.float32), name="grad.a", timeout=30,
+                          compression=Compression.onebit())
+        except RemoteError as exc:
+            print(f"rank {rank}: RemoteError: {exc}", flush=True)
+            raise SystemExit(3)
+        raise SystemExit(f"rank {rank}: a compressed push in async mode was accepted")
     if sys.argv[1:] == ["mismatch"]:
         comp = Compression.topk(0.5) if rank == 0 else Compression.onebit()
         x = np.full(1 << 16, rank + 1, np.float32)
