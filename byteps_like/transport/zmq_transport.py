@@ -135,6 +135,7 @@ class ZmqEndpoint(Endpoint):
         self._poller.register(self._outbox, zmq.POLLIN)
         self._thread: threading.Thread | None = None
         self._stop = False
+        self._draining = False
         self._linger_ms = 0
         self.on_message = None
         self.on_error = None
@@ -233,7 +234,7 @@ class ZmqEndpoint(Endpoint):
         self._sender().send_multipart([head, *frames], copy=False)
 
     def _send_now(self, route: Route, frames: list) -> None:
-        if self._stop:
+        if self._stop and not self._draining:
             return
         if route.ident is not None:
             try:
@@ -256,7 +257,9 @@ class ZmqEndpoint(Endpoint):
             self._calls.pop(int(head[1:]))()
             return
         if head == b"S":
-            self._stop = True
+            if not self._stop:
+                self._stop = True
+                self._flush_outbox()
             return
         if head[:1] == b"R":
             route = Route(ident=head[1:])
@@ -264,6 +267,18 @@ class ZmqEndpoint(Endpoint):
             conn, _, peer = head[1:].partition(b":")
             route = Route(peer=peer.decode(), conn=int(conn))
         self._send_now(route, frames[1:])
+
+    def _flush_outbox(self) -> None:
+        """At close: send what other threads queued before the close. Each thread has its own
+        pipe into the outbox, so the stop request can overtake messages another thread sent
+        earlier (e.g. the scheduler's SHUTDOWN to every node, queued by the thread that runs
+        its handlers); whatever is in the pipes now goes out before the sockets close."""
+        self._draining = True
+        try:
+            while self._outbox.poll(0):
+                self._dispatch_outbox()
+        finally:
+            self._draining = False
 
     def _run(self) -> None:
         try:

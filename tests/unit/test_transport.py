@@ -183,6 +183,28 @@ def test_send_from_many_threads(make_node, address):
         assert mine == list(range(n_msgs)), "per-thread order must be preserved"
 
 
+def test_close_sends_what_other_threads_queued_before_it(make_node):
+    """close() from one thread must not overtake messages another thread queued before it
+    (each thread has its own pipe into the I/O thread): the scheduler's SHUTDOWN to every node,
+    queued by the thread that runs its handlers, was lost this way."""
+    srv, cli, _ = start_pair(make_node, "tcp://127.0.0.1:0")
+    cli.ep.send(Route(peer="srv"), [b"hello"])       # the connection is up before the burst
+    assert srv.recv_bytes()[1] == [b"hello"]
+    n = 300
+    sent = threading.Event()
+
+    def burst():
+        for j in range(n):
+            cli.ep.send(Route(peer="srv"), [b"%d" % j])
+        sent.set()
+    t = threading.Thread(target=burst)
+    t.start()
+    assert sent.wait(WAIT)
+    assert cli.ep.close(linger=2.0)
+    got = [int(srv.recv_bytes()[1][0]) for _ in range(n)]
+    assert got == list(range(n))
+
+
 def test_call_soon_keeps_per_thread_order_with_later_sends(make_node):
     """A thread that calls connect() (queued with call_soon) and then send() must see its
     connection made before its message is routed, even while another thread is half-way
