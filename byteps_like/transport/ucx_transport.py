@@ -84,6 +84,14 @@ def import_ucxx():
 
 
 # --------------------------------------------------------------------------- staging buffers
+def _split_completed(items: list) -> tuple[list, list]:
+    """(items whose request, item[0], has completed; the others), each in order."""
+    done, still = [], []
+    for item in items:
+        (done if item[0].completed else still).append(item)
+    return done, still
+
+
 class StagingPool:
     """Receive buffers in power-of-two size classes, reused across rounds.
 
@@ -665,20 +673,15 @@ class UcxEndpoint(Endpoint):
     def _poll_requests(self) -> bool:
         busy = False
         if self._sending:
-            still = []
-            for item in self._sending:
-                req = item[0]
-                if not req.completed:
-                    still.append(item)
-                    continue
+            done, self._sending = _split_completed(self._sending)
+            for item in done:
                 busy = True
                 try:
-                    req.check_error()
+                    item[0].check_error()
                 except Exception as exc:  # noqa: BLE001
                     conn = item[2]
                     if not conn.closed and not self._stop:
                         log.warning("%s: send to %s failed: %s", self.name, conn.label, exc)
-            self._sending = still
         if self._handshakes:
             hs, self._handshakes = self._handshakes, []
             now = time.monotonic()
@@ -700,15 +703,11 @@ class UcxEndpoint(Endpoint):
                 else:
                     self._handshakes.append(item)
         if self._recving:
-            still = []
             touched = set()
-            for item in self._recving:
-                req = item[0]
-                if not req.completed:
-                    still.append(item)
-                    continue
+            done, self._recving = _split_completed(self._recving)
+            for item in done:
                 busy = True
-                _r, _keep, conn, msg, idx = item
+                req, _keep, conn, msg, idx = item
                 try:
                     req.check_error()
                 except Exception as exc:  # noqa: BLE001
@@ -723,7 +722,6 @@ class UcxEndpoint(Endpoint):
                     msg.frames[idx] = item[1]
                     msg.missing -= 1
                 touched.add(conn)
-            self._recving = still
             for conn in touched:
                 if not conn.closed:
                     self._parse_heads(conn)
