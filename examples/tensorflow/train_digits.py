@@ -38,18 +38,31 @@ def main() -> None:
     p.add_argument("--momentum", type=float, default=0.9,
                    help="SGD momentum; 0 when BYTEPS_COMPRESSOR_MOMENTUM applies it before "
                         "compression instead (docs/compression.md)")
+    p.add_argument("--cosine", action="store_true",
+                   help="decay the learning rate to 0 along a cosine over the run")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic TF ops on one thread: the same run gives the same result")
+    p.add_argument("--seed", type=int, default=1000)
     args = p.parse_args()
+    if args.deterministic:
+        tf.config.experimental.enable_op_determinism()
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        tf.config.threading.set_intra_op_parallelism_threads(1)
     bps.init()
     rank, size = bps.rank(), bps.size()
     x_train, y_train, x_test, y_test = load_data()
     data = (tf.data.Dataset.from_tensor_slices((x_train[rank::size], y_train[rank::size]))
             .batch(args.batch_size, drop_remainder=True))
-    tf.random.set_seed(1000 + rank)   # different on purpose: the broadcast fixes it
+    tf.random.set_seed(args.seed + rank)   # different on purpose: the broadcast fixes it
     model = tf.keras.Sequential([tf.keras.Input((64,)),
                                  tf.keras.layers.Dense(64, activation="relu"),
                                  tf.keras.layers.Dense(64, activation="relu"),
                                  tf.keras.layers.Dense(10)])
-    opt = tf.keras.optimizers.SGD(args.lr * size, momentum=args.momentum)
+    lr = args.lr * size
+    if args.cosine:
+        lr = tf.keras.optimizers.schedules.CosineDecay(
+            lr, decay_steps=args.epochs * (len(x_train) // size // args.batch_size))
+    opt = tf.keras.optimizers.SGD(lr, momentum=args.momentum)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
