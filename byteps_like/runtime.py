@@ -441,6 +441,10 @@ class Runtime:
     def _bind_compressor(self, st: TensorState, compression: Any) -> None:
         """Bind a codec compressor to a tensor at its first push_pull (every worker does the
         same, so the servers see one compressor per key); refuse a different one later."""
+        if st.comp_bound and (compression is st.compressor
+                              or (st.compressor is None and (compression is None or getattr(
+                                  compression, "kind", "none") != "codec"))):
+            return  # the usual case, every step: the same compressor (or none) as bound
         codec = compression is not None and getattr(compression, "kind", "none") == "codec"
         if codec and (st.dtype not in COMPRESSIBLE
                       or st.nbytes < self.cfg.compression.min_compress_bytes):

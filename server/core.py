@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import _core
+from ..compression import CompressionError, from_spec
 from ..config import Config
 from ..control import ControlClient
 from ..errors import ProtocolError
@@ -137,7 +138,6 @@ class Engine(threading.Thread):
         """A key whose pushes are compressed: the declaration carries the compressor's spec
         (JSON, validated field by field) and the partition's element count. The store keeps a
         float32 accumulator and the server's codec."""
-        from ..compression import CompressionError, from_spec
         h, decl, srv = msg.header, msg.meta, self.server
         what = f"key {h.key} ({decl.get('name')!r}) from worker rank {h.rank}"
         count = decl.get("count")
@@ -264,7 +264,6 @@ class Engine(threading.Thread):
     def _push_compressed(self, store: KeyStore, route: Route, msg: Message) -> bool:
         """Decode one worker's compressed push into the round's float32 accumulator (the first
         push overwrites it). Every push of a round must carry the same step."""
-        from ..compression import CompressionError
         h = msg.header
         payload = getattr(msg.payload, "buffer", msg.payload)
         try:
