@@ -29,7 +29,7 @@ from .pipeline import (BROADCAST, COMPRESS, COPY_D2H, COPY_H2D, DECOMPRESS, PULL
                        Pipeline, Task, plan)
 from .transport import Route, make_endpoint
 from .wire import (ERR_MISMATCH, FLAG_COMPRESSED, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
-                   Role, decode, dtype_name, encode, job_hash)
+                   Role, as_buffer, decode, dtype_name, encode, job_hash)
 
 log = logging.getLogger("byteps_like.worker")
 _LOCAL_TYPES = frozenset({MsgType.LOCAL_READY, MsgType.LOCAL_REDUCE, MsgType.LOCAL_REDUCED,
@@ -303,6 +303,11 @@ class Runtime:
         self._check()
         return self.local_size_
 
+    def wire_report(self) -> str:
+        """One line of the payload bytes this worker pushed and pulled so far (compressed size
+        for compressed partitions): ``bytes on the wire: P pushed, Q pulled``."""
+        return f"bytes on the wire: {self.bytes_pushed} pushed, {self.bytes_pulled} pulled"
+
     def get_pushpull_speed(self) -> tuple[int, float]:
         """(timestamp in ms, MB/s pushed plus pulled over the last few seconds), as in BytePS."""
         self._check()
@@ -441,14 +446,13 @@ class Runtime:
     def _bind_compressor(self, st: TensorState, compression: Any) -> None:
         """Bind a codec compressor to a tensor at its first push_pull (every worker does the
         same, so the servers see one compressor per key); refuse a different one later."""
+        is_codec = getattr(compression, "kind", "none") == "codec"
         if st.comp_bound and (compression is st.compressor
-                              or (st.compressor is None and (compression is None or getattr(
-                                  compression, "kind", "none") != "codec"))):
+                              or (st.compressor is None and not is_codec)):
             return  # the usual case, every step: the same compressor (or none) as bound
-        codec = compression is not None and getattr(compression, "kind", "none") == "codec"
-        if codec and (st.dtype not in COMPRESSIBLE
-                      or st.nbytes < self.cfg.compression.min_compress_bytes):
-            codec = False   # too small to gain, or not a float tensor: travels as it is
+        # too small to gain, or not a float tensor: travels as it is
+        codec = (is_codec and st.dtype in COMPRESSIBLE
+                 and st.nbytes >= self.cfg.compression.min_compress_bytes)
         wanted = compression.spec() if codec else None
         if not st.comp_bound:
             st.comp_bound = True
@@ -550,7 +554,8 @@ class Runtime:
         self.bytes_pushed += hdr.nbytes
         return False  # the pull response advances the task
 
-    def _as_float32(self, task: Task, buf: np.ndarray) -> np.ndarray:
+    @staticmethod
+    def _to_float32(task: Task, buf: np.ndarray) -> np.ndarray:
         """The partition bytes ``buf`` as float32: a view, or converted into the scratch."""
         if task.scratch is None:
             return buf.view(np.float32)
@@ -560,23 +565,25 @@ class Runtime:
             _core.convert(task.scratch, "float32", buf, task.dtype)
         return task.scratch
 
+    @staticmethod
+    def _from_float32(task: Task, buf: np.ndarray) -> None:
+        """Write the scratch's float32 values into the partition bytes ``buf`` (its dtype)."""
+        if task.dtype == "float64":
+            np.copyto(buf.view(np.float64), task.scratch, casting="same_kind")
+        else:
+            _core.convert(buf, task.dtype, task.scratch, "float32")
+
     def _stage_compress(self, task: Task) -> bool:
-        x = self._as_float32(task, task.push_src)
-        task.wire = task.codec.encode(x, task.round)
+        task.wire = task.codec.encode(self._to_float32(task, task.push_src), task.round)
         return True
 
     def _stage_decompress(self, task: Task) -> bool:
-        payload = task.payload
-        task.payload = None
-        buf = payload.buffer if hasattr(payload, "buffer") else payload
+        buf, task.payload = as_buffer(task.payload), None
         if task.scratch is None:
             step = task.codec.decode(buf, task.pull_dst.view(np.float32))
         else:
             step = task.codec.decode(buf, task.scratch)
-            if task.dtype == "float64":
-                np.copyto(task.pull_dst.view(np.float64), task.scratch, casting="same_kind")
-            else:
-                _core.convert(task.pull_dst, task.dtype, task.scratch, "float32")
+            self._from_float32(task, task.pull_dst)
         if step != task.round:
             raise ProtocolError(f"push_pull of {task.handle.name!r} (key {task.key}): the "
                                 f"server's compressed sum is of step {step}, expected "
@@ -587,12 +594,11 @@ class Runtime:
 
     def _stage_pull(self, task: Task) -> bool:
         if task.codec is not None:  # the decompress stage decodes the payload
-            self.bytes_pulled += memoryview(getattr(task.payload, "buffer",
-                                                    task.payload)).nbytes
+            self.bytes_pulled += memoryview(as_buffer(task.payload)).nbytes
             return True
         payload = task.payload
         task.payload = None
-        _core.copy_into(task.pull_dst, payload.buffer if hasattr(payload, "buffer") else payload)
+        _core.copy_into(task.pull_dst, as_buffer(payload))
         if task.average and self.size_ > 1 and task.seg is None:
             _core.scale_into(task.dst, task.dtype, self.size_)
         self.bytes_pulled += task.nbytes

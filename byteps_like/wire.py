@@ -175,11 +175,16 @@ def encode(header: Header, payload: Any = None, meta: dict | None = None) -> lis
     return frames
 
 
+def as_buffer(frame: Any) -> Any:
+    """The bytes of a received frame as a buffer: a zmq.Frame's memoryview, else the frame
+    itself (bytes, memoryview, a UCX staging view)."""
+    return getattr(frame, "buffer", frame)
+
+
 def _buf_len(frame: Any) -> int:
     if isinstance(frame, (bytes, bytearray)):
         return len(frame)
-    buf = getattr(frame, "buffer", frame)  # zmq.Frame -> memoryview
-    return memoryview(buf).nbytes
+    return memoryview(as_buffer(frame)).nbytes
 
 
 def _as_bytes(frame: Any) -> bytes:

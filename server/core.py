@@ -29,7 +29,7 @@ from ..control import ControlClient
 from ..errors import ProtocolError
 from ..transport import Route, make_endpoint
 from ..wire import (ERR_INTERNAL, ERR_MISMATCH, ERR_PROTOCOL, FLAG_COMPRESSED, FLAG_DECLARE,
-                    FLAG_PULL, SUMMABLE, Header,
+                    FLAG_PULL, SUMMABLE, Header, as_buffer,
                     Message, MsgType, Role, decode, decode_header, encode, job_hash)
 
 log = logging.getLogger("byteps_like.server")
@@ -265,7 +265,7 @@ class Engine(threading.Thread):
         """Decode one worker's compressed push into the round's float32 accumulator (the first
         push overwrites it). Every push of a round must carry the same step."""
         h = msg.header
-        payload = getattr(msg.payload, "buffer", msg.payload)
+        payload = as_buffer(msg.payload)
         try:
             if not store.pushed:
                 step = store.codec.decode(payload, store.acc)

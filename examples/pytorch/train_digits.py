@@ -167,11 +167,9 @@ def main() -> None:
     if rank == 0:
         print(f"final test accuracy: {accuracy(model, xte, yte):.4f} "
               f"({size} workers, {steps * args.epochs} steps)", flush=True)
-        if size > 1:
+        if size > 1:  # what this worker's push_pulls put on the network
             from byteps_like.runtime import default_runtime
-            rt = default_runtime()
-            print(f"bytes on the wire: {rt.bytes_pushed} pushed, {rt.bytes_pulled} pulled",
-                  flush=True)
+            print(default_runtime().wire_report(), flush=True)
     bps.shutdown()
 
 

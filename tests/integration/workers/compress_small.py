@@ -43,6 +43,12 @@ def main() -> None:
     big = np.linspace(-1, 1, 40000, dtype=np.float32)              # 160 KB: compressed
     got = bps.push_pull(big, name="big", compression=Compression.onebit(scaling=True))
     assert len(np.unique(np.abs(got))) == 1, "onebit: every element is +-scale"
+    for dt in (np.float64, np.float16):   # converted to float32 for the codec and back
+        x = np.linspace(-1, 1, 40000).astype(dt)
+        got = bps.push_pull(x, name=f"big.{np.dtype(dt).name}",
+                            compression=Compression.onebit(scaling=True))
+        assert got.dtype == dt and np.array_equal(np.sign(got), np.sign(x)), dt
+        assert len(np.unique(np.abs(got))) == 1, dt
     print(f"OK small rank {rank}", flush=True)
     bps.shutdown()
 
