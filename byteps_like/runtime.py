@@ -27,7 +27,7 @@ from .partition import ServerAssigner, make_key, mixed_mode_weights, partition_b
 from . import local
 from .pipeline import (BROADCAST, COMPRESS, COPY_D2H, COPY_H2D, DECOMPRESS, PULL, PUSH, REDUCE,
                        Pipeline, Task, plan)
-from .transport import Route, make_endpoint
+from .transport import Route, data_scheme, make_endpoint
 from .wire import (ERR_MISMATCH, FLAG_COMPRESSED, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
                    Role, as_buffer, decode, dtype_name, encode, job_hash)
 
@@ -180,8 +180,8 @@ class Runtime:
         self.num_servers = len(servers)
         self.conns = cfg.transport.tcp_connections
         if self.is_local_root:  # only the local root talks to the servers
+            scheme = data_scheme(cfg)
             for p in servers:
-                scheme = "ucx" if cfg.transport.transport == "ucx" else "tcp"
                 self.ep.connect(f"server-{p.rank}", f"{scheme}://{p.host}:{p.port}", self.conns)
         self._routes = [[Route(peer=f"server-{p.rank}", conn=i) for i in range(self.conns)]
                         for p in servers]

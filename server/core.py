@@ -27,7 +27,7 @@ from ..compression import CompressionError, from_spec
 from ..config import Config
 from ..control import ControlClient
 from ..errors import ProtocolError
-from ..transport import Route, make_endpoint
+from ..transport import Route, data_scheme, make_endpoint
 from ..wire import (ERR_INTERNAL, ERR_MISMATCH, ERR_PROTOCOL, FLAG_COMPRESSED, FLAG_DECLARE,
                     FLAG_PULL, SUMMABLE, Header, as_buffer,
                     Message, MsgType, Role, decode, decode_header, encode, job_hash)
@@ -280,7 +280,7 @@ class Engine(threading.Thread):
                     return False
         except CompressionError as exc:
             self.server._reject("malformed compressed payload")
-            if store.pushed:  # a partial decode_add may have touched the accumulator
+            if store.pushed:  # the round cannot complete without it: tell everyone waiting
                 self._fail_key(store, f"compressed key {h.key}: worker rank {h.rank} sent a "
                                f"malformed payload ({exc})")
                 self.server.reply_error(route, h, ERR_PROTOCOL, store.failed)
@@ -334,8 +334,8 @@ class Server:
         self.ep = make_endpoint("server", cfg, context=context)
         from ..control import node_host
         host = node_host(cfg)
-        scheme = "ucx" if cfg.transport.transport == "ucx" else "tcp"  # docs/transports.md
-        self.address = self.ep.bind(address or f"{scheme}://{host}:{cfg.cluster.server_port}")
+        self.address = self.ep.bind(
+            address or f"{data_scheme(cfg)}://{host}:{cfg.cluster.server_port}")
         port = (int(self.address.rsplit(":", 1)[1])
                 if self.address.startswith(("tcp", "ucx")) else 0)
         self.control = ControlClient(cfg, self.ep, Role.SERVER, port=port,

@@ -7,7 +7,7 @@
 from .base import Endpoint, Route
 from .zmq_transport import CurveKeys, ZmqEndpoint, derive_curve_keys
 
-__all__ = ["CurveKeys", "Endpoint", "Route", "ZmqEndpoint", "auth_secret", "derive_curve_keys",
+__all__ = ["CurveKeys", "Endpoint", "Route", "ZmqEndpoint", "auth_secret", "data_scheme", "derive_curve_keys",
            "make_endpoint"]
 
 
@@ -28,6 +28,11 @@ def auth_secret(cfg) -> str:
             raise ConfigError(f"BYTEPS_AUTH_SECRET_FILE={cfg.auth.secret_file!r} is empty")
         return secret
     return ""
+
+
+def data_scheme(cfg) -> str:
+    """The address scheme of the data plane (servers bind it, workers connect with it)."""
+    return "ucx" if cfg.transport.transport == "ucx" else "tcp"
 
 
 def make_endpoint(name: str, cfg, *, context=None, data_plane: bool = True) -> Endpoint:
