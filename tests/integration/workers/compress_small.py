@@ -37,6 +37,13 @@ def main() -> None:
     got = bps.push_pull(small, name="small", compression=Compression.onebit())
     want = np.arange(1000, dtype=np.float32) * sum(r + 1 for r in range(size)) / size
     assert np.array_equal(got, want), (got[:4], want[:4])
+    # a cast compressor through the numpy API: float16 on the wire, float32 back (exact here)
+    few = np.arange(100, dtype=np.float32) * (rank + 1)    # sums < 512: exact in float16
+    h = bps.push_pull_async(few, name="small.fp16", compression=Compression.fp16)
+    got = h.wait()
+    want = np.arange(100, dtype=np.float32) * sum(r + 1 for r in range(size)) / size
+    assert got.dtype == np.float32 and np.array_equal(got, want), (got[:4], want[:4])
+    assert h.wait() is got and h.done()   # converted once
     ints = np.arange(40000, dtype=np.int32)                         # ints: never compressed
     got = bps.push_pull(ints, name="ints", average=False, compression=Compression.topk(0.01))
     assert np.array_equal(got, ints * size)
