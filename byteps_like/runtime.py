@@ -234,7 +234,10 @@ class Runtime:
             handles = list(self._handles)
         # no lock held from here on: the I/O thread needs it to complete the handles
         try:
-            if self.control is not None and self._fatal is None:
+            # the control client records a fatal error before it tells this runtime: check
+            # both, or a shutdown racing that hand-over would raise the known error again
+            if (self.control is not None and self._fatal is None
+                    and self.control.fatal is None):
                 for h in handles:
                     try:
                         h.wait()
