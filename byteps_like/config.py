@@ -135,6 +135,10 @@ class ServerConfig:
                              "sum incoming partitions.", unit="threads", min=1)
     enable_async: bool = _s("BYTEPS_ENABLE_ASYNC", "bool", False, "Asynchronous training: a "
                             "server applies each push at once instead of waiting for all workers.")
+    max_bytes: int = _s("BYTEPS_SERVER_MAX_BYTES", "size", 0, "Memory a server may hold for "
+                        "the stores of the native data plane (two buffers per key); a "
+                        "declaration past it is refused with an error naming this setting. 0 "
+                        "means 80% of the machine's memory.", unit="bytes", min=0)
     sum_threads: int = _s("BYTEPS_SERVER_SUM_THREADS", "int", 1, "Threads one summation kernel "
                           "call may use.", unit="threads", min=1)
 
@@ -171,6 +175,21 @@ class TransportConfig:
                            "BYTEPS_TRANSPORT=ucx unless BYTEPS_TRANSPORT is set explicitly.")
     enable_ucx: bool = _s("DMLC_ENABLE_UCX", "bool", False, "BytePS's switch for its UCX van: "
                           "selects BYTEPS_TRANSPORT=ucx like DMLC_ENABLE_RDMA.")
+    data_plane: str = _s("BYTEPS_DATA_PLANE", "choice", "auto", "What moves partitions between "
+                         "workers and servers: `native` (compiled I/O threads that never hold "
+                         "the GIL, several TCP streams per worker-server pair, received bytes "
+                         "land in place), `zmq` (the Python I/O thread of the ZeroMQ endpoint), "
+                         "or `auto`: native unless BYTEPS_TRANSPORT=ucx, BYTEPS_ENABLE_ASYNC or "
+                         "an auth secret asks for what only the ZeroMQ path has. Compressed "
+                         "tensors always travel over ZeroMQ. See docs/architecture.md.",
+                         choices=("auto", "native", "zmq"))
+    io_threads: int = _s("BYTEPS_IO_THREADS", "int", 0, "I/O threads of the native data plane "
+                         "per process; 0 picks half the usable CPUs, between 2 and 8.",
+                         unit="threads", min=0, max=64)
+    data_streams: int = _s("BYTEPS_DATA_STREAMS", "int", 0, "TCP streams of the native data "
+                           "plane from each worker to each server (a partition uses stream "
+                           "`key % streams`); 0 picks the number of I/O threads.",
+                           unit="connections", min=0, max=32)
     ucx_device_memory: bool = _s("BYTEPS_UCX_DEVICE_MEMORY", "bool", False, "With the ucx "
                                  "transport and a UCX built with CUDA support, let the endpoint "
                                  "send CUDA buffers directly (UCX_TLS must include cuda_copy or "

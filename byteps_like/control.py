@@ -30,6 +30,7 @@ class PeerInfo:
     host: str
     port: int
     pid: int
+    data_port: int = 0   # a server's native data plane (0: none)
 
     def describe(self) -> str:
         return f"{self.role} rank {self.rank} on {self.host} (pid {self.pid})"
@@ -53,12 +54,13 @@ def node_host(cfg: Config) -> str:
 
 class ControlClient:
     def __init__(self, cfg: Config, ep: Endpoint, role: Role, *, port: int = 0,
-                 on_fatal: Callable[[BaseException], None] | None = None,
+                 data_port: int = 0, on_fatal: Callable[[BaseException], None] | None = None,
                  on_shutdown: Callable[[], None] | None = None):
         self.cfg = cfg
         self.ep = ep
         self.role = role
         self.port = port
+        self.data_port = data_port
         self.host = node_host(cfg)
         self.job = job_hash(cfg.cluster.job_id)
         self.rank = -1
@@ -84,7 +86,8 @@ class ControlClient:
         c = self.cfg.cluster
         address = address or f"tcp://{c.root_uri}:{c.root_port}"
         self.ep.connect("scheduler", address)
-        meta = {"role": self.role.label, "host": self.host, "port": self.port, "pid": os.getpid(),
+        meta = {"role": self.role.label, "host": self.host, "port": self.port,
+                "data_port": self.data_port, "pid": os.getpid(),
                 "worker_id": c.worker_id, "local_rank": c.local_rank, "local_size": c.local_size}
         self._send(MsgType.REGISTER, meta)
         self.ep.add_timer(self.cfg.timeouts.heartbeat_interval, self._tick)
@@ -155,7 +158,8 @@ class ControlClient:
         if h.type is MsgType.NODE_TABLE:
             self.rank = int(meta["rank"])
             self.peers = [PeerInfo(str(n["role"]), int(n["rank"]), str(n["host"]), int(n["port"]),
-                                   int(n.get("pid", 0))) for n in meta["nodes"]]
+                                   int(n.get("pid", 0)), int(n.get("data_port", 0)))
+                          for n in meta["nodes"]]
             self._heartbeats = True
             self._table.set()
         elif h.type is MsgType.HEARTBEAT:

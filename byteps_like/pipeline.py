@@ -70,6 +70,7 @@ class Task:
     payload: Any = None      # set by the stage that received data (e.g. the pull response)
     acked: bool = False
     credited: bool = False   # holds bytes of the push credit (set when the push stage took it)
+    native: bool = False     # pushed and pulled by the native data plane (transport/native.py)
     enqueued_at: float = field(default_factory=time.monotonic)
 
     @property

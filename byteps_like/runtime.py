@@ -6,6 +6,8 @@ lazily and re-created after ``fork``. Framework plugins build on the same object
 from __future__ import annotations
 
 import atexit
+import itertools
+import json
 import logging
 import os
 import sys
@@ -20,14 +22,14 @@ import numpy as np
 from . import _core
 from .config import Config, load
 from .control import ControlClient
-from .errors import (CommunicationError, MismatchError, NotInitializedError, ProtocolError,
-                     RemoteError)
+from .errors import (CommunicationError, MismatchError, NotInitializedError, PeerLostError,
+                     ProtocolError, RemoteError)
 from .handle import Handle
 from .partition import ServerAssigner, make_key, mixed_mode_weights, partition_bounds
 from . import local
 from .pipeline import (BROADCAST, COMPRESS, COPY_D2H, COPY_H2D, DECOMPRESS, PULL, PUSH, REDUCE,
                        Pipeline, Task, plan)
-from .transport import Route, data_scheme, make_endpoint
+from .transport import Route, data_scheme, make_endpoint, native
 from .wire import (ERR_MISMATCH, FLAG_COMPRESSED, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
                    Role, as_buffer, decode, dtype_name, encode, job_hash)
 
@@ -99,6 +101,10 @@ class Runtime:
         self.bytes_pushed = 0
         self.bytes_pulled = 0
         self.telemetry = None  # byteps_like.telemetry.Telemetry once connected
+        self.native = None     # _core.DataClient: the native data plane (transport/native.py)
+        self._native_ops: dict[int, tuple] = {}
+        self._native_ids = itertools.count(1)
+        self._completions = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def init(self) -> None:
@@ -206,7 +212,31 @@ class Runtime:
         from .telemetry import attach  # observers: trace, metrics, summary line
         self.telemetry = attach(self)
         self.pipeline.start()
+        if self.is_local_root and servers and all(p.data_port for p in servers) \
+                and native.native_enabled(cfg):
+            self._connect_native(servers, credit)
         self._install_excepthook()
+
+    def _connect_native(self, servers: list, credit: int) -> None:
+        """Open the native data plane's streams to every server (csrc/dataplane.cc)."""
+        cfg = self.cfg
+        cli = _core.DataClient(self.push_rank, self.job, native.io_threads(cfg), credit,
+                               cfg.transport.max_message_bytes)
+        self.native_streams = native.streams(cfg)
+        try:
+            for idx, p in enumerate(servers):
+                cli.connect(idx, p.host, p.data_port, self.native_streams,
+                            min(60.0, cfg.timeouts.register_timeout))
+        except RuntimeError as exc:
+            cli.close()
+            self._teardown()
+            raise CommunicationError(f"worker rank {self.rank_}: {exc}") from None
+        self.native = cli
+        self._completions = native.Completions(cli, self._native_done)
+        self._completions.start()
+        log.info("worker %d: native data plane, %d stream(s) to each of %d server(s), %d I/O "
+                 "threads", self.rank_, self.native_streams, len(servers),
+                 cli.stats()["io_threads"])
 
     def _install_excepthook(self) -> None:
         prev = sys.excepthook
@@ -253,6 +283,14 @@ class Runtime:
         if self.telemetry is not None:  # writes the trace file
             self.telemetry.close()
             self.telemetry = None
+        if self.native is not None:  # fails what is still in flight, with the reason
+            self.native.close()
+            if self._completions is not None:
+                self._completions.stop()
+                self._completions = None
+            for comp in self.native.completions(0.0):
+                self._native_done(comp)
+            self.native = None
         if self.pipeline is not None:
             self.pipeline.close()
             self.pipeline = None
@@ -491,6 +529,10 @@ class Runtime:
                          local_root=self.is_local_root, on_device=device is not None,
                          compressed=bool(st.codecs), device_push=device_push)
         seg = self._segment(st) if self.local_size_ > 1 else None
+        on_native = self.native is not None and not st.codecs and not device_push
+        if on_native and itinerary == (PUSH, PULL):  # a host tensor: one native operation
+            self._submit_native(st, h, rnd, src, dst, dtype, average, priority)
+            return
         for part, (off, n, key, server) in enumerate(st.parts):
             task = Task(h, key, part, off, n, priority, server, key % self.conns, rnd, itinerary)
             task.src = src[off:off + n]
@@ -509,6 +551,7 @@ class Runtime:
             task.decl = ({"name": st.name, "shape": list(st.shape), "dtype": dtype, "part": part,
                           "nparts": len(st.parts)} if rnd == 0 else None)
             task.codec = st.codecs[part] if st.codecs else None
+            task.native = on_native
             if task.codec is not None:
                 task.scratch = st.scratch[part]
                 task.wire = None
@@ -537,6 +580,20 @@ class Runtime:
 
     # -- stages (pipeline threads) ---------------------------------------------------------------
     def _stage_push(self, task: Task) -> bool:
+        if task.native:  # the native data plane pushes and pulls; it applies its own credit
+            self._release(task)
+            op = next(self._native_ids)
+            divisor = (self.size_ if task.average and self.size_ > 1 and task.seg is None
+                       else 1)
+            decl = self._decl_bytes(task.decl) if task.decl else None
+            with self._lock:
+                self._native_ops[op] = ("task", task)
+            self.native.submit(op, task.priority, task.push_src, task.pull_dst,
+                               native.WIRE_CODE[task.dtype], divisor,
+                               [(task.key, task.round, task.server,
+                                 task.key % self.native_streams, 0, task.nbytes, decl)])
+            self.bytes_pushed += task.nbytes
+            return False  # the completion advances the task
         # one message pushes the partition and asks for the round's sum (FLAG_PULL)
         flags = FLAG_PULL | (FLAG_DECLARE if task.decl else 0)
         if task.codec is not None:  # a compressed payload: raw bytes the server decodes
@@ -596,6 +653,9 @@ class Runtime:
         return True
 
     def _stage_pull(self, task: Task) -> bool:
+        if task.native:  # received in place and averaged by the native data plane
+            self.bytes_pulled += task.nbytes
+            return True
         if task.codec is not None:  # the decompress stage decodes the payload
             self.bytes_pulled += memoryview(as_buffer(task.payload)).nbytes
             return True
@@ -713,6 +773,93 @@ class Runtime:
         elif h.type is MsgType.LOCAL_DONE:
             self._gate.signal(("done",) + token)
 
+    # -- the native data plane -----------------------------------------------------------------------
+    @staticmethod
+    def _decl_bytes(decl: dict) -> bytes:
+        """A declaration as the servers compare it: the same JSON bytes on every worker."""
+        return json.dumps(decl, separators=(",", ":"), allow_nan=False).encode()
+
+    def _submit_native(self, st: TensorState, h: Handle, rnd: int, src, dst, dtype: str,
+                       average: bool, priority: int) -> None:
+        """All partitions of a host tensor as one native operation: one call in, one
+        completion out, whatever the number of partitions."""
+        nparts = len(st.parts)
+        streams = self.native_streams
+        parts = []
+        for part, (off, n, key, server) in enumerate(st.parts):
+            decl = (self._decl_bytes({"name": st.name, "shape": list(st.shape), "dtype": dtype,
+                                      "part": part, "nparts": nparts}) if rnd == 0 else None)
+            parts.append((key, rnd, server, key % streams, off, n, decl))
+        op = next(self._native_ids)
+        divisor = self.size_ if average and self.size_ > 1 else 1
+        with self._lock:
+            self._native_ops[op] = ("op", h, st, rnd, priority, time.monotonic())
+        h.fast_wait = lambda timeout, op=op: self._native_wait(op, timeout)
+        try:
+            self.native.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, parts)
+        except (RuntimeError, ValueError) as exc:
+            with self._lock:
+                self._native_ops.pop(op, None)
+            h.fail(CommunicationError(f"push_pull of {st.name!r}: {exc}"))
+            return
+        self.bytes_pushed += st.nbytes
+
+    def _native_wait(self, op: int, timeout: float) -> None:
+        """Handle.wait of a native operation: wait in C++ without the GIL, then finish the
+        handle on this thread."""
+        cli = self.native
+        if cli is None:
+            return
+        if cli.wait(op, timeout):
+            comp = cli.take(op)
+            if comp is not None:
+                self._native_done(comp)
+
+    def _native_error(self, name: str, kind: str, server: int, message: bytes) -> Exception:
+        text = message.decode("utf-8", "replace")
+        where = f"push_pull of {name!r} on worker rank {self.rank_}"
+        if kind == "remote":
+            rkind, text = native.decode_error(message)
+            if rkind == ERR_MISMATCH:
+                return MismatchError(f"push_pull of {name!r}: {text}")
+            return RemoteError(f"push_pull of {name!r}: {text}", role="server", rank=server)
+        if kind == "peer_lost":
+            return PeerLostError(f"{where}: {text}", role="server", rank=server)
+        if kind == "protocol":
+            return ProtocolError(f"{where}: {text}")
+        if kind == "closed":
+            return CommunicationError(f"{where}: the runtime was shut down before it completed")
+        return CommunicationError(f"{where}: {text}")
+
+    def _native_done(self, comp: tuple) -> None:
+        """One completed native operation (the completion thread, or a waiter)."""
+        op, ok, kind, server, message, t0, t1, nbytes = comp
+        with self._lock:
+            entry = self._native_ops.pop(op, None)
+        if entry is None:
+            return
+        if entry[0] == "task":
+            task = entry[1]
+            if ok:
+                self.pipeline.advance(task)
+            else:
+                self._fail_task(task, self._native_error(task.handle.name, kind, server,
+                                                         message))
+            return
+        _, h, st, rnd, priority, t_sub = entry
+        if not ok:
+            h.fail(self._native_error(h.name, kind, server, message))
+            return
+        self.bytes_pulled += nbytes
+        observers = self.pipeline.observers if self.pipeline is not None else ()
+        if observers:  # one span per operation: push and pull overlap inside it
+            span = _NativeSpan(h, st.parts[0][2], -1, st.nbytes, priority, rnd, t_sub)
+            for obs in observers:
+                obs(span, "push_pull", "start", t0 or t_sub)
+            for obs in observers:
+                obs(span, "push_pull", "end", max(t1, t0 or t_sub))
+        h.complete()
+
     # -- network replies (I/O thread) -----------------------------------------------------------------
     def _release(self, task: Task) -> None:
         """Return a task's push credit once: only a task the push queue handed out holds any
@@ -780,6 +927,18 @@ class Runtime:
     # -- telemetry --------------------------------------------------------------------------------
     def tensors(self) -> dict[str, TensorState]:
         return dict(self._tensors)
+
+
+@dataclass(eq=False)
+class _NativeSpan:
+    """What observers see of a native operation (they read a Task's fields)."""
+    handle: Any
+    key: int
+    part: int
+    nbytes: int
+    priority: int
+    round: int
+    enqueued_at: float
 
 
 _default: Runtime | None = None

@@ -1,12 +1,14 @@
 // Python bindings of byteps_like._core: argument and buffer checks, then GIL-free work in
 // ops.cc. Documented in byteps_like/_core.pyi.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
 #include "compress.h"
+#include "dataplane.h"
 #include "cpu.h"
 #include "dtype.h"
 #include "ops.h"
@@ -280,6 +282,127 @@ void bind_compress(py::module_& m) {
         "out (+)= the dithered values of body.");
 }
 
+
+// ---- the native data plane (dataplane.h): every blocking call releases the GIL ----
+py::dict counters_dict(const std::map<std::string, std::uint64_t>& m) {
+  py::dict d;
+  for (const auto& kv : m) d[py::str(kv.first)] = kv.second;
+  return d;
+}
+
+py::tuple completion_tuple(const dp::Completion& c) {
+  return py::make_tuple(c.op, c.ok, c.kind, c.server, py::bytes(c.message), c.t_first_send,
+                        c.t_last_done, c.bytes);
+}
+
+void bind_dataplane(py::module_& m) {
+  py::class_<dp::DataServer>(m, "DataServer")
+      .def(py::init<int, int, std::uint32_t, int, std::uint64_t, std::uint64_t, int>(),
+           py::arg("num_workers"), py::arg("server_rank"), py::arg("job"),
+           py::arg("io_threads"), py::arg("max_message_bytes"), py::arg("max_store_bytes"),
+           py::arg("max_connections"))
+      .def("listen", &dp::DataServer::listen, py::arg("host"), py::arg("port"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("start", &dp::DataServer::start, py::call_guard<py::gil_scoped_release>())
+      .def("close", &dp::DataServer::close, py::call_guard<py::gil_scoped_release>())
+      .def("claim_zmq_key", &dp::DataServer::claim_zmq_key, py::arg("key"))
+      .def("has_key", &dp::DataServer::has_key, py::arg("key"))
+      .def("set_rank", &dp::DataServer::set_rank, py::arg("rank"))
+      .def("stats", [](dp::DataServer& s) { return counters_dict(s.stats()); })
+      .def("rejected", [](dp::DataServer& s) { return counters_dict(s.rejected()); })
+      .def(
+          "stalls",
+          [](dp::DataServer& s, double min_age) {
+            std::vector<dp::StallInfo> v;
+            {
+              py::gil_scoped_release nogil;
+              v = s.stalls(min_age);
+            }
+            py::list out;
+            for (auto& si : v)
+              out.append(py::make_tuple(si.key, si.round, si.age, si.pushed, py::bytes(si.decl)));
+            return out;
+          },
+          py::arg("min_age"));
+
+  py::class_<dp::DataClient>(m, "DataClient")
+      .def(py::init<int, std::uint32_t, int, std::uint64_t, std::uint64_t>(), py::arg("rank"),
+           py::arg("job"), py::arg("io_threads"), py::arg("credit_bytes"),
+           py::arg("max_message_bytes"))
+      .def("connect", &dp::DataClient::connect, py::arg("server"), py::arg("host"),
+           py::arg("port"), py::arg("streams"), py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "submit",
+          [](dp::DataClient& c, std::uint64_t op, int priority, py::handle src, py::handle dst,
+             int wire_dtype, std::int64_t divisor, py::list parts) {
+            const std::size_t isz = dp::wire_itemsize(wire_dtype);
+            if (dp::wire_to_kernel_dtype(wire_dtype) < 0)
+              throw py::value_error("submit: wire dtype code " + std::to_string(wire_dtype) +
+                                    " cannot be summed");
+            if (divisor < 1) throw py::value_error("submit: divisor must be >= 1");
+            const Buffer s(src, false, "submit", "src");
+            const Buffer d(dst, true, "submit", "dst");
+            std::vector<dp::PartSpec> specs;
+            specs.reserve(parts.size());
+            for (py::handle item : parts) {
+              auto t = item.cast<py::tuple>();
+              if (t.size() != 7) throw py::value_error("submit: a part is (key, round, server, "
+                                                       "conn, offset, nbytes, decl)");
+              dp::PartSpec p;
+              p.key = t[0].cast<std::uint64_t>();
+              p.round = t[1].cast<std::int64_t>();
+              p.server = t[2].cast<int>();
+              p.conn = t[3].cast<int>();
+              p.offset = t[4].cast<std::uint64_t>();
+              p.nbytes = t[5].cast<std::uint64_t>();
+              if (!t[6].is_none()) p.decl = t[6].cast<std::string>();
+              if (p.nbytes == 0 || p.nbytes % isz != 0 || p.offset % isz != 0 ||
+                  p.offset > s.size() || p.nbytes > s.size() - p.offset ||
+                  p.offset > d.size() || p.nbytes > d.size() - p.offset)
+                throw py::value_error("submit: part of key " + std::to_string(p.key) +
+                                      " at offset " + std::to_string(p.offset) + " with " +
+                                      std::to_string(p.nbytes) + " bytes does not fit the " +
+                                      std::to_string(s.size()) + "-byte buffers");
+              if (p.decl.size() > dp::kMaxMeta)
+                throw py::value_error("submit: declaration over 1 MiB");
+              specs.push_back(std::move(p));
+            }
+            const char* sp = static_cast<const char*>(s.data());
+            char* dp_ = static_cast<char*>(d.data());
+            py::gil_scoped_release nogil;
+            c.submit(op, priority, sp, dp_, wire_dtype, divisor, std::move(specs));
+          },
+          py::arg("op"), py::arg("priority"), py::arg("src"), py::arg("dst"),
+          py::arg("wire_dtype"), py::arg("divisor"), py::arg("parts"))
+      .def("wait", &dp::DataClient::wait, py::arg("op"), py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "take",
+          [](dp::DataClient& c, std::uint64_t op) -> py::object {
+            dp::Completion comp;
+            if (!c.take(op, &comp)) return py::none();
+            return completion_tuple(comp);
+          },
+          py::arg("op"))
+      .def(
+          "completions",
+          [](dp::DataClient& c, double timeout) {
+            std::vector<dp::Completion> v;
+            {
+              py::gil_scoped_release nogil;
+              v = c.completions(timeout);
+            }
+            py::list out;
+            for (auto& comp : v) out.append(completion_tuple(comp));
+            return out;
+          },
+          py::arg("timeout"))
+      .def("close", &dp::DataClient::close, py::call_guard<py::gil_scoped_release>())
+      .def("stats", [](dp::DataClient& c) { return counters_dict(c.stats()); });
+  m.def("monotonic", &dp::monotonic_now, "CLOCK_MONOTONIC seconds (time.monotonic()).");
+}
+
 }  // namespace
 }  // namespace bps
 
@@ -308,4 +431,5 @@ PYBIND11_MODULE(_core, m) {
   for (int i = 0; i < kNumDTypes; ++i) names.append(dtype_name(static_cast<DType>(i)));
   m.attr("DTYPES") = py::tuple(names);
   bind_compress(m);
+  bind_dataplane(m);
 }

@@ -35,13 +35,14 @@ class NodeInfo:
     last_seen: float = field(default_factory=time.monotonic)
     finished: bool = False
     lost: bool = False
+    data_port: int = 0
 
     def describe(self) -> str:
         return f"{self.role.label} rank {self.rank} on {self.host} (pid {self.pid})"
 
     def public(self) -> dict:
         return {"role": self.role.label, "rank": self.rank, "host": self.host, "port": self.port,
-                "pid": self.pid}
+                "pid": self.pid, "data_port": self.data_port}
 
 
 def assign_ranks(nodes: list[NodeInfo], local_size: int) -> None:
@@ -161,6 +162,9 @@ class Scheduler:
                             int(meta.get("pid", 0)),
                             None if meta.get("worker_id") is None else int(meta["worker_id"]),
                             int(meta.get("local_rank", 0)))
+            info.data_port = int(meta.get("data_port", 0))
+            if not 0 <= info.data_port <= 65535:
+                raise ValueError(f"data_port {info.data_port} out of range")
             local_size = int(meta.get("local_size", self.cfg.cluster.local_size))
         except (KeyError, ValueError, TypeError) as exc:
             self.rejected += 1

@@ -14,6 +14,7 @@ added at once; a pull returns a snapshot of the current value.
 """
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -27,7 +28,7 @@ from ..compression import CompressionError, from_spec
 from ..config import Config
 from ..control import ControlClient
 from ..errors import ProtocolError
-from ..transport import Route, data_scheme, make_endpoint
+from ..transport import Route, data_scheme, make_endpoint, native
 from ..wire import (ERR_INTERNAL, ERR_MISMATCH, ERR_PROTOCOL, FLAG_COMPRESSED, FLAG_DECLARE,
                     FLAG_PULL, SUMMABLE, Header, as_buffer,
                     Message, MsgType, Role, decode, decode_header, encode, job_hash)
@@ -128,6 +129,8 @@ class Engine(threading.Thread):
             self.server._reject("dtype that cannot be summed")
             self.server.reply_error(route, h, ERR_PROTOCOL, f"dtype {h.dtype} cannot be summed")
             return None
+        if not self.server.claim_zmq_key(route, h):
+            return None
         nbuf = 1 if self.server.async_mode else 2
         bufs = [np.zeros(h.nbytes, dtype=np.uint8) for _ in range(nbuf)]
         store = KeyStore(h.key, h.dtype, h.nbytes, h.count, dict(msg.meta), h.rank, bufs)
@@ -158,6 +161,8 @@ class Engine(threading.Thread):
             srv._reject("bad compressor declaration")
             srv.reply_error(route, h, ERR_PROTOCOL, f"server {srv.rank}: compressed push of "
                             f"{what}: {exc}")
+            return None
+        if not srv.claim_zmq_key(route, h):
             return None
         store = KeyStore(h.key, "uint8", 0, count, dict(decl), h.rank, [None, None])
         store.codec = codec
@@ -338,7 +343,17 @@ class Server:
             address or f"{data_scheme(cfg)}://{host}:{cfg.cluster.server_port}")
         port = (int(self.address.rsplit(":", 1)[1])
                 if self.address.startswith(("tcp", "ucx")) else 0)
-        self.control = ControlClient(cfg, self.ep, Role.SERVER, port=port,
+        # the native data plane (csrc/dataplane.cc): uncompressed partitions, summed and
+        # answered by compiled I/O threads; its port travels in the node table
+        self.native = None
+        data_port_ = 0
+        if native.native_enabled(cfg) and self.address.startswith("tcp"):
+            self.native = _core.DataServer(
+                self.num_workers, -1, self.job, native.io_threads(cfg),
+                cfg.transport.max_message_bytes, native.store_budget(cfg),
+                native.max_connections())
+            data_port_ = self.native.listen(host, native.data_port(cfg))
+        self.control = ControlClient(cfg, self.ep, Role.SERVER, port=port, data_port=data_port_,
                                      on_fatal=lambda exc: self._done.set(),
                                      on_shutdown=lambda: self._done.set())
         self._scheduler_address = scheduler_address
@@ -410,6 +425,18 @@ class Server:
             self.key_engine[h.key] = eng
         eng.q.put((route, msg))
 
+    def claim_zmq_key(self, route: Route, h: Header) -> bool:
+        """A key the ZeroMQ path is about to serve (compressed, or pushed from device memory):
+        refused with a mismatch when other workers already push it over the native plane."""
+        if self.native is None or self.native.claim_zmq_key(h.key):
+            return True
+        self._reject("key served over the native data plane")
+        self.reply_error(route, h, ERR_MISMATCH, (
+            f"server {self.rank}: key {h.key} from worker rank {h.rank} came over ZeroMQ, but "
+            "other workers push it over the native data plane; every worker must use the same "
+            "BYTEPS_DATA_PLANE, compressor and transport settings"))
+        return False
+
     def _reject(self, reason: str) -> None:
         with self._reject_lock:
             self.rejected += 1
@@ -440,6 +467,17 @@ class Server:
                             "part": store.decl.get("part"), "age": round(now - started, 3),
                             "pushed": pushed,
                             "missing": sorted(set(range(self.num_workers)) - set(pushed))})
+        if self.native is not None:
+            for key, rnd, age, pushed, decl in self.native.stalls(limit):
+                try:
+                    meta = json.loads(decl.decode("utf-8"))
+                except (UnicodeDecodeError, ValueError):
+                    meta = {}
+                if not isinstance(meta, dict):
+                    meta = {}
+                out.append({"name": str(meta.get("name")), "key": key, "round": rnd,
+                            "part": meta.get("part"), "age": round(age, 3), "pushed": pushed,
+                            "missing": sorted(set(range(self.num_workers)) - set(pushed))})
         return out
 
     def _stall_tick(self) -> None:
@@ -453,13 +491,20 @@ class Server:
     def start(self) -> None:
         for e in self.engines:
             e.start()
+        if self.native is not None:
+            self.native.start()
         self.ep.start()
         self.control.connect_and_register(self._scheduler_address)
+        if self.native is not None:
+            self.native.set_rank(self.rank)
         if not self.async_mode:
             check = self.cfg.timeouts.stall_check_time
             self.ep.add_timer(max(0.05, min(check / 2, 5.0)), self._stall_tick)
-        log.info("server %d: serving on %s (%d engine threads, %s mode)", self.rank, self.address,
-                 len(self.engines), "async" if self.async_mode else "sync")
+        log.info("server %d: serving on %s (%d engine threads, %s mode)%s", self.rank,
+                 self.address, len(self.engines), "async" if self.async_mode else "sync",
+                 "" if self.native is None else
+                 f"; native data plane on port {self.control.data_port} "
+                 f"({self.native.stats()['io_threads']} I/O threads)")
         from byteps_like.metrics import serve_role  # metrics: BYTEPS_METRICS_PORT
         self.metrics = serve_role("server", self.rank, self.cfg, self._metrics_sample)
 
@@ -467,8 +512,23 @@ class Server:
         """What the Prometheus endpoint reports (byteps_like/metrics.py)."""
         m = self.sum_meter
         rounds = sum(st.round for e in self.engines for st in list(e.stores.values()))
-        return {"byteps_server_bytes_summed": m.bytes, "byteps_server_sum_seconds": m.seconds,
-                "byteps_server_pushes": m.pushes, "byteps_server_rounds": rounds}
+        out = {"byteps_server_bytes_summed": m.bytes, "byteps_server_sum_seconds": m.seconds,
+               "byteps_server_pushes": m.pushes, "byteps_server_rounds": rounds}
+        if self.native is not None:
+            ns = self.native.stats()
+            out["byteps_server_bytes_summed"] += ns["bytes_summed"]
+            out["byteps_server_pushes"] += ns["pushes"]
+            out["byteps_server_rounds"] += ns["rounds"]
+        return out
+
+    def rejections(self) -> dict[str, int]:
+        """Rejected messages by reason, both data paths."""
+        with self._reject_lock:
+            out = dict(self.rejected_by_reason)
+        if self.native is not None:
+            for reason, n in self.native.rejected().items():
+                out[reason] = out.get(reason, 0) + n
+        return out
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._done.wait(timeout)
@@ -477,6 +537,8 @@ class Server:
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
+        if self.native is not None:
+            self.native.close()
         for e in self.engines:
             e.q.put(None)
         for e in self.engines:

@@ -1,0 +1,133 @@
+"""The native data plane seen from Python: whether it applies, how it is sized, and the
+completion side of a worker.
+
+The bytes of uncompressed partitions move in ``_core`` (csrc/dataplane.cc): epoll I/O threads
+that never hold the GIL, several TCP streams per worker-server pair, pushes summed on the
+server's I/O threads chunk by chunk as they arrive, pull responses received straight into the
+caller's output and averaged there, priorities and byte credits applied in C++. Python keeps
+what it decides: registration, which tensors go native, declarations, errors shown to users,
+and the per-operation bookkeeping (one completion per push_pull, not per partition).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+from ..errors import ConfigError
+
+log = logging.getLogger("byteps_like.native")
+
+#: wire dtype codes (byteps_like.wire.DTYPES) of the summable dtypes
+WIRE_CODE = {"float32": 1, "float64": 2, "float16": 3, "bfloat16": 4, "int32": 5, "int64": 6}
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def native_reasons(cfg) -> list[str]:
+    """Why the native data plane cannot serve this job (empty: it can)."""
+    from . import auth_secret
+    why = []
+    if cfg.transport.transport != "zmq":
+        why.append(f"BYTEPS_TRANSPORT={cfg.transport.transport} (UCX keeps its own I/O)")
+    if cfg.server.enable_async:
+        why.append("BYTEPS_ENABLE_ASYNC=1 (asynchronous mode runs on the ZeroMQ path)")
+    if auth_secret(cfg):
+        why.append("an auth secret is set (only the ZeroMQ path authenticates and encrypts, "
+                   "with CURVE)")
+    return why
+
+
+def native_enabled(cfg) -> bool:
+    """Whether this job's partitions travel over the native data plane. Every node of a job
+    must answer the same: they share the settings that decide it."""
+    mode = cfg.transport.data_plane
+    if mode == "zmq":
+        return False
+    why = native_reasons(cfg)
+    if why and mode == "native":
+        raise ConfigError("BYTEPS_DATA_PLANE=native cannot serve this job: " + "; ".join(why) +
+                          ". Use BYTEPS_DATA_PLANE=auto or zmq")
+    return not why
+
+
+def io_threads(cfg) -> int:
+    n = cfg.transport.io_threads
+    return n if n > 0 else max(2, min(8, usable_cpus() // 2))
+
+
+def streams(cfg) -> int:
+    n = cfg.transport.data_streams
+    return n if n > 0 else io_threads(cfg)
+
+
+def store_budget(cfg) -> int:
+    if cfg.server.max_bytes:
+        return cfg.server.max_bytes
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # pragma: no cover
+        total = 16 << 30
+    return int(total * 0.8)
+
+
+def max_connections() -> int:
+    import resource
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(16, min(4096, soft - 64))
+
+
+def data_port(cfg) -> int:
+    """The port a server's data plane listens on: BYTEPS_SERVER_PORT + 1 when a fixed port
+    is asked for (firewalls), else an ephemeral one; the node table carries it."""
+    return cfg.cluster.server_port + 1 if cfg.cluster.server_port else 0
+
+
+def decode_error(raw: bytes) -> tuple[str, str]:
+    """(kind, message) of a server's ERROR meta (JSON, at most 1 MiB, checked in C++)."""
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+        if isinstance(meta, dict):
+            return str(meta.get("kind", "internal")), str(meta.get("message", "error"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        pass
+    return "protocol", f"unreadable error from the server: {raw[:200]!r}"
+
+
+class Completions(threading.Thread):
+    """Takes the data plane's completions in batches (the GIL is released while it waits) and
+    hands each to ``on_done``. Waiters of a push_pull take their own completion directly
+    (``DataClient.wait`` + ``take``), which saves a thread handoff; this thread serves the
+    rest (asynchronous handles, pipeline stages)."""
+
+    def __init__(self, client: Any, on_done: Callable[[tuple], None]):
+        super().__init__(name="bpsl-native-completions", daemon=True)
+        self.client = client
+        self.on_done = on_done
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                batch = self.client.completions(0.25)
+            except RuntimeError:  # closed
+                return
+            for comp in batch:
+                try:
+                    self.on_done(comp)
+                except Exception:  # noqa: BLE001 - a bug must not stop completions
+                    log.exception("native data plane: completion handler failed")
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self.is_alive() and self is not threading.current_thread():
+            self.join(2.0)

@@ -1,0 +1,1693 @@
+// The native data plane (dataplane.h): epoll I/O loops, the server's chunked summation and the
+// worker's priority/credit scheduler with receive-into-place.
+#include "dataplane.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <queue>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "dtype.h"
+#include "ops.h"
+
+namespace bps {
+namespace dp {
+
+namespace {
+
+constexpr std::size_t kChunk = 512 * 1024;          // summation granule on the server
+constexpr std::size_t kReadBudget = 16u << 20;      // bytes one connection reads per wakeup
+constexpr double kHelloTimeout = 10.0;              // seconds an accepted stream may stay silent
+
+const char kMagic[4] = {'B', 'P', 'S', 'L'};
+
+// wire.DTYPES: none float32 float64 float16 bfloat16 int32 int64 uint8 int8
+const int kWireToKernel[9] = {-1, static_cast<int>(DType::kFloat32),
+                              static_cast<int>(DType::kFloat64),
+                              static_cast<int>(DType::kFloat16),
+                              static_cast<int>(DType::kBFloat16),
+                              static_cast<int>(DType::kInt32),
+                              static_cast<int>(DType::kInt64), -1, -1};
+const std::size_t kWireItem[9] = {1, 4, 8, 2, 2, 4, 8, 1, 1};
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size() + 8);
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out;
+}
+
+Header make_header(std::uint8_t type, std::uint8_t role, std::int32_t rank, std::uint32_t flags,
+                   std::uint32_t job, std::uint64_t key, std::int64_t round,
+                   std::uint8_t dtype = 0, std::uint64_t count = 0, std::uint64_t nbytes = 0) {
+  Header h;
+  std::memcpy(h.magic, kMagic, 4);
+  h.version = kVersion;
+  h.type = type;
+  h.dtype = dtype;
+  h.role = role;
+  h.rank = rank;
+  h.flags = flags;
+  h.job = job;
+  h.key = key;
+  h.round = round;
+  h.count = count;
+  h.nbytes = nbytes;
+  return h;
+}
+
+const char* type_name(int t) {
+  switch (t) {
+    case kPush: return "PUSH";
+    case kPushAck: return "PUSH_ACK";
+    case kPull: return "PULL";
+    case kPullResp: return "PULL_RESP";
+    case kHello: return "HELLO";
+    case kError: return "ERROR";
+    default: return "?";
+  }
+}
+
+void set_nonblocking(int fd) {
+  const int fl = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+// ---- one outgoing message ------------------------------------------------------------------
+struct Out {
+  Header hdr;
+  std::string meta;          // sent as u32 length + bytes when hdr.flags has kFlagMeta
+  std::uint32_t meta_len = 0;
+  const char* payload = nullptr;
+  std::size_t plen = 0;
+  std::shared_ptr<void> keep;            // keeps the payload's owner alive
+  std::function<void(bool)> done;        // called once: true when fully written
+  std::size_t sent = 0;
+
+  std::size_t total() const {
+    return sizeof(Header) + ((hdr.flags & kFlagMeta) ? 4 + meta.size() : 0) + plen;
+  }
+};
+
+}  // namespace
+
+int wire_to_kernel_dtype(int code) { return code >= 0 && code < 9 ? kWireToKernel[code] : -1; }
+std::size_t wire_itemsize(int code) { return code >= 0 && code < 9 ? kWireItem[code] : 0; }
+
+double monotonic_now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+// ---- a stream --------------------------------------------------------------------------------
+class Conn : public std::enable_shared_from_this<Conn> {
+ public:
+  explicit Conn(int fd, Counters* counters) : fd_(fd), counters_(counters) {}
+  virtual ~Conn() = default;
+
+  int fd() const { return fd_; }
+
+  // Queue a message and write what the socket takes now (any thread).
+  void send(Out&& o) {
+    std::vector<std::function<void(bool)>> finished;
+    {
+      std::lock_guard<std::mutex> g(wmu_);
+      if (closed_) {
+        if (o.done) finished.push_back(std::move(o.done));
+      } else {
+        if (o.hdr.flags & kFlagMeta) o.meta_len = static_cast<std::uint32_t>(o.meta.size());
+        outq_.push_back(std::move(o));
+        flush_locked(&finished);
+      }
+    }
+    for (auto& f : finished) f(!closed_flag_.load());
+  }
+
+  // The loop calls these.
+  void on_writable() {
+    std::vector<std::function<void(bool)>> finished;
+    {
+      std::lock_guard<std::mutex> g(wmu_);
+      if (!closed_) flush_locked(&finished);
+    }
+    for (auto& f : finished) f(true);
+  }
+
+  // Returns false when the connection must close. Reads up to kReadBudget bytes.
+  bool on_readable() {
+    std::size_t budget = kReadBudget;
+    while (budget > 0) {
+      if (rleft_ == 0) {
+        if (!advance()) return false;
+        continue;
+      }
+      const std::size_t want = std::min(rleft_, budget);
+      const ssize_t n = ::recv(fd_, rptr_, want, 0);
+      if (n > 0) {
+        rptr_ += n;
+        rleft_ -= static_cast<std::size_t>(n);
+        budget -= static_cast<std::size_t>(n);
+        counters_->bytes_in += static_cast<std::uint64_t>(n);
+        continue;
+      }
+      if (n == 0) {
+        why_ = "the peer closed the connection";
+        return false;
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      why_ = std::string("receive failed: ") + std::strerror(errno);
+      return false;
+    }
+    return true;
+  }
+
+  // Loop thread only: close the socket and drop what was queued.
+  void close_now() {
+    std::vector<std::function<void(bool)>> dropped;
+    {
+      std::lock_guard<std::mutex> g(wmu_);
+      if (closed_) return;
+      closed_ = true;
+      closed_flag_ = true;
+      for (auto& o : outq_)
+        if (o.done) dropped.push_back(std::move(o.done));
+      outq_.clear();
+      ::close(fd_);
+    }
+    for (auto& f : dropped) f(false);
+    on_closed();
+  }
+
+  // Any thread: make the loop close this connection soon.
+  void shut() {
+    std::lock_guard<std::mutex> g(wmu_);
+    if (!closed_) ::shutdown(fd_, SHUT_RDWR);
+  }
+
+  void set_epoll(int epfd) {
+    std::lock_guard<std::mutex> g(wmu_);
+    epfd_ = epfd;
+  }
+  const std::string& why() const { return why_; }
+  double created = monotonic_now();
+
+ protected:
+  // Called when rleft_ reaches 0: set up the next read target (rptr_, rleft_); false closes.
+  virtual bool advance() = 0;
+  virtual void on_closed() {}
+
+  void expect(char* p, std::size_t n) {
+    rptr_ = p;
+    rleft_ = n;
+  }
+
+  int fd_;
+  Counters* counters_;
+  char* rptr_ = nullptr;
+  std::size_t rleft_ = 0;
+  std::string why_;
+  std::atomic<bool> closed_flag_{false};
+
+ private:
+  void flush_locked(std::vector<std::function<void(bool)>>* finished) {
+    while (!outq_.empty()) {
+      iovec iov[48];
+      int niov = 0;
+      std::size_t idx = 0;
+      for (auto it = outq_.begin(); it != outq_.end() && niov + 3 <= 48; ++it, ++idx) {
+        Out& o = *it;
+        std::size_t skip = o.sent;
+        auto add = [&](const void* p, std::size_t len) {
+          if (skip >= len) {
+            skip -= len;
+            return;
+          }
+          iov[niov].iov_base = const_cast<char*>(static_cast<const char*>(p) + skip);
+          iov[niov].iov_len = len - skip;
+          ++niov;
+          skip = 0;
+        };
+        add(&o.hdr, sizeof(Header));
+        if (o.hdr.flags & kFlagMeta) {
+          add(&o.meta_len, 4);
+          add(o.meta.data(), o.meta.size());
+        }
+        if (o.plen) add(o.payload, o.plen);
+      }
+      msghdr mh{};
+      mh.msg_iov = iov;
+      mh.msg_iovlen = niov;
+      const ssize_t n = ::sendmsg(fd_, &mh, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          arm(true);
+          return;
+        }
+        ::shutdown(fd_, SHUT_RDWR);  // the loop sees it and closes the connection
+        return;
+      }
+      counters_->bytes_out += static_cast<std::uint64_t>(n);
+      std::size_t left = static_cast<std::size_t>(n);
+      while (left > 0 && !outq_.empty()) {
+        Out& o = outq_.front();
+        const std::size_t rest = o.total() - o.sent;
+        if (left >= rest) {
+          left -= rest;
+          counters_->msgs_out++;
+          if (o.done) finished->push_back(std::move(o.done));
+          outq_.pop_front();
+        } else {
+          o.sent += left;
+          left = 0;
+        }
+      }
+    }
+    arm(false);
+  }
+
+  void arm(bool out) {
+    if (out == armed_out_ || epfd_ < 0) return;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0);
+    ev.data.fd = fd_;
+    if (epoll_ctl(epfd_, EPOLL_CTL_MOD, fd_, &ev) == 0) armed_out_ = out;
+  }
+
+  std::mutex wmu_;
+  std::deque<Out> outq_;
+  bool closed_ = false;
+  bool armed_out_ = false;
+  int epfd_ = -1;
+};
+
+// ---- an epoll loop -------------------------------------------------------------------------
+class IoLoop {
+ public:
+  using Tick = std::function<void(const std::unordered_map<int, std::shared_ptr<Conn>>&)>;
+
+  IoLoop() {
+    epfd_ = epoll_create1(EPOLL_CLOEXEC);
+    evfd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (epfd_ < 0 || evfd_ < 0) throw std::runtime_error("data plane: epoll/eventfd failed");
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = evfd_;
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, evfd_, &ev);
+  }
+  ~IoLoop() {
+    stop();
+    ::close(epfd_);
+    ::close(evfd_);
+  }
+
+  void start(Tick tick) {
+    tick_ = std::move(tick);
+    th_ = std::thread([this] { run(); });
+  }
+
+  void add(std::shared_ptr<Conn> c) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      adds_.push_back(std::move(c));
+    }
+    wake();
+  }
+
+  void stop() {
+    if (stop_.exchange(true)) {
+      if (th_.joinable() && th_.get_id() != std::this_thread::get_id()) th_.join();
+      return;
+    }
+    wake();
+    if (th_.joinable()) th_.join();
+    for (auto& kv : conns_) kv.second->close_now();
+    conns_.clear();
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& c : adds_) c->close_now();
+    adds_.clear();
+  }
+
+  void close_conn(const std::shared_ptr<Conn>& c) {
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, c->fd(), nullptr);
+    conns_.erase(c->fd());
+    c->close_now();
+  }
+
+ private:
+  void wake() {
+    std::uint64_t one = 1;
+    ssize_t r = ::write(evfd_, &one, sizeof one);
+    (void)r;
+  }
+
+  void run() {
+    epoll_event evs[64];
+    double last_tick = monotonic_now();
+    while (!stop_.load()) {
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        for (auto& c : adds_) {
+          epoll_event ev{};
+          ev.events = EPOLLIN | EPOLLRDHUP;
+          ev.data.fd = c->fd();
+          c->set_epoll(epfd_);
+          if (epoll_ctl(epfd_, EPOLL_CTL_ADD, c->fd(), &ev) == 0) {
+            conns_[c->fd()] = c;
+            c->on_writable();  // what was queued before the loop knew the stream
+          } else {
+            c->close_now();
+          }
+        }
+        adds_.clear();
+      }
+      const int n = epoll_wait(epfd_, evs, 64, 250);
+      for (int i = 0; i < n; ++i) {
+        const int fd = evs[i].data.fd;
+        if (fd == evfd_) {
+          std::uint64_t v;
+          ssize_t r = ::read(evfd_, &v, sizeof v);
+          (void)r;
+          continue;
+        }
+        auto it = conns_.find(fd);
+        if (it == conns_.end()) continue;
+        std::shared_ptr<Conn> c = it->second;
+        if (evs[i].events & EPOLLOUT) c->on_writable();
+        if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {
+          if (!c->on_readable()) close_conn(c);
+        }
+      }
+      const double now = monotonic_now();
+      if (tick_ && now - last_tick > 0.5) {
+        last_tick = now;
+        tick_(conns_);
+      }
+    }
+  }
+
+  int epfd_ = -1, evfd_ = -1;
+  std::thread th_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::vector<std::shared_ptr<Conn>> adds_;
+  std::unordered_map<int, std::shared_ptr<Conn>> conns_;
+  Tick tick_;
+};
+
+// =============================================================================================
+// server
+// =============================================================================================
+struct Store {
+  std::uint64_t key = 0;
+  int wire_dtype = 0;
+  DType kdt = DType::kFloat32;
+  std::size_t nbytes = 0, count = 0, nchunks = 0;
+  std::string decl;
+  int decl_rank = 0;
+  std::unique_ptr<char[]> buf[2];
+  std::unique_ptr<std::uint32_t[]> fill[2];   // pushes summed into each chunk this round
+  std::unique_ptr<std::mutex[]> chunk_mu;
+  std::mutex mu;                               // everything below
+  std::int64_t round = 0, completed = -1;
+  std::vector<std::uint8_t> pushed;            // per worker rank, this round
+  int started = 0, finished = 0;               // pushes begun / summed this round
+  double round_started = 0;
+  std::string failed;
+  struct Pending {
+    std::weak_ptr<Conn> conn;
+    std::int64_t round;
+  };
+  std::vector<Pending> pending;
+};
+
+class ServerConn;
+
+class ServerImpl {
+ public:
+  ServerImpl(int num_workers, int server_rank, std::uint32_t job, int io_threads,
+             std::uint64_t max_msg, std::uint64_t max_store, int max_conns)
+      : num_workers_(num_workers), rank_(server_rank), job_(job), max_msg_(max_msg),
+        max_store_(max_store), max_conns_(max_conns) {
+    for (int i = 0; i < std::max(1, io_threads); ++i) loops_.emplace_back(new IoLoop());
+  }
+  ~ServerImpl() { close(); }
+
+  int listen(const std::string& host, int port) {
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    const std::string ps = std::to_string(port);
+    const int rc = getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), ps.c_str(),
+                               &hints, &res);
+    if (rc != 0) throw std::runtime_error("data plane: cannot resolve " + host + ": " +
+                                          gai_strerror(rc));
+    std::string err = "no address";
+    for (addrinfo* a = res; a; a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+      if (fd < 0) continue;
+      int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) {
+        lfd_ = fd;
+        break;
+      }
+      err = std::strerror(errno);
+      ::close(fd);
+    }
+    freeaddrinfo(res);
+    if (lfd_ < 0) throw std::runtime_error("data plane: cannot listen on " + host + ":" + ps +
+                                           ": " + err);
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof ss;
+    getsockname(lfd_, reinterpret_cast<sockaddr*>(&ss), &sl);
+    return ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                    : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  }
+
+  void start() {
+    for (auto& l : loops_) l->start([this](const auto& conns) { tick(conns); });
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+
+  void close() {
+    if (closing_.exchange(true)) return;
+    if (acceptor_.joinable()) acceptor_.join();
+    if (lfd_ >= 0) ::close(lfd_);
+    lfd_ = -1;
+    for (auto& l : loops_) l->stop();
+  }
+
+  bool claim_zmq_key(std::uint64_t key) {
+    std::lock_guard<std::mutex> g(map_mu_);
+    if (stores_.count(key)) return false;
+    zmq_keys_.insert(key);
+    return true;
+  }
+  bool has_key(std::uint64_t key) {
+    std::lock_guard<std::mutex> g(map_mu_);
+    return stores_.count(key) != 0;
+  }
+
+  void reject(const std::string& reason) {
+    std::lock_guard<std::mutex> g(rej_mu_);
+    rejected_[reason]++;
+  }
+  std::map<std::string, std::uint64_t> rejected() {
+    std::lock_guard<std::mutex> g(rej_mu_);
+    return rejected_;
+  }
+  std::map<std::string, std::uint64_t> stats() {
+    std::map<std::string, std::uint64_t> s;
+    s["bytes_in"] = c_.bytes_in;
+    s["bytes_out"] = c_.bytes_out;
+    s["msgs_in"] = c_.msgs_in;
+    s["msgs_out"] = c_.msgs_out;
+    s["pushes"] = c_.pushes;
+    s["rounds"] = c_.rounds;
+    s["bytes_summed"] = c_.bytes_summed;
+    s["connections"] = c_.connections;
+    s["io_threads"] = loops_.size();
+    {
+      std::lock_guard<std::mutex> g(map_mu_);
+      s["keys"] = stores_.size();
+      s["store_bytes"] = store_bytes_;
+    }
+    std::uint64_t rej = 0;
+    for (auto& kv : rejected()) rej += kv.second;
+    s["rejected"] = rej;
+    return s;
+  }
+
+  std::vector<StallInfo> stalls(double min_age) {
+    std::vector<std::shared_ptr<Store>> all;
+    {
+      std::lock_guard<std::mutex> g(map_mu_);
+      for (auto& kv : stores_) all.push_back(kv.second);
+    }
+    const double now = monotonic_now();
+    std::vector<StallInfo> out;
+    for (auto& st : all) {
+      std::lock_guard<std::mutex> g(st->mu);
+      if (st->started == 0 || !st->failed.empty() || now - st->round_started < min_age) continue;
+      StallInfo si{st->key, st->round, now - st->round_started, {}, st->decl};
+      for (int r = 0; r < num_workers_; ++r)
+        if (st->pushed[r]) si.pushed.push_back(r);
+      out.push_back(std::move(si));
+    }
+    return out;
+  }
+
+  // ---- called by connections (their loop thread) ----
+  Counters c_;
+  const int num_workers_;
+  std::atomic<int> rank_;
+  const std::uint32_t job_;
+  const std::uint64_t max_msg_, max_store_;
+  const int max_conns_;
+
+  void send_error(const std::shared_ptr<Conn>& conn, const Header& h, const char* kind,
+                  const std::string& text) {
+    Out o;
+    o.hdr = make_header(kError, kRoleServer, rank_.load(), kFlagMeta, job_, h.key, h.round);
+    o.meta = std::string("{\"kind\":\"") + kind + "\",\"message\":\"" + json_escape(text) +
+             "\",\"type\":\"" + type_name(h.type) + "\"}";
+    conn->send(std::move(o));
+  }
+
+  void send_resp(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
+                 std::int64_t round) {
+    Out o;
+    o.hdr = make_header(kPullResp, kRoleServer, rank_.load(), 0, job_, st->key, round,
+                        static_cast<std::uint8_t>(st->wire_dtype), st->count, st->nbytes);
+    o.payload = st->buf[round & 1].get();
+    o.plen = st->nbytes;
+    o.keep = st;
+    conn->send(std::move(o));
+  }
+
+  // A push's header (and declaration) arrived: the store it sums into, or null after an
+  // error reply (the caller discards the payload).
+  std::shared_ptr<Store> begin_push(const std::shared_ptr<Conn>& conn, const Header& h,
+                                    const std::string& meta) {
+    const int kdt = wire_to_kernel_dtype(h.dtype);
+    if (kdt < 0) {
+      reject("dtype that cannot be summed");
+      send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": dtype code " +
+                 std::to_string(h.dtype) + " cannot be summed");
+      return nullptr;
+    }
+    if (h.flags & (kFlagCompressed | kFlagAsync)) {
+      reject("compressed or async push on the native data plane");
+      send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) +
+                 ": compressed and asynchronous pushes travel over ZeroMQ, not the native data "
+                 "plane");
+      return nullptr;
+    }
+    std::shared_ptr<Store> st;
+    {
+      std::lock_guard<std::mutex> g(map_mu_);
+      auto it = stores_.find(h.key);
+      if (it != stores_.end()) {
+        st = it->second;
+      } else {
+        if (!(h.flags & kFlagDeclare) || meta.empty()) {
+          reject("push of an undeclared key");
+          send_error(conn, h, "protocol", "first push of key " + std::to_string(h.key) +
+                     " from worker rank " + std::to_string(h.rank) + " carries no declaration");
+          return nullptr;
+        }
+        if (zmq_keys_.count(h.key)) {
+          reject("key served over ZeroMQ");
+          send_error(conn, h, "mismatch", "key " + std::to_string(h.key) + " (" + meta +
+                     ") is served over ZeroMQ by another worker (compressed, or sent from "
+                     "device memory) but worker rank " + std::to_string(h.rank) + " pushed it "
+                     "over the native data plane; every worker must use the same "
+                     "BYTEPS_DATA_PLANE, compressor and transport settings");
+          return nullptr;
+        }
+        if (h.nbytes == 0) {
+          reject("empty partition");
+          send_error(conn, h, "protocol", "push of key " + std::to_string(h.key) +
+                     " with no bytes");
+          return nullptr;
+        }
+        if (store_bytes_ + 2 * h.nbytes > max_store_) {
+          reject("server memory budget exhausted");
+          send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": key " +
+                     std::to_string(h.key) + " needs " + std::to_string(2 * h.nbytes) +
+                     " bytes, over the budget of " + std::to_string(max_store_) +
+                     " (BYTEPS_SERVER_MAX_BYTES); " + std::to_string(store_bytes_) +
+                     " bytes are held");
+          return nullptr;
+        }
+        st = std::make_shared<Store>();
+        st->key = h.key;
+        st->wire_dtype = h.dtype;
+        st->kdt = static_cast<DType>(kdt);
+        st->nbytes = h.nbytes;
+        st->count = h.count;
+        st->nchunks = (h.nbytes + kChunk - 1) / kChunk;
+        st->decl = meta;
+        st->decl_rank = h.rank;
+        for (int b = 0; b < 2; ++b) {
+          st->buf[b].reset(new char[h.nbytes]);
+          st->fill[b].reset(new std::uint32_t[st->nchunks]());
+        }
+        st->chunk_mu.reset(new std::mutex[st->nchunks]);
+        st->pushed.assign(num_workers_, 0);
+        stores_[h.key] = st;
+        store_bytes_ += 2 * h.nbytes;
+      }
+    }
+    std::lock_guard<std::mutex> g(st->mu);
+    if (h.dtype != st->wire_dtype || h.nbytes != st->nbytes) {
+      reject("wrong dtype or size for a declared key");
+      send_error(conn, h, "protocol", "push to key " + std::to_string(h.key) + " from worker "
+                 "rank " + std::to_string(h.rank) + ": " + std::to_string(h.nbytes) +
+                 " bytes of dtype code " + std::to_string(h.dtype) + ", but the key holds " +
+                 std::to_string(st->nbytes) + " bytes of dtype code " +
+                 std::to_string(st->wire_dtype));
+      return nullptr;
+    }
+    // the round first: a push for another round is rejected alone, whatever it declares
+    if (h.round != st->round || st->pushed[h.rank]) {
+      reject("push out of round");
+      const std::string why = st->pushed[h.rank] && h.round == st->round
+                                  ? "twice in one round"
+                                  : "for a round that is not open";
+      send_error(conn, h, "protocol", "key " + std::to_string(h.key) + ": push from worker "
+                 "rank " + std::to_string(h.rank) + " " + why);
+      return nullptr;
+    }
+    if ((h.flags & kFlagDeclare) && meta != st->decl && st->failed.empty()) {
+      fail_key_locked(*st, "tensor mismatch on key " + std::to_string(h.key) + ": worker rank " +
+                      std::to_string(st->decl_rank) + " declared " + st->decl +
+                      " but worker rank " + std::to_string(h.rank) + " declared " + meta +
+                      "; every worker must declare the same tensors, in the same order, with "
+                      "the same shape, dtype and compressor");
+    }
+    if (!st->failed.empty()) {
+      send_error(conn, h, "mismatch", st->failed);
+      return nullptr;
+    }
+    st->pushed[h.rank] = 1;
+    if (st->started++ == 0) st->round_started = monotonic_now();
+    return st;
+  }
+
+  void sum_chunk(Store& st, std::int64_t round, std::size_t offset, const char* data,
+                 std::size_t len) {
+    const std::size_t c = offset / kChunk;
+    const int par = static_cast<int>(round & 1);
+    char* dst = st.buf[par].get() + offset;
+    std::lock_guard<std::mutex> g(st.chunk_mu[c]);
+    if (st.fill[par][c]++ == 0) {
+      std::memcpy(dst, data, len);
+    } else {
+      add_into(st.kdt, dst, data, len / itemsize(st.kdt), 1);
+    }
+  }
+
+  void finish_push(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
+                   const Header& h) {
+    std::vector<Store::Pending> answer;
+    std::int64_t done_round = -1;
+    bool failed;
+    {
+      std::lock_guard<std::mutex> g(st->mu);
+      c_.pushes++;
+      c_.bytes_summed += h.nbytes;
+      failed = !st->failed.empty();
+      if (!failed) {
+        Out ack;
+        ack.hdr = make_header(kPushAck, kRoleServer, rank_.load(), 0, job_, h.key, h.round);
+        conn->send(std::move(ack));
+        if (h.flags & kFlagPull) st->pending.push_back({conn, h.round});
+        if (++st->finished == num_workers_) {
+          done_round = st->round;
+          st->completed = st->round;
+          st->round++;
+          st->started = st->finished = 0;
+          std::fill(st->pushed.begin(), st->pushed.end(), 0);
+          // the next round sums into the other buffer, last used two rounds ago
+          std::fill(st->fill[st->round & 1].get(), st->fill[st->round & 1].get() + st->nchunks,
+                    0u);
+          answer.swap(st->pending);
+          c_.rounds++;
+        }
+      } else {
+        send_error(conn, h, "mismatch", st->failed);
+      }
+    }
+    for (auto& p : answer) {
+      if (auto c = p.conn.lock()) send_resp(c, st, done_round);
+    }
+  }
+
+  void handle_pull(const std::shared_ptr<Conn>& conn, const Header& h) {
+    std::shared_ptr<Store> st;
+    {
+      std::lock_guard<std::mutex> g(map_mu_);
+      auto it = stores_.find(h.key);
+      if (it != stores_.end()) st = it->second;
+    }
+    if (!st) {
+      reject("pull of an undeclared key");
+      send_error(conn, h, "protocol", "pull of key " + std::to_string(h.key) +
+                 " before any push");
+      return;
+    }
+    std::unique_lock<std::mutex> g(st->mu);
+    if (!st->failed.empty()) {
+      const std::string text = st->failed;
+      g.unlock();
+      send_error(conn, h, "mismatch", text);
+    } else if (h.round == st->completed) {
+      g.unlock();
+      send_resp(conn, st, h.round);
+    } else if (h.round == st->round) {
+      st->pending.push_back({conn, h.round});
+    } else {
+      const std::int64_t last = st->completed;
+      g.unlock();
+      reject("pull out of round");
+      send_error(conn, h, "protocol", "key " + std::to_string(h.key) + ": pull of round " +
+                 std::to_string(h.round) + " from worker rank " + std::to_string(h.rank) +
+                 ", but round " + std::to_string(last) + " is the last completed");
+    }
+  }
+
+  void fail_key_locked(Store& st, const std::string& text) {
+    st.failed = text;
+    Header h = make_header(kPull, 0, 0, 0, 0, st.key, 0);
+    for (auto& p : st.pending) {
+      if (auto c = p.conn.lock()) {
+        h.round = p.round;
+        send_error(c, h, "mismatch", text);
+      }
+    }
+    st.pending.clear();
+  }
+
+ private:
+  void accept_loop() {
+    std::size_t next = 0;
+    while (!closing_.load()) {
+      pollfd pfd{lfd_, POLLIN, 0};
+      const int r = ::poll(&pfd, 1, 200);
+      if (r <= 0) continue;
+      const int fd = ::accept4(lfd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE) {
+          reject("file descriptor limit");
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        continue;
+      }
+      if (live_conns_.load() >= max_conns_) {
+        reject("too many connections");
+        ::close(fd);
+        continue;
+      }
+      set_nodelay(fd);
+      live_conns_++;
+      c_.connections++;
+      auto conn = make_conn(fd);
+      loops_[next++ % loops_.size()]->add(conn);
+    }
+  }
+
+  std::shared_ptr<Conn> make_conn(int fd);
+
+  void tick(const std::unordered_map<int, std::shared_ptr<Conn>>& conns);
+
+ public:
+  std::atomic<int> live_conns_{0};
+  std::vector<std::unique_ptr<IoLoop>> loops_;
+
+ private:
+  int lfd_ = -1;
+  std::thread acceptor_;
+  std::atomic<bool> closing_{false};
+  std::mutex map_mu_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<Store>> stores_;
+  std::unordered_set<std::uint64_t> zmq_keys_;
+  std::uint64_t store_bytes_ = 0;
+  std::mutex rej_mu_;
+  std::map<std::string, std::uint64_t> rejected_;
+};
+
+class ServerConn : public Conn {
+ public:
+  ServerConn(int fd, ServerImpl* srv) : Conn(fd, &srv->c_), srv_(srv) {
+    expect(reinterpret_cast<char*>(&h_), sizeof h_);
+    state_ = kHdr;
+  }
+  bool hello_done() const { return hello_; }
+
+ protected:
+  void on_closed() override { srv_->live_conns_--; }
+
+  bool advance() override {
+    switch (state_) {
+      case kHdr: return on_header();
+      case kMetaLen:
+        if (meta_len_ > kMaxMeta) {
+          srv_->reject("oversized meta");
+          why_ = "meta frame over 1 MiB";
+          return false;
+        }
+        meta_.resize(meta_len_);
+        state_ = kMeta;
+        expect(meta_.data(), meta_len_);
+        return true;
+      case kMeta: return after_meta();
+      case kPayload: {
+        const std::size_t len = static_cast<std::size_t>(rptr_ - scratch_.data());
+        srv_->sum_chunk(*store_, h_.round, off_, scratch_.data(), len);
+        off_ += len;
+        return next_chunk();
+      }
+      case kDiscard: return next_discard();
+    }
+    return false;
+  }
+
+ private:
+  enum State { kHdr, kMetaLen, kMeta, kPayload, kDiscard };
+
+  bool on_header() {
+    counters_->msgs_in++;
+    if (std::memcmp(h_.magic, kMagic, 4) != 0) {
+      srv_->reject("malformed");
+      why_ = "bad magic: not a byteps_like peer";
+      return false;
+    }
+    if (h_.version != kVersion) {
+      srv_->reject("malformed");
+      why_ = "protocol version mismatch";
+      return false;
+    }
+    if (!hello_) {
+      if (h_.type != kHello || h_.job != srv_->job_ || h_.role != kRoleWorker || h_.rank < 0 ||
+          h_.rank >= srv_->num_workers_ || (h_.flags & kFlagMeta)) {
+        srv_->reject("bad hello");
+        why_ = "the first message was not a valid hello of this job";
+        return false;  // no reply: an unregistered peer learns nothing
+      }
+      hello_ = true;
+      rank_ = h_.rank;
+      Out o;
+      o.hdr = make_header(kHello, kRoleServer, srv_->rank_.load(), 0, srv_->job_, h_.key, 0);
+      send(std::move(o));
+      return read_header();
+    }
+    if (h_.job != srv_->job_ || h_.rank != rank_ || h_.role != kRoleWorker) {
+      srv_->reject("wrong job or rank for this stream");
+      why_ = "a message with another job tag or rank than the stream's hello";
+      return false;
+    }
+    if (h_.type == kPush) {
+      const std::size_t isz = wire_itemsize(h_.dtype);
+      if (isz == 0 || h_.count > (1ull << 62) || h_.count * isz != h_.nbytes ||
+          h_.nbytes > srv_->max_msg_) {
+        srv_->reject("malformed");
+        why_ = "PUSH with an inconsistent or oversized length";
+        return false;
+      }
+    } else if (h_.type != kPull) {
+      srv_->reject("unexpected type or rank");
+      why_ = std::string("unexpected ") + type_name(h_.type) + " on a data stream";
+      return false;
+    }
+    meta_.clear();
+    if (h_.flags & kFlagMeta) {
+      state_ = kMetaLen;
+      expect(reinterpret_cast<char*>(&meta_len_), 4);
+      return true;
+    }
+    return after_meta();
+  }
+
+  bool after_meta() {
+    auto self = shared_from_this();
+    if (h_.type == kPull) {
+      srv_->handle_pull(self, h_);
+      return read_header();
+    }
+    store_ = srv_->begin_push(self, h_, meta_);
+    off_ = 0;
+    if (!store_) {
+      discard_left_ = h_.nbytes;
+      return next_discard();
+    }
+    return next_chunk();
+  }
+
+  bool next_chunk() {
+    if (off_ >= h_.nbytes) {
+      srv_->finish_push(shared_from_this(), store_, h_);
+      store_.reset();
+      return read_header();
+    }
+    const std::size_t len = std::min<std::size_t>(kChunk, h_.nbytes - off_);
+    if (scratch_.size() < len) scratch_.resize(kChunk);
+    state_ = kPayload;
+    expect(scratch_.data(), len);
+    return true;
+  }
+
+  bool next_discard() {
+    if (discard_left_ == 0) return read_header();
+    const std::size_t len = std::min<std::size_t>(kChunk, discard_left_);
+    if (scratch_.size() < len) scratch_.resize(kChunk);
+    discard_left_ -= len;
+    state_ = kDiscard;
+    expect(scratch_.data(), len);
+    return true;
+  }
+
+  bool read_header() {
+    state_ = kHdr;
+    expect(reinterpret_cast<char*>(&h_), sizeof h_);
+    return true;
+  }
+
+  ServerImpl* srv_;
+  State state_;
+  Header h_{};
+  std::uint32_t meta_len_ = 0;
+  std::string meta_;
+  std::vector<char> scratch_;
+  std::shared_ptr<Store> store_;
+  std::size_t off_ = 0, discard_left_ = 0;
+  bool hello_ = false;
+  int rank_ = -1;
+};
+
+std::shared_ptr<Conn> ServerImpl::make_conn(int fd) {
+  return std::make_shared<ServerConn>(fd, this);
+}
+
+void ServerImpl::tick(const std::unordered_map<int, std::shared_ptr<Conn>>& conns) {
+  // streams that never said hello are closed: a connection flood holds no descriptor for long
+  const double now = monotonic_now();
+  for (auto& kv : conns) {
+    auto* sc = static_cast<ServerConn*>(kv.second.get());
+    if (!sc->hello_done() && now - sc->created > kHelloTimeout) {
+      reject("no hello in time");
+      sc->shut();
+    }
+  }
+}
+
+DataServer::DataServer(int num_workers, int server_rank, std::uint32_t job, int io_threads,
+                       std::uint64_t max_msg, std::uint64_t max_store, int max_conns)
+    : impl_(new ServerImpl(num_workers, server_rank, job, io_threads, max_msg, max_store,
+                           max_conns)) {}
+DataServer::~DataServer() = default;
+int DataServer::listen(const std::string& host, int port) { return impl_->listen(host, port); }
+void DataServer::start() { impl_->start(); }
+void DataServer::close() { impl_->close(); }
+bool DataServer::claim_zmq_key(std::uint64_t key) { return impl_->claim_zmq_key(key); }
+bool DataServer::has_key(std::uint64_t key) { return impl_->has_key(key); }
+void DataServer::set_rank(int rank) { impl_->rank_ = rank; }
+std::map<std::string, std::uint64_t> DataServer::stats() { return impl_->stats(); }
+std::map<std::string, std::uint64_t> DataServer::rejected() { return impl_->rejected(); }
+std::vector<StallInfo> DataServer::stalls(double min_age) { return impl_->stalls(min_age); }
+
+// =============================================================================================
+// client
+// =============================================================================================
+struct Op;
+struct Part {
+  PartSpec spec;
+  bool dispatched = false, acked = false, done = false;
+};
+struct Op {
+  std::uint64_t id = 0;
+  int priority = 0;
+  const char* src = nullptr;
+  char* dst = nullptr;
+  int wire_dtype = 0;
+  DType kdt = DType::kFloat32;
+  std::int64_t divisor = 1;
+  std::vector<Part> parts;
+  std::size_t remaining = 0;
+  int active = 0;                 // sends and receives touching src/dst right now
+  bool failed = false, reported = false;
+  std::string kind, message;
+  int err_server = -1;
+  double t_first = 0, t_last = 0;
+  std::uint64_t bytes = 0;
+};
+
+class ClientConn;
+
+class ClientImpl {
+ public:
+  ClientImpl(int rank, std::uint32_t job, int io_threads, std::uint64_t credit,
+             std::uint64_t max_msg)
+      : rank_(rank), job_(job), credit_(credit), max_msg_(max_msg) {
+    for (int i = 0; i < std::max(1, io_threads); ++i) {
+      loops_.emplace_back(new IoLoop());
+      loops_.back()->start(nullptr);
+    }
+  }
+  ~ClientImpl() { close(); }
+
+  void connect(int server, const std::string& host, int port, int streams, double timeout);
+
+  void submit(std::uint64_t id, int priority, const char* src, char* dst, int wire_dtype,
+              std::int64_t divisor, std::vector<PartSpec> parts) {
+    auto op = std::make_shared<Op>();
+    op->id = id;
+    op->priority = priority;
+    op->src = src;
+    op->dst = dst;
+    op->wire_dtype = wire_dtype;
+    const int kdt = wire_to_kernel_dtype(wire_dtype);
+    if (kdt < 0) throw std::invalid_argument("submit: wire dtype cannot be summed");
+    op->kdt = static_cast<DType>(kdt);
+    op->divisor = divisor;
+    op->parts.resize(parts.size());
+    for (std::size_t i = 0; i < parts.size(); ++i) op->parts[i].spec = std::move(parts[i]);
+    op->remaining = parts.size();
+    std::vector<Ready> ready;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (closed_) throw std::runtime_error("the data plane is closed");
+      if (ops_.count(id)) throw std::invalid_argument("submit: operation id in use");
+      ops_[id] = op;
+      for (std::size_t i = 0; i < op->parts.size(); ++i) {
+        const PartSpec& s = op->parts[i].spec;
+        if (s.server < 0 || s.server >= static_cast<int>(servers_.size()) ||
+            servers_[s.server].conns.empty()) {
+          fail_locked(*op, "internal", -1, "no data-plane connection to server " +
+                      std::to_string(s.server));
+          break;
+        }
+        if (!servers_[s.server].lost.empty()) {
+          fail_locked(*op, "peer_lost", s.server, servers_[s.server].lost);
+          break;
+        }
+        pq_.push(QItem{priority, seq_++, op, i});
+      }
+      maybe_report_locked(op);
+      dispatch_locked(&ready);
+    }
+    send_ready(ready);
+  }
+
+  // The caller takes this completion itself: completions() leaves it alone meanwhile.
+  bool wait(std::uint64_t id, double timeout) {
+    std::unique_lock<std::mutex> g(mu_);
+    auto pred = [&] { return done_.count(id) || !ops_.count(id) || closed_; };
+    waited_.insert(id);
+    bool ok;
+    if (timeout < 0) {
+      cv_.wait(g, pred);
+      ok = true;
+    } else {
+      ok = cv_.wait_for(g, std::chrono::duration<double>(timeout), pred);
+    }
+    if (!ok) waited_.erase(id);  // no longer claimed: the completion thread may take it
+    return ok;
+  }
+
+  bool take(std::uint64_t id, Completion* out) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = done_.find(id);
+    if (it == done_.end()) return false;
+    *out = std::move(it->second);
+    done_.erase(it);
+    ops_.erase(id);
+    waited_.erase(id);
+    return true;
+  }
+
+  std::vector<Completion> completions(double timeout) {
+    std::unique_lock<std::mutex> g(mu_);
+    auto unclaimed = [&] {
+      if (closed_) return true;
+      for (auto& kv : done_)
+        if (!waited_.count(kv.first)) return true;
+      return false;
+    };
+    cv_.wait_for(g, std::chrono::duration<double>(timeout), unclaimed);
+    std::vector<Completion> out;
+    for (auto it = done_.begin(); it != done_.end();) {
+      if (waited_.count(it->first)) {
+        ++it;
+        continue;
+      }
+      ops_.erase(it->first);
+      out.push_back(std::move(it->second));
+      it = done_.erase(it);
+    }
+    return out;
+  }
+
+  void close() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (closed_) return;
+      closed_ = true;
+    }
+    for (auto& l : loops_) l->stop();   // closes every stream: their ops fail
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& kv : ops_) {
+      fail_locked(*kv.second, "closed", -1, "the data plane was closed");
+      kv.second->active = 0;
+      maybe_report_locked(kv.second);
+    }
+    cv_.notify_all();
+  }
+
+  std::map<std::string, std::uint64_t> stats() {
+    std::map<std::string, std::uint64_t> s;
+    s["bytes_in"] = c_.bytes_in;
+    s["bytes_out"] = c_.bytes_out;
+    s["msgs_in"] = c_.msgs_in;
+    s["msgs_out"] = c_.msgs_out;
+    s["io_threads"] = loops_.size();
+    std::lock_guard<std::mutex> g(mu_);
+    s["inflight_bytes"] = inflight_bytes_;
+    s["ops"] = ops_.size();
+    std::uint64_t streams = 0;
+    for (auto& sv : servers_) streams += sv.conns.size();
+    s["streams"] = streams;
+    return s;
+  }
+
+  // ---- called by streams (loop threads) ----
+  Counters c_;
+  const int rank_;
+  const std::uint32_t job_;
+
+  struct Target {
+    std::shared_ptr<Op> op;
+    std::size_t idx = 0;
+  };
+
+  // PUSH_ACK: the push is in the server's hands; its bytes leave the credit.
+  void on_ack(int server, const Header& h) {
+    std::vector<Ready> ready;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = inflight_.find(h.key);
+      if (it == inflight_.end() || it->second.op->parts[it->second.idx].spec.round != h.round ||
+          it->second.op->parts[it->second.idx].spec.server != server)
+        return;
+      release_locked(it->second.op->parts[it->second.idx]);
+      dispatch_locked(&ready);
+    }
+    send_ready(ready);
+  }
+
+  // PULL_RESP header: where its payload goes (null: discard it).
+  char* on_resp(int server, const Header& h, Target* t) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = inflight_.find(h.key);
+    if (it == inflight_.end()) return nullptr;
+    Op& op = *it->second.op;
+    Part& p = op.parts[it->second.idx];
+    if (p.spec.round != h.round || p.spec.server != server || op.failed) return nullptr;
+    if (h.dtype != op.wire_dtype || h.nbytes != p.spec.nbytes) {
+      auto keep = it->second.op;
+      fail_locked(op, "protocol", server, "server " + std::to_string(server) +
+                  " answered key " + std::to_string(h.key) + " with " +
+                  std::to_string(h.nbytes) + " bytes of dtype code " +
+                  std::to_string(h.dtype) + ", expected " + std::to_string(p.spec.nbytes) +
+                  " bytes of dtype code " + std::to_string(op.wire_dtype));
+      maybe_report_locked(keep);
+      return nullptr;
+    }
+    *t = it->second;
+    op.active++;
+    return op.dst + p.spec.offset;
+  }
+
+  void resp_done(const Target& t, bool ok) {
+    Op& op = *t.op;
+    Part& p = op.parts[t.idx];
+    if (ok && op.divisor > 1 && !op.failed)
+      scale_into(op.kdt, op.dst + p.spec.offset, p.spec.nbytes / itemsize(op.kdt), op.divisor, 1);
+    std::vector<Ready> ready;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      op.active--;
+      if (ok && !p.done) {
+        release_locked(p);
+        p.done = true;
+        op.bytes += p.spec.nbytes;
+        auto it = inflight_.find(p.spec.key);
+        if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
+        op.remaining--;
+        op.t_last = monotonic_now();
+      }
+      maybe_report_locked(t.op);
+      dispatch_locked(&ready);
+    }
+    send_ready(ready);
+  }
+
+  void on_error(int server, const Header& h, const std::string& meta) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = inflight_.find(h.key);
+    if (it == inflight_.end()) return;
+    auto op = it->second.op;
+    if (op->parts[it->second.idx].spec.round != h.round) return;
+    fail_locked(*op, "remote", server, meta);
+    maybe_report_locked(op);
+  }
+
+  void on_stream_lost(int server, const std::string& why) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (closed_) return;
+    ServerSlot& s = servers_[server];
+    if (s.lost.empty())
+      s.lost = "lost the data-plane connection to server " + std::to_string(server) + " (" +
+               s.where + "): " + why;
+    std::vector<std::shared_ptr<Op>> hit;
+    for (auto& kv : ops_) {
+      Op& op = *kv.second;
+      if (op.reported) continue;
+      for (auto& p : op.parts)
+        if (p.spec.server == server && !p.done) {
+          hit.push_back(kv.second);
+          break;
+        }
+    }
+    for (auto& op : hit) {
+      fail_locked(*op, "peer_lost", server, s.lost);
+      maybe_report_locked(op);
+    }
+  }
+
+  void sent(const std::shared_ptr<Op>& op) {
+    std::lock_guard<std::mutex> g(mu_);
+    op->active--;
+    maybe_report_locked(op);
+  }
+
+ private:
+  struct QItem {
+    int priority;
+    std::uint64_t seq;
+    std::shared_ptr<Op> op;
+    std::size_t idx;
+    bool operator<(const QItem& o) const {  // std::priority_queue pops the largest
+      if (priority != o.priority) return priority < o.priority;
+      return seq > o.seq;
+    }
+  };
+  struct Ready {
+    std::shared_ptr<Op> op;
+    std::size_t idx;
+    std::shared_ptr<Conn> conn;
+  };
+  struct ServerSlot {
+    std::vector<std::shared_ptr<Conn>> conns;
+    std::string where, lost;
+  };
+
+  void release_locked(Part& p) {
+    if (p.dispatched && !p.acked) {
+      p.acked = true;
+      inflight_bytes_ -= std::min<std::uint64_t>(inflight_bytes_, p.spec.nbytes);
+    }
+  }
+
+  void fail_locked(Op& op, const std::string& kind, int server, const std::string& msg) {
+    if (op.failed) return;
+    op.failed = true;
+    op.kind = kind;
+    op.err_server = server;
+    op.message = msg;
+    for (auto& p : op.parts) {
+      release_locked(p);
+      auto it = inflight_.find(p.spec.key);
+      if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
+    }
+  }
+
+  void maybe_report_locked(const std::shared_ptr<Op>& op) {
+    if (op->reported || op->active > 0 || !(op->failed || op->remaining == 0)) return;
+    op->reported = true;
+    Completion c;
+    c.op = op->id;
+    c.ok = !op->failed;
+    c.kind = op->kind;
+    c.server = op->err_server;
+    c.message = op->message;
+    c.t_first_send = op->t_first;
+    c.t_last_done = op->t_last;
+    c.bytes = op->bytes;
+    done_[op->id] = std::move(c);
+    cv_.notify_all();
+  }
+
+  void dispatch_locked(std::vector<Ready>* ready) {
+    while (!pq_.empty()) {
+      const QItem& top = pq_.top();
+      Op& op = *top.op;
+      Part& p = op.parts[top.idx];
+      if (op.failed) {
+        pq_.pop();
+        continue;
+      }
+      if (credit_ && inflight_bytes_ > 0 && inflight_bytes_ + p.spec.nbytes > credit_) break;
+      ServerSlot& s = servers_[p.spec.server];
+      if (!s.lost.empty()) {
+        auto keep = top.op;
+        pq_.pop();
+        fail_locked(op, "peer_lost", p.spec.server, s.lost);
+        maybe_report_locked(keep);
+        continue;
+      }
+      p.dispatched = true;
+      inflight_bytes_ += p.spec.nbytes;
+      inflight_[p.spec.key] = Target{top.op, top.idx};
+      if (op.t_first == 0) op.t_first = monotonic_now();
+      op.active++;
+      ready->push_back(Ready{top.op, top.idx,
+                             s.conns[static_cast<std::size_t>(p.spec.conn) % s.conns.size()]});
+      pq_.pop();
+    }
+  }
+
+  void send_ready(std::vector<Ready>& ready) {
+    for (auto& r : ready) {
+      Op& op = *r.op;
+      const PartSpec& s = op.parts[r.idx].spec;
+      Out o;
+      std::uint32_t flags = kFlagPull;
+      if (!s.decl.empty()) {
+        flags |= kFlagDeclare | kFlagMeta;
+        o.meta = s.decl;
+      }
+      o.hdr = make_header(kPush, kRoleWorker, rank_, flags, job_, s.key, s.round,
+                          static_cast<std::uint8_t>(op.wire_dtype),
+                          s.nbytes / itemsize(op.kdt), s.nbytes);
+      o.payload = op.src + s.offset;
+      o.plen = s.nbytes;
+      auto keep = r.op;
+      o.done = [this, keep](bool) { sent(keep); };
+      r.conn->send(std::move(o));
+    }
+    ready.clear();
+  }
+
+  const std::uint64_t credit_, max_msg_;
+  std::vector<std::unique_ptr<IoLoop>> loops_;
+  std::size_t next_loop_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool closed_ = false;
+  std::vector<ServerSlot> servers_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<Op>> ops_;
+  std::map<std::uint64_t, Completion> done_;
+  std::unordered_set<std::uint64_t> waited_;     // completions a waiter takes itself
+  std::priority_queue<QItem> pq_;
+  std::uint64_t seq_ = 0;
+  std::uint64_t inflight_bytes_ = 0;
+  std::unordered_map<std::uint64_t, Target> inflight_;   // key -> partition in flight
+
+ public:
+  std::uint64_t max_msg() const { return max_msg_; }
+};
+
+class ClientConn : public Conn {
+ public:
+  ClientConn(int fd, ClientImpl* cli, int server) : Conn(fd, &cli->c_), cli_(cli),
+                                                    server_(server) {
+    read_header();
+  }
+
+ protected:
+  void on_closed() override {
+    if (target_.op) {
+      cli_->resp_done(target_, false);
+      target_ = {};
+    }
+    cli_->on_stream_lost(server_, why_.empty() ? "closed" : why_);
+  }
+
+  bool advance() override {
+    switch (state_) {
+      case kHdr: return on_header();
+      case kMetaLen:
+        if (meta_len_ > kMaxMeta) {
+          why_ = "meta frame over 1 MiB from the server";
+          return false;
+        }
+        meta_.resize(meta_len_);
+        state_ = kMeta;
+        expect(meta_.data(), meta_len_);
+        return true;
+      case kMeta:
+        if (h_.type == kError) cli_->on_error(server_, h_, meta_);
+        return read_header();
+      case kPayload: {
+        ClientImpl::Target t = target_;
+        target_ = {};
+        cli_->resp_done(t, true);
+        return read_header();
+      }
+      case kDiscard: return next_discard();
+    }
+    return false;
+  }
+
+ private:
+  enum State { kHdr, kMetaLen, kMeta, kPayload, kDiscard };
+
+  bool on_header() {
+    counters_->msgs_in++;
+    if (std::memcmp(h_.magic, kMagic, 4) != 0 || h_.version != kVersion ||
+        h_.job != cli_->job_ || h_.role != kRoleServer) {
+      why_ = "a malformed message or one of another job from the server";
+      return false;
+    }
+    switch (h_.type) {
+      case kPushAck:
+        cli_->on_ack(server_, h_);
+        return read_header();
+      case kPullResp: {
+        const std::size_t isz = wire_itemsize(h_.dtype);
+        if (isz == 0 || h_.count > (1ull << 62) || h_.count * isz != h_.nbytes ||
+            h_.nbytes > cli_->max_msg() || (h_.flags & kFlagMeta)) {
+          why_ = "PULL_RESP with an inconsistent or oversized length";
+          return false;
+        }
+        char* dst = cli_->on_resp(server_, h_, &target_);
+        if (!dst) {
+          discard_left_ = h_.nbytes;
+          return next_discard();
+        }
+        state_ = kPayload;
+        expect(dst, h_.nbytes);
+        return true;
+      }
+      case kError:
+        if (!(h_.flags & kFlagMeta)) {
+          why_ = "ERROR without a message";
+          return false;
+        }
+        state_ = kMetaLen;
+        expect(reinterpret_cast<char*>(&meta_len_), 4);
+        return true;
+      default:
+        why_ = std::string("unexpected ") + type_name(h_.type) + " from the server";
+        return false;
+    }
+  }
+
+  bool next_discard() {
+    if (discard_left_ == 0) return read_header();
+    const std::size_t len = std::min<std::size_t>(kChunk, discard_left_);
+    if (scratch_.size() < len) scratch_.resize(kChunk);
+    discard_left_ -= len;
+    state_ = kDiscard;
+    expect(scratch_.data(), len);
+    return true;
+  }
+
+  bool read_header() {
+    state_ = kHdr;
+    expect(reinterpret_cast<char*>(&h_), sizeof h_);
+    return true;
+  }
+
+  ClientImpl* cli_;
+  int server_;
+  State state_ = kHdr;
+  Header h_{};
+  std::uint32_t meta_len_ = 0;
+  std::string meta_;
+  std::vector<char> scratch_;
+  std::size_t discard_left_ = 0;
+  ClientImpl::Target target_;
+};
+
+namespace {
+
+bool io_full(int fd, char* p, std::size_t n, bool out, double deadline, std::string* err) {
+  while (n > 0) {
+    const double left = deadline - monotonic_now();
+    if (left <= 0) {
+      *err = "timed out";
+      return false;
+    }
+    pollfd pfd{fd, static_cast<short>(out ? POLLOUT : POLLIN), 0};
+    const int r = ::poll(&pfd, 1, static_cast<int>(left * 1000) + 1);
+    if (r < 0 && errno != EINTR) {
+      *err = std::strerror(errno);
+      return false;
+    }
+    if (r <= 0) continue;
+    const ssize_t k = out ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
+    if (k > 0) {
+      p += k;
+      n -= static_cast<std::size_t>(k);
+    } else if (k == 0) {
+      *err = "the server closed the connection";
+      return false;
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      *err = std::strerror(errno);
+      return false;
+    }
+  }
+  return true;
+}
+
+// One stream: connect (retrying until the deadline), say hello, check the answer.
+int open_stream(const std::string& host, int port, int rank, std::uint32_t job, int stream,
+                int expect_server, double deadline, std::string* err) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  const std::string ps = std::to_string(port);
+  const int rc = getaddrinfo(host.c_str(), ps.c_str(), &hints, &res);
+  if (rc != 0) {
+    *err = std::string("cannot resolve ") + host + ": " + gai_strerror(rc);
+    return -1;
+  }
+  int fd = -1;
+  while (fd < 0 && monotonic_now() < deadline) {
+    for (addrinfo* a = res; a && fd < 0; a = a->ai_next) {
+      const int s = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+      if (s < 0) continue;
+      if (::connect(s, a->ai_addr, a->ai_addrlen) == 0) {
+        fd = s;
+      } else {
+        *err = std::strerror(errno);
+        ::close(s);
+      }
+    }
+    if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  freeaddrinfo(res);
+  if (fd < 0) return -1;
+  set_nodelay(fd);
+  set_nonblocking(fd);
+  Header h = make_header(kHello, kRoleWorker, rank, 0, job, static_cast<std::uint64_t>(stream),
+                         0);
+  Header r{};
+  if (!io_full(fd, reinterpret_cast<char*>(&h), sizeof h, true, deadline, err) ||
+      !io_full(fd, reinterpret_cast<char*>(&r), sizeof r, false, deadline, err)) {
+    *err = "no hello from the server (" + *err + "): is it a byteps_like server of this job?";
+    ::close(fd);
+    return -1;
+  }
+  if (std::memcmp(r.magic, kMagic, 4) != 0 || r.version != kVersion || r.type != kHello ||
+      r.job != job || r.role != kRoleServer) {
+    *err = "the peer's hello is not that of a byteps_like server of this job";
+    ::close(fd);
+    return -1;
+  }
+  if (expect_server >= 0 && r.rank != expect_server) {
+    *err = "the server at this address is server " + std::to_string(r.rank) + ", expected " +
+           std::to_string(expect_server);
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+void ClientImpl::connect(int server, const std::string& host, int port, int streams,
+                         double timeout) {
+  if (server < 0 || streams < 1) throw std::invalid_argument("connect: bad server or streams");
+  const double deadline = monotonic_now() + timeout;
+  std::vector<std::shared_ptr<Conn>> conns;
+  for (int i = 0; i < streams; ++i) {
+    std::string err;
+    const int fd = open_stream(host, port, rank_, job_, i, -1, deadline, &err);
+    if (fd < 0) {
+      for (auto& c : conns) c->close_now();
+      throw std::runtime_error("data plane: cannot reach server " + std::to_string(server) +
+                               " at " + host + ":" + std::to_string(port) + ": " + err);
+    }
+    conns.push_back(std::make_shared<ClientConn>(fd, this, server));
+  }
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (static_cast<int>(servers_.size()) <= server) servers_.resize(server + 1);
+    servers_[server].conns = conns;
+    servers_[server].where = host + ":" + std::to_string(port);
+    servers_[server].lost.clear();
+  }
+  for (auto& c : conns) loops_[next_loop_++ % loops_.size()]->add(c);
+}
+
+DataClient::DataClient(int rank, std::uint32_t job, int io_threads, std::uint64_t credit,
+                       std::uint64_t max_msg)
+    : impl_(new ClientImpl(rank, job, io_threads, credit, max_msg)) {}
+DataClient::~DataClient() = default;
+void DataClient::connect(int server, const std::string& host, int port, int streams,
+                         double timeout) {
+  impl_->connect(server, host, port, streams, timeout);
+}
+void DataClient::submit(std::uint64_t op, int priority, const char* src, char* dst,
+                        int wire_dtype, std::int64_t divisor, std::vector<PartSpec> parts) {
+  impl_->submit(op, priority, src, dst, wire_dtype, divisor, std::move(parts));
+}
+bool DataClient::wait(std::uint64_t op, double timeout) { return impl_->wait(op, timeout); }
+bool DataClient::take(std::uint64_t op, Completion* out) { return impl_->take(op, out); }
+std::vector<Completion> DataClient::completions(double timeout) {
+  return impl_->completions(timeout);
+}
+void DataClient::close() { impl_->close(); }
+std::map<std::string, std::uint64_t> DataClient::stats() { return impl_->stats(); }
+
+}  // namespace dp
+}  // namespace bps

@@ -1,0 +1,144 @@
+// The native data plane: worker <-> server partition traffic over plain TCP, moved by compiled
+// I/O threads that never hold the GIL (docs/architecture.md, "The native data plane").
+//
+// Python decides, this code moves bytes. Python opens the job (registration, node table,
+// declarations' policy, errors shown to users); this code sends partitions, receives them
+// straight into their destination (the worker's output, the server's chunked summation), sums,
+// replies, scales averages and reports completions in batches.
+//
+// The framing on a stream is the wire protocol's 52-byte header (byteps_like/wire.py: magic,
+// version, type, dtype, role, rank, flags, job, key, round, count, nbytes), then, when
+// FLAG_META is set, a u32 length and that many bytes of JSON, then nbytes of payload for PUSH
+// and PULL_RESP. Every length is checked against the header and the configured maximum before
+// any memory is taken. Nothing here reads the environment or includes Python.h.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace bps {
+namespace dp {
+
+constexpr std::uint8_t kVersion = 1;
+enum MsgType : std::uint8_t {
+  kPush = 20, kPushAck = 21, kPull = 22, kPullResp = 23, kHello = 24, kError = 30,
+};
+enum Flags : std::uint32_t {
+  kFlagMeta = 1u << 0, kFlagDeclare = 1u << 1, kFlagAsync = 1u << 2, kFlagPull = 1u << 3,
+  kFlagCompressed = 1u << 4,
+};
+enum Role : std::uint8_t { kRoleScheduler = 0, kRoleServer = 1, kRoleWorker = 2 };
+
+#pragma pack(push, 1)
+struct Header {
+  char magic[4];
+  std::uint8_t version, type, dtype, role;
+  std::int32_t rank;
+  std::uint32_t flags, job;
+  std::uint64_t key;
+  std::int64_t round;
+  std::uint64_t count, nbytes;
+};
+#pragma pack(pop)
+static_assert(sizeof(Header) == 52, "the wire header is 52 bytes");
+
+constexpr std::uint32_t kMaxMeta = 1u << 20;
+
+// Wire dtype codes (wire.DTYPES) that can be summed; -1 for the others.
+int wire_to_kernel_dtype(int wire_code);
+std::size_t wire_itemsize(int wire_code);  // 0 for an unknown code
+
+struct Counters {
+  std::atomic<std::uint64_t> bytes_in{0}, bytes_out{0}, msgs_in{0}, msgs_out{0};
+  std::atomic<std::uint64_t> pushes{0}, rounds{0}, bytes_summed{0}, connections{0};
+};
+
+class IoLoop;
+class Conn;
+
+// ---- server ------------------------------------------------------------------------------
+struct StallInfo {
+  std::uint64_t key;
+  std::int64_t round;
+  double age;
+  std::vector<int> pushed;
+  std::string decl;
+};
+
+class ServerImpl;
+class DataServer {
+ public:
+  DataServer(int num_workers, int server_rank, std::uint32_t job, int io_threads,
+             std::uint64_t max_message_bytes, std::uint64_t max_store_bytes, int max_conns);
+  ~DataServer();
+  int listen(const std::string& host, int port);  // returns the bound port
+  void start();
+  void close();
+  // A key served over the ZeroMQ path (compressed, GPU-direct, ...): false when the native
+  // plane already holds it (the caller reports the mismatch); later native pushes of it fail.
+  bool claim_zmq_key(std::uint64_t key);
+  bool has_key(std::uint64_t key);
+  void set_rank(int rank);  // known once the scheduler's node table arrives
+  std::map<std::string, std::uint64_t> stats();
+  std::map<std::string, std::uint64_t> rejected();
+  std::vector<StallInfo> stalls(double min_age);
+
+ private:
+  std::unique_ptr<ServerImpl> impl_;
+};
+
+// ---- client ------------------------------------------------------------------------------
+struct PartSpec {
+  std::uint64_t key;
+  std::int64_t round;
+  int server, conn;
+  std::uint64_t offset, nbytes;
+  std::string decl;  // JSON declaration (round 0), empty otherwise
+};
+
+struct Completion {
+  std::uint64_t op;
+  bool ok;
+  std::string kind;     // "", "mismatch", "protocol", "internal", "peer_lost", "closed"
+  int server;           // the server that answered the error, -1 when none
+  std::string message;
+  double t_first_send, t_last_done;  // CLOCK_MONOTONIC seconds (time.monotonic())
+  std::uint64_t bytes;
+};
+
+class ClientImpl;
+class DataClient {
+ public:
+  DataClient(int rank, std::uint32_t job, int io_threads, std::uint64_t credit_bytes,
+             std::uint64_t max_message_bytes);
+  ~DataClient();
+  // Connects `streams` TCP connections to a server and says hello on each; throws
+  // std::runtime_error with the reason when it cannot within timeout seconds.
+  void connect(int server, const std::string& host, int port, int streams, double timeout);
+  // Queues an operation of several partitions of one tensor. src/dst stay valid until the
+  // operation's completion is taken. divisor > 1 divides the result (average) in place.
+  void submit(std::uint64_t op, int priority, const char* src, char* dst, int wire_dtype,
+              std::int64_t divisor, std::vector<PartSpec> parts);
+  // Waits (without consuming) until `op` has completed; false on timeout.
+  bool wait(std::uint64_t op, double timeout);
+  // Takes the completion of `op` if it has completed.
+  bool take(std::uint64_t op, Completion* out);
+  // Takes every completion, waiting up to timeout seconds for the first.
+  std::vector<Completion> completions(double timeout);
+  void close();
+  std::map<std::string, std::uint64_t> stats();
+
+ private:
+  std::unique_ptr<ClientImpl> impl_;
+};
+
+double monotonic_now();
+
+}  // namespace dp
+}  // namespace bps
