@@ -4,6 +4,11 @@ Every child runs in its own session (``start_new_session=True``), so killing its
 also kills anything it started. stdout and stderr go to files in a private directory (no pipe can
 fill up and block a child); on failure or timeout the tail of every child's stderr is printed.
 Nothing here uses a shell.
+
+Every child also finds the same ``byteps_like`` as this process: :func:`child_env` prepends the
+folder that holds the imported package to the child's ``PYTHONPATH`` (``spawn`` applies it), and
+:func:`role_argv` gives the command of a scheduler, server or launcher that works in an editable
+install, a wheel install and a bare source tree alike (see :mod:`._role`).
 """
 from __future__ import annotations
 
@@ -16,6 +21,59 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence, TextIO
+
+
+def package_root() -> str:
+    """The folder that holds the imported ``byteps_like`` package (its parent folder)."""
+    import byteps_like
+    return os.path.dirname(os.path.dirname(os.path.abspath(byteps_like.__file__)))
+
+
+def _automatic_paths() -> set[str]:
+    """Folders every child of this interpreter has on sys.path anyway (site-packages): putting
+    one of them on PYTHONPATH would move it before the standard library."""
+    import site
+    paths = list(getattr(site, "getsitepackages", lambda: [])())
+    try:
+        paths.append(site.getusersitepackages())
+    except (AttributeError, TypeError):
+        pass
+    return {os.path.realpath(p) for p in paths if p}
+
+
+def child_env(env: Mapping[str, str], *, always: bool = False) -> dict[str, str]:
+    """``env`` with the folder of the imported byteps_like first on ``PYTHONPATH`` (before what
+    was there), unless it is a site-packages folder a child of this interpreter searches anyway
+    (on PYTHONPATH it would come before the standard library). ``always``: add it regardless,
+    for a child that runs another interpreter."""
+    out = dict(env)
+    root = package_root()
+    if not always and os.path.realpath(root) in _automatic_paths():
+        return out
+    old = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
+    out["PYTHONPATH"] = os.pathsep.join([root] + [p for p in old
+                                                  if os.path.realpath(p)
+                                                  != os.path.realpath(root)])
+    return out
+
+
+def role_argv(role: str, python: str | None = None) -> list[str]:
+    """The command line of ``python -m byteps_like.<role>`` (role: scheduler, server, launcher)
+    that runs the role of the imported byteps_like, from any install.
+
+    ``server/``, ``scheduler/`` and ``launcher/`` sit at the root of the source tree and are
+    mapped into the ``byteps_like`` namespace at install time. An installed package (wheel or
+    editable) resolves ``byteps_like.<role>`` itself. A bare source tree on ``PYTHONPATH`` does
+    not (``<root>/byteps_like`` holds no ``scheduler`` folder), and a source tree run from its
+    own folder while the environment holds an editable install of another checkout would get
+    that checkout's role. Then the role runs through :mod:`._role`, which maps
+    ``<root>/<role>`` to ``byteps_like.<role>`` first."""
+    from ._role import plan
+    py = python or sys.executable
+    how, _where = plan(role)
+    if how == "import":
+        return [py, "-m", f"byteps_like.{role}"]
+    return [py, "-m", "byteps_like.bench._role", role]   # "missing": it says why and exits 2
 
 
 class ChildFailed(RuntimeError):
@@ -102,7 +160,7 @@ class ProcGroup:
         out = os.path.join(self.dir, f"{safe}.out")
         err = os.path.join(self.dir, f"{safe}.err")
         with open(out, "wb") as fo, open(err, "wb") as fe:
-            proc = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(list(argv), env=child_env(env), stdin=subprocess.DEVNULL,
                                     stdout=fo, stderr=fe, start_new_session=True, close_fds=True)
         child = Child(name, proc, out, err, role)
         self.children.append(child)

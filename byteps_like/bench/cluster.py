@@ -42,7 +42,7 @@ from typing import Sequence
 
 from . import netns
 from ._cluster_worker import COMPRESSORS, RESULT_TAG, compressor_label, model_tensors
-from ._procs import ChildFailed, ProcGroup
+from ._procs import ChildFailed, ProcGroup, child_env, role_argv
 
 PROG = "python -m byteps_like.bench cluster"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -142,10 +142,10 @@ def _start_bps_job(g: ProcGroup, env: Env, n: int, k: int, port: int, worker_arg
     colocated = k == 0 or k < n
     hosts = ([f"w{i}" for i in range(n)] if colocated else []) + [f"s{j}" for j in range(k)]
     e = _bps_env(env, n, len(hosts), port, extra)
-    g.spawn("scheduler", env.cluster.exec_argv("w0", [env.python, "-m", "byteps_like.scheduler"]),
+    g.spawn("scheduler", env.cluster.exec_argv("w0", role_argv("scheduler", env.python)),
             {**e, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": env.ip("w0")}, role="service")
     for h in hosts:
-        g.spawn(f"server-{h}", env.cluster.exec_argv(h, [env.python, "-m", "byteps_like.server"]),
+        g.spawn(f"server-{h}", env.cluster.exec_argv(h, role_argv("server", env.python)),
                 {**e, "DMLC_ROLE": "server", "DMLC_NODE_HOST": env.ip(h)}, role="service")
     return [g.spawn(f"worker-w{i}", worker_argv(f"w{i}"),
                     {**e, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(i),
@@ -249,7 +249,7 @@ def horovod_unavailable(python: str) -> str | None:
         return (f"no Horovod interpreter at {python} (build one with scripts/build_horovod.sh, "
                 f"or pass --horovod-python)")
     p = subprocess.run([python, "-c", "import horovod.torch as h; assert h.gloo_built()"],
-                       env={**dict(os.environ), "PYTHONPATH": ROOT}, stdin=subprocess.DEVNULL,
+                       env=child_env(os.environ, always=True), stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["?"])[-1]
@@ -259,7 +259,7 @@ def horovod_unavailable(python: str) -> str | None:
 
 def run_horovod(env: Env, n: int, sizes: list[int], repeats: int, warmup: int,
                 python: str) -> list[dict]:
-    e = {**env.base_env, "PYTHONPATH": ROOT}
+    e = child_env(env.base_env, always=True)   # another interpreter: it needs byteps_like too
     with ProcGroup(f"horovod-n{n}") as g:
         port_file = os.path.join(g.dir, "rendezvous.port")
         hosts = ",".join(f"w{i}:1" for i in range(n))

@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Sequence
 
-from ._procs import ChildFailed, ProcGroup, free_port
+from ._procs import ChildFailed, ProcGroup, free_port, role_argv
 from .pushpull import (Case, _base_env, _busy_now, _collect, _cpu_busy_s, _decode_cases,
                        _emit, _encode_cases, _exit_on_signals, _loadavg, _own_cpu_s, _progress,
                        fmt_size, machine_info, parse_size, summarize)
@@ -246,10 +246,10 @@ def run_job(cases: list[Case], local_size: int, servers: int, timeout: float, *,
     env.pop("BYTEPS_LOCAL_RANK", None)
     label = f"L={local_size}" if kind == "local" else "gpu"
     with ProcGroup(f"local-{label}") as g:
-        g.spawn("scheduler", [sys.executable, "-m", "byteps_like.scheduler"],
+        g.spawn("scheduler", role_argv("scheduler"),
                 {**env, "DMLC_ROLE": "scheduler"}, role="service")
         for i in range(servers):
-            g.spawn(f"server-{i}", [sys.executable, "-m", "byteps_like.server"],
+            g.spawn(f"server-{i}", role_argv("server"),
                     {**env, "DMLC_ROLE": "server"}, role="service")
         ws = [g.spawn(f"worker-0.{r}", _worker_argv(kind, "--cases", _encode_cases(cases)),
                       {**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": "0",

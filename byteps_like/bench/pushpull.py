@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from ._procs import ChildFailed, ProcGroup, free_port, free_ports
+from ._procs import ChildFailed, ProcGroup, free_port, free_ports, role_argv
 
 PROG = "python -m byteps_like.bench pushpull"
 DEFAULT_SIZES = "1M,4M,16M,64M,256M"
@@ -556,10 +556,10 @@ def run_bps(cases: list[Case], workers: int, servers: int, partition_bytes: int,
     if queue_depth is not None:
         env["BYTEPS_PIPELINE_QUEUE_DEPTH"] = str(queue_depth)
     with ProcGroup("byteps_like") as g:
-        g.spawn("scheduler", [sys.executable, "-m", "byteps_like.scheduler"],
+        g.spawn("scheduler", role_argv("scheduler"),
                 {**env, "DMLC_ROLE": "scheduler"}, role="service")
         for i in range(servers):
-            g.spawn(f"server-{i}", [sys.executable, "-m", "byteps_like.server"],
+            g.spawn(f"server-{i}", role_argv("server"),
                     {**env, "DMLC_ROLE": "server"}, role="service")
         ws = [g.spawn(f"worker-{i}", _worker_argv("bps", "--cases", _encode_cases(cases)),
                       {**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(i)})
