@@ -1,7 +1,8 @@
 """push_pull on an emulated cluster: hosts in network namespaces with capped NICs, against gloo
 all-reduce, Horovod and the BytePS analysis.
 
-``python -m byteps_like.bench cluster [--rate 1gbit] [--quick] [--json PATH] [--plot PATH]``
+``python -m byteps_like.bench cluster [--rate 1gbit[,RATE...]] [--quick] [--json PATH]
+[--plot PATH]``
 (root only) builds one network namespace per host behind a bridge, caps every host's NIC in
 both directions with ``tc`` (:mod:`.netns`), measures the achieved TCP rate B, and then, on the
 same hosts:
@@ -22,6 +23,10 @@ of 1-5: byteps_like push_pull of the same gradient list with n = 2 worker hosts 
 dedicated server hosts (``--workers`` / ``--servers`` change them), one job per compressor
 (fixed settings, named in the table), the uncompressed run of the same invocation as the
 baseline; it reports time, wire bytes per worker per step and the algorithm bandwidth.
+
+With a list of rates (``--rate 10gbit,25gbit,50gbit``) all of the above runs once per rate, each
+on a cluster built with that cap (and its own measured B), and the table has a row per rate for
+every system and configuration.
 
 Every namespace, link and process it made is removed at the end, also on Ctrl-C or failure.
 """
@@ -80,6 +85,22 @@ def parse_rate(text: str) -> float:
 
 def fmt_rate(bits: float) -> str:
     return f"{bits / 1e9:.3f} Gbit/s" if bits >= 1e9 else f"{bits / 1e6:.1f} Mbit/s"
+
+
+def parse_rates(text: str) -> list[float]:
+    """``--rate``: one rate or a comma-separated list ('10gbit,25gbit,50gbit'), bits/s, in the
+    order given, repeats dropped."""
+    parts = [t.strip() for t in text.split(",")]
+    if not any(parts):
+        raise argparse.ArgumentTypeError("--rate: give at least one rate (e.g. 1gbit)")
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"--rate {text!r}: an empty item in the list")
+    return list(dict.fromkeys(parse_rate(t) for t in parts))
+
+
+def fmt_cap(bits: float) -> str:
+    """A NIC cap as given: '10 Gbit/s', '400 Mbit/s'."""
+    return f"{bits / 1e9:g} Gbit/s" if bits >= 1e9 else f"{bits / 1e6:g} Mbit/s"
 
 
 # ------------------------------------------------------------------------------------ the runs
@@ -200,25 +221,33 @@ def compression_records(per_worker: list[dict], compressor: str, n: int, k: int,
 
 
 def add_ratios(records: list[dict]) -> None:
-    """time / uncompressed time and wire bytes / uncompressed wire bytes, per (n, k, size)."""
-    base = {(r["n"], r["k"], r["bytes"]): r for r in records
+    """time / uncompressed time and wire bytes / uncompressed wire bytes, per (rate, n, k,
+    size)."""
+    base = {(r.get("cap_bits_per_second"), r["n"], r["k"], r["bytes"]): r for r in records
             if r["system"] == "byteps_like_compressed" and r["compressor"] == "none"}
     for r in records:
         if r["system"] != "byteps_like_compressed":
             continue
-        b = base.get((r["n"], r["k"], r["bytes"]))
+        b = base.get((r.get("cap_bits_per_second"), r["n"], r["k"], r["bytes"]))
         r["time_ratio"] = r["seconds"] / b["seconds"] if b else None
         r["bytes_ratio"] = r["wire_bytes_per_step"] / b["wire_bytes_per_step"] if b else None
 
 
-def format_compression_table(records: list[dict]) -> str:
-    cols = ("compressor (settings)", "n", "k", "size", "time s", "time/none", "MiB/step",
-            "bytes/none", "algbw Gbit/s", "net floor s")
+def format_compression_table(records: list[dict], by_rate: bool = False) -> str:
+    """One row per compressor and (n, k, size); ``by_rate``: also per NIC cap (columns cap and
+    B, the rows of one compressor and configuration next to each other)."""
+    cols = ("compressor (settings)", "n", "k", "size", *(("cap", "B Gbit/s") if by_rate else ()),
+            "time s", "time/none", "MiB/step", "bytes/none", "algbw Gbit/s", "net floor s")
     rows = [cols]
-    for r in records:
-        if r["system"] != "byteps_like_compressed":
-            continue
+    comp = [r for r in records if r["system"] == "byteps_like_compressed"]
+    if by_rate:
+        order = {c: i for i, c in enumerate(dict.fromkeys(r["compressor"] for r in comp))}
+        comp.sort(key=lambda r: (order[r["compressor"]], r["n"], r["k"], r["bytes"],
+                                 r["cap_bits_per_second"]))
+    for r in comp:
         rows.append((r["setting"], str(r["n"]), str(r["k"]), f"{r['bytes'] // MiB}MiB",
+                     *((fmt_cap(r["cap_bits_per_second"]),
+                        f"{r['link_bits_per_second'] / 1e9:.3f}") if by_rate else ()),
                      f"{r['seconds']:.3f}",
                      "n/a" if r.get("time_ratio") is None else f"{r['time_ratio']:.2f}",
                      f"{r['wire_bytes_per_step'] / MiB:.1f}",
@@ -334,19 +363,26 @@ class CpuMeter:
 
 
 # ------------------------------------------------------------------------------ report / plot
-def format_table(records: list[dict]) -> str:
-    """One row per (n, k, bytes) of byteps_like, and one per n and bytes for gloo / horovod."""
-    gloo = {(r["n"], r["bytes"]): r["seconds"] for r in records if r["system"] == "gloo"}
-    cols = ("system", "n", "k", "size", "time s", "theory s", "of optimum", "vs gloo")
+def format_table(records: list[dict], by_rate: bool = False) -> str:
+    """One row per (n, k, bytes) of byteps_like, and one per n and bytes for gloo / horovod;
+    ``by_rate``: one such row per NIC cap, next to each other, with the cap and the measured
+    B (records of several rates, each with its ``cap_bits_per_second``)."""
+    gloo = {(r.get("cap_bits_per_second"), r["n"], r["bytes"]): r["seconds"] for r in records
+            if r["system"] == "gloo"}
+    cols = ("system", "n", "k", "size", *(("cap", "B Gbit/s") if by_rate else ()), "time s",
+            "theory s", "of optimum", "vs gloo")
     rows = [cols]
     order = {"byteps_like": 0, "gloo": 1, "horovod": 2}
     meas = [r for r in records if r["system"] in order]
     meas.sort(key=lambda r: (r["bytes"], r["n"], order[r["system"]], r["k"] if r["k"] is not None
-                             else -1))
+                             else -1, r.get("cap_bits_per_second") or 0))
     for r in meas:
-        g = gloo.get((r["n"], r["bytes"]))
+        g = gloo.get((r.get("cap_bits_per_second"), r["n"], r["bytes"]))
         rows.append((r["system"], str(r["n"]), "-" if r["k"] is None else str(r["k"]),
-                     f"{r['bytes'] // MiB}MiB", f"{r['seconds']:.3f}",
+                     f"{r['bytes'] // MiB}MiB",
+                     *((fmt_cap(r["cap_bits_per_second"]),
+                        f"{r['link_bits_per_second'] / 1e9:.3f}") if by_rate else ()),
+                     f"{r['seconds']:.3f}",
                      f"{r['theory_seconds']:.3f}", f"{r['theory_seconds'] / r['seconds']:.2f}",
                      f"{g / r['seconds']:.2f}x" if g else "n/a"))
     w = [max(len(row[i]) for row in rows) for i in range(len(cols))]
@@ -356,43 +392,61 @@ def format_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_plot(records: list[dict], path: str, rate_bits: float) -> str | None:
+def write_plot(records: list[dict], path: str, links: float | dict[float, float]) -> str | None:
+    """Time against k per (n, size), with the theoretical curve at the measured B. ``links``:
+    the measured B, or {NIC cap: measured B} for several rates (one row of panels per rate;
+    records are matched by their ``cap_bits_per_second``)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install 'byteps_like[bench]'); no plot"
+    if not isinstance(links, dict):
+        links = {None: links}         # type: ignore[dict-item]
     combos = sorted({(r["n"], r["bytes"]) for r in records if r["system"] == "byteps_like"})
     if not combos:
         return "nothing to plot"
-    fig, axes = plt.subplots(1, len(combos), figsize=(4.6 * len(combos), 4.2), squeeze=False)
-    for ax, (n, nbytes) in zip(axes[0], combos):
-        ks = [x / 20 * n for x in range(21)]
-        ax.plot(ks, [ps_time(n, k, nbytes, rate_bits) for k in ks], "-", color="0.3",
-                label="PS theory 2n(n-1)S/((n²+kn-2k)B)")
-        ax.axhline(allreduce_time(n, nbytes, rate_bits), color="0.6", ls=":",
-                   label="ring all-reduce theory")
-        pts = sorted((r["k"], r["seconds"]) for r in records
-                     if r["system"] == "byteps_like" and r["n"] == n and r["bytes"] == nbytes)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="C0",
-                label="byteps_like (measured)")
-        for sysname, color, ls in (("gloo", "C1", "--"), ("horovod", "C2", "-.")):
-            for r in records:
-                if r["system"] == sysname and r["n"] == n and r["bytes"] == nbytes:
-                    ax.axhline(r["seconds"], color=color, ls=ls, label=f"{sysname} all-reduce")
-        ax.set_title(f"n = {n} workers, {nbytes // MiB} MiB, B = {fmt_rate(rate_bits)}")
-        ax.set_xlabel("k (dedicated server hosts; 0 = colocated)")
-        ax.set_ylabel("push_pull time (s)")
-        ax.set_xticks(sorted({p[0] for p in pts} | {0, n}))
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+    caps = list(links)
+    fig, axes = plt.subplots(len(caps), len(combos),
+                             figsize=(4.6 * len(combos), 4.2 * len(caps)), squeeze=False)
+    for row, cap in zip(axes, caps):
+        rate_bits = links[cap]
+        mine = [r for r in records if cap is None or r.get("cap_bits_per_second") == cap]
+        for ax, (n, nbytes) in zip(row, combos):
+            _plot_panel(ax, mine, n, nbytes, rate_bits,
+                        None if cap is None or len(caps) == 1 else cap)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+def _plot_panel(ax, records: list[dict], n: int, nbytes: int, rate_bits: float,
+                cap: float | None) -> None:
+    ks = [x / 20 * n for x in range(21)]
+    ax.plot(ks, [ps_time(n, k, nbytes, rate_bits) for k in ks], "-", color="0.3",
+            label="PS theory 2n(n-1)S/((n²+kn-2k)B)")
+    ax.axhline(allreduce_time(n, nbytes, rate_bits), color="0.6", ls=":",
+               label="ring all-reduce theory")
+    pts = sorted((r["k"], r["seconds"]) for r in records
+                 if r["system"] == "byteps_like" and r["n"] == n and r["bytes"] == nbytes)
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="C0",
+            label="byteps_like (measured)")
+    for sysname, color, ls in (("gloo", "C1", "--"), ("horovod", "C2", "-.")):
+        for r in records:
+            if r["system"] == sysname and r["n"] == n and r["bytes"] == nbytes:
+                ax.axhline(r["seconds"], color=color, ls=ls, label=f"{sysname} all-reduce")
+    ax.set_title(f"n = {n} workers, {nbytes // MiB} MiB, "
+                 + (f"cap {fmt_cap(cap)}, " if cap is not None else "")
+                 + f"B = {fmt_rate(rate_bits)}", fontsize=9 if cap is not None else None)
+    ax.set_xlabel("k (dedicated server hosts; 0 = colocated)")
+    ax.set_ylabel("push_pull time (s)")
+    ax.set_xticks(sorted({p[0] for p in pts} | {0, n}))
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
 
 
 # ----------------------------------------------------------------------------------- the driver
@@ -406,8 +460,11 @@ def _parse_list(text: str, what: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--rate", type=parse_rate, default=parse_rate("1gbit"),
-                   help="NIC cap of every host, both directions (e.g. 1gbit, 500mbit)")
+    p.add_argument("--rate", type=parse_rates, default=[1e9],
+                   help="NIC cap of every host, both directions (e.g. 1gbit, 500mbit), or a "
+                        "comma-separated list (10gbit,25gbit,50gbit): every phase runs once "
+                        "per rate, on a cluster built for it, and the table gets a row per "
+                        "rate (default 1gbit)")
     p.add_argument("--partition-bytes", type=int, default=1 << 20,
                    help="BYTEPS_PARTITION_BYTES of the byteps_like jobs (smaller partitions "
                         "pipeline push and pull better: less fill and drain per round)")
@@ -497,11 +554,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     max_n = max(ns_ + ([a.priority_workers] if not a.skip_priority else []))
     max_k = max([k for _n, k in configs] + ([a.priority_servers] if not a.skip_priority else []))
     hosts = [f"w{i}" for i in range(max_n)] + [f"s{j}" for j in range(max_k)]
+    rates = a.rate
+    multi = len(rates) > 1
     command = shlex.join(["python", "-m", "byteps_like.bench", "cluster", *argv])
     print(f"command: {command}")
-    print(f"hosts: {', '.join(hosts)} (one network namespace each), NIC cap {fmt_rate(a.rate)} "
-          f"each way (tc tbf, {a.queue_ms:g} ms queue), {os.cpu_count()} CPUs shared by all of "
-          f"them; byteps_like partition {a.partition_bytes} B")
+    print(f"hosts: {', '.join(hosts)} (one network namespace each), NIC cap "
+          f"{', '.join(fmt_rate(r) for r in rates)} each way (tc tbf, {a.queue_ms:g} ms queue"
+          f"{'; one cluster per rate, one after another' if multi else ''}), {os.cpu_count()} "
+          f"CPUs shared by all of them; byteps_like partition {a.partition_bytes} B")
     hvd_reason = None if comps else "skipped (--skip-horovod)" if a.skip_horovod else \
         horovod_unavailable(a.horovod_python)
     if hvd_reason:
@@ -512,6 +572,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     base_env["PYTHONUNBUFFERED"] = "1"
     records: list[dict] = []
     cpu: dict[str, float] = {}
+    links: dict[float, float] = {}
+    step_lines: list[str] = []
+    leftovers: list[str] = []
     port = 9100
 
     def next_port() -> int:
@@ -520,112 +583,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return port
 
     try:
-        with netns.NetnsCluster(hosts, a.rate, latency_ms=a.queue_ms, log=sys.stderr) as cl:
-            env = Env(cl, base_env, a.timeout)
-            link = measure_link(env, "w0", "w1", a.link_seconds)
-            print(f"link: one TCP stream w1 -> w0 achieved {fmt_rate(link)} "
-                  f"({link / a.rate:.1%} of the {fmt_rate(a.rate)} cap); B = this rate below",
-                  flush=True)
-            for n, k in configs:
-                if comps:
-                    for i, c in enumerate(comps):
-                        print(f"[cluster] compression n={n} k={k}: {compressor_label(c)} "
-                              f"({i + 1}/{len(comps)})", file=sys.stderr, flush=True)
-                        with CpuMeter() as m:
-                            res = run_bps_compressed(env, n, k, sizes, a.repeats, a.warmup,
-                                                     next_port(), a.partition_bytes, c)
-                        cpu[f"{c} n={n} k={k}"] = m.busy
-                        records += compression_records(res, c, n, k, sizes, link, a.rate)
-                    continue
-                with CpuMeter() as m:
-                    res = run_bps(env, n, k, sizes, a.repeats, a.warmup, next_port(),
-                                  a.partition_bytes)
-                cpu[f"byteps_like n={n} k={k}"] = m.busy
-                for s in sizes:
-                    med, reps = _slowest_median(res, s)
-                    records.append({"system": "byteps_like", "n": n, "k": k, "bytes": s,
-                                    "seconds": med, "repeats_s": reps,
-                                    "placement": "colocated" if k == 0 else
-                                    ("dedicated" if k >= n else "mixed"),
-                                    "theory_seconds": ps_time(n, k, s, link),
-                                    "link_bits_per_second": link, "cap_bits_per_second": a.rate})
-            for n in ns_:
-                if a.skip_gloo:
-                    break
-                with CpuMeter() as m:
-                    res = run_gloo(env, n, sizes, a.repeats, a.warmup, next_port())
-                cpu[f"gloo n={n}"] = m.busy
-                for s in sizes:
-                    med, reps = _slowest_median(res, s)
-                    records.append({"system": "gloo", "n": n, "k": None, "bytes": s,
-                                    "seconds": med, "repeats_s": reps,
-                                    "theory_seconds": allreduce_time(n, s, link),
-                                    "link_bits_per_second": link, "cap_bits_per_second": a.rate})
-            for n in ns_:
-                if hvd_reason or comps:
-                    break
-                try:
-                    with CpuMeter() as m:
-                        res = run_horovod(env, n, sizes, a.repeats, a.warmup, a.horovod_python)
-                except ChildFailed as exc:
-                    hvd_reason = f"failed: {str(exc).splitlines()[0]}"
-                    print(f"[cluster] horovod n={n} failed; skipping Horovod:\n{exc}",
-                          file=sys.stderr)
-                    break
-                cpu[f"horovod n={n}"] = m.busy
-                for s in sizes:
-                    med, reps = _slowest_median(res, s)
-                    records.append({"system": "horovod", "n": n, "k": None, "bytes": s,
-                                    "seconds": med, "repeats_s": reps,
-                                    "theory_seconds": allreduce_time(n, s, link),
-                                    "link_bits_per_second": link, "cap_bits_per_second": a.rate})
-            for n, k in configs:
-                for s in sizes:
-                    if comps:
-                        break
-                    records.append({"system": "theory", "n": n, "k": k, "bytes": s,
-                                    "seconds": ps_time(n, k, s, link), "model": "ps",
-                                    "link_bits_per_second": link})
-            for n in ns_:
-                for s in sizes:
-                    if comps:
-                        break
-                    records.append({"system": "theory", "n": n, "k": None, "bytes": s,
-                                    "seconds": allreduce_time(n, s, link), "model": "allreduce",
-                                    "link_bits_per_second": link})
-            step_lines = []
-            if not a.skip_priority:
-                pn, pk, pbytes = a.priority_workers, a.priority_servers, a.priority_mib * MiB
-                comm = ps_time(pn, pk, pbytes, link)
-                compute = a.compute_ratio * comm
-                step_lines.append(
-                    f"step benchmark: VGG-16-shaped {a.priority_mib} MiB model, n={pn} k={pk}, "
-                    f"partition {a.partition_bytes} B, synthetic compute "
-                    f"{compute * 1e3:.0f} ms/iteration (fwd:bwd 1:2, by VGG-16 FLOPs) = "
-                    f"{a.compute_ratio:g} x theoretical push_pull {comm * 1e3:.0f} ms")
-                med = {}
-                for prio in (False, True):
-                    mode = "priority" if prio else "fifo"
-                    with CpuMeter() as m:
-                        res = run_step(env, pn, pk, pbytes, compute, prio, a.priority_iters, 1,
-                                       next_port(), a.partition_bytes)
-                    cpu[f"step {mode}"] = m.busy
-                    per_iter = [max(x) for x in zip(*(r["iter_times"] for r in res))]
-                    med[mode] = statistics.median(per_iter)
-                    wait = statistics.median(res[0]["forward_wait_s"])
-                    records.append({"system": "byteps_like_step", "scheduling": mode, "n": pn,
-                                    "k": pk, "bytes": pbytes, "seconds": med[mode],
-                                    "iterations_s": per_iter, "compute_seconds": compute,
-                                    "forward_wait_seconds": wait,
-                                    "link_bits_per_second": link,
-                                    "cap_bits_per_second": a.rate})
-                    step_lines.append(f"  {mode:>8}: median iteration {med[mode] * 1e3:.0f} ms "
-                                      f"(worker 0 waits {wait * 1e3:.0f} ms for gradients in "
-                                      f"forward)")
-                step_lines.append(f"  priority speed-up: {med['fifo'] / med['priority']:.2f}x "
-                                  f"(target >= 1.15x)")
-            leftovers = None
-        leftovers = cl.leftovers()
+        for rate in rates:
+            tag = f"{fmt_cap(rate)} " if multi else ""     # names the phases of each rate
+            if multi:
+                print(f"[cluster] NIC cap {fmt_rate(rate)} ({rates.index(rate) + 1}/"
+                      f"{len(rates)})", file=sys.stderr, flush=True)
+            with netns.NetnsCluster(hosts, rate, latency_ms=a.queue_ms, log=sys.stderr) as cl:
+                env = Env(cl, base_env, a.timeout)
+                link = measure_link(env, "w0", "w1", a.link_seconds)
+                links[rate] = link
+                print(f"link: one TCP stream w1 -> w0 achieved {fmt_rate(link)} "
+                      f"({link / rate:.1%} of the {fmt_rate(rate)} cap); B = this rate "
+                      f"{'for its rows' if multi else 'below'}", flush=True)
+                hvd_reason = _run_rate(a, env, rate, link, comps, configs, ns_, sizes, records,
+                                       cpu, step_lines, tag, hvd_reason, next_port)
+            leftovers += cl.leftovers()
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; everything it made was removed", file=sys.stderr)
         return 130
@@ -634,21 +606,25 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 1
 
+    at_b = ("each rate's measured B (column B)" if multi
+            else f"B = {fmt_rate(links[rates[0]])}")
     print()
     if comps:
         add_ratios(records)
-        print(format_compression_table(records))
+        print(format_compression_table(records, by_rate=multi))
         print(f"\ntime: median over {a.repeats} rounds of the slowest worker (push_pull of the "
               f"whole list, compression included); MiB/step: bytes pushed + pulled per worker "
               f"per step (payloads on the wire, the runtime's counters, mean over workers); "
-              f"x/none: ratio to the uncompressed run above; algbw = model bytes / time; "
-              f"net floor = the PS formula at B = {fmt_rate(link)} with the bytes that crossed "
-              f"each way. Tensors below BYTEPS_MIN_COMPRESS_BYTES travel uncompressed (not the "
-              f"casts).")
+              f"x/none: ratio to the uncompressed run {'of the same rate' if multi else 'above'}"
+              f"; algbw = model bytes / time; net floor = the PS formula at {at_b} with the "
+              f"bytes that crossed each way. Tensors below BYTEPS_MIN_COMPRESS_BYTES travel "
+              f"uncompressed (not the casts).")
     else:
-        print(format_table(records))
+        print(format_table(records, by_rate=multi))
         print(f"\ntime: median over {a.repeats} rounds of the slowest worker; theory at "
-              f"B = {fmt_rate(link)}; 'of optimum' = theory / time; 'vs gloo' = gloo time / time")
+              f"{at_b}; 'of optimum' = theory / time; 'vs gloo' = gloo time / time"
+              + ("; cap = the tc rate of every NIC, B = one TCP stream's achieved rate at that "
+                 "cap" if multi else ""))
     for line in step_lines:
         print(line)
     print("CPU busy (whole machine) per phase: " + ", ".join(
@@ -657,13 +633,114 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hvd_reason:
         print(f"horovod: {hvd_reason}")
     if a.plot:
-        why = write_plot(records, a.plot, link)
+        why = write_plot(records, a.plot, links)
         print(f"plot: {a.plot}" if why is None else f"plot: {why}")
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump(records, f, indent=1)
         print(f"json: {a.json}")
     return 0
+
+
+def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: list[str],
+              configs: list[tuple[int, int]], ns_: list[int], sizes: list[int],
+              records: list[dict], cpu: dict[str, float], step_lines: list[str], tag: str,
+              hvd_reason: str | None, next_port) -> str | None:
+    """Every phase on one cluster (NICs capped at ``rate``, measured ``link``): appends the
+    records, the CPU shares (phase names prefixed with ``tag``) and the step-benchmark lines;
+    returns why Horovod is skipped (None: it ran)."""
+    for n, k in configs:
+        if comps:
+            for i, c in enumerate(comps):
+                print(f"[cluster] compression n={n} k={k}: {compressor_label(c)} "
+                      f"({i + 1}/{len(comps)})", file=sys.stderr, flush=True)
+                with CpuMeter() as m:
+                    res = run_bps_compressed(env, n, k, sizes, a.repeats, a.warmup,
+                                             next_port(), a.partition_bytes, c)
+                cpu[f"{tag}{c} n={n} k={k}"] = m.busy
+                records += compression_records(res, c, n, k, sizes, link, rate)
+            continue
+        with CpuMeter() as m:
+            res = run_bps(env, n, k, sizes, a.repeats, a.warmup, next_port(), a.partition_bytes)
+        cpu[f"{tag}byteps_like n={n} k={k}"] = m.busy
+        for s in sizes:
+            med, reps = _slowest_median(res, s)
+            records.append({"system": "byteps_like", "n": n, "k": k, "bytes": s,
+                            "seconds": med, "repeats_s": reps,
+                            "placement": "colocated" if k == 0 else
+                            ("dedicated" if k >= n else "mixed"),
+                            "theory_seconds": ps_time(n, k, s, link),
+                            "link_bits_per_second": link, "cap_bits_per_second": rate})
+    for n in ns_:
+        if a.skip_gloo:
+            break
+        with CpuMeter() as m:
+            res = run_gloo(env, n, sizes, a.repeats, a.warmup, next_port())
+        cpu[f"{tag}gloo n={n}"] = m.busy
+        for s in sizes:
+            med, reps = _slowest_median(res, s)
+            records.append({"system": "gloo", "n": n, "k": None, "bytes": s,
+                            "seconds": med, "repeats_s": reps,
+                            "theory_seconds": allreduce_time(n, s, link),
+                            "link_bits_per_second": link, "cap_bits_per_second": rate})
+    for n in ns_:
+        if hvd_reason or comps:
+            break
+        try:
+            with CpuMeter() as m:
+                res = run_horovod(env, n, sizes, a.repeats, a.warmup, a.horovod_python)
+        except ChildFailed as exc:
+            hvd_reason = f"failed: {str(exc).splitlines()[0]}"
+            print(f"[cluster] horovod n={n} failed; skipping Horovod:\n{exc}", file=sys.stderr)
+            break
+        cpu[f"{tag}horovod n={n}"] = m.busy
+        for s in sizes:
+            med, reps = _slowest_median(res, s)
+            records.append({"system": "horovod", "n": n, "k": None, "bytes": s,
+                            "seconds": med, "repeats_s": reps,
+                            "theory_seconds": allreduce_time(n, s, link),
+                            "link_bits_per_second": link, "cap_bits_per_second": rate})
+    if not comps:
+        for n, k in configs:
+            for s in sizes:
+                records.append({"system": "theory", "n": n, "k": k, "bytes": s,
+                                "seconds": ps_time(n, k, s, link), "model": "ps",
+                                "link_bits_per_second": link, "cap_bits_per_second": rate})
+        for n in ns_:
+            for s in sizes:
+                records.append({"system": "theory", "n": n, "k": None, "bytes": s,
+                                "seconds": allreduce_time(n, s, link), "model": "allreduce",
+                                "link_bits_per_second": link, "cap_bits_per_second": rate})
+    if a.skip_priority:
+        return hvd_reason
+    pn, pk, pbytes = a.priority_workers, a.priority_servers, a.priority_mib * MiB
+    comm = ps_time(pn, pk, pbytes, link)
+    compute = a.compute_ratio * comm
+    step_lines.append(
+        f"step benchmark{' at ' + fmt_rate(rate) if tag else ''}: VGG-16-shaped "
+        f"{a.priority_mib} MiB model, n={pn} k={pk}, partition {a.partition_bytes} B, synthetic "
+        f"compute {compute * 1e3:.0f} ms/iteration (fwd:bwd 1:2, by VGG-16 FLOPs) = "
+        f"{a.compute_ratio:g} x theoretical push_pull {comm * 1e3:.0f} ms")
+    med = {}
+    for prio in (False, True):
+        mode = "priority" if prio else "fifo"
+        with CpuMeter() as m:
+            res = run_step(env, pn, pk, pbytes, compute, prio, a.priority_iters, 1,
+                           next_port(), a.partition_bytes)
+        cpu[f"{tag}step {mode}"] = m.busy
+        per_iter = [max(x) for x in zip(*(r["iter_times"] for r in res))]
+        med[mode] = statistics.median(per_iter)
+        wait = statistics.median(res[0]["forward_wait_s"])
+        records.append({"system": "byteps_like_step", "scheduling": mode, "n": pn,
+                        "k": pk, "bytes": pbytes, "seconds": med[mode],
+                        "iterations_s": per_iter, "compute_seconds": compute,
+                        "forward_wait_seconds": wait, "link_bits_per_second": link,
+                        "cap_bits_per_second": rate})
+        step_lines.append(f"  {mode:>8}: median iteration {med[mode] * 1e3:.0f} ms "
+                          f"(worker 0 waits {wait * 1e3:.0f} ms for gradients in forward)")
+    step_lines.append(f"  priority speed-up: {med['fifo'] / med['priority']:.2f}x "
+                      f"(target >= 1.15x)")
+    return hvd_reason
 
 
 if __name__ == "__main__":

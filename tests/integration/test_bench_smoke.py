@@ -108,6 +108,84 @@ def test_bench_dispatcher():
 
 
 # --------------------------------------------------------------------------------------------
+# bench cluster --rate LIST (pure functions: no namespaces, no root)
+# --------------------------------------------------------------------------------------------
+
+def test_cluster_rate_list_parsing():
+    import argparse
+
+    from byteps_like.bench.cluster import build_parser, fmt_cap, parse_rates
+    assert parse_rates("10gbit,25gbit,50gbit") == [10e9, 25e9, 50e9]
+    assert parse_rates("1gbit") == [1e9]
+    assert parse_rates(" 400mbit , 1gbit,400mbit") == [400e6, 1e9]   # order kept, repeats dropped
+    assert parse_rates("2.5gbit,100m") == [2.5e9, 100e6]
+    for bad in ("", ",", "10gbit,", "10gbit,,25gbit", "fast", "10gbit,500kbit"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_rates(bad)
+    p = build_parser()
+    assert p.parse_args([]).rate == [1e9]
+    assert p.parse_args(["--rate", "400mbit"]).rate == [400e6]
+    assert p.parse_args(["--rate", "10gbit,25gbit,50gbit"]).rate == [10e9, 25e9, 50e9]
+    with pytest.raises(SystemExit):
+        p.parse_args(["--rate", "10gbit,x"])
+    assert fmt_cap(25e9) == "25 Gbit/s" and fmt_cap(400e6) == "400 Mbit/s"
+
+
+def _cluster_records(cap: float, link: float, scale: float) -> list[dict]:
+    from byteps_like.bench.cluster import allreduce_time, ps_time
+    S = 16 << 20
+    base = {"bytes": S, "link_bits_per_second": link, "cap_bits_per_second": cap}
+    return [
+        {"system": "byteps_like", "n": 2, "k": 0, "seconds": 1.0 * scale,
+         "theory_seconds": ps_time(2, 0, S, link), **base},
+        {"system": "byteps_like", "n": 2, "k": 2, "seconds": 0.9 * scale,
+         "theory_seconds": ps_time(2, 2, S, link), **base},
+        {"system": "gloo", "n": 2, "k": None, "seconds": 1.2 * scale,
+         "theory_seconds": allreduce_time(2, S, link), **base},
+        {"system": "theory", "n": 2, "k": 0, "seconds": 0.5, "model": "ps", **base},
+    ]
+
+
+def test_cluster_table_has_a_row_per_rate():
+    from byteps_like.bench.cluster import format_table
+    records = _cluster_records(10e9, 9.4e9, 1.0) + _cluster_records(25e9, 20e9, 0.5)
+    lines = format_table(records, by_rate=True).splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == ["system", "n", "k", "size", "cap", "B Gbit/s", "time s", "theory s",
+                      "of optimum", "vs gloo"]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
+    # 3 measured systems/configurations x 2 rates; theory records are not rows
+    assert [(r[0], r[2], r[4]) for r in rows] == [
+        ("byteps_like", "0", "10 Gbit/s"), ("byteps_like", "0", "25 Gbit/s"),
+        ("byteps_like", "2", "10 Gbit/s"), ("byteps_like", "2", "25 Gbit/s"),
+        ("gloo", "-", "10 Gbit/s"), ("gloo", "-", "25 Gbit/s")]
+    assert [r[5] for r in rows[:2]] == ["9.400", "20.000"]
+    # "vs gloo" compares with gloo at the same rate
+    assert rows[0][9] == "1.20x" and rows[1][9] == "1.20x" and rows[4][9] == "1.00x"
+    # one rate: the table of earlier versions, no rate columns
+    single = format_table(_cluster_records(1e9, 0.95e9, 1.0)).splitlines()[0]
+    assert [c.strip() for c in single.strip("|").split("|")] == [
+        "system", "n", "k", "size", "time s", "theory s", "of optimum", "vs gloo"]
+
+
+def test_cluster_compression_ratios_are_per_rate():
+    from byteps_like.bench.cluster import add_ratios, format_compression_table
+    recs = []
+    for cap, t in ((1e9, 1.0), (10e9, 0.25)):
+        for comp, f in (("none", 1.0), ("fp16", 0.5)):
+            recs.append({"system": "byteps_like_compressed", "compressor": comp,
+                         "setting": comp, "n": 2, "k": 2, "bytes": 4 << 20, "seconds": t * f,
+                         "wire_bytes_per_step": 8e6 * f, "algbw_bits_per_second": 1e9,
+                         "floor_seconds": 0.1, "link_bits_per_second": cap * 0.95,
+                         "cap_bits_per_second": cap})
+    add_ratios(recs)
+    assert [r["time_ratio"] for r in recs] == [1.0, 0.5, 1.0, 0.5]
+    lines = format_compression_table(recs, by_rate=True).splitlines()
+    assert "cap" in lines[0] and len(lines) == 2 + 4
+    assert "10 Gbit/s" in lines[3] and "fp16" in lines[4]   # one compressor's rates together
+
+
+# --------------------------------------------------------------------------------------------
 # Children find the parent's byteps_like, from any install (bench/_procs.py, bench/_role.py)
 # --------------------------------------------------------------------------------------------
 
