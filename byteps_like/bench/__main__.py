@@ -4,6 +4,7 @@ Subcommands:
   pushpull   push_pull bandwidth of a local job against raw pyzmq and gloo all_reduce
   sum        the summation kernels (_core.add_into) against numpy
   cluster    emulated cluster (network namespaces, capped NICs) vs gloo, Horovod, theory (root)
+  gil        push_pull while the main thread runs Python (GIL contention), and the loop's rate
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
               "local reduction on one machine (L ranks) vs one process, vs memcpy; GPU copies"),
     "compress": (lambda argv: __import__("byteps_like.bench.compress", fromlist=["main"]).main(argv),
                  "gradient compressors: encode/decode GB/s and payload ratio vs memcpy"),
+    "gil": (lambda argv: __import__("byteps_like.bench.gil", fromlist=["main"]).main(argv),
+            "push_pull with a busy Python main thread (GIL contention) vs alone"),
 }
 
 

@@ -1,0 +1,127 @@
+"""Smoke tests of ``python -m byteps_like.bench gil``: tiny tensors, short windows, real
+processes on loopback (ephemeral ports), each run in its own session under a watchdog. No timing
+is asserted, only that every phase ran, produced positive rates and agreed across workers."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+COLUMNS = ["size", "pp alone GB/s", "pp busy-main GB/s", "pp ratio", "pp busy-proc GB/s",
+           "proc ratio", "loop alone M/s", "loop w/ comm M/s", "loop ratio"]
+TINY = ["--seconds", "0.3", "--warmup-seconds", "0.05", "--repeat", "1"]
+
+
+def bench(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "byteps_like.bench", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # the benchmark then kills its children's groups
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        pytest.fail(f"watchdog: {' '.join(cmd)} hung for {timeout} s and was killed\n"
+                    f"--- stdout ---\n{out}\n--- stderr ---\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def dump(r: subprocess.CompletedProcess) -> str:
+    return f"exit {r.returncode}\n--- stdout ---\n{r.stdout}\n--- stderr ---\n{r.stderr}"
+
+
+def table(stdout: str) -> list[dict[str, str]]:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("|")]
+    assert len(lines) >= 3, stdout
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == COLUMNS, header
+    assert set(lines[1]) <= set("|-:"), lines[1]
+    return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
+
+
+def positive(*values) -> None:
+    for v in values:
+        assert v is not None and float(v) > 0, values
+
+
+def test_gil_one_worker_tiny(tmp_path):
+    out = tmp_path / "gil.json"
+    r = bench("gil", "--sizes", "64K,0.25", *TINY, "--json", str(out))
+    assert r.returncode == 0, dump(r)
+    rows = table(r.stdout)
+    assert [row["size"] for row in rows] == ["64KiB", "256KiB"], r.stdout
+    for row in rows:
+        positive(*(row[c] for c in COLUMNS[1:]))
+    assert "w/ comm / alone" in r.stdout   # the columns are explained
+    assert "[gil] done" in r.stderr, r.stderr
+    data = json.loads(out.read_text())
+    assert data["workers"] == 1 and data["servers"] == 1 and data["control"] is True
+    assert data["command"].startswith("python -m byteps_like.bench gil")
+    assert [x["nbytes"] for x in data["results"]] == [65536, 262144]
+    for res in data["results"]:
+        med = res["median"]
+        positive(med["pp_alone_gbps"], med["pp_busy_main_gbps"], med["pp_busy_process_gbps"],
+                 med["loop_alone_per_s"], med["loop_with_comm_per_s"],
+                 med["spinner_with_comm_per_s"], res["pp_ratio"], res["proc_ratio"],
+                 res["loop_ratio"])
+        assert res["repeat"] == 1 and len(res["pp_alone_gbps"]) == 1
+        for phase in ("comm_alone", "busy_main", "busy_process"):
+            (rounds,) = res["rounds"][phase]          # one worker
+            assert rounds[0] >= 1, (phase, rounds)
+
+
+def test_gil_two_workers_run_the_same_rounds(tmp_path):
+    out = tmp_path / "gil.json"
+    r = bench("gil", "--workers", "2", "--sizes", "64K", *TINY, "--skip-control",
+              "--json", str(out))
+    assert r.returncode == 0, dump(r)
+    (row,) = table(r.stdout)
+    positive(row["pp alone GB/s"], row["pp busy-main GB/s"], row["loop alone M/s"],
+             row["loop w/ comm M/s"])
+    assert row["pp busy-proc GB/s"] == "n/a" and row["proc ratio"] == "n/a", row
+    data = json.loads(out.read_text())
+    (res,) = data["results"]
+    assert len(data["per_worker"]) == 2 and "busy_process" not in res["rounds"]
+    for phase in ("comm_alone", "busy_main"):
+        w0, w1 = res["rounds"][phase]
+        assert w0 == w1, (phase, w0, w1)   # agreed through the summed stop votes
+
+
+def test_gil_rejects_bad_options():
+    r = bench("gil", "--sizes", "3B", timeout=30)
+    assert r.returncode == 2 and "size '3B'" in r.stderr, dump(r)
+    r = bench("gil", "--repeat", "0", timeout=30)
+    assert r.returncode == 2 and "--repeat" in r.stderr, dump(r)
+    r = bench("gil", "--help", timeout=30)
+    assert r.returncode == 0 and "loop ratio" in r.stdout and "--seconds" in r.stdout, dump(r)
+
+
+def test_spin_and_window_accounting():
+    import threading
+    import time
+
+    from byteps_like.bench.gil import bytes_in_window, parse_mib, spin
+    assert parse_mib("4") == 4 << 20 and parse_mib("0.25") == 256 << 10
+    assert parse_mib("64K") == 64 << 10 and parse_mib("1M") == 1 << 20
+    for bad in ("0", "3B", "x", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_mib(bad)
+    # rounds [0,1], [1,2], [2,3] of 100 bytes; window [0.5, 2.5]: half, all, half
+    spans = [(0.0, 1.0), (1.0, 2.0), (2.0, 3.0)]
+    assert bytes_in_window(spans, 0.5, 2.5, 100) == pytest.approx(200)
+    assert bytes_in_window(spans, 3.0, 4.0, 100) == 0
+    done = threading.Event()
+    done.set()
+    assert spin(time.perf_counter() + 10, done) == 0   # stops at once when told
+    assert spin(time.perf_counter() + 0.01) > 0
