@@ -315,6 +315,8 @@ class Runtime:
             self._fatal = exc
         for h in list(self._handles):
             h.fail(exc)
+        if self.native is not None:  # wakes waiters blocked in the data plane: the job is over
+            self.native.close()
 
     def _fail_task(self, task: Task, exc: BaseException) -> None:
         if self.pipeline is not None:

@@ -1293,7 +1293,7 @@ class ClientImpl {
     if (closed_) return;
     ServerSlot& s = servers_[server];
     if (s.lost.empty())
-      s.lost = "lost the data-plane connection to server " + std::to_string(server) + " (" +
+      s.lost = "lost the data-plane connection to server rank " + std::to_string(server) + " (" +
                s.where + "): " + why;
     std::vector<std::shared_ptr<Op>> hit;
     for (auto& kv : ops_) {

@@ -1,0 +1,347 @@
+"""The native data plane (csrc/dataplane.cc) driven directly through _core.DataServer and
+_core.DataClient on loopback: exact sums, averages, several servers and streams, errors that
+name their cause, hostile peers, lost servers, the stall report."""
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from byteps_like import _core
+from byteps_like.transport.native import WIRE_CODE, decode_error
+
+JOB = 0xC0FFEE
+HDR = struct.Struct("<4sBBBBiIIQqQQ")
+MAXMSG = 1 << 28
+PART = 64 << 10
+
+
+def make_server(workers: int, *, budget: int = 1 << 32, conns: int = 256, rank: int = 0):
+    srv = _core.DataServer(workers, rank, JOB, 2, MAXMSG, budget, conns)
+    port = srv.listen("127.0.0.1", 0)
+    srv.start()
+    return srv, port
+
+
+def make_client(rank: int, ports: list[int], streams: int = 2, credit: int = 4 * PART):
+    cli = _core.DataClient(rank, JOB, 2, credit, MAXMSG)
+    for i, port in enumerate(ports):
+        cli.connect(i, "127.0.0.1", port, streams, 5.0)
+    return cli
+
+
+def parts_of(nbytes: int, rnd: int, nservers: int, name: str = "t", decl_extra: dict = None,
+             key_base: int = 0):
+    out = []
+    offs = list(range(0, nbytes, PART))
+    for i, off in enumerate(offs):
+        decl = None
+        if rnd == 0:
+            d = {"name": name, "part": i, "nparts": len(offs)}
+            d.update(decl_extra or {})
+            decl = json.dumps(d, separators=(",", ":")).encode()
+        key = key_base + i
+        out.append((key, rnd, key % nservers, key, off, min(PART, nbytes - off), decl))
+    return out
+
+
+def run_round(clients, inputs, outputs, dtype, rnd, nservers, op, divisor=1, **kw):
+    for cli, x, y in zip(clients, inputs, outputs):
+        cli.submit(op, 0, x.view(np.uint8), y.view(np.uint8), WIRE_CODE[dtype], divisor,
+                   parts_of(x.nbytes, rnd, nservers, **kw))
+    comps = []
+    for cli in clients:
+        assert cli.wait(op, 20.0), "the operation did not complete"
+        comps.append(cli.take(op))
+    return comps
+
+
+@pytest.fixture
+def cleanup():
+    objs = []
+    yield objs
+    for o in reversed(objs):
+        o.close()
+
+
+@pytest.mark.parametrize("dtype", sorted(WIRE_CODE))
+def test_exact_sums_every_dtype_several_rounds(dtype, cleanup):
+    srvs = [make_server(3) for _ in range(2)]
+    cleanup += [s for s, _ in srvs]
+    ports = [p for _, p in srvs]
+    clients = [make_client(r, ports) for r in range(3)]
+    cleanup += clients
+    npdt = np.uint16 if dtype == "bfloat16" else np.dtype(dtype)
+    n = (300 << 10) // np.dtype(npdt).itemsize + 3  # several partitions, a ragged last one
+    rng = np.random.default_rng(7)
+    for rnd in range(3):
+        if dtype == "bfloat16":  # small integers are exact in bfloat16: 0x3f80 is 1.0
+            vals = [np.full(n, 0x3F80 + (r << 7), np.uint16) for r in range(3)]
+        elif dtype.startswith("int"):
+            vals = [rng.integers(-1000, 1000, n).astype(npdt) for r in range(3)]
+        else:
+            vals = [rng.integers(-8, 8, n).astype(npdt) for r in range(3)]
+        outs = [np.empty_like(v) for v in vals]
+        comps = run_round(clients, vals, outs, dtype, rnd, 2, op=rnd + 1)
+        assert all(c[1] for c in comps), comps
+        if dtype == "bfloat16":
+            f = lambda a: (a.astype(np.uint32) << 16).view(np.float32)  # noqa: E731
+            want = f(vals[0]) + f(vals[1]) + f(vals[2])
+            for o in outs:
+                np.testing.assert_array_equal(f(o), want)
+        else:
+            want = vals[0] + vals[1] + vals[2]
+            for o in outs:
+                np.testing.assert_array_equal(o, want)
+        assert comps[0][7] == vals[0].nbytes  # bytes received
+
+
+def test_average_divides_in_place_and_ints_floor(cleanup):
+    srv, port = make_server(2)
+    cleanup.append(srv)
+    clients = [make_client(r, [port]) for r in range(2)]
+    cleanup += clients
+    xs = [np.full(1000, 3.0, np.float32), np.full(1000, 4.0, np.float32)]
+    outs = [np.empty_like(x) for x in xs]
+    assert all(c[1] for c in run_round(clients, xs, outs, "float32", 0, 1, 1, divisor=2))
+    assert (outs[0] == 3.5).all() and (outs[1] == 3.5).all()
+    xi = [np.full(10, 3, np.int32), np.full(10, 4, np.int32)]
+    oi = [np.empty_like(x) for x in xi]
+    assert all(c[1] for c in run_round(clients, xi, oi, "int32", 0, 1, 2, divisor=2,
+                                       key_base=100))
+    assert (oi[0] == 3).all()
+
+
+def test_priorities_and_completions_of_many_operations(cleanup):
+    srv, port = make_server(1)
+    cleanup.append(srv)
+    cli = make_client(0, [port], credit=PART)   # one partition in flight at a time
+    cleanup.append(cli)
+    arrays = [np.full(200_000, i, np.float32) for i in range(6)]
+    outs = [np.zeros_like(a) for a in arrays]
+    for i, (a, o) in enumerate(zip(arrays, outs)):
+        cli.submit(i + 1, i % 3, a.view(np.uint8), o.view(np.uint8), WIRE_CODE["float32"], 1,
+                   parts_of(a.nbytes, 0, 1, name=f"t{i}", key_base=i << 16))
+    got = {}
+    deadline = time.monotonic() + 20
+    while len(got) < 6 and time.monotonic() < deadline:
+        for c in cli.completions(0.5):
+            got[c[0]] = c
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]
+    assert all(c[1] for c in got.values())
+    for a, o in zip(arrays, outs):
+        np.testing.assert_array_equal(a, o)
+    # with one partition of credit, the more urgent operations finished first
+    assert got[3][6] <= got[1][6] and got[6][6] <= got[4][6]
+    st = srv.stats()
+    assert st["rounds"] >= 6 and st["rejected"] == 0
+
+
+def test_declaration_mismatch_names_both_sides(cleanup):
+    srv, port = make_server(2)
+    cleanup.append(srv)
+    clients = [make_client(r, [port]) for r in range(2)]
+    cleanup += clients
+    x = np.ones(100, np.float32)
+    outs = [np.empty_like(x), np.empty_like(x)]
+    clients[0].submit(1, 0, x.view(np.uint8), outs[0].view(np.uint8), 1, 1,
+                      parts_of(x.nbytes, 0, 1, decl_extra={"shape": [100]}))
+    clients[1].submit(1, 0, x.view(np.uint8), outs[1].view(np.uint8), 1, 1,
+                      parts_of(x.nbytes, 0, 1, decl_extra={"shape": [10, 10]}))
+    comps = [c.wait(1, 10.0) and c.take(1) for c in clients]
+    assert not any(c[1] for c in comps), comps
+    for c in comps:
+        assert c[2] == "remote"
+        kind, text = decode_error(c[4])
+        assert kind == "mismatch"
+        assert "[100]" in text and "[10,10]" in text and "worker rank 0" in text
+
+
+def test_push_out_of_round_is_rejected_alone(cleanup):
+    srv, port = make_server(1)
+    cleanup.append(srv)
+    cli = make_client(0, [port])
+    cleanup.append(cli)
+    x = np.ones(100, np.float32)
+    y = np.empty_like(x)
+    assert run_round([cli], [x], [y], "float32", 0, 1, 1)[0][1]
+    bad = run_round([cli], [x], [y], "float32", 7, 1, 2)[0]  # round 7 while round 1 is open
+    assert not bad[1]
+    assert "not open" in decode_error(bad[4])[1]
+    assert run_round([cli], [x * 2], [y], "float32", 1, 1, 3)[0][1]  # the key keeps serving
+    assert (y == 2).all()
+    assert srv.rejected() == {"push out of round": 1}
+
+
+def test_undeclared_key_and_zmq_claimed_key(cleanup):
+    srv, port = make_server(1)
+    cleanup.append(srv)
+    cli = make_client(0, [port])
+    cleanup.append(cli)
+    x = np.ones(10, np.float32)
+    y = np.empty_like(x)
+    c = run_round([cli], [x], [y], "float32", 3, 1, 1)[0]   # round 3 carries no declaration
+    assert not c[1] and "carries no declaration" in decode_error(c[4])[1]
+    assert srv.claim_zmq_key(500)
+    c = run_round([cli], [x], [y], "float32", 0, 1, 2, key_base=500)[0]
+    kind, text = decode_error(c[4])
+    assert kind == "mismatch" and "BYTEPS_DATA_PLANE" in text
+    assert run_round([cli], [x], [y], "float32", 0, 1, 3, key_base=600)[0][1]
+    assert not srv.claim_zmq_key(600)  # the native plane holds it already
+
+
+def test_memory_budget_refuses_a_declaration(cleanup):
+    srv, port = make_server(1, budget=1 << 20)
+    cleanup.append(srv)
+    cli = make_client(0, [port])
+    cleanup.append(cli)
+    x = np.ones(1 << 18, np.float32)   # 1 MiB: two buffers do not fit 1 MiB
+    y = np.empty_like(x)
+    c = run_round([cli], [x], [y], "float32", 0, 1, 1)[0]
+    assert not c[1]
+    assert "BYTEPS_SERVER_MAX_BYTES" in decode_error(c[4])[1]
+    assert srv.stats()["store_bytes"] <= 1 << 20
+
+
+def _raw(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    return s
+
+
+def _closed_by_peer(s: socket.socket, timeout: float = 5.0) -> bool:
+    s.settimeout(timeout)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    finally:
+        s.close()
+
+
+def hello(rank=0, job=JOB, mtype=24):
+    return HDR.pack(b"BPSL", 1, mtype, 0, 2, rank, 0, job, 0, 0, 0, 0)
+
+
+def test_hostile_streams_are_closed_and_counted(cleanup):
+    srv, port = make_server(2)
+    cleanup.append(srv)
+    s = _raw(port)                                   # garbage instead of a hello (bad magic)
+    s.sendall(b"GET / HTTP/1.1\r\n" + b"x" * 100)
+    assert _closed_by_peer(s)
+    s = _raw(port)                                   # another job's hello: no answer at all
+    s.sendall(hello(job=JOB + 1))
+    assert _closed_by_peer(s)
+    s = _raw(port)                                   # a rank out of range
+    s.sendall(hello(rank=5))
+    assert _closed_by_peer(s)
+    s = _raw(port)                                   # valid hello, then an absurd length
+    s.sendall(hello())
+    assert HDR.unpack(s.recv(HDR.size, socket.MSG_WAITALL))[2] == 24
+    s.sendall(HDR.pack(b"BPSL", 1, 20, 1, 2, 0, 0, JOB, 1, 0, 1 << 60, 1 << 62))
+    assert _closed_by_peer(s)
+    s = _raw(port)                                   # valid hello, then another rank's push
+    s.sendall(hello(rank=0))
+    s.recv(HDR.size, socket.MSG_WAITALL)
+    s.sendall(HDR.pack(b"BPSL", 1, 20, 1, 2, 1, 0, JOB, 1, 0, 1, 4) + b"\0" * 4)
+    assert _closed_by_peer(s)
+    s = _raw(port)                                   # a meta frame over 1 MiB
+    s.sendall(hello())
+    s.recv(HDR.size, socket.MSG_WAITALL)
+    s.sendall(HDR.pack(b"BPSL", 1, 20, 1, 2, 0, 1 | 2, JOB, 1, 0, 1, 4) + struct.pack("<I", 2 << 20))
+    assert _closed_by_peer(s)
+    deadline = time.monotonic() + 5
+    while sum(srv.rejected().values()) < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.rejected() == {"malformed": 2, "bad hello": 2, "oversized meta": 1,
+                              "wrong job or rank for this stream": 1}
+    assert srv.stats()["keys"] == 0   # nothing was allocated for any of them
+    # the server still serves real workers
+    clients = [make_client(r, [port]) for r in range(2)]
+    cleanup += clients
+    xs = [np.full(10, r + 1.0, np.float32) for r in range(2)]
+    outs = [np.empty_like(x) for x in xs]
+    assert all(c[1] for c in run_round(clients, xs, outs, "float32", 0, 1, 1))
+    assert (outs[0] == 3).all()
+
+
+def test_client_refuses_a_peer_that_is_not_a_server(cleanup):
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(1)
+    port = lst.getsockname()[1]
+    cli = _core.DataClient(0, JOB, 1, 0, MAXMSG)
+    cleanup.append(cli)
+    import threading
+
+    def answer():
+        c, _ = lst.accept()
+        c.recv(HDR.size)
+        c.sendall(b"HTTP/1.1 200 OK\r\n" + b" " * 60)
+        try:
+            c.recv(1)  # until the client hangs up
+        except OSError:
+            pass
+        c.close()
+    th = threading.Thread(target=answer)
+    th.start()
+    with pytest.raises(RuntimeError, match="not that of a byteps_like server"):
+        cli.connect(0, "127.0.0.1", port, 1, 5.0)
+    th.join()
+    lst.close()
+
+
+def test_a_lost_server_fails_operations_naming_it(cleanup):
+    srv, port = make_server(2)
+    cli = make_client(0, [port])
+    cleanup.append(cli)
+    x = np.ones(1000, np.float32)
+    y = np.empty_like(x)
+    # worker 1 never pushes, so the round stays open; then the server goes away
+    cli.submit(1, 0, x.view(np.uint8), y.view(np.uint8), 1, 1, parts_of(x.nbytes, 0, 1))
+    time.sleep(0.2)
+    srv.close()
+    assert cli.wait(1, 10.0)
+    c = cli.take(1)
+    assert not c[1] and c[2] == "peer_lost"
+    assert b"server rank 0" in c[4] and str(port).encode() in c[4]
+    # later operations to that server fail at once with the same reason
+    cli.submit(2, 0, x.view(np.uint8), y.view(np.uint8), 1, 1, parts_of(x.nbytes, 1, 1))
+    assert cli.wait(2, 5.0) and cli.take(2)[2] == "peer_lost"
+
+
+def test_stalls_report_the_pushed_ranks(cleanup):
+    srv, port = make_server(3)
+    cleanup.append(srv)
+    cli = make_client(1, [port])
+    cleanup.append(cli)
+    x = np.ones(10, np.float32)
+    y = np.empty_like(x)
+    cli.submit(1, 0, x.view(np.uint8), y.view(np.uint8), 1, 1, parts_of(x.nbytes, 0, 1))
+    deadline = time.monotonic() + 5
+    stalls = []
+    while not stalls and time.monotonic() < deadline:
+        time.sleep(0.05)
+        stalls = srv.stalls(0.0)
+    assert len(stalls) == 1
+    key, rnd, age, pushed, decl = stalls[0]
+    assert (key, rnd, pushed) == (0, 0, [1]) and age >= 0
+    assert json.loads(decl)["name"] == "t"
+    assert srv.stalls(3600.0) == []
+
+
+def test_submit_checks_buffers(cleanup):
+    srv, port = make_server(1)
+    cleanup.append(srv)
+    cli = make_client(0, [port])
+    cleanup.append(cli)
+    x = np.ones(10, np.float32)
+    with pytest.raises(ValueError, match="does not fit"):
+        cli.submit(1, 0, x, np.empty(5, np.float32), 1, 1, parts_of(x.nbytes, 0, 1))
+    with pytest.raises(ValueError, match="read-only"):
+        cli.submit(1, 0, x, b"\0" * 40, 1, 1, parts_of(x.nbytes, 0, 1))
+    with pytest.raises(ValueError, match="cannot be summed"):
+        cli.submit(1, 0, x, np.empty_like(x), 7, 1, parts_of(x.nbytes, 0, 1))
