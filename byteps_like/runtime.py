@@ -34,6 +34,7 @@ from .wire import (ERR_MISMATCH, FLAG_COMPRESSED, FLAG_DECLARE, FLAG_PULL, ITEMS
                    Role, as_buffer, decode, dtype_name, encode, job_hash)
 
 log = logging.getLogger("byteps_like.worker")
+_PY_SWITCH_INTERVAL = 0.005  # the interpreter's default thread switch interval
 _LOCAL_TYPES = frozenset({MsgType.LOCAL_READY, MsgType.LOCAL_REDUCE, MsgType.LOCAL_REDUCED,
                           MsgType.LOCAL_DONE})
 
@@ -74,6 +75,7 @@ class TensorState:
     comp_bound: bool = False
     codecs: list = field(default_factory=list)    # one worker Codec per partition
     scratch: list = field(default_factory=list)   # float32 staging per partition (non-float32)
+    native_parts: list | None = None  # (key, server, stream, offset, nbytes, None) per partition
 
 
 #: dtypes a codec compressor applies to (codecs work in float32; the others are converted)
@@ -234,6 +236,11 @@ class Runtime:
         self.native = cli
         self._completions = native.Completions(cli, self._native_done)
         self._completions.start()
+        self._switch_interval = None
+        want = cfg.scheduling.switch_interval
+        if want and sys.getswitchinterval() == _PY_SWITCH_INTERVAL:
+            sys.setswitchinterval(want)
+            self._switch_interval = want
         log.info("worker %d: native data plane, %d stream(s) to each of %d server(s), %d I/O "
                  "threads", self.rank_, self.native_streams, len(servers),
                  cli.stats()["io_threads"])
@@ -291,6 +298,8 @@ class Runtime:
             for comp in self.native.completions(0.0):
                 self._native_done(comp)
             self.native = None
+            if getattr(self, "_switch_interval", None) == sys.getswitchinterval():
+                sys.setswitchinterval(_PY_SWITCH_INTERVAL)  # ours: give the default back
         if self.pipeline is not None:
             self.pipeline.close()
             self.pipeline = None
@@ -591,9 +600,9 @@ class Runtime:
             with self._lock:
                 self._native_ops[op] = ("task", task)
             self.native.submit(op, task.priority, task.push_src, task.pull_dst,
-                               native.WIRE_CODE[task.dtype], divisor,
-                               [(task.key, task.round, task.server,
-                                 task.key % self.native_streams, 0, task.nbytes, decl)])
+                               native.WIRE_CODE[task.dtype], divisor, task.round,
+                               [(task.key, task.server, task.key % self.native_streams, 0,
+                                 task.nbytes, decl)])
             self.bytes_pushed += task.nbytes
             return False  # the completion advances the task
         # one message pushes the partition and asks for the round's sum (FLAG_PULL)
@@ -787,18 +796,24 @@ class Runtime:
         completion out, whatever the number of partitions."""
         nparts = len(st.parts)
         streams = self.native_streams
-        parts = []
-        for part, (off, n, key, server) in enumerate(st.parts):
-            decl = (self._decl_bytes({"name": st.name, "shape": list(st.shape), "dtype": dtype,
-                                      "part": part, "nparts": nparts}) if rnd == 0 else None)
-            parts.append((key, rnd, server, key % streams, off, n, decl))
+        if rnd == 0:  # the declarations travel once per key
+            parts = [(key, server, key % streams, off, n,
+                      self._decl_bytes({"name": st.name, "shape": list(st.shape),
+                                        "dtype": dtype, "part": part, "nparts": nparts}))
+                     for part, (off, n, key, server) in enumerate(st.parts)]
+        else:
+            parts = st.native_parts
+            if parts is None:
+                parts = st.native_parts = [(key, server, key % streams, off, n, None)
+                                           for off, n, key, server in st.parts]
         op = next(self._native_ids)
         divisor = self.size_ if average and self.size_ > 1 else 1
         with self._lock:
             self._native_ops[op] = ("op", h, st, rnd, priority, time.monotonic())
         h.fast_wait = lambda timeout, op=op: self._native_wait(op, timeout)
         try:
-            self.native.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, parts)
+            self.native.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, rnd,
+                               parts)
         except (RuntimeError, ValueError) as exc:
             with self._lock:
                 self._native_ops.pop(op, None)

@@ -166,6 +166,23 @@ class Conn : public std::enable_shared_from_this<Conn> {
     for (auto& f : finished) f(!closed_flag_.load());
   }
 
+  // Queue a message for the loop thread to write: nothing is copied or written here, so a
+  // caller holding the GIL returns at once.
+  void post(Out&& o) {
+    std::function<void(bool)> dropped;
+    {
+      std::lock_guard<std::mutex> g(wmu_);
+      if (closed_) {
+        dropped = std::move(o.done);
+      } else {
+        if (o.hdr.flags & kFlagMeta) o.meta_len = static_cast<std::uint32_t>(o.meta.size());
+        outq_.push_back(std::move(o));
+        arm(true);  // the loop writes once the socket is writable (at once, usually)
+      }
+    }
+    if (dropped) dropped(false);
+  }
+
   // The loop calls these.
   void on_writable() {
     std::vector<std::function<void(bool)>> finished;
@@ -1122,7 +1139,7 @@ class ClientImpl {
       maybe_report_locked(op);
       dispatch_locked(&ready);
     }
-    send_ready(ready);
+    send_ready(ready, true);
   }
 
   // The caller takes this completion itself: completions() leaves it alone meanwhile.
@@ -1403,7 +1420,8 @@ class ClientImpl {
     }
   }
 
-  void send_ready(std::vector<Ready>& ready) {
+  // from_user: the submitting (Python) thread, which only queues; I/O threads write inline
+  void send_ready(std::vector<Ready>& ready, bool from_user = false) {
     for (auto& r : ready) {
       Op& op = *r.op;
       const PartSpec& s = op.parts[r.idx].spec;
@@ -1420,7 +1438,11 @@ class ClientImpl {
       o.plen = s.nbytes;
       auto keep = r.op;
       o.done = [this, keep](bool) { sent(keep); };
-      r.conn->send(std::move(o));
+      if (from_user) {
+        r.conn->post(std::move(o));
+      } else {
+        r.conn->send(std::move(o));
+      }
     }
     ready.clear();
   }

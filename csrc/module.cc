@@ -334,8 +334,9 @@ void bind_dataplane(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def(
           "submit",
+          // Holds the GIL: it only checks, queues and returns (the I/O threads write).
           [](dp::DataClient& c, std::uint64_t op, int priority, py::handle src, py::handle dst,
-             int wire_dtype, std::int64_t divisor, py::list parts) {
+             int wire_dtype, std::int64_t divisor, std::int64_t round, py::list parts) {
             const std::size_t isz = dp::wire_itemsize(wire_dtype);
             if (dp::wire_to_kernel_dtype(wire_dtype) < 0)
               throw py::value_error("submit: wire dtype code " + std::to_string(wire_dtype) +
@@ -347,16 +348,16 @@ void bind_dataplane(py::module_& m) {
             specs.reserve(parts.size());
             for (py::handle item : parts) {
               auto t = item.cast<py::tuple>();
-              if (t.size() != 7) throw py::value_error("submit: a part is (key, round, server, "
-                                                       "conn, offset, nbytes, decl)");
+              if (t.size() != 6) throw py::value_error("submit: a part is (key, server, conn, "
+                                                       "offset, nbytes, decl)");
               dp::PartSpec p;
               p.key = t[0].cast<std::uint64_t>();
-              p.round = t[1].cast<std::int64_t>();
-              p.server = t[2].cast<int>();
-              p.conn = t[3].cast<int>();
-              p.offset = t[4].cast<std::uint64_t>();
-              p.nbytes = t[5].cast<std::uint64_t>();
-              if (!t[6].is_none()) p.decl = t[6].cast<std::string>();
+              p.round = round;
+              p.server = t[1].cast<int>();
+              p.conn = t[2].cast<int>();
+              p.offset = t[3].cast<std::uint64_t>();
+              p.nbytes = t[4].cast<std::uint64_t>();
+              if (!t[5].is_none()) p.decl = t[5].cast<std::string>();
               if (p.nbytes == 0 || p.nbytes % isz != 0 || p.offset % isz != 0 ||
                   p.offset > s.size() || p.nbytes > s.size() - p.offset ||
                   p.offset > d.size() || p.nbytes > d.size() - p.offset)
@@ -368,13 +369,11 @@ void bind_dataplane(py::module_& m) {
                 throw py::value_error("submit: declaration over 1 MiB");
               specs.push_back(std::move(p));
             }
-            const char* sp = static_cast<const char*>(s.data());
-            char* dp_ = static_cast<char*>(d.data());
-            py::gil_scoped_release nogil;
-            c.submit(op, priority, sp, dp_, wire_dtype, divisor, std::move(specs));
+            c.submit(op, priority, static_cast<const char*>(s.data()),
+                     static_cast<char*>(d.data()), wire_dtype, divisor, std::move(specs));
           },
           py::arg("op"), py::arg("priority"), py::arg("src"), py::arg("dst"),
-          py::arg("wire_dtype"), py::arg("divisor"), py::arg("parts"))
+          py::arg("wire_dtype"), py::arg("divisor"), py::arg("round"), py::arg("parts"))
       .def("wait", &dp::DataClient::wait, py::arg("op"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
       .def(

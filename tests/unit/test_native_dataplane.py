@@ -45,13 +45,13 @@ def parts_of(nbytes: int, rnd: int, nservers: int, name: str = "t", decl_extra: 
             d.update(decl_extra or {})
             decl = json.dumps(d, separators=(",", ":")).encode()
         key = key_base + i
-        out.append((key, rnd, key % nservers, key, off, min(PART, nbytes - off), decl))
+        out.append((key, key % nservers, key, off, min(PART, nbytes - off), decl))
     return out
 
 
 def run_round(clients, inputs, outputs, dtype, rnd, nservers, op, divisor=1, **kw):
     for cli, x, y in zip(clients, inputs, outputs):
-        cli.submit(op, 0, x.view(np.uint8), y.view(np.uint8), WIRE_CODE[dtype], divisor,
+        cli.submit(op, 0, x.view(np.uint8), y.view(np.uint8), WIRE_CODE[dtype], divisor, rnd,
                    parts_of(x.nbytes, rnd, nservers, **kw))
     comps = []
     for cli in clients:
@@ -124,7 +124,7 @@ def test_priorities_and_completions_of_many_operations(cleanup):
     arrays = [np.full(200_000, i, np.float32) for i in range(6)]
     outs = [np.zeros_like(a) for a in arrays]
     for i, (a, o) in enumerate(zip(arrays, outs)):
-        cli.submit(i + 1, i % 3, a.view(np.uint8), o.view(np.uint8), WIRE_CODE["float32"], 1,
+        cli.submit(i + 1, i % 3, a.view(np.uint8), o.view(np.uint8), WIRE_CODE["float32"], 1, 0,
                    parts_of(a.nbytes, 0, 1, name=f"t{i}", key_base=i << 16))
     got = {}
     deadline = time.monotonic() + 20
@@ -148,9 +148,9 @@ def test_declaration_mismatch_names_both_sides(cleanup):
     cleanup += clients
     x = np.ones(100, np.float32)
     outs = [np.empty_like(x), np.empty_like(x)]
-    clients[0].submit(1, 0, x.view(np.uint8), outs[0].view(np.uint8), 1, 1,
+    clients[0].submit(1, 0, x.view(np.uint8), outs[0].view(np.uint8), 1, 1, 0,
                       parts_of(x.nbytes, 0, 1, decl_extra={"shape": [100]}))
-    clients[1].submit(1, 0, x.view(np.uint8), outs[1].view(np.uint8), 1, 1,
+    clients[1].submit(1, 0, x.view(np.uint8), outs[1].view(np.uint8), 1, 1, 0,
                       parts_of(x.nbytes, 0, 1, decl_extra={"shape": [10, 10]}))
     comps = [c.wait(1, 10.0) and c.take(1) for c in clients]
     assert not any(c[1] for c in comps), comps
@@ -301,7 +301,7 @@ def test_a_lost_server_fails_operations_naming_it(cleanup):
     x = np.ones(1000, np.float32)
     y = np.empty_like(x)
     # worker 1 never pushes, so the round stays open; then the server goes away
-    cli.submit(1, 0, x.view(np.uint8), y.view(np.uint8), 1, 1, parts_of(x.nbytes, 0, 1))
+    cli.submit(1, 0, x.view(np.uint8), y.view(np.uint8), 1, 1, 0, parts_of(x.nbytes, 0, 1))
     time.sleep(0.2)
     srv.close()
     assert cli.wait(1, 10.0)
@@ -309,7 +309,7 @@ def test_a_lost_server_fails_operations_naming_it(cleanup):
     assert not c[1] and c[2] == "peer_lost"
     assert b"server rank 0" in c[4] and str(port).encode() in c[4]
     # later operations to that server fail at once with the same reason
-    cli.submit(2, 0, x.view(np.uint8), y.view(np.uint8), 1, 1, parts_of(x.nbytes, 1, 1))
+    cli.submit(2, 0, x.view(np.uint8), y.view(np.uint8), 1, 1, 1, parts_of(x.nbytes, 1, 1))
     assert cli.wait(2, 5.0) and cli.take(2)[2] == "peer_lost"
 
 
@@ -320,7 +320,7 @@ def test_stalls_report_the_pushed_ranks(cleanup):
     cleanup.append(cli)
     x = np.ones(10, np.float32)
     y = np.empty_like(x)
-    cli.submit(1, 0, x.view(np.uint8), y.view(np.uint8), 1, 1, parts_of(x.nbytes, 0, 1))
+    cli.submit(1, 0, x.view(np.uint8), y.view(np.uint8), 1, 1, 0, parts_of(x.nbytes, 0, 1))
     deadline = time.monotonic() + 5
     stalls = []
     while not stalls and time.monotonic() < deadline:
@@ -340,8 +340,8 @@ def test_submit_checks_buffers(cleanup):
     cleanup.append(cli)
     x = np.ones(10, np.float32)
     with pytest.raises(ValueError, match="does not fit"):
-        cli.submit(1, 0, x, np.empty(5, np.float32), 1, 1, parts_of(x.nbytes, 0, 1))
+        cli.submit(1, 0, x, np.empty(5, np.float32), 1, 1, 0, parts_of(x.nbytes, 0, 1))
     with pytest.raises(ValueError, match="read-only"):
-        cli.submit(1, 0, x, b"\0" * 40, 1, 1, parts_of(x.nbytes, 0, 1))
+        cli.submit(1, 0, x, b"\0" * 40, 1, 1, 0, parts_of(x.nbytes, 0, 1))
     with pytest.raises(ValueError, match="cannot be summed"):
-        cli.submit(1, 0, x, np.empty_like(x), 7, 1, parts_of(x.nbytes, 0, 1))
+        cli.submit(1, 0, x, np.empty_like(x), 7, 1, 0, parts_of(x.nbytes, 0, 1))
