@@ -46,7 +46,7 @@ DEFAULT_SIZES = "4,64"
 RESULT_TAG = "BENCH_RESULT "
 MiB = 1 << 20
 COLUMNS = ("size", "pp alone GB/s", "pp busy-main GB/s", "pp ratio", "pp busy-proc GB/s",
-           "proc ratio", "loop alone M/s", "loop w/ comm M/s", "loop ratio")
+           "proc ratio", "loop alone M/s", "loop w/ comm M/s", "loop ratio", "proc loop ratio")
 
 EXPLAIN = """\
 columns (medians over repetitions; GB/s = 1e9 B/s of tensor bytes, slowest worker; M/s = million
@@ -59,7 +59,9 @@ loop iterations per second, mean over workers):
   proc ratio          busy-proc / alone: the CPU-contention part; pp ratio well below it is GIL
   loop alone M/s      the loop in the main thread, nothing else running in the job (A)
   loop w/ comm M/s    the loop in the main thread while push_pull runs (C)
-  loop ratio          w/ comm / alone: what communication takes from the training thread"""
+  loop ratio          w/ comm / alone: what communication takes from the training thread
+  proc loop ratio     the loop's rate in the spinning process of D / loop alone: what
+                      communication takes from a loop that shares no GIL with it (CPU only)"""
 
 
 def parse_mib(text: str) -> int:
@@ -329,6 +331,8 @@ def summarize(per_worker: list[dict], sizes: list[int], control: bool) -> list[d
         row["proc_ratio"] = (med["pp_busy_process_gbps"] / med["pp_alone_gbps"]
                              if control else None)
         row["loop_ratio"] = med["loop_with_comm_per_s"] / med["loop_alone_per_s"]
+        row["proc_loop_ratio"] = (med["spinner_with_comm_per_s"] / med["loop_alone_per_s"]
+                                  if control else None)
         rows.append(row)
     return rows
 
@@ -343,7 +347,8 @@ def format_table(rows: list[dict]) -> str:
                       f"{m['pp_busy_main_gbps']:.3f}", f"{r['pp_ratio']:.2f}",
                       num(m.get("pp_busy_process_gbps"), ".3f"), num(r["proc_ratio"], ".2f"),
                       f"{m['loop_alone_per_s'] / 1e6:.2f}",
-                      f"{m['loop_with_comm_per_s'] / 1e6:.2f}", f"{r['loop_ratio']:.2f}"))
+                      f"{m['loop_with_comm_per_s'] / 1e6:.2f}", f"{r['loop_ratio']:.2f}",
+                      num(r["proc_loop_ratio"], ".2f")))
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
     lines = ["| " + " | ".join(c[i].rjust(widths[i]) for i in range(len(COLUMNS))) + " |"
              for c in cells]

@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 COLUMNS = ["size", "pp alone GB/s", "pp busy-main GB/s", "pp ratio", "pp busy-proc GB/s",
-           "proc ratio", "loop alone M/s", "loop w/ comm M/s", "loop ratio"]
+           "proc ratio", "loop alone M/s", "loop w/ comm M/s", "loop ratio", "proc loop ratio"]
 TINY = ["--seconds", "0.3", "--warmup-seconds", "0.05", "--repeat", "1"]
 
 
@@ -74,7 +74,7 @@ def test_gil_one_worker_tiny(tmp_path):
         positive(med["pp_alone_gbps"], med["pp_busy_main_gbps"], med["pp_busy_process_gbps"],
                  med["loop_alone_per_s"], med["loop_with_comm_per_s"],
                  med["spinner_with_comm_per_s"], res["pp_ratio"], res["proc_ratio"],
-                 res["loop_ratio"])
+                 res["loop_ratio"], res["proc_loop_ratio"])
         assert res["repeat"] == 1 and len(res["pp_alone_gbps"]) == 1
         for phase in ("comm_alone", "busy_main", "busy_process"):
             (rounds,) = res["rounds"][phase]          # one worker
@@ -90,6 +90,7 @@ def test_gil_two_workers_run_the_same_rounds(tmp_path):
     positive(row["pp alone GB/s"], row["pp busy-main GB/s"], row["loop alone M/s"],
              row["loop w/ comm M/s"])
     assert row["pp busy-proc GB/s"] == "n/a" and row["proc ratio"] == "n/a", row
+    assert row["proc loop ratio"] == "n/a", row
     data = json.loads(out.read_text())
     (res,) = data["results"]
     assert len(data["per_worker"]) == 2 and "busy_process" not in res["rounds"]
