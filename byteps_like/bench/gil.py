@@ -218,6 +218,7 @@ def _worker(sizes: list[int], seconds: float, repeat: int, warm: float, control:
     import byteps_like as bps
     bps.init()
     rank, nworkers = bps.rank(), bps.size()
+    switch = sys.getswitchinterval()   # the runtime may have set it (BYTEPS_GIL_SWITCH_INTERVAL)
     results: dict[str, dict] = {}
     for nbytes in sizes:
         name = f"bench.gil.{nbytes}"
@@ -251,8 +252,8 @@ def _worker(sizes: list[int], seconds: float, repeat: int, warm: float, control:
         results[str(nbytes)] = reps
         del x, out
     bps.shutdown()
-    print(RESULT_TAG + json.dumps({"rank": rank, "workers": nworkers, "results": results}),
-          flush=True)
+    print(RESULT_TAG + json.dumps({"rank": rank, "workers": nworkers,
+                                   "switch_interval_s": switch, "results": results}), flush=True)
     return 0
 
 
@@ -414,9 +415,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(libzmq {info['libzmq']}), byteps_like {info['byteps_like']}")
     print(f"job: {a.workers} worker(s), {a.servers} server(s), partition {a.partition_bytes} B, "
           f"float32, average=False, loopback tcp; windows of {a.seconds:g} s after "
-          f"{a.warmup_seconds:g} s of push_pull, {a.repeat} repetition(s) per size; "
-          f"sys.getswitchinterval() {sys.getswitchinterval() * 1e3:g} ms; phases: loop alone, "
-          f"push_pull alone, both" + (", push_pull + spinning process" if control else ""))
+          f"{a.warmup_seconds:g} s of push_pull, {a.repeat} repetition(s) per size; phases: "
+          f"loop alone, push_pull alone, both" + (", push_pull + spinning process" if control
+                                                  else ""))
     busy = _busy_now()
     print("before start: load average " + _loadavg() + (
         "" if busy is None else f", CPUs {busy:.0%} busy over 0.5 s"
@@ -442,6 +443,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"[gil] done in {wall:.1f} s", file=sys.stderr, flush=True)
 
     rows = summarize(per_worker, sizes, control)
+    switch = sorted({w.get("switch_interval_s") for w in per_worker} - {None})
+    print("workers' thread switch interval (sys.getswitchinterval() after bps.init(), "
+          "BYTEPS_GIL_SWITCH_INTERVAL): "
+          + (", ".join(f"{x * 1e3:g} ms" for x in switch) or "not reported"))
     print()
     print(format_table(rows))
     print()
@@ -455,7 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "servers": a.servers, "partition_bytes": a.partition_bytes,
                        "seconds": a.seconds, "repeat": a.repeat,
                        "warmup_seconds": a.warmup_seconds, "control": control,
-                       "switch_interval_s": sys.getswitchinterval(), "busy_before": busy,
+                       "worker_switch_interval_s": switch[0] if len(switch) == 1 else switch,
+                       "busy_before": busy,
                        "others_share": others, "wall_s": wall, "results": rows,
                        "per_worker": per_worker}, f, indent=1)
     return 0

@@ -69,6 +69,8 @@ def test_gil_one_worker_tiny(tmp_path):
     assert data["workers"] == 1 and data["servers"] == 1 and data["control"] is True
     assert data["command"].startswith("python -m byteps_like.bench gil")
     assert [x["nbytes"] for x in data["results"]] == [65536, 262144]
+    assert 0 < data["worker_switch_interval_s"] <= 1
+    assert "workers' thread switch interval" in r.stdout
     for res in data["results"]:
         med = res["median"]
         positive(med["pp_alone_gbps"], med["pp_busy_main_gbps"], med["pp_busy_process_gbps"],
