@@ -124,13 +124,14 @@ class SchedulingConfig:
     """Flow control of the worker-side pipeline."""
     credit: int = _s("BYTEPS_SCHEDULING_CREDIT", "int", 4, "Partitions' worth of bytes each "
                      "worker may have in flight; 0 means unlimited.", unit="partitions", min=0)
-    switch_interval: float = _s("BYTEPS_GIL_SWITCH_INTERVAL", "float", 0.0005, "While the "
+    switch_interval: float = _s("BYTEPS_GIL_SWITCH_INTERVAL", "float", 0.0002, "While the "
                                 "native data plane serves a worker, Python's thread switch "
-                                "interval (sys.setswitchinterval): how long a thread that "
-                                "finished a push_pull waits for the GIL when the training "
-                                "thread runs Python. Python's own 0.005 costs a synchronous "
-                                "push_pull of 16 MiB about half its speed; 0 leaves the "
-                                "interpreter's setting alone, and so does a program that "
+                                "interval (sys.setswitchinterval): at most how long a thread "
+                                "whose push_pull completed waits for the GIL while the training "
+                                "thread runs Python. With Python's own 0.005 a synchronous "
+                                "push_pull of 16 MiB kept 0.29 of its speed next to a busy "
+                                "main thread, with 0.0002 0.93 (docs/performance.md). 0 leaves "
+                                "the interpreter's setting alone, and so does a program that "
                                 "changed it.", unit="seconds", min=0, max=1)
     queue_depth: int = _s("BYTEPS_PIPELINE_QUEUE_DEPTH", "int", 64, "Length of the bounded queue "
                           "between two pipeline stages.", unit="items", min=1)

@@ -3,7 +3,10 @@ rejected (answered with an ERROR, or dropped by ZeroMQ), counted, and the real j
 exact results while it happens. Plus bounded fuzzing of the decoder (hypothesis, atheris)."""
 from __future__ import annotations
 
+import json
 import os
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -38,7 +41,9 @@ def _real_rounds(c, rounds: int, n: int = 10000) -> None:
 
 
 def test_server_and_scheduler_reject_and_count_hostile_input_while_the_job_runs():
-    with running_cluster(workers=2, extra=SMALL) as c:
+    # the ZeroMQ path of the server (compressed tensors, asynchronous mode, auth secrets); the
+    # native data plane has its own test below
+    with running_cluster(workers=2, extra={**SMALL, "BYTEPS_DATA_PLANE": "zmq"}) as c:
         _real_rounds(c, 1)   # declares the real keys
         srv = c.server
         real_key = next(iter(next(e for e in srv.engines if e.stores).stores))
@@ -89,6 +94,107 @@ def test_server_and_scheduler_reject_and_count_hostile_input_while_the_job_runs(
         _real_rounds(c, 2)
         assert c.sched.exit_code is None
         assert not any(s.failed for e in srv.engines for s in e.stores.values())
+
+
+_HDR = struct.Struct("<4sBBBBiIIQqQQ")
+
+
+def _native_msg(mtype, rank, job, key=0, rnd=0, dtype=0, count=0, nbytes=0, flags=0,
+                meta=b"", payload=b"") -> bytes:
+    head = _HDR.pack(b"BPSL", 1, mtype, dtype, 2, rank, flags | (1 if meta else 0), job, key,
+                     rnd, count, nbytes)
+    return head + (struct.pack("<I", len(meta)) + meta if meta else b"") + payload
+
+
+def _native_stream(port: int, job: int, rank: int = 0) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(_native_msg(24, rank, job))
+    reply = s.recv(_HDR.size, socket.MSG_WAITALL)
+    assert _HDR.unpack(reply)[2] == 24, reply
+    return s
+
+
+def _native_reply(s: socket.socket) -> tuple:
+    """The next message on a stream: (header fields, meta JSON or None)."""
+    h = _HDR.unpack(s.recv(_HDR.size, socket.MSG_WAITALL))
+    meta = None
+    if h[6] & 1:
+        (n,) = struct.unpack("<I", s.recv(4, socket.MSG_WAITALL))
+        meta = json.loads(s.recv(n, socket.MSG_WAITALL))
+    return h, meta
+
+
+def _closed(s: socket.socket) -> bool:
+    s.settimeout(10)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    finally:
+        s.close()
+
+
+def test_native_data_plane_rejects_hostile_streams_while_the_job_runs():
+    with running_cluster(workers=2, extra=SMALL) as c:
+        _real_rounds(c, 1)
+        srv = c.server
+        assert srv.native is not None and srv.control.data_port > 0
+        port, job = srv.control.data_port, srv.job
+        stop = threading.Event()
+        errors: list = []
+
+        def job_thread():
+            try:
+                while not stop.is_set():
+                    _real_rounds(c, 1)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+        t = threading.Thread(target=job_thread, daemon=True)
+        t.start()
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)   # not a peer at all
+            s.sendall(b"\x16\x03\x01" + os.urandom(200))
+            assert _closed(s)
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)   # another job
+            s.sendall(_native_msg(24, 0, job ^ 1))
+            assert _closed(s)
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)   # no such rank
+            s.sendall(_native_msg(24, 7, job))
+            assert _closed(s)
+            # a push to the real key 0 for a far round, with a declaration that does not match:
+            # rejected alone (the round is checked first), the key keeps serving
+            s = _native_stream(port, job)
+            s.sendall(_native_msg(20, 0, job, key=0, rnd=10 ** 6, dtype=1, count=4096,
+                                  nbytes=16384, flags=2 | 8, meta=b'{"name":"evil"}',
+                                  payload=b"\0" * 16384))
+            h, meta = _native_reply(s)
+            assert h[2] == 30 and meta["kind"] == "protocol" and "not open" in meta["message"]
+            # the wrong dtype for the real key, then a pull of a key nobody declared
+            s.sendall(_native_msg(20, 0, job, key=0, rnd=0, dtype=6, count=2, nbytes=16,
+                                  payload=b"\0" * 16))
+            h, meta = _native_reply(s)
+            assert h[2] == 30 and "bytes of dtype code" in meta["message"]
+            s.sendall(_native_msg(22, 0, job, key=987654, rnd=0))
+            h, meta = _native_reply(s)
+            assert h[2] == 30 and "before any push" in meta["message"]
+            # a length past BYTEPS_MAX_MESSAGE_BYTES: the stream is closed before any allocation
+            s.sendall(_native_msg(20, 0, job, key=5, dtype=1, count=MAX_MSG, nbytes=4 * MAX_MSG))
+            assert _closed(s)
+            s = _native_stream(port, job, rank=1)  # a message claiming another rank than hello
+            s.sendall(_native_msg(22, 0, job, key=0))
+            assert _closed(s)
+        time.sleep(0.5)
+        stop.set()
+        t.join(60)
+        assert not errors, errors
+        _real_rounds(c, 2)
+        rej = srv.rejections()
+        assert rej.get("malformed", 0) >= 6 and rej.get("bad hello", 0) >= 6, rej
+        assert rej.get("push out of round") == 3, rej
+        assert rej.get("wrong dtype or size for a declared key") == 3, rej
+        assert rej.get("pull of an undeclared key") == 3, rej
+        assert rej.get("wrong job or rank for this stream") == 3, rej
+        assert srv.native.stats()["store_bytes"] < 1 << 20  # nothing allocated for them
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
