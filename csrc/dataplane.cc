@@ -1207,6 +1207,24 @@ class ClientImpl {
     cv_.notify_all();
   }
 
+  // Hold every partition in the queue (paused) or let them go in priority order again.
+  void set_paused(bool paused) {
+    std::vector<Ready> ready;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      paused_ = paused;
+      dispatch_locked(&ready);
+    }
+    send_ready(ready, true);
+  }
+
+  std::vector<std::uint64_t> take_dispatch_log() {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<std::uint64_t> out;
+    out.swap(log_);
+    return out;
+  }
+
   std::map<std::string, std::uint64_t> stats() {
     std::map<std::string, std::uint64_t> s;
     s["bytes_in"] = c_.bytes_in;
@@ -1392,7 +1410,7 @@ class ClientImpl {
   }
 
   void dispatch_locked(std::vector<Ready>* ready) {
-    while (!pq_.empty()) {
+    while (!pq_.empty() && !paused_) {
       const QItem& top = pq_.top();
       Op& op = *top.op;
       Part& p = op.parts[top.idx];
@@ -1410,6 +1428,7 @@ class ClientImpl {
         continue;
       }
       p.dispatched = true;
+      if (log_.size() < kDispatchLog) log_.push_back(p.spec.key);
       inflight_bytes_ += p.spec.nbytes;
       inflight_[p.spec.key] = Target{top.op, top.idx};
       if (op.t_first == 0) op.t_first = monotonic_now();
@@ -1461,6 +1480,9 @@ class ClientImpl {
   std::uint64_t seq_ = 0;
   std::uint64_t inflight_bytes_ = 0;
   std::unordered_map<std::uint64_t, Target> inflight_;   // key -> partition in flight
+  bool paused_ = false;
+  static constexpr std::size_t kDispatchLog = 4096;
+  std::vector<std::uint64_t> log_;                        // keys in the order they went out
 
  public:
   std::uint64_t max_msg() const { return max_msg_; }
@@ -1709,6 +1731,8 @@ std::vector<Completion> DataClient::completions(double timeout) {
   return impl_->completions(timeout);
 }
 void DataClient::close() { impl_->close(); }
+void DataClient::set_paused(bool paused) { impl_->set_paused(paused); }
+std::vector<std::uint64_t> DataClient::take_dispatch_log() { return impl_->take_dispatch_log(); }
 std::map<std::string, std::uint64_t> DataClient::stats() { return impl_->stats(); }
 
 }  // namespace dp

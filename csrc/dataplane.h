@@ -133,6 +133,11 @@ class DataClient {
   std::vector<Completion> completions(double timeout);
   void close();
   std::map<std::string, std::uint64_t> stats();
+  // Hold queued partitions (paused) or release them in priority order; for observing the
+  // scheduler, as a test of priorities does.
+  void set_paused(bool paused);
+  // The keys of the partitions sent since the last call, in order (the first 4096).
+  std::vector<std::uint64_t> take_dispatch_log();
 
  private:
   std::unique_ptr<ClientImpl> impl_;

@@ -398,6 +398,8 @@ void bind_dataplane(py::module_& m) {
           },
           py::arg("timeout"))
       .def("close", &dp::DataClient::close, py::call_guard<py::gil_scoped_release>())
+      .def("set_paused", &dp::DataClient::set_paused, py::arg("paused"))
+      .def("take_dispatch_log", &dp::DataClient::take_dispatch_log)
       .def("stats", [](dp::DataClient& c) { return counters_dict(c.stats()); });
   m.def("monotonic", &dp::monotonic_now, "CLOCK_MONOTONIC seconds (time.monotonic()).");
 }

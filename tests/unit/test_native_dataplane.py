@@ -345,3 +345,23 @@ def test_submit_checks_buffers(cleanup):
         cli.submit(1, 0, x, b"\0" * 40, 1, 1, 0, parts_of(x.nbytes, 0, 1))
     with pytest.raises(ValueError, match="cannot be summed"):
         cli.submit(1, 0, x, np.empty_like(x), 7, 1, 0, parts_of(x.nbytes, 0, 1))
+
+
+def test_held_partitions_go_out_by_priority_then_fifo(cleanup):
+    srv, port = make_server(1)
+    cleanup.append(srv)
+    cli = make_client(0, [port])
+    cleanup.append(cli)
+    cli.set_paused(True)
+    arrays = [np.full(1000, i, np.float32) for i in range(5)]
+    outs = [np.zeros_like(a) for a in arrays]
+    prios = [0, 5, 0, 9, 5]
+    for i, (a, o) in enumerate(zip(arrays, outs)):
+        cli.submit(i + 1, prios[i], a.view(np.uint8), o.view(np.uint8), 1, 1, 0,
+                   parts_of(a.nbytes, 0, 1, name=f"t{i}", key_base=i << 16))
+    time.sleep(0.2)
+    assert cli.completions(0.0) == [] and cli.take_dispatch_log() == []  # held
+    cli.set_paused(False)
+    for op in range(1, 6):
+        assert cli.wait(op, 10.0) and cli.take(op)[1]
+    assert [k >> 16 for k in cli.take_dispatch_log()] == [3, 1, 4, 0, 2]

@@ -126,11 +126,21 @@ def priority(rank, size):
             task.handle.name.removeprefix("Gradient.")))
     for n, p in model.named_parameters():
         p.register_post_accumulate_grad_hook(lambda _p, n=n: hooks.append(n))
-    q = rt.pipeline.queues[PUSH]
-    q.inflight += 1 << 40  # hold the credit: every gradient queues during backward
-    model(torch.randn(8, 64)).sum().backward()
-    q.release(1 << 40)
-    opt.step()
+    if rt.native is not None:  # the native data plane schedules partitions in C++
+        rt.native.take_dispatch_log()
+        rt.native.set_paused(True)  # hold them: every gradient queues during backward
+        model(torch.randn(8, 64)).sum().backward()
+        rt.native.set_paused(False)
+        opt.step()
+        by_key = {st.parts[0][2]: name for name, st in rt.tensors().items() if st.parts}
+        wire = [by_key[k].removeprefix("Gradient.") for k in rt.native.take_dispatch_log()
+                if k in by_key and by_key[k].startswith("Gradient.")]
+    else:
+        q = rt.pipeline.queues[PUSH]
+        q.inflight += 1 << 40  # hold the credit: every gradient queues during backward
+        model(torch.randn(8, 64)).sum().backward()
+        q.release(1 << 40)
+        opt.step()
     names = [n for n, _ in model.named_parameters()]
     assert hooks == names[::-1], hooks             # backward produces the last layer first
     assert wire == names, wire                     # the wire carries the first layer first
