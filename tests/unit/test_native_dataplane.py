@@ -149,16 +149,18 @@ def test_declaration_mismatch_names_both_sides(cleanup):
     x = np.ones(100, np.float32)
     outs = [np.empty_like(x), np.empty_like(x)]
     clients[0].submit(1, 0, x.view(np.uint8), outs[0].view(np.uint8), 1, 1, 0,
-                      parts_of(x.nbytes, 0, 1, decl_extra={"shape": [100]}))
+                      parts_of(x.nbytes, 0, 1, decl_extra={"shape": [100], "dtype": "float32"}))
     clients[1].submit(1, 0, x.view(np.uint8), outs[1].view(np.uint8), 1, 1, 0,
-                      parts_of(x.nbytes, 0, 1, decl_extra={"shape": [10, 10]}))
+                      parts_of(x.nbytes, 0, 1, decl_extra={"shape": [10, 10],
+                                                           "dtype": "float32"}))
     comps = [c.wait(1, 10.0) and c.take(1) for c in clients]
     assert not any(c[1] for c in comps), comps
     for c in comps:
         assert c[2] == "remote"
         kind, text = decode_error(c[4])
         assert kind == "mismatch"
-        assert "[100]" in text and "[10,10]" in text and "worker rank 0" in text
+        assert "'t' shape (100,) float32" in text and "'t' shape (10, 10) float32" in text
+        assert "worker rank 0" in text and "worker rank 1" in text
 
 
 def test_push_out_of_round_is_rejected_alone(cleanup):

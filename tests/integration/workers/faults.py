@@ -47,6 +47,7 @@ def main():
     try:
         for step in range(10_000):
             if step == 5 and mode == "kill-server" and rank == 0:
+                print(f"KILLING server rank 0 pid {server0.pid}", flush=True)
                 os.kill(server0.pid, signal.SIGKILL)
             if step == 5 and mode == "kill-worker" and rank == size - 1:
                 os.kill(os.getpid(), signal.SIGKILL)
