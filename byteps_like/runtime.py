@@ -850,7 +850,7 @@ class Runtime:
 
     def _native_done(self, comp: tuple) -> None:
         """One completed native operation (the completion thread, or a waiter)."""
-        op, ok, kind, server, message, t0, t1, nbytes = comp
+        op, ok, kind, server, message, t0, t1, nbytes, times = comp
         with self._lock:
             entry = self._native_ops.pop(op, None)
         if entry is None:
@@ -869,12 +869,14 @@ class Runtime:
             return
         self.bytes_pulled += nbytes
         observers = self.pipeline.observers if self.pipeline is not None else ()
-        if observers:  # one span per operation: push and pull overlap inside it
-            span = _NativeSpan(h, st.parts[0][2], -1, st.nbytes, priority, rnd, t_sub)
-            for obs in observers:
-                obs(span, "push_pull", "start", t0 or t_sub)
-            for obs in observers:
-                obs(span, "push_pull", "end", max(t1, t0 or t_sub))
+        if observers:  # each partition's push (sent..acknowledged) and pull (..received)
+            for part, ((_off, n, key, _srv), (ts, ta, td)) in enumerate(zip(st.parts, times)):
+                span = _NativeSpan(h, key, part, n, priority, rnd, t_sub)
+                for stage, a, b in (("push", ts, ta), ("pull", ta, td)):
+                    for obs in observers:
+                        obs(span, stage, "start", a)
+                    for obs in observers:
+                        obs(span, stage, "end", b)
         h.complete()
 
     # -- network replies (I/O thread) -----------------------------------------------------------------

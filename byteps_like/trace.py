@@ -34,8 +34,7 @@ log = logging.getLogger("byteps_like.trace")
 
 #: Stable thread ids for the stages, in pipeline order.
 STAGE_TIDS = {s: i for i, s in enumerate(
-    ("reduce", "copy_d2h", "compress", "push", "pull", "decompress", "copy_h2d", "broadcast",
-     "push_pull"))}  # push_pull: a whole operation of the native data plane
+    ("reduce", "copy_d2h", "compress", "push", "pull", "decompress", "copy_h2d", "broadcast"))}
 
 
 class Tracer:

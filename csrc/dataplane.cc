@@ -1112,6 +1112,7 @@ struct Op;
 struct Part {
   PartSpec spec;
   bool dispatched = false, acked = false, done = false;
+  double t_sent = 0, t_acked = 0, t_done = 0;
 };
 struct Op {
   std::uint64_t id = 0;
@@ -1306,7 +1307,9 @@ class ClientImpl {
       if (it == inflight_.end() || it->second.op->parts[it->second.idx].spec.round != h.round ||
           it->second.op->parts[it->second.idx].spec.server != server)
         return;
-      release_locked(it->second.op->parts[it->second.idx]);
+      Part& p = it->second.op->parts[it->second.idx];
+      if (p.t_acked == 0) p.t_acked = monotonic_now();
+      release_locked(p);
       dispatch_locked(&ready);
     }
     send_ready(ready);
@@ -1351,7 +1354,8 @@ class ClientImpl {
         auto it = inflight_.find(p.spec.key);
         if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
         op.remaining--;
-        op.t_last = monotonic_now();
+        op.t_last = p.t_done = monotonic_now();
+        if (p.t_acked == 0) p.t_acked = p.t_done;
       }
       maybe_report_locked(t.op);
       dispatch_locked(&ready);
@@ -1451,6 +1455,12 @@ class ClientImpl {
     c.t_first_send = op->t_first;
     c.t_last_done = op->t_last;
     c.bytes = op->bytes;
+    c.times.reserve(3 * op->parts.size());
+    for (const Part& p : op->parts) {
+      c.times.push_back(p.t_sent);
+      c.times.push_back(p.t_acked);
+      c.times.push_back(p.t_done);
+    }
     done_[op->id] = std::move(c);
     cv_.notify_all();
   }
@@ -1474,6 +1484,7 @@ class ClientImpl {
         continue;
       }
       p.dispatched = true;
+      p.t_sent = monotonic_now();
       if (log_.size() < kDispatchLog) log_.push_back(p.spec.key);
       inflight_bytes_ += p.spec.nbytes;
       inflight_[p.spec.key] = Target{top.op, top.idx};

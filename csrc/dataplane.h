@@ -110,6 +110,9 @@ struct Completion {
   std::string message;
   double t_first_send, t_last_done;  // CLOCK_MONOTONIC seconds (time.monotonic())
   std::uint64_t bytes;
+  // per partition, in submission order: sent, acknowledged (push done), received (pull done);
+  // 0 where it did not happen
+  std::vector<double> times;
 };
 
 class ClientImpl;

@@ -291,8 +291,11 @@ py::dict counters_dict(const std::map<std::string, std::uint64_t>& m) {
 }
 
 py::tuple completion_tuple(const dp::Completion& c) {
+  py::list times;
+  for (std::size_t i = 0; i + 2 < c.times.size(); i += 3)
+    times.append(py::make_tuple(c.times[i], c.times[i + 1], c.times[i + 2]));
   return py::make_tuple(c.op, c.ok, c.kind, c.server, py::bytes(c.message), c.t_first_send,
-                        c.t_last_done, c.bytes);
+                        c.t_last_done, c.bytes, times);
 }
 
 void bind_dataplane(py::module_& m) {
