@@ -320,7 +320,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
       iovec iov[48];
       int niov = 0;
       std::size_t idx = 0;
-      for (auto it = outq_.begin(); it != outq_.end() && niov + 3 <= 48; ++it, ++idx) {
+      // a message takes up to 4 iovecs: header, meta length, meta, payload
+      for (auto it = outq_.begin(); it != outq_.end() && niov + 4 <= 48; ++it, ++idx) {
         Out& o = *it;
         std::size_t skip = o.sent;
         auto add = [&](const void* p, std::size_t len) {

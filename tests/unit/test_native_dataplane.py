@@ -367,3 +367,23 @@ def test_held_partitions_go_out_by_priority_then_fifo(cleanup):
     for op in range(1, 6):
         assert cli.wait(op, 10.0) and cli.take(op)[1]
     assert [k >> 16 for k in cli.take_dispatch_log()] == [3, 1, 4, 0, 2]
+
+
+def test_many_queued_declarations_on_one_stream(cleanup):
+    """Dozens of messages with declarations queued on one stream go out in one write (up to
+    four pieces each): a regression test for the gather list's bound."""
+    srv, port = make_server(1)
+    cleanup.append(srv)
+    cli = make_client(0, [port], streams=1, credit=0)
+    cleanup.append(cli)
+    cli.set_paused(True)
+    arrays = [np.full(16, i, np.float32) for i in range(60)]
+    outs = [np.zeros_like(a) for a in arrays]
+    for i, (a, o) in enumerate(zip(arrays, outs)):
+        cli.submit(i + 1, 0, a.view(np.uint8), o.view(np.uint8), 1, 1, 0,
+                   parts_of(a.nbytes, 0, 1, name=f"t{i}", key_base=i << 16))
+    cli.set_paused(False)
+    for op in range(1, 61):
+        assert cli.wait(op, 10.0) and cli.take(op)[1]
+    for a, o in zip(arrays, outs):
+        np.testing.assert_array_equal(a, o)
