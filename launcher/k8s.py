@@ -138,7 +138,10 @@ def manifests(job: str, image: str, command: Sequence[str], *, workers: int, ser
         {"apiVersion": "v1", "kind": "Pod", "metadata": meta(scheduler, "scheduler"),
          "spec": pod_spec("scheduler", (), _resources("1", "1Gi"), sched_port)},
         indexed_job("server", servers, (), _resources(server_cpu, server_memory),
-                    [{"name": "server", "containerPort": server_port, "protocol": "TCP"}]),
+                    [{"name": "server", "containerPort": server_port, "protocol": "TCP"},
+                     # the native data plane listens on BYTEPS_SERVER_PORT + 1
+                     {"name": "server-data", "containerPort": server_port + 1,
+                      "protocol": "TCP"}]),
         indexed_job("worker", workers, command,
                     _resources(worker_cpu, worker_memory, gpus_per_worker), []),
     ]

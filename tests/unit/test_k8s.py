@@ -104,7 +104,7 @@ def test_role_counts_and_contract(objects):
         assert c.command == ["bpslaunch"]
     s = server.spec.template.spec.containers[0]
     assert env_of(s)["BYTEPS_SERVER_PORT"] == "9100"
-    assert s.ports[0].container_port == 9100
+    assert [p.container_port for p in s.ports] == [9100, 9101]  # ZeroMQ, the native plane
     assert s.args is None
     assert "nvidia.com/gpu" not in s.resources.limits
     w = worker.spec.template.spec.containers[0]
