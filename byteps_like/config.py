@@ -187,11 +187,12 @@ class TransportConfig:
     data_plane: str = _s("BYTEPS_DATA_PLANE", "choice", "auto", "What moves partitions between "
                          "workers and servers: `native` (compiled I/O threads that never hold "
                          "the GIL, several TCP streams per worker-server pair, received bytes "
-                         "land in place), `zmq` (the Python I/O thread of the ZeroMQ endpoint), "
-                         "or `auto`: native unless BYTEPS_TRANSPORT=ucx, BYTEPS_ENABLE_ASYNC or "
-                         "an auth secret asks for what only the ZeroMQ path has. Compressed "
-                         "tensors always travel over ZeroMQ. See docs/architecture.md.",
-                         choices=("auto", "native", "zmq"))
+                         "land in place; with an auth secret every stream is authenticated, "
+                         "not encrypted), `zmq` (the Python I/O thread of the ZeroMQ endpoint; "
+                         "with a secret, CURVE-encrypted), or `auto`: native unless "
+                         "BYTEPS_TRANSPORT=ucx, BYTEPS_ENABLE_ASYNC or an auth secret is set. "
+                         "Compressed tensors always travel over ZeroMQ. See "
+                         "docs/architecture.md.", choices=("auto", "native", "zmq"))
     io_threads: int = _s("BYTEPS_IO_THREADS", "int", 0, "I/O threads of the native data plane "
                          "per process; 0 picks half the usable CPUs, between 2 and 8.",
                          unit="threads", min=0, max=64)

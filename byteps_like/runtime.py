@@ -222,8 +222,10 @@ class Runtime:
     def _connect_native(self, servers: list, credit: int) -> None:
         """Open the native data plane's streams to every server (csrc/dataplane.cc)."""
         cfg = self.cfg
+        key = native.auth_key(cfg)
         cli = _core.DataClient(self.push_rank, self.job, native.io_threads(cfg), credit,
-                               cfg.transport.max_message_bytes)
+                               cfg.transport.max_message_bytes,
+                               **({"auth_key": key} if key else {}))
         self.native_streams = native.streams(cfg)
         try:
             for idx, p in enumerate(servers):
@@ -242,8 +244,8 @@ class Runtime:
             sys.setswitchinterval(want)
             self._switch_interval = want
         log.info("worker %d: native data plane, %d stream(s) to each of %d server(s), %d I/O "
-                 "threads", self.rank_, self.native_streams, len(servers),
-                 cli.stats()["io_threads"])
+                 "threads%s", self.rank_, self.native_streams, len(servers),
+                 cli.stats()["io_threads"], ", authenticated streams" if key else "")
 
     def _install_excepthook(self) -> None:
         prev = sys.excepthook

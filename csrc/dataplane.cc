@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -28,8 +29,11 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <sys/random.h>
+
 #include "dtype.h"
 #include "ops.h"
+#include "sha256.h"
 
 namespace bps {
 namespace dp {
@@ -158,6 +162,37 @@ void set_nonblocking(int fd) {
 void set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+// ---- the authenticated hello (a job secret turns it on) --------------------------------------
+// worker: HELLO + nonce Nc (32) -> server: HELLO + Ns (32) + HMAC(K, "bpsl-srv"|ctx|Nc|Ns)
+// -> worker: HELLO + HMAC(K, "bpsl-cli"|ctx|Ns|Nc); ctx = job, rank, stream. Each side proves
+// it holds the key derived from the secret; the nonces make every proof fresh.
+constexpr std::size_t kNonce = 32;
+
+void random_bytes(std::uint8_t* out, std::size_t n) {
+  while (n > 0) {
+    const ssize_t k = getrandom(out, n, 0);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error(std::string("data plane: getrandom failed: ") +
+                               std::strerror(errno));
+    }
+    out += k;
+    n -= static_cast<std::size_t>(k);
+  }
+}
+
+void hello_mac(const std::string& key, const char* who, std::uint32_t job, std::int32_t rank,
+               std::uint64_t stream, const std::uint8_t* first, const std::uint8_t* second,
+               std::uint8_t out[32]) {
+  std::string msg(who);
+  msg.append(reinterpret_cast<const char*>(&job), sizeof job);
+  msg.append(reinterpret_cast<const char*>(&rank), sizeof rank);
+  msg.append(reinterpret_cast<const char*>(&stream), sizeof stream);
+  msg.append(reinterpret_cast<const char*>(first), kNonce);
+  msg.append(reinterpret_cast<const char*>(second), kNonce);
+  hmac_sha256(key.data(), key.size(), msg.data(), msg.size(), out);
 }
 
 // ---- one outgoing message ------------------------------------------------------------------
@@ -533,9 +568,9 @@ class ServerConn;
 class ServerImpl {
  public:
   ServerImpl(int num_workers, int server_rank, std::uint32_t job, int io_threads,
-             std::uint64_t max_msg, std::uint64_t max_store, int max_conns)
+             std::uint64_t max_msg, std::uint64_t max_store, int max_conns, std::string key)
       : num_workers_(num_workers), rank_(server_rank), job_(job), max_msg_(max_msg),
-        max_store_(max_store), max_conns_(max_conns) {
+        max_store_(max_store), max_conns_(max_conns), key_(std::move(key)) {
     for (int i = 0; i < std::max(1, io_threads); ++i) loops_.emplace_back(new IoLoop());
   }
   ~ServerImpl() { close(); }
@@ -653,6 +688,7 @@ class ServerImpl {
   const std::uint32_t job_;
   const std::uint64_t max_msg_, max_store_;
   const int max_conns_;
+  const std::string key_;   // empty: streams are not authenticated
 
   void send_error(const std::shared_ptr<Conn>& conn, const Header& h, const char* kind,
                   const std::string& text) {
@@ -959,12 +995,50 @@ class ServerConn : public Conn {
         return next_chunk();
       }
       case kDiscard: return next_discard();
+      case kNonceIn: return on_nonce();
+      case kMacIn: return on_mac();
     }
     return false;
   }
 
  private:
-  enum State { kHdr, kMetaLen, kMeta, kPayload, kDiscard };
+  enum State { kHdr, kMetaLen, kMeta, kPayload, kDiscard, kNonceIn, kMacIn };
+
+  bool on_nonce() {
+    Out o;
+    if (srv_->key_.empty()) {  // the worker has a secret, this job none: say so plainly
+      hello_ = true;
+      o.hdr = make_header(kHello, kRoleServer, srv_->rank_.load(), 0, srv_->job_, stream_, 0);
+      send(std::move(o));
+      return read_header();
+    }
+    auto reply = std::make_shared<std::array<std::uint8_t, 64>>();
+    random_bytes(my_nonce_, kNonce);
+    std::memcpy(reply->data(), my_nonce_, kNonce);
+    hello_mac(srv_->key_, "bpsl-srv", srv_->job_, rank_, stream_, peer_nonce_, my_nonce_,
+              reply->data() + kNonce);
+    o.hdr = make_header(kHello, kRoleServer, srv_->rank_.load(), kFlagAuth, srv_->job_, stream_,
+                        0, 0, 0, 64);
+    o.payload = reinterpret_cast<const char*>(reply->data());
+    o.plen = 64;
+    o.keep = reply;
+    send(std::move(o));
+    awaiting_mac_ = true;
+    return read_header();
+  }
+
+  bool on_mac() {
+    std::uint8_t want[32];
+    hello_mac(srv_->key_, "bpsl-cli", srv_->job_, rank_, stream_, my_nonce_, peer_nonce_, want);
+    if (!equal_ct(want, peer_mac_, 32)) {
+      srv_->reject("authentication failed");
+      why_ = "the worker's proof does not match this job's secret";
+      return false;
+    }
+    awaiting_mac_ = false;
+    hello_ = true;
+    return read_header();
+  }
 
   bool on_header() {
     counters_->msgs_in++;
@@ -979,14 +1053,38 @@ class ServerConn : public Conn {
       return false;
     }
     if (!hello_) {
+      if (awaiting_mac_) {  // the worker's proof
+        if (h_.type != kHello || !(h_.flags & kFlagAuth) || h_.nbytes != 32 ||
+            h_.job != srv_->job_ || h_.rank != rank_) {
+          srv_->reject("authentication failed");
+          why_ = "no valid proof of the job's secret";
+          return false;
+        }
+        state_ = kMacIn;
+        expect(reinterpret_cast<char*>(peer_mac_), 32);
+        return true;
+      }
+      const bool auth = h_.flags & kFlagAuth;
       if (h_.type != kHello || h_.job != srv_->job_ || h_.role != kRoleWorker || h_.rank < 0 ||
-          h_.rank >= srv_->num_workers_ || (h_.flags & kFlagMeta)) {
+          h_.rank >= srv_->num_workers_ || (h_.flags & kFlagMeta) ||
+          h_.nbytes != (auth ? kNonce : 0)) {
         srv_->reject("bad hello");
         why_ = "the first message was not a valid hello of this job";
         return false;  // no reply: an unregistered peer learns nothing
       }
-      hello_ = true;
+      if (!srv_->key_.empty() && !auth) {
+        srv_->reject("authentication failed");
+        why_ = "a hello without authentication, and this job has a secret";
+        return false;
+      }
       rank_ = h_.rank;
+      stream_ = h_.key;
+      if (auth) {  // the worker's nonce first
+        state_ = kNonceIn;
+        expect(reinterpret_cast<char*>(peer_nonce_), kNonce);
+        return true;
+      }
+      hello_ = true;
       Out o;
       o.hdr = make_header(kHello, kRoleServer, srv_->rank_.load(), 0, srv_->job_, h_.key, 0);
       send(std::move(o));
@@ -1071,8 +1169,10 @@ class ServerConn : public Conn {
   std::vector<char> scratch_;
   std::shared_ptr<Store> store_;
   std::size_t off_ = 0, discard_left_ = 0;
-  bool hello_ = false;
+  bool hello_ = false, awaiting_mac_ = false;
   int rank_ = -1;
+  std::uint64_t stream_ = 0;
+  std::uint8_t peer_nonce_[kNonce] = {}, my_nonce_[kNonce] = {}, peer_mac_[32] = {};
 };
 
 std::shared_ptr<Conn> ServerImpl::make_conn(int fd) {
@@ -1092,9 +1192,10 @@ void ServerImpl::tick(const std::unordered_map<int, std::shared_ptr<Conn>>& conn
 }
 
 DataServer::DataServer(int num_workers, int server_rank, std::uint32_t job, int io_threads,
-                       std::uint64_t max_msg, std::uint64_t max_store, int max_conns)
+                       std::uint64_t max_msg, std::uint64_t max_store, int max_conns,
+                       std::string auth_key)
     : impl_(new ServerImpl(num_workers, server_rank, job, io_threads, max_msg, max_store,
-                           max_conns)) {}
+                           max_conns, std::move(auth_key))) {}
 DataServer::~DataServer() = default;
 int DataServer::listen(const std::string& host, int port) { return impl_->listen(host, port); }
 void DataServer::start() { impl_->start(); }
@@ -1138,8 +1239,8 @@ class ClientConn;
 class ClientImpl {
  public:
   ClientImpl(int rank, std::uint32_t job, int io_threads, std::uint64_t credit,
-             std::uint64_t max_msg)
-      : rank_(rank), job_(job), credit_(credit), max_msg_(max_msg) {
+             std::uint64_t max_msg, std::string key)
+      : rank_(rank), job_(job), key_(std::move(key)), credit_(credit), max_msg_(max_msg) {
     for (int i = 0; i < std::max(1, io_threads); ++i) {
       loops_.emplace_back(new IoLoop());
       loops_.back()->start(nullptr);
@@ -1293,6 +1394,7 @@ class ClientImpl {
   Counters c_;
   const int rank_;
   const std::uint32_t job_;
+  const std::string key_;
 
   struct Target {
     std::shared_ptr<Op> op;
@@ -1692,7 +1794,7 @@ bool io_full(int fd, char* p, std::size_t n, bool out, double deadline, std::str
 
 // One stream: connect (retrying until the deadline), say hello, check the answer.
 int open_stream(const std::string& host, int port, int rank, std::uint32_t job, int stream,
-                int expect_server, double deadline, std::string* err) {
+                int expect_server, double deadline, const std::string& key, std::string* err) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -1720,12 +1822,20 @@ int open_stream(const std::string& host, int port, int rank, std::uint32_t job, 
   if (fd < 0) return -1;
   set_nodelay(fd);
   set_nonblocking(fd);
-  Header h = make_header(kHello, kRoleWorker, rank, 0, job, static_cast<std::uint64_t>(stream),
-                         0);
+  const bool auth = !key.empty();
+  const std::uint64_t sid = static_cast<std::uint64_t>(stream);
+  Header h = make_header(kHello, kRoleWorker, rank, auth ? kFlagAuth : 0, job, sid, 0, 0, 0,
+                         auth ? kNonce : 0);
+  std::uint8_t nonce[kNonce];
+  if (auth) random_bytes(nonce, kNonce);
   Header r{};
   if (!io_full(fd, reinterpret_cast<char*>(&h), sizeof h, true, deadline, err) ||
+      (auth && !io_full(fd, reinterpret_cast<char*>(nonce), kNonce, true, deadline, err)) ||
       !io_full(fd, reinterpret_cast<char*>(&r), sizeof r, false, deadline, err)) {
-    *err = "no hello from the server (" + *err + "): is it a byteps_like server of this job?";
+    *err = "no hello from the server (" + *err + "): is it a byteps_like server of this job" +
+           (auth ? std::string(" (and does it have the job's secret)?")
+                 : std::string("? A server with a secret closes streams that do not "
+                               "authenticate: give every node the same BYTEPS_AUTH_SECRET"));
     ::close(fd);
     return -1;
   }
@@ -1734,6 +1844,33 @@ int open_stream(const std::string& host, int port, int rank, std::uint32_t job, 
     *err = "the peer's hello is not that of a byteps_like server of this job";
     ::close(fd);
     return -1;
+  }
+  if (auth) {
+    if (!(r.flags & kFlagAuth) || r.nbytes != 64) {
+      *err = "the server does not authenticate its streams: give every node the same "
+             "BYTEPS_AUTH_SECRET";
+      ::close(fd);
+      return -1;
+    }
+    std::uint8_t got[64], want[32], proof[32];
+    if (!io_full(fd, reinterpret_cast<char*>(got), 64, false, deadline, err)) {
+      ::close(fd);
+      return -1;
+    }
+    hello_mac(key, "bpsl-srv", job, rank, sid, nonce, got, want);
+    if (!equal_ct(want, got + kNonce, 32)) {
+      *err = "authentication failed: the server's proof does not match this job's secret "
+             "(BYTEPS_AUTH_SECRET differs between nodes)";
+      ::close(fd);
+      return -1;
+    }
+    hello_mac(key, "bpsl-cli", job, rank, sid, got, nonce, proof);
+    Header a = make_header(kHello, kRoleWorker, rank, kFlagAuth, job, sid, 0, 0, 0, 32);
+    if (!io_full(fd, reinterpret_cast<char*>(&a), sizeof a, true, deadline, err) ||
+        !io_full(fd, reinterpret_cast<char*>(proof), 32, true, deadline, err)) {
+      ::close(fd);
+      return -1;
+    }
   }
   if (expect_server >= 0 && r.rank != expect_server) {
     *err = "the server at this address is server " + std::to_string(r.rank) + ", expected " +
@@ -1753,7 +1890,7 @@ void ClientImpl::connect(int server, const std::string& host, int port, int stre
   std::vector<std::shared_ptr<Conn>> conns;
   for (int i = 0; i < streams; ++i) {
     std::string err;
-    const int fd = open_stream(host, port, rank_, job_, i, -1, deadline, &err);
+    const int fd = open_stream(host, port, rank_, job_, i, -1, deadline, key_, &err);
     if (fd < 0) {
       for (auto& c : conns) c->close_now();
       throw std::runtime_error("data plane: cannot reach server " + std::to_string(server) +
@@ -1772,8 +1909,8 @@ void ClientImpl::connect(int server, const std::string& host, int port, int stre
 }
 
 DataClient::DataClient(int rank, std::uint32_t job, int io_threads, std::uint64_t credit,
-                       std::uint64_t max_msg)
-    : impl_(new ClientImpl(rank, job, io_threads, credit, max_msg)) {}
+                       std::uint64_t max_msg, std::string auth_key)
+    : impl_(new ClientImpl(rank, job, io_threads, credit, max_msg, std::move(auth_key))) {}
 DataClient::~DataClient() = default;
 void DataClient::connect(int server, const std::string& host, int port, int streams,
                          double timeout) {

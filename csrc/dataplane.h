@@ -32,6 +32,7 @@ enum MsgType : std::uint8_t {
 enum Flags : std::uint32_t {
   kFlagMeta = 1u << 0, kFlagDeclare = 1u << 1, kFlagAsync = 1u << 2, kFlagPull = 1u << 3,
   kFlagCompressed = 1u << 4,
+  kFlagAuth = 1u << 5,  // a HELLO of the authenticated handshake (dataplane.cc)
 };
 enum Role : std::uint8_t { kRoleScheduler = 0, kRoleServer = 1, kRoleWorker = 2 };
 
@@ -74,8 +75,10 @@ struct StallInfo {
 class ServerImpl;
 class DataServer {
  public:
+  // auth_key: the key derived from the job's secret; empty turns authentication off
   DataServer(int num_workers, int server_rank, std::uint32_t job, int io_threads,
-             std::uint64_t max_message_bytes, std::uint64_t max_store_bytes, int max_conns);
+             std::uint64_t max_message_bytes, std::uint64_t max_store_bytes, int max_conns,
+             std::string auth_key);
   ~DataServer();
   int listen(const std::string& host, int port);  // returns the bound port
   void start();
@@ -119,7 +122,7 @@ class ClientImpl;
 class DataClient {
  public:
   DataClient(int rank, std::uint32_t job, int io_threads, std::uint64_t credit_bytes,
-             std::uint64_t max_message_bytes);
+             std::uint64_t max_message_bytes, std::string auth_key);
   ~DataClient();
   // Connects `streams` TCP connections to a server and says hello on each; throws
   // std::runtime_error with the reason when it cannot within timeout seconds.

@@ -9,6 +9,7 @@
 
 #include "compress.h"
 #include "dataplane.h"
+#include "sha256.h"
 #include "cpu.h"
 #include "dtype.h"
 #include "ops.h"
@@ -300,10 +301,11 @@ py::tuple completion_tuple(const dp::Completion& c) {
 
 void bind_dataplane(py::module_& m) {
   py::class_<dp::DataServer>(m, "DataServer")
-      .def(py::init<int, int, std::uint32_t, int, std::uint64_t, std::uint64_t, int>(),
+      .def(py::init<int, int, std::uint32_t, int, std::uint64_t, std::uint64_t, int,
+                    std::string>(),
            py::arg("num_workers"), py::arg("server_rank"), py::arg("job"),
            py::arg("io_threads"), py::arg("max_message_bytes"), py::arg("max_store_bytes"),
-           py::arg("max_connections"))
+           py::arg("max_connections"), py::arg("auth_key") = py::bytes())
       .def("listen", &dp::DataServer::listen, py::arg("host"), py::arg("port"),
            py::call_guard<py::gil_scoped_release>())
       .def("start", &dp::DataServer::start, py::call_guard<py::gil_scoped_release>())
@@ -329,9 +331,9 @@ void bind_dataplane(py::module_& m) {
           py::arg("min_age"));
 
   py::class_<dp::DataClient>(m, "DataClient")
-      .def(py::init<int, std::uint32_t, int, std::uint64_t, std::uint64_t>(), py::arg("rank"),
-           py::arg("job"), py::arg("io_threads"), py::arg("credit_bytes"),
-           py::arg("max_message_bytes"))
+      .def(py::init<int, std::uint32_t, int, std::uint64_t, std::uint64_t, std::string>(),
+           py::arg("rank"), py::arg("job"), py::arg("io_threads"), py::arg("credit_bytes"),
+           py::arg("max_message_bytes"), py::arg("auth_key") = py::bytes())
       .def("connect", &dp::DataClient::connect, py::arg("server"), py::arg("host"),
            py::arg("port"), py::arg("streams"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
@@ -405,6 +407,15 @@ void bind_dataplane(py::module_& m) {
       .def("take_dispatch_log", &dp::DataClient::take_dispatch_log)
       .def("stats", [](dp::DataClient& c) { return counters_dict(c.stats()); });
   m.def("monotonic", &dp::monotonic_now, "CLOCK_MONOTONIC seconds (time.monotonic()).");
+  m.def(
+      "hmac_sha256",
+      [](py::bytes key, py::bytes msg) {
+        const std::string k = key, s = msg;
+        std::uint8_t out[32];
+        hmac_sha256(k.data(), k.size(), s.data(), s.size(), out);
+        return py::bytes(reinterpret_cast<const char*>(out), 32);
+      },
+      py::arg("key"), py::arg("msg"), "HMAC-SHA256 of the data plane's handshake (for tests).");
 }
 
 }  // namespace

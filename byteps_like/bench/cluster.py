@@ -278,7 +278,7 @@ def horovod_unavailable(python: str) -> str | None:
         return (f"no Horovod interpreter at {python} (build one with scripts/build_horovod.sh, "
                 f"or pass --horovod-python)")
     p = subprocess.run([python, "-c", "import horovod.torch as h; assert h.gloo_built()"],
-                       env=child_env(os.environ, always=True), stdin=subprocess.DEVNULL,
+                       env=child_env(dict(os.environ), always=True), stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["?"])[-1]

@@ -33,21 +33,22 @@ def usable_cpus() -> int:
 
 def native_reasons(cfg) -> list[str]:
     """Why the native data plane cannot serve this job (empty: it can)."""
-    from . import auth_secret
     why = []
     if cfg.transport.transport != "zmq":
         why.append(f"BYTEPS_TRANSPORT={cfg.transport.transport} (UCX keeps its own I/O)")
     if cfg.server.enable_async:
         why.append("BYTEPS_ENABLE_ASYNC=1 (asynchronous mode runs on the ZeroMQ path)")
-    if auth_secret(cfg):
-        why.append("an auth secret is set (only the ZeroMQ path authenticates and encrypts, "
-                   "with CURVE)")
     return why
 
 
 def native_enabled(cfg) -> bool:
     """Whether this job's partitions travel over the native data plane. Every node of a job
-    must answer the same: they share the settings that decide it."""
+    must answer the same: they share the settings that decide it.
+
+    With an auth secret, ``auto`` keeps the data on ZeroMQ, whose CURVE encrypts it: the
+    native plane authenticates every stream with the secret (a challenge-response handshake)
+    but does not encrypt, so it takes ``BYTEPS_DATA_PLANE=native`` to choose it."""
+    from . import auth_secret
     mode = cfg.transport.data_plane
     if mode == "zmq":
         return False
@@ -55,7 +56,22 @@ def native_enabled(cfg) -> bool:
     if why and mode == "native":
         raise ConfigError("BYTEPS_DATA_PLANE=native cannot serve this job: " + "; ".join(why) +
                           ". Use BYTEPS_DATA_PLANE=auto or zmq")
+    if mode == "auto" and auth_secret(cfg):
+        return False
     return not why
+
+
+def auth_key(cfg) -> bytes:
+    """The key the native plane's handshake proves knowledge of, derived from the job's secret
+    (b"" without one). The secret itself never reaches the C++ side."""
+    import hashlib
+    import hmac
+    from . import auth_secret
+    secret = auth_secret(cfg)
+    if not secret:
+        return b""
+    return hmac.new(secret.encode(), b"byteps_like native data plane v1",
+                    hashlib.sha256).digest()
 
 
 def io_threads(cfg) -> int:

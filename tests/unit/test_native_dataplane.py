@@ -387,3 +387,68 @@ def test_many_queued_declarations_on_one_stream(cleanup):
         assert cli.wait(op, 10.0) and cli.take(op)[1]
     for a, o in zip(arrays, outs):
         np.testing.assert_array_equal(a, o)
+
+
+# ---- the authenticated handshake (a job secret) --------------------------------------------
+KEY = b"k" * 32
+
+
+def test_hmac_sha256_matches_the_standard_library():
+    import hashlib
+    import hmac
+    for key in (b"", b"k", KEY, b"x" * 64, b"y" * 65, bytes(range(200))):
+        for msg in (b"", b"abc", b"m" * 55, b"m" * 56, b"m" * 64, bytes(range(256)) * 5):
+            assert _core.hmac_sha256(key, msg) == hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def test_authenticated_streams_sum_exactly(cleanup):
+    srv = _core.DataServer(2, 0, JOB, 2, MAXMSG, 1 << 30, 64, auth_key=KEY)
+    port = srv.listen("127.0.0.1", 0)
+    srv.start()
+    cleanup.append(srv)
+    clients = []
+    for r in range(2):
+        cli = _core.DataClient(r, JOB, 2, 4 * PART, MAXMSG, auth_key=KEY)
+        cli.connect(0, "127.0.0.1", port, 2, 5.0)
+        clients.append(cli)
+    cleanup += clients
+    xs = [np.full(50_000, r + 1.0, np.float32) for r in range(2)]
+    outs = [np.empty_like(x) for x in xs]
+    assert all(c[1] for c in run_round(clients, xs, outs, "float32", 0, 1, 1))
+    assert (outs[0] == 3).all() and (outs[1] == 3).all()
+    assert srv.rejected() == {}
+
+
+def test_wrong_or_missing_secrets_are_refused_with_the_reason(cleanup):
+    srv = _core.DataServer(1, 0, JOB, 1, MAXMSG, 1 << 30, 64, auth_key=KEY)
+    port = srv.listen("127.0.0.1", 0)
+    srv.start()
+    cleanup.append(srv)
+    wrong = _core.DataClient(0, JOB, 1, 0, MAXMSG, auth_key=b"z" * 32)
+    cleanup.append(wrong)
+    with pytest.raises(RuntimeError, match="authentication failed.*BYTEPS_AUTH_SECRET"):
+        wrong.connect(0, "127.0.0.1", port, 1, 5.0)
+    none = _core.DataClient(0, JOB, 1, 0, MAXMSG)
+    cleanup.append(none)
+    with pytest.raises(RuntimeError, match="BYTEPS_AUTH_SECRET"):
+        none.connect(0, "127.0.0.1", port, 1, 5.0)
+    # a raw peer that knows the protocol but not the key: its proof is refused
+    s = _raw(port)
+    s.sendall(HDR.pack(b"BPSL", 1, 24, 0, 2, 0, 32, JOB, 0, 0, 0, 32) + b"n" * 32)
+    reply = HDR.unpack(s.recv(HDR.size, socket.MSG_WAITALL))
+    assert reply[2] == 24 and reply[6] & 32 and reply[11] == 64
+    s.recv(64, socket.MSG_WAITALL)
+    s.sendall(HDR.pack(b"BPSL", 1, 24, 0, 2, 0, 32, JOB, 0, 0, 0, 32) + b"\0" * 32)
+    assert _closed_by_peer(s)
+    deadline = time.monotonic() + 5
+    while srv.rejected().get("authentication failed", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.rejected() == {"authentication failed": 2}, srv.rejected()
+    assert srv.stats()["keys"] == 0
+    # a worker with a secret against a server without one: told so, not left guessing
+    plain, pport = make_server(1)
+    cleanup.append(plain)
+    keyed = _core.DataClient(0, JOB, 1, 0, MAXMSG, auth_key=KEY)
+    cleanup.append(keyed)
+    with pytest.raises(RuntimeError, match="does not authenticate"):
+        keyed.connect(0, "127.0.0.1", pport, 1, 5.0)
