@@ -423,6 +423,58 @@ class Conn : public std::enable_shared_from_this<Conn> {
   int epfd_ = -1;
 };
 
+// ---- the framing both ends read: header, optional meta (u32 length + JSON), payload --------
+class FramedConn : public Conn {
+ public:
+  using Conn::Conn;
+
+ protected:
+  enum State { kHdr, kMetaLen, kMeta, kPayload, kDiscard, kNonceIn, kMacIn };
+
+  bool read_header() {
+    state_ = kHdr;
+    expect(reinterpret_cast<char*>(&h_), sizeof h_);
+    return true;
+  }
+
+  bool read_meta_len() {
+    state_ = kMetaLen;
+    expect(reinterpret_cast<char*>(&meta_len_), 4);
+    return true;
+  }
+
+  // After the length: false (and why_) when it is over the 1 MiB bound, before any allocation.
+  bool read_meta(const char* over) {
+    if (meta_len_ > kMaxMeta) {
+      why_ = over;
+      return false;
+    }
+    meta_.resize(meta_len_);
+    state_ = kMeta;
+    expect(meta_.data(), meta_len_);
+    return true;
+  }
+
+  // Reads and drops discard_left_ bytes (a payload that was answered with an error), a chunk
+  // at a time, then the next header.
+  bool next_discard() {
+    if (discard_left_ == 0) return read_header();
+    const std::size_t len = std::min<std::size_t>(kChunk, discard_left_);
+    if (scratch_.size() < len) scratch_.resize(kChunk);
+    discard_left_ -= len;
+    state_ = kDiscard;
+    expect(scratch_.data(), len);
+    return true;
+  }
+
+  State state_ = kHdr;
+  Header h_{};
+  std::uint32_t meta_len_ = 0;
+  std::string meta_;
+  std::vector<char> scratch_;
+  std::size_t discard_left_ = 0;
+};
+
 // ---- an epoll loop -------------------------------------------------------------------------
 class IoLoop {
  public:
@@ -963,12 +1015,9 @@ class ServerImpl {
   std::map<std::string, std::uint64_t> rejected_;
 };
 
-class ServerConn : public Conn {
+class ServerConn : public FramedConn {
  public:
-  ServerConn(int fd, ServerImpl* srv) : Conn(fd, &srv->c_), srv_(srv) {
-    expect(reinterpret_cast<char*>(&h_), sizeof h_);
-    state_ = kHdr;
-  }
+  ServerConn(int fd, ServerImpl* srv) : FramedConn(fd, &srv->c_), srv_(srv) { read_header(); }
   bool hello_done() const { return hello_; }
 
  protected:
@@ -978,15 +1027,9 @@ class ServerConn : public Conn {
     switch (state_) {
       case kHdr: return on_header();
       case kMetaLen:
-        if (meta_len_ > kMaxMeta) {
-          srv_->reject("oversized meta");
-          why_ = "meta frame over 1 MiB";
-          return false;
-        }
-        meta_.resize(meta_len_);
-        state_ = kMeta;
-        expect(meta_.data(), meta_len_);
-        return true;
+        if (read_meta("meta frame over 1 MiB")) return true;
+        srv_->reject("oversized meta");
+        return false;
       case kMeta: return after_meta();
       case kPayload: {
         const std::size_t len = static_cast<std::size_t>(rptr_ - scratch_.data());
@@ -1002,7 +1045,6 @@ class ServerConn : public Conn {
   }
 
  private:
-  enum State { kHdr, kMetaLen, kMeta, kPayload, kDiscard, kNonceIn, kMacIn };
 
   bool on_nonce() {
     Out o;
@@ -1109,11 +1151,7 @@ class ServerConn : public Conn {
       return false;
     }
     meta_.clear();
-    if (h_.flags & kFlagMeta) {
-      state_ = kMetaLen;
-      expect(reinterpret_cast<char*>(&meta_len_), 4);
-      return true;
-    }
+    if (h_.flags & kFlagMeta) return read_meta_len();
     return after_meta();
   }
 
@@ -1145,30 +1183,9 @@ class ServerConn : public Conn {
     return true;
   }
 
-  bool next_discard() {
-    if (discard_left_ == 0) return read_header();
-    const std::size_t len = std::min<std::size_t>(kChunk, discard_left_);
-    if (scratch_.size() < len) scratch_.resize(kChunk);
-    discard_left_ -= len;
-    state_ = kDiscard;
-    expect(scratch_.data(), len);
-    return true;
-  }
-
-  bool read_header() {
-    state_ = kHdr;
-    expect(reinterpret_cast<char*>(&h_), sizeof h_);
-    return true;
-  }
-
   ServerImpl* srv_;
-  State state_;
-  Header h_{};
-  std::uint32_t meta_len_ = 0;
-  std::string meta_;
-  std::vector<char> scratch_;
   std::shared_ptr<Store> store_;
-  std::size_t off_ = 0, discard_left_ = 0;
+  std::size_t off_ = 0;
   bool hello_ = false, awaiting_mac_ = false;
   int rank_ = -1;
   std::uint64_t stream_ = 0;
@@ -1648,10 +1665,10 @@ class ClientImpl {
   std::uint64_t max_msg() const { return max_msg_; }
 };
 
-class ClientConn : public Conn {
+class ClientConn : public FramedConn {
  public:
-  ClientConn(int fd, ClientImpl* cli, int server) : Conn(fd, &cli->c_), cli_(cli),
-                                                    server_(server) {
+  ClientConn(int fd, ClientImpl* cli, int server)
+      : FramedConn(fd, &cli->c_), cli_(cli), server_(server) {
     read_header();
   }
 
@@ -1667,15 +1684,7 @@ class ClientConn : public Conn {
   bool advance() override {
     switch (state_) {
       case kHdr: return on_header();
-      case kMetaLen:
-        if (meta_len_ > kMaxMeta) {
-          why_ = "meta frame over 1 MiB from the server";
-          return false;
-        }
-        meta_.resize(meta_len_);
-        state_ = kMeta;
-        expect(meta_.data(), meta_len_);
-        return true;
+      case kMetaLen: return read_meta("meta frame over 1 MiB from the server");
       case kMeta:
         if (h_.type == kError) cli_->on_error(server_, h_, meta_);
         return read_header();
@@ -1686,13 +1695,13 @@ class ClientConn : public Conn {
         return read_header();
       }
       case kDiscard: return next_discard();
+      case kNonceIn:
+      case kMacIn: break;  // the worker's handshake runs before the stream joins a loop
     }
     return false;
   }
 
  private:
-  enum State { kHdr, kMetaLen, kMeta, kPayload, kDiscard };
-
   bool on_header() {
     counters_->msgs_in++;
     if (std::memcmp(h_.magic, kMagic, 4) != 0 || h_.version != kVersion ||
@@ -1725,39 +1734,15 @@ class ClientConn : public Conn {
           why_ = "ERROR without a message";
           return false;
         }
-        state_ = kMetaLen;
-        expect(reinterpret_cast<char*>(&meta_len_), 4);
-        return true;
+        return read_meta_len();
       default:
         why_ = std::string("unexpected ") + type_name(h_.type) + " from the server";
         return false;
     }
   }
 
-  bool next_discard() {
-    if (discard_left_ == 0) return read_header();
-    const std::size_t len = std::min<std::size_t>(kChunk, discard_left_);
-    if (scratch_.size() < len) scratch_.resize(kChunk);
-    discard_left_ -= len;
-    state_ = kDiscard;
-    expect(scratch_.data(), len);
-    return true;
-  }
-
-  bool read_header() {
-    state_ = kHdr;
-    expect(reinterpret_cast<char*>(&h_), sizeof h_);
-    return true;
-  }
-
   ClientImpl* cli_;
   int server_;
-  State state_ = kHdr;
-  Header h_{};
-  std::uint32_t meta_len_ = 0;
-  std::string meta_;
-  std::vector<char> scratch_;
-  std::size_t discard_left_ = 0;
   ClientImpl::Target target_;
 };
 

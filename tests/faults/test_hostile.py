@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from byteps_like.errors import ProtocolError
 from byteps_like.wire import HEADER_SIZE, MsgType, decode
 
+from ..native_stream import HDR, closed_by_peer
 from .cluster import running_cluster
 from .hostile import HostileClient, scheduler_cases, server_cases
 
@@ -96,12 +97,11 @@ def test_server_and_scheduler_reject_and_count_hostile_input_while_the_job_runs(
         assert not any(s.failed for e in srv.engines for s in e.stores.values())
 
 
-_HDR = struct.Struct("<4sBBBBiIIQqQQ")
 
 
 def _native_msg(mtype, rank, job, key=0, rnd=0, dtype=0, count=0, nbytes=0, flags=0,
                 meta=b"", payload=b"") -> bytes:
-    head = _HDR.pack(b"BPSL", 1, mtype, dtype, 2, rank, flags | (1 if meta else 0), job, key,
+    head = HDR.pack(b"BPSL", 1, mtype, dtype, 2, rank, flags | (1 if meta else 0), job, key,
                      rnd, count, nbytes)
     return head + (struct.pack("<I", len(meta)) + meta if meta else b"") + payload
 
@@ -109,29 +109,19 @@ def _native_msg(mtype, rank, job, key=0, rnd=0, dtype=0, count=0, nbytes=0, flag
 def _native_stream(port: int, job: int, rank: int = 0) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     s.sendall(_native_msg(24, rank, job))
-    reply = s.recv(_HDR.size, socket.MSG_WAITALL)
-    assert _HDR.unpack(reply)[2] == 24, reply
+    reply = s.recv(HDR.size, socket.MSG_WAITALL)
+    assert HDR.unpack(reply)[2] == 24, reply
     return s
 
 
 def _native_reply(s: socket.socket) -> tuple:
     """The next message on a stream: (header fields, meta JSON or None)."""
-    h = _HDR.unpack(s.recv(_HDR.size, socket.MSG_WAITALL))
+    h = HDR.unpack(s.recv(HDR.size, socket.MSG_WAITALL))
     meta = None
     if h[6] & 1:
         (n,) = struct.unpack("<I", s.recv(4, socket.MSG_WAITALL))
         meta = json.loads(s.recv(n, socket.MSG_WAITALL))
     return h, meta
-
-
-def _closed(s: socket.socket) -> bool:
-    s.settimeout(10)
-    try:
-        return s.recv(1) == b""
-    except ConnectionResetError:
-        return True
-    finally:
-        s.close()
 
 
 def test_native_data_plane_rejects_hostile_streams_while_the_job_runs():
@@ -154,13 +144,13 @@ def test_native_data_plane_rejects_hostile_streams_while_the_job_runs():
         for _ in range(3):
             s = socket.create_connection(("127.0.0.1", port), timeout=10)   # not a peer at all
             s.sendall(b"\x16\x03\x01" + os.urandom(200))
-            assert _closed(s)
+            assert closed_by_peer(s)
             s = socket.create_connection(("127.0.0.1", port), timeout=10)   # another job
             s.sendall(_native_msg(24, 0, job ^ 1))
-            assert _closed(s)
+            assert closed_by_peer(s)
             s = socket.create_connection(("127.0.0.1", port), timeout=10)   # no such rank
             s.sendall(_native_msg(24, 7, job))
-            assert _closed(s)
+            assert closed_by_peer(s)
             # a push to the real key 0 for a far round, with a declaration that does not match:
             # rejected alone (the round is checked first), the key keeps serving
             s = _native_stream(port, job)
@@ -179,10 +169,10 @@ def test_native_data_plane_rejects_hostile_streams_while_the_job_runs():
             assert h[2] == 30 and "before any push" in meta["message"]
             # a length past BYTEPS_MAX_MESSAGE_BYTES: the stream is closed before any allocation
             s.sendall(_native_msg(20, 0, job, key=5, dtype=1, count=MAX_MSG, nbytes=4 * MAX_MSG))
-            assert _closed(s)
+            assert closed_by_peer(s)
             s = _native_stream(port, job, rank=1)  # a message claiming another rank than hello
             s.sendall(_native_msg(22, 0, job, key=0))
-            assert _closed(s)
+            assert closed_by_peer(s)
         time.sleep(0.5)
         stop.set()
         t.join(60)

@@ -14,8 +14,9 @@ import pytest
 from byteps_like import _core
 from byteps_like.transport.native import WIRE_CODE, decode_error
 
+from ..native_stream import HDR, closed_by_peer
+
 JOB = 0xC0FFEE
-HDR = struct.Struct("<4sBBBBiIIQqQQ")
 MAXMSG = 1 << 28
 PART = 64 << 10
 
@@ -214,16 +215,6 @@ def _raw(port: int) -> socket.socket:
     return s
 
 
-def _closed_by_peer(s: socket.socket, timeout: float = 5.0) -> bool:
-    s.settimeout(timeout)
-    try:
-        return s.recv(1) == b""
-    except ConnectionResetError:
-        return True
-    finally:
-        s.close()
-
-
 def hello(rank=0, job=JOB, mtype=24):
     return HDR.pack(b"BPSL", 1, mtype, 0, 2, rank, 0, job, 0, 0, 0, 0)
 
@@ -233,28 +224,28 @@ def test_hostile_streams_are_closed_and_counted(cleanup):
     cleanup.append(srv)
     s = _raw(port)                                   # garbage instead of a hello (bad magic)
     s.sendall(b"GET / HTTP/1.1\r\n" + b"x" * 100)
-    assert _closed_by_peer(s)
+    assert closed_by_peer(s)
     s = _raw(port)                                   # another job's hello: no answer at all
     s.sendall(hello(job=JOB + 1))
-    assert _closed_by_peer(s)
+    assert closed_by_peer(s)
     s = _raw(port)                                   # a rank out of range
     s.sendall(hello(rank=5))
-    assert _closed_by_peer(s)
+    assert closed_by_peer(s)
     s = _raw(port)                                   # valid hello, then an absurd length
     s.sendall(hello())
     assert HDR.unpack(s.recv(HDR.size, socket.MSG_WAITALL))[2] == 24
     s.sendall(HDR.pack(b"BPSL", 1, 20, 1, 2, 0, 0, JOB, 1, 0, 1 << 60, 1 << 62))
-    assert _closed_by_peer(s)
+    assert closed_by_peer(s)
     s = _raw(port)                                   # valid hello, then another rank's push
     s.sendall(hello(rank=0))
     s.recv(HDR.size, socket.MSG_WAITALL)
     s.sendall(HDR.pack(b"BPSL", 1, 20, 1, 2, 1, 0, JOB, 1, 0, 1, 4) + b"\0" * 4)
-    assert _closed_by_peer(s)
+    assert closed_by_peer(s)
     s = _raw(port)                                   # a meta frame over 1 MiB
     s.sendall(hello())
     s.recv(HDR.size, socket.MSG_WAITALL)
     s.sendall(HDR.pack(b"BPSL", 1, 20, 1, 2, 0, 1 | 2, JOB, 1, 0, 1, 4) + struct.pack("<I", 2 << 20))
-    assert _closed_by_peer(s)
+    assert closed_by_peer(s)
     deadline = time.monotonic() + 5
     while sum(srv.rejected().values()) < 6 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -439,7 +430,7 @@ def test_wrong_or_missing_secrets_are_refused_with_the_reason(cleanup):
     assert reply[2] == 24 and reply[6] & 32 and reply[11] == 64
     s.recv(64, socket.MSG_WAITALL)
     s.sendall(HDR.pack(b"BPSL", 1, 24, 0, 2, 0, 32, JOB, 0, 0, 0, 32) + b"\0" * 32)
-    assert _closed_by_peer(s)
+    assert closed_by_peer(s)
     deadline = time.monotonic() + 5
     while srv.rejected().get("authentication failed", 0) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -1,0 +1,22 @@
+"""Raw streams of the native data plane for the tests that play a hostile or foreign peer
+(tests/unit/test_native_dataplane.py, tests/faults/test_hostile.py)."""
+from __future__ import annotations
+
+import socket
+import struct
+
+#: the wire header (byteps_like/wire.py): magic, version, type, dtype, role, rank, flags, job,
+#: key, round, count, nbytes
+HDR = struct.Struct("<4sBBBBiIIQqQQ")
+
+
+def closed_by_peer(s: socket.socket, timeout: float = 10.0) -> bool:
+    """True when the other end closes the stream (an orderly close or a reset) within
+    ``timeout``; closes ``s`` in any case."""
+    s.settimeout(timeout)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    finally:
+        s.close()
