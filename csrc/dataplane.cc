@@ -693,11 +693,7 @@ class ServerImpl {
     return rejected_;
   }
   std::map<std::string, std::uint64_t> stats() {
-    std::map<std::string, std::uint64_t> s;
-    s["bytes_in"] = c_.bytes_in;
-    s["bytes_out"] = c_.bytes_out;
-    s["msgs_in"] = c_.msgs_in;
-    s["msgs_out"] = c_.msgs_out;
+    std::map<std::string, std::uint64_t> s = c_.snapshot();
     s["pushes"] = c_.pushes;
     s["rounds"] = c_.rounds;
     s["bytes_summed"] = c_.bytes_summed;
@@ -1392,11 +1388,7 @@ class ClientImpl {
   }
 
   std::map<std::string, std::uint64_t> stats() {
-    std::map<std::string, std::uint64_t> s;
-    s["bytes_in"] = c_.bytes_in;
-    s["bytes_out"] = c_.bytes_out;
-    s["msgs_in"] = c_.msgs_in;
-    s["msgs_out"] = c_.msgs_out;
+    std::map<std::string, std::uint64_t> s = c_.snapshot();
     s["io_threads"] = loops_.size();
     std::lock_guard<std::mutex> g(mu_);
     s["inflight_bytes"] = inflight_bytes_;

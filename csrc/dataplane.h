@@ -58,6 +58,11 @@ std::size_t wire_itemsize(int wire_code);  // 0 for an unknown code
 struct Counters {
   std::atomic<std::uint64_t> bytes_in{0}, bytes_out{0}, msgs_in{0}, msgs_out{0};
   std::atomic<std::uint64_t> pushes{0}, rounds{0}, bytes_summed{0}, connections{0};
+  // the traffic counters every stream keeps, by name
+  std::map<std::string, std::uint64_t> snapshot() const {
+    return {{"bytes_in", bytes_in}, {"bytes_out", bytes_out}, {"msgs_in", msgs_in},
+            {"msgs_out", msgs_out}};
+  }
 };
 
 class IoLoop;
