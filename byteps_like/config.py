@@ -30,7 +30,7 @@ _PREFIXES = ("BYTEPS_", "DMLC_")
 #: Real BytePS / ps-lite variables that deployments set; accepted silently and ignored.
 IGNORED_NAMES = frozenset({
     "DMLC_INTERFACE", "DMLC_LOCAL",
-    "BYTEPS_FORCE_DISTRIBUTED", "BYTEPS_NCCL_GROUP_SIZE", "BYTEPS_NCCL_NUM_RINGS",
+    "BYTEPS_NCCL_GROUP_SIZE", "BYTEPS_NCCL_NUM_RINGS",
     "BYTEPS_USE_HASH_KEY", "BYTEPS_KEY_HASH_FN", "BYTEPS_BUILT_IN_HASH_COEF",
     "BYTEPS_ENABLE_MIXED_MODE", "BYTEPS_SERVER_ENABLE_SCHEDULE", "BYTEPS_ENABLE_IPC",
     "BYTEPS_NUMA_DEFAULT_QUOTA", "BYTEPS_MULTITHREADED_CPU", "BYTEPS_OMP_THREAD_PER_GPU",
@@ -94,11 +94,22 @@ class ClusterConfig:
                           "free (ephemeral) port.", min=0, max=65535)
     job_id: str = _s("BYTEPS_JOB_ID", "str", "default", "Name of the job, to tell the nodes of "
                      "different jobs apart.")
+    force_distributed: bool = _s("BYTEPS_FORCE_DISTRIBUTED", "bool", False, "With one worker "
+                                 "machine (DMLC_NUM_WORKER=1) push_pull never leaves it: the "
+                                 "local ranks reduce among themselves (NCCL all-reduce for CUDA "
+                                 "tensors, shared memory for CPU ones) and no server is "
+                                 "contacted. Set this to push through the servers anyway, as "
+                                 "BytePS does with the same variable.")
 
     @property
     def total_workers(self) -> int:
         """Worker processes in the whole job: ``num_worker * local_size``."""
         return self.num_worker * self.local_size
+
+    @property
+    def single_machine(self) -> bool:
+        """One worker machine and no forced servers: push_pull stays on the machine."""
+        return self.num_worker == 1 and not self.force_distributed
 
     @property
     def is_standalone(self) -> bool:

@@ -129,7 +129,7 @@ class Runtime:
             if c.is_standalone:
                 self.rank_ = 0
             else:
-                if c.num_server < 1:
+                if c.num_server < 1 and not c.single_machine:
                     from .errors import ConfigError
                     raise ConfigError(f"DMLC_NUM_SERVER=0 with {self.size_} workers: a "
                                       "distributed job needs at least one server")
@@ -171,6 +171,8 @@ class Runtime:
             self._teardown()
             raise
         self.rank_ = self.control.rank
+        # one worker machine: push_pull stays on it, no server is contacted
+        self.single_machine = c.single_machine
         # the machine index is what servers count pushes by
         self.machine = self.rank_ // c.local_size
         self.push_rank = self.machine
@@ -187,18 +189,19 @@ class Runtime:
                          key=lambda p: p.rank)
         self.num_servers = len(servers)
         self.conns = cfg.transport.tcp_connections
-        if self.is_local_root:  # only the local root talks to the servers
+        if self.is_local_root and not self.single_machine:  # only the root talks to servers
             scheme = data_scheme(cfg)
             for p in servers:
                 self.ep.connect(f"server-{p.rank}", f"{scheme}://{p.host}:{p.port}", self.conns)
         self._routes = [[Route(peer=f"server-{p.rank}", conn=i) for i in range(self.conns)]
                         for p in servers]
         weights = None
-        if cfg.partition.mixed_mode != "off":   # BytePS mixed mode: colocated vs dedicated
+        if cfg.partition.mixed_mode != "off" and servers:   # BytePS mixed mode
             worker_hosts = {p.host for p in self.control.peers if p.role == "worker"}
             weights = mixed_mode_weights([p.host in worker_hosts for p in servers],
                                          len(worker_hosts))
-        self.assigner = ServerAssigner(self.num_servers, weights)
+        # without servers (one machine) partitions still cut tensors for the local reduction
+        self.assigner = ServerAssigner(max(1, self.num_servers), weights)
         self.job = job_hash(cfg.cluster.job_id)
         credit = cfg.scheduling.credit * cfg.partition.partition_bytes
         stages = {COMPRESS: self._stage_compress, PUSH: self._stage_push,
@@ -214,8 +217,8 @@ class Runtime:
         from .telemetry import attach  # observers: trace, metrics, summary line
         self.telemetry = attach(self)
         self.pipeline.start()
-        if self.is_local_root and servers and all(p.data_port for p in servers) \
-                and native.native_enabled(cfg):
+        if self.is_local_root and servers and not self.single_machine \
+                and all(p.data_port for p in servers) and native.native_enabled(cfg):
             self._connect_native(servers, credit)
         self._install_excepthook()
 
@@ -476,10 +479,10 @@ class Runtime:
             self._bind(st, tuple(arr.shape), wire_dtype, arr.nbytes)
             if self.control is not None:
                 self._bind_compressor(st, compression)
-            nparts = len(st.parts) if self.control is not None else 0
+            nparts = len(st.parts) if self.control is not None and not self.alone else 0
             h = Handle(name, arr, out, nparts, default_timeout=self.cfg.timeouts.op_timeout,
                        describe_pending=self._describe_pending)
-            if self.control is None:  # standalone: the sum over one worker is the input
+            if self.control is None or self.alone:  # the sum over one worker is the input
                 if out is not arr:
                     np.copyto(out, arr)
                 return h
@@ -538,7 +541,7 @@ class Runtime:
         dst = out.reshape(-1).view(np.uint8)
         device_push = (device is not None and self.device_push
                        and getattr(device, "device_slice", None) is not None)
-        itinerary = plan(distributed=True, local_size=self.local_size_,
+        itinerary = plan(distributed=not self.single_machine, local_size=self.local_size_,
                          local_root=self.is_local_root, on_device=device is not None,
                          compressed=bool(st.codecs), device_push=device_push)
         seg = self._segment(st) if self.local_size_ > 1 else None
@@ -700,7 +703,12 @@ class Runtime:
     @property
     def device_pipeline(self) -> bool:
         """Whether push_pull_async accepts ``device=`` (a distributed job, one local rank)."""
-        return self.control is not None and self.local_size_ == 1
+        return self.control is not None and self.local_size_ == 1 and not self.alone
+
+    @property
+    def alone(self) -> bool:
+        """One process on one machine and no forced servers: a push_pull is the identity."""
+        return getattr(self, "single_machine", False) and self.local_size_ == 1
 
     # -- local reduction stages (see byteps_like.local) -------------------------------------------
     def _segment(self, st: TensorState) -> "local.Segment":

@@ -71,6 +71,17 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def default_servers(args, env) -> int:
+    """Servers of a local cluster when --servers is not given: none for one worker machine with
+    several local ranks (push_pull stays on the machine, BYTEPS_FORCE_DISTRIBUTED aside),
+    else DEFAULT_SERVERS."""
+    workers = args.workers or DEFAULT_WORKERS
+    local_size = args.local_size or DEFAULT_LOCAL_SIZE
+    forced = str(env.get("BYTEPS_FORCE_DISTRIBUTED", "")).strip().lower() in (
+        "1", "true", "yes", "on")
+    return 0 if workers == 1 and local_size > 1 and not forced else DEFAULT_SERVERS
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -124,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--workers", type=_positive_int, metavar="N",
                        help=f"worker machines, DMLC_NUM_WORKER (default {DEFAULT_WORKERS})")
     local.add_argument("--servers", type=_positive_int, metavar="M",
-                       help=f"servers, DMLC_NUM_SERVER (default {DEFAULT_SERVERS})")
+                       help=f"servers, DMLC_NUM_SERVER (default {DEFAULT_SERVERS}; none for "
+                            "--workers 1 with --local-size > 1, where push_pull stays on the "
+                            "machine unless BYTEPS_FORCE_DISTRIBUTED=1)")
     local.add_argument("--local-size", type=_positive_int, metavar="L",
                        help="processes per worker machine, BYTEPS_LOCAL_SIZE "
                             f"(default {DEFAULT_LOCAL_SIZE})")
@@ -240,7 +253,8 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
         host = args.host or DEFAULT_HOST
         cluster = LocalCluster(
             command=tuple(command), port=args.port or free_port(host),
-            workers=args.workers or DEFAULT_WORKERS, servers=args.servers or DEFAULT_SERVERS,
+            workers=args.workers or DEFAULT_WORKERS,
+            servers=args.servers or default_servers(args, env),
             local_size=args.local_size or DEFAULT_LOCAL_SIZE, host=host,
             role_argv=role_overrides)
         specs = local_cluster_plan(cluster)

@@ -75,9 +75,12 @@ def local_cluster_plan(cluster: LocalCluster) -> list[ChildSpec]:
         raise ValueError("a local cluster needs the worker command")
     if not 0 < cluster.port < 65536:
         raise ValueError(f"port {cluster.port} is not a concrete TCP port; pick one first")
-    for name in ("workers", "servers", "local_size"):
+    for name in ("workers", "local_size"):
         if getattr(cluster, name) < 1:
             raise ValueError(f"{name} must be at least 1, not {getattr(cluster, name)}")
+    if cluster.servers < (0 if cluster.workers == 1 else 1):
+        raise ValueError(f"{cluster.workers} worker machines need at least 1 server, not "
+                         f"{cluster.servers}")
     common: dict[str, str | None] = {
         "DMLC_NUM_WORKER": str(cluster.workers),
         "DMLC_NUM_SERVER": str(cluster.servers),

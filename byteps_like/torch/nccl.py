@@ -10,6 +10,10 @@ For a CUDA tensor of a machine with ``local_size`` ranks:
 4. each rank copies its slice of the result back to its GPU, and an NCCL all-gather gives every
    GPU the whole tensor.
 
+With one worker machine (``DMLC_NUM_WORKER=1``, unless ``BYTEPS_FORCE_DISTRIBUTED=1``) there is
+no network to save: the whole push_pull is one NCCL all-reduce among the local GPUs, and no
+server is contacted.
+
 The NCCL communicator is built with torch's own ``ProcessGroupNCCL`` on a ``FileStore`` in
 ``/dev/shm`` named after the job (swept with the other segments), so it never touches the
 user's default process group.
@@ -65,6 +69,14 @@ class NcclPushPull:
         self.count = flat.numel()
         self.chunk = -(-self.count // self.L)            # elements per rank (padded)
         self.pg = _group(rt, tensor.device)
+        self.priority = priority
+        self.allreduce = None
+        if rt.single_machine:  # one machine: the all-reduce is the whole operation
+            same = out.data_ptr() == tensor.data_ptr() and out.is_contiguous()
+            self.result = out.detach().reshape(-1) if same else flat.clone()
+            self.allreduce = self.pg.allreduce([self.result])
+            self.typed = np.empty(0, np.uint8)
+            return
         padded = flat
         if self.chunk * self.L != self.count:
             padded = torch.zeros(self.chunk * self.L, dtype=flat.dtype, device=flat.device)
@@ -80,10 +92,13 @@ class NcclPushPull:
         if hi > lo:
             self.shared_t[lo:hi].copy_(self.mine[:hi - lo])   # synchronous D2H
         self.typed = _typed(shared, self.dtype, tensor.shape)
-        self.priority = priority
 
     def start(self, priority: int | None = None):
         """Push the machine's sum and pull the job's (the local root talks to the servers)."""
+        if self.allreduce is not None:  # nothing leaves the machine: a handle already done
+            from ..handle import Handle
+            return Handle(self.name, self.typed, self.typed, 0,
+                          default_timeout=self.rt.cfg.timeouts.op_timeout)
         return self.rt.push_pull_async(self.typed, name=self.name, average=False,
                                        priority=self.priority if priority is None else priority,
                                        out=self.typed,
@@ -96,6 +111,17 @@ class NcclPushPull:
         return GradBuffer(self.typed, self.dtype, self.finish, start=self.start)
 
     def finish(self) -> None:
+        if self.allreduce is not None:
+            self.allreduce.wait()  # orders the current stream after the all-reduce
+            result = self.result.view(self.out.shape)
+            if self.average:
+                if result.is_floating_point():
+                    result.div_(self.rt.size_)
+                else:
+                    result.copy_(torch.div(result, self.rt.size_, rounding_mode="floor"))
+            if result.data_ptr() != self.out.data_ptr():
+                self.out.copy_(result)
+            return
         lo, hi = self.lo, self.hi
         if hi > lo:
             self.mine[:hi - lo].copy_(self.shared_t[lo:hi])   # H2D of my slice only

@@ -36,11 +36,12 @@ class Run:
         return [ln for ln in self.out.splitlines() if prefix in ln]
 
 
-def bpslaunch(args: list[str], *, workers: int, servers: int, env: dict | None = None,
+def bpslaunch(args: list[str], *, workers: int, servers: int | None, env: dict | None = None,
               timeout: float = 120, local_size: int = 1, extra: list[str] | None = None) -> Run:
+    """``servers=None``: bpslaunch's own default."""
     cmd = [sys.executable, "-m", "byteps_like.launcher", "--local", "--workers", str(workers),
-           "--servers", str(servers), "--local-size", str(local_size), *(extra or []), "--",
-           sys.executable, *args]
+           *(["--servers", str(servers)] if servers is not None else []),
+           "--local-size", str(local_size), *(extra or []), "--", sys.executable, *args]
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("DMLC_", "BYTEPS_"))}
     full_env.update(FAST_ENV)

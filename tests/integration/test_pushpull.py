@@ -65,3 +65,26 @@ def test_one_machine_of_four_local_ranks():
                     env={"ROUNDS": "1", "BYTEPS_PARTITION_BYTES": "64K"})
     assert run.rc == 0, run.log
     assert len(run.lines(f"of 4: {6 * len(SMALL)} tensors checked")) == 4, run.log
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_one_machine_keeps_push_pull_on_the_machine(force):
+    """DMLC_NUM_WORKER=1 with 2 local ranks: bpslaunch starts no server and push_pull is the
+    shared-memory reduction alone, exact; BYTEPS_FORCE_DISTRIBUTED=1 (with a server asked for)
+    keeps the path through the server."""
+    env = {"ROUNDS": "2", "REPORT_PLANE": "1"}
+    if force:
+        env["BYTEPS_FORCE_DISTRIBUTED"] = "1"
+    run = bpslaunch(worker("pushpull_check.py", 5, 70001), workers=1,
+                    servers=1 if force else None, local_size=2, env=env)
+    assert run.rc == 0, run.log
+    assert len(run.lines("of 2: 24 tensors checked")) == 2, run.log
+    planes = run.lines("PLANE rank")
+    assert len(planes) == 2, run.log
+    for ln in planes:
+        if force:
+            assert "single_machine=False servers=1" in ln, run.log
+        else:
+            assert "single_machine=True servers=0 pushed=0" in ln, run.log
+    if force:  # the local root pushed the machine's sums to the server
+        assert any("pushed=0" not in ln for ln in planes), run.log

@@ -294,9 +294,15 @@ def test_ignored_byteps_names_do_not_warn(caplog):
         assert load(env=env) == load(env={})  # -W error: a warning would fail this test
     assert "BYTEPS_ENABLE_IPC" in caplog.text  # BYTEPS_TRACE_* are real settings now
     # DMLC_ENABLE_RDMA / DMLC_ENABLE_UCX are settings now: they select BYTEPS_TRANSPORT=ucx
-    for name in ("DMLC_INTERFACE", "BYTEPS_FORCE_DISTRIBUTED",
+    for name in ("DMLC_INTERFACE",
                  "BYTEPS_NCCL_GROUP_SIZE", "BYTEPS_PCIE_SWITCH_SIZE", "BYTEPS_NUMA_DEFAULT_QUOTA"):
         assert name in C.IGNORED_NAMES
+    # BYTEPS_FORCE_DISTRIBUTED is a setting now: one worker machine skips the servers without it
+    assert "BYTEPS_FORCE_DISTRIBUTED" not in C.IGNORED_NAMES
+    assert load(env={"BYTEPS_FORCE_DISTRIBUTED": "1"}).cluster.force_distributed
+    assert load(env={"DMLC_NUM_WORKER": "1"}).cluster.single_machine
+    assert not load(env={"DMLC_NUM_WORKER": "1", "BYTEPS_FORCE_DISTRIBUTED": "1"}).cluster.single_machine
+    assert not load(env={"DMLC_NUM_WORKER": "2"}).cluster.single_machine
 
 
 def test_env_none_reads_os_environ(monkeypatch):

@@ -91,12 +91,27 @@ def test_role_argv_override():
 
 
 @pytest.mark.parametrize("kwargs", [dict(port=0), dict(port=70000), dict(command=()),
-                                    dict(workers=0), dict(local_size=0), dict(servers=0)])
+                                    dict(workers=0), dict(local_size=0),
+                                    dict(servers=0, workers=2)])
 def test_local_plan_rejects_bad_shapes(kwargs):
     values = dict(command=CMD, port=1234)
     values.update(kwargs)
     with pytest.raises(ValueError):
         local_cluster_plan(LocalCluster(**values))
+
+
+def test_one_worker_machine_runs_without_servers():
+    from byteps_like.launcher.cli import build_parser, default_servers
+    specs = local_cluster_plan(LocalCluster(command=CMD, port=1234, workers=1, servers=0,
+                                            local_size=2))
+    assert [s.role for s in specs] == ["scheduler", "worker", "worker"]
+    assert all(s.env["DMLC_NUM_SERVER"] == "0" for s in specs)
+    parse = build_parser().parse_args
+    assert default_servers(parse(["--local", "--local-size", "2", "--workers", "1"]), {}) == 0
+    assert default_servers(parse(["--local", "--local-size", "2", "--workers", "1"]),
+                           {"BYTEPS_FORCE_DISTRIBUTED": "1"}) == 1
+    assert default_servers(parse(["--local", "--workers", "1"]), {}) == 1   # one process
+    assert default_servers(parse(["--local", "--workers", "2", "--local-size", "2"]), {}) == 1
 
 
 # -- node_plan (one machine of a multi-machine job) ----------------------------------------------
