@@ -31,6 +31,33 @@ from ..runtime import Runtime
 from ._tensor import as_numpy, wire_dtype
 
 _groups: dict = {}
+_registered: dict = {}   # address of a shared reduction buffer -> its length, pinned for CUDA
+
+
+def _pin(buf: np.ndarray) -> None:
+    """Register a shared reduction buffer with the CUDA driver once (cudaHostRegister), so the
+    slices a rank copies in and out move at pinned speed (~50 GB/s on an H200 host, against
+    ~7 GB/s pageable) and asynchronously. Best effort: where registration is refused (no
+    driver support, a limit), the copies stay pageable and correct."""
+    addr = buf.ctypes.data
+    if addr in _registered or buf.nbytes == 0:
+        return
+    try:
+        err = torch.cuda.cudart().cudaHostRegister(addr, buf.nbytes, 0)
+    except (AttributeError, RuntimeError, TypeError):
+        err = -1
+    code = getattr(err, "value", err)
+    _registered[addr] = buf.nbytes if code == 0 else 0
+
+
+def _unpin_all() -> None:
+    for addr, nbytes in list(_registered.items()):
+        if nbytes:
+            try:
+                torch.cuda.cudart().cudaHostUnregister(addr)
+            except (AttributeError, RuntimeError, TypeError):
+                pass
+    _registered.clear()
 
 
 def available(rt: Runtime, t: torch.Tensor) -> bool:
@@ -85,6 +112,7 @@ class NcclPushPull:
         self.pg._reduce_scatter_base(self.mine, padded.contiguous()).wait()
         # my slice of the machine's sum into the shared buffer (PCIe once per byte per machine)
         shared = rt.local_out(name, tuple(tensor.shape), self.dtype)
+        _pin(shared)
         lo = min(self.r * self.chunk, self.count)
         hi = min(lo + self.chunk, self.count)
         self.lo, self.hi = lo, hi
@@ -157,3 +185,4 @@ def close_groups() -> None:
             except Exception:  # noqa: BLE001 - best effort at exit
                 pass
     _groups.clear()
+    _unpin_all()  # before the runtime unmaps the shared segments
