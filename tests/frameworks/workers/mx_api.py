@@ -123,10 +123,19 @@ def priority(rank, size):
         loss = net(mx.nd.ones((8, 64))).sum()
     loss.backward()
     trainer._bps_synchronizer()  # declares the gradients before the credit is held
-    q = rt.pipeline.queues[PUSH]
-    q.inflight += 1 << 40  # hold the credit: every gradient queues first
-    threading.Timer(0.5, q.release, (1 << 40,)).start()
-    trainer.step(8)
+    if rt.native is not None:  # the native data plane schedules partitions in C++
+        rt.native.take_dispatch_log()
+        rt.native.set_paused(True)  # hold them: every gradient queues first
+        threading.Timer(0.5, rt.native.set_paused, (False,)).start()
+        trainer.step(8)
+        by_key = {st.parts[0][2]: name for name, st in rt.tensors().items() if st.parts}
+        wire = [by_key[k].removeprefix("Gradient.") for k in rt.native.take_dispatch_log()
+                if k in by_key and by_key[k].startswith("Gradient.")]
+    else:
+        q = rt.pipeline.queues[PUSH]
+        q.inflight += 1 << 40  # hold the credit: every gradient queues first
+        threading.Timer(0.5, q.release, (1 << 40,)).start()
+        trainer.step(8)
     names = [p.name for p in trainer._params]
     assert wire == names, wire    # the first parameter first
     if rank == 0:
