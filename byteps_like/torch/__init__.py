@@ -17,7 +17,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from ..api import declare, get_pushpull_speed, local_rank, local_size, rank, size  # the core's
 from ..compression import Compression
 from ..runtime import default_runtime
-from .broadcast import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+# the functions shadow the submodule of the same name on purpose: bps.broadcast(t, 0) is a call
+from .broadcast import (broadcast, broadcast_, broadcast_object, broadcast_optimizer_state,
+                        broadcast_parameters)
 from .ops import (TorchHandle, poll, push_pull, push_pull_async, push_pull_async_inplace,
                   push_pull_inplace, synchronize)
 from .optimizer import DistributedOptimizer
@@ -62,4 +64,4 @@ __all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank"
            "declare", "push_pull", "push_pull_async", "push_pull_inplace",
            "push_pull_async_inplace", "poll", "synchronize", "Compression",
            "DistributedOptimizer", "DistributedDataParallel", "broadcast_parameters",
-           "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed"]
+           "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed", "broadcast", "broadcast_"]

@@ -1,6 +1,7 @@
 """Broadcast of parameters, optimizer state and objects from a root rank."""
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,27 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
         if not direct:
             with torch.no_grad():
                 t.copy_(host)
+
+
+_unnamed = itertools.count()
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
+    """Overwrite ``tensor`` in place with the root rank's values and return it (Horovod's
+    ``broadcast_``). Unnamed broadcasts are numbered in call order, the same on every rank."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"broadcast_: expected a tensor, got {type(tensor).__name__}")
+    name = name or f"noname.{next(_unnamed)}"
+    broadcast_parameters([(name, tensor)], root_rank, prefix="Broadcast.")
+    return tensor
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
+    """A new tensor holding the root rank's values of ``tensor`` (Horovod's ``broadcast``);
+    ``tensor`` itself is left as it is."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"broadcast: expected a tensor, got {type(tensor).__name__}")
+    return broadcast_(tensor.detach().clone(), root_rank, name)
 
 
 def _to_array(x: Any):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..compression import Compression, Compressor, split
@@ -42,6 +43,12 @@ def _start(tensor: torch.Tensor, out: torch.Tensor, average: bool, name: str | N
     rt = default_runtime()
     rt._check()
     what = f"push_pull of {name!r}" if name else "push_pull"
+    if not isinstance(average, (bool, np.bool_)):
+        raise TypeError(f"{what}: average must be a bool, got {average!r}; the order is BytePS's "
+                        "push_pull(tensor, average=True, name=None, ...): pass the name as "
+                        "name=...")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"push_pull: name must be a str, got {name!r}")
     if compression is Compression.none and nccl.available(rt, tensor):
         op = nccl.NcclPushPull(rt, tensor, out, name or rt.auto_name(), average, priority)
         buf = op.buffer()

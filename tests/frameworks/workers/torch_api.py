@@ -39,6 +39,10 @@ def errors(rank, size):
            "2 parameters of the optimizer are not in named_parameters")
     expect(TypeError, lambda: bps.push_pull(torch.zeros(3, dtype=torch.bool), name="b"),
            "torch.bool")
+    # a name passed where BytePS's order has `average`: refused, not a new key every call
+    expect(TypeError, lambda: bps.push_pull(torch.ones(3), "w"), "average must be a bool",
+           "name=")
+    expect(TypeError, lambda: bps.push_pull_inplace(torch.ones(3), True, 7), "name must be")
     # a model that differs on the last rank: every rank raises, naming the groups of ranks
     layers = [torch.nn.Linear(4, 4)] + ([torch.nn.Linear(4, 4)] if rank == size - 1 else [])
     other = torch.nn.Sequential(*layers)
@@ -58,6 +62,14 @@ def broadcast(rank, size):
     if rank == root:  # only the root has optimizer state
         model(torch.randn(8, 5)).sum().backward()
         opt.step()
+    # Horovod's tensor broadcasts; the functions, not the submodule of the same name
+    x = torch.full((3, 2), float(rank + 5))
+    y = bps.broadcast(x, root)
+    assert torch.equal(y, torch.full((3, 2), float(root + 5))), y
+    assert torch.equal(x, torch.full((3, 2), float(rank + 5)))   # the input is left alone
+    z = torch.arange(4, dtype=torch.int64) * (rank + 1)
+    assert bps.broadcast_(z, root, name="z") is z
+    assert torch.equal(z, torch.arange(4, dtype=torch.int64) * (root + 1)), z
     bps.broadcast_parameters(model.state_dict(), root_rank=root)
     bps.broadcast_optimizer_state(opt, root_rank=root)
     sd = {k: v.clone() for k, v in model.state_dict().items()}
