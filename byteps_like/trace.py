@@ -90,9 +90,14 @@ class Tracer:
                   "args": {"name": stage}} for stage, tid in STAGE_TIDS.items()]
         with self._lock:
             events = list(self._events)
+        try:
+            last = int(self.step_fn())
+        except Exception:  # noqa: BLE001 - the window is what matters; the step is a hint
+            last = None
         return {"traceEvents": meta + events, "displayTimeUnit": "ms",
                 "otherData": {"rank": self.rank, "role": self.role,
-                              "start_step": self.start_step, "end_step": self.end_step}}
+                              "start_step": self.start_step, "end_step": self.end_step,
+                              "last_step": last}}
 
     def flush(self) -> str | None:
         """Write the trace file (once); returns its path."""
@@ -132,15 +137,35 @@ def merge(paths: Iterable[str]) -> dict:
     """One trace with a process per rank (pid = the rank of each file)."""
     out: list[dict] = []
     ranks = []
+    windows = []
     for i, path in enumerate(paths):
         doc = load(path)
-        rank = doc.get("otherData", {}).get("rank", i)
+        other = doc.get("otherData", {})
+        rank = other.get("rank", i)
         ranks.append(rank)
+        windows.append({k: other.get(k) for k in ("rank", "start_step", "end_step", "last_step")})
         for ev in doc["traceEvents"]:
             ev = dict(ev)
             ev["pid"] = rank
             out.append(ev)
-    return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": {"ranks": ranks}}
+    return {"traceEvents": out, "displayTimeUnit": "ms",
+            "otherData": {"ranks": ranks, "windows": windows}}
+
+
+def empty_reason(doc: dict, path: str) -> str | None:
+    """Why a trace holds no stage events (None when it holds some): the traced step window and
+    the steps each rank reached, with what to change."""
+    if any(e.get("ph") == "X" for e in doc["traceEvents"]):
+        return None
+    other = doc.get("otherData", {})
+    windows = other.get("windows") or ([other] if "start_step" in other else [])
+    if not windows:
+        return f"{path} holds no stage events (and no record of the traced step window)"
+    seen = "; ".join(f"rank {w.get('rank')}: steps {w.get('start_step')}..{w.get('end_step')} "
+                     f"traced, last step seen {w.get('last_step')}" for w in windows)
+    return (f"{path} holds no stage events: {seen}. A step is a round of the first tensor the "
+            "worker declared; if the job ended before the window, run more steps or lower "
+            "BYTEPS_TRACE_START_STEP / BYTEPS_TRACE_END_STEP")
 
 
 def summarize(doc: dict, top: int = 10) -> dict:
@@ -236,7 +261,16 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("-o", "--output", default="trace.png")
     args = p.parse_args(argv)
     if args.cmd == "plot":
-        plot(load(args.file), args.output)
+        try:
+            doc = load(args.file)
+        except (OSError, ValueError) as exc:
+            print(f"trace plot: {exc}", file=sys.stderr)
+            return 1
+        why = empty_reason(doc, args.file)
+        if why is not None:
+            print(f"trace plot: nothing to draw: {why}", file=sys.stderr)
+            return 1
+        plot(doc, args.output)
         print(f"wrote {args.output}")
         return 0
     if args.cmd == "merge":
@@ -255,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         doc = load(args.file)
     except (OSError, ValueError) as exc:
         print(f"trace summary: {exc}", file=sys.stderr)
+        return 1
+    why = empty_reason(doc, args.file)
+    if why is not None:
+        print(f"trace summary: {why}", file=sys.stderr)
         return 1
     s = summarize(doc, args.top)
     print(json.dumps(s, indent=1) if args.json else format_summary(s))

@@ -72,6 +72,32 @@ def test_merge_and_summary(tmp_path, capsys):
     assert trace.main(["summary", str(tmp_path / "missing.json")]) == 1
 
 
+def test_an_empty_trace_says_why_and_fails(tmp_path, capsys):
+    """A job that ended before the traced window: summary and plot exit 1 naming the window
+    and the steps seen, for one rank's file and for a merged trace."""
+    for rank in (0, 1):
+        tr = trace.Tracer(rank, str(tmp_path), 10, 20, lambda: 3)
+        t = _task(rnd=3)
+        tr(t, "push", "start", 1.0)     # step 3 < 10: not traced
+        tr(t, "push", "end", 1.5)
+        tr.flush()
+    one = tmp_path / "0" / "comm.json"
+    capsys.readouterr()
+    assert trace.main(["summary", str(one)]) == 1
+    err = capsys.readouterr().err
+    assert "no stage events" in err and "steps 10..20 traced, last step seen 3" in err, err
+    assert "BYTEPS_TRACE_START_STEP" in err
+    assert trace.main(["plot", str(one), "-o", str(tmp_path / "p.png")]) == 1
+    assert "nothing to draw" in capsys.readouterr().err
+    assert not (tmp_path / "p.png").exists()
+    merged = tmp_path / "m.json"
+    assert trace.main(["merge", str(tmp_path), "-o", str(merged)]) == 0
+    capsys.readouterr()
+    assert trace.main(["summary", str(merged)]) == 1
+    err = capsys.readouterr().err
+    assert "rank 0: steps 10..20" in err and "rank 1: steps 10..20" in err, err
+
+
 def test_stage_stats():
     st = StageStats()
     t = _task()
