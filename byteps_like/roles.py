@@ -8,12 +8,31 @@ from typing import Any, Callable
 from .config import Config
 
 
-def role_main(role: str, run: Callable[[Config], int]) -> int:
-    """``python -m byteps_like.<role>``: load the settings (exit 2 with the message on a bad
-    one), set up logging, run."""
+_ROLE_HELP = """usage: python -m byteps_like.{role} [-h]
+
+Run a byteps_like {role} of the job described by the environment (the BytePS contract:
+DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_WORKER, DMLC_NUM_SERVER, BYTEPS_* settings; see
+`python -m byteps_like.config --describe`). It takes no arguments. bpslaunch starts it for you:
+`bpslaunch --local ...`, or `DMLC_ROLE={role} bpslaunch` on the {role}'s machine.
+"""
+
+
+def role_main(role: str, run: Callable[[Config], int], argv: list[str] | None = None) -> int:
+    """``python -m byteps_like.<role>``: ``-h``/``--help`` prints usage, any other argument is a
+    usage error (exit 2) rather than joining a job; else load the settings (exit 2 with the
+    message on a bad one), set up logging, run."""
     from .config import load
     from .errors import ConfigError
     from .log import setup_logging
+    argv = sys.argv[1:] if argv is None else argv
+    if argv:
+        if argv[0] in ("-h", "--help"):
+            print(_ROLE_HELP.format(role=role))
+            return 0
+        print(_ROLE_HELP.format(role=role).splitlines()[0], file=sys.stderr)
+        print(f"byteps_like {role}: error: unexpected arguments {' '.join(argv)!r}; settings "
+              "come from the environment", file=sys.stderr)
+        return 2
     try:
         cfg = load(overrides={"cluster.role": role})
     except ConfigError as exc:

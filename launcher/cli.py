@@ -129,6 +129,8 @@ def _role_cmd(text: str) -> tuple[str, tuple[str, ...]]:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bpslaunch", usage=_USAGE, description=_DESCRIPTION, epilog=_EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    parser.add_argument("--version", action="version",
+                        version=f"bpslaunch (byteps_like {package_version()})")
     local = parser.add_argument_group("local cluster (--local)")
     local.add_argument("--local", action="store_true",
                        help="run scheduler, servers and workers on this machine")
@@ -273,6 +275,7 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
     for spec in specs:
         if spec.role == "worker":
             check_executable(spec.argv[0], child_environment(env, spec.env))
+            check_script(spec.argv)
             break
     grace = args.grace
     if grace is None:
@@ -345,6 +348,24 @@ def check_executable(program: str, env: Mapping[str, str]) -> str:
     if found is None:
         raise CommandError(f"command not found: {program!r} (not in PATH)", EXIT_NOT_FOUND)
     return found
+
+
+def check_script(argv: Sequence[str]) -> None:
+    """``python SCRIPT.py ...`` with no such script: the same 127 as a missing program, said at
+    once instead of every worker failing with Python's own exit status 2 (a usage error's)."""
+    if len(argv) < 2 or not os.path.basename(argv[0]).startswith("python"):
+        return
+    script = argv[1]
+    if script.endswith(".py") and not os.path.exists(script):
+        raise CommandError(f"script not found: {script!r} (from {os.getcwd()})", EXIT_NOT_FOUND)
+
+
+def package_version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        return version("byteps_like")
+    except (ImportError, PackageNotFoundError):
+        return "unknown"
 
 
 #: ``bpslaunch SUBCOMMAND ...``: tools beside the launch itself (docs/deployment.md).

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     from ..roles import role_main
     from .core import log, run
 
@@ -11,7 +11,7 @@ def main() -> int:
         if code:
             log.error("scheduler: job failed")
         return code
-    return role_main("scheduler", run_and_report)
+    return role_main("scheduler", run_and_report, argv)
 
 
 if __name__ == "__main__":

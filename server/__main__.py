@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     from ..roles import role_main
     from .core import run
-    return role_main("server", run)
+    return role_main("server", run, argv)
 
 
 if __name__ == "__main__":

@@ -481,3 +481,35 @@ def test_a_cpu_the_kernel_refuses_stops_the_launch(monkeypatch, capsys):
 def test_help_mentions_no_bind(capsys):
     assert main(["--help"], environ=_clean_env()) == 0
     assert "--no-bind" in capsys.readouterr().out
+
+
+def test_version_and_a_missing_script_are_distinct_from_usage_errors(tmp_path, capsys):
+    from byteps_like.launcher.cli import EXIT_USAGE, main
+    with pytest.raises(SystemExit) as exc:
+        build_parser_for_version().parse_args(["--version"])
+    assert exc.value.code == 0
+    assert "bpslaunch (byteps_like " in capsys.readouterr().out
+    assert main(["--version"]) == 0
+    assert "byteps_like" in capsys.readouterr().out
+    missing = str(tmp_path / "nope.py")
+    status = main(["--local", "--workers", "1", "--", sys.executable, missing])
+    assert status == 127 and status != EXIT_USAGE
+    assert f"script not found: {missing!r}" in capsys.readouterr().err
+    assert main(["--local", "--bogus"]) == EXIT_USAGE
+
+
+def build_parser_for_version():
+    from byteps_like.launcher.cli import build_parser
+    return build_parser()
+
+
+@pytest.mark.parametrize("role", ["server", "scheduler"])
+def test_role_help_prints_usage_instead_of_joining_a_job(role):
+    import subprocess
+    out = subprocess.run([sys.executable, "-m", f"byteps_like.{role}", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"usage: python -m byteps_like.{role}" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", f"byteps_like.{role}", "--port", "9"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unexpected arguments" in bad.stderr, bad.stderr

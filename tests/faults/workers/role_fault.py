@@ -33,4 +33,4 @@ else:
         raise RuntimeError("injected fault: unhandled exception in the scheduler")
     core.Scheduler._barrier = barrier
     from byteps_like.scheduler.__main__ import main
-sys.exit(main())
+sys.exit(main([]))  # this wrapper's own arguments are not the role's
