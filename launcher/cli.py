@@ -254,7 +254,7 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
             env = {**env, "BYTEPS_AUTH_SECRET": secrets.token_hex(32)}  # 256 bits, this job only
         host = args.host or DEFAULT_HOST
         cluster = LocalCluster(
-            command=tuple(command), port=args.port or free_port(host),
+            command=tuple(command), port=port_free(host, args.port) if args.port else free_port(host),
             workers=args.workers or DEFAULT_WORKERS,
             servers=args.servers or default_servers(args, env),
             local_size=args.local_size or DEFAULT_LOCAL_SIZE, host=host,
@@ -270,7 +270,8 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
             notes.append(f"note: DMLC_ROLE={role} runs python -m {ROLE_MODULES[role]}; "
                          f"ignoring the command {' '.join(command)!r}")
         specs = node_plan(role, command, worker_id=cfg.cluster.worker_id or 0,
-                          local_size=cfg.cluster.local_size, role_overrides=role_overrides)
+                          local_size=cfg.cluster.local_size, role_overrides=role_overrides,
+                          num_workers=cfg.cluster.num_worker)
     configs = [_load(child_environment(env, spec.env), notes) for spec in specs]
     for spec in specs:
         if spec.role == "worker":
@@ -325,14 +326,26 @@ def _load(env: Mapping[str, str], notes: list[str]):
 
 def free_port(host: str) -> int:
     """A TCP port that is free on ``host`` now (bind to port 0 and ask which one was given)."""
+    return _bind_probe(host, 0, f"cannot find a free port on --host {host}")
+
+
+def port_free(host: str, port: int) -> int:
+    """``port`` if the scheduler can bind it on ``host`` now; else a usage error naming the port
+    and the setting, before any process starts (not a ZeroMQ traceback from the scheduler)."""
+    return _bind_probe(host, port, f"port {port} on {host} is in use or not available "
+                       "(--port / DMLC_PS_ROOT_PORT): stop what holds it, or leave --port out "
+                       "to pick a free one")
+
+
+def _bind_probe(host: str, port: int, what: str) -> int:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
-            host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         with socket.socket(family, kind, proto) as sock:
             sock.bind(address)
             return sock.getsockname()[1]
     except OSError as exc:
-        raise UsageError(f"cannot find a free port on --host {host}: {exc}") from None
+        raise UsageError(f"{what}: {exc.strerror or exc}") from None
 
 
 def check_executable(program: str, env: Mapping[str, str]) -> str:

@@ -66,6 +66,17 @@ def role_argv(role: str, overrides: Mapping[str, Sequence[str]] | None = None) -
     return (sys.executable, "-m", ROLE_MODULES[role])
 
 
+def torchrun_env(rank: int, world: int | None, local_rank: int, local_size: int) -> dict:
+    """What torchrun sets, for scripts written against it: RANK, WORLD_SIZE (when known),
+    LOCAL_RANK, LOCAL_WORLD_SIZE, with byteps_like's ranks (worker_id * local_size +
+    local_rank)."""
+    env = {"RANK": str(rank), "LOCAL_RANK": str(local_rank),
+           "LOCAL_WORLD_SIZE": str(local_size)}
+    if world is not None:
+        env["WORLD_SIZE"] = str(world)
+    return env
+
+
 def local_cluster_plan(cluster: LocalCluster) -> list[ChildSpec]:
     """The scheduler, ``servers`` servers and ``workers`` x ``local_size`` worker processes.
 
@@ -100,14 +111,18 @@ def local_cluster_plan(cluster: LocalCluster) -> list[ChildSpec]:
     specs += [ChildSpec("worker", worker_id * cluster.local_size + local_rank,
                         tuple(cluster.command),
                         {**common, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(worker_id),
-                         "BYTEPS_LOCAL_RANK": str(local_rank)})
+                         "BYTEPS_LOCAL_RANK": str(local_rank),
+                         **torchrun_env(worker_id * cluster.local_size + local_rank,
+                                        cluster.workers * cluster.local_size, local_rank,
+                                        cluster.local_size)})
               for worker_id in range(cluster.workers)
               for local_rank in range(cluster.local_size)]
     return specs
 
 
 def node_plan(role: str, command: Sequence[str], *, worker_id: int = 0, local_size: int = 1,
-              role_overrides: Mapping[str, Sequence[str]] | None = None) -> list[ChildSpec]:
+              role_overrides: Mapping[str, Sequence[str]] | None = None,
+              num_workers: int | None = None) -> list[ChildSpec]:
     """What plain ``bpslaunch`` starts on one machine of a multi-machine job.
 
     A worker machine runs ``local_size`` copies of ``command`` with BYTEPS_LOCAL_RANK set; a
@@ -118,7 +133,11 @@ def node_plan(role: str, command: Sequence[str], *, worker_id: int = 0, local_si
             raise ValueError("a worker needs a command")
         return [ChildSpec("worker", worker_id * local_size + local_rank, tuple(command),
                           {"BYTEPS_LOCAL_RANK": str(local_rank),
-                           "BYTEPS_LOCAL_SIZE": str(local_size)})
+                           "BYTEPS_LOCAL_SIZE": str(local_size),
+                           **torchrun_env(worker_id * local_size + local_rank,
+                                          None if num_workers is None
+                                          else num_workers * local_size,
+                                          local_rank, local_size)})
                 for local_rank in range(local_size)]
     if role in ROLE_MODULES:
         return [ChildSpec(role, None, role_argv(role, role_overrides), {})]

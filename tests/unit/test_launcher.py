@@ -513,3 +513,29 @@ def test_role_help_prints_usage_instead_of_joining_a_job(role):
     bad = subprocess.run([sys.executable, "-m", f"byteps_like.{role}", "--port", "9"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unexpected arguments" in bad.stderr, bad.stderr
+
+
+def test_workers_get_the_variables_torchrun_sets():
+    specs = local_cluster_plan(LocalCluster(command=CMD, port=1234, workers=2, local_size=2))
+    workers = [s for s in specs if s.role == "worker"]
+    got = [(s.env["RANK"], s.env["WORLD_SIZE"], s.env["LOCAL_RANK"], s.env["LOCAL_WORLD_SIZE"])
+           for s in workers]
+    assert got == [("0", "4", "0", "2"), ("1", "4", "1", "2"), ("2", "4", "0", "2"),
+                   ("3", "4", "1", "2")]
+    assert all("RANK" not in s.env for s in specs if s.role != "worker")
+    from byteps_like.launcher.plan import node_plan
+    node = node_plan("worker", CMD, worker_id=1, local_size=2, num_workers=3)
+    assert [(s.env["RANK"], s.env["WORLD_SIZE"]) for s in node] == [("2", "6"), ("3", "6")]
+
+
+def test_a_taken_port_is_refused_before_launching(capsys):
+    import socket as _socket
+    from byteps_like.launcher.cli import EXIT_USAGE, main
+    with _socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        status = main(["--local", "--port", str(port), "--", sys.executable, "-c", "pass"])
+    assert status == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"port {port} on 127.0.0.1 is in use" in err and "DMLC_PS_ROOT_PORT" in err, err
