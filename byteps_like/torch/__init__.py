@@ -14,7 +14,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("byteps_like.torch needs PyTorch: pip install 'byteps_like[torch]' "
                       "(or torch itself)") from exc
 
-from ..api import declare, get_pushpull_speed, local_rank, local_size, rank, size  # the core's
+from ..api import (barrier, declare, get_pushpull_speed, local_rank, local_size, rank,  # core
+                   size)
 from ..compression import Compression
 from ..runtime import default_runtime
 # the functions shadow the submodule of the same name on purpose: bps.broadcast(t, 0) is a call
@@ -36,6 +37,34 @@ def shutdown() -> None:
     from .nccl import close_groups
     close_groups()
     default_runtime().shutdown()
+
+
+def is_initialized() -> bool:
+    """Whether this process has joined a job (Horovod's ``is_initialized``)."""
+    return default_runtime().initialized
+
+
+# Horovod's names for the same operations, so scripts written for Horovod run with a changed
+# import; the argument order is Horovod's (tensor, average, name), as BytePS's is.
+def allreduce(tensor, average: bool = True, name: str | None = None,
+              compression=Compression.none):
+    """Horovod's ``allreduce``: :func:`push_pull` (differentiable)."""
+    return push_pull(tensor, average=average, name=name, compression=compression)
+
+
+def allreduce_(tensor, average: bool = True, name: str | None = None):
+    """Horovod's in-place ``allreduce_``: :func:`push_pull_inplace`."""
+    return push_pull_inplace(tensor, average=average, name=name)
+
+
+def allreduce_async(tensor, average: bool = True, name: str | None = None):
+    """Horovod's ``allreduce_async``: :func:`push_pull_async`; wait with ``synchronize``."""
+    return push_pull_async(tensor, average=average, name=name)
+
+
+def allreduce_async_(tensor, average: bool = True, name: str | None = None):
+    """Horovod's ``allreduce_async_``: :func:`push_pull_async_inplace`."""
+    return push_pull_async_inplace(tensor, average=average, name=name)
 
 
 def suspend() -> None:
@@ -64,4 +93,5 @@ __all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank"
            "declare", "push_pull", "push_pull_async", "push_pull_inplace",
            "push_pull_async_inplace", "poll", "synchronize", "Compression",
            "DistributedOptimizer", "DistributedDataParallel", "broadcast_parameters",
-           "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed", "broadcast", "broadcast_"]
+           "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed", "broadcast", "broadcast_", "barrier", "is_initialized",
+           "allreduce", "allreduce_", "allreduce_async", "allreduce_async_"]

@@ -39,6 +39,19 @@ def errors(rank, size):
            "2 parameters of the optimizer are not in named_parameters")
     expect(TypeError, lambda: bps.push_pull(torch.zeros(3, dtype=torch.bool), name="b"),
            "torch.bool")
+    assert bps.is_initialized()
+    # Horovod's names: allreduce (differentiable), in place, async; barrier
+    s = sum(range(1, size + 1))
+    assert torch.equal(bps.allreduce(torch.full((4,), float(rank + 1)), average=False,
+                                     name="hvd.ar"), torch.full((4,), float(s)))
+    t = torch.full((4,), float(rank + 1))
+    assert bps.allreduce_(t, name="hvd.ar_") is t and torch.equal(t, torch.full((4,), s / size))
+    h = bps.allreduce_async(torch.ones(3), average=False, name="hvd.async")
+    assert torch.equal(bps.synchronize(h), torch.full((3,), float(size)))
+    u = torch.ones(3)
+    bps.synchronize(bps.allreduce_async_(u, average=False, name="hvd.async_"))
+    assert torch.equal(u, torch.full((3,), float(size)))
+    bps.barrier()
     # a name passed where BytePS's order has `average`: refused, not a new key every call
     expect(TypeError, lambda: bps.push_pull(torch.ones(3), "w"), "average must be a bool",
            "name=")
@@ -163,6 +176,7 @@ def priority(rank, size):
 
 def main():
     if MODE == "errors":
+        assert not bps.is_initialized()
         expect(NotInitializedError, lambda: bps.push_pull(torch.ones(1)), "call init() first")
         expect(NotInitializedError, lambda: bps.rank(), "init()")
     bps.init()
