@@ -423,6 +423,12 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
         print(f"bpslaunch: {note}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     if args.local and (args.status or args.metrics):  # launcher/status.py
+        import importlib.util
+        if importlib.util.find_spec("prometheus_client") is None:  # before anything starts
+            flag = "--status" if args.status else "--metrics"
+            print(f"bpslaunch: error: {flag} reads every process's metrics, which needs "
+                  "prometheus-client: pip install 'byteps_like[metrics]'", file=sys.stderr)
+            return EXIT_USAGE
         from .status import run_with_status
         return run_with_status(launch, run_job, args.host or DEFAULT_HOST,
                                metrics_only=not args.status)

@@ -539,3 +539,15 @@ def test_a_taken_port_is_refused_before_launching(capsys):
     assert status == EXIT_USAGE
     err = capsys.readouterr().err
     assert f"port {port} on 127.0.0.1 is in use" in err and "DMLC_PS_ROOT_PORT" in err, err
+
+
+@pytest.mark.parametrize("flag", ["--status", "--metrics"])
+def test_status_without_prometheus_client_fails_at_once(flag, monkeypatch, capsys):
+    import importlib.util
+    from byteps_like.launcher.cli import EXIT_USAGE, main
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "prometheus_client" else real(name, *a))
+    assert main(["--local", flag, "--", sys.executable, "-c", "pass"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"{flag} reads every process's metrics" in err and "byteps_like[metrics]" in err
