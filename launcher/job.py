@@ -102,6 +102,12 @@ class _Job:
             if first_failure is not None:
                 if not running:
                     break
+                if not any(c.role == "worker" for c in running):
+                    # no worker left: the scheduler and servers have nobody to serve or wait
+                    # for, and nothing of the failure to report; stop them now
+                    self.say(f"stopping {_names(running)} (no worker is left)")
+                    self._stop()
+                    break
                 if now >= grace_deadline:
                     self.say(f"stopping {_names(running)} (grace period over)")
                     self._stop()

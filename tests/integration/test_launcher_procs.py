@@ -269,6 +269,18 @@ def test_failing_worker_stops_the_rest_and_is_named(harness):
     harness.assert_all_gone(result)
 
 
+def test_no_worker_left_stops_the_rest_without_the_grace_period(harness):
+    # every worker fails before the job could start (a missing file, a crash before init):
+    # the scheduler and server have nobody to wait for; a 60 s grace must not be waited out
+    behaviours = {"scheduler": ["sleep"], "server": ["sleep"],
+                  "worker-0": ["await:4", "exit:3"], "worker-1": ["await:4", "exit:3"]}
+    result = harness.run(harness.argv(behaviours, "--grace", "60"))
+    assert result.returncode == 3, result.dump()
+    assert "(no worker is left)" in result.stderr, result.dump()
+    assert result.elapsed < 30, result.dump()
+    harness.assert_all_gone(result)
+
+
 def test_survivors_exiting_during_grace_do_not_replace_first_failure(harness):
     behaviours = {"scheduler": ["sleep"], "server": ["sleep"],
                   "worker-0": ["await:4", "suicide"],
