@@ -144,3 +144,59 @@ def dither_decode(body: Buffer, norm: float, out: Buffer, levels: int, natural: 
     """``out[i] (+)= ±table[q]`` with linear table[q] = float32(float64(norm) * q / s), natural
     table[0] = norm * 0 (NaN for a non-finite norm), table[q] = ldexp(norm, q - s). ValueError
     for a wrong body length, a level above ``levels`` or nonzero padding bits."""
+
+# ---- the native data plane (csrc/dataplane.cc; docs/architecture.md) ----------------------
+# A completion: (op, ok, kind, server, message, t_first_send, t_last_done, bytes, times).
+# kind is "" on success, else "remote" (message: the server's ERROR JSON), "peer_lost",
+# "protocol", "internal" or "closed"; times holds (sent, acknowledged, received) per partition
+# in CLOCK_MONOTONIC seconds (time.monotonic()), 0 where it did not happen.
+Completion: TypeAlias = tuple[int, bool, str, int, bytes, float, float, int,
+                              list[tuple[float, float, float]]]
+
+class DataServer:
+    """A server's half: an acceptor and ``io_threads`` epoll threads; pushes are summed into
+    each key's store in 512 KiB chunks as they arrive, pulls answered zero-copy. Every length
+    is checked before memory is taken; bad streams are closed and counted by reason."""
+    def __init__(self, num_workers: int, server_rank: int, job: int, io_threads: int,
+                 max_message_bytes: int, max_store_bytes: int, max_connections: int,
+                 auth_key: bytes = b"") -> None: ...
+    def listen(self, host: str, port: int) -> int:
+        """Bind (port 0: ephemeral); returns the port. RuntimeError naming host:port."""
+    def start(self) -> None: ...
+    def close(self) -> None: ...
+    def set_rank(self, rank: int) -> None: ...
+    def claim_zmq_key(self, key: int) -> bool:
+        """Reserve ``key`` for the ZeroMQ path; False when native pushes already hold it."""
+    def stats(self) -> dict[str, int]: ...
+    def rejected(self) -> dict[str, int]:
+        """Rejected messages and streams by reason."""
+    def stalls(self, min_age: float) -> list[tuple[int, int, float, list[int], bytes]]:
+        """Open rounds older than ``min_age`` s: (key, round, age, pushed ranks, declaration)."""
+
+class DataClient:
+    """A worker's half: ``streams`` TCP connections per server, a priority queue with byte
+    credits, pull responses received into the destination and divided in place."""
+    def __init__(self, rank: int, job: int, io_threads: int, credit_bytes: int,
+                 max_message_bytes: int, auth_key: bytes = b"") -> None: ...
+    def connect(self, server: int, host: str, port: int, streams: int, timeout: float) -> None:
+        """Open and greet ``streams`` connections (authenticated with ``auth_key``);
+        RuntimeError saying why on failure."""
+    def submit(self, op: int, priority: int, src: Buffer, dst: Buffer, wire_dtype: int,
+               divisor: int, round: int,
+               parts: list[tuple[int, int, int, int, int, bytes | None]]) -> None:
+        """Queue one operation: parts are (key, server, stream, offset, nbytes, declaration).
+        Holds the GIL and only queues. ``src``/``dst`` must stay alive until its completion."""
+    def wait(self, op: int, timeout: float) -> bool:
+        """Wait (GIL released) until ``op`` completes; the completion is left for ``take``."""
+    def take(self, op: int) -> Completion | None: ...
+    def completions(self, timeout: float) -> list[Completion]:
+        """Every completion nobody waits on, waiting up to ``timeout`` s for the first."""
+    def set_paused(self, paused: bool) -> None:
+        """Hold queued partitions, or release them in priority order (for tests)."""
+    def take_dispatch_log(self) -> list[int]:
+        """Keys in the order they were sent since the last call (the first 4096)."""
+    def close(self) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+
+def monotonic() -> float: ...
+def hmac_sha256(key: bytes, msg: bytes) -> bytes: ...

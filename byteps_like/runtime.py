@@ -107,6 +107,8 @@ class Runtime:
         self._native_ops: dict[int, tuple] = {}
         self._native_ids = itertools.count(1)
         self._completions = None
+        self._switch_interval = None  # what the runtime set sys.setswitchinterval to, if it did
+        self.single_machine = False   # one worker machine: push_pull never leaves it
 
     # -- lifecycle ----------------------------------------------------------------------------
     def init(self) -> None:
@@ -241,7 +243,6 @@ class Runtime:
         self.native = cli
         self._completions = native.Completions(cli, self._native_done)
         self._completions.start()
-        self._switch_interval = None
         want = cfg.scheduling.switch_interval
         if want and sys.getswitchinterval() == _PY_SWITCH_INTERVAL:
             sys.setswitchinterval(want)
@@ -303,8 +304,9 @@ class Runtime:
             for comp in self.native.completions(0.0):
                 self._native_done(comp)
             self.native = None
-            if getattr(self, "_switch_interval", None) == sys.getswitchinterval():
+            if self._switch_interval == sys.getswitchinterval():
                 sys.setswitchinterval(_PY_SWITCH_INTERVAL)  # ours: give the default back
+            self._switch_interval = None
         if self.pipeline is not None:
             self.pipeline.close()
             self.pipeline = None
@@ -564,8 +566,7 @@ class Runtime:
             task.device_direct = device_push and COPY_D2H not in itinerary
             task.dtype = dtype
             task.average = average
-            task.decl = ({"name": st.name, "shape": list(st.shape), "dtype": dtype, "part": part,
-                          "nparts": len(st.parts)} if rnd == 0 else None)
+            task.decl = self._declaration(st, dtype, part) if rnd == 0 else None
             task.codec = st.codecs[part] if st.codecs else None
             task.native = on_native
             if task.codec is not None:
@@ -708,7 +709,7 @@ class Runtime:
     @property
     def alone(self) -> bool:
         """One process on one machine and no forced servers: a push_pull is the identity."""
-        return getattr(self, "single_machine", False) and self.local_size_ == 1
+        return self.single_machine and self.local_size_ == 1
 
     # -- local reduction stages (see byteps_like.local) -------------------------------------------
     def _segment(self, st: TensorState) -> "local.Segment":
@@ -796,6 +797,12 @@ class Runtime:
 
     # -- the native data plane -----------------------------------------------------------------------
     @staticmethod
+    def _declaration(st: TensorState, dtype: str, part: int) -> dict:
+        """What the first round of partition ``part`` declares to its server (both paths)."""
+        return {"name": st.name, "shape": list(st.shape), "dtype": dtype, "part": part,
+                "nparts": len(st.parts)}
+
+    @staticmethod
     def _decl_bytes(decl: dict) -> bytes:
         """A declaration as the servers compare it: the same JSON bytes on every worker."""
         return json.dumps(decl, separators=(",", ":"), allow_nan=False).encode()
@@ -804,12 +811,10 @@ class Runtime:
                        average: bool, priority: int) -> None:
         """All partitions of a host tensor as one native operation: one call in, one
         completion out, whatever the number of partitions."""
-        nparts = len(st.parts)
         streams = self.native_streams
         if rnd == 0:  # the declarations travel once per key
             parts = [(key, server, key % streams, off, n,
-                      self._decl_bytes({"name": st.name, "shape": list(st.shape),
-                                        "dtype": dtype, "part": part, "nparts": nparts}))
+                      self._decl_bytes(self._declaration(st, dtype, part)))
                      for part, (off, n, key, server) in enumerate(st.parts)]
         else:
             parts = st.native_parts
@@ -842,14 +847,19 @@ class Runtime:
             if comp is not None:
                 self._native_done(comp)
 
+    @staticmethod
+    def _server_error(what: str, kind: str | None, text: str, server: int) -> Exception:
+        """A server's error reply (either data path) as the exception users get."""
+        if kind == ERR_MISMATCH:
+            return MismatchError(f"{what}: {text}")
+        return RemoteError(f"{what}: {text}", role="server", rank=server)
+
     def _native_error(self, name: str, kind: str, server: int, message: bytes) -> Exception:
         text = message.decode("utf-8", "replace")
         where = f"push_pull of {name!r} on worker rank {self.rank_}"
         if kind == "remote":
             rkind, text = native.decode_error(message)
-            if rkind == ERR_MISMATCH:
-                return MismatchError(f"push_pull of {name!r}: {text}")
-            return RemoteError(f"push_pull of {name!r}: {text}", role="server", rank=server)
+            return self._server_error(f"push_pull of {name!r}", rkind, text, server)
         if kind == "peer_lost":
             return PeerLostError(f"{where}: {text}", role="server", rank=server)
         if kind == "protocol":
@@ -943,12 +953,9 @@ class Runtime:
         elif h.type is MsgType.ERROR:
             self._release(task)
             meta = msg.meta or {}
-            text = str(meta.get("message", "error"))
-            cls = MismatchError if meta.get("kind") == ERR_MISMATCH else RemoteError
-            exc = cls(f"push_pull of {task.handle.name!r} (key {h.key}): {text}")
-            if cls is RemoteError:
-                exc = RemoteError(str(exc), role="server", rank=h.rank)
-            self._fail_task(task, exc)
+            self._fail_task(task, self._server_error(
+                f"push_pull of {task.handle.name!r} (key {h.key})", meta.get("kind"),
+                str(meta.get("message", "error")), h.rank))
         else:
             log.warning("worker %d: unexpected %s from server %d", self.rank_, h.type.name,
                         h.rank)

@@ -245,6 +245,21 @@ def plot(doc: dict, output: str, title: str = "byteps_like timeline") -> None:
     plt.close(fig)
 
 
+def _load_events(path: str, tool: str, empty_note: str = "") -> dict | None:
+    """The trace at ``path`` if it holds stage events; else None, after ``tool`` said why on
+    stderr (unreadable, or empty with its step window)."""
+    try:
+        doc = load(path)
+    except (OSError, ValueError) as exc:
+        print(f"{tool}: {exc}", file=sys.stderr)
+        return None
+    why = empty_reason(doc, path)
+    if why is not None:
+        print(f"{tool}: {empty_note}{why}", file=sys.stderr)
+        return None
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m byteps_like.trace",
                                 description="Merge and summarise byteps_like timeline traces.")
@@ -261,14 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("-o", "--output", default="trace.png")
     args = p.parse_args(argv)
     if args.cmd == "plot":
-        try:
-            doc = load(args.file)
-        except (OSError, ValueError) as exc:
-            print(f"trace plot: {exc}", file=sys.stderr)
-            return 1
-        why = empty_reason(doc, args.file)
-        if why is not None:
-            print(f"trace plot: nothing to draw: {why}", file=sys.stderr)
+        doc = _load_events(args.file, "trace plot", "nothing to draw: ")
+        if doc is None:
             return 1
         plot(doc, args.output)
         print(f"wrote {args.output}")
@@ -285,14 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(doc, f)
         print(f"merged {len(files)} files ({len(doc['traceEvents'])} events) into {args.output}")
         return 0
-    try:
-        doc = load(args.file)
-    except (OSError, ValueError) as exc:
-        print(f"trace summary: {exc}", file=sys.stderr)
-        return 1
-    why = empty_reason(doc, args.file)
-    if why is not None:
-        print(f"trace summary: {why}", file=sys.stderr)
+    doc = _load_events(args.file, "trace summary")
+    if doc is None:
         return 1
     s = summarize(doc, args.top)
     print(json.dumps(s, indent=1) if args.json else format_summary(s))

@@ -23,7 +23,6 @@
 #include <deque>
 #include <functional>
 #include <queue>
-#include <set>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
@@ -679,10 +678,6 @@ class ServerImpl {
     zmq_keys_.insert(key);
     return true;
   }
-  bool has_key(std::uint64_t key) {
-    std::lock_guard<std::mutex> g(map_mu_);
-    return stores_.count(key) != 0;
-  }
 
   void reject(const std::string& reason) {
     std::lock_guard<std::mutex> g(rej_mu_);
@@ -1214,7 +1209,6 @@ int DataServer::listen(const std::string& host, int port) { return impl_->listen
 void DataServer::start() { impl_->start(); }
 void DataServer::close() { impl_->close(); }
 bool DataServer::claim_zmq_key(std::uint64_t key) { return impl_->claim_zmq_key(key); }
-bool DataServer::has_key(std::uint64_t key) { return impl_->has_key(key); }
 void DataServer::set_rank(int rank) { impl_->rank_ = rank; }
 std::map<std::string, std::uint64_t> DataServer::stats() { return impl_->stats(); }
 std::map<std::string, std::uint64_t> DataServer::rejected() { return impl_->rejected(); }
@@ -1771,7 +1765,7 @@ bool io_full(int fd, char* p, std::size_t n, bool out, double deadline, std::str
 
 // One stream: connect (retrying until the deadline), say hello, check the answer.
 int open_stream(const std::string& host, int port, int rank, std::uint32_t job, int stream,
-                int expect_server, double deadline, const std::string& key, std::string* err) {
+                double deadline, const std::string& key, std::string* err) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -1849,12 +1843,6 @@ int open_stream(const std::string& host, int port, int rank, std::uint32_t job, 
       return -1;
     }
   }
-  if (expect_server >= 0 && r.rank != expect_server) {
-    *err = "the server at this address is server " + std::to_string(r.rank) + ", expected " +
-           std::to_string(expect_server);
-    ::close(fd);
-    return -1;
-  }
   return fd;
 }
 
@@ -1867,7 +1855,7 @@ void ClientImpl::connect(int server, const std::string& host, int port, int stre
   std::vector<std::shared_ptr<Conn>> conns;
   for (int i = 0; i < streams; ++i) {
     std::string err;
-    const int fd = open_stream(host, port, rank_, job_, i, -1, deadline, key_, &err);
+    const int fd = open_stream(host, port, rank_, job_, i, deadline, key_, &err);
     if (fd < 0) {
       for (auto& c : conns) c->close_now();
       throw std::runtime_error("data plane: cannot reach server " + std::to_string(server) +

@@ -91,7 +91,6 @@ class DataServer {
   // A key served over the ZeroMQ path (compressed, GPU-direct, ...): false when the native
   // plane already holds it (the caller reports the mismatch); later native pushes of it fail.
   bool claim_zmq_key(std::uint64_t key);
-  bool has_key(std::uint64_t key);
   void set_rank(int rank);  // known once the scheduler's node table arrives
   std::map<std::string, std::uint64_t> stats();
   std::map<std::string, std::uint64_t> rejected();

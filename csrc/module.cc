@@ -311,7 +311,6 @@ void bind_dataplane(py::module_& m) {
       .def("start", &dp::DataServer::start, py::call_guard<py::gil_scoped_release>())
       .def("close", &dp::DataServer::close, py::call_guard<py::gil_scoped_release>())
       .def("claim_zmq_key", &dp::DataServer::claim_zmq_key, py::arg("key"))
-      .def("has_key", &dp::DataServer::has_key, py::arg("key"))
       .def("set_rank", &dp::DataServer::set_rank, py::arg("rank"))
       .def("stats", [](dp::DataServer& s) { return counters_dict(s.stats()); })
       .def("rejected", [](dp::DataServer& s) { return counters_dict(s.rejected()); })

@@ -464,22 +464,22 @@ class Server:
                     continue
                 if not pushed or store.round != rnd:
                     continue
-                out.append({"name": str(store.decl.get("name")), "key": store.key, "round": rnd,
-                            "part": store.decl.get("part"), "age": round(now - started, 3),
-                            "pushed": pushed,
-                            "missing": sorted(set(range(self.num_workers)) - set(pushed))})
+                out.append(self._stall_entry(store.decl, store.key, rnd, now - started, pushed))
         if self.native is not None:
             for key, rnd, age, pushed, decl in self.native.stalls(limit):
                 try:
                     meta = json.loads(decl.decode("utf-8"))
                 except (UnicodeDecodeError, ValueError):
                     meta = {}
-                if not isinstance(meta, dict):
-                    meta = {}
-                out.append({"name": str(meta.get("name")), "key": key, "round": rnd,
-                            "part": meta.get("part"), "age": round(age, 3), "pushed": pushed,
-                            "missing": sorted(set(range(self.num_workers)) - set(pushed))})
+                out.append(self._stall_entry(meta if isinstance(meta, dict) else {}, key, rnd,
+                                             age, pushed))
         return out
+
+    def _stall_entry(self, decl: dict, key: int, rnd: int, age: float, pushed: list) -> dict:
+        """One stalled round as the scheduler's stall report reads it."""
+        return {"name": str(decl.get("name")), "key": key, "round": rnd,
+                "part": decl.get("part"), "age": round(age, 3), "pushed": pushed,
+                "missing": sorted(set(range(self.num_workers)) - set(pushed))}
 
     def _stall_tick(self) -> None:
         if self.control.rank < 0 or self.control.fatal is not None or self.control.shutting_down:

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -405,14 +404,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     control = not a.skip_control
 
     from .pushpull import (_busy_now, _cpu_busy_s, _exit_on_signals, _loadavg, _own_cpu_s,
-                           machine_info)
+                           machine_info, report_header)
     info = machine_info()
-    command = shlex.join(["python", "-m", "byteps_like.bench", "gil", *argv])
-    print(f"command: {command}")
-    print(f"machine: nproc={info['nproc']} ({info['processor']}, {info['machine']}), "
-          f"{info['platform']}")
-    print(f"versions: python {info['python']}, numpy {info['numpy']}, pyzmq {info['pyzmq']} "
-          f"(libzmq {info['libzmq']}), byteps_like {info['byteps_like']}")
+    command = report_header("gil", argv, info, torch=False)
     print(f"job: {a.workers} worker(s), {a.servers} server(s), partition {a.partition_bytes} B, "
           f"float32, average=False, loopback tcp; windows of {a.seconds:g} s after "
           f"{a.warmup_seconds:g} s of push_pull, {a.repeat} repetition(s) per size; phases: "

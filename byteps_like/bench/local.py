@@ -25,7 +25,6 @@ import argparse
 import importlib.util
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ from typing import Sequence
 from ._procs import ChildFailed, ProcGroup, free_port, role_argv
 from .pushpull import (Case, _base_env, _busy_now, _collect, _cpu_busy_s, _decode_cases,
                        _emit, _encode_cases, _exit_on_signals, _loadavg, _own_cpu_s, _progress,
-                       fmt_size, machine_info, parse_size, summarize)
+                       fmt_size, machine_info, parse_size, report_header, summarize)
 
 PROG = "python -m byteps_like.bench local"
 DEFAULT_LOCAL_SIZES = "2,4"
@@ -396,12 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cases = [Case(n, a.repeats, a.warmup) for n in dict.fromkeys(sizes)]
 
     info = machine_info()
-    command = shlex.join(["python", "-m", "byteps_like.bench", "local", *argv])
-    print(f"command: {command}")
-    print(f"machine: nproc={info['nproc']} ({info['processor']}, {info['machine']}), "
-          f"{info['platform']}")
-    print(f"versions: python {info['python']}, numpy {info['numpy']}, pyzmq {info['pyzmq']} "
-          f"(libzmq {info['libzmq']}), torch {info['torch']}, byteps_like {info['byteps_like']}")
+    command = report_header("local", argv, info)
     print(f"job: 1 worker machine of L local ranks, {a.servers} server(s), float32, "
           f"average=False, loopback tcp; L in {[1, *local_sizes]} (L=1 is the baseline); "
           f"{a.repeats} repeats + {a.warmup} warm-up per size")

@@ -616,6 +616,19 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def report_header(bench: str, argv: Sequence[str], info: dict, *, torch: bool = True) -> str:
+    """Print the first lines of a benchmark's report (the command, the machine, the versions);
+    returns the command, which the JSON output records too."""
+    command = shlex.join(["python", "-m", "byteps_like.bench", bench, *argv])
+    print(f"command: {command}")
+    print(f"machine: nproc={info['nproc']} ({info['processor']}, {info['machine']}), "
+          f"{info['platform']}")
+    print(f"versions: python {info['python']}, numpy {info['numpy']}, pyzmq {info['pyzmq']} "
+          f"(libzmq {info['libzmq']}), " + (f"torch {info['torch']}, " if torch else "") +
+          f"byteps_like {info['byteps_like']}")
+    return command
+
+
 def machine_info() -> dict:
     import zmq
     try:
@@ -777,13 +790,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     depth_note = f"pipeline queue depth {queue_depth if queue_depth else _configured_queue_depth()}"
 
     info = machine_info()
-    command = shlex.join(["python", "-m", "byteps_like.bench", "pushpull", *argv])
     gloo = not a.skip_gloo and importlib.util.find_spec("torch") is not None
-    print(f"command: {command}")
-    print(f"machine: nproc={info['nproc']} ({info['processor']}, {info['machine']}), "
-          f"{info['platform']}")
-    print(f"versions: python {info['python']}, numpy {info['numpy']}, pyzmq {info['pyzmq']} "
-          f"(libzmq {info['libzmq']}), torch {info['torch']}, byteps_like {info['byteps_like']}")
+    command = report_header("pushpull", argv, info)
     print(f"job: {a.workers} workers, {a.servers} servers, partition {a.partition_bytes} B, "
           f"float32, average=False, loopback tcp, {depth_note}; raw zmq window "
           f"{a.raw_window or 'whole tensor'}")

@@ -17,11 +17,12 @@ import threading
 from typing import Any, Callable
 
 from ..errors import ConfigError
+from ..wire import DTYPE_CODE, SUMMABLE
 
 log = logging.getLogger("byteps_like.native")
 
-#: wire dtype codes (byteps_like.wire.DTYPES) of the summable dtypes
-WIRE_CODE = {"float32": 1, "float64": 2, "float16": 3, "bfloat16": 4, "int32": 5, "int64": 6}
+#: wire dtype codes of the summable dtypes, what DataClient.submit takes
+WIRE_CODE = {name: DTYPE_CODE[name] for name in SUMMABLE}
 
 
 def usable_cpus() -> int:
