@@ -4,50 +4,19 @@ is asserted, only that every phase ran, produced positive rates and agreed acros
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
-import signal
-import subprocess
-import sys
 
 import pytest
 
+from .bench_run import bench as _bench, dump, parse_table
+
 pytestmark = pytest.mark.integration
+bench = functools.partial(_bench, timeout=60.0)  # this file's watchdog default
 
 COLUMNS = ["size", "pp alone GB/s", "pp busy-main GB/s", "pp ratio", "pp busy-proc GB/s",
            "proc ratio", "loop alone M/s", "loop w/ comm M/s", "loop ratio", "proc loop ratio"]
 TINY = ["--seconds", "0.3", "--warmup-seconds", "0.05", "--repeat", "1"]
-
-
-def bench(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "byteps_like.bench", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, stdin=subprocess.DEVNULL)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)  # the benchmark then kills its children's groups
-        try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        pytest.fail(f"watchdog: {' '.join(cmd)} hung for {timeout} s and was killed\n"
-                    f"--- stdout ---\n{out}\n--- stderr ---\n{err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def dump(r: subprocess.CompletedProcess) -> str:
-    return f"exit {r.returncode}\n--- stdout ---\n{r.stdout}\n--- stderr ---\n{r.stderr}"
-
-
-def table(stdout: str) -> list[dict[str, str]]:
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("|")]
-    assert len(lines) >= 3, stdout
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert header == COLUMNS, header
-    assert set(lines[1]) <= set("|-:"), lines[1]
-    return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
 
 
 def positive(*values) -> None:
@@ -59,7 +28,7 @@ def test_gil_one_worker_tiny(tmp_path):
     out = tmp_path / "gil.json"
     r = bench("gil", "--sizes", "64K,0.25", *TINY, "--json", str(out))
     assert r.returncode == 0, dump(r)
-    rows = table(r.stdout)
+    rows = parse_table(r.stdout, COLUMNS)
     assert [row["size"] for row in rows] == ["64KiB", "256KiB"], r.stdout
     for row in rows:
         positive(*(row[c] for c in COLUMNS[1:]))
@@ -88,7 +57,7 @@ def test_gil_two_workers_run_the_same_rounds(tmp_path):
     r = bench("gil", "--workers", "2", "--sizes", "64K", *TINY, "--skip-control",
               "--json", str(out))
     assert r.returncode == 0, dump(r)
-    (row,) = table(r.stdout)
+    (row,) = parse_table(r.stdout, COLUMNS)
     positive(row["pp alone GB/s"], row["pp busy-main GB/s"], row["loop alone M/s"],
              row["loop w/ comm M/s"])
     assert row["pp busy-proc GB/s"] == "n/a" and row["proc ratio"] == "n/a", row

@@ -2,41 +2,20 @@
 real processes on loopback, in its own session under a watchdog."""
 from __future__ import annotations
 
+import functools
 import json
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
 
+from .bench_run import bench as _bench, dump
+
 pytestmark = pytest.mark.integration
+bench = functools.partial(_bench, timeout=150.0)  # this file's watchdog default
 
 COLUMNS = ["L", "size", "push_pull ms", "algbw GB/s", "single-process ms", "overhead ms",
            "local red. GB/s", "memcpy GB/s", "ratio to memcpy"]
 HOST_COLUMNS = ["size", "memcpy ms", "memcpy GB/s", "numpy add ms", "numpy add GB/s"]
-
-
-def bench(*args: str, timeout: float = 150.0) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "byteps_like.bench", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, stdin=subprocess.DEVNULL)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)  # the benchmark then kills its children's groups
-        try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        pytest.fail(f"watchdog: {' '.join(cmd)} hung for {timeout} s and was killed\n"
-                    f"--- stdout ---\n{out}\n--- stderr ---\n{err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def dump(r: subprocess.CompletedProcess) -> str:
-    return f"exit {r.returncode}\n--- stdout ---\n{r.stdout}\n--- stderr ---\n{r.stderr}"
 
 
 def tables(stdout: str) -> list[list[dict[str, str]]]:

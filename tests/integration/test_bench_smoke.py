@@ -8,48 +8,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 
+from .bench_run import bench, dump, parse_table
+
 pytestmark = pytest.mark.integration
 
 COLUMNS = ["size", "bps time ms", "bps GB/s", "raw zmq GB/s", "bps/raw", "gloo GB/s", "bps/gloo"]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
-
-
-def bench(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "byteps_like.bench", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, stdin=subprocess.DEVNULL)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # SIGTERM first: the benchmark then kills its own children's process groups
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        pytest.fail(f"watchdog: {' '.join(cmd)} hung for {timeout} s and was killed\n"
-                    f"--- stdout ---\n{out}\n--- stderr ---\n{err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def dump(r: subprocess.CompletedProcess) -> str:
-    return f"exit {r.returncode}\n--- stdout ---\n{r.stdout}\n--- stderr ---\n{r.stderr}"
-
-
-def parse_table(stdout: str) -> list[dict[str, str]]:
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("|")]
-    assert len(lines) >= 3, stdout
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert header == COLUMNS, header
-    assert set(lines[1]) <= set("|-:"), lines[1]
-    return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
 
 
 def numeric(row: dict[str, str], *cols: str) -> None:
@@ -63,7 +32,7 @@ def test_pushpull_smoke_without_gloo(tmp_path):
     r = bench("pushpull", "--sizes", "64K,1M", "--repeats", "1", "--warmup", "0",
               "--skip-gloo", "--json", str(out))
     assert r.returncode == 0, dump(r)
-    rows = parse_table(r.stdout)
+    rows = parse_table(r.stdout, COLUMNS)
     assert [row["size"] for row in rows] == ["64KiB", "1MiB"], r.stdout
     for row in rows:
         numeric(row, "bps time ms", "bps GB/s", "raw zmq GB/s", "bps/raw")
@@ -81,7 +50,7 @@ def test_pushpull_smoke_with_gloo():
     r = bench("pushpull", "--sizes", "64K", "--repeats", "2", "--warmup", "1",
               "--workers", "2", "--servers", "1", timeout=180)
     assert r.returncode == 0, dump(r)
-    (row,) = parse_table(r.stdout)
+    (row,) = parse_table(r.stdout, COLUMNS)
     assert row["size"] == "64KiB"
     numeric(row, *COLUMNS[1:])
 
