@@ -671,18 +671,22 @@ def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: 
                             ("dedicated" if k >= n else "mixed"),
                             "theory_seconds": ps_time(n, k, s, link),
                             "link_bits_per_second": link, "cap_bits_per_second": rate})
+    def allreduce_records(system: str, n: int, res) -> None:
+        """One record per size of an all-reduce baseline (gloo, Horovod) at this rate."""
+        for s in sizes:
+            med, reps = _slowest_median(res, s)
+            records.append({"system": system, "n": n, "k": None, "bytes": s,
+                            "seconds": med, "repeats_s": reps,
+                            "theory_seconds": allreduce_time(n, s, link),
+                            "link_bits_per_second": link, "cap_bits_per_second": rate})
+
     for n in ns_:
         if a.skip_gloo:
             break
         with CpuMeter() as m:
             res = run_gloo(env, n, sizes, a.repeats, a.warmup, next_port())
         cpu[f"{tag}gloo n={n}"] = m.busy
-        for s in sizes:
-            med, reps = _slowest_median(res, s)
-            records.append({"system": "gloo", "n": n, "k": None, "bytes": s,
-                            "seconds": med, "repeats_s": reps,
-                            "theory_seconds": allreduce_time(n, s, link),
-                            "link_bits_per_second": link, "cap_bits_per_second": rate})
+        allreduce_records("gloo", n, res)
     for n in ns_:
         if hvd_reason or comps:
             break
@@ -694,12 +698,7 @@ def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: 
             print(f"[cluster] horovod n={n} failed; skipping Horovod:\n{exc}", file=sys.stderr)
             break
         cpu[f"{tag}horovod n={n}"] = m.busy
-        for s in sizes:
-            med, reps = _slowest_median(res, s)
-            records.append({"system": "horovod", "n": n, "k": None, "bytes": s,
-                            "seconds": med, "repeats_s": reps,
-                            "theory_seconds": allreduce_time(n, s, link),
-                            "link_bits_per_second": link, "cap_bits_per_second": rate})
+        allreduce_records("horovod", n, res)
     if not comps:
         for n, k in configs:
             for s in sizes:
