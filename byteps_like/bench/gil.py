@@ -250,9 +250,12 @@ def _worker(sizes: list[int], seconds: float, repeat: int, warm: float, control:
                       file=sys.stderr, flush=True)
         results[str(nbytes)] = reps
         del x, out
+    from byteps_like.runtime import default_runtime
+    pushed = default_runtime().bytes_pushed   # 0 would mean nothing reached a server
     bps.shutdown()
     print(RESULT_TAG + json.dumps({"rank": rank, "workers": nworkers,
-                                   "switch_interval_s": switch, "results": results}), flush=True)
+                                   "switch_interval_s": switch, "bytes_pushed": pushed,
+                                   "results": results}), flush=True)
     return 0
 
 

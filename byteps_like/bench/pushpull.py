@@ -360,9 +360,12 @@ def _worker_argv(kind: str, *extra: str) -> list[str]:
 
 def _base_env() -> dict[str, str]:
     """The parent's environment without any job description of its own (DMLC_*); BYTEPS_*
-    tuning the user set is kept, so it can be benchmarked."""
+    tuning the user set is kept, so it can be benchmarked. These benchmarks measure the path
+    through the servers, so a job of one worker machine keeps it (BYTEPS_FORCE_DISTRIBUTED=1;
+    without it such a job would never leave the machine)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
     env["PYTHONUNBUFFERED"] = "1"
+    env["BYTEPS_FORCE_DISTRIBUTED"] = "1"
     return env
 
 

@@ -36,6 +36,8 @@ def test_gil_one_worker_tiny(tmp_path):
     assert "[gil] done" in r.stderr, r.stderr
     data = json.loads(out.read_text())
     assert data["workers"] == 1 and data["servers"] == 1 and data["control"] is True
+    # one worker machine still goes through the server (the benchmark forces it)
+    assert data["per_worker"][0]["bytes_pushed"] > 0, data["per_worker"][0]
     assert data["command"].startswith("python -m byteps_like.bench gil")
     assert [x["nbytes"] for x in data["results"]] == [65536, 262144]
     assert 0 < data["worker_switch_interval_s"] <= 1
