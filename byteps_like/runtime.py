@@ -103,6 +103,7 @@ class Runtime:
         self.bytes_pushed = 0
         self.bytes_pulled = 0
         self.telemetry = None  # byteps_like.telemetry.Telemetry once connected
+        self.steps: dict[str, int] = {}  # training steps a plugin noted, per gradient group
         self.native = None     # _core.DataClient: the native data plane (transport/native.py)
         self._native_ops: dict[int, tuple] = {}
         self._native_ids = itertools.count(1)
@@ -963,6 +964,11 @@ class Runtime:
     # -- telemetry --------------------------------------------------------------------------------
     def tensors(self) -> dict[str, TensorState]:
         return dict(self._tensors)
+
+    def note_step(self, group: str) -> None:
+        """A framework plugin averaged the gradients of ``group`` (one training step): the
+        step of traces, metrics and the status view counts these (telemetry.Telemetry.step)."""
+        self.steps[group] = self.steps.get(group, 0) + 1
 
 
 @dataclass(eq=False)

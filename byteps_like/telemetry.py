@@ -70,11 +70,18 @@ class Telemetry:
         return sum(st.round for st in self.runtime.tensors().values())
 
     def step(self) -> int:
-        """The step: the round in progress of the first declared tensor (-1 before any)."""
-        for st in self.runtime.tensors().values():
-            if st.decl_id == 0:
-                return st.round - 1
-        return -1
+        """The training step in progress, counting from 0 (-1 before the first push_pull).
+
+        Where a framework plugin averages the gradients (DistributedOptimizer,
+        DistributedGradientTape, DistributedTrainer, ...) it counts the steps itself
+        (``Runtime.note_step``: one per averaging of a gradient group); the step is then the
+        most steps of any group. Otherwise (push_pull in a script of its own) it is counted per
+        tensor, as BytePS does: the round in progress of the tensor push_pulled most often, so
+        a tensor push_pulled once (a broadcast, a model check) does not hold it at 0."""
+        noted = list(self.runtime.steps.values())
+        if noted:
+            return max(noted)
+        return max((st.round for st in self.runtime.tensors().values()), default=0) - 1
 
     def speed(self) -> tuple[int, float]:
         """(timestamp in ms, MB/s pushed plus pulled over the last few seconds)."""

@@ -98,6 +98,39 @@ def test_an_empty_trace_says_why_and_fails(tmp_path, capsys):
     assert "rank 0: steps 10..20" in err and "rank 1: steps 10..20" in err, err
 
 
+def test_the_step_without_a_plugin_is_the_round_of_the_tensor_push_pulled_most():
+    """BytePS counts steps per tensor: a tensor push_pulled once (a broadcast, the model check,
+    declared first in every plugin script) must not hold the step at 0 (issue 18)."""
+    from byteps_like.runtime import Runtime, TensorState
+    from byteps_like.telemetry import Telemetry
+    rt = Runtime()
+    tel = Telemetry(rt)
+    assert tel.step() == -1                     # nothing declared
+    rounds = {"Signature.model.2": 1, "Parameter.w": 1, "Gradient.w": 0, "Gradient.b": 0}
+    for i, (name, rnd) in enumerate(rounds.items()):
+        rt._tensors[name] = TensorState(i, name, round=rnd)
+    assert tel.step() == 0                      # the one-shot push_pulls ran: step 0
+    rt._tensors["Gradient.b"].round = 6         # step 5 of the gradients done,
+    rt._tensors["Gradient.w"].round = 7         # step 6 started (its first gradient)
+    assert tel.step() == 6                      # not 0: the first-declared tensor is done
+
+
+def test_plugin_noted_steps_are_the_step():
+    """A plugin counts the optimizer's steps (Runtime.note_step, one per gradient averaging);
+    several gradient groups (a GAN's two optimizers) step together: the most of any group."""
+    from byteps_like.runtime import Runtime, TensorState
+    from byteps_like.telemetry import Telemetry
+    rt = Runtime()
+    tel = Telemetry(rt)
+    rt._tensors["Gradient.w"] = TensorState(0, "Gradient.w", round=40)
+    for _ in range(3):
+        rt.note_step("Gradient.w")
+    assert tel.step() == 3                      # the noted steps win over the per-tensor count
+    for _ in range(5):
+        rt.note_step("Gradient.d")
+    assert tel.step() == 5 and rt.steps == {"Gradient.w": 3, "Gradient.d": 5}
+
+
 def test_stage_stats():
     st = StageStats()
     t = _task()
