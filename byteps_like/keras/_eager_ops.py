@@ -36,6 +36,7 @@ class EagerOps:
                 compression=compression, average=average, prefix=prefix)
         self._cur = arrays
         sync.synchronize()
+        rt.note_step(sync.tensor_names[0] if names else "")  # one training step
         out = list(grads)
         for i, a in zip(idx, arrays):
             out[i] = k.ops.convert_to_tensor(a, dtype=grads[i].dtype)

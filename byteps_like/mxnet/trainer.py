@@ -204,4 +204,6 @@ class DistributedTrainer(_mx.gluon.Trainer):
                                       "(one worker per device), as in BytePS")
         if default_runtime().size() == 1 and self._bps_compression is Compression.none:
             return
-        self._bps_synchronizer().synchronize()
+        sync = self._bps_synchronizer()
+        sync.synchronize()
+        sync.rt.note_step(sync.tensor_names[0] if sync.names else "")  # one training step

@@ -230,6 +230,8 @@ class GradientGroup:
         self._arrays, self._dtypes = arrays, dtypes
         try:
             self.sync.synchronize()
+            # one training step (DistributedGradientTape.gradient, a Keras optimizer's apply)
+            self.sync.rt.note_step(self.sync.tensor_names[0] if self.sync.names else "")
         finally:
             self._arrays, self._dtypes = [], []
 
