@@ -5,6 +5,13 @@ where (role, rank, host, tensor name) and what to do about it.
 """
 from __future__ import annotations
 
+#: The exit status of a process that stops only because another process of the job failed or
+#: was lost (a ``PeerLostError``: the scheduler's abort notice, a lost peer): the scheduler and
+#: servers then, and a worker whose script dies of an uncaught ``PeerLostError``. bpslaunch
+#: blames the process that failed on its own, not these (docs/launcher.md). 75 is sysexits'
+#: EX_TEMPFAIL: nothing is wrong with this process; restart the job.
+EXIT_PEER_FAILED = 75
+
 
 class BytePSError(RuntimeError):
     """Base class of every byteps_like error."""
@@ -54,5 +61,5 @@ class RemoteError(BytePSError):
 
 __all__ = [
     "BytePSError", "ConfigError", "NotInitializedError", "CommunicationError", "PeerLostError",
-    "CommTimeoutError", "ProtocolError", "MismatchError", "RemoteError",
+    "CommTimeoutError", "ProtocolError", "MismatchError", "RemoteError", "EXIT_PEER_FAILED",
 ]

@@ -1,11 +1,16 @@
 """What the scheduler and server entry points share: loading the configuration of a role and
-running a node in a ZeroMQ context of its own."""
+running a node in a ZeroMQ context of its own; and the exit status of a worker whose script dies
+because another node failed."""
 from __future__ import annotations
 
+import atexit
+import os
 import sys
+import threading
 from typing import Any, Callable
 
 from .config import Config
+from .errors import EXIT_PEER_FAILED, PeerLostError
 
 
 _ROLE_HELP = """usage: python -m byteps_like.{role} [-h]
@@ -54,3 +59,40 @@ def run_node(factory: Callable[..., Any], cfg: Config) -> int:
     if getattr(node, "closed_cleanly", True):
         ctx.term()
     return code
+
+
+def caused_by_peer(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it was raised from or while handling, is a
+    ``PeerLostError``: the process fails because another node of the job did."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, PeerLostError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def exit_if_peer_failed(exc: BaseException) -> None:
+    """Called by the worker runtime's ``sys.excepthook`` after the traceback is printed: a
+    script that dies of an uncaught ``PeerLostError`` exits with ``EXIT_PEER_FAILED``, not
+    Python's 1, so that bpslaunch blames the node that failed rather than this one.
+
+    Python offers no way to change the status of an exit by an uncaught exception, so the exit
+    is finished here the way the interpreter would: the ``atexit`` handlers run (the runtime's
+    shutdown, logging, the script's own), the standard streams are flushed, then ``os._exit``.
+    Only when the interpreter itself is reporting the exception on its way out (the hook has no
+    Python caller, in the main thread, not interactive): a REPL that shows a traceback through
+    the hook goes on."""
+    hook_frame = sys._getframe(1)
+    if (not caused_by_peer(exc) or hook_frame.f_back is not None
+            or threading.current_thread() is not threading.main_thread()
+            or sys.flags.interactive or hasattr(sys, "ps1")):
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or broken stream: exit regardless
+            pass
+    os._exit(EXIT_PEER_FAILED)

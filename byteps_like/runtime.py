@@ -29,6 +29,7 @@ from .partition import ServerAssigner, make_key, mixed_mode_weights, partition_b
 from . import local
 from .pipeline import (BROADCAST, COMPRESS, COPY_D2H, COPY_H2D, DECOMPRESS, PULL, PUSH, REDUCE,
                        Pipeline, Task, plan)
+from .roles import exit_if_peer_failed
 from .transport import Route, data_scheme, make_endpoint, native
 from .wire import (ERR_MISMATCH, FLAG_COMPRESSED, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
                    Role, as_buffer, decode, dtype_name, encode, job_hash)
@@ -261,6 +262,7 @@ class Runtime:
                 self.control.abort(f"unhandled {reason}")
                 time.sleep(0.2)  # let the I/O thread flush the abort before exit
             prev(tp, val, tb)
+            exit_if_peer_failed(val)  # a lost peer's fault: exit with EXIT_PEER_FAILED
         sys.excepthook = hook
 
     def _atexit(self) -> None:

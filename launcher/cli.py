@@ -56,10 +56,11 @@ scheduler machine runs `python -m byteps_like.server` / `byteps_like.scheduler`.
 With --local, a whole cluster (scheduler, servers, workers) runs on this machine."""
 
 _EPILOG = """\
-exit status: 0 success; the first failed process's status (128+N if killed by signal N);
-1 scheduler/server did not shut down; 2 usage or configuration error; 124 --timeout;
-126 command not executable; 127 command not found; 130/143 interrupted by SIGINT/SIGTERM.
-See docs/launcher.md."""
+exit status: 0 success; the status of the first process that failed on its own (128+N if
+killed by signal N); 75 only processes that stopped because another one failed (exit status
+75) were seen; 1 scheduler/server did not shut down; 2 usage or configuration error;
+124 --timeout; 126 command not executable; 127 command not found; 130/143 interrupted by
+SIGINT/SIGTERM. See docs/launcher.md."""
 
 
 class UsageError(Exception):

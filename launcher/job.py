@@ -2,9 +2,14 @@
 
 ``run_job`` starts the planned children and watches them:
 
-* a child exiting non-zero or by a signal is the *first failure* if none came before; the others
-  get ``grace`` seconds to exit on their own (so they can print their own PeerLostError naming
-  the lost node), then their process groups get SIGTERM and, ``kill_after`` s later, SIGKILL;
+* a child exiting non-zero or by a signal is a failure; the first one starts the grace period:
+  the others get ``grace`` seconds to exit on their own (so they can print their own
+  PeerLostError naming the lost node), then their process groups get SIGTERM and,
+  ``kill_after`` s later, SIGKILL;
+* a child exiting with ``EXIT_PEER_FAILED`` only reacted to another process's failure (the
+  scheduler's abort notice, a lost peer): it is reported as such and blamed only when no
+  process failed on its own. The job's cause is the first *primary* failure, whatever order the
+  processes exited in (the scheduler and servers usually exit before the worker that failed);
 * when every worker has exited 0, the scheduler and servers must exit 0 by themselves within
   ``shutdown_timeout`` s, else they are stopped and that is a failure;
 * ``timeout`` bounds the whole run (exit 124); SIGINT/SIGTERM/SIGHUP to the launcher stop
@@ -18,6 +23,8 @@ import errno
 import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence, TextIO
+
+from byteps_like.errors import EXIT_PEER_FAILED
 
 from .procs import (AffinityError, Child, Supervisor, describe_returncode, exit_status_for,
                     signal_name)
@@ -77,29 +84,29 @@ class _Job:
             except OSError as exc:
                 return self._cannot_start(spec, exc)
 
-        first_failure: Child | None = None
+        failures: list[Child] = []  # in the order they were seen
         grace_deadline = shutdown_deadline = None
         exited = sup.poll_exited()
         while True:
             if sup.signal_received is not None:
-                return self._interrupted(first_failure)
+                return self._interrupted(_blame(failures))
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                return self._timed_out(first_failure)
+                return self._timed_out(_blame(failures))
             for child in exited:
                 if child.returncode != 0:
-                    self.say(f"{child.describe()} failed: "
+                    self.say(f"{child.describe()} {_failed_how(child)}: "
                              f"{describe_returncode(child.returncode)}")
-                    if first_failure is None:
-                        first_failure = child
+                    failures.append(child)
+                    if grace_deadline is None:
                         grace_deadline = now + settings.grace
                         others = len(sup.running())
                         if others:
-                            self.say(f"{child.name} failed; giving the other {others} "
-                                     f"process(es) {settings.grace:g} s to exit before "
-                                     f"stopping them")
+                            self.say(f"{child.name} {_failed_how(child)}; giving the other "
+                                     f"{others} process(es) {settings.grace:g} s to exit "
+                                     f"before stopping them")
             running = sup.running()
-            if first_failure is not None:
+            if failures:
                 if not running:
                     break
                 if not any(c.role == "worker" for c in running):
@@ -124,7 +131,7 @@ class _Job:
             wake_ups = [t for t in (grace_deadline, shutdown_deadline, deadline) if t is not None]
             exited = sup.wait_any(
                 min([0.5] + [max(0.0, t - time.monotonic()) for t in wake_ups]))
-        return self._failed(first_failure)
+        return self._failed(_blame(failures))
 
     # -- outcomes ----------------------------------------------------------------------------
 
@@ -142,7 +149,8 @@ class _Job:
             self.say(f"last stderr lines of {child.describe()}:")
             for line in tail[-REPORT_TAIL_LINES:]:
                 self.say(f"| {line}")
-        self.say("error: " + _failure_summary(child))
+        self.say("error: " + ("no process failed on its own; " if _secondary(child) else "")
+                 + _failure_summary(child))
         return exit_status_for(child.returncode) or EXIT_FAILURE
 
     def _interrupted(self, first_failure: Child | None) -> int:
@@ -201,9 +209,35 @@ def _names(children: Sequence[Child]) -> str:
     return ", ".join(c.describe() for c in children)
 
 
+def _secondary(child: Child) -> bool:
+    """Whether the child exited only because another process of the job failed."""
+    return child.returncode == EXIT_PEER_FAILED
+
+
+def _failed_how(child: Child) -> str:
+    return ("exited because another process of the job failed" if _secondary(child)
+            else "failed")
+
+
+def _blame(failures: Sequence[Child]) -> Child | None:
+    """The failure that explains the job's end: the first one that was not a reaction to
+    another (whenever it came); with none such, the scheduler's (its log names the node it
+    lost), else the first."""
+    for child in failures:
+        if not _secondary(child):
+            return child
+    for child in failures:
+        if child.role == "scheduler":
+            return child
+    return failures[0] if failures else None
+
+
 def _failure_summary(child: Child) -> str:
-    """One line: who failed first, how, and the last few lines of its stderr."""
-    text = f"{child.describe()} failed first: {describe_returncode(child.returncode)}"
+    """One line: who failed first (or, when no process failed on its own, who reacted to the
+    failure elsewhere), how, and the last few lines of its stderr."""
+    text = (f"{child.describe()} {_failed_how(child)}" if _secondary(child)
+            else f"{child.describe()} failed first")
+    text += f": {describe_returncode(child.returncode)}"
     tail = [line.strip() for line in child.stderr_tail if line.strip()]
     if tail:
         last = " | ".join(tail[-SUMMARY_TAIL_LINES:])

@@ -17,7 +17,7 @@ from ..config import Config
 from ..transport import Route, make_endpoint
 from ..wire import (ERR_PROTOCOL, ERR_REGISTER, Header, MsgType, Role, decode, encode,
                     job_hash)
-from ..errors import ProtocolError
+from ..errors import EXIT_PEER_FAILED, ProtocolError
 
 log = logging.getLogger("byteps_like.scheduler")
 
@@ -274,7 +274,7 @@ class Scheduler:
                    f"BYTEPS_STALL_SHUTDOWN_TIME_SECONDS={limit:g} reached, failing the job")
             if first is None:
                 first = server
-            self._lose(first, why, tell_lost=True)
+            self._lose(first, why, tell_lost=True, code=1)  # the scheduler's own verdict
 
     def _worker_finished(self, node: NodeInfo) -> None:
         node.finished = True
@@ -284,7 +284,8 @@ class Scheduler:
         if all(n.finished for n in workers):
             self._shutdown_all()
 
-    def _lose(self, lost: NodeInfo, why: str, *, tell_lost: bool = False) -> None:
+    def _lose(self, lost: NodeInfo, why: str, *, tell_lost: bool = False,
+              code: int = EXIT_PEER_FAILED) -> None:
         if (self.cfg.server.enable_async and lost.role is Role.WORKER and not tell_lost
                 and self.phase == "running"):
             self._lose_async_worker(lost, why)
@@ -294,7 +295,7 @@ class Scheduler:
             if (n is not lost or tell_lost) and not n.finished:
                 self._send(n, MsgType.PEER_LOST, {**lost.public(), "reason": why})
         lost.finished = True
-        self._finish(1, why)
+        self._finish(code, why)  # EXIT_PEER_FAILED: bpslaunch blames the lost node
 
     def _lose_async_worker(self, lost: NodeInfo, why: str) -> None:
         """Asynchronous mode: no round waits for every worker, so a lost worker does not stop
@@ -316,14 +317,14 @@ class Scheduler:
             if not n.finished:
                 self._send(n, MsgType.PEER_LOST, {"role": "worker", "rank": -1, "host": "",
                                                   "port": 0, "pid": 0, "reason": why})
-        self._finish(1, why)
+        self._finish(EXIT_PEER_FAILED, why)
 
     def _shutdown_all(self) -> None:
         for n in self.nodes.values():
             if not n.lost:
                 self._send(n, MsgType.SHUTDOWN)
         if self.lost_workers:
-            self._finish(1, "; ".join(self.lost_workers))
+            self._finish(EXIT_PEER_FAILED, "; ".join(self.lost_workers))
         else:
             self._finish(0)
 

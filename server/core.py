@@ -27,7 +27,7 @@ from .. import _core
 from ..compression import CompressionError, from_spec
 from ..config import Config
 from ..control import ControlClient
-from ..errors import ProtocolError
+from ..errors import EXIT_PEER_FAILED, PeerLostError, ProtocolError
 from ..transport import Route, data_scheme, make_endpoint, native
 from ..wire import (ERR_INTERNAL, ERR_MISMATCH, ERR_PROTOCOL, FLAG_COMPRESSED, FLAG_DECLARE,
                     FLAG_PULL, SUMMABLE, Header, as_buffer,
@@ -556,6 +556,8 @@ class Server:
             return 1
         finally:
             self.close()
+        if isinstance(self.control.fatal, PeerLostError):
+            return EXIT_PEER_FAILED  # another node failed: bpslaunch blames that one
         if self.control.fatal is not None:
             return 1
         return 0
