@@ -23,7 +23,8 @@ METRIC_NAMES = {
     "byteps_bytes_pushed": ("counter", "Bytes this worker pushed to the servers."),
     "byteps_bytes_pulled": ("counter", "Bytes this worker pulled from the servers."),
     "byteps_rounds": ("counter", "push_pull rounds started, summed over the tensors."),
-    "byteps_step": ("gauge", "Round in progress of the first declared tensor (the trace step)."),
+    "byteps_step": ("gauge", "Training step in progress, from 0 (the trace step): optimizer "
+                             "steps of a framework plugin, else rounds of the busiest tensor."),
     "byteps_queue_depth": ("gauge", "Partitions waiting in each pipeline stage's queue "
                                     "(label stage)."),
     "byteps_push_inflight_bytes": ("gauge", "Bytes pushed and not yet acknowledged (credit)."),

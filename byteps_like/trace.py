@@ -5,9 +5,13 @@ and end; they do not live in the router). It keeps its events in memory and writ
 the traced steps are over or at shutdown, so tracing costs the hot path a dict lookup and a list
 append per stage.
 
-A *step* is the round counter of the first tensor the worker declared (BytePS counts steps per
-tensor in the same way): rounds ``BYTEPS_TRACE_START_STEP`` .. ``BYTEPS_TRACE_END_STEP`` of that
-tensor, inclusive, are traced. Each worker writes ``BYTEPS_TRACE_DIR/<rank>/comm.json``.
+A *step* is a training step (:meth:`byteps_like.telemetry.Telemetry.step`): where a framework
+plugin averages the gradients (torch ``DistributedOptimizer``, TensorFlow's
+``DistributedGradientTape``, a Keras ``DistributedOptimizer``, MXNet's ``DistributedTrainer``) it
+counts each averaging; in a script that calls ``push_pull`` itself, the round of the tensor
+push_pulled most often (BytePS counts steps per tensor). Steps ``BYTEPS_TRACE_START_STEP`` ..
+``BYTEPS_TRACE_END_STEP``, inclusive, counting from 0, are traced. Each worker writes
+``BYTEPS_TRACE_DIR/<rank>/comm.json``.
 
 Command line::
 
@@ -163,9 +167,10 @@ def empty_reason(doc: dict, path: str) -> str | None:
         return f"{path} holds no stage events (and no record of the traced step window)"
     seen = "; ".join(f"rank {w.get('rank')}: steps {w.get('start_step')}..{w.get('end_step')} "
                      f"traced, last step seen {w.get('last_step')}" for w in windows)
-    return (f"{path} holds no stage events: {seen}. A step is a round of the first tensor the "
-            "worker declared; if the job ended before the window, run more steps or lower "
-            "BYTEPS_TRACE_START_STEP / BYTEPS_TRACE_END_STEP")
+    return (f"{path} holds no stage events: {seen}. A step is an optimizer step of a framework "
+            "plugin (without one, a round of the tensor push_pulled most often); if the job "
+            "ended before the window, run more steps or lower BYTEPS_TRACE_START_STEP / "
+            "BYTEPS_TRACE_END_STEP")
 
 
 def summarize(doc: dict, top: int = 10) -> dict:

@@ -37,7 +37,8 @@ def test_trace_files_of_a_known_run(tmp_path):
         meta = [e for e in doc["traceEvents"] if e["ph"] == "M"]
         assert any(e["name"] == "process_name" and e["args"]["name"] == f"worker rank {rank}"
                    for e in meta)
-        # steps 2, 3, 4 of the first tensor: every partition of both tensors, push and pull
+        # steps 2, 3, 4 (no plugin: the rounds of the tensors): every partition of both
+        # tensors, push and pull
         assert len(events) == 3 * PARTS_PER_STEP * len(STAGES), run.log
         for e in events:
             assert {"name", "ts", "dur", "pid", "tid", "args"} <= set(e)

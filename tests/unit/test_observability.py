@@ -160,6 +160,38 @@ def test_metrics_endpoint_changes_as_counters_move():
     assert second["byteps_server_rounds_total"] == 3 and second["byteps_up"] == 1
 
 
+def test_metrics_and_the_status_view_show_the_noted_step():
+    """The byteps_step gauge (and so the --status STEP column, which reads it) is the trace's
+    step: the optimizer steps a plugin noted, not the first tensor's rounds."""
+    pytest.importorskip("prometheus_client")
+    from byteps_like.metrics import WorkerMetrics
+    from byteps_like.runtime import Runtime, TensorState
+    from byteps_like.telemetry import Telemetry
+    rt = Runtime()
+    rt.pipeline = SimpleNamespace(queues={})
+    rt._tensors["Signature.model.2"] = TensorState(0, "Signature.model.2", round=1)
+    rt._tensors["Gradient.w"] = TensorState(1, "Gradient.w", round=12)
+    for _ in range(12):
+        rt.note_step("Gradient.w")
+    tel = Telemetry(rt)
+    m = WorkerMetrics(rt, tel, "127.0.0.1", 0)
+    try:
+        url = f"http://127.0.0.1:{m.port}/metrics"
+        scraped = parse_metrics(urllib.request.urlopen(url, timeout=5).read().decode())
+    finally:
+        m.close()
+    assert scraped["byteps_step"] == tel.step() == 12
+    view = StatusView([SimpleNamespace(name="worker 0", role="worker", rank=0)], {},
+                      "127.0.0.1", tty=True)
+    view.rows[0].state = "up"
+    view.rows[0].metrics = scraped
+    lines = view.render(100, 20)
+    assert "| step 12 |" in lines[0], lines
+    row = next(ln for ln in lines if ln.startswith("worker 0"))
+    assert row.split()[5] == "12", row       # worker 0, ROLE, RANK, STATE, STEP
+    assert "step 12 " in tel.summary_line(1.0, 0)
+
+
 def test_metrics_without_prometheus_client_is_a_clear_error(monkeypatch):
     import builtins
     from byteps_like import metrics
