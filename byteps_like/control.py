@@ -21,6 +21,9 @@ from .wire import Header, Message, MsgType, Role, encode, job_hash
 
 log = logging.getLogger("byteps_like.control")
 SCHEDULER = Route(peer="scheduler")
+#: While registration waits (a node for the node table, the scheduler for the nodes), what is
+#: awaited is logged this often, at WARNING so that the default log level shows it.
+WAIT_REPORT_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -92,11 +95,21 @@ class ControlClient:
         self._send(MsgType.REGISTER, meta)
         self.ep.add_timer(self.cfg.timeouts.heartbeat_interval, self._tick)
         t = self.cfg.timeouts.register_timeout
-        deadline = time.monotonic() + t
+        started = time.monotonic()
+        deadline = started + t
+        next_report = started + WAIT_REPORT_INTERVAL_S
         while not self._table.wait(0.1):
             if self.fatal is not None:
                 raise self.fatal
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if next_report <= now <= deadline:
+                log.warning("%s on %s: no node table yet from the scheduler at %s after %g s "
+                            "(gives up after %g s, BYTEPS_REGISTER_TIMEOUT_SECONDS): the "
+                            "scheduler is not running or not reachable at that address, or it "
+                            "is still waiting for other nodes to register", self.role.label,
+                            self.host, address, next_report - started, t)
+                next_report += WAIT_REPORT_INTERVAL_S
+            if now > deadline:
                 raise CommTimeoutError(
                     f"{self.role.label} on {self.host}: no node table from the scheduler at "
                     f"{address} within {t:g} s (BYTEPS_REGISTER_TIMEOUT_SECONDS); is the "

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import Config
+from ..control import WAIT_REPORT_INTERVAL_S
 from ..transport import Route, make_endpoint
 from ..wire import (ERR_PROTOCOL, ERR_REGISTER, Header, MsgType, Role, decode, encode,
                     job_hash)
@@ -75,6 +76,7 @@ class Scheduler:
         self.nodes: dict[bytes, NodeInfo] = {}
         self.phase = "register"
         self.started = time.monotonic()
+        self._next_wait_report = self.started + WAIT_REPORT_INTERVAL_S  # registration
         self.barriers: dict[tuple[str, int], set[bytes]] = {}
         self.exit_code: int | None = None
         self.failure: str | None = None
@@ -338,6 +340,13 @@ class Scheduler:
                 for n in self.nodes.values():
                     self._send(n, MsgType.ERROR, {"kind": ERR_REGISTER, "message": why})
                 self._finish(1, why)
+            elif now >= self._next_wait_report:
+                log.warning("scheduler: waiting for nodes to register at %s for %g s (gives up "
+                            "after %g s, BYTEPS_REGISTER_TIMEOUT_SECONDS): %s joined; not seen "
+                            "yet: %s", self.address, self._next_wait_report - self.started,
+                            t.register_timeout, self._counts(), self._not_seen())
+                while self._next_wait_report <= now:
+                    self._next_wait_report += WAIT_REPORT_INTERVAL_S
             return
         if self.phase != "running":
             return
@@ -352,6 +361,32 @@ class Scheduler:
                 self._lose(n, f"lost {n.describe()}: no heartbeat for {silent:.1f} s "
                               f"(BYTEPS_HEARTBEAT_TIMEOUT_SECONDS={t.heartbeat_timeout:g})")
                 return
+
+    def _not_seen(self, most: int = 20) -> str:
+        """The nodes registration still waits for: the DMLC_WORKER_IDs (with BYTEPS_LOCAL_RANK
+        when several per machine) while every worker so far gave one, else how many workers;
+        how many servers (they have no id before the table)."""
+        c = self.cfg.cluster
+        workers = [n for n in self.nodes.values() if n.role is Role.WORKER]
+        parts = []
+        if len(workers) < self.expected[Role.WORKER]:
+            if all(n.worker_id is not None for n in workers):
+                seen = {(n.worker_id, n.local_rank) for n in workers}
+                ids = [(w, lr) for w in range(c.num_worker) for lr in range(c.local_size)
+                       if (w, lr) not in seen]
+                names = [str(w) if c.local_size == 1 else f"{w}.{lr}" for w, lr in ids]
+                shown = ", ".join(names[:most]) + (f", ... ({len(names) - most} more)"
+                                                   if len(names) > most else "")
+                parts.append(f"worker ids [{shown}] (DMLC_WORKER_ID)" if c.local_size == 1 else
+                             f"worker processes [{shown}] (DMLC_WORKER_ID.BYTEPS_LOCAL_RANK)")
+            else:
+                missing = self.expected[Role.WORKER] - len(workers)
+                parts.append(f"{missing} worker{'s' if missing > 1 else ''}")
+        servers = sum(n.role is Role.SERVER for n in self.nodes.values())
+        if servers < self.expected[Role.SERVER]:
+            missing = self.expected[Role.SERVER] - servers
+            parts.append(f"{missing} server{'s' if missing > 1 else ''}")
+        return ", ".join(parts)
 
     def _registration_report(self) -> str:
         c = self.cfg.cluster

@@ -258,3 +258,58 @@ def test_a_script_dying_of_a_lost_peer_exits_with_exit_peer_failed(tmp_path, mod
     assert rc == status, f"{out}\n{err}"
     assert "buffered output survives" in out and "ATEXIT RAN" in out, f"{out}\n{err}"
     assert "Traceback (most recent call last):" in err, err
+
+
+# -- waits that say what they wait for ----------------------------------------------------------
+
+WAIT_ENV = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
+            "BYTEPS_REGISTER_TIMEOUT_SECONDS": "8"}   # the first report comes after 5 s
+
+
+def start_role(argv: list[str], **env: str) -> subprocess.Popen:
+    # the default log level (WARNING): no BYTEPS_LOG_LEVEL
+    return subprocess.Popen(argv, env=clean_env(**WAIT_ENV, **env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_waiting_nodes_and_scheduler_say_what_they_wait_for():
+    closed = free_port()   # nothing listens here
+    lonely_server = start_role([sys.executable, "-m", "byteps_like.server"],
+                               DMLC_PS_ROOT_PORT=str(closed), DMLC_ROLE="server")
+    port = free_port()
+    scheduler = start_role([sys.executable, "-m", "byteps_like.scheduler"],
+                           DMLC_PS_ROOT_PORT=str(port), DMLC_ROLE="scheduler")
+    worker = start_role([sys.executable, "-c", "import byteps_like as bps; bps.init()"],
+                        DMLC_PS_ROOT_PORT=str(port), DMLC_ROLE="worker", DMLC_WORKER_ID="0")
+    try:
+        runs = {name: communicate(p, name, timeout=60) for name, p in
+                (("server", lonely_server), ("scheduler", scheduler), ("worker", worker))}
+    finally:
+        for p in (lonely_server, scheduler, worker):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    logs = "\n".join(f"--- {name}: exit {rc}\n{err}" for name, (rc, _out, err) in runs.items())
+
+    # a server with no scheduler at its address: the address, how long so far, the limit
+    rc, _out, err = runs["server"]
+    assert rc == 1, logs
+    waiting = (f"server on 127.0.0.1: no node table yet from the scheduler at "
+               f"tcp://127.0.0.1:{closed} after 5 s (gives up after 8 s, "
+               f"BYTEPS_REGISTER_TIMEOUT_SECONDS)")
+    assert waiting in err, logs
+    assert err.index(waiting) < err.index("within 8 s (BYTEPS_REGISTER_TIMEOUT_SECONDS)"), logs
+
+    # the scheduler with 1 of 2 workers and no server: who has joined and who has not
+    rc, _out, err = runs["scheduler"]
+    assert rc == 1, logs
+    waiting = (f"scheduler: waiting for nodes to register at tcp://127.0.0.1:{port} for 5 s "
+               f"(gives up after 8 s, BYTEPS_REGISTER_TIMEOUT_SECONDS): 1 of 2 workers and "
+               f"0 of 1 servers joined; not seen yet: worker ids [1] (DMLC_WORKER_ID), 1 server")
+    assert waiting in err, logs
+    assert err.index(waiting) < err.index("registration timed out after 8 s"), logs
+
+    # the worker that did join waits for the same table, and says so too
+    rc, _out, err = runs["worker"]
+    assert rc == 1, logs
+    assert (f"worker on 127.0.0.1: no node table yet from the scheduler at "
+            f"tcp://127.0.0.1:{port} after 5 s") in err, logs
