@@ -11,10 +11,10 @@ import importlib
 
 __version__ = "0.1.0"
 
-_API = ("Handle", "Runtime", "barrier", "declare", "get_pushpull_speed", "init", "local_rank", "local_size", "poll",
+_API = ("Handle", "Runtime", "barrier", "declare", "get_pushpull_speed", "init", "join", "local_rank", "local_size", "poll",
         "push_pull", "push_pull_async", "rank", "shutdown", "size", "synchronize")
 _ERRORS = ("BytePSError", "CommTimeoutError", "CommunicationError", "ConfigError",
-           "MismatchError", "NotInitializedError", "PeerLostError", "ProtocolError",
+           "MismatchError", "NotInitializedError", "PeerLeftError", "PeerLostError", "ProtocolError",
            "RemoteError")
 
 __all__ = [*_API, *_ERRORS, "__version__"]

@@ -54,6 +54,17 @@ def barrier(timeout: float | None = None) -> None:
     default_runtime().barrier(timeout)
 
 
+def join(device: Any = None) -> int:
+    """This rank has run out of data (Horovod's ``hvd.join()``): finish what is in flight and
+    block until every worker has joined; returns the rank that joined last. Meanwhile the other
+    ranks keep training: their rounds complete without this rank and averages divide by the
+    ranks still in. ``device`` is accepted for Horovod compatibility and ignored. A rank that
+    ends without calling join() while others still push_pull makes their push_pull (and join)
+    raise :class:`~byteps_like.errors.PeerLeftError` naming it."""
+    del device
+    return default_runtime().join()
+
+
 def push_pull_async(array: Any, name: str | None = None, average: bool = True, priority: int = 0,
                     out: Any = None, dtype: str | None = None,
                     compression: Any = None) -> Handle:

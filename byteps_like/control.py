@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .config import Config
-from .errors import CommTimeoutError, ConfigError, PeerLostError, RemoteError
+from .errors import CommTimeoutError, ConfigError, PeerLeftError, PeerLostError, RemoteError
 from .transport import Endpoint, Route
 from .wire import Header, Message, MsgType, Role, encode, job_hash
 
@@ -58,7 +58,8 @@ def node_host(cfg: Config) -> str:
 class ControlClient:
     def __init__(self, cfg: Config, ep: Endpoint, role: Role, *, port: int = 0,
                  data_port: int = 0, on_fatal: Callable[[BaseException], None] | None = None,
-                 on_shutdown: Callable[[], None] | None = None):
+                 on_shutdown: Callable[[], None] | None = None,
+                 on_members: Callable[[dict], None] | None = None):
         self.cfg = cfg
         self.ep = ep
         self.role = role
@@ -71,6 +72,9 @@ class ControlClient:
         self.fatal: BaseException | None = None
         self.on_fatal = on_fatal
         self.on_shutdown = on_shutdown
+        self.on_members = on_members   # servers: who has joined / left (join())
+        self._join_done = threading.Event()
+        self._join_result: dict = {}
         self._table = threading.Event()
         self._shutdown = threading.Event()
         self._barrier_seq = 0
@@ -142,6 +146,30 @@ class ControlClient:
                 return False
         return True
 
+    def join(self, rounds: dict[str, int],
+             progress_every: float = 30.0) -> tuple[int, dict[str, int]]:
+        """Tell the scheduler this worker is out of data (with the rounds its tensors are at);
+        block until every worker has joined. Returns the rank that joined last and, per tensor,
+        the most rounds any worker pushed; raises PeerLeftError when a rank finished without
+        joining (the join can never complete), or the job's fatal error."""
+        self._join_done.clear()
+        self._send(MsgType.JOIN, {"rounds": rounds})
+        t0 = time.monotonic()
+        next_note = t0 + progress_every
+        while not self._join_done.wait(0.05):
+            self.check()
+            if time.monotonic() >= next_note:
+                next_note += progress_every
+                log.info("%s %d: join() waiting %.0f s for the other workers to join",
+                         self.role.label, self.rank, time.monotonic() - t0)
+        self.check()
+        res = self._join_result
+        if "error" in res:
+            raise PeerLeftError(f"{self.role.label} {self.rank}: join() cannot complete: "
+                                f"{res['error']}")
+        rounds_out = res.get("rounds") or {}
+        return int(res.get("last", -1)), {str(k): int(v) for k, v in rounds_out.items()}
+
     def send_stall(self, stalls: list[dict]) -> None:
         """Report stalled synchronous rounds to the scheduler (the stall inspector)."""
         self._send(MsgType.STALL, {"stalls": stalls})
@@ -186,6 +214,12 @@ class ControlClient:
             self._fail(PeerLostError(
                 f"{self.role.label} {self.rank}: {meta.get('reason', 'a peer was lost')}",
                 role=meta.get("role"), rank=meta.get("rank"), host=meta.get("host")))
+        elif h.type is MsgType.JOIN_DONE:
+            self._join_result = dict(meta)
+            self._join_done.set()
+        elif h.type is MsgType.MEMBERS and self.on_members is not None:
+            self.on_members(meta)
+            self._send(MsgType.MEMBERS, key=h.key)  # applied (or queued before later pushes)
         elif h.type is MsgType.SHUTDOWN:
             self._shutdown.set()
             if self.on_shutdown is not None:

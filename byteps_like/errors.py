@@ -38,6 +38,17 @@ class PeerLostError(CommunicationError):
         self.role, self.rank, self.host = role, rank, host
 
 
+class PeerLeftError(PeerLostError):
+    """A worker rank finished (its script returned or called ``sys.exit``) without calling
+    ``join()`` while other ranks still push_pull: a round that needs it can never complete.
+    ``rank`` is the rank that left; ``last_round`` the last round of the tensor it completed."""
+
+    def __init__(self, message: str, *, rank: int | None = None, last_round: int | None = None,
+                 host: str | None = None):
+        super().__init__(message, role="worker", rank=rank, host=host)
+        self.last_round = last_round
+
+
 class CommTimeoutError(CommunicationError, TimeoutError):
     """A blocking operation did not complete within its timeout."""
 
@@ -61,5 +72,6 @@ class RemoteError(BytePSError):
 
 __all__ = [
     "BytePSError", "ConfigError", "NotInitializedError", "CommunicationError", "PeerLostError",
+    "PeerLeftError",
     "CommTimeoutError", "ProtocolError", "MismatchError", "RemoteError", "EXIT_PEER_FAILED",
 ]

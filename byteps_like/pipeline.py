@@ -71,6 +71,7 @@ class Task:
     acked: bool = False
     credited: bool = False   # holds bytes of the push credit (set when the push stage took it)
     native: bool = False     # pushed and pulled by the native data plane (transport/native.py)
+    contrib: int = 0         # pushes the server's round summed when fewer than all (join())
     enqueued_at: float = field(default_factory=time.monotonic)
 
     @property

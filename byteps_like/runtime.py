@@ -22,8 +22,8 @@ import numpy as np
 from . import _core
 from .config import Config, load
 from .control import ControlClient
-from .errors import (CommunicationError, MismatchError, NotInitializedError, PeerLostError,
-                     ProtocolError, RemoteError)
+from .errors import (BytePSError, CommunicationError, MismatchError, NotInitializedError,
+                     PeerLeftError, PeerLostError, ProtocolError, RemoteError)
 from .handle import Handle
 from .partition import ServerAssigner, make_key, mixed_mode_weights, partition_bounds
 from . import local
@@ -31,8 +31,8 @@ from .pipeline import (BROADCAST, COMPRESS, COPY_D2H, COPY_H2D, DECOMPRESS, PULL
                        Pipeline, Task, plan)
 from .roles import exit_if_peer_failed
 from .transport import Route, data_scheme, make_endpoint, native
-from .wire import (ERR_MISMATCH, FLAG_COMPRESSED, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
-                   Role, as_buffer, decode, dtype_name, encode, job_hash)
+from .wire import (ERR_MISMATCH, ERR_PEER_LEFT, FLAG_COMPRESSED, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
+                   Role, as_buffer, contributors, decode, dtype_name, encode, job_hash)
 
 log = logging.getLogger("byteps_like.worker")
 _PY_SWITCH_INTERVAL = 0.005  # the interpreter's default thread switch interval
@@ -111,6 +111,7 @@ class Runtime:
         self._completions = None
         self._switch_interval = None  # what the runtime set sys.setswitchinterval to, if it did
         self.single_machine = False   # one worker machine: push_pull never leaves it
+        self._round_floor: dict[str, int] = {}  # after join(): rounds of tensors not declared yet
 
     # -- lifecycle ----------------------------------------------------------------------------
     def init(self) -> None:
@@ -382,6 +383,40 @@ class Runtime:
         if self.control is not None:
             self.control.barrier("worker", timeout)
 
+    def join(self) -> int:
+        """This rank is out of data (Horovod's ``hvd.join()``): finish what is in flight, then
+        block until every worker has joined. Meanwhile the other ranks' rounds complete without
+        this one and their averages divide by the ranks still in. Returns the rank that joined
+        last. A rank that finished without joining makes this raise PeerLeftError."""
+        self._check()
+        if self.local_size_ > 1:
+            raise BytePSError(
+                f"join() on worker rank {self.rank_}: not supported with several worker "
+                f"processes per machine (BYTEPS_LOCAL_SIZE={self.local_size_}) yet; give "
+                "every rank the same number of steps (e.g. drop the last uneven batches)")
+        for h in list(self._handles):
+            h.wait()
+        if self.control is None or self.size_ == 1:
+            return self.rank_
+        with self._lock:
+            rounds = {st.name: st.round for st in self._tensors.values()}
+        last, rounds = self.control.join(rounds)
+        # every rank is back in: each tensor continues at the round the job is at (the ranks
+        # that ran more steps pushed more rounds)
+        with self._lock:
+            for name, rnd in rounds.items():
+                st = self._tensors.get(name)
+                if st is None:
+                    self._round_floor[name] = rnd
+                elif rnd > st.round:
+                    st.round = rnd
+        return last
+
+    def _divisor(self, task: Task) -> int:
+        """What an average of ``task``'s round divides by: every rank, or only the ranks whose
+        machines pushed it when some had joined."""
+        return task.contrib * self.local_size_ if task.contrib else self.size_
+
     # -- declaration --------------------------------------------------------------------------------
     def auto_name(self) -> str:
         """The next BytePS-style name for an unnamed tensor (same sequence on every worker)."""
@@ -401,7 +436,7 @@ class Runtime:
         with self._lock:
             st = self._tensors.get(name)
             if st is None:
-                st = self._tensors[name] = TensorState(len(self._tensors), name)
+                st = self._new_tensor(name)
             self._bind(st, tuple(shape), dtype, nbytes)
             return self._segment(st).out
 
@@ -411,8 +446,14 @@ class Runtime:
         with self._lock:
             st = self._tensors.get(name)
             if st is None:
-                st = self._tensors[name] = TensorState(len(self._tensors), name)
+                st = self._new_tensor(name)
             return st.decl_id
+
+    def _new_tensor(self, name: str) -> TensorState:
+        """Declare ``name`` (lock held); after a join() it starts at the round the job is at."""
+        st = self._tensors[name] = TensorState(len(self._tensors), name,
+                                               round=self._round_floor.pop(name, 0))
+        return st
 
     def _bind(self, st: TensorState, shape: tuple, dtype: str, nbytes: int) -> None:
         if st.dtype is None:
@@ -480,7 +521,7 @@ class Runtime:
                 name = self.auto_name()
             st = self._tensors.get(name)
             if st is None:
-                st = self._tensors[name] = TensorState(len(self._tensors), name)
+                st = self._new_tensor(name)
             self._bind(st, tuple(arr.shape), wire_dtype, arr.nbytes)
             if self.control is not None:
                 self._bind_compressor(st, compression)
@@ -669,7 +710,7 @@ class Runtime:
                                 f"server's compressed sum is of step {step}, expected "
                                 f"{task.round}")
         if task.average and self.size_ > 1 and task.seg is None:
-            _core.scale_into(task.dst, task.dtype, self.size_)
+            _core.scale_into(task.dst, task.dtype, self._divisor(task))
         return True
 
     def _stage_pull(self, task: Task) -> bool:
@@ -683,7 +724,7 @@ class Runtime:
         task.payload = None
         _core.copy_into(task.pull_dst, as_buffer(payload))
         if task.average and self.size_ > 1 and task.seg is None:
-            _core.scale_into(task.dst, task.dtype, self.size_)
+            _core.scale_into(task.dst, task.dtype, self._divisor(task))
         self.bytes_pulled += task.nbytes
         return True
 
@@ -781,7 +822,7 @@ class Runtime:
         if not task.prereduced:  # prereduced: the caller reads the shared buffer itself
             _core.copy_into(task.dst, task.seg.out[task.offset:task.offset + task.nbytes])
         if task.average and self.size_ > 1 and not task.prereduced:
-            _core.scale_into(task.dst, task.dtype, self.size_)
+            _core.scale_into(task.dst, task.dtype, self._divisor(task))
         return True
 
     def _on_local_message(self, route: Route, h: Header) -> None:
@@ -851,18 +892,26 @@ class Runtime:
                 self._native_done(comp)
 
     @staticmethod
-    def _server_error(what: str, kind: str | None, text: str, server: int) -> Exception:
+    def _server_error(what: str, kind: str | None, text: str, server: int,
+                      meta: dict | None = None) -> Exception:
         """A server's error reply (either data path) as the exception users get."""
         if kind == ERR_MISMATCH:
             return MismatchError(f"{what}: {text}")
+        if kind == ERR_PEER_LEFT:
+            meta = meta or {}
+            rank, last = meta.get("rank"), meta.get("last_round")
+            return PeerLeftError(f"{what}: {text}",
+                                 rank=rank if isinstance(rank, int) else None,
+                                 last_round=last if isinstance(last, int) else None)
         return RemoteError(f"{what}: {text}", role="server", rank=server)
 
     def _native_error(self, name: str, kind: str, server: int, message: bytes) -> Exception:
         text = message.decode("utf-8", "replace")
         where = f"push_pull of {name!r} on worker rank {self.rank_}"
         if kind == "remote":
-            rkind, text = native.decode_error(message)
-            return self._server_error(f"push_pull of {name!r}", rkind, text, server)
+            meta = native.decode_error_meta(message)
+            return self._server_error(f"push_pull of {name!r}", meta["kind"], meta["message"],
+                                      server, meta)
         if kind == "peer_lost":
             return PeerLostError(f"{where}: {text}", role="server", rank=server)
         if kind == "protocol":
@@ -952,13 +1001,14 @@ class Runtime:
             with self._lock:
                 self._inflight.pop(h.key, None)
             task.payload = msg.payload
+            task.contrib = contributors(h.flags)
             self.pipeline.advance(task)
         elif h.type is MsgType.ERROR:
             self._release(task)
             meta = msg.meta or {}
             self._fail_task(task, self._server_error(
                 f"push_pull of {task.handle.name!r} (key {h.key})", meta.get("kind"),
-                str(meta.get("message", "error")), h.rank))
+                str(meta.get("message", "error")), h.rank, meta))
         else:
             log.warning("worker %d: unexpected %s from server %d", self.rank_, h.type.name,
                         h.rank)

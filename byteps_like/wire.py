@@ -41,6 +41,9 @@ class MsgType(enum.IntEnum):
     SHUTDOWN = 8
     ABORT = 9
     STALL = 10        # server -> scheduler: synchronous rounds waiting on some workers
+    JOIN = 11         # worker -> scheduler: this rank is out of data (join())
+    MEMBERS = 12      # scheduler -> servers: ranks joined / left (servers answer with the key)
+    JOIN_DONE = 13    # scheduler -> workers: every rank has joined (or the join failed)
     # data plane (worker <-> server)
     PUSH = 20
     PUSH_ACK = 21
@@ -75,6 +78,19 @@ FLAG_DECLARE = 1 << 1     # first round of a key: meta carries name, shape, dtyp
 FLAG_ASYNC = 1 << 2       # asynchronous mode push (delta applied at once)
 FLAG_PULL = 1 << 3        # a push that also asks for the round's result (saves a message)
 FLAG_COMPRESSED = 1 << 4  # the payload is a compressor's encoding (uint8), not the tensor
+# bit 5 is the native data plane's authenticated HELLO (csrc/dataplane.h)
+FLAG_CONTRIB = 1 << 6     # PULL_RESP of a round fewer workers pushed (some had joined): the
+CONTRIB_SHIFT = 16        # pushes summed are in flags >> CONTRIB_SHIFT; averages divide by it
+
+
+def contrib_flags(pushes: int, num_workers: int) -> int:
+    """The PULL_RESP flags telling how many pushes a round summed (0 when all did)."""
+    return 0 if pushes >= num_workers else FLAG_CONTRIB | (pushes << CONTRIB_SHIFT)
+
+
+def contributors(flags: int) -> int:
+    """The pushes a PULL_RESP's round summed when fewer than all (0: all of them)."""
+    return flags >> CONTRIB_SHIFT if flags & FLAG_CONTRIB else 0
 
 # Error kinds carried in ERROR meta["kind"]
 ERR_MISMATCH = "mismatch"
@@ -82,6 +98,7 @@ ERR_PROTOCOL = "protocol"
 ERR_PEER_LOST = "peer_lost"
 ERR_REGISTER = "register"
 ERR_INTERNAL = "internal"
+ERR_PEER_LEFT = "peer_left"   # a rank finished without join(): the round can never complete
 
 DTYPES: tuple[str, ...] = ("none", "float32", "float64", "float16", "bfloat16", "int32", "int64",
                            "uint8", "int8")

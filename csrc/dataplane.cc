@@ -603,10 +603,12 @@ struct Store {
   std::unique_ptr<std::mutex[]> chunk_mu;
   std::mutex mu;                               // everything below
   std::int64_t round = 0, completed = -1;
+  int contrib[2] = {0, 0};                     // pushes summed into each buffer's round
   std::vector<std::uint8_t> pushed;            // per worker rank, this round
   int started = 0, finished = 0;               // pushes begun / summed this round
   double round_started = 0;
   std::string failed;
+  std::string failed_kind = "mismatch", failed_extra;  // the error kind and extra JSON members
   struct Pending {
     std::weak_ptr<Conn> conn;
     std::int64_t round;
@@ -621,7 +623,9 @@ class ServerImpl {
   ServerImpl(int num_workers, int server_rank, std::uint32_t job, int io_threads,
              std::uint64_t max_msg, std::uint64_t max_store, int max_conns, std::string key)
       : num_workers_(num_workers), rank_(server_rank), job_(job), max_msg_(max_msg),
-        max_store_(max_store), max_conns_(max_conns), key_(std::move(key)) {
+        max_store_(max_store), max_conns_(max_conns), key_(std::move(key)),
+        joined_(static_cast<std::size_t>(std::max(0, num_workers)), 0),
+        required_(num_workers) {
     for (int i = 0; i < std::max(1, io_threads); ++i) loops_.emplace_back(new IoLoop());
   }
   ~ServerImpl() { close(); }
@@ -732,20 +736,30 @@ class ServerImpl {
   const std::uint64_t max_msg_, max_store_;
   const int max_conns_;
   const std::string key_;   // empty: streams are not authenticated
+  // membership (set_members): mem_mu_ is taken after a store's mu, never before it
+  std::mutex mem_mu_;
+  std::vector<std::uint8_t> joined_;
+  std::map<int, std::string> left_;
+  std::atomic<int> required_{0};  // pushes that complete a round: workers not joined
 
+  // extra: more JSON members, already encoded (",\"rank\":1"), or empty
   void send_error(const std::shared_ptr<Conn>& conn, const Header& h, const char* kind,
-                  const std::string& text) {
+                  const std::string& text, const std::string& extra = std::string()) {
     Out o;
     o.hdr = make_header(kError, kRoleServer, rank_.load(), kFlagMeta, job_, h.key, h.round);
     o.meta = std::string("{\"kind\":\"") + kind + "\",\"message\":\"" + json_escape(text) +
-             "\",\"type\":\"" + type_name(h.type) + "\"}";
+             "\",\"type\":\"" + type_name(h.type) + "\"" + extra + "}";
     conn->send(std::move(o));
   }
 
   void send_resp(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
                  std::int64_t round) {
     Out o;
-    o.hdr = make_header(kPullResp, kRoleServer, rank_.load(), 0, job_, st->key, round,
+    // st->contrib is written under st->mu when the round completes, before any answer for it
+    const int n = st->contrib[round & 1];
+    const std::uint32_t flags =
+        n < num_workers_ ? kFlagContrib | (static_cast<std::uint32_t>(n) << kContribShift) : 0;
+    o.hdr = make_header(kPullResp, kRoleServer, rank_.load(), flags, job_, st->key, round,
                         static_cast<std::uint8_t>(st->wire_dtype), st->count, st->nbytes);
     o.payload = st->buf[round & 1].get();
     o.plen = st->nbytes;
@@ -856,11 +870,27 @@ class ServerImpl {
                       "the same shape, dtype and compressor");
     }
     if (!st->failed.empty()) {
-      send_error(conn, h, "mismatch", st->failed);
+      send_error(conn, h, st->failed_kind.c_str(), st->failed, st->failed_extra);
       return nullptr;
+    }
+    std::map<int, std::string> left;
+    {
+      std::lock_guard<std::mutex> m(mem_mu_);
+      if (joined_[h.rank]) {
+        reject("push after join()");
+        send_error(conn, h, "protocol", "key " + std::to_string(h.key) + ": push from worker "
+                   "rank " + std::to_string(h.rank) + ", which has called join(); a joined "
+                   "rank pushes again only after every rank has joined");
+        return nullptr;
+      }
+      left = left_;
     }
     st->pushed[h.rank] = 1;
     if (st->started++ == 0) st->round_started = monotonic_now();
+    if (!left.empty() && doom_if_left_locked(*st, left)) {
+      send_error(conn, h, st->failed_kind.c_str(), st->failed, st->failed_extra);
+      return nullptr;
+    }
     return st;
   }
 
@@ -892,24 +922,81 @@ class ServerImpl {
         ack.hdr = make_header(kPushAck, kRoleServer, rank_.load(), 0, job_, h.key, h.round);
         conn->send(std::move(ack));
         if (h.flags & kFlagPull) st->pending.push_back({conn, h.round});
-        if (++st->finished == num_workers_) {
-          done_round = st->round;
-          st->completed = st->round;
-          st->round++;
-          st->started = st->finished = 0;
-          std::fill(st->pushed.begin(), st->pushed.end(), 0);
-          // the next round sums into the other buffer, last used two rounds ago
-          std::fill(st->fill[st->round & 1].get(), st->fill[st->round & 1].get() + st->nchunks,
-                    0u);
-          answer.swap(st->pending);
-          c_.rounds++;
-        }
+        ++st->finished;
+        done_round = complete_if_ready_locked(*st, &answer);
       } else {
-        send_error(conn, h, "mismatch", st->failed);
+        send_error(conn, h, st->failed_kind.c_str(), st->failed, st->failed_extra);
       }
     }
     for (auto& p : answer) {
       if (auto c = p.conn.lock()) send_resp(c, st, done_round);
+    }
+  }
+
+  // The open round is complete once every worker rank that has not joined has pushed (and
+  // summed) it: close it, hand its waiting pulls to the caller, return its number (-1: open).
+  std::int64_t complete_if_ready_locked(Store& st, std::vector<Store::Pending>* answer) {
+    const int need = required_.load();
+    if (st.finished == 0 || st.finished < need || st.finished != st.started) return -1;
+    const std::int64_t done = st.round;
+    st.contrib[done & 1] = st.finished;
+    st.completed = st.round;
+    st.round++;
+    st.started = st.finished = 0;
+    std::fill(st.pushed.begin(), st.pushed.end(), 0);
+    // the next round sums into the other buffer, last used two rounds ago
+    std::fill(st.fill[st.round & 1].get(), st.fill[st.round & 1].get() + st.nchunks, 0u);
+    answer->swap(st.pending);
+    c_.rounds++;
+    return done;
+  }
+
+  // A round that a rank which left the job has not pushed can never complete: fail the key
+  // (every waiting and later operation gets the "peer_left" error naming the rank).
+  bool doom_if_left_locked(Store& st, const std::map<int, std::string>& left) {
+    if (!st.failed.empty() || (st.started == 0 && st.pending.empty())) return false;
+    for (auto& kv : left) {
+      if (kv.first < 0 || kv.first >= num_workers_ || st.pushed[kv.first]) continue;
+      const std::int64_t last = st.round - 1;
+      st.failed_kind = "peer_left";
+      st.failed_extra = ",\"rank\":" + std::to_string(kv.first) + ",\"last_round\":" +
+                        std::to_string(last);
+      fail_key_locked(st, kv.second + "; round " + std::to_string(st.round) + " of key " +
+                      std::to_string(st.key) + " (" + describe_decl(st.decl) +
+                      ") can never complete (the last round it pushed was " + std::to_string(last) +
+                      "). Ranks that run fewer steps must call join() when they are done");
+      return true;
+    }
+    return false;
+  }
+
+  void set_members(const std::vector<int>& joined, const std::map<int, std::string>& left) {
+    {
+      std::lock_guard<std::mutex> m(mem_mu_);
+      std::fill(joined_.begin(), joined_.end(), 0);
+      int n = 0;
+      for (int r : joined)
+        if (r >= 0 && r < num_workers_ && !joined_[r]) joined_[r] = 1, ++n;
+      left_ = left;
+      required_.store(num_workers_ - n);
+    }
+    std::vector<std::shared_ptr<Store>> all;
+    {
+      std::lock_guard<std::mutex> g(map_mu_);
+      for (auto& kv : stores_) all.push_back(kv.second);
+    }
+    for (auto& st : all) {
+      std::vector<Store::Pending> answer;
+      std::int64_t done = -1;
+      {
+        std::lock_guard<std::mutex> g(st->mu);
+        if (!st->failed.empty()) continue;
+        if (!left.empty() && doom_if_left_locked(*st, left)) continue;
+        done = complete_if_ready_locked(*st, &answer);
+      }
+      for (auto& p : answer) {
+        if (auto c = p.conn.lock()) send_resp(c, st, done);
+      }
     }
   }
 
@@ -928,9 +1015,9 @@ class ServerImpl {
     }
     std::unique_lock<std::mutex> g(st->mu);
     if (!st->failed.empty()) {
-      const std::string text = st->failed;
+      const std::string text = st->failed, kind = st->failed_kind, extra = st->failed_extra;
       g.unlock();
-      send_error(conn, h, "mismatch", text);
+      send_error(conn, h, kind.c_str(), text, extra);
     } else if (h.round == st->completed) {
       g.unlock();
       send_resp(conn, st, h.round);
@@ -952,7 +1039,7 @@ class ServerImpl {
     for (auto& p : st.pending) {
       if (auto c = p.conn.lock()) {
         h.round = p.round;
-        send_error(c, h, "mismatch", text);
+        send_error(c, h, st.failed_kind.c_str(), text, st.failed_extra);
       }
     }
     st.pending.clear();
@@ -1213,6 +1300,10 @@ void DataServer::set_rank(int rank) { impl_->rank_ = rank; }
 std::map<std::string, std::uint64_t> DataServer::stats() { return impl_->stats(); }
 std::map<std::string, std::uint64_t> DataServer::rejected() { return impl_->rejected(); }
 std::vector<StallInfo> DataServer::stalls(double min_age) { return impl_->stalls(min_age); }
+void DataServer::set_members(const std::vector<int>& joined,
+                             const std::map<int, std::string>& left) {
+  impl_->set_members(joined, left);
+}
 
 // =============================================================================================
 // client
@@ -1402,6 +1493,7 @@ class ClientImpl {
   struct Target {
     std::shared_ptr<Op> op;
     std::size_t idx = 0;
+    int contrib = 0;  // > 0: the round summed this many pushes (ranks had joined)
   };
 
   // PUSH_ACK: the push is in the server's hands; its bytes leave the credit.
@@ -1440,6 +1532,7 @@ class ClientImpl {
       return nullptr;
     }
     *t = it->second;
+    t->contrib = (h.flags & kFlagContrib) ? static_cast<int>(h.flags >> kContribShift) : 0;
     op.active++;
     return op.dst + p.spec.offset;
   }
@@ -1447,8 +1540,10 @@ class ClientImpl {
   void resp_done(const Target& t, bool ok) {
     Op& op = *t.op;
     Part& p = op.parts[t.idx];
-    if (ok && op.divisor > 1 && !op.failed)
-      scale_into(op.kdt, op.dst + p.spec.offset, p.spec.nbytes / itemsize(op.kdt), op.divisor, 1);
+    // an average divides by the ranks that pushed: all of them, or those not joined (join())
+    const std::int64_t div = t.contrib > 0 && op.divisor > 1 ? t.contrib : op.divisor;
+    if (ok && div > 1 && !op.failed)
+      scale_into(op.kdt, op.dst + p.spec.offset, p.spec.nbytes / itemsize(op.kdt), div, 1);
     std::vector<Ready> ready;
     {
       std::lock_guard<std::mutex> g(mu_);

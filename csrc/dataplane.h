@@ -33,7 +33,11 @@ enum Flags : std::uint32_t {
   kFlagMeta = 1u << 0, kFlagDeclare = 1u << 1, kFlagAsync = 1u << 2, kFlagPull = 1u << 3,
   kFlagCompressed = 1u << 4,
   kFlagAuth = 1u << 5,  // a HELLO of the authenticated handshake (dataplane.cc)
+  // a PULL_RESP of a round fewer workers than the job's pushed (ranks had joined): the number
+  // of pushes summed is in the flags' upper 16 bits; averages divide by it (join())
+  kFlagContrib = 1u << 6,
 };
+constexpr unsigned kContribShift = 16;
 enum Role : std::uint8_t { kRoleScheduler = 0, kRoleServer = 1, kRoleWorker = 2 };
 
 #pragma pack(push, 1)
@@ -95,6 +99,10 @@ class DataServer {
   std::map<std::string, std::uint64_t> stats();
   std::map<std::string, std::uint64_t> rejected();
   std::vector<StallInfo> stalls(double min_age);
+  // Membership (join()): rounds need pushes from every worker rank not in `joined`; a rank in
+  // `left` (text: who and why) finished without joining, so a round it has not pushed fails
+  // with a "peer_left" error naming it. Open rounds are completed or failed at once.
+  void set_members(const std::vector<int>& joined, const std::map<int, std::string>& left);
 
  private:
   std::unique_ptr<ServerImpl> impl_;

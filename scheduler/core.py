@@ -85,6 +85,16 @@ class Scheduler:
         self.stalls: dict[tuple[int, int, int], dict] = {}
         self.stall_log: list[str] = []
         self.lost_workers: list[str] = []   # asynchronous mode: workers lost, job went on
+        # join(): worker ranks waiting in join(), machines that finished without joining (why),
+        # and the membership epoch the servers last acknowledged (see _members)
+        self.joined: dict[int, NodeInfo] = {}
+        self.last_joined = -1
+        self.left: dict[int, str] = {}
+        self.members_epoch = 0
+        self._release_acks: set[bytes] | None = None  # servers yet to ack the post-join reset
+        self._release_epoch = 0
+        self.joined_all: dict[int, NodeInfo] = {}     # the ranks released by that ack
+        self.join_rounds: dict[str, int] = {}         # tensor -> most rounds a joiner pushed
         self._done = threading.Event()
         self.heartbeats_missed = 0   # metrics: ticks that found a node silent > 2 intervals
         self.metrics = None
@@ -148,6 +158,10 @@ class Scheduler:
             self._barrier(node, (msg.meta or {}).get("group", "all"), h.key)
         elif h.type is MsgType.FINISH:
             self._worker_finished(node)
+        elif h.type is MsgType.JOIN and node.role is Role.WORKER:
+            self._join(node, (msg.meta or {}).get("rounds"))
+        elif h.type is MsgType.MEMBERS and node.role is Role.SERVER:
+            self._members_ack(node, h.key)
         elif h.type is MsgType.STALL and node.role is Role.SERVER:
             self._stall(node, (msg.meta or {}).get("stalls"))
         elif h.type is MsgType.ABORT:
@@ -278,9 +292,84 @@ class Scheduler:
                 first = server
             self._lose(first, why, tell_lost=True, code=1)  # the scheduler's own verdict
 
+    # -- join(): ranks that run out of data -------------------------------------------------
+    def _workers(self) -> list[NodeInfo]:
+        return [n for n in self.nodes.values() if n.role is Role.WORKER]
+
+    def _members(self) -> None:
+        """Tell every server which worker machines are joined or left (a new epoch)."""
+        self.members_epoch += 1
+        ls = self.cfg.cluster.local_size
+        meta = {"joined": sorted({r // ls for r in self.joined}),
+                "left": {str(m): why for m, why in self.left.items()}}
+        for n in self.nodes.values():
+            if n.role is Role.SERVER and not n.lost:
+                self._send(n, MsgType.MEMBERS, meta, key=self.members_epoch)
+
+    def _join(self, node: NodeInfo, rounds) -> None:
+        """A worker ran out of data: later rounds need no push from it. Once every worker has
+        joined, the servers go back to expecting all of them (acknowledged) before the workers
+        are released, so no round of the next epoch completes short."""
+        if self.left:
+            self._send(node, MsgType.JOIN_DONE, {"error": "; ".join(self.left.values())})
+            return
+        self.joined[node.rank] = node
+        self.last_joined = node.rank
+        # per tensor, the most rounds any worker pushed: where every worker continues
+        if isinstance(rounds, dict):
+            for name, rnd in list(rounds.items())[:100_000]:
+                if isinstance(name, str) and type(rnd) is int and rnd >= 0:
+                    self.join_rounds[name] = max(rnd, self.join_rounds.get(name, 0))
+        workers = self._workers()
+        log.info("scheduler: worker rank %d joined (%d of %d)", node.rank, len(self.joined),
+                 len(workers))
+        if len(self.joined) < len(workers):
+            self._members()
+            return
+        self.joined_all = dict(self.joined)
+        self.joined = {}
+        self._members()
+        servers = {n.route.ident for n in self.nodes.values()
+                   if n.role is Role.SERVER and not n.lost}
+        self._release_acks = servers
+        self._release_epoch = self.members_epoch
+        if not servers:
+            self._release_join()
+
+    def _members_ack(self, node: NodeInfo, epoch: int) -> None:
+        if self._release_acks is None or epoch != self._release_epoch:
+            return
+        self._release_acks.discard(node.route.ident)
+        if not self._release_acks:
+            self._release_join()
+
+    def _release_join(self) -> None:
+        self._release_acks = None
+        for n in self.joined_all.values():
+            self._send(n, MsgType.JOIN_DONE, {"last": self.last_joined,
+                                              "rounds": self.join_rounds})
+        self.joined_all = {}
+        self.join_rounds = {}
+
+    def _left(self, node: NodeInfo) -> None:
+        """A worker finished without join() while others may still push: rounds it has not
+        pushed can never complete. The servers fail them with PeerLeftError naming it; ranks
+        waiting in join() get the same error."""
+        why = (f"worker rank {node.rank} on {node.host} (pid {node.pid}) has finished (its "
+               "script ended without join()) and pushes no more")
+        log.info("scheduler: %s while other workers still run", why)
+        self.left[node.rank // self.cfg.cluster.local_size] = why
+        self._members()
+        for n in list(self.joined.values()):
+            self._send(n, MsgType.JOIN_DONE, {"error": why})
+        self.joined = {}
+
     def _worker_finished(self, node: NodeInfo) -> None:
         node.finished = True
         workers = [n for n in self.nodes.values() if n.role is Role.WORKER]
+        if (not self.cfg.server.enable_async and node.rank not in self.joined
+                and not all(n.finished for n in workers)):
+            self._left(node)
         log.info("scheduler: %s finished (%d of %d)", node.describe(),
                  sum(n.finished for n in workers), len(workers))
         if all(n.finished for n in workers):

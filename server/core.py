@@ -29,8 +29,8 @@ from ..config import Config
 from ..control import ControlClient
 from ..errors import EXIT_PEER_FAILED, PeerLostError, ProtocolError
 from ..transport import Route, data_scheme, make_endpoint, native
-from ..wire import (ERR_INTERNAL, ERR_MISMATCH, ERR_PROTOCOL, FLAG_COMPRESSED, FLAG_DECLARE,
-                    FLAG_PULL, SUMMABLE, Header, as_buffer,
+from ..wire import (ERR_INTERNAL, ERR_MISMATCH, ERR_PEER_LEFT, ERR_PROTOCOL, FLAG_COMPRESSED,
+                    FLAG_DECLARE, FLAG_PULL, SUMMABLE, Header, as_buffer, contrib_flags,
                     Message, MsgType, Role, decode, decode_header, encode, job_hash)
 
 log = logging.getLogger("byteps_like.server")
@@ -50,6 +50,9 @@ class KeyStore:
     pushed: set = field(default_factory=set)
     pending: list = field(default_factory=list)   # (route, rank, round) waiting for a round
     failed: str | None = None
+    failed_kind: str = ERR_MISMATCH
+    failed_extra: dict = field(default_factory=dict)  # more error meta (peer_left: rank, round)
+    contrib: list = field(default_factory=lambda: [0, 0])  # pushes summed per buffer's round
     pushes: int = 0
     round_started: float | None = None   # monotonic time of the open round's first push
     codec: object = None           # compressed key: the server Codec (decode pushes, encode sum)
@@ -83,6 +86,9 @@ class Engine(threading.Thread):
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.stores: dict[int, KeyStore] = {}
         self.bytes = 0
+        # membership as this engine's queue orders it (join()): joined and left machines
+        self.joined: frozenset = frozenset()
+        self.left: dict[int, str] = {}
 
     def run(self) -> None:
         while True:
@@ -90,6 +96,9 @@ class Engine(threading.Thread):
             if item is None:
                 return
             route, msg = item
+            if route is None:  # a membership change (Server.on_members), in queue order
+                self.apply_members(*msg)
+                continue
             try:
                 self.process(route, msg)
             except Exception as exc:  # noqa: BLE001 - a bug must not kill the engine silently
@@ -170,13 +179,60 @@ class Engine(threading.Thread):
         self.stores[h.key] = store
         return store
 
-    def _fail_key(self, store: KeyStore, text: str) -> None:
-        store.failed = text
+    def _fail_key(self, store: KeyStore, text: str, kind: str = ERR_MISMATCH,
+                  extra: dict | None = None) -> None:
+        store.failed, store.failed_kind, store.failed_extra = text, kind, extra or {}
         log.error("server %d: %s", self.server.rank, text)
         for route, _rank, rnd in store.pending:
-            self.server.reply_error(route, Header(MsgType.PULL, key=store.key, round=rnd),
-                                    ERR_MISMATCH, text)
+            self._reply_failed(store, route, Header(MsgType.PULL, key=store.key, round=rnd))
         store.pending.clear()
+
+    def _reply_failed(self, store: KeyStore, route: Route, h: Header) -> None:
+        self.server.reply_error(route, h, store.failed_kind, store.failed or "",
+                                store.failed_extra)
+
+    # -- membership (join()) ----------------------------------------------------------------
+    def apply_members(self, joined: frozenset, left: dict[int, str]) -> None:
+        self.joined, self.left = joined, left
+        for store in self.stores.values():
+            if store.failed is None and not self.server.async_mode:
+                if not self._doom_if_left(store):
+                    self._complete_if_ready(store)
+
+    def _doom_if_left(self, store: KeyStore) -> bool:
+        """A round that a machine which left the job has not pushed can never complete: fail
+        the key with a peer_left error naming it."""
+        if not self.left or (not store.pushed and not store.pending):
+            return False
+        for machine, why in sorted(self.left.items()):
+            if machine in store.pushed:
+                continue
+            last = store.round - 1
+            self._fail_key(store, (
+                f"{why}; round {store.round} of key {store.key} "
+                f"({store.describe_decl(store.decl)}) can never complete (the last round it pushed was "
+                f"{last}). Ranks that run fewer steps must call join() when they are done"),
+                ERR_PEER_LEFT, {"rank": machine, "last_round": last})
+            return True
+        return False
+
+    def _complete_if_ready(self, store: KeyStore) -> None:
+        """Close the open round once every machine that has not joined has pushed it."""
+        srv = self.server
+        if not store.pushed or len(store.pushed) < srv.num_workers - len(self.joined):
+            return
+        if store.compressed:  # the pull is compressed too: encode the merged sum
+            wire = store.codec.encode(store.acc, store.step)
+            store.bufs[store.round % 2] = np.array(wire, dtype=np.uint8, copy=True)
+            store.step = -1
+        store.contrib[store.round % 2] = len(store.pushed)
+        store.completed = store.round
+        store.round += 1
+        store.round_started = None
+        store.pushed = set()
+        waiting, store.pending = store.pending, []
+        for proute, _rank, rnd in waiting:
+            self._answer_pull(store, proute, rnd)
 
     def _check(self, store: KeyStore, route: Route, msg: Message) -> bool:
         h = msg.header
@@ -211,7 +267,13 @@ class Engine(threading.Thread):
         if text is not None:
             self._fail_key(store, text)
         if store.failed is not None:
-            self.server.reply_error(route, h, ERR_MISMATCH, store.failed)
+            self._reply_failed(store, route, h)
+            return False
+        if h.rank in self.joined and not self.server.async_mode:
+            self.server._reject("push after join()")
+            self.server.reply_error(route, h, ERR_PROTOCOL, (
+                f"key {h.key}: push from worker rank {h.rank}, which has called join(); a "
+                "joined rank pushes again only after every rank has joined"))
             return False
         return True
 
@@ -250,21 +312,13 @@ class Engine(threading.Thread):
         srv.sum_meter.add(h.nbytes, time.perf_counter() - t_sum)  # metrics
         store.pushed.add(h.rank)
         store.pushes += 1
+        if self.left and self._doom_if_left(store):
+            self._reply_failed(store, route, h)
+            return
         srv.reply(route, MsgType.PUSH_ACK, h)
         if h.flags & FLAG_PULL:
             store.pending.append((route, h.rank, h.round))
-        if len(store.pushed) == srv.num_workers:
-            if store.compressed:  # the pull is compressed too: encode the merged sum
-                wire = store.codec.encode(store.acc, store.step)
-                store.bufs[store.round % 2] = np.array(wire, dtype=np.uint8, copy=True)
-                store.step = -1
-            store.completed = store.round
-            store.round += 1
-            store.round_started = None
-            store.pushed = set()
-            waiting, store.pending = store.pending, []
-            for proute, _rank, rnd in waiting:
-                self._answer_pull(store, proute, rnd)
+        self._complete_if_ready(store)
 
     def _push_compressed(self, store: KeyStore, route: Route, msg: Message) -> bool:
         """Decode one worker's compressed push into the round's float32 accumulator (the first
@@ -281,7 +335,7 @@ class Engine(threading.Thread):
                         f"compressed key {h.key} ({store.decl.get('name')!r}): worker rank "
                         f"{h.rank} pushed step {step} while the round holds step {store.step}; "
                         "every worker must push the tensor the same number of times"))
-                    self.server.reply_error(route, h, ERR_MISMATCH, store.failed)
+                    self._reply_failed(store, route, h)
                     return False
         except CompressionError as exc:
             self.server._reject("malformed compressed payload")
@@ -299,14 +353,16 @@ class Engine(threading.Thread):
         return True
 
     def _answer_pull(self, store: KeyStore, route: Route, rnd: int) -> None:
+        contrib = (0 if self.server.async_mode
+                   else contrib_flags(store.contrib[rnd % 2], self.server.num_workers))
         if store.compressed:
             payload = store.bufs[rnd % 2]
             hdr = Header(MsgType.PULL_RESP, "uint8", Role.SERVER, self.server.rank,
-                         FLAG_COMPRESSED, self.server.job, store.key, rnd, payload.nbytes,
-                         payload.nbytes)
+                         FLAG_COMPRESSED | contrib, self.server.job, store.key, rnd,
+                         payload.nbytes, payload.nbytes)
             self.server.ep.send(route, encode(hdr, payload))
             return
-        hdr = Header(MsgType.PULL_RESP, store.dtype, Role.SERVER, self.server.rank, 0,
+        hdr = Header(MsgType.PULL_RESP, store.dtype, Role.SERVER, self.server.rank, contrib,
                      self.server.job, store.key, rnd, store.count, store.nbytes)
         if self.server.async_mode:
             payload = store.bufs[0].tobytes()  # a snapshot: later pushes must not tear it
@@ -316,7 +372,7 @@ class Engine(threading.Thread):
 
     def _pull(self, store: KeyStore, route: Route, h: Header) -> None:
         if store.failed is not None:
-            self.server.reply_error(route, h, ERR_MISMATCH, store.failed)
+            self._reply_failed(store, route, h)
         elif self.server.async_mode or h.round == store.completed:
             self._answer_pull(store, route, h.round)
         elif h.round == store.round:
@@ -335,6 +391,7 @@ class Server:
         self.sum_threads = cfg.server.sum_threads
         # one push per worker machine: the local ranks of a machine reduce before pushing
         self.num_workers = cfg.cluster.num_worker
+        self.joined: frozenset = frozenset()   # machines in join() (stall reports skip them)
         self.job = job_hash(cfg.cluster.job_id)
         self.ep = make_endpoint("server", cfg, context=context)
         from ..control import node_host
@@ -356,7 +413,8 @@ class Server:
             data_port_ = self.native.listen(host, native.data_port(cfg))
         self.control = ControlClient(cfg, self.ep, Role.SERVER, port=port, data_port=data_port_,
                                      on_fatal=lambda exc: self._done.set(),
-                                     on_shutdown=lambda: self._done.set())
+                                     on_shutdown=lambda: self._done.set(),
+                                     on_members=self.on_members)
         self._scheduler_address = scheduler_address
         self.engines = [Engine(self, i) for i in range(cfg.server.engine_threads)]
         self.key_engine: dict[int, Engine] = {}
@@ -388,9 +446,28 @@ class Server:
                      round=h.round)
         self.ep.send(route, encode(hdr, meta=meta))
 
-    def reply_error(self, route: Route, h: Header, kind: str, text: str) -> None:
+    def reply_error(self, route: Route, h: Header, kind: str, text: str,
+                    extra: dict | None = None) -> None:
         self.reply(route, MsgType.ERROR, h, {"kind": kind, "message": text,
-                                              "type": h.type.name})
+                                              "type": h.type.name, **(extra or {})})
+
+    def on_members(self, meta: dict) -> None:
+        """The scheduler's membership (join()): machines joined and left. Applied by every
+        engine in its queue order (so after the pushes that came before it) and by the native
+        plane at once; the scheduler reads the acknowledgement only after this returns."""
+        try:
+            joined = frozenset(int(m) for m in meta.get("joined", ())
+                               if 0 <= int(m) < self.num_workers)
+            left = {int(m): str(why)[:1000] for m, why in dict(meta.get("left", {})).items()
+                    if 0 <= int(m) < self.num_workers}
+        except (TypeError, ValueError) as exc:
+            log.warning("server %d: ignored a malformed membership notice: %s", self.rank, exc)
+            return
+        self.joined = joined
+        if self.native is not None:
+            self.native.set_members(sorted(joined), left)
+        for e in self.engines:
+            e.q.put((None, (joined, left)))
 
     def _on_message(self, route: Route, frames: list) -> None:
         try:
@@ -479,7 +556,7 @@ class Server:
         """One stalled round as the scheduler's stall report reads it."""
         return {"name": str(decl.get("name")), "key": key, "round": rnd,
                 "part": decl.get("part"), "age": round(age, 3), "pushed": pushed,
-                "missing": sorted(set(range(self.num_workers)) - set(pushed))}
+                "missing": sorted(set(range(self.num_workers)) - set(pushed) - self.joined)}
 
     def _stall_tick(self) -> None:
         if self.control.rank < 0 or self.control.fatal is not None or self.control.shutting_down:

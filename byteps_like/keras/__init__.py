@@ -21,7 +21,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without keras
                       "'byteps_like[tensorflow]' (or keras and a backend)") from exc
 
 from .. import _keras as _impl
-from ..api import local_rank, local_size, rank, size
+from ..api import join, local_rank, local_size, rank, size
 from ..compression import Compression
 from ..runtime import default_runtime
 
@@ -72,7 +72,7 @@ from . import callbacks  # noqa: E402
 from .callbacks import (BroadcastGlobalVariablesCallback, LearningRateScheduleCallback,  # noqa
                         LearningRateWarmupCallback, MetricAverageCallback)
 
-__all__ = ["init", "shutdown", "rank", "size", "local_rank", "local_size", "Compression",
+__all__ = ["init", "shutdown", "join", "rank", "size", "local_rank", "local_size", "Compression",
            "DistributedOptimizer", "broadcast_global_variables", "push_pull", "callbacks",
            "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
            "LearningRateScheduleCallback", "LearningRateWarmupCallback"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..api import local_rank, local_size, rank, size  # same as the core's
+from ..api import join, local_rank, local_size, rank, size  # same as the core's
 from ..compression import Compression
 from ..runtime import default_runtime
 from .ops import broadcast_parameters, byteps_declare_tensor, byteps_push_pull
@@ -38,6 +38,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["init", "shutdown", "rank", "size", "local_rank", "local_size", "byteps_push_pull",
+__all__ = ["init", "shutdown", "join", "rank", "size", "local_rank", "local_size", "byteps_push_pull",
            "byteps_declare_tensor", "broadcast_parameters", "Compression",
            "DistributedOptimizer", "DistributedTrainer"]

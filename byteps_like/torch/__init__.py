@@ -14,8 +14,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("byteps_like.torch needs PyTorch: pip install 'byteps_like[torch]' "
                       "(or torch itself)") from exc
 
-from ..api import (barrier, declare, get_pushpull_speed, local_rank, local_size, rank,  # core
-                   size)
+from ..api import (barrier, declare, get_pushpull_speed, join, local_rank, local_size,  # core
+                   rank, size)
 from ..compression import Compression
 from ..runtime import default_runtime
 # the functions shadow the submodule of the same name on purpose: bps.broadcast(t, 0) is a call
@@ -93,5 +93,5 @@ __all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank"
            "declare", "push_pull", "push_pull_async", "push_pull_inplace",
            "push_pull_async_inplace", "poll", "synchronize", "Compression",
            "DistributedOptimizer", "DistributedDataParallel", "broadcast_parameters",
-           "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed", "broadcast", "broadcast_", "barrier", "is_initialized",
+           "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed", "broadcast", "broadcast_", "barrier", "join", "is_initialized",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_"]

@@ -109,15 +109,23 @@ def data_port(cfg) -> int:
     return cfg.cluster.server_port + 1 if cfg.cluster.server_port else 0
 
 
-def decode_error(raw: bytes) -> tuple[str, str]:
-    """(kind, message) of a server's ERROR meta (JSON, at most 1 MiB, checked in C++)."""
+def decode_error_meta(raw: bytes) -> dict:
+    """A server's ERROR meta (JSON, at most 1 MiB, checked in C++): kind, message and any
+    further members (peer_left: rank, last_round)."""
     try:
         meta = json.loads(raw.decode("utf-8"))
         if isinstance(meta, dict):
-            return str(meta.get("kind", "internal")), str(meta.get("message", "error"))
+            return {**meta, "kind": str(meta.get("kind", "internal")),
+                    "message": str(meta.get("message", "error"))}
     except (UnicodeDecodeError, ValueError, RecursionError):
         pass
-    return "protocol", f"unreadable error from the server: {raw[:200]!r}"
+    return {"kind": "protocol", "message": f"unreadable error from the server: {raw[:200]!r}"}
+
+
+def decode_error(raw: bytes) -> tuple[str, str]:
+    """(kind, message) of a server's ERROR meta."""
+    meta = decode_error_meta(raw)
+    return meta["kind"], meta["message"]
 
 
 class Completions(threading.Thread):

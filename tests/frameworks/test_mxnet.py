@@ -57,9 +57,9 @@ def test_gluon_equivalence_on_four_workers():
 
 @needs_mxnet
 @pytest.mark.integration
-@pytest.mark.parametrize("mode", ["errors", "broadcast", "ops"])
+@pytest.mark.parametrize("mode", ["errors", "broadcast", "ops", "join"])
 def test_api(mode):
-    n = 3 if mode == "errors" else 2
+    n = 3 if mode in ("errors", "join") else 2
     r = run("mx_api.py", mode, workers=n)
     assert r.rc == 0, r.log
     assert len(r.lines(f"API OK {mode}")) == n, r.log

@@ -34,11 +34,12 @@ def test_equivalence_variants(mode):
     assert len(r.lines(f"EQUIV OK {mode}")) == 2, r.log
 
 
-@pytest.mark.parametrize("mode", ["errors", "broadcast", "ops"])
+@pytest.mark.parametrize("mode", ["errors", "broadcast", "ops", "join"])
 def test_api(mode):
-    r = run("torch_api.py", mode, workers=3 if mode == "errors" else 2)
+    n = 3 if mode in ("errors", "join") else 2
+    r = run("torch_api.py", mode, workers=n)
     assert r.rc == 0, r.log
-    assert len(r.lines(f"API OK {mode}")) == (3 if mode == "errors" else 2), r.log
+    assert len(r.lines(f"API OK {mode}")) == n, r.log
 
 
 def test_gradients_go_on_the_wire_first_layer_first():

@@ -4,6 +4,7 @@ errors     op before init, unsummable dtype, wrong types, duplicate names, diffe
 broadcast  broadcast_parameters of a ParameterDict and of Module-style dicts from root 1
 ops        byteps_push_pull in place for every dtype, sum and average, declare
 priority   the order DistributedTrainer's gradients go on the wire: first parameter first
+join       uneven steps: rank r runs size - r push_pulls, then join()
 """
 import sys
 import threading
@@ -105,6 +106,15 @@ def ops(rank, size):
     assert (z.asnumpy() == s).all()
 
 
+def join(rank, size):
+    for step in range(size - rank):
+        x = mx.nd.full((100,), rank + 1, dtype="float32")
+        bps.byteps_push_pull(x, name="grad")
+        still_in = [q for q in range(size) if size - q > step]
+        assert np.allclose(x.asnumpy(), sum(q + 1 for q in still_in) / len(still_in)), x
+    assert bps.join() == 0
+
+
 def priority(rank, size):
     mx.random.seed(0)
     net = mx.gluon.nn.Sequential(prefix="p_")
@@ -148,7 +158,8 @@ def main():
         expect(NotInitializedError, lambda: bps.rank(), "init()")
     bps.init()
     rank, size = bps.rank(), bps.size()
-    {"errors": errors, "broadcast": broadcast, "ops": ops, "priority": priority}[MODE](rank, size)
+    {"errors": errors, "broadcast": broadcast, "ops": ops, "priority": priority,
+     "join": join}[MODE](rank, size)
     print(f"API OK {MODE} rank {rank}", flush=True)
     bps.shutdown()
 

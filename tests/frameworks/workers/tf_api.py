@@ -3,7 +3,8 @@
 Usage: tf_api.py; prints ``TF API OK <check>`` per check and ``TF API DONE``.
 Checks: push_pull averages and sums (eager and tf.function), dtypes, gradients of push_pull,
 broadcast from a non-zero root, broadcast_variables, DistributedGradientTape (eager and
-tf.function, dense and IndexedSlices), fp16 compression, and mismatch errors.
+tf.function, dense and IndexedSlices), fp16 compression, join() with uneven steps, and mismatch
+errors.
 """
 import os
 import sys
@@ -131,6 +132,21 @@ def tapes(rank, size):
     ok("tape")
 
 
+def joins(rank, size):
+    """Uneven steps: rank r runs size - r gradient steps, then join(); a step's average is over
+    the ranks still in, and join() returns the rank that joined last (rank 0)."""
+    v = tf.Variable(tf.zeros([3]))
+    for step in range(size - rank):
+        with tf.GradientTape() as t:
+            loss = tf.reduce_sum(v) * float(rank + 1)
+        (g,) = bps.DistributedGradientTape(t).gradient(loss, [v])
+        still_in = [q for q in range(size) if size - q > step]
+        want = sum(q + 1 for q in still_in) / len(still_in)
+        np.testing.assert_allclose(g.numpy(), np.full(3, want, np.float32))
+    assert bps.join() == 0
+    ok("join")
+
+
 def errors(rank, size):
     expect(TypeError, lambda: bps.push_pull(tf.constant([True]), name="bool"), "bool")
     bps.push_pull(tf.zeros([3]), name="shape")
@@ -155,6 +171,7 @@ def main():
     push_pulls(rank, size)
     broadcasts(rank, size)
     tapes(rank, size)
+    joins(rank, size)
     errors(rank, size)
     print(f"TF API DONE rank {rank}", flush=True)
     bps.shutdown()

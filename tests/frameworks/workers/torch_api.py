@@ -4,6 +4,7 @@ errors     op before init, duplicate/missing names, a model that differs between
 broadcast  parameters, optimizer state and objects from a non-zero root
 ops        push_pull forms and dtypes, differentiable push_pull, fp16 compression
 priority   the order gradients go on the wire: first layer first, not backward order
+join       uneven steps: rank r runs 2 + (size - 1 - r) optimizer steps, then join()
 """
 import os
 import sys
@@ -174,6 +175,32 @@ def priority(rank, size):
         print("PRIORITY wire order:    ", " ".join(wire))
 
 
+def join(rank, size):
+    """Horovod's join semantics: a joined rank contributes nothing; averages divide by the ranks
+    still in; join() returns the rank that joined last (rank 0: it runs the most steps)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                   model.named_parameters())
+    steps = 2 + (size - 1 - rank)
+    for step in range(steps):
+        opt.zero_grad()
+        # d(loss)/dw = (rank + 1) everywhere: the averaged gradient is the mean of (q + 1)
+        # over the ranks q still in at this step
+        (model(torch.ones(1, 4)) * (rank + 1)).sum().backward()
+        opt.step()
+    assert bps.join() == 0
+    want = 0.0
+    for step in range(steps):
+        still_in = [q for q in range(size) if 2 + (size - 1 - q) > step]
+        want -= sum(q + 1 for q in still_in) / len(still_in)
+    assert torch.allclose(model.weight, torch.full((1, 4), want)), (model.weight, want)
+    # everyone is back in after the join: a full average again
+    y = bps.push_pull(torch.full((3,), float(rank)), average=True, name="after.join")
+    assert torch.equal(y, torch.full((3,), (size - 1) / 2)), y
+
+
 def main():
     if MODE == "errors":
         assert not bps.is_initialized()
@@ -181,7 +208,8 @@ def main():
         expect(NotInitializedError, lambda: bps.rank(), "init()")
     bps.init()
     rank, size = bps.rank(), bps.size()
-    {"errors": errors, "broadcast": broadcast, "ops": ops, "priority": priority}[MODE](rank, size)
+    {"errors": errors, "broadcast": broadcast, "ops": ops, "priority": priority,
+     "join": join}[MODE](rank, size)
     print(f"API OK {MODE} rank {rank}", flush=True)
     bps.shutdown()
 

@@ -1,0 +1,63 @@
+"""join(): ranks with fewer steps join, the others finish their steps with averages over the
+ranks still in; a rank that ends without join() is a PeerLeftError on the others, naming it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .harness import bpslaunch, worker
+
+
+def records(out: str) -> list[dict]:
+    """The JSON lines the workers printed (bpslaunch prefixes each with "[worker N] ")."""
+    return [json.loads(ln[ln.index("{"):]) for ln in out.splitlines()
+            if ln.startswith("[worker") and "{" in ln]
+
+
+@pytest.mark.parametrize("plane", ["native", "zmq"])
+def test_uneven_steps_with_join(plane):
+    steps = [5, 3, 4]
+    run = bpslaunch(worker("join_check.py", ",".join(map(str, steps)), "join"), workers=3,
+                    servers=2, env={"BYTEPS_DATA_PLANE": plane}, timeout=120)
+    assert run.rc == 0, run.log
+    recs = records(run.out)
+    for rec in recs:
+        if "step" not in rec:
+            continue
+        s = rec["step"]
+        still_in = [q for q in range(3) if steps[q] > s]
+        assert rec["rank"] in still_in, run.log
+        want_avg = sum(q + 1 for q in still_in) / len(still_in)
+        assert rec["avg"] == pytest.approx(want_avg, rel=1e-6), (rec, run.log)
+        assert rec["avg_uniform"], rec
+        assert rec["sum"] == pytest.approx(sum(10 * (q + 1) for q in still_in)), (rec, run.log)
+    assert sorted(r["rank"] for r in recs if "step" in r) == sorted(
+        q for q in range(3) for _ in range(steps[q])), run.log
+    joins = [r for r in recs if "joined" in r]
+    assert len(joins) == 3 and len({r["joined"] for r in joins}) == 1, run.log
+    assert joins[0]["joined"] == 0, run.log  # rank 0 has the most steps: it joins last
+    after = [r["after"] for r in recs if "after" in r]
+    assert after == [60.0] * 3, run.log  # everyone back in after the join
+
+
+def test_integer_average_with_join():
+    run = bpslaunch(worker("join_check.py", "3,1", "join", "int64"), workers=2, servers=1,
+                    timeout=120)
+    assert run.rc == 0, run.log
+    avgs = {(r["rank"], r["step"]): r["avg"] for r in records(run.out) if "step" in r}
+    assert avgs == {(0, 0): 1.0, (1, 0): 1.0, (0, 1): 1.0, (0, 2): 1.0}, run.log  # 3 // 2, 1 // 1
+
+
+@pytest.mark.parametrize("plane", ["native", "zmq"])
+def test_rank_that_ends_without_join_is_named(plane):
+    run = bpslaunch(worker("join_check.py", "6,2", "nojoin"), workers=2, servers=1,
+                    env={"BYTEPS_DATA_PLANE": plane}, timeout=90)
+    assert run.rc != 0, run.log
+    left = [r for r in records(run.out) if "peer_left" in r]
+    assert len(left) == 1 and left[0]["rank"] == 0, run.log
+    assert left[0]["peer_left"] == 1 and left[0]["last_round"] == 1, run.log
+    assert "worker rank 1" in left[0]["message"] and "join()" in left[0]["message"], run.log
+    assert "round 2 of key" in left[0]["message"], run.log
+    # well within the heartbeat timeout: no waiting out BYTEPS_TIMEOUT_SECONDS (60 s here)
+    assert run.elapsed < 30, run.log
