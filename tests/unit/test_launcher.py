@@ -551,3 +551,62 @@ def test_status_without_prometheus_client_fails_at_once(flag, monkeypatch, capsy
     assert main(["--local", flag, "--", sys.executable, "-c", "pass"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert f"{flag} reads every process's metrics" in err and "byteps_like[metrics]" in err
+
+
+# -- the quick start and the test set-up (scripts/setup.sh, scripts/quickstart.sh) --------------
+
+SCRIPTS = LAUNCHER_DIR.parent / "scripts"
+
+
+def _dry_run(script: str, *args: str) -> list[str]:
+    """The commands ``bash scripts/<script> ARGS`` would run on a fresh clone (SETUP_DRY_RUN=1:
+    printed after ``+ ``, none run)."""
+    import subprocess
+    text = (SCRIPTS / script).read_text()
+    # an older script without a dry run would really install (and build) everything: never run it
+    assert "SETUP_DRY_RUN" in text, f"scripts/{script} has no dry run (SETUP_DRY_RUN=1)"
+    env = {**_clean_env(), "SETUP_DRY_RUN": "1"}
+    env.pop("SETUP_PROFILE", None)
+    p = subprocess.run(["bash", str(SCRIPTS / script), *args], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return [line[2:] for line in p.stdout.splitlines() if line.startswith("+ ")]
+
+
+def _installed(commands: list[str]) -> list[str]:
+    """What the ``pip install`` commands install, in order."""
+    out = []
+    for cmd in commands:
+        words = cmd.split()
+        if "pip" in words and "install" in words:
+            args = words[words.index("install") + 1:]
+            out += [w for w in args if not w.startswith("--")]
+    return out
+
+
+def test_quick_start_installs_only_what_the_pytorch_demo_needs():
+    commands = _dry_run("quickstart.sh", "--epochs", "1")
+    # torch pinned (an unpinned torch pulls a multi-GB CUDA build), byteps_like with the
+    # examples extra (scikit-learn's digits); no TensorFlow, test, benchmark or UCX packages
+    assert _installed(commands) == ["torch==2.13.0", "-e", ".[examples]"], commands
+    assert commands[-1].endswith(".venv/bin/bpslaunch --local --workers 2 --servers 1 -- "
+                                 ".venv/bin/python examples/pytorch/train_digits.py --epochs 1"), \
+        commands
+
+
+def test_the_full_set_up_still_installs_everything_the_tests_need():
+    commands = _dry_run("setup.sh")
+    assert _installed(commands) == ["torch==2.13.0", "tensorflow-cpu==2.21.*", "-e",
+                                    ".[test,examples,bench,ucx]"], commands
+    # scripts/test.sh uses the full set-up, the quick start the minimal one
+    assert "bash scripts/setup.sh\n" in (SCRIPTS / "test.sh").read_text()
+    assert _installed(_dry_run("setup.sh", "--minimal")) == ["torch==2.13.0", "-e",
+                                                             ".[examples]"]
+
+
+def test_setup_refuses_an_unknown_profile():
+    import subprocess
+    assert "SETUP_DRY_RUN" in (SCRIPTS / "setup.sh").read_text()  # never a real install here
+    p = subprocess.run(["bash", str(SCRIPTS / "setup.sh"), "--tiny"], capture_output=True,
+                       text=True, timeout=60, env={**_clean_env(), "SETUP_DRY_RUN": "1"})
+    assert p.returncode == 2 and "--tiny" in p.stderr, p.stderr
