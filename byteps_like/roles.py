@@ -79,8 +79,9 @@ def exit_if_peer_failed(exc: BaseException) -> None:
     Python's 1, so that bpslaunch blames the node that failed rather than this one.
 
     Python offers no way to change the status of an exit by an uncaught exception, so the exit
-    is finished here the way the interpreter would: the ``atexit`` handlers run (the runtime's
+    is finished here much as the interpreter would: the ``atexit`` handlers run (the runtime's
     shutdown, logging, the script's own), the standard streams are flushed, then ``os._exit``.
+    Unlike the interpreter it does not wait for non-daemon threads: the job is over.
     Only when the interpreter itself is reporting the exception on its way out (the hook has no
     Python caller, in the main thread, not interactive): a REPL that shows a traceback through
     the hook goes on."""
