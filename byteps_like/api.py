@@ -54,6 +54,15 @@ def barrier(timeout: float | None = None) -> None:
     default_runtime().barrier(timeout)
 
 
+def allgather(array: Any, name: str | None = None) -> np.ndarray:
+    """Every worker's ``array`` concatenated along the first axis, in rank order (Horovod's
+    ``allgather``); the first dimension may differ between workers, the rest may not. Goes
+    through the servers as a sum of zero-padded buffers (exact). Unnamed calls are numbered in
+    call order, the same on every worker."""
+    from .broadcast import allgather_array
+    return allgather_array(default_runtime(), np.asarray(array), name)
+
+
 def join(device: Any = None) -> int:
     """This rank has run out of data (Horovod's ``hvd.join()``): finish what is in flight and
     block until every worker has joined; returns the rank that joined last. Meanwhile the other

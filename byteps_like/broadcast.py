@@ -1,21 +1,24 @@
-"""Broadcast through the parameter servers, for every framework.
+"""Broadcast and allgather through the parameter servers, for every framework.
 
 A broadcast is a push_pull in which every rank but the root contributes zeros: the sum is the
 root's value. Objects travel through :mod:`byteps_like.objcodec` (no pickle) as int64 words,
-whose sums with zeros are exact.
+whose sums with zeros are exact. An allgather is the same idea with every rank the root of its
+own rows: each rank writes its rows at its offset of a zero buffer holding all ranks' rows.
 """
 from __future__ import annotations
 
 import itertools
+import zlib
 from typing import Any
 
 import numpy as np
 
 from . import objcodec
-from .errors import BytePSError
+from .errors import BytePSError, MismatchError
 from .runtime import Runtime
 
 _counter = itertools.count()
+_gather_counter = itertools.count()
 
 
 def broadcast_array(rt: Runtime, arr: np.ndarray, root_rank: int, name: str,
@@ -71,3 +74,37 @@ def _check_root(rt: Runtime, root_rank: int) -> None:
     size = rt.size()
     if not 0 <= root_rank < size:
         raise ValueError(f"root_rank={root_rank} is out of range for a job of {size} workers")
+
+
+def allgather_array(rt: Runtime, arr: np.ndarray, name: str | None = None,
+                    dtype: str | None = None) -> np.ndarray:
+    """Every rank's ``arr`` concatenated along the first axis in rank order (Horovod's
+    ``allgather``). Ranks may differ in their first dimension; the other dimensions and the
+    dtype must agree (a MismatchError names the ranks that differ). Values travel exactly
+    (x + 0 == x), except that -0.0 arrives as 0.0. Each distinct total size is its own key on
+    the servers, so gathering many different sizes under one name holds a buffer for each."""
+    arr = np.ascontiguousarray(arr)
+    if arr.ndim == 0:
+        raise ValueError("allgather needs an array with at least one dimension, got a scalar")
+    name = name or f"allgather.noname.{next(_gather_counter)}"
+    r, n = rt.rank(), rt.size()
+    # every rank's row count and a fingerprint of its row shape and dtype, in one push_pull
+    sig = zlib.crc32(f"{arr.shape[1:]}/{dtype or arr.dtype.name}".encode())
+    info = np.zeros((n, 2), np.int64)
+    info[r] = (arr.shape[0], sig)
+    rt.push_pull_async(info, name=f"{name}.rows", average=False, out=info).wait()
+    differ = sorted(q for q in range(n) if info[q, 1] != sig)
+    if differ:
+        raise MismatchError(
+            f"allgather {name!r} on worker rank {r}: rows of shape {arr.shape[1:]} "
+            f"{dtype or arr.dtype.name} here, but worker ranks {differ} have a different row "
+            "shape or dtype; only the first dimension may differ between ranks")
+    rows = info[:, 0]
+    total, offset = int(rows.sum()), int(rows[:r].sum())
+    out = np.zeros((total,) + arr.shape[1:], arr.dtype)
+    if total == 0:
+        return out
+    out[offset:offset + arr.shape[0]] = arr
+    rt.push_pull_async(out, name=f"{name}.data.{total}", average=False, out=out,
+                       dtype=dtype).wait()
+    return out

@@ -17,7 +17,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without tensorfl
 from ..api import declare, join, local_rank, local_size, rank, size  # same as the core's
 from ..compression import Compression
 from ..runtime import default_runtime
-from .ops import broadcast, broadcast_variables, push_pull, push_pull_gradients
+from .ops import allgather, broadcast, broadcast_variables, push_pull, push_pull_gradients
 from .tape import DistributedGradientTape
 
 
@@ -41,6 +41,6 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                  backward_passes_per_step=backward_passes_per_step)
 
 
-__all__ = ["init", "shutdown", "join", "rank", "size", "local_rank", "local_size", "declare",
+__all__ = ["init", "shutdown", "join", "allgather", "rank", "size", "local_rank", "local_size", "declare",
            "push_pull", "push_pull_gradients", "broadcast", "broadcast_variables",
            "DistributedGradientTape", "DistributedOptimizer", "Compression"]

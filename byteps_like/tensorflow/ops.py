@@ -192,6 +192,25 @@ def broadcast(tensor: Any, root_rank: int, scope: str = "", name: str | None = N
     return broadcast_tensors([tensor], root_rank, [full])[0]
 
 
+def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
+    """Horovod's ``allgather``: every rank's ``tensor`` concatenated along the first axis in rank
+    order; the first dimension may differ between ranks (eager and in ``tf.function``; not
+    differentiable)."""
+    from ..broadcast import allgather_array
+    tensor = tf.convert_to_tensor(tensor)
+    rt = default_runtime()
+
+    def eager(t):
+        arr, dtype = _to_numpy(t)
+        return _from_numpy(allgather_array(rt, arr, name, dtype), t.dtype)
+
+    if tf.executing_eagerly():
+        return eager(tensor)
+    out = tf.py_function(eager, inp=[tensor], Tout=tensor.dtype)
+    out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
+    return out
+
+
 def var_name(v: Any, index: int) -> str:
     n = getattr(v, "path", None) or getattr(v, "name", None) or "tensor"
     return f"{index}.{str(n).replace(':', '_')}"

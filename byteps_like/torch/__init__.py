@@ -67,6 +67,20 @@ def allreduce_async_(tensor, average: bool = True, name: str | None = None):
     return push_pull_async_inplace(tensor, average=average, name=name)
 
 
+def allgather(tensor, name: str | None = None):
+    """Horovod's ``allgather``: every rank's ``tensor`` concatenated along the first axis in rank
+    order, on ``tensor``'s device. The first dimension may differ between ranks. Not
+    differentiable (use push_pull for gradients)."""
+    from ..broadcast import allgather_array
+    if not isinstance(tensor, _torch.Tensor):
+        raise TypeError(f"allgather: expected a tensor, got {type(tensor).__name__}")
+    t = tensor.detach().cpu()
+    if t.dtype == _torch.bfloat16:  # numpy has no bfloat16: gather its float32 values (exact)
+        return allgather(t.float(), name).to(_torch.bfloat16).to(tensor.device)
+    out = allgather_array(default_runtime(), t.numpy(), name)
+    return _torch.from_numpy(out).to(tensor.device)
+
+
 def suspend() -> None:
     """Leave the job, keeping nothing in flight (BytePS's elastic-training hook). ``resume``
     joins again."""
@@ -93,5 +107,5 @@ __all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank"
            "declare", "push_pull", "push_pull_async", "push_pull_inplace",
            "push_pull_async_inplace", "poll", "synchronize", "Compression",
            "DistributedOptimizer", "DistributedDataParallel", "broadcast_parameters",
-           "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed", "broadcast", "broadcast_", "barrier", "join", "is_initialized",
+           "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed", "broadcast", "broadcast_", "barrier", "join", "allgather", "is_initialized",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_"]

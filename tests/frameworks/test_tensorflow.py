@@ -18,7 +18,8 @@ WORKERS = Path(__file__).parent / "workers"
 # machine does not read as a lost peer
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0",
           "BYTEPS_HEARTBEAT_TIMEOUT_SECONDS": "15"}
-CHECKS = ["dtypes", "average", "gradient", "fp16", "broadcast", "tape", "join", "errors"]
+CHECKS = ["dtypes", "average", "gradient", "fp16", "allgather", "broadcast", "tape", "join",
+          "errors"]
 
 
 def test_tensorflow_conformance():

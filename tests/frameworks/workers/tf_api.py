@@ -69,6 +69,15 @@ def push_pulls(rank, size):
                       compression=bps.Compression.fp16)
     assert z.dtype == tf.float32 and np.array_equal(z.numpy(), np.full(100, s + 0.5 * size))
     ok("fp16")
+    # allgather: rank r contributes r + 1 rows, in rank order, eager and in tf.function
+    for dt in (tf.float32, tf.bfloat16, tf.int64):
+        mine = tf.cast(tf.fill([rank + 1, 2], rank + 1), dt)
+        want = np.concatenate([np.full((q + 1, 2), q + 1) for q in range(size)])
+        got = bps.allgather(mine, name=f"gather.{dt.name}")
+        assert got.dtype == dt and np.array_equal(tf.cast(got, tf.float64).numpy(), want)
+    got = tf.function(lambda: bps.allgather(tf.fill([rank + 1], 1.0 * rank), name="gfn"))()
+    assert np.array_equal(got.numpy(), np.concatenate([np.full(q + 1, q) for q in range(size)]))
+    ok("allgather")
 
 
 def broadcasts(rank, size):

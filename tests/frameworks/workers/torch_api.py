@@ -2,7 +2,7 @@
 
 errors     op before init, duplicate/missing names, a model that differs between workers
 broadcast  parameters, optimizer state and objects from a non-zero root
-ops        push_pull forms and dtypes, differentiable push_pull, fp16 compression
+ops        push_pull forms and dtypes, differentiable push_pull, fp16 compression, allgather
 priority   the order gradients go on the wire: first layer first, not backward order
 join       uneven steps: rank r runs 2 + (size - 1 - r) optimizer steps, then join()
 """
@@ -138,6 +138,17 @@ def ops(rank, size):
     z = bps.push_pull(torch.full((100,), rank + 0.5), average=False, name="fp16",
                       compression=bps.Compression.fp16)
     assert z.dtype == torch.float32 and torch.equal(z, torch.full((100,), s + 0.5 * size))
+    # allgather: rank r contributes r + 1 rows; rows arrive in rank order, exact, any dtype
+    for dt in (torch.float32, torch.bfloat16, torch.int64):
+        mine = torch.full((rank + 1, 3), rank - 0.5 if dt.is_floating_point else rank, dtype=dt)
+        got = bps.allgather(mine, name=f"gather.{dt}")
+        want = torch.cat([torch.full((q + 1, 3), q - 0.5 if dt.is_floating_point else q,
+                                     dtype=dt) for q in range(size)])
+        assert got.dtype == dt and torch.equal(got, want), (dt, got)
+    assert torch.equal(bps.allgather(torch.arange(2) + 10 * rank),  # unnamed: numbered
+                       torch.cat([torch.arange(2) + 10 * q for q in range(size)]))
+    expect(MismatchError, lambda: bps.allgather(torch.zeros(2, 3 + rank), name="gather.bad"),
+           "only the first dimension may differ", f"worker ranks [{1 - rank}]")
 
 
 def priority(rank, size):
