@@ -132,7 +132,9 @@ class GradientSynchronizer:
         return len(self.pending)
 
     def synchronize(self, timeout: float | None = None) -> None:
-        """Start every gradient not yet started, wait for all, write the sums back."""
+        """Start every gradient not yet started, wait for all, write the sums back. Each call
+        that succeeds is one training step for traces, metrics and the status view
+        (``Runtime.note_step``, keyed by the group's first tensor)."""
         for i in range(len(self.names)):
             if i not in self.pending:
                 self._launch(i)
@@ -152,6 +154,7 @@ class GradientSynchronizer:
         self.counts = [0] * len(self.names)
         if errors:
             raise errors[0]
+        self.rt.note_step(self.tensor_names[0] if self.names else "")
 
     @contextlib.contextmanager
     def disabled(self) -> Iterator[None]:

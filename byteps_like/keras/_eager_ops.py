@@ -35,8 +35,7 @@ class EagerOps:
                 rt, names, lambda j: GradBuffer(self._cur[j], dtype_name(self._cur[j].dtype)),
                 compression=compression, average=average, prefix=prefix)
         self._cur = arrays
-        sync.synchronize()
-        rt.note_step(sync.tensor_names[0] if names else "")  # one training step
+        sync.synchronize()  # one training step
         out = list(grads)
         for i, a in zip(idx, arrays):
             out[i] = k.ops.convert_to_tensor(a, dtype=grads[i].dtype)

@@ -205,5 +205,4 @@ class DistributedTrainer(_mx.gluon.Trainer):
         if default_runtime().size() == 1 and self._bps_compression is Compression.none:
             return
         sync = self._bps_synchronizer()
-        sync.synchronize()
-        sync.rt.note_step(sync.tensor_names[0] if sync.names else "")  # one training step
+        sync.synchronize()  # one training step

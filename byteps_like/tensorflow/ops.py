@@ -248,9 +248,7 @@ class GradientGroup:
     def run(self, arrays: list, dtypes: list) -> None:
         self._arrays, self._dtypes = arrays, dtypes
         try:
-            self.sync.synchronize()
-            # one training step (DistributedGradientTape.gradient, a Keras optimizer's apply)
-            self.sync.rt.note_step(self.sync.tensor_names[0] if self.sync.names else "")
+            self.sync.synchronize()  # one training step (a tape's gradient, a Keras apply)
         finally:
             self._arrays, self._dtypes = [], []
 

@@ -132,7 +132,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Wait until every gradient is averaged across workers (called by step()). Each call
         is one training step for traces, metrics and the status view."""
         self._sync.synchronize()
-        self._sync.rt.note_step(self._sync.tensor_names[0] if self._names else "")
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:

@@ -67,7 +67,6 @@ class DistributedDataParallel(torch.nn.Module):
     def _end_of_backward(self) -> None:
         self._callback_queued = False
         self._sync.synchronize()
-        self._sync.rt.note_step(self._sync.tensor_names[0] if self._sync.names else "")
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
