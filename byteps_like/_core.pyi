@@ -170,6 +170,9 @@ class DataServer:
         machine in ``left`` (text: who) has not pushed fails with a peer_left error."""
     def claim_zmq_key(self, key: int) -> bool:
         """Reserve ``key`` for the ZeroMQ path; False when native pushes already hold it."""
+    def reserve(self, bytes: int) -> bool:
+        """Charge ``bytes`` of a ZeroMQ-path store to the same budget as the native stores
+        (``max_store_bytes``; negative gives back); False, charging nothing, when over it."""
     def stats(self) -> dict[str, int]: ...
     def rejected(self) -> dict[str, int]:
         """Rejected messages and streams by reason."""

@@ -42,6 +42,7 @@ namespace {
 constexpr std::size_t kChunk = 512 * 1024;          // summation granule on the server
 constexpr std::size_t kReadBudget = 16u << 20;      // bytes one connection reads per wakeup
 constexpr double kHelloTimeout = 10.0;              // seconds an accepted stream may stay silent
+constexpr std::size_t kStoreOverhead = 1024;        // a store's own bytes beyond its buffers
 
 const char kMagic[4] = {'B', 'P', 'S', 'L'};
 
@@ -683,6 +684,20 @@ class ServerImpl {
     return true;
   }
 
+  // Memory the ZeroMQ path's stores take (positive) or give back (negative), charged to the
+  // same budget as the native stores: false, and nothing charged, when it does not fit.
+  bool reserve(std::int64_t bytes) {
+    std::lock_guard<std::mutex> g(map_mu_);
+    if (bytes < 0) {
+      const std::uint64_t back = static_cast<std::uint64_t>(-bytes);
+      store_bytes_ -= std::min<std::uint64_t>(back, store_bytes_);
+      return true;
+    }
+    if (store_bytes_ + static_cast<std::uint64_t>(bytes) > max_store_) return false;
+    store_bytes_ += static_cast<std::uint64_t>(bytes);
+    return true;
+  }
+
   void reject(const std::string& reason) {
     std::lock_guard<std::mutex> g(rej_mu_);
     rejected_[reason]++;
@@ -813,10 +828,14 @@ class ServerImpl {
                      " with no bytes");
           return nullptr;
         }
-        if (store_bytes_ + 2 * h.nbytes > max_store_) {
+        // two buffers, the declaration kept for comparisons and the per-chunk bookkeeping
+        const std::size_t nchunks = (h.nbytes + kChunk - 1) / kChunk;
+        const std::uint64_t need = 2 * h.nbytes + meta.size() + kStoreOverhead +
+                                   nchunks * (2 * sizeof(std::uint32_t) + sizeof(std::mutex));
+        if (store_bytes_ + need > max_store_) {
           reject("server memory budget exhausted");
           send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": key " +
-                     std::to_string(h.key) + " needs " + std::to_string(2 * h.nbytes) +
+                     std::to_string(h.key) + " needs " + std::to_string(need) +
                      " bytes, over the budget of " + std::to_string(max_store_) +
                      " (BYTEPS_SERVER_MAX_BYTES); " + std::to_string(store_bytes_) +
                      " bytes are held");
@@ -828,7 +847,7 @@ class ServerImpl {
         st->kdt = static_cast<DType>(kdt);
         st->nbytes = h.nbytes;
         st->count = h.count;
-        st->nchunks = (h.nbytes + kChunk - 1) / kChunk;
+        st->nchunks = nchunks;
         st->decl = meta;
         st->decl_rank = h.rank;
         for (int b = 0; b < 2; ++b) {
@@ -838,7 +857,7 @@ class ServerImpl {
         st->chunk_mu.reset(new std::mutex[st->nchunks]);
         st->pushed.assign(num_workers_, 0);
         stores_[h.key] = st;
-        store_bytes_ += 2 * h.nbytes;
+        store_bytes_ += need;
       }
     }
     std::lock_guard<std::mutex> g(st->mu);
@@ -854,11 +873,10 @@ class ServerImpl {
     // the round first: a push for another round is rejected alone, whatever it declares
     if (h.round != st->round || st->pushed[h.rank]) {
       reject("push out of round");
-      const std::string why = st->pushed[h.rank] && h.round == st->round
-                                  ? "twice in one round"
-                                  : "for a round that is not open";
+      // one text for both causes and no round number: the reply tells nobody the open round
       send_error(conn, h, "protocol", "key " + std::to_string(h.key) + ": push from worker "
-                 "rank " + std::to_string(h.rank) + " " + why);
+                 "rank " + std::to_string(h.rank) + " for round " + std::to_string(h.round) +
+                 ", a round that is not open or that this rank has pushed already");
       return nullptr;
     }
     if ((h.flags & kFlagDeclare) && meta != st->decl && st->failed.empty()) {
@@ -1018,18 +1036,21 @@ class ServerImpl {
       const std::string text = st->failed, kind = st->failed_kind, extra = st->failed_extra;
       g.unlock();
       send_error(conn, h, kind.c_str(), text, extra);
-    } else if (h.round == st->completed) {
+    } else if (h.round == st->completed && h.round >= 0) {
       g.unlock();
       send_resp(conn, st, h.round);
-    } else if (h.round == st->round) {
+    } else if (h.round == st->round &&
+               st->pending.size() < 4 * static_cast<std::size_t>(num_workers_)) {
       st->pending.push_back({conn, h.round});
     } else {
-      const std::int64_t last = st->completed;
+      const bool crowded = h.round == st->round;
       g.unlock();
-      reject("pull out of round");
+      reject(crowded ? "too many pulls waiting" : "pull out of round");
+      // no round number but the peer's own: the reply tells nobody the open round
       send_error(conn, h, "protocol", "key " + std::to_string(h.key) + ": pull of round " +
                  std::to_string(h.round) + " from worker rank " + std::to_string(h.rank) +
-                 ", but round " + std::to_string(last) + " is the last completed");
+                 (crowded ? ": too many pulls already wait for this round"
+                          : ", which is neither the open round nor the last completed one"));
     }
   }
 
@@ -1296,6 +1317,7 @@ int DataServer::listen(const std::string& host, int port) { return impl_->listen
 void DataServer::start() { impl_->start(); }
 void DataServer::close() { impl_->close(); }
 bool DataServer::claim_zmq_key(std::uint64_t key) { return impl_->claim_zmq_key(key); }
+bool DataServer::reserve(std::int64_t bytes) { return impl_->reserve(bytes); }
 void DataServer::set_rank(int rank) { impl_->rank_ = rank; }
 std::map<std::string, std::uint64_t> DataServer::stats() { return impl_->stats(); }
 std::map<std::string, std::uint64_t> DataServer::rejected() { return impl_->rejected(); }

@@ -311,6 +311,7 @@ void bind_dataplane(py::module_& m) {
       .def("start", &dp::DataServer::start, py::call_guard<py::gil_scoped_release>())
       .def("close", &dp::DataServer::close, py::call_guard<py::gil_scoped_release>())
       .def("claim_zmq_key", &dp::DataServer::claim_zmq_key, py::arg("key"))
+      .def("reserve", &dp::DataServer::reserve, py::arg("bytes"))
       .def("set_rank", &dp::DataServer::set_rank, py::arg("rank"))
       .def("set_members", &dp::DataServer::set_members, py::arg("joined"), py::arg("left"),
            py::call_guard<py::gil_scoped_release>())
