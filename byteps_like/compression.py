@@ -804,3 +804,52 @@ def resolve(c: Compressor | None, cfg: Any) -> Compressor:
                                      cc.error_feedback, momentum)
     base = from_spec({"name": name})
     return _wrap(base, cc.error_feedback, momentum) if base.kind == "codec" else base
+
+
+# ---- server-side bounds: a compressed key's declaration is untrusted ---------------------------
+
+#: the dtypes workers compress with a codec (the declared dtype of a compressed partition), with
+#: their item sizes
+CODEC_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def check_declared_count(count: Any, dtype: Any, partition_bytes: int) -> int:
+    """The element count of a compressed partition's declaration, checked against what a worker
+    declares: at most one partition (``BYTEPS_PARTITION_BYTES``) of the declared dtype. The
+    server's float32 accumulator has this many elements, so a declaration must not choose it
+    freely. Raises :class:`CompressionError` naming the setting."""
+    if not isinstance(dtype, str) or dtype not in CODEC_DTYPES:
+        raise CompressionError(f"declared dtype {dtype!r} is not one workers compress "
+                               f"({', '.join(CODEC_DTYPES)})")
+    limit = partition_bytes // CODEC_DTYPES[dtype]
+    if not _is_int(count) or not 0 < count <= limit:
+        raise CompressionError(
+            f"element count {count!r} is not an integer in 1..{limit}, one partition of "
+            f"{dtype} (BYTEPS_PARTITION_BYTES={partition_bytes} on this server; workers and "
+            "servers must use the same)")
+    return count
+
+
+def codec_bytes(codec: Codec) -> int:
+    """An estimate of the memory a codec holds: its numpy buffers (views counted once, wrapped
+    codecs included) and ``4 * n`` for buffers codecs allocate on first use (the scratch of
+    :meth:`Codec.decode_add`, random-k's indices). What a server charges to its memory budget
+    for a compressed key's codec."""
+    seen: set[int] = set()
+
+    def arrays(obj: Any, depth: int) -> int:
+        total = 0
+        if isinstance(obj, np.ndarray):
+            base = obj
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            if id(base) not in seen:
+                seen.add(id(base))
+                total += base.nbytes
+        elif isinstance(obj, (tuple, list)) and depth < 4:
+            total += sum(arrays(v, depth + 1) for v in obj)
+        elif isinstance(obj, Codec) and depth < 4:
+            total += sum(arrays(v, depth + 1) for v in getattr(obj, "__dict__", {}).values())
+        return total
+
+    return arrays(codec, 0) + 4 * int(codec.n)

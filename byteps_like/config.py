@@ -121,7 +121,9 @@ class ClusterConfig:
 class PartitionConfig:
     """How tensors are cut into partitions, the unit of pipelining and of server load balance."""
     partition_bytes: int = _s("BYTEPS_PARTITION_BYTES", "size", 4096000, "Largest partition a "
-                              "tensor is cut into.", unit="bytes", min=1024)
+                              "tensor is cut into. Servers refuse a compressed partition declared "
+                              "larger than their own value: set the same on workers and "
+                              "servers.", unit="bytes", min=1024)
     mixed_mode: str = _s("BYTEPS_MIXED_MODE", "choice", "auto", "BytePS's mixed mode: when some "
                          "servers share a host with a worker and others do not, give the k "
                          "dedicated servers 2k(n-1)/(n^2+kn-2k) of the bytes (n worker hosts) and "
@@ -156,9 +158,11 @@ class ServerConfig:
     enable_async: bool = _s("BYTEPS_ENABLE_ASYNC", "bool", False, "Asynchronous training: a "
                             "server applies each push at once instead of waiting for all workers.")
     max_bytes: int = _s("BYTEPS_SERVER_MAX_BYTES", "size", 0, "Memory a server may hold for "
-                        "the stores of the native data plane (two buffers per key); a "
-                        "declaration past it is refused with an error naming this setting. 0 "
-                        "means 80% of the machine's memory.", unit="bytes", min=0)
+                        "its stores, both data paths together: each key's buffers (two per "
+                        "key; a compressed key's float32 accumulator and codec), its "
+                        "declaration and bookkeeping. A declaration past it is refused with an "
+                        "error naming this setting. 0 means 80% of the machine's memory.",
+                        unit="bytes", min=0)
     sum_threads: int = _s("BYTEPS_SERVER_SUM_THREADS", "int", 1, "Threads one summation kernel "
                           "call may use.", unit="threads", min=1)
 

@@ -1,8 +1,11 @@
 """The summation server.
 
-A store per key, allocated on the first push. Engine threads own disjoint keys (assigned on first
-sight to the engine with the fewest bytes) so no store is ever touched by two threads. The I/O
-thread only decodes headers and routes; summation runs in ``_core`` kernels that release the GIL.
+A store per key, allocated on the first push, which declares it; its memory is charged to the
+server's budget (BYTEPS_SERVER_MAX_BYTES, shared with the native data plane) first. Engine threads
+own disjoint keys (assigned at a key's first declaring push to the engine with the fewest bytes)
+so no store is ever touched by two threads. The I/O thread only decodes headers and routes;
+summation runs in ``_core`` kernels that release the GIL. Rejected messages leave no state, are
+answered with an ERROR, counted by reason and logged at a bounded rate.
 
 Synchronous mode: round r of a key sums one push from each of the job's workers into buffer
 ``r % 2``; pulls of round r are answered once the round completes. A worker pushes round r+1 of a
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import _core
-from ..compression import CompressionError, from_spec
+from ..compression import CompressionError, check_declared_count, codec_bytes, from_spec
 from ..config import Config
 from ..control import ControlClient
 from ..errors import EXIT_PEER_FAILED, PeerLostError, ProtocolError
@@ -34,6 +37,44 @@ from ..wire import (ERR_INTERNAL, ERR_MISMATCH, ERR_PEER_LEFT, ERR_PROTOCOL, FLA
                     Message, MsgType, Role, decode, decode_header, encode, job_hash)
 
 log = logging.getLogger("byteps_like.server")
+
+#: a store's own memory beyond its buffers (the KeyStore, its sets and dicts, its routing
+#: entry), charged to the memory budget (BYTEPS_SERVER_MAX_BYTES) with them
+STORE_OVERHEAD = 4096
+#: rejections logged one by one for each reason; later ones are counted and summarised
+REJECT_LOG_FIRST = 3
+#: seconds between two summary lines of the rejections (none when there were none)
+REJECT_SUMMARY_INTERVAL_S = 60.0
+#: the declaration fields a store keeps (and compares between workers)
+DECL_FIELDS = ("name", "shape", "dtype", "part", "nparts", "compressor", "count")
+
+
+def _trim_decl(meta: dict) -> dict:
+    """The declaration fields a store keeps, type-checked: a declaration is untrusted, and up
+    to 1 MiB of JSON must not become megabytes of Python objects per key. Raises ValueError."""
+    decl = {f: meta[f] for f in DECL_FIELDS if f in meta}
+
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if not isinstance(decl.get("name", ""), str):
+        raise ValueError("the name is not a string")
+    shape = decl.get("shape", [])
+    if not (isinstance(shape, list) and len(shape) <= 64
+            and all(is_int(d) and d >= 0 for d in shape)):
+        raise ValueError("the shape is not a list of at most 64 sizes")
+    if not (isinstance(decl.get("dtype", ""), str) and len(decl.get("dtype", "")) <= 16):
+        raise ValueError("the dtype is not a dtype name")
+    if not all(is_int(decl.get(f, 0)) for f in ("part", "nparts", "count")):
+        raise ValueError("part, nparts and count must be integers")
+    if not isinstance(decl.get("compressor", {}), (dict, type(None))):
+        raise ValueError("the compressor is not a spec (a JSON object)")
+    return decl
+
+
+def _decl_bytes(decl: dict) -> int:
+    """What a kept declaration costs, for the memory budget (its JSON length, a fair bound on
+    its strings; the rest is in STORE_OVERHEAD)."""
+    return len(json.dumps(decl))
 
 
 @dataclass
@@ -65,8 +106,9 @@ class KeyStore:
     def describe_decl(self, decl: dict) -> str:
         comp = decl.get("compressor")
         how = f" compressed with {_spec_text(comp)}" if comp is not None else " uncompressed"
-        return (f"{decl.get('name')!r} shape {tuple(decl.get('shape', ()))} "
+        text = (f"{decl.get('name')!r} shape {tuple(decl.get('shape', ()))} "
                 f"{decl.get('dtype')}{how}")
+        return text if len(text) <= 500 else text[:500] + "..."  # a peer's text, in our log
 
 
 def _spec_text(spec) -> str:
@@ -102,10 +144,13 @@ class Engine(threading.Thread):
             try:
                 self.process(route, msg)
             except Exception as exc:  # noqa: BLE001 - a bug must not kill the engine silently
-                log.exception("server %d: engine %d failed on key %d", self.server.rank,
-                              self.idx, msg.header.key)
+                if self.server._reject("internal error") <= REJECT_LOG_FIRST:
+                    log.exception("server %d: engine %d failed on key %d", self.server.rank,
+                                  self.idx, msg.header.key)
                 self.server.reply_error(route, msg.header, ERR_INTERNAL,
                                         f"server {self.server.rank} internal error: {exc!r}")
+            finally:
+                self.server._settle(self, msg.header.key)
 
     # -- processing -------------------------------------------------------------------------
     def process(self, route: Route, msg: Message) -> None:
@@ -118,62 +163,86 @@ class Engine(threading.Thread):
                     return
             self._push(store, route, msg)
         elif h.type is MsgType.PULL:
-            if store is None:
-                self.server._reject("pull of an undeclared key")
-                self.server.reply_error(route, h, ERR_PROTOCOL,
-                                        f"pull of key {h.key} before any push")
+            if store is None:  # a pull queued behind a declaration that was refused
+                self.server.refuse(route, h, "pull of an undeclared key", ERR_PROTOCOL,
+                                   f"pull of key {h.key} before any push")
                 return
             self._pull(store, route, h)
 
     def _create(self, route: Route, msg: Message) -> KeyStore | None:
-        h = msg.header
+        """A store for a declared key, its memory charged to the server's budget first (the
+        native plane's too: BYTEPS_SERVER_MAX_BYTES bounds both paths together)."""
+        h, srv = msg.header, self.server
         if not (h.flags & FLAG_DECLARE) or not msg.meta:
-            self.server._reject("push of an undeclared key")
-            self.server.reply_error(route, h, ERR_PROTOCOL, f"first push of key {h.key} from "
-                                    f"{h.sender} carries no declaration")
+            srv.refuse(route, h, "push of an undeclared key", ERR_PROTOCOL, f"first push of key "
+                       f"{h.key} from {h.sender} carries no declaration")
+            return None
+        try:
+            decl = _trim_decl(msg.meta)
+        except ValueError as exc:
+            srv.refuse(route, h, "malformed declaration", ERR_PROTOCOL, f"server {srv.rank}: "
+                       f"declaration of key {h.key} from worker rank {h.rank}: {exc}")
             return None
         if h.flags & FLAG_COMPRESSED:
-            return self._create_compressed(route, msg)
+            return self._create_compressed(route, msg, decl)
         if h.dtype not in SUMMABLE:
-            self.server._reject("dtype that cannot be summed")
-            self.server.reply_error(route, h, ERR_PROTOCOL, f"dtype {h.dtype} cannot be summed")
+            srv.refuse(route, h, "dtype that cannot be summed", ERR_PROTOCOL,
+                       f"dtype {h.dtype} cannot be summed")
             return None
-        if not self.server.claim_zmq_key(route, h):
+        nbuf = 1 if srv.async_mode else 2
+        need = nbuf * h.nbytes + STORE_OVERHEAD + _decl_bytes(decl)
+        if not srv.take_memory(route, h, need):
             return None
-        nbuf = 1 if self.server.async_mode else 2
+        if not srv.claim_zmq_key(route, h):
+            srv.give_memory(need)
+            return None
         bufs = [np.zeros(h.nbytes, dtype=np.uint8) for _ in range(nbuf)]
-        store = KeyStore(h.key, h.dtype, h.nbytes, h.count, dict(msg.meta), h.rank, bufs)
+        store = KeyStore(h.key, h.dtype, h.nbytes, h.count, decl, h.rank, bufs)
         self.stores[h.key] = store
         return store
 
-    def _create_compressed(self, route: Route, msg: Message) -> KeyStore | None:
+    def _create_compressed(self, route: Route, msg: Message, decl: dict) -> KeyStore | None:
         """A key whose pushes are compressed: the declaration carries the compressor's spec
-        (JSON, validated field by field) and the partition's element count. The store keeps a
-        float32 accumulator and the server's codec."""
-        h, decl, srv = msg.header, msg.meta, self.server
-        what = f"key {h.key} ({decl.get('name')!r}) from worker rank {h.rank}"
-        count = decl.get("count")
-        # an uncompressed partition fits in a message and compressible dtypes have >= 2 bytes
-        limit = srv.cfg.transport.max_message_bytes // 2
+        (JSON, validated field by field) and the partition's element count, at most one
+        partition of the declared dtype. The store keeps a float32 accumulator and the server's
+        codec; the accumulator is charged to the budget before the codec is made, the codec's
+        buffers after."""
+        h, srv = msg.header, self.server
+        what = f"key {h.key} from worker rank {h.rank}"
+
+        def bad(exc: Exception) -> None:
+            srv.refuse(route, h, "bad compressor declaration", ERR_PROTOCOL,
+                       f"server {srv.rank}: compressed push of {what}: {exc}")
         try:
             if srv.async_mode:
                 raise CompressionError("compression needs synchronous mode; unset "
                                        "BYTEPS_ENABLE_ASYNC or push without a compressor")
-            if type(count) is not int or not 0 < count <= limit:
-                raise CompressionError(f"element count {count!r} is not an integer in "
-                                       f"1..{limit}")
+            count = check_declared_count(decl.get("count"), decl.get("dtype"),
+                                         srv.cfg.partition.partition_bytes)
             spec = decl.get("compressor")
             if not isinstance(spec, dict):
                 raise CompressionError("the declaration carries no compressor spec")
-            codec = from_spec(spec).make_codec(count, role="server", key=h.key)
+            comp = from_spec(spec)
         except CompressionError as exc:
-            srv._reject("bad compressor declaration")
-            srv.reply_error(route, h, ERR_PROTOCOL, f"server {srv.rank}: compressed push of "
-                            f"{what}: {exc}")
+            bad(exc)
+            return None
+        need = 4 * count + STORE_OVERHEAD + _decl_bytes(decl)   # the accumulator
+        if not srv.take_memory(route, h, need):
+            return None
+        try:
+            codec = comp.make_codec(count, role="server", key=h.key)
+        except CompressionError as exc:
+            srv.give_memory(need)
+            bad(exc)
+            return None
+        more = 2 * codec.max_bytes + codec_bytes(codec)  # the codec, the encoded sums
+        if not srv.take_memory(route, h, more, need):
+            srv.give_memory(need)
             return None
         if not srv.claim_zmq_key(route, h):
+            srv.give_memory(need + more)
             return None
-        store = KeyStore(h.key, "uint8", 0, count, dict(decl), h.rank, [None, None])
+        store = KeyStore(h.key, "uint8", 0, count, decl, h.rank, [None, None])
         store.codec = codec
         store.acc = np.zeros(count, np.float32)
         self.stores[h.key] = store
@@ -235,43 +304,54 @@ class Engine(threading.Thread):
             self._answer_pull(store, proute, rnd)
 
     def _check(self, store: KeyStore, route: Route, msg: Message) -> bool:
+        """A push to an existing store, checked in this order (as on the native plane): its
+        dtype and size (rejected alone, unless it declares another tensor: then a worker
+        disagrees), its round (a push for another round is rejected alone, whatever it
+        declares), its declaration (a real mismatch fails the key, naming both sides)."""
         h = msg.header
+        srv = self.server
         decl = msg.meta if (h.flags & FLAG_DECLARE) else None
-        text = None
-        if decl is not None and any(decl.get(f) != store.decl.get(f)
-                                    for f in ("name", "shape", "dtype", "part", "nparts",
-                                              "compressor")):
-            text = (f"tensor mismatch on key {h.key}: worker rank {store.decl_rank} declared "
-                    f"{store.describe_decl(store.decl)} but worker rank {h.rank} declared "
-                    f"{store.describe_decl(decl)}; every worker must declare the same tensors, "
-                    "in the same order, with the same shape, dtype and compressor")
-        elif store.compressed and (not h.flags & FLAG_COMPRESSED or h.dtype != "uint8"
-                                   or h.nbytes > store.codec.max_bytes):
-            self.server._reject("wrong payload for a compressed key")
-            self.server.reply_error(route, h, ERR_PROTOCOL, (
+        mismatch = decl is not None and any(decl.get(f) != store.decl.get(f)
+                                            for f in ("name", "shape", "dtype", "part",
+                                                      "nparts", "compressor"))
+        # a push declaring another tensor is a worker disagreeing: its size may differ too
+        if not mismatch and store.compressed and (not h.flags & FLAG_COMPRESSED
+                                                  or h.dtype != "uint8"
+                                                  or h.nbytes > store.codec.max_bytes):
+            srv.refuse(route, h, "wrong payload for a compressed key", ERR_PROTOCOL, (
                 f"push to compressed key {h.key} ({store.decl.get('name')!r}) from worker rank "
                 f"{h.rank}: {h.nbytes} bytes of {h.dtype}, expected a compressed payload of at "
                 f"most {store.codec.max_bytes} bytes"))
             return False
-        elif not store.compressed and (h.dtype != store.dtype or h.nbytes != store.nbytes
-                                       or h.flags & FLAG_COMPRESSED):
+        elif not mismatch and not store.compressed and (h.dtype != store.dtype
+                                                        or h.nbytes != store.nbytes
+                                                        or h.flags & FLAG_COMPRESSED):
             # Without a declaration this push is not a worker disagreeing about the tensor (that
             # shows in the round-0 declarations): reject it alone, the key keeps serving.
-            self.server._reject("wrong dtype or size for a declared key")
             comp = " compressed payload" if h.flags & FLAG_COMPRESSED else ""
-            self.server.reply_error(route, h, ERR_PROTOCOL, (
+            srv.refuse(route, h, "wrong dtype or size for a declared key", ERR_PROTOCOL, (
                 f"push to key {h.key} ({store.decl.get('name')!r}) from worker rank {h.rank}: "
                 f"{h.count} x {h.dtype}{comp}, but the key holds {store.count} x {store.dtype}"
                 f"{' uncompressed' if comp else ''}"))
             return False
-        if text is not None:
-            self._fail_key(store, text)
+        if not srv.async_mode and (h.round != store.round or h.rank in store.pushed):
+            # one text for both causes and no round but the peer's own: the reply tells
+            # nobody which round is open
+            srv.refuse(route, h, "push out of round", ERR_PROTOCOL, (
+                f"key {h.key}: push from worker rank {h.rank} for round {h.round}, a round that "
+                "is not open or that this rank has pushed already"))
+            return False
+        if mismatch and store.failed is None:
+            self._fail_key(store, (
+                f"tensor mismatch on key {h.key}: worker rank {store.decl_rank} declared "
+                f"{store.describe_decl(store.decl)} but worker rank {h.rank} declared "
+                f"{store.describe_decl(decl)}; every worker must declare the same tensors, "
+                "in the same order, with the same shape, dtype and compressor"))
         if store.failed is not None:
             self._reply_failed(store, route, h)
             return False
-        if h.rank in self.joined and not self.server.async_mode:
-            self.server._reject("push after join()")
-            self.server.reply_error(route, h, ERR_PROTOCOL, (
+        if h.rank in self.joined and not srv.async_mode:
+            srv.refuse(route, h, "push after join()", ERR_PROTOCOL, (
                 f"key {h.key}: push from worker rank {h.rank}, which has called join(); a "
                 "joined rank pushes again only after every rank has joined"))
             return False
@@ -290,13 +370,6 @@ class Engine(threading.Thread):
             srv.reply(route, MsgType.PUSH_ACK, h)
             if h.flags & FLAG_PULL:
                 self._pull(store, route, h)
-            return
-        if h.round != store.round or h.rank in store.pushed:
-            why = ("twice in one round" if h.rank in store.pushed and h.round == store.round
-                   else f"for round {h.round} while round {store.round} is open")
-            srv._reject("push out of round")
-            srv.reply_error(route, h, ERR_PROTOCOL, f"key {h.key}: push from worker rank "
-                            f"{h.rank} {why}")
             return
         t_sum = time.perf_counter()
         if store.compressed:
@@ -338,7 +411,7 @@ class Engine(threading.Thread):
                     self._reply_failed(store, route, h)
                     return False
         except CompressionError as exc:
-            self.server._reject("malformed compressed payload")
+            self.server._reject("malformed compressed payload", f"key {h.key}: {exc}")
             if store.pushed:  # the round cannot complete without it: tell everyone waiting
                 self._fail_key(store, f"compressed key {h.key}: worker rank {h.rank} sent a "
                                f"malformed payload ({exc})")
@@ -371,16 +444,21 @@ class Engine(threading.Thread):
         self.server.ep.send(route, encode(hdr, payload))
 
     def _pull(self, store: KeyStore, route: Route, h: Header) -> None:
+        srv = self.server
         if store.failed is not None:
             self._reply_failed(store, route, h)
-        elif self.server.async_mode or h.round == store.completed:
+        elif srv.async_mode or (h.round == store.completed and h.round >= 0):
             self._answer_pull(store, route, h.round)
-        elif h.round == store.round:
+        elif h.round == store.round and len(store.pending) < 4 * srv.num_workers:
             store.pending.append((route, h.rank, h.round))
-        else:
-            self.server.reply_error(route, h, ERR_PROTOCOL, f"key {h.key}: pull of round "
-                                    f"{h.round} from worker rank {h.rank}, but round "
-                                    f"{store.completed} is the last completed")
+        elif h.round == store.round:  # each worker waits once: a flood must not grow the list
+            srv.refuse(route, h, "too many pulls waiting", ERR_PROTOCOL, (
+                f"key {h.key}: pull of round {h.round} from worker rank {h.rank}: too many "
+                "pulls already wait for this round"))
+        else:  # no round but the peer's own: the reply tells nobody which round is open
+            srv.refuse(route, h, "pull out of round", ERR_PROTOCOL, (
+                f"key {h.key}: pull of round {h.round} from worker rank {h.rank}, which is "
+                "neither the open round nor the last completed one"))
 
 
 class Server:
@@ -417,10 +495,22 @@ class Server:
                                      on_members=self.on_members)
         self._scheduler_address = scheduler_address
         self.engines = [Engine(self, i) for i in range(cfg.server.engine_threads)]
+        # key -> engine, only for keys that have a store or a declaration on its way to one
         self.key_engine: dict[int, Engine] = {}
+        # keys routed to an engine whose store is not made yet: [messages queued, bytes]
+        self._unsettled: dict[int, list] = {}
+        self._route_lock = threading.Lock()
+        # the memory budget of the stores (BYTEPS_SERVER_MAX_BYTES): the native plane's, which
+        # the ZeroMQ path charges too, or the ZeroMQ path's alone without a native plane
+        self.budget = native.store_budget(cfg)
+        self._store_bytes = 0
+        self._budget_lock = threading.Lock()
         self.rejected = 0
         self.rejected_by_reason: dict[str, int] = {}
         self._reject_lock = threading.Lock()
+        self._summary_lock = threading.Lock()
+        self._summarised: dict[str, int] = {}
+        self._summary_at = time.monotonic()
         self.stall_reports = 0
         self._done = threading.Event()
         # -- metrics (byteps_like/metrics.py, docs/observability.md) --
@@ -441,15 +531,25 @@ class Server:
     def rank(self) -> int:
         return self.control.rank
 
-    def reply(self, route: Route, mtype: MsgType, h: Header, meta: dict | None = None) -> None:
-        hdr = Header(mtype, role=Role.SERVER, rank=self.rank, job=self.job, key=h.key,
-                     round=h.round)
+    def reply(self, route: Route, mtype: MsgType, h: Header, meta: dict | None = None,
+              job: int | None = None) -> None:
+        """Answer a peer; ``job``: the tag to answer with when the peer's is not known to be
+        this job's (its own, so an outsider learns nothing)."""
+        hdr = Header(mtype, role=Role.SERVER, rank=self.rank,
+                     job=self.job if job is None else job, key=h.key, round=h.round)
         self.ep.send(route, encode(hdr, meta=meta))
 
     def reply_error(self, route: Route, h: Header, kind: str, text: str,
-                    extra: dict | None = None) -> None:
+                    extra: dict | None = None, job: int | None = None) -> None:
         self.reply(route, MsgType.ERROR, h, {"kind": kind, "message": text,
-                                              "type": h.type.name, **(extra or {})})
+                                              "type": h.type.name, **(extra or {})}, job)
+
+    def refuse(self, route: Route, h: Header, reason: str, kind: str, text: str,
+               extra: dict | None = None, job: int | None = None) -> None:
+        """Reject a message: count it by ``reason`` (logged at a bounded rate) and answer with
+        an ERROR saying why."""
+        self._reject(reason, text)
+        self.reply_error(route, h, kind, text, extra, job)
 
     def on_members(self, meta: dict) -> None:
         """The scheduler's membership (join()): machines joined and left. Applied by every
@@ -473,52 +573,142 @@ class Server:
         try:
             msg = decode(frames, self.cfg.transport.max_message_bytes)
         except ProtocolError as exc:
-            self._reject("malformed")
-            log.warning("server %d: rejected a message from %s: %s", self.rank, route, exc)
+            self._reject("malformed", f"from {route}: {exc}")
             if route.ident is not None:
                 try:
                     h = decode_header(frames[0])
                 except ProtocolError:
                     h = Header(MsgType.ERROR)
-                self.reply_error(route, h, ERR_PROTOCOL, f"server {self.rank}: {exc}")
+                # answered with the peer's own tag (or none): the job's is not handed out
+                self.reply_error(route, h, ERR_PROTOCOL, f"server {self.rank}: {exc}",
+                                 job=h.job)
             return
         if route.peer == "scheduler":
             self.control.handle(msg)
             return
         h = msg.header
-        if h.job != self.job:
-            self._reject("wrong job")
-            self.reply_error(route, h, ERR_PROTOCOL, f"server {self.rank} serves job "
-                             f"{self.cfg.cluster.job_id!r}; this peer belongs to another job")
+        if h.job != self.job:  # neither the job's id nor its tag goes to another job's peer
+            self.refuse(route, h, "wrong job", ERR_PROTOCOL, f"server {self.rank}: this peer "
+                        "belongs to another job (check BYTEPS_JOB_ID)", job=h.job)
             return
         if h.type not in (MsgType.PUSH, MsgType.PULL) or not 0 <= h.rank < self.num_workers:
-            self._reject("unexpected type or rank")
-            self.reply_error(route, h, ERR_PROTOCOL, f"server {self.rank}: unexpected "
-                             f"{h.type.name} from {h.sender}")
+            self.refuse(route, h, "unexpected type or rank", ERR_PROTOCOL, f"server "
+                        f"{self.rank}: unexpected {h.type.name} from {h.sender}")
             return
-        eng = self.key_engine.get(h.key)
-        if eng is None:
-            eng = min(self.engines, key=lambda e: (e.bytes, e.idx))
-            eng.bytes += h.nbytes
-            self.key_engine[h.key] = eng
-        eng.q.put((route, msg))
+        self._route(route, msg)
+
+    def _route(self, route: Route, msg: Message) -> None:
+        """Hand a message to the engine that owns its key. A key gets an engine (the one with
+        the fewest bytes) only with a declaring push; pulls and undeclared pushes of unknown
+        keys are refused here, so they leave no state. A key whose declaration the engine
+        refuses loses its engine again once no message for it is queued (Engine.run settles)."""
+        h = msg.header
+        with self._route_lock:
+            eng = self.key_engine.get(h.key)
+            if eng is None and h.type is MsgType.PUSH and h.flags & FLAG_DECLARE and msg.meta:
+                eng = min(self.engines, key=lambda e: (e.bytes, e.idx))
+                eng.bytes += h.nbytes
+                self.key_engine[h.key] = eng
+                self._unsettled[h.key] = [0, h.nbytes]
+            if eng is not None and h.key in self._unsettled:
+                self._unsettled[h.key][0] += 1
+        if eng is not None:
+            eng.q.put((route, msg))
+        elif h.type is MsgType.PULL:
+            self.refuse(route, h, "pull of an undeclared key", ERR_PROTOCOL,
+                        f"pull of key {h.key} before any push")
+        else:
+            self.refuse(route, h, "push of an undeclared key", ERR_PROTOCOL, f"first push of "
+                        f"key {h.key} from {h.sender} carries no declaration")
+
+    def _settle(self, eng: Engine, key: int) -> None:
+        """``eng`` is done with a message for ``key``: once the key has a store it stays; a key
+        without one and with nothing more queued is forgotten."""
+        with self._route_lock:
+            u = self._unsettled.get(key)
+            if u is None:
+                return
+            if key in eng.stores:
+                del self._unsettled[key]
+                return
+            u[0] -= 1
+            if u[0] <= 0:
+                del self._unsettled[key]
+                if self.key_engine.get(key) is eng:
+                    del self.key_engine[key]
+                eng.bytes -= u[1]
+
+    # -- the memory budget ------------------------------------------------------------------
+    def charge(self, nbytes: int) -> bool:
+        """Take ``nbytes`` of the stores' budget (negative: give back); False, taking nothing,
+        when they do not fit."""
+        if self.native is not None:
+            return self.native.reserve(nbytes)
+        with self._budget_lock:
+            if nbytes > 0 and self._store_bytes + nbytes > self.budget:
+                return False
+            self._store_bytes = max(0, self._store_bytes + nbytes)
+            return True
+
+    def store_bytes(self) -> int:
+        """Bytes the stores of both paths hold (as charged)."""
+        if self.native is not None:
+            return self.native.stats()["store_bytes"]
+        with self._budget_lock:
+            return self._store_bytes
+
+    def take_memory(self, route: Route, h: Header, nbytes: int, held: int = 0) -> bool:
+        """Charge a new store's ``nbytes`` (``held``: what it took already), or refuse the push
+        that declares it with an error naming BYTEPS_SERVER_MAX_BYTES."""
+        if self.charge(nbytes):
+            return True
+        self.refuse(route, h, "server memory budget exhausted", ERR_PROTOCOL, (
+            f"server {self.rank}: key {h.key} needs {nbytes + held} bytes, over the budget of "
+            f"{self.budget} (BYTEPS_SERVER_MAX_BYTES); {self.store_bytes()} bytes are held"))
+        return False
+
+    def give_memory(self, nbytes: int) -> None:
+        self.charge(-nbytes)
 
     def claim_zmq_key(self, route: Route, h: Header) -> bool:
         """A key the ZeroMQ path is about to serve (compressed, or pushed from device memory):
         refused with a mismatch when other workers already push it over the native plane."""
         if self.native is None or self.native.claim_zmq_key(h.key):
             return True
-        self._reject("key served over the native data plane")
-        self.reply_error(route, h, ERR_MISMATCH, (
+        self.refuse(route, h, "key served over the native data plane", ERR_MISMATCH, (
             f"server {self.rank}: key {h.key} from worker rank {h.rank} came over ZeroMQ, but "
             "other workers push it over the native data plane; every worker must use the same "
             "BYTEPS_DATA_PLANE, compressor and transport settings"))
         return False
 
-    def _reject(self, reason: str) -> None:
+    # -- rejections: counted by reason, logged at a bounded rate ------------------------------
+    def _reject(self, reason: str, detail: str | None = None) -> int:
+        """Count a rejected message; returns how many of ``reason`` so far. The first
+        REJECT_LOG_FIRST of each reason are logged with ``detail``; the rest only in the summary
+        line log_rejections writes at most every REJECT_SUMMARY_INTERVAL_S."""
         with self._reject_lock:
             self.rejected += 1
-            self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
+            n = self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
+        if detail is not None and n <= REJECT_LOG_FIRST:
+            log.warning("server %d: rejected a message (%s): %s%s", self.rank, reason,
+                        detail[:2000], "" if n < REJECT_LOG_FIRST else
+                        f" [more of '{reason}' are counted, and summed up every "
+                        f"{REJECT_SUMMARY_INTERVAL_S:.0f} s]")
+        return n
+
+    def log_rejections(self) -> None:
+        """One line with the messages rejected since the last such line, by reason, both data
+        paths (nothing when there were none). The I/O thread calls it every
+        REJECT_SUMMARY_INTERVAL_S, so a flood of garbage costs the log one line per interval."""
+        with self._summary_lock:
+            now, totals = time.monotonic(), self.rejections()
+            new = {r: n - self._summarised.get(r, 0) for r, n in totals.items()
+                   if n > self._summarised.get(r, 0)}
+            span, self._summarised, self._summary_at = now - self._summary_at, totals, now
+        if new:
+            log.warning("server %d: %d messages rejected in the %.0f s since the last summary: "
+                        "%s", self.rank, sum(new.values()), span,
+                        ", ".join(f"{r}: {n}" for r, n in sorted(new.items())))
 
     # -- the stall inspector ----------------------------------------------------------------
     def stalled_rounds(self, now: float | None = None) -> list[dict]:
@@ -578,6 +768,7 @@ class Server:
         if not self.async_mode:
             check = self.cfg.timeouts.stall_check_time
             self.ep.add_timer(max(0.05, min(check / 2, 5.0)), self._stall_tick)
+        self.ep.add_timer(REJECT_SUMMARY_INTERVAL_S, self.log_rejections)
         log.info("server %d: serving on %s (%d engine threads, %s mode)%s", self.rank,
                  self.address, len(self.engines), "async" if self.async_mode else "sync",
                  "" if self.native is None else

@@ -136,3 +136,124 @@ class HostileClient:
 
     def close(self) -> None:
         self.sock.close(0)
+
+# ---- server-side resource attacks (issue 19; tests/faults/test_hostile_server.py) -------------
+
+def topk_payload(n: int, k: int = 1, step: int = 0) -> bytes:
+    """A well-formed top-k payload (byteps_like/compression.py) of ``n`` elements: the header
+    and k (index, value) pairs; 28 bytes for k = 1."""
+    import struct
+    head = struct.pack("<2sBBIQI", b"BC", 1, 2, n & 0xFFFFFFFF, step, k)
+    return head + struct.pack(f"<{k}I", *range(k)) + struct.pack(f"<{k}f", *([1.0] * k))
+
+
+def onebit_payload(n: int, step: int = 0) -> bytes:
+    """A well-formed onebit payload of ``n`` elements (n / 8 bytes of signs)."""
+    import struct
+    return struct.pack("<2sBBIQf", b"BC", 1, 1, n, step, 1.0) + b"\x55" * ((n + 7) // 8)
+
+
+def compressed_push(key: int, spec: dict, count: int, payload: bytes, *, dtype: str = "float32",
+                    rnd: int = 0, rank: int = 0, job: int = JOB, declare: bool = True) -> list:
+    """A compressed push that declares ``count`` elements of ``dtype`` (a worker's declaration
+    of one partition)."""
+    meta = ({"name": f"evil.{key}", "shape": [count], "dtype": dtype, "part": 0, "nparts": 1,
+             "compressor": spec, "count": count} if declare else None)
+    flags = FLAG_COMPRESSED | (FLAG_DECLARE if declare else 0)
+    h = Header(MsgType.PUSH, "uint8", Role.WORKER, rank, flags, job, key, rnd, len(payload),
+               len(payload))
+    return encode(h, payload, meta)
+
+
+def pull(key: int, rnd: int = 0, rank: int = 0, job: int = JOB) -> list:
+    return encode(Header(MsgType.PULL, "none", Role.WORKER, rank, 0, job, key, rnd))
+
+
+def declared_push(key: int, count: int, *, dtype: str = "float32", itemsize: int = 4,
+                  rnd: int = 0, rank: int = 0, meta: dict | None = None) -> list:
+    """A push that declares an uncompressed key (ZeroMQ path)."""
+    meta = meta if meta is not None else {"name": f"evil.{key}", "shape": [count],
+                                          "dtype": dtype, "part": 0, "nparts": 1}
+    return _push(key, count=count, dtype=dtype, itemsize=itemsize, rank=rank, rnd=rnd,
+                 flags=FLAG_DECLARE, meta=meta)
+
+
+def send_burst(client: "HostileClient", messages: list, window: int = 500,
+               keep: bool = True) -> list:
+    """Send many messages, ``window`` at a time, and collect one reply per message (the decoded
+    replies in arrival order; with ``keep=False`` only their types, to hold little memory).
+    Fails when a reply does not come within the client's timeout."""
+    from byteps_like.wire import decode
+    out: list = []
+    for i in range(0, len(messages), window):
+        chunk = messages[i:i + window]
+        for frames in chunk:
+            client.sock.send_multipart(frames)
+        for _ in chunk:
+            if not client.sock.poll(client.timeout_ms, zmq.POLLIN):
+                raise AssertionError(f"no reply after {len(out)} of {len(messages)} messages")
+            msg = decode(client.sock.recv_multipart())
+            out.append(msg if keep else msg.header.type)
+    return out
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident memory of a process (default: this one) from /proc/<pid>/status."""
+    with open(f"/proc/{pid or 'self'}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/status")
+
+
+# raw streams of the native data plane (byteps_like/wire.py header; tests/native_stream.py)
+NATIVE_PUSH, NATIVE_PULL, NATIVE_HELLO, NATIVE_ERROR = 20, 22, 24, 30
+
+
+def native_msg(mtype: int, rank: int, job: int, key: int = 0, rnd: int = 0, dtype: int = 0,
+               count: int = 0, nbytes: int = 0, flags: int = 0, meta: bytes = b"",
+               payload: bytes = b"") -> bytes:
+    import struct
+
+    from ..native_stream import HDR
+    head = HDR.pack(b"BPSL", 1, mtype, dtype, 2, rank, flags | (1 if meta else 0), job, key,
+                    rnd, count, nbytes)
+    return head + (struct.pack("<I", len(meta)) + meta if meta else b"") + payload
+
+
+def native_stream(port: int, job: int, rank: int = 0):
+    """A stream that said hello as worker ``rank`` of the job."""
+    import socket
+
+    from ..native_stream import HDR
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(native_msg(NATIVE_HELLO, rank, job))
+    reply = recv_exact(s, HDR.size)
+    assert HDR.unpack(reply)[2] == NATIVE_HELLO, reply
+    return s
+
+
+def recv_exact(s, n: int) -> bytes:
+    """Exactly ``n`` bytes from a socket (MSG_WAITALL may return less on a socket with a
+    timeout); AssertionError when the peer closes first."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        assert chunk, f"stream closed after {len(buf)} of {n} bytes"
+        buf += chunk
+    return bytes(buf)
+
+
+def native_reply(s) -> tuple:
+    """The next message on a native stream: (header fields, meta JSON or None, payload)."""
+    import json
+    import struct
+
+    from ..native_stream import HDR
+    h = HDR.unpack(recv_exact(s, HDR.size))
+    meta = None
+    if h[6] & 1:
+        (n,) = struct.unpack("<I", recv_exact(s, 4))
+        meta = json.loads(recv_exact(s, n))
+    payload = recv_exact(s, h[11]) if h[2] != NATIVE_ERROR and h[11] else b""
+    return h, meta, payload
