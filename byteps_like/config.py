@@ -93,7 +93,12 @@ class ClusterConfig:
     server_port: int = _s("BYTEPS_SERVER_PORT", "int", 0, "TCP port a server binds; 0 picks a "
                           "free (ephemeral) port.", min=0, max=65535)
     job_id: str = _s("BYTEPS_JOB_ID", "str", "default", "Name of the job, to tell the nodes of "
-                     "different jobs apart.")
+                     "different jobs apart. `bpslaunch --local` generates a unique one "
+                     "(local-...) unless this is set.")
+    shm_dir: str = _s("BYTEPS_SHM_DIR", "str", "/dev/shm", "Directory (a tmpfs) of the "
+                      "shared-memory segments the local ranks of a machine reduce through; "
+                      "each is reserved in full when created, so a full one is a clear error, "
+                      "never a SIGBUS.")
     force_distributed: bool = _s("BYTEPS_FORCE_DISTRIBUTED", "bool", False, "With one worker "
                                  "machine (DMLC_NUM_WORKER=1) push_pull never leaves it: the "
                                  "local ranks reduce among themselves (NCCL all-reduce for CUDA "

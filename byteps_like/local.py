@@ -13,8 +13,11 @@ partition:
 4. the root announces the result (``LOCAL_DONE``) and every rank copies it out: an all-gather.
 
 Only the root talks to the servers; ``size()`` still counts every process. Segments are named
-``bpsl-<job>-<scheduler port>-m<machine>-t<tensor>`` in ``/dev/shm``; every rank unlinks them at
-exit, and a local root sweeps leftovers of a crashed run of the same job at start.
+``bpsl-<job>-<scheduler port>-m<machine>-t<tensor>`` in BYTEPS_SHM_DIR (``/dev/shm``); each is
+reserved in full when created (``posix_fallocate``), so a full tmpfs is a BytePSError naming it
+and never a SIGBUS on a later write. Every rank unlinks them at exit, a local root sweeps
+leftovers of a crashed run of the same job at start, and bpslaunch sweeps its job's at exit
+(launcher/shm.py, which must name them alike).
 """
 from __future__ import annotations
 
@@ -59,17 +62,19 @@ class Segment:
         size = max(1, nbytes * (slots + 1))
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            have = os.fstat(fd).st_size
-            if have < size:
-                free = _free_bytes(shm_dir)
-                if free is not None and free < size - have:
-                    raise BytePSError(
-                        f"local reduction of {what} needs {_mib(size)} of shared memory in "
-                        f"{shm_dir}, only {_mib(free)} are free: raise it (e.g. `mount -o "
-                        f"remount,size=8G {shm_dir}`, or `docker run --shm-size=8g`), or use "
-                        "fewer local ranks")
-                os.ftruncate(fd, size)
+            # no free-space check first: the other local ranks reserve the same pages at the
+            # same time, which a count of free bytes would mistake for a shortage
+            if os.fstat(fd).st_size < size:
+                _reserve(fd, size, what, shm_dir)
             self._mm = mmap.mmap(fd, size)
+        except BaseException:
+            # nothing of a segment that could not be made stays behind (the other local
+            # ranks fail alike: none of them can use it)
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            raise
         finally:
             os.close(fd)
         self._buf = np.frombuffer(self._mm, np.uint8)
@@ -92,6 +97,40 @@ class Segment:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+
+
+def _reserve(fd: int, size: int, what: str, shm_dir: str) -> None:
+    """Allocate every page of the segment now: an mmap of a sparse file on a tmpfs that later
+    runs full kills the process with SIGBUS on the write that finds no page; several segments
+    (tensors, local ranks) could each pass a free-space check before any of them is written."""
+    import errno
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+            raise _no_space(what, size, _free_bytes(shm_dir), shm_dir) from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise BytePSError(f"local reduction of {what}: cannot reserve {_mib(size)} of "
+                              f"shared memory in {shm_dir}: {exc.strerror}") from None
+        os.ftruncate(fd, size)  # a file system without fallocate: sized, not reserved
+
+
+def _no_space(what: str, size: int, free: int | None, shm_dir: str) -> BytePSError:
+    total = _total_bytes(shm_dir)
+    return BytePSError(
+        f"local reduction of {what} needs {_mib(size)} of shared memory in {shm_dir} "
+        f"(size {_mib(total) if total is not None else 'unknown'}, "
+        f"{_mib(free) if free is not None else 'unknown'} free): make it larger (`mount -o "
+        f"remount,size=8G {shm_dir}`, `docker run --shm-size=8g`, a Kubernetes emptyDir "
+        "with medium Memory), point BYTEPS_SHM_DIR at a larger tmpfs, or use fewer local ranks")
+
+
+def _total_bytes(path: str) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
 
 
 def _free_bytes(path: str) -> int | None:

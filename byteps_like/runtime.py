@@ -162,7 +162,7 @@ class Runtime:
             if self.is_local_root:  # the coordinator of this machine's local reduction
                 from .control import node_host
                 local.sweep(local.segment_prefix(c.job_id, c.root_port)
-                            + f"m{c.worker_id}-")
+                            + f"m{c.worker_id}-", c.shm_dir)
                 bound = self.ep.bind(f"tcp://{node_host(cfg)}:0")
                 port = int(bound.rsplit(":", 1)[1])
         self.control = ControlClient(cfg, self.ep, Role.WORKER, port=port,
@@ -543,7 +543,11 @@ class Runtime:
             # registered last: a handle of no partitions is already done and frees the name now
             h.add_done_callback(lambda hh, st=st: self._on_handle_done(st, hh))
         if idle:
-            start(True)  # outside the lock: may block on a full queue (back-pressure)
+            try:
+                start(True)  # outside the lock: may block on a full queue (back-pressure)
+            except BaseException as exc:  # failed before it started: shutdown must not wait
+                h.fail(exc)
+                raise
         return h
 
     def _bind_compressor(self, st: TensorState, compression: Any) -> None:
@@ -581,6 +585,13 @@ class Runtime:
         if self._fatal is not None:
             h.fail(self._fatal)
             return
+        try:
+            seg = self._segment(st) if self.local_size_ > 1 else None
+        except BaseException as exc:  # failed before it started: nobody (shutdown) waits on it
+            h.fail(exc)
+            if block:
+                raise
+            return
         rnd = st.round
         st.round += 1
         src = arr.reshape(-1).view(np.uint8)
@@ -590,7 +601,6 @@ class Runtime:
         itinerary = plan(distributed=not self.single_machine, local_size=self.local_size_,
                          local_root=self.is_local_root, on_device=device is not None,
                          compressed=bool(st.codecs), device_push=device_push)
-        seg = self._segment(st) if self.local_size_ > 1 else None
         on_native = self.native is not None and not st.codecs and not device_push
         if on_native and itinerary == (PUSH, PULL):  # a host tensor: one native operation
             self._submit_native(st, h, rnd, src, dst, dtype, average, priority)
@@ -763,7 +773,8 @@ class Runtime:
             name = (local.segment_prefix(c.job_id, c.root_port)
                     + f"m{self.machine}-t{st.decl_id}")
             seg = local.Segment(name, st.nbytes, self.local_size_,
-                                what=f"tensor {st.name!r} on worker rank {self.rank_}")
+                                what=f"tensor {st.name!r} on worker rank {self.rank_}",
+                                shm_dir=c.shm_dir)
             self._segments[st.decl_id] = seg
         return seg
 
