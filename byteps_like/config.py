@@ -210,7 +210,8 @@ class TransportConfig:
                          "land in place; with an auth secret every stream is authenticated, "
                          "not encrypted), `zmq` (the Python I/O thread of the ZeroMQ endpoint; "
                          "with a secret, CURVE-encrypted), or `auto`: native unless "
-                         "BYTEPS_TRANSPORT=ucx, BYTEPS_ENABLE_ASYNC or an auth secret is set. "
+                         "BYTEPS_TRANSPORT=ucx or BYTEPS_ENABLE_ASYNC is set (with a secret: "
+                         "authenticated native streams; `zmq` to encrypt the data too). "
                          "Compressed tensors always travel over ZeroMQ. See "
                          "docs/architecture.md.", choices=("auto", "native", "zmq"))
     io_threads: int = _s("BYTEPS_IO_THREADS", "int", 0, "I/O threads of the native data plane "
@@ -284,9 +285,11 @@ class CompressionConfig:
 class AuthConfig:
     """Authentication of peers (docs/reliability.md): ZeroMQ CURVE keys derived from a secret."""
     secret: str = _s("BYTEPS_AUTH_SECRET", "str", "", "Shared secret of the job; when set, every "
-                     "TCP connection is encrypted and authenticated with ZeroMQ CURVE keys "
-                     "derived from it, and peers without it cannot connect. Empty turns "
-                     "authentication off. `bpslaunch --local --auth` generates one per job.", repr=False)
+                     "ZeroMQ connection is encrypted and authenticated with CURVE keys derived "
+                     "from it, every native data-plane stream is authenticated (not encrypted; "
+                     "BYTEPS_DATA_PLANE=zmq encrypts the data too), and peers without it cannot "
+                     "connect. Empty turns authentication off. `bpslaunch --local` generates "
+                     "one per job unless --no-auth.", repr=False)
     secret_file: str = _s("BYTEPS_AUTH_SECRET_FILE", "str", "", "File whose contents (stripped) "
                           "are the shared secret; used when BYTEPS_AUTH_SECRET is empty, so the "
                           "secret need not appear in the environment.")
@@ -603,6 +606,35 @@ def _cross_check(cfg: Config) -> None:
     if t.heartbeat_timeout <= 2 * t.heartbeat_interval:
         raise ConfigError(f"{who('timeouts.heartbeat_timeout')} must exceed twice "
                           f"{who('timeouts.heartbeat_interval')}")
+    if cfg.auth.secret_file and not cfg.auth.secret:  # said at start, not in a child later
+        try:
+            with open(cfg.auth.secret_file, encoding="utf-8") as f:
+                empty = not f.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{who('auth.secret_file')}: cannot read the secret ("
+                              f"{getattr(exc, 'strerror', None) or exc})") from None
+        if empty:
+            raise ConfigError(f"{who('auth.secret_file')} is empty")
+
+
+def resolve_root(cfg: Config, *, retry_s: float = 5.0) -> None:
+    """Fail at once with a ConfigError naming DMLC_PS_ROOT_URI when the scheduler's host name
+    does not resolve, instead of every node waiting the registration timeout. A temporary
+    failure of the resolver (EAI_AGAIN) is retried for ``retry_s`` seconds."""
+    import socket
+    import time
+    host, deadline = cfg.cluster.root_uri, time.monotonic() + retry_s
+    while True:
+        try:
+            socket.getaddrinfo(host, cfg.cluster.root_port, type=socket.SOCK_STREAM)
+            return
+        except socket.gaierror as exc:
+            if exc.errno == socket.EAI_AGAIN and time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            raise ConfigError(f"DMLC_PS_ROOT_URI={host!r} ({cfg.source('cluster.root_uri')}) "
+                              f"does not resolve: {exc.strerror or exc}; set it to the "
+                              "scheduler's host name or IP address") from None
 
 
 def ucx_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -26,7 +26,7 @@ def role_main(role: str, run: Callable[[Config], int], argv: list[str] | None = 
     """``python -m byteps_like.<role>``: ``-h``/``--help`` prints usage, any other argument is a
     usage error (exit 2) rather than joining a job; else load the settings (exit 2 with the
     message on a bad one), set up logging, run."""
-    from .config import load
+    from .config import load, resolve_root
     from .errors import ConfigError
     from .log import setup_logging
     argv = sys.argv[1:] if argv is None else argv
@@ -40,11 +40,41 @@ def role_main(role: str, run: Callable[[Config], int], argv: list[str] | None = 
         return 2
     try:
         cfg = load(overrides={"cluster.role": role})
+        resolve_root(cfg)  # now, not after the registration timeout
     except ConfigError as exc:
         print(f"byteps_like {role}: {exc}", file=sys.stderr)
         return 2
     setup_logging(cfg.log.level, role)
-    return run(cfg)
+    if role == "scheduler":
+        warn_if_open(cfg)
+    try:
+        return run(cfg)
+    except ConfigError as exc:  # a setting that fails only when used: the port is taken, ...
+        print(f"byteps_like {role}: {exc}", file=sys.stderr)
+        return 2
+
+
+def warn_if_open(cfg: Config) -> bool:
+    """Warn once (the scheduler does, at start) that a job without a secret reachable beyond
+    this machine can be joined by any host that reaches its ports. True when it warned."""
+    import ipaddress
+    import logging
+    from .transport import auth_secret
+    if auth_secret(cfg):
+        return False
+    host = cfg.cluster.root_uri
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return False
+    except ValueError:
+        if host == "localhost":
+            return False
+    logging.getLogger("byteps_like.scheduler").warning(
+        "authentication is off (no BYTEPS_AUTH_SECRET): any host that reaches %s:%d and the "
+        "servers' ports can join this job, read its tensors and change them; give every node "
+        "the same secret (BYTEPS_AUTH_SECRET or BYTEPS_AUTH_SECRET_FILE, docs/reliability.md)",
+        host, cfg.cluster.root_port)
+    return True
 
 
 def run_node(factory: Callable[..., Any], cfg: Config) -> int:

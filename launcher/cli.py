@@ -16,10 +16,11 @@ import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from byteps_like.config import load
+from byteps_like.config import load, resolve_root
 from byteps_like.errors import ConfigError
 from byteps_like.topology import format_cpu_list
 
+from . import shm
 from .binding import Machine, NoBinding, bind_workers, probe
 from .job import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, JobSettings, run_job
 from .plan import (ROLE_MODULES, ChildSpec, LocalCluster, child_environment, local_cluster_plan,
@@ -150,8 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"address of every process, DMLC_PS_ROOT_URI and DMLC_NODE_HOST "
                             f"(default {DEFAULT_HOST})")
     local.add_argument("--auth", action="store_true", default=None,
-                       help="generate a one-time BYTEPS_AUTH_SECRET for this job (unless one "
-                            "is set): every connection is then authenticated with CURVE")
+                       help="the default: generate a one-time BYTEPS_AUTH_SECRET for this job "
+                            "(unless one is set), so that only its processes can join it")
+    local.add_argument("--no-auth", action="store_true", default=None,
+                       help="no secret: authentication off (an inherited BYTEPS_AUTH_SECRET "
+                            "or BYTEPS_AUTH_SECRET_FILE is not passed on)")
     local.add_argument("--status", action="store_true", default=None,
                        help="show a live status of the cluster (a redrawn screen on a "
                             "terminal, a status line every few seconds otherwise); implies "
@@ -187,7 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
 _VALUE_OPTIONS = frozenset({"--workers", "--servers", "--local-size", "--port", "--host",
                             "--timeout", "--grace", "--timeout-shutdown", "--log-dir",
                             _ROLE_CMD_OPTION})
-_LOCAL_ONLY = ("workers", "servers", "local_size", "port", "host", "auth", "status", "metrics")
+_LOCAL_ONLY = ("workers", "servers", "local_size", "port", "host", "auth", "no_auth", "status",
+               "metrics")
+#: What makes a job authenticated; --no-auth keeps both from the children.
+AUTH_VARIABLES = ("BYTEPS_AUTH_SECRET", "BYTEPS_AUTH_SECRET_FILE")
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -216,6 +223,9 @@ class Launch:
     #: One line per bound worker (``worker 0 (local rank 0) -> CPUs 0-1, NUMA node 0
     #: (numactl)``), printed at start.
     binding: tuple[str, ...] = ()
+    #: (directory, name prefix) of the shared-memory segments this launch's workers may
+    #: create, removed when the job ends (launcher/shm.py); None: no worker here.
+    segments: tuple[str, str] | None = None
 
 
 class CommandError(Exception):
@@ -249,10 +259,7 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
     if args.local:
         if not command:
             raise UsageError("--local needs the worker command after --")
-        if getattr(args, "auth", None) and not (env.get("BYTEPS_AUTH_SECRET")
-                                                or env.get("BYTEPS_AUTH_SECRET_FILE")):
-            import secrets
-            env = {**env, "BYTEPS_AUTH_SECRET": secrets.token_hex(32)}  # 256 bits, this job only
+        env = local_job_env(args, env, notes)
         host = args.host or DEFAULT_HOST
         cluster = LocalCluster(
             command=tuple(command), port=port_free(host, args.port) if args.port else free_port(host),
@@ -263,6 +270,7 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
         specs = local_cluster_plan(cluster)
     else:
         cfg = _load(env, notes)
+        resolve_root(cfg)  # an unresolvable scheduler host: now, not after the registration timeout
         role = cfg.cluster.role
         if role == "worker" and not command:
             raise UsageError("missing the worker command (DMLC_ROLE is "
@@ -286,9 +294,40 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
                            timeout=args.timeout, log_dir=args.log_dir)
     lines: list[str] = []
     worker_cfg = next((c for s, c in zip(specs, configs) if s.role == "worker"), None)
+    segments = None
+    if worker_cfg is not None:
+        c = worker_cfg.cluster
+        segments = (c.shm_dir, shm.segment_prefix(c.job_id, c.root_port)
+                    + ("" if args.local else f"m{c.worker_id or 0}-"))
     if worker_cfg is not None and not args.no_bind:
         specs, lines = _bind(specs, worker_cfg, env, machine, notes)
-    return Launch(tuple(specs), dict(env), settings, tuple(notes), tuple(lines))
+    return Launch(tuple(specs), dict(env), settings, tuple(notes), tuple(lines), segments)
+
+
+def local_job_env(args: argparse.Namespace, env: Mapping[str, str],
+                  notes: list[str]) -> dict[str, str]:
+    """The environment of a ``--local`` job: a job id of its own unless BYTEPS_JOB_ID is set
+    (two local jobs never merge, even on one port), and a one-time secret unless one is set,
+    the transport cannot use one (UCX), or ``--no-auth``."""
+    env = dict(env)
+    if args.auth and args.no_auth:
+        raise UsageError("--auth and --no-auth contradict each other")
+    if not env.get("BYTEPS_JOB_ID", "").strip():
+        env["BYTEPS_JOB_ID"] = shm.local_job_id()
+    if args.no_auth:
+        dropped = [name for name in AUTH_VARIABLES if env.pop(name, None)]
+        if dropped:
+            notes.append(f"note: --no-auth: not passing {' and '.join(dropped)} on")
+    elif not any(env.get(name, "").strip() for name in AUTH_VARIABLES):
+        transport = {k: v for k, v in env.items()
+                     if k in ("BYTEPS_TRANSPORT", "DMLC_ENABLE_RDMA", "DMLC_ENABLE_UCX")}
+        if _load(transport, notes).transport.transport == "ucx":
+            notes.append("note: authentication off: UCX cannot authenticate its traffic "
+                         "(docs/transports.md); run the job on a trusted network")
+        else:
+            import secrets
+            env["BYTEPS_AUTH_SECRET"] = secrets.token_hex(32)  # 256 bits, this job only
+    return env
 
 
 def _bind(specs: list[ChildSpec], cfg, env: Mapping[str, str], machine: Machine | None,
@@ -423,6 +462,20 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
     for note in (*launch.notes, *launch.binding):
         print(f"bpslaunch: {note}", file=sys.stderr, flush=True)
     sys.stdout.flush()
+    if args.local and launch.segments is not None:  # what killed (SIGKILL) launches left
+        removed = shm.sweep_dead_local_jobs(launch.segments[0])
+        if removed:
+            print(f"bpslaunch: removed {len(removed)} shared-memory segment(s) of local jobs "
+                  f"whose bpslaunch was killed from {launch.segments[0]}", file=sys.stderr,
+                  flush=True)
+    try:
+        return _run(args, launch)
+    finally:  # however the job ended: workers killed by a signal could not unlink them
+        if launch.segments is not None:
+            shm.sweep(*launch.segments)
+
+
+def _run(args: argparse.Namespace, launch: Launch) -> int:
     if args.local and (args.status or args.metrics):  # launcher/status.py
         import importlib.util
         if importlib.util.find_spec("prometheus_client") is None:  # before anything starts

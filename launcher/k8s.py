@@ -11,7 +11,9 @@ What it writes, all labelled ``app.kubernetes.io/name: byteps-like``,
 
 Every pod gets the BytePS contract (DMLC_NUM_WORKER, DMLC_NUM_SERVER, DMLC_PS_ROOT_URI = the
 scheduler Service, DMLC_PS_ROOT_PORT, DMLC_NODE_HOST = the pod IP), BYTEPS_JOB_ID = <job>, and
-BYTEPS_AUTH_SECRET from the Secret ``<job>-auth`` (key ``secret``) unless ``--no-auth``.
+BYTEPS_AUTH_SECRET from the Secret ``<job>-auth`` (key ``secret``) unless ``--no-auth``. That
+Secret comes first in the output, holding a one-time 256-bit secret generated for the job, unless
+``--existing-secret`` (you create and keep it yourself).
 Indexed Jobs rather than StatefulSets: a StatefulSet restarts a pod that exits 0, and a worker
 restarted after training would rejoin a finished job; a Job's pods run once
 (``restartPolicy: Never``, ``backoffLimit: 0``: bpslaunch's all-or-nothing rule).
@@ -23,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import secrets
 import sys
 from typing import Any, Sequence
 
@@ -65,8 +69,10 @@ def manifests(job: str, image: str, command: Sequence[str], *, workers: int, ser
               server_port: int = DEFAULT_SERVER_PORT, auth: bool = True,
               worker_cpu: str = "8", worker_memory: str = "32Gi", server_cpu: str = "4",
               server_memory: str = "16Gi", shm_size: str = "8Gi",
-              extra_env: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
-    """The Kubernetes objects of one job, as plain dicts (apiVersion, kind, metadata, spec)."""
+              extra_env: Sequence[tuple[str, str]] = (),
+              secret: str | None = None) -> list[dict[str, Any]]:
+    """The Kubernetes objects of one job, as plain dicts (apiVersion, kind, metadata, spec).
+    ``secret`` (with ``auth``): also the Secret ``<job>-auth`` holding it, first."""
     if not _NAME.match(job) or len(job) > MAX_NAME:
         raise ValueError(f"job name {job!r} is not a DNS label of at most {MAX_NAME} "
                          "characters (lowercase letters, digits and '-', starting with a letter)")
@@ -130,7 +136,10 @@ def manifests(job: str, image: str, command: Sequence[str], *, workers: int, ser
                                       "spec": pod_spec(role, args, resources, ports)}}}
 
     sched_port = [{"name": "scheduler", "containerPort": port, "protocol": "TCP"}]
-    return [
+    own_secret = [{"apiVersion": "v1", "kind": "Secret", "metadata": meta(f"{job}-auth", "auth"),
+                   "type": "Opaque", "stringData": {SECRET_KEY: secret}}] \
+        if auth and secret else []
+    return own_secret + [
         {"apiVersion": "v1", "kind": "Service", "metadata": meta(scheduler, "scheduler"),
          "spec": {"selector": _labels(job, "scheduler"),
                   "ports": [{"name": "scheduler", "port": port, "targetPort": port,
@@ -207,9 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bpslaunch k8s", allow_abbrev=False,
         usage="bpslaunch k8s --name JOB --image IMAGE [options] -- COMMAND [ARG ...]",
         description="Write the Kubernetes manifests of a byteps_like job (scheduler Service and "
-                    "Pod, Indexed Jobs of servers and workers) to stdout or -o FILE. Apply with "
-                    "`kubectl apply -f FILE` after creating the Secret <job>-auth (key 'secret'), "
-                    "see docs/deployment.md.")
+                    "Pod, Indexed Jobs of servers and workers, and the Secret <job>-auth with a "
+                    "one-time secret) to stdout or -o FILE (mode 0600). Apply with `kubectl "
+                    "apply -f FILE`, see docs/deployment.md.")
     p.add_argument("--name", required=True, help="job name: object names, BYTEPS_JOB_ID")
     p.add_argument("--image", required=True, help="container image with byteps_like installed")
     p.add_argument("--namespace", help="namespace of every object (default: kubectl's)")
@@ -228,7 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="extra environment variable of every pod (repeatable)")
     p.add_argument("--no-auth", action="store_true",
-                   help="do not reference the Secret <job>-auth as BYTEPS_AUTH_SECRET")
+                   help="no secret: authentication off, any host that reaches the pods can "
+                        "join the job")
+    p.add_argument("--existing-secret", action="store_true",
+                   help="do not write the Secret <job>-auth: reference one you created "
+                        "(kubectl create secret generic <job>-auth --from-literal=secret=...)")
     p.add_argument("--format", choices=("yaml", "json"), default="yaml")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     return p
@@ -260,13 +273,17 @@ def main(argv: Sequence[str]) -> int:
                          auth=not args.no_auth, worker_cpu=args.worker_cpu,
                          worker_memory=args.worker_memory, server_cpu=args.server_cpu,
                          server_memory=args.server_memory, shm_size=args.shm_size,
-                         extra_env=extra)
+                         extra_env=extra,
+                         secret=None if args.no_auth or args.existing_secret
+                         else secrets.token_hex(32))
     except ValueError as exc:
         print(f"bpslaunch k8s: error: {exc}", file=sys.stderr)
         return 2
     text = to_json(objs) if args.format == "json" else to_yaml(objs)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
+    if args.output:  # it may hold the job's secret: readable by its owner only
+        fd = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode otherwise
+        with open(fd, "w", encoding="utf-8") as f:
             f.write(text)
     else:
         sys.stdout.write(text)

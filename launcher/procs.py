@@ -5,7 +5,9 @@ its process group id is its pid and the whole tree it spawns can be signalled at
 ``os.killpg``. Two daemon threads per child read its stdout and stderr line by line (bytes,
 decoded as UTF-8 with replacement) and print each line prefixed with the child's name, e.g.
 ``[worker 1] ``. The supervisor never blocks in ``wait()`` without a bound, so a child that ignores
-SIGTERM is SIGKILLed and the launcher cannot hang on it.
+SIGTERM is SIGKILLed and the launcher cannot hang on it. On Linux every child is started with
+``PR_SET_PDEATHSIG`` = SIGTERM, so that a bpslaunch killed with SIGKILL (which no handler sees)
+does not leave its job running unsupervised.
 """
 from __future__ import annotations
 
@@ -179,7 +181,7 @@ class Supervisor:
                 popen = subprocess.Popen(
                     list(argv), env=dict(env), stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                    close_fds=True)
+                    close_fds=True, preexec_fn=_die_with_parent(os.getpid()))
         except BaseException:
             if log_file is not None:
                 log_file.close()
@@ -362,6 +364,35 @@ class Supervisor:
                         child.log_file.close()
             self.restore_signal_handlers()
             atexit.unregister(self.close)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _load_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_prctl = _load_prctl()
+
+
+def _die_with_parent(parent: int):
+    """The child's ``preexec_fn``: SIGTERM it when the thread that started it (the launcher's
+    main thread) dies, SIGKILL of bpslaunch included; and when the launcher is already gone
+    (it died between fork and here), at once. ``None`` where prctl is not available."""
+    if _prctl is None:
+        return None
+
+    def preexec() -> None:  # in the forked child, before exec: no locks, no allocation to speak of
+        if _prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0 and os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
 
 
 @contextlib.contextmanager

@@ -13,6 +13,11 @@ task works out the same layout:
 * DMLC_PS_ROOT_PORT = ``--port`` or 10000 + SLURM_JOB_ID mod 50000 and BYTEPS_JOB_ID =
   ``slurm-<SLURM_JOB_ID>`` (unless set), so jobs sharing nodes do not meet.
 
+Authentication is on unless ``--no-auth``: the tasks of a job must share one secret, which they
+cannot agree on by themselves, so BYTEPS_AUTH_SECRET (or BYTEPS_AUTH_SECRET_FILE) must come with
+the job step; scripts/sbatch_byteps_like.sh generates one per job. Without it and without
+``--no-auth`` bpslaunch slurm refuses to start (exit 2).
+
 Then it supervises its own processes like ``bpslaunch`` does (all-or-nothing).
 Standard library, byteps_like.config and byteps_like.errors only.
 """
@@ -183,6 +188,7 @@ def main(argv: Sequence[str], env: Mapping[str, str]) -> int:
 
     from .job import JobSettings, run_job
     from .plan import child_environment
+    from .shm import segment_prefix, sweep
 
     argv = list(argv)
     options, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) \
@@ -204,10 +210,18 @@ def main(argv: Sequence[str], env: Mapping[str, str]) -> int:
                    "node name, or DMLC_NODE_HOST when set)")
     p.add_argument("--timeout", type=float, help="wall-clock limit, seconds")
     p.add_argument("--log-dir", help="write each process's output to DIR/<role>-<rank>.log")
+    p.add_argument("--no-auth", action="store_true",
+                   help="run without a secret (any host that reaches the nodes can join); "
+                        "else BYTEPS_AUTH_SECRET or BYTEPS_AUTH_SECRET_FILE must be set for "
+                        "every task (scripts/sbatch_byteps_like.sh generates one)")
     try:
         a = p.parse_args(options)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
+    env = dict(env)
+    if a.no_auth:
+        for name in ("BYTEPS_AUTH_SECRET", "BYTEPS_AUTH_SECRET_FILE"):
+            env.pop(name, None)
     try:
         lay, index = layout(env, servers=a.servers, server_nodes=a.server_nodes,
                             local_size=a.local_size, port=a.port)
@@ -217,10 +231,21 @@ def main(argv: Sequence[str], env: Mapping[str, str]) -> int:
     except (SlurmError, ConfigError, ValueError) as exc:
         print(f"bpslaunch slurm: error: {exc}", file=sys.stderr)
         return 2
+    if not a.no_auth and not (env.get("BYTEPS_AUTH_SECRET", "").strip()
+              or env.get("BYTEPS_AUTH_SECRET_FILE", "").strip()):
+        print("bpslaunch slurm: error: no BYTEPS_AUTH_SECRET (or BYTEPS_AUTH_SECRET_FILE) for "
+              "this job: every task needs the same secret, e.g. `export BYTEPS_AUTH_SECRET="
+              "$(openssl rand -hex 32)` before srun (scripts/sbatch_byteps_like.sh does it), or "
+              "pass --no-auth to run unauthenticated", file=sys.stderr)
+        return 2
     if index == 0:
         print(f"bpslaunch: {lay.describe()}", file=sys.stderr, flush=True)
     if not specs:
         return 0
     grace = cfg.timeouts.heartbeat_timeout + 5.0
-    return run_job(specs, dict(env), JobSettings(grace=grace, timeout=a.timeout,
-                                                 log_dir=a.log_dir))
+    try:
+        return run_job(specs, env, JobSettings(grace=grace, timeout=a.timeout,
+                                               log_dir=a.log_dir))
+    finally:  # this node's segments, whatever became of its workers
+        if index < len(lay.worker_nodes):
+            sweep(cfg.cluster.shm_dir, segment_prefix(lay.job_id, lay.port) + f"m{index}-")

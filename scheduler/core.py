@@ -72,7 +72,17 @@ class Scheduler:
         self.expected = {Role.WORKER: c.num_worker * c.local_size, Role.SERVER: c.num_server}
         self.job = job_hash(c.job_id)
         self.ep = make_endpoint("scheduler", cfg, context=context, data_plane=False)
-        self.address = self.ep.bind(address or f"tcp://{_bind_host(c.root_uri)}:{c.root_port}")
+        import zmq
+        try:
+            self.address = self.ep.bind(
+                address or f"tcp://{_bind_host(c.root_uri)}:{c.root_port}")
+        except zmq.ZMQError as exc:  # the port is taken (another job?) or not this host's
+            from ..errors import ConfigError
+            self.ep.close(linger=0)
+            raise ConfigError(
+                f"the scheduler cannot listen on {_bind_host(c.root_uri)}:{c.root_port}: {exc} "
+                "(DMLC_PS_ROOT_PORT / bpslaunch --port, DMLC_PS_ROOT_URI): another job may "
+                "hold the port; pick a free one") from None
         self.nodes: dict[bytes, NodeInfo] = {}
         self.phase = "register"
         self.started = time.monotonic()

@@ -60,7 +60,8 @@ def env_of(container):
 
 @pytest.fixture(params=["yaml", "json"])
 def objects(request, capsys):
-    return [load(o) for o in generate(capsys, fmt=request.param)]
+    # the generated Secret <job>-auth is checked in test_launcher_safety.py
+    return [load(o) for o in generate(capsys, fmt=request.param) if o["kind"] != "Secret"]
 
 
 def test_objects_and_names(objects):
@@ -129,14 +130,16 @@ def test_no_auth_and_extra_env(capsys):
 
 
 def test_yaml_equals_json(capsys):
-    assert generate(capsys, fmt="yaml") == generate(capsys, fmt="json")
+    # (each run generates its own secret)
+    assert generate(capsys, "--existing-secret", fmt="yaml") == \
+        generate(capsys, "--existing-secret", fmt="json")
 
 
 def test_output_file(tmp_path, capsys):
     path = tmp_path / "job.yaml"
     assert cli_main(["k8s", "--name", "j", "--image", "i", "--workers", "1", "--servers", "1",
                      "-o", str(path), "--", "python", "t.py"]) == 0
-    assert len(list(yaml.safe_load_all(path.read_text()))) == 4
+    assert len(list(yaml.safe_load_all(path.read_text()))) == 5  # with the Secret
 
 
 @pytest.mark.parametrize("args,message", [
