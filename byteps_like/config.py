@@ -195,6 +195,17 @@ class TransportConfig:
     max_message_bytes: int = _s("BYTEPS_MAX_MESSAGE_BYTES", "size", 1 << 30, "Largest message a "
                                 "node accepts; must be >= partition_bytes + 4096.", unit="bytes",
                                 min=1024)
+    socket_hwm: int = _s("BYTEPS_SOCKET_HWM", "int", 1000, "Messages a listening ZeroMQ socket "
+                         "(server, scheduler, local root) queues per client and direction: a "
+                         "client that sends faster is slowed by TCP; replies past it wait in a "
+                         "backlog of at most 32 MiB per client, and a client that does not read "
+                         "loses those past both (counted and logged) instead of the node its "
+                         "memory. 0 means unbounded.", unit="messages", min=0)
+    max_connections: int = _s("BYTEPS_MAX_CONNECTIONS", "int", 0, "Clients a listening ZeroMQ "
+                              "socket keeps; more are closed as they connect. 0 derives it from "
+                              "the descriptor limit (ulimit -n): all of it but 64, a quarter of "
+                              "that next to a native data plane, whose streams take the rest.",
+                              unit="connections", min=0)
     transport: str = _s("BYTEPS_TRANSPORT", "choice", "zmq", "Messaging library of the data "
                         "plane (worker <-> server): `zmq` (TCP), or `ucx` (UCX through ucxx: "
                         "RDMA, shared memory or TCP, per UCX_TLS; the scheduler's control "

@@ -39,12 +39,16 @@ def make_endpoint(name: str, cfg, *, context=None, data_plane: bool = True) -> E
     """The endpoint for ``cfg.transport.transport``: ``zmq``, or ``ucx`` (UCX for ``ucx://``
     addresses, the data plane; ZeroMQ for the scheduler's ``tcp://`` control traffic). A node
     without data traffic (the scheduler: ``data_plane=False``) always gets ZeroMQ."""
+    from .native import zmq_max_connections
     kind = cfg.transport.transport if data_plane else "zmq"
+    # a listening socket's bounds (issue 19): queues per client, clients per socket
+    bounds = {"hwm": cfg.transport.socket_hwm,
+              "max_connections": zmq_max_connections(cfg, data_plane)}
     if kind == "zmq":
         secret = auth_secret(cfg)
         curve = derive_curve_keys(secret) if secret else None
         return ZmqEndpoint(name, max_message_bytes=cfg.transport.max_message_bytes,
-                           context=context, curve=curve)
+                           context=context, curve=curve, **bounds)
     from ..errors import ConfigError
     if kind == "ucx":
         if auth_secret(cfg):
@@ -59,6 +63,6 @@ def make_endpoint(name: str, cfg, *, context=None, data_plane: bool = True) -> E
                           ucx_env=ucx_environment(),
                           device_memory=cfg.transport.ucx_device_memory)
         zmq_ep = ZmqEndpoint(name, max_message_bytes=cfg.transport.max_message_bytes,
-                             context=context)
+                             context=context, **bounds)
         return UcxZmqEndpoint(name, ucx, zmq_ep)
     raise ConfigError(f"BYTEPS_TRANSPORT={kind!r} is not available in this build")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import heapq
 import itertools
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -39,8 +40,11 @@ class Endpoint(abc.ABC):
         """Listen on ``address`` (``tcp://host:0`` picks a free port); return the bound address."""
 
     @abc.abstractmethod
-    def connect(self, peer: str, address: str, connections: int = 1) -> None:
-        """Open ``connections`` connections to ``address`` under the name ``peer``."""
+    def connect(self, peer: str, address: str, connections: int = 1,
+                routing_id: bytes | None = None) -> None:
+        """Open ``connections`` connections to ``address`` under the name ``peer``.
+        ``routing_id`` (one connection): the identity the listening side sees in its
+        ``Route.ident``, so that it can tell this connection from any other client's."""
 
     @abc.abstractmethod
     def send(self, route: Route, frames: Sequence[Any]) -> None:
@@ -96,3 +100,36 @@ class Timers:
 
     def clear(self) -> None:
         self._heap.clear()
+
+
+class Drops:
+    """What a node drops instead of handling, counted by reason and logged at a bounded rate
+    (the first of each reason at once, then at most one line per ``interval`` seconds with
+    the number since), so that a flood of hostile messages cannot flood the log too."""
+
+    def __init__(self, logger, who: str, interval: float = 10.0, verb: str = "dropped"):
+        self.log = logger
+        self.who = who
+        self.verb = verb
+        self.interval = interval
+        self.counts: dict[str, int] = {}
+        self._since: dict[str, int] = {}
+        self._next: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, reason: str, detail: str = "") -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.counts[reason] = self.counts.get(reason, 0) + 1
+            self._since[reason] = n = self._since.get(reason, 0) + 1
+            if now < self._next.get(reason, 0.0):
+                return
+            self._since[reason] = 0
+            self._next[reason] = now + self.interval
+        self.log.warning("%s: %s %d message%s: %s%s", self.who, self.verb, n,
+                         "" if n == 1 else "s", reason,
+                         f" (the last: {detail})" if detail else "")
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())

@@ -93,12 +93,32 @@ def store_budget(cfg) -> int:
     return int(total * 0.8)
 
 
-def max_connections() -> int:
+def fd_budget() -> int:
+    """Descriptors a process may spend on connections: its limit (ulimit -n) but 64."""
     import resource
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
-        return 4096
-    return max(16, min(4096, soft - 64))
+        return 1 << 20
+    return max(32, soft - 64)
+
+
+def max_connections() -> int:
+    """Streams a server's native data plane keeps: three quarters of the descriptor budget
+    (the ZeroMQ socket next to it takes the rest, zmq_max_connections), at most 4096; more
+    are closed as they arrive."""
+    budget = fd_budget()
+    return max(16, min(4096, budget - budget // 4))
+
+
+def zmq_max_connections(cfg, data_plane: bool) -> int:
+    """Clients a listening ZeroMQ socket keeps (BYTEPS_MAX_CONNECTIONS, else derived): the
+    descriptor budget, a quarter of it where a native data plane listens too."""
+    if cfg.transport.max_connections:
+        return cfg.transport.max_connections
+    budget = fd_budget()
+    if data_plane and cfg.transport.data_plane != "zmq" and not native_reasons(cfg):
+        return max(16, budget // 4)  # a native plane may listen next to it
+    return max(16, min(budget, 1 << 16))
 
 
 def data_port(cfg) -> int:

@@ -282,7 +282,10 @@ class UcxEndpoint(Endpoint):
                 "with rdmacm)") from None
         return result[0]
 
-    def connect(self, peer: str, address: str, connections: int = 1) -> None:
+    def connect(self, peer: str, address: str, connections: int = 1,
+                routing_id: bytes | None = None) -> None:
+        # UCX carries the data plane only (worker -> server); routing ids are for the local
+        # root's ZeroMQ socket, which UcxZmqEndpoint hands to ZeroMQ
         host, port = self.parse(address)
 
         def do() -> None:
@@ -917,12 +920,13 @@ class UcxZmqEndpoint(Endpoint):
             return self.ucx.bind(address)
         return self.zmq.bind(address)
 
-    def connect(self, peer: str, address: str, connections: int = 1) -> None:
+    def connect(self, peer: str, address: str, connections: int = 1,
+                routing_id: bytes | None = None) -> None:
         if address.startswith(SCHEME):
             self.ucx.connect(peer, address, connections)
         else:
             self._zmq_peers.add(peer)
-            self.zmq.connect(peer, address, connections)
+            self.zmq.connect(peer, address, connections, routing_id)
 
     def send(self, route: Route, frames: Sequence[Any]) -> None:
         if route.ident is not None:

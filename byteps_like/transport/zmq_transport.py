@@ -5,12 +5,27 @@ messages through an ``inproc`` PUSH/PULL pair: frames built with ``copy=False`` 
 without copying the payload. Listening sockets are ROUTERs, connections are DEALERs, and every
 socket has ``ZMQ_MAXMSGSIZE`` set, so an oversized message is dropped by ZeroMQ itself before
 any of it is buffered.
+
+A listening socket faces whoever connects, so it is bounded (issue 19): high-water marks in
+both directions (``BYTEPS_SOCKET_HWM``: a client that sends faster than it is served is slowed
+by TCP; replies past the mark wait in a backlog of at most 32 MiB per client, which absorbs a
+burst of many small replies to a client that reads, and past that a client that does not read
+loses them, counted in ``drops``, instead of the node its memory), a handshake deadline, and at
+most ``max_connections`` accepted connections (more are shut down as they arrive, so the process
+stays under its descriptor limit, where libzmq's accept would spin). Connections this node opens
+itself (to the scheduler, the servers of the node table, its local root) keep unbounded queues:
+what they carry is bounded by the protocol (one reply per request, the push credit), and their
+receive side never stops reading, so the peer's bounded send queue toward this node drains at
+network speed.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import logging
+import socket
+import struct
 import threading
 import time
 import uuid
@@ -19,12 +34,16 @@ from typing import Any, Callable, NamedTuple, Sequence
 import zmq
 from zmq.utils import z85
 
-from .base import Endpoint, Route, Timers
+from .base import Drops, Endpoint, Route, Timers
 
 log = logging.getLogger("byteps_like.transport")
 
 _BATCH = 32                 # messages taken from one socket per poll
 _COPY_THRESHOLD = 64 * 1024  # below this pyzmq copying is cheaper than tracking a zero-copy frame
+_HANDSHAKE_MS = 10_000       # a client of a listening socket must finish the ZMTP handshake in this
+_BACKLOG_BYTES = 32 << 20    # bytes of replies held per client past its high-water mark
+_BACKLOG_MSG = 512           # what one held reply counts besides its bytes
+_BACKLOG_RETRY_S = (0.002, 0.05)  # held replies are offered again this often, backing off
 
 
 def _frame(buf: Any) -> Any:
@@ -34,6 +53,11 @@ def _frame(buf: Any) -> Any:
     if mv.nbytes < _COPY_THRESHOLD:
         return mv.tobytes()
     return zmq.Frame(mv, copy=False)
+
+
+def _cost(frames: list) -> int:
+    """What a held reply counts against _BACKLOG_BYTES: its bytes and a little."""
+    return _BACKLOG_MSG + sum(len(f) for f in frames)
 
 
 class CurveKeys(NamedTuple):
@@ -113,8 +137,19 @@ def _zap_release(ctx: zmq.Context) -> None:
 
 class ZmqEndpoint(Endpoint):
     def __init__(self, name: str, *, max_message_bytes: int = 1 << 30, context: zmq.Context | None = None,
-                 curve: CurveKeys | None = None):
+                 curve: CurveKeys | None = None, hwm: int = 1000, max_connections: int = 0):
         self.name = name
+        self.hwm = int(hwm)                          # per client of the listening socket; 0: none
+        self.max_connections = int(max_connections)  # clients of the listening socket; 0: any
+        self.drops = Drops(log, name)                # what this endpoint dropped, by reason
+        self._monitor: zmq.Socket | None = None
+        self._accepted: set[int] = set()             # descriptors of the listener's clients
+        # replies ZeroMQ refused (the client's queue at its high-water mark), in order, and
+        # what they count against _BACKLOG_BYTES
+        self._backlog: dict[bytes, collections.deque] = {}
+        self._backlog_bytes: dict[bytes, int] = {}
+        self._retry_s = _BACKLOG_RETRY_S[0]
+        self._port = 0
         self.ctx = context or zmq.Context.instance()
         self.curve = curve
         self.auth: _AllowKeys | None = None
@@ -145,8 +180,13 @@ class ZmqEndpoint(Endpoint):
         s = self.ctx.socket(kind)
         s.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, 0)
-        s.setsockopt(zmq.RCVHWM, 0)
+        if kind == zmq.ROUTER:  # faces whoever connects: bounded (see the module's notes)
+            s.setsockopt(zmq.SNDHWM, self.hwm)
+            s.setsockopt(zmq.RCVHWM, self.hwm)
+            s.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_MS)
+        else:
+            s.setsockopt(zmq.SNDHWM, 0)
+            s.setsockopt(zmq.RCVHWM, 0)
         if self.curve is not None:
             if kind == zmq.ROUTER:
                 s.curve_secretkey = self.curve.server_secret
@@ -173,12 +213,55 @@ class ZmqEndpoint(Endpoint):
             bound = s.getsockopt_string(zmq.LAST_ENDPOINT)
         self._router = s
         self._poller.register(s, zmq.POLLIN)
+        if bound.startswith("tcp://") and self.max_connections > 0:
+            self._port = int(bound.rsplit(":", 1)[1])
+            addr = f"inproc://bpsl-monitor-{uuid.uuid4().hex}"
+            s.monitor(addr, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+            m = self.ctx.socket(zmq.PAIR)
+            m.setsockopt(zmq.LINGER, 0)
+            m.setsockopt(zmq.RCVHWM, 0)  # no event may be lost, or the count would drift
+            m.connect(addr)
+            self._monitor = m
+            self._poller.register(m, zmq.POLLIN)
         return bound
 
-    def connect(self, peer: str, address: str, connections: int = 1) -> None:
+    def _on_monitor_event(self) -> None:
+        """Count the listener's clients; close one past ``max_connections`` at once."""
+        frames = self._monitor.recv_multipart()
+        event, fd = struct.unpack_from("=HI", frames[0])  # libzmq's native layout
+        if event == zmq.EVENT_DISCONNECTED:
+            self._accepted.discard(fd)
+        elif event == zmq.EVENT_ACCEPTED:
+            self._accepted.add(fd)
+            if len(self._accepted) > self.max_connections:
+                self._accepted.discard(fd)
+                self._shed(fd)
+                self.drops(f"connection past the limit of {self.max_connections} "
+                           "(BYTEPS_MAX_CONNECTIONS)")
+
+    def _shed(self, fd: int) -> None:
+        """Shut a connection libzmq accepted down (it then closes the descriptor itself);
+        checked to still be a connection to our listening port, never closed here."""
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            return
+        try:
+            if sock.getsockname()[1] == self._port:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.detach()
+
+    def connect(self, peer: str, address: str, connections: int = 1,
+                routing_id: bytes | None = None) -> None:
         def do() -> None:
             for i in range(connections):
                 s = self._socket(zmq.DEALER)
+                if routing_id is not None:
+                    s.setsockopt(zmq.ROUTING_ID, routing_id if connections == 1
+                                 else routing_id + b".%d" % i)
                 s.connect(address)
                 self._dealers[(peer, i)] = s
                 self._sock_route[s] = Route(peer=peer, conn=i)
@@ -237,10 +320,13 @@ class ZmqEndpoint(Endpoint):
         if self._stop and not self._draining:
             return
         if route.ident is not None:
-            try:
-                self._router.send_multipart([route.ident, *frames], copy=False)
-            except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away
-                log.debug("%s: reply to vanished client dropped (%s)", self.name, exc)
+            held = self._backlog.get(route.ident)
+            if held is not None:  # behind replies already held: keep the order
+                self._hold(route.ident, frames)
+            elif not self._offer(route.ident, frames):
+                self._backlog[route.ident] = collections.deque()
+                self._backlog_bytes[route.ident] = 0
+                self._hold(route.ident, frames)
             return
         sock = self._dealers.get((route.peer, route.conn))
         if sock is None:  # a bug in the caller; must not take the I/O thread down with it
@@ -248,6 +334,47 @@ class ZmqEndpoint(Endpoint):
                       route.peer)
             return
         sock.send_multipart(frames, copy=False)
+
+    def _offer(self, ident: bytes, frames: list) -> bool:
+        """Hand a reply to ZeroMQ without blocking; False when the client's queue is full
+        (True also when the client is gone: the reply is dropped)."""
+        try:
+            self._router.send_multipart([ident, *frames], copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away
+            log.debug("%s: reply to vanished client dropped (%s)", self.name, exc)
+            self._backlog.pop(ident, None)
+            self._backlog_bytes.pop(ident, None)
+        return True
+
+    def _hold(self, ident: bytes, frames: list) -> None:
+        cost = _cost(frames)
+        if self._backlog_bytes[ident] + cost > _BACKLOG_BYTES:
+            self.drops(f"reply to a client that does not read: BYTEPS_SOCKET_HWM={self.hwm} "
+                       f"replies queued and {_BACKLOG_BYTES >> 20} MiB held")
+            return
+        self._backlog[ident].append(frames)
+        self._backlog_bytes[ident] += cost
+
+    def _retry_backlog(self) -> None:
+        """Offer held replies again; retry sooner after progress, later (up to 50 ms) when
+        none was made, so a client that never reads costs next to nothing."""
+        held = sum(len(q) for q in self._backlog.values())
+        for ident in list(self._backlog):
+            q = self._backlog.get(ident)
+            while q:
+                if not self._offer(ident, q[0]):
+                    break
+                if ident not in self._backlog:  # the client is gone
+                    break
+                self._backlog_bytes[ident] -= _cost(q.popleft())
+            if ident in self._backlog and not q:
+                del self._backlog[ident]
+                del self._backlog_bytes[ident]
+        lo, hi = _BACKLOG_RETRY_S
+        progress = sum(len(q) for q in self._backlog.values()) < held
+        self._retry_s = lo if progress else min(hi, self._retry_s * 2)
 
     # -- the I/O loop ------------------------------------------------------------------------
     def _dispatch_outbox(self) -> None:
@@ -284,6 +411,9 @@ class ZmqEndpoint(Endpoint):
         try:
             while not self._stop:
                 wait = self._timers.run_due()
+                if self._backlog:  # held replies: offered again at least this often
+                    self._retry_backlog()
+                    wait = self._retry_s if wait is None else min(wait, self._retry_s)
                 events = self._poller.poll(None if wait is None else max(1, int(wait * 1000)))
                 for sock, _ev in events:
                     # drain a bounded batch per socket so no socket starves the others
@@ -293,6 +423,8 @@ class ZmqEndpoint(Endpoint):
                         elif sock is self._router:
                             frames = sock.recv_multipart(copy=False)
                             self._deliver(Route(ident=frames[0].bytes), frames[1:])
+                        elif sock is self._monitor:
+                            self._on_monitor_event()
                         else:
                             self._deliver(self._sock_route[sock], sock.recv_multipart(copy=False))
                         if self._stop or not sock.get(zmq.EVENTS) & zmq.POLLIN:
@@ -310,6 +442,13 @@ class ZmqEndpoint(Endpoint):
             self.on_message(route, frames)
 
     def _close_sockets(self) -> None:
+        if self._monitor is not None:
+            try:
+                self._router.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._monitor.close(0)
+            self._monitor = None
         for s in [self._router, *self._dealers.values()]:
             if s is not None:
                 s.close(self._linger_ms)
