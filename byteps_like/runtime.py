@@ -30,7 +30,8 @@ from . import local
 from .pipeline import (BROADCAST, COMPRESS, COPY_D2H, COPY_H2D, DECOMPRESS, PULL, PUSH, REDUCE,
                        Pipeline, Task, plan)
 from .roles import exit_if_peer_failed
-from .transport import Route, data_scheme, make_endpoint, native
+from .transport import Route, data_scheme, local_peers, make_endpoint, native
+from .transport.base import Drops
 from .wire import (ERR_MISMATCH, ERR_PEER_LEFT, FLAG_COMPRESSED, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
                    Role, as_buffer, contributors, decode, dtype_name, encode, job_hash)
 
@@ -112,6 +113,10 @@ class Runtime:
         self._switch_interval = None  # what the runtime set sys.setswitchinterval to, if it did
         self.single_machine = False   # one worker machine: push_pull never leaves it
         self._round_floor: dict[str, int] = {}  # after join(): rounds of tensors not declared yet
+        self.dropped = Drops(log, "worker")  # messages from no peer entitled to send them
+        self._local_ids: dict[int, bytes] = {}  # local root: rank -> its connection's routing id
+        self._peers_token: str | None = None    # local root: the token file to remove at exit
+        self._peers_ready = False  # the node table is in: peers' messages can be checked
 
     # -- lifecycle ----------------------------------------------------------------------------
     def init(self) -> None:
@@ -165,6 +170,10 @@ class Runtime:
                             + f"m{c.worker_id}-", c.shm_dir)
                 bound = self.ep.bind(f"tcp://{node_host(cfg)}:0")
                 port = int(bound.rsplit(":", 1)[1])
+                # what the local ranks' connections prove they are this machine's with
+                # (transport/local_peers.py), written before the node table can name the port
+                self._peers_token = local_peers.token_path(c)
+                token = local_peers.create_token(self._peers_token)
         self.control = ControlClient(cfg, self.ep, Role.WORKER, port=port,
                                      on_fatal=self._on_fatal)
         self.ep.on_message = self._on_message
@@ -189,10 +198,18 @@ class Runtime:
         if c.local_size > 1 and not self.is_local_root:
             root = next(p for p in self.control.peers
                         if p.role == "worker" and p.rank == self.machine * c.local_size)
-            self.ep.connect("localroot", f"tcp://{root.host}:{root.port}")
+            token = local_peers.read_token(local_peers.token_path(c))
+            self.ep.connect("localroot", f"tcp://{root.host}:{root.port}",
+                            routing_id=local_peers.routing_id(token, c.local_rank))
+        if c.local_size > 1 and self.is_local_root:  # the connection each local rank must use
+            self._local_ids = {self.machine * c.local_size + lr:
+                               local_peers.routing_id(token, lr) for lr in range(1, c.local_size)}
+        self.dropped.who = f"worker {self.rank_}"
+        self._peers_ready = True
         servers = sorted((p for p in self.control.peers if p.role == "server"),
                          key=lambda p: p.rank)
         self.num_servers = len(servers)
+        self._server_ranks = [p.rank for p in servers]  # what a reply's header must say
         self.conns = cfg.transport.tcp_connections
         if self.is_local_root and not self.single_machine:  # only the root talks to servers
             scheme = data_scheme(cfg)
@@ -317,6 +334,9 @@ class Runtime:
         for seg in getattr(self, "_segments", {}).values():
             seg.close(unlink=True)  # every rank unlinks: whoever is last leaves nothing
         self._segments = {}
+        if self._peers_token is not None:
+            local_peers.remove(self._peers_token)
+            self._peers_token = None
         stopped = True
         if self.ep is not None:
             stopped = self.ep.close(linger=0.5)
@@ -836,6 +856,25 @@ class Runtime:
             _core.scale_into(task.dst, task.dtype, self._divisor(task))
         return True
 
+    def _local_sender_problem(self, route: Route, h: Header) -> str | None:
+        """Why a local-reduction message is not this machine's (None: it is). The root takes
+        LOCAL_READY and LOCAL_REDUCED from a local rank's own connection only (its routing id,
+        transport/local_peers.py); a local rank takes LOCAL_REDUCE and LOCAL_DONE from its
+        connection to the root only."""
+        if h.job != self.control.job or h.role is not Role.WORKER:
+            return "local-reduction message of another job"
+        if self.is_local_root:
+            if h.type not in (MsgType.LOCAL_READY, MsgType.LOCAL_REDUCED):
+                return "local-reduction message a local root never takes"
+            if route.ident is None or self._local_ids.get(h.rank) != route.ident:
+                return "local-reduction message from no local rank's connection"
+        else:
+            if h.type not in (MsgType.LOCAL_REDUCE, MsgType.LOCAL_DONE):
+                return "local-reduction message a local rank never takes"
+            if route.peer != "localroot" or h.rank != self.machine * self.local_size_:
+                return "local-reduction message from another than the local root"
+        return None
+
     def _on_local_message(self, route: Route, h: Header) -> None:
         token = (h.key, h.round)
         if route.ident is not None:  # a local rank talking to its root: remember the way back
@@ -974,24 +1013,34 @@ class Runtime:
         try:
             msg = decode(frames, self.cfg.transport.max_message_bytes)
         except ProtocolError as exc:
-            log.warning("worker %d: rejected a message from %s: %s", self.rank_, route, exc)
+            self.dropped("malformed", f"from {route}: {exc}")
             return
         if route.peer == "scheduler":
             self.control.handle(msg)
             return
         h = msg.header
+        if not self._peers_ready:  # before the node table nobody may talk to it
+            self.dropped("message before the node table", f"{h.type.name} from {route}")
+            return
         if h.type in _LOCAL_TYPES:
-            if h.job != self.job or h.rank // max(1, self.local_size_) != self.machine:
-                log.warning("worker %d: %s from rank %d, not of this machine", self.rank_,
-                            h.type.name, h.rank)
+            why = self._local_sender_problem(route, h)
+            if why:
+                self.dropped(why, f"{h.type.name} key {h.key} round {h.round} from {route}")
                 return
             self._on_local_message(route, h)
             return
+        # a server's answer: only on the connection the push went out on, from that server
         with self._lock:
             task = self._inflight.get(h.key)
         if task is None or task.round != h.round:
-            log.warning("worker %d: %s for key %d round %d matches no push in flight",
-                        self.rank_, h.type.name, h.key, h.round)
+            self.dropped("answer that matches no push in flight",
+                         f"{h.type.name} key {h.key} round {h.round} from {route}")
+            return
+        if (route != self._routes[task.server][task.conn] or h.job != self.job
+                or h.role is not Role.SERVER or h.rank != self._server_ranks[task.server]):
+            self.dropped("answer from another connection or sender than the push's server",
+                         f"{h.type.name} key {h.key} round {h.round} from {route} as "
+                         f"{h.sender}")
             return
         if h.type is MsgType.PUSH_ACK:
             self._release(task)
@@ -1016,7 +1065,7 @@ class Runtime:
             self.pipeline.advance(task)
         elif h.type is MsgType.ERROR:
             self._release(task)
-            meta = msg.meta or {}
+            meta = msg.meta if isinstance(msg.meta, dict) else {}
             self._fail_task(task, self._server_error(
                 f"push_pull of {task.handle.name!r} (key {h.key})", meta.get("kind"),
                 str(meta.get("message", "error")), h.rank, meta))
