@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from ..config import Config
 from ..control import WAIT_REPORT_INTERVAL_S
 from ..transport import Route, make_endpoint
-from ..wire import (ERR_PROTOCOL, ERR_REGISTER, Header, MsgType, Role, decode, encode,
-                    job_hash)
+from ..transport.base import Drops
+from ..wire import (ERR_PROTOCOL, ERR_REGISTER, Header, MsgType, Role, decode,
+                    encode, job_hash)
 from ..errors import EXIT_PEER_FAILED, ProtocolError
 
 log = logging.getLogger("byteps_like.scheduler")
@@ -91,6 +92,8 @@ class Scheduler:
         self.exit_code: int | None = None
         self.failure: str | None = None
         self.rejected = 0
+        # by reason, logged at a bounded rate: a flood of bad messages is no flood of lines
+        self.rejections = Drops(log, "scheduler", verb="rejected")
         # the stall inspector: (server rank, key, round) -> last report of that round
         self.stalls: dict[tuple[int, int, int], dict] = {}
         self.stall_log: list[str] = []
@@ -114,9 +117,21 @@ class Scheduler:
 
     # -- helpers ----------------------------------------------------------------------------
     def _send(self, node_or_route, mtype: MsgType, meta: dict | None = None, key: int = 0) -> None:
-        route = node_or_route.route if isinstance(node_or_route, NodeInfo) else node_or_route
-        hdr = Header(mtype, role=Role.SCHEDULER, rank=0, job=self.job, key=key)
+        # a reply to a bare route (a peer that may not be a node of this job) carries no job
+        # tag: the tag is what a forged message to a server or a data stream would need
+        registered = isinstance(node_or_route, NodeInfo)
+        route = node_or_route.route if registered else node_or_route
+        hdr = Header(mtype, role=Role.SCHEDULER, rank=0, job=self.job if registered else 0,
+                     key=key)
         self.ep.send(route, encode(hdr, meta=meta))
+
+    def _reject(self, route: Route, reason: str, text: str, kind: str = ERR_PROTOCOL, *,
+                log_as: str | None = None) -> None:
+        """Refuse one message: count it (by reason), answer it with an ERROR; the job goes
+        on."""
+        self.rejected += 1
+        self.rejections(reason, f"{log_as or text} (from {route})")
+        self._send(route, MsgType.ERROR, {"kind": kind, "message": text})
 
     def _finish(self, code: int, why: str | None = None) -> None:
         if self.exit_code is None:
@@ -142,60 +157,78 @@ class Scheduler:
         try:
             msg = decode(frames, self.cfg.transport.max_message_bytes)
         except ProtocolError as exc:
-            self.rejected += 1
-            log.warning("scheduler: rejected a malformed message from %s: %s", route, exc)
-            self._send(route, MsgType.ERROR, {"kind": ERR_PROTOCOL, "message": str(exc)})
+            self._reject(route, "malformed", str(exc))
             return
         h = msg.header
         if h.job != self.job:
-            self.rejected += 1
-            self._send(route, MsgType.ERROR, {"kind": ERR_REGISTER, "message":
-                       f"this scheduler serves job {self.cfg.cluster.job_id!r}; the peer belongs "
-                       "to another job (check BYTEPS_JOB_ID and DMLC_PS_ROOT_PORT)"})
+            # no job id in the answer: an outsider learns nothing it could inject with
+            self._reject(route, "wrong job", "this scheduler serves another job; check "
+                         "BYTEPS_JOB_ID and DMLC_PS_ROOT_PORT", ERR_REGISTER)
             return
+        if msg.meta is not None and not isinstance(msg.meta, dict):
+            self._reject(route, "bad field", f"{h.type.name}: the meta must be a JSON object, "
+                         f"not {type(msg.meta).__name__}")
+            return
+        try:  # a bug (any other exception) still fails the scheduler, loudly
+            self._dispatch(route, h, msg.meta or {})
+        except _BadField as exc:
+            self._reject(route, "bad field", f"{h.type.name}: {exc}")
+
+    def _dispatch(self, route: Route, h: Header, meta: dict) -> None:
         node = self.nodes.get(route.ident)
         if node is not None:
             node.last_seen = time.monotonic()
         if h.type is MsgType.REGISTER:
-            self._register(route, msg.meta or {}, h)
+            self._register(route, meta, h)
         elif node is None:
-            self.rejected += 1
-            self._send(route, MsgType.ERROR, {"kind": ERR_REGISTER,
-                       "message": f"{h.type.name} from an unregistered node"})
+            self._reject(route, "unregistered", f"{h.type.name} from an unregistered node",
+                         ERR_REGISTER)
         elif h.type is MsgType.HEARTBEAT:
             pass
         elif h.type is MsgType.BARRIER:
-            self._barrier(node, (msg.meta or {}).get("group", "all"), h.key)
+            group = meta.get("group", "all")
+            if group not in ("all", node.role.label):  # also refuses a list (unhashable)
+                raise _BadField(f"group {_show(group)}: a {node.role.label} takes part in "
+                                f"barriers of group 'all' or {node.role.label!r}")
+            self._barrier(node, group, h.key)
         elif h.type is MsgType.FINISH:
             self._worker_finished(node)
         elif h.type is MsgType.JOIN and node.role is Role.WORKER:
-            self._join(node, (msg.meta or {}).get("rounds"))
+            self._join(node, meta.get("rounds"))
         elif h.type is MsgType.MEMBERS and node.role is Role.SERVER:
             self._members_ack(node, h.key)
         elif h.type is MsgType.STALL and node.role is Role.SERVER:
-            self._stall(node, (msg.meta or {}).get("stalls"))
+            self._stall(node, meta.get("stalls"))
         elif h.type is MsgType.ABORT:
-            reason = (msg.meta or {}).get("reason", "aborted")
+            reason = str(meta.get("reason", "aborted"))[:4000]
             self._lose(node, f"{node.describe()} failed: {reason}")
             self._send(node, MsgType.SHUTDOWN)  # the failed node need not wait for anyone
         else:
             log.warning("scheduler: unexpected %s from %s", h.type.name, node.describe())
 
     def _register(self, route: Route, meta: dict, h: Header) -> None:
-        try:
-            role = Role.parse(str(meta["role"]))
-            info = NodeInfo(route, role, str(meta["host"]), int(meta.get("port", 0)),
-                            int(meta.get("pid", 0)),
-                            None if meta.get("worker_id") is None else int(meta["worker_id"]),
-                            int(meta.get("local_rank", 0)))
-            info.data_port = int(meta.get("data_port", 0))
-            if not 0 <= info.data_port <= 65535:
-                raise ValueError(f"data_port {info.data_port} out of range")
-            local_size = int(meta.get("local_size", self.cfg.cluster.local_size))
-        except (KeyError, ValueError, TypeError) as exc:
-            self.rejected += 1
-            self._send(route, MsgType.ERROR, {"kind": ERR_REGISTER,
-                       "message": f"bad registration: {exc}"})
+        c = self.cfg.cluster
+        try:  # every field of its type and in range: a registration becomes the node table
+            role_name = _field(meta, "role", str)
+            if role_name not in ("worker", "server"):
+                raise _BadField(f"role {_show(role_name)} is not 'worker' or 'server'")
+            role = Role.parse(role_name)
+            host = _field(meta, "host", str)
+            if not 0 < len(host) <= 255:
+                raise _BadField(f"host of {len(host)} characters (1 to 255)")
+            local_size = _field(meta, "local_size", int, c.local_size, lo=1, hi=1 << 16)
+            # DMLC_WORKER_ID's upper bound and BYTEPS_LOCAL_SIZE against the job's are
+            # checked below, with messages that name both sides
+            worker_id = _field(meta, "worker_id", int, None, lo=0, what="DMLC_WORKER_ID")
+            local_rank = _field(meta, "local_rank", int, 0, lo=0,
+                                hi=local_size - 1 if role is Role.WORKER else None,
+                                what="BYTEPS_LOCAL_RANK")
+            info = NodeInfo(route, role, host, _field(meta, "port", int, 0, lo=0, hi=65535),
+                            _field(meta, "pid", int, 0, lo=0, hi=(1 << 31) - 1), worker_id,
+                            local_rank)
+            info.data_port = _field(meta, "data_port", int, 0, lo=0, hi=65535)
+        except _BadField as exc:
+            self._reject(route, "bad registration", f"bad registration: {exc}", ERR_REGISTER)
             return
         err = None
         if self.phase != "register":
@@ -218,9 +251,8 @@ class Scheduler:
                     err = (f"DMLC_WORKER_ID={info.worker_id} BYTEPS_LOCAL_RANK={info.local_rank} "
                            f"is already taken by {n.host} pid {n.pid}")
         if err:
-            self.rejected += 1
-            log.error("scheduler: refused %s from %s: %s", role.label, info.host, err)
-            self._send(route, MsgType.ERROR, {"kind": ERR_REGISTER, "message": err})
+            self._reject(route, "registration refused", err, ERR_REGISTER,
+                         log_as=f"a {role.label} from {info.host}: {err}")
             return
         self.nodes[route.ident] = info
         log.info("scheduler: %s joined from %s:%d (%s)", role.label, info.host, info.port,
@@ -531,6 +563,37 @@ class Scheduler:
         finally:
             self.close()
         return self.exit_code or 0
+
+
+class _BadField(ValueError):
+    """A message field of the wrong type or out of range (answered with an ERROR)."""
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_MISSING = object()
+
+
+def _field(meta: dict, name: str, kind: type, default=_MISSING, *, lo: int | None = None,
+           hi: int | None = None, what: str | None = None):
+    """meta[name], checked: exactly of ``kind`` (a JSON number that is a bool or a float is
+    no int), within [lo, hi]; ``default`` when absent (None allowed only as the default)."""
+    value = meta.get(name, default)
+    label = f"{name} ({what})" if what else name
+    if value is _MISSING:
+        raise _BadField(f"{label} is missing")
+    if value is None and default is None:
+        return None
+    if type(value) is not kind:
+        raise _BadField(f"{label} {_show(value)} is not {'an' if kind is int else 'a'} "
+                        f"{'integer' if kind is int else 'string'}")
+    if lo is not None and value < lo or hi is not None and value > hi:
+        span = f"{lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}"
+        raise _BadField(f"{label}={value} is out of range ({span})")
+    return value
 
 
 def _bind_host(uri: str) -> str:
