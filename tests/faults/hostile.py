@@ -137,6 +137,7 @@ class HostileClient:
     def close(self) -> None:
         self.sock.close(0)
 
+
 # ---- server-side resource attacks (issue 19; tests/faults/test_hostile_server.py) -------------
 
 def topk_payload(n: int, k: int = 1, step: int = 0) -> bytes:
@@ -257,3 +258,150 @@ def native_reply(s) -> tuple:
         meta = json.loads(recv_exact(s, n))
     payload = recv_exact(s, h[11]) if h[2] != NATIVE_ERROR and h[11] else b""
     return h, meta, payload
+
+
+# -- live processes (issue 19): the scheduler and servers as processes of their own, so that
+# -- their memory and CPU time can be measured while hostile peers work on them ---------------
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` (VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def proc_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def spawn_role(role: str, env: dict, log_path: str, *, nofile: int | None = None):
+    """``python -m byteps_like.<role>`` with ``env`` added to this environment, its output in
+    ``log_path``; ``nofile`` limits its descriptors (``ulimit -n``)."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    out = open(log_path, "ab")
+    try:
+        return subprocess.Popen([sys.executable, "-m", f"byteps_like.{role}"],
+                                env={**os.environ, **env, "DMLC_ROLE": role}, stdout=out,
+                                stderr=subprocess.STDOUT, preexec_fn=limit,
+                                start_new_session=True)
+    finally:
+        out.close()
+
+
+class ProcCluster:
+    """A job of ``machines`` worker machines with ``local_size`` worker processes each (the
+    workers are Runtimes in this process; several local ranks reduce through shared memory
+    and the local root's socket as with bpslaunch --local-size), and a scheduler and
+    ``servers`` servers as processes."""
+
+    def __init__(self, tmp_path, *, machines: int = 2, local_size: int = 1, servers: int = 1,
+                 nofile: int | None = None, extra: dict | None = None):
+        import threading
+
+        from byteps_like.config import load
+        from byteps_like.runtime import Runtime
+
+        from .cluster import cluster_env, free_port
+        self.port = free_port()
+        self.env = cluster_env(self.port, workers=machines, servers=servers,
+                               BYTEPS_LOCAL_SIZE=str(local_size), **(extra or {}))
+        self.logs = [str(tmp_path / "scheduler.log")]
+        self.sched = spawn_role("scheduler", self.env, self.logs[0])
+        self.servers = []
+        for i in range(servers):
+            self.logs.append(str(tmp_path / f"server{i}.log"))
+            self.servers.append(spawn_role("server", self.env, self.logs[-1], nofile=nofile))
+        self.workers = [Runtime(load(env={**self.env, "DMLC_ROLE": "worker",
+                                          "DMLC_WORKER_ID": str(m),
+                                          "BYTEPS_LOCAL_RANK": str(lr)}))
+                        for m in range(machines) for lr in range(local_size)]
+        self._threading = threading
+        outs = self.run_all(lambda w: w.init())
+        if not all(w.initialized for w in self.workers):
+            self.kill()
+            raise RuntimeError(f"the job did not start: {outs}\n{self.log_tail()}")
+
+    @property
+    def scheduler_address(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def server_peers(self) -> list:
+        """The servers of the node table (host, port, data_port), by rank."""
+        return sorted((p for p in self.workers[0].control.peers if p.role == "server"),
+                      key=lambda p: p.rank)
+
+    def local_root_address(self, machine: int = 0) -> str:
+        """The published address of a machine's local root (several local ranks)."""
+        ls = self.workers[0].local_size_
+        root = next(p for p in self.workers[0].control.peers
+                    if p.role == "worker" and p.rank == machine * ls)
+        return f"tcp://{root.host}:{root.port}"
+
+    def run_all(self, fn, timeout: float = 60) -> list:
+        outs: list = [None] * len(self.workers)
+
+        def go(i: int) -> None:
+            try:
+                outs[i] = fn(self.workers[i])
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                outs[i] = exc
+        ts = [self._threading.Thread(target=go, args=(i,), daemon=True)
+              for i in range(len(self.workers))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout)
+        return outs
+
+    def push_pull(self, value_of, name: str, timeout: float = 30) -> list:
+        return self.run_all(lambda w: w.push_pull_async(value_of(w.rank()), name=name,
+                                                        average=False).wait(timeout))
+
+    def log_tail(self, n: int = 3000) -> str:
+        parts = []
+        for path in self.logs:
+            try:
+                with open(path, errors="replace") as f:
+                    parts.append(f"--- {os.path.basename(path)} ---\n{f.read()[-n:]}")
+            except OSError:
+                pass
+        return "\n".join(parts)
+
+    def kill(self) -> None:
+        import signal
+        for p in [self.sched, *self.servers]:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+    def close(self) -> list[int | None]:
+        """Shut the workers down and wait for the scheduler and servers; their exit codes."""
+        import subprocess
+        ts = [self._threading.Thread(target=w.shutdown, daemon=True) for w in self.workers]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        codes = []
+        for p in [self.sched, *self.servers]:
+            try:
+                codes.append(p.wait(30))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        self.kill()
+        return codes
