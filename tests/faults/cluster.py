@@ -28,25 +28,9 @@ def cluster_env(port: int, workers: int = 2, servers: int = 1, **extra: str) -> 
     return env
 
 
-class Cluster:
-    def __init__(self, env: dict):
-        self.env = env
-        self.sched = Scheduler(load(env={**env, "DMLC_ROLE": "scheduler"}))
-        self.sched.start()
-        n_srv = int(env["DMLC_NUM_SERVER"])
-        self.servers = [Server(load(env={**env, "DMLC_ROLE": "server"})) for _ in range(n_srv)]
-        self.server_threads = [threading.Thread(target=s.run, daemon=True) for s in self.servers]
-        for t in self.server_threads:
-            t.start()
-        n = int(env["DMLC_NUM_WORKER"])
-        self.workers = [Runtime(load(env={**env, "DMLC_ROLE": "worker",
-                                          "DMLC_WORKER_ID": str(i)})) for i in range(n)]
-        self.run_all(lambda w: w.init())
-        assert all(w.initialized for w in self.workers)
-
-    @property
-    def server(self) -> Server:
-        return self.servers[0]
+class WorkerGroup:
+    """What every test cluster does with its ``workers`` (Runtimes of this process)."""
+    workers: list
 
     def run_all(self, fn, timeout: float = 60) -> list:
         """fn(worker) on every worker at once; returns the results (or raised exceptions)."""
@@ -68,6 +52,27 @@ class Cluster:
     def push_pull(self, value_of, name: str, timeout: float = 30) -> list:
         return self.run_all(lambda w: w.push_pull_async(value_of(w.rank()), name=name,
                                                         average=False).wait(timeout))
+
+
+class Cluster(WorkerGroup):
+    def __init__(self, env: dict):
+        self.env = env
+        self.sched = Scheduler(load(env={**env, "DMLC_ROLE": "scheduler"}))
+        self.sched.start()
+        n_srv = int(env["DMLC_NUM_SERVER"])
+        self.servers = [Server(load(env={**env, "DMLC_ROLE": "server"})) for _ in range(n_srv)]
+        self.server_threads = [threading.Thread(target=s.run, daemon=True) for s in self.servers]
+        for t in self.server_threads:
+            t.start()
+        n = int(env["DMLC_NUM_WORKER"])
+        self.workers = [Runtime(load(env={**env, "DMLC_ROLE": "worker",
+                                          "DMLC_WORKER_ID": str(i)})) for i in range(n)]
+        self.run_all(lambda w: w.init())
+        assert all(w.initialized for w in self.workers)
+
+    @property
+    def server(self) -> Server:
+        return self.servers[0]
 
     def close(self, expect_clean: bool = True) -> None:
         ts = [threading.Thread(target=w.shutdown, daemon=True) for w in self.workers]

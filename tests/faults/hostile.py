@@ -9,6 +9,8 @@ import zmq
 from byteps_like.wire import (FLAG_COMPRESSED, FLAG_DECLARE, Header, MsgType, Role, encode,
                               job_hash)
 
+from .cluster import WorkerGroup
+
 JOB = job_hash("default")
 
 
@@ -303,7 +305,7 @@ def spawn_role(role: str, env: dict, log_path: str, *, nofile: int | None = None
         out.close()
 
 
-class ProcCluster:
+class ProcCluster(WorkerGroup):
     """A job of ``machines`` worker machines with ``local_size`` worker processes each (the
     workers are Runtimes in this process; several local ranks reduce through shared memory
     and the local root's socket as with bpslaunch --local-size), and a scheduler and
@@ -351,26 +353,6 @@ class ProcCluster:
         root = next(p for p in self.workers[0].control.peers
                     if p.role == "worker" and p.rank == machine * ls)
         return f"tcp://{root.host}:{root.port}"
-
-    def run_all(self, fn, timeout: float = 60) -> list:
-        outs: list = [None] * len(self.workers)
-
-        def go(i: int) -> None:
-            try:
-                outs[i] = fn(self.workers[i])
-            except BaseException as exc:  # noqa: BLE001 - handed to the test
-                outs[i] = exc
-        ts = [self._threading.Thread(target=go, args=(i,), daemon=True)
-              for i in range(len(self.workers))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(timeout)
-        return outs
-
-    def push_pull(self, value_of, name: str, timeout: float = 30) -> list:
-        return self.run_all(lambda w: w.push_pull_async(value_of(w.rank()), name=name,
-                                                        average=False).wait(timeout))
 
     def log_tail(self, n: int = 3000) -> str:
         parts = []
