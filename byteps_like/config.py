@@ -313,7 +313,8 @@ class TraceConfig:
     on: bool = _s("BYTEPS_TRACE_ON", "bool", False, "Write a timeline trace: one event per "
                   "pipeline stage per partition, to BYTEPS_TRACE_DIR/<rank>/comm.json.")
     start_step: int = _s("BYTEPS_TRACE_START_STEP", "int", 10, "First traced step; a step is a "
-                         "round of the first tensor the worker declared.", min=0)
+                         "training step (each gradient averaging a plugin notes; without a "
+                         "plugin, a round of the tensor push_pulled most).", min=0)
     end_step: int = _s("BYTEPS_TRACE_END_STEP", "int", 20, "Last traced step (inclusive); the "
                        "trace file is written once it is over, or at shutdown.", min=0)
     dir: str = _s("BYTEPS_TRACE_DIR", "str", "./trace", "Directory of the trace files.")
