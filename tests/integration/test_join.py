@@ -8,6 +8,8 @@ import pytest
 
 from .harness import bpslaunch, worker
 
+pytestmark = pytest.mark.integration
+
 
 def records(out: str) -> list[dict]:
     """The JSON lines the workers printed (bpslaunch prefixes each with "[worker N] ")."""
