@@ -223,6 +223,8 @@ double monotonic_now() {
 }
 
 // ---- a stream --------------------------------------------------------------------------------
+constexpr std::size_t kMaxQueuedOut = 1 << 16;  // messages a stream may hold unwritten
+
 class Conn : public std::enable_shared_from_this<Conn> {
  public:
   explicit Conn(int fd, Counters* counters) : fd_(fd), counters_(counters) {}
@@ -235,7 +237,14 @@ class Conn : public std::enable_shared_from_this<Conn> {
     std::vector<std::function<void(bool)>> finished;
     {
       std::lock_guard<std::mutex> g(wmu_);
-      if (closed_) {
+      if (!closed_ && outq_.size() >= kMaxQueuedOut) {
+        // a peer that does not read: it loses the stream, the process keeps its memory (the
+        // credit bounds what a real peer has queued to a few thousand messages)
+        if (!unread_) counters_->unread_closed++;
+        unread_ = true;
+        ::shutdown(fd_, SHUT_RDWR);  // the loop sees it and closes the connection
+        if (o.done) finished.push_back(std::move(o.done));
+      } else if (closed_) {
         if (o.done) finished.push_back(std::move(o.done));
       } else {
         if (o.hdr.flags & kFlagMeta) o.meta_len = static_cast<std::uint32_t>(o.meta.size());
@@ -419,6 +428,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::mutex wmu_;
   std::deque<Out> outq_;
   bool closed_ = false;
+  bool unread_ = false;  // closed for leaving kMaxQueuedOut messages unread
   bool armed_out_ = false;
   int epfd_ = -1;
 };

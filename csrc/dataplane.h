@@ -62,10 +62,12 @@ std::size_t wire_itemsize(int wire_code);  // 0 for an unknown code
 struct Counters {
   std::atomic<std::uint64_t> bytes_in{0}, bytes_out{0}, msgs_in{0}, msgs_out{0};
   std::atomic<std::uint64_t> pushes{0}, rounds{0}, bytes_summed{0}, connections{0};
+  // streams closed because their peer left more than kMaxQueuedOut messages unread
+  std::atomic<std::uint64_t> unread_closed{0};
   // the traffic counters every stream keeps, by name
   std::map<std::string, std::uint64_t> snapshot() const {
     return {{"bytes_in", bytes_in}, {"bytes_out", bytes_out}, {"msgs_in", msgs_in},
-            {"msgs_out", msgs_out}};
+            {"msgs_out", msgs_out}, {"unread_closed", unread_closed}};
   }
 };
 

@@ -396,3 +396,27 @@ def test_error_replies_carry_no_open_round_native():
                 assert h[2] == NATIVE_ERROR
                 assert not _rounds_in(json.dumps(meta), 5, 4), meta
         _exact_rounds(c, 1, compressed=False)
+
+
+# ---- item 3 on the native plane: a stream that never reads ------------------------------------
+
+def test_a_native_stream_that_never_reads_loses_the_stream_not_the_server_its_memory():
+    """Pulls of a completed round are answered at once; a peer that sends them and never reads
+    used to grow the stream's send queue without bound. Past kMaxQueuedOut (65,536) unwritten
+    messages the server closes that stream (counted as unread_closed); the job goes on."""
+    with running_cluster(workers=2) as c:
+        _exact_rounds(c, 1, compressed=False)
+        srv = c.server
+        (key,) = _keys_of(c, "real.i")
+        rnd = c.workers[0]._tensors["real.i"].round - 1   # the last completed round
+        burst = native_msg(NATIVE_PULL, 0, srv.job, key=key, rnd=rnd) * 10_000
+        with native_stream(srv.control.data_port, srv.job) as s:
+            s.settimeout(10)
+            try:
+                for _ in range(40):   # 400,000 pulls, not one reply read (kernel buffers
+                    # hold the first ~100,000 replies)
+                    s.sendall(burst)
+            except OSError:
+                pass  # the server closed the stream: what this test wants
+            _wait_for(lambda: srv.native.stats()["unread_closed"] == 1)
+        _exact_rounds(c, 2, compressed=False)
