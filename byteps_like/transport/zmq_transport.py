@@ -467,9 +467,16 @@ class ZmqEndpoint(Endpoint):
         if threading.current_thread() is self._thread:
             self._stop = True
             return True
-        if self._thread.is_alive():
-            self._sender().send(b"S")
-            self._thread.join(linger + 5.0)
+        deadline = time.monotonic() + linger + 5.0
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            # never block here: an I/O thread that died (a bug, reported through on_error)
+            # closed its outbox, and a PUSH without a peer would wait forever
+            try:
+                self._sender().send(b"S", zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                self._thread.join(0.05)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         with self._senders_lock:
             for s in self._senders:
                 s.close(0)
