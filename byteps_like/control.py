@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .config import Config
+from .config import Config, resolve_root
 from .errors import CommTimeoutError, ConfigError, PeerLeftError, PeerLostError, RemoteError
 from .transport import Endpoint, Route
 from .wire import Header, Message, MsgType, Role, encode, job_hash
@@ -91,7 +91,9 @@ class ControlClient:
     def connect_and_register(self, address: str | None = None) -> None:
         """Connect, register, and block until the node table arrives."""
         c = self.cfg.cluster
-        address = address or f"tcp://{c.root_uri}:{c.root_port}"
+        if address is None:
+            resolve_root(self.cfg)  # an unresolvable host fails now, not after the timeout
+            address = f"tcp://{c.root_uri}:{c.root_port}"
         self.ep.connect("scheduler", address)
         meta = {"role": self.role.label, "host": self.host, "port": self.port,
                 "data_port": self.data_port, "pid": os.getpid(),

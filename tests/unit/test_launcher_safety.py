@@ -132,6 +132,20 @@ def test_an_unresolvable_scheduler_host_is_refused_at_once(capsys, monkeypatch):
     assert time.monotonic() - t0 < 30  # not BYTEPS_REGISTER_TIMEOUT_SECONDS (120)
 
 
+def test_a_worker_started_directly_refuses_an_unresolvable_scheduler_host_at_once():
+    """Without bpslaunch or the role entry points: init() of a worker's runtime."""
+    from byteps_like.runtime import Runtime
+    env = {"DMLC_PS_ROOT_URI": "no-such-host.invalid", "DMLC_PS_ROOT_PORT": "9", "DMLC_ROLE":
+           "worker", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
+           "BYTEPS_REGISTER_TIMEOUT_SECONDS": "60"}
+    rt = Runtime(load(env=env))
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match="DMLC_PS_ROOT_URI='no-such-host.invalid'"):
+        rt.init()
+    assert time.monotonic() - t0 < 20  # not the 60 s registration timeout
+    rt.shutdown()
+
+
 # ---- bpslaunch k8s and bpslaunch slurm -----------------------------------------------------------
 def _k8s(tmp_path, *args):
     import json
