@@ -22,7 +22,7 @@ __all__ = [*_API, *_ERRORS, "__version__"]
 
 def __getattr__(name: str):
     if name in _API:
-        return getattr(importlib.import_module(".api", __name__), name)
+        return getattr(importlib.import_module(".worker.api", __name__), name)
     if name in _ERRORS:
         return getattr(importlib.import_module(".errors", __name__), name)
     raise AttributeError(f"module 'byteps_like' has no attribute {name!r}")

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .compression import Compression, Compressor
-from .runtime import default_runtime
+from .worker.runtime import default_runtime
 
 _classes: dict = {}
 

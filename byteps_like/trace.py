@@ -5,7 +5,7 @@ and end; they do not live in the router). It keeps its events in memory and writ
 the traced steps are over or at shutdown, so tracing costs the hot path a dict lookup and a list
 append per stage.
 
-A *step* is a training step (:meth:`byteps_like.telemetry.Telemetry.step`): where a framework
+A *step* is a training step (:meth:`byteps_like.worker.telemetry.Telemetry.step`): where a framework
 plugin averages the gradients (torch ``DistributedOptimizer``, TensorFlow's
 ``DistributedGradientTape``, a Keras ``DistributedOptimizer``, MXNet's ``DistributedTrainer``) it
 counts each averaging; in a script that calls ``push_pull`` itself, the round of the tensor
@@ -32,7 +32,7 @@ import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable
 
-from .pipeline import Spans
+from .worker.pipeline import Spans
 
 log = logging.getLogger("byteps_like.trace")
 

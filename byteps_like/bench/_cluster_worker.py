@@ -178,7 +178,7 @@ def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = ""
     import numpy as np
 
     import byteps_like as bps
-    from byteps_like.runtime import default_runtime
+    from byteps_like.worker.runtime import default_runtime
     bps.init()
     rank, n = bps.rank(), bps.size()
     expect = n * (n + 1) / 2

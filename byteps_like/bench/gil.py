@@ -250,7 +250,7 @@ def _worker(sizes: list[int], seconds: float, repeat: int, warm: float, control:
                       file=sys.stderr, flush=True)
         results[str(nbytes)] = reps
         del x, out
-    from byteps_like.runtime import default_runtime
+    from byteps_like.worker.runtime import default_runtime
     pushed = default_runtime().bytes_pushed   # 0 would mean nothing reached a server
     bps.shutdown()
     print(RESULT_TAG + json.dumps({"rank": rank, "workers": nworkers,

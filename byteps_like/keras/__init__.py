@@ -21,9 +21,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without keras
                       "'byteps_like[tensorflow]' (or keras and a backend)") from exc
 
 from .. import _keras as _impl
-from ..api import join, local_rank, local_size, rank, size
+from ..worker.api import join, local_rank, local_size, rank, size
 from ..compression import Compression
-from ..runtime import default_runtime
+from ..worker.runtime import default_runtime
 
 
 def _make_ops():
@@ -38,7 +38,7 @@ _ops = _make_ops()
 
 
 def init(lazy: bool = True, **overrides) -> None:
-    from ..api import init as _init
+    from ..worker.api import init as _init
     _init(**overrides)
 
 

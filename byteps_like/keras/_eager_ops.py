@@ -7,10 +7,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import broadcast as core_broadcast
+from ..worker import broadcast as core_broadcast
 from ..compression import Compression, Compressor
-from ..runtime import default_runtime
-from ..sync import GradBuffer, GradientSynchronizer
+from ..worker.runtime import default_runtime
+from ..worker.sync import GradBuffer, GradientSynchronizer
 from ..wire import dtype_name
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..api import join, local_rank, local_size, rank, size  # same as the core's
+from ..worker.api import join, local_rank, local_size, rank, size  # same as the core's
 from ..compression import Compression
-from ..runtime import default_runtime
+from ..worker.runtime import default_runtime
 from .ops import broadcast_parameters, byteps_declare_tensor, byteps_push_pull
 
 _LAZY = ("DistributedOptimizer", "DistributedTrainer")
@@ -24,7 +24,7 @@ _LAZY = ("DistributedOptimizer", "DistributedTrainer")
 
 def init(lazy: bool = True, **overrides: Any) -> None:
     """Join the job (``lazy`` is accepted for BytePS compatibility)."""
-    from ..api import init as _init
+    from ..worker.api import init as _init
     _init(**overrides)
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import broadcast as core_broadcast
-from ..runtime import default_runtime
+from ..worker import broadcast as core_broadcast
+from ..worker.runtime import default_runtime
 from ..wire import SUMMABLE
 from ._mx import mx
 

@@ -10,8 +10,8 @@ import warnings
 from typing import Any
 
 from ..compression import Compression, Compressor
-from ..runtime import default_runtime
-from ..sync import GradBuffer, GradientSynchronizer, check_names, model_signature_check
+from ..worker.runtime import default_runtime
+from ..worker.sync import GradBuffer, GradientSynchronizer, check_names, model_signature_check
 from ._mx import mx
 from .ops import broadcast_arrays, byteps_push_pull
 

@@ -14,16 +14,16 @@ except ImportError as exc:  # pragma: no cover - exercised only without tensorfl
     raise ImportError("byteps_like.tensorflow needs TensorFlow: pip install "
                       "'byteps_like[tensorflow]' (or tensorflow-cpu itself)") from exc
 
-from ..api import declare, join, local_rank, local_size, rank, size  # same as the core's
+from ..worker.api import declare, join, local_rank, local_size, rank, size  # same as the core's
 from ..compression import Compression
-from ..runtime import default_runtime
+from ..worker.runtime import default_runtime
 from .ops import allgather, broadcast, broadcast_variables, push_pull, push_pull_gradients
 from .tape import DistributedGradientTape
 
 
 def init(lazy: bool = True, **overrides) -> None:
     """Join the job (``lazy`` is accepted for BytePS compatibility)."""
-    from ..api import init as _init
+    from ..worker.api import init as _init
     _init(**overrides)
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from ..compression import Compression, Compressor, resolve, split
-from ..runtime import default_runtime
-from ..sync import GradBuffer, GradientSynchronizer, model_signature_check
+from ..worker.runtime import default_runtime
+from ..worker.sync import GradBuffer, GradientSynchronizer, model_signature_check
 
 WIRE_DTYPE = {tf.float32: "float32", tf.float64: "float64", tf.float16: "float16",
               tf.bfloat16: "bfloat16", tf.int32: "int32", tf.int64: "int64"}
@@ -157,7 +157,7 @@ def push_pull(tensor: Any, scope: str = "", average: bool | None = None,
 
 def _broadcast_arrays(arrays: list, dtypes: list, names: list, root_rank: int) -> None:
     rt = default_runtime()
-    from ..broadcast import _check_root
+    from ..worker.broadcast import _check_root
     _check_root(rt, root_rank)
     if rt.rank() != root_rank:
         for a in arrays:
@@ -196,7 +196,7 @@ def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
     """Horovod's ``allgather``: every rank's ``tensor`` concatenated along the first axis in rank
     order; the first dimension may differ between ranks (eager and in ``tf.function``; not
     differentiable)."""
-    from ..broadcast import allgather_array
+    from ..worker.broadcast import allgather_array
     tensor = tf.convert_to_tensor(tensor)
     rt = default_runtime()
 

@@ -14,12 +14,12 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("byteps_like.torch needs PyTorch: pip install 'byteps_like[torch]' "
                       "(or torch itself)") from exc
 
-from ..api import (barrier, declare, get_pushpull_speed, join, local_rank, local_size,  # core
+from ..worker.api import (barrier, declare, get_pushpull_speed, join, local_rank, local_size,  # core
                    rank, size)
 from ..compression import Compression
-from ..runtime import default_runtime
+from ..worker.runtime import default_runtime
 # the functions shadow the submodule of the same name on purpose: bps.broadcast(t, 0) is a call
-from .broadcast import (broadcast, broadcast_, broadcast_object, broadcast_optimizer_state,
+from .worker.broadcast import (broadcast, broadcast_, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 from .ops import (TorchHandle, poll, push_pull, push_pull_async, push_pull_async_inplace,
                   push_pull_inplace, synchronize)
@@ -29,7 +29,7 @@ from .parallel import DistributedDataParallel
 
 def init(lazy: bool = True, **overrides) -> None:
     """Join the job (``lazy`` is accepted for BytePS compatibility)."""
-    from ..api import init as _init
+    from ..worker.api import init as _init
     _init(**overrides)
 
 
@@ -71,7 +71,7 @@ def allgather(tensor, name: str | None = None):
     """Horovod's ``allgather``: every rank's ``tensor`` concatenated along the first axis in rank
     order, on ``tensor``'s device. The first dimension may differ between ranks. Not
     differentiable (use push_pull for gradients)."""
-    from ..broadcast import allgather_array
+    from ..worker.broadcast import allgather_array
     if not isinstance(tensor, _torch.Tensor):
         raise TypeError(f"allgather: expected a tensor, got {type(tensor).__name__}")
     t = tensor.detach().cpu()
@@ -91,7 +91,7 @@ def resume(num_workers: int | None = None, num_servers: int | None = None,
            global_rank: int | None = None, context=None) -> None:
     """Join a (possibly resized) job after ``suspend()``. Counts not given are read from the
     environment again."""
-    from ..runtime import reset_default_runtime
+    from ..worker.runtime import reset_default_runtime
     overrides = {}
     if num_workers is not None:
         overrides["cluster.num_worker"] = num_workers

@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..sync import GradBuffer
+from ..worker.sync import GradBuffer
 
 WIRE_DTYPE = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
               torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64"}
@@ -47,7 +47,7 @@ def stage(t: torch.Tensor, what: str = "tensor", copy_in: bool = True) -> GradBu
 class CudaCopier:
     """Stages a CUDA tensor through a pinned host buffer, one partition at a time, on a copy
     stream of its own: the pipeline calls ``d2h`` just before pushing a partition and ``h2d``
-    as soon as its sum is pulled, so copies overlap the network (byteps_like.runtime's
+    as soon as its sum is pulled, so copies overlap the network (byteps_like.worker.runtime's
     ``DeviceCopier``). ``finish()`` orders the caller's stream after every copy back.
 
     The copy stream first waits for an event recorded on the caller's stream when the copier
@@ -116,7 +116,7 @@ def grad_buffer(grad: torch.Tensor, name: str, compression) -> GradBuffer:
     fp16, which converts whole host arrays; codec compressors run in the pipeline after the
     device copy), else a whole-tensor host copy."""
     from ..compression import Compression, split
-    from ..runtime import default_runtime
+    from ..worker.runtime import default_runtime
     from . import nccl
     rt = default_runtime()
     if compression is Compression.none and nccl.available(rt, grad):
@@ -134,7 +134,7 @@ def grad_buffer(grad: torch.Tensor, name: str, compression) -> GradBuffer:
 def device_stage(t: torch.Tensor, out: torch.Tensor, name, what: str):
     """(host GradBuffer, CudaCopier) for a CUDA tensor staged through the pipeline, or None when
     the job cannot pipeline device copies (standalone, or several local ranks)."""
-    from ..runtime import default_runtime
+    from ..worker.runtime import default_runtime
     if t.device.type != "cuda" or not t.is_contiguous() or not out.is_contiguous():
         return None
     if not default_runtime().device_pipeline:

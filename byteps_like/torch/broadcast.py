@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import broadcast as core_broadcast
-from ..runtime import default_runtime
+from ..worker import broadcast as core_broadcast
+from ..worker.runtime import default_runtime
 from ._tensor import WIRE_DTYPE, as_numpy
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .. import local
-from ..runtime import Runtime
+from ..worker.runtime import Runtime
 from ._tensor import as_numpy, wire_dtype
 
 _groups: dict = {}
@@ -124,7 +124,7 @@ class NcclPushPull:
     def start(self, priority: int | None = None):
         """Push the machine's sum and pull the job's (the local root talks to the servers)."""
         if self.allreduce is not None:  # nothing leaves the machine: a handle already done
-            from ..handle import Handle
+            from ..worker.handle import Handle
             return Handle(self.name, self.typed, self.typed, 0,
                           default_timeout=self.rt.cfg.timeouts.op_timeout)
         return self.rt.push_pull_async(self.typed, name=self.name, average=False,
@@ -135,7 +135,7 @@ class NcclPushPull:
     def buffer(self):
         """The GradBuffer the synchronizer uses: started by :meth:`start`, finished by
         :meth:`finish`."""
-        from ..sync import GradBuffer
+        from ..worker.sync import GradBuffer
         return GradBuffer(self.typed, self.dtype, self.finish, start=self.start)
 
     def finish(self) -> None:

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from ..compression import Compression, Compressor, split
-from ..runtime import default_runtime
+from ..worker.runtime import default_runtime
 from . import nccl
 from ._tensor import device_stage, stage
 

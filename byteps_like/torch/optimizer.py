@@ -10,8 +10,8 @@ import torch
 
 from ..compression import Compression, Compressor
 from ..errors import BytePSError
-from ..runtime import default_runtime
-from ..sync import GradBuffer, GradientSynchronizer, check_names, model_signature_check
+from ..worker.runtime import default_runtime
+from ..worker.sync import GradBuffer, GradientSynchronizer, check_names, model_signature_check
 from ._tensor import grad_buffer, wire_dtype
 
 

@@ -6,10 +6,10 @@ from typing import Iterator
 
 import torch
 
-from ..runtime import default_runtime
-from ..sync import GradBuffer, GradientSynchronizer, model_signature_check
+from ..worker.runtime import default_runtime
+from ..worker.sync import GradBuffer, GradientSynchronizer, model_signature_check
 from ._tensor import grad_buffer, wire_dtype
-from .broadcast import broadcast_parameters
+from .worker.broadcast import broadcast_parameters
 
 
 class DistributedDataParallel(torch.nn.Module):

@@ -23,7 +23,7 @@ import time
 import torch
 
 import byteps_like.torch as bps
-from byteps_like.runtime import default_runtime
+from byteps_like.worker.runtime import default_runtime
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import byteps_like.torch as bps
-from byteps_like.runtime import default_runtime
+from byteps_like.worker.runtime import default_runtime
 from byteps_like.torch import nccl
 
 

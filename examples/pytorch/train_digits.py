@@ -168,7 +168,7 @@ def main() -> None:
         print(f"final test accuracy: {accuracy(model, xte, yte):.4f} "
               f"({size} workers, {steps * args.epochs} steps)", flush=True)
         if size > 1:  # what this worker's push_pulls put on the network
-            from byteps_like.runtime import default_runtime
+            from byteps_like.worker.runtime import default_runtime
             print(default_runtime().wire_report(), flush=True)
     bps.shutdown()
 

@@ -86,7 +86,7 @@ def main() -> None:
     if rank == 0:
         print(f"final test accuracy: {acc:.4f} ({size} workers, {steps} steps)", flush=True)
         if size > 1:  # what this worker's push_pulls put on the network
-            from byteps_like.runtime import default_runtime
+            from byteps_like.worker.runtime import default_runtime
             print(default_runtime().wire_report(), flush=True)
     bps.shutdown()
 

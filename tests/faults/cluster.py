@@ -8,7 +8,7 @@ import socket
 import threading
 
 from byteps_like.config import load
-from byteps_like.runtime import Runtime
+from byteps_like.worker.runtime import Runtime
 from byteps_like.scheduler import Scheduler
 from byteps_like.server import Server
 

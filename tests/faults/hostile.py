@@ -316,7 +316,7 @@ class ProcCluster(WorkerGroup):
         import threading
 
         from byteps_like.config import load
-        from byteps_like.runtime import Runtime
+        from byteps_like.worker.runtime import Runtime
 
         from .cluster import cluster_env, free_port
         self.port = free_port()

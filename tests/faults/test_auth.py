@@ -11,7 +11,7 @@ import zmq
 
 from byteps_like.config import load
 from byteps_like.errors import CommTimeoutError
-from byteps_like.runtime import Runtime
+from byteps_like.worker.runtime import Runtime
 from byteps_like.transport import derive_curve_keys
 from byteps_like.wire import FLAG_DECLARE, Header, MsgType, Role, encode, job_hash
 

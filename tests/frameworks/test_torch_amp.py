@@ -83,7 +83,7 @@ def _worker(mode: str, steps: int) -> None:
     import torch.nn.functional as F
 
     import byteps_like.torch as bps
-    from byteps_like.runtime import default_runtime
+    from byteps_like.worker.runtime import default_runtime
 
     bps.init()
     torch.set_num_threads(1)

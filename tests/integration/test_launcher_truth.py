@@ -75,7 +75,7 @@ RAISING_WORKER = textwrap.dedent("""\
     import atexit, os, sys, time
     import numpy as np
     import byteps_like as bps
-    from byteps_like.runtime import default_runtime
+    from byteps_like.worker.runtime import default_runtime
 
     def gone(pid):
         try:

@@ -182,7 +182,7 @@ def test_plugins_count_their_optimizer_steps(framework):
     python = _python_for(module)
     code = textwrap.dedent(body) + textwrap.dedent("""
         import json
-        from byteps_like.runtime import default_runtime
+        from byteps_like.worker.runtime import default_runtime
         print("STEPS " + json.dumps(default_runtime().steps), flush=True)
         """)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}

@@ -1,4 +1,4 @@
-"""Unit tests of byteps_like.handle.Handle: completion, failure, timeouts and callbacks."""
+"""Unit tests of byteps_like.worker.handle.Handle: completion, failure, timeouts and callbacks."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from byteps_like.errors import CommTimeoutError, CommunicationError, PeerLostError
-from byteps_like.handle import Handle
+from byteps_like.worker.handle import Handle
 
 WAIT = 5.0
 

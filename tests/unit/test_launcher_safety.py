@@ -134,7 +134,7 @@ def test_an_unresolvable_scheduler_host_is_refused_at_once(capsys, monkeypatch):
 
 def test_a_worker_started_directly_refuses_an_unresolvable_scheduler_host_at_once():
     """Without bpslaunch or the role entry points: init() of a worker's runtime."""
-    from byteps_like.runtime import Runtime
+    from byteps_like.worker.runtime import Runtime
     env = {"DMLC_PS_ROOT_URI": "no-such-host.invalid", "DMLC_PS_ROOT_PORT": "9", "DMLC_ROLE":
            "worker", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
            "BYTEPS_REGISTER_TIMEOUT_SECONDS": "60"}

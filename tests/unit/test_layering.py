@@ -26,6 +26,12 @@ FRAMEWORKS = {"torch", "torchvision", "tensorflow", "keras", "tf_keras", "mxnet"
 PLUGINS = {"torch": {"torch"}, "tensorflow": {"tensorflow"},
            "keras": {"keras", "tf_keras", "tensorflow"}, "mxnet": {"mxnet"}}
 PLUGIN_MODULES = tuple(f"byteps_like.{p}" for p in PLUGINS)
+# Top-level modules that belong to the worker side although they sit beside the shared ones:
+# the trace tool (``python -m byteps_like.trace``), the Keras code both Keras plugins share, and
+# the package's lazy facade (``byteps_like.push_pull`` loads byteps_like.worker.api on first use).
+WORKER_TOOLS = {"byteps_like/trace.py", "byteps_like/_keras.py", "byteps_like/__init__.py"}
+WORKER_SIDE = ("byteps_like.worker", "byteps_like.trace", "byteps_like._keras", "byteps_like.bench",
+               *PLUGIN_MODULES)
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 
@@ -39,7 +45,7 @@ class Source:
 
     @property
     def area(self) -> str:
-        """core | bench | plugin:<name> | server | scheduler | launcher"""
+        """shared | worker | tool | bench | plugin:<name> | server | scheduler | launcher"""
         top, *rest = self.rel.split("/")
         if top != "byteps_like":
             return top
@@ -47,7 +53,16 @@ class Source:
             return "bench"
         if rest and rest[0] in PLUGINS and len(rest) > 1:
             return f"plugin:{rest[0]}"
-        return "core"
+        if rest and rest[0] == "worker":
+            return "worker"
+        if self.rel in WORKER_TOOLS:
+            return "tool"
+        return "shared"
+
+    @property
+    def core(self) -> bool:
+        """Framework-neutral: shared modules, the worker package and the worker tools."""
+        return self.area in ("shared", "worker", "tool")
 
 
 def _load_sources() -> list[Source]:
@@ -124,7 +139,7 @@ def _sources(*areas: str) -> list[Source]:
 # ------------------------------------------------------------------------------ sanity
 def test_the_walk_sees_every_layer():
     areas = {s.area for s in SOURCES}
-    assert {"core", "server", "scheduler", "launcher"} <= areas
+    assert {"shared", "worker", "tool", "server", "scheduler", "launcher"} <= areas
     mods = {s.module for s in SOURCES}
     assert {"byteps_like.wire", "byteps_like.transport.zmq_transport", "byteps_like.server.core",
             "byteps_like.scheduler.core", "byteps_like.launcher"} <= mods
@@ -139,7 +154,7 @@ def test_relative_imports_resolve_into_the_installed_namespace():
 # ------------------------------------------------------------------------------ import rules
 def test_core_imports_no_framework_and_no_plugin():
     bad = []
-    for src in _sources("core"):
+    for src in (s for s in SOURCES if s.core):
         for line, name in imported_names(src):
             if _top(name) in FRAMEWORKS:
                 bad.append(f"{src.rel}:{line} imports framework {name}")
@@ -156,6 +171,26 @@ def test_server_and_scheduler_import_no_plugin_and_no_framework(area):
             if _top(name) in FRAMEWORKS or _is_plugin(name):
                 bad.append(f"{src.rel}:{line} imports {name}")
     _report(bad, f"{area} imports the core only, never a framework or a framework plugin")
+
+
+@pytest.mark.parametrize("area", ["shared", "server", "scheduler", "launcher"])
+def test_nothing_but_workers_imports_the_worker_side(area):
+    """The tree says who uses what: byteps_like/worker/ (and the plugins, the trace tool and the
+    benchmarks) is what only a training process runs; servers, the scheduler, the launcher and
+    the shared modules (config, errors, wire, transport, compression, topology, ...) never
+    import it."""
+    bad = []
+    for src in _sources(area):
+        for line, name in imported_names(src):
+            if any(name == p or name.startswith(p + ".") for p in WORKER_SIDE):
+                bad.append(f"{src.rel}:{line} imports {name}")
+    _report(bad, f"{area} modules never import the worker side")
+
+
+def test_the_worker_package_holds_what_only_workers_run():
+    worker = {s.module for s in _sources("worker")}
+    assert {"byteps_like.worker.runtime", "byteps_like.worker.pipeline",
+            "byteps_like.worker.sync", "byteps_like.worker.api"} <= worker
 
 
 # What the launcher may import besides the standard library. byteps_like.topology is allowed
@@ -348,7 +383,7 @@ heavy = {"numpy", "zmq", "torch", "tensorflow", "keras", "mxnet", "jax"}
 out = {}
 for mod in ["byteps_like.launcher", "byteps_like.launcher.cli", "byteps_like.config",
             "byteps_like.topology", "byteps_like", "byteps_like.server",
-            "byteps_like.scheduler", "byteps_like.runtime"]:
+            "byteps_like.scheduler", "byteps_like.worker.runtime"]:
     importlib.import_module(mod)
     out[mod] = sorted(heavy & {m.split(".")[0] for m in sys.modules})
 print(json.dumps(out))

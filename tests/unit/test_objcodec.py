@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from byteps_like import objcodec
-from byteps_like.objcodec import CodecError, decode, encode
+from byteps_like.worker import objcodec
+from byteps_like.worker.objcodec import CodecError, decode, encode
 
 scalars = (st.none() | st.booleans() | st.integers() | st.text()
            | st.floats(allow_nan=False) | st.binary(max_size=64))

@@ -9,7 +9,7 @@ import pytest
 
 from byteps_like import trace
 from byteps_like.config import IGNORED_NAMES, load
-from byteps_like.telemetry import StageStats
+from byteps_like.worker.telemetry import StageStats
 from byteps_like.launcher.status import StatusView, parse_metrics
 
 
@@ -101,8 +101,8 @@ def test_an_empty_trace_says_why_and_fails(tmp_path, capsys):
 def test_the_step_without_a_plugin_is_the_round_of_the_tensor_push_pulled_most():
     """BytePS counts steps per tensor: a tensor push_pulled once (a broadcast, the model check,
     declared first in every plugin script) must not hold the step at 0 (issue 18)."""
-    from byteps_like.runtime import Runtime, TensorState
-    from byteps_like.telemetry import Telemetry
+    from byteps_like.worker.runtime import Runtime, TensorState
+    from byteps_like.worker.telemetry import Telemetry
     rt = Runtime()
     tel = Telemetry(rt)
     assert tel.step() == -1                     # nothing declared
@@ -118,8 +118,8 @@ def test_the_step_without_a_plugin_is_the_round_of_the_tensor_push_pulled_most()
 def test_plugin_noted_steps_are_the_step():
     """A plugin counts the optimizer's steps (Runtime.note_step, one per gradient averaging);
     several gradient groups (a GAN's two optimizers) step together: the most of any group."""
-    from byteps_like.runtime import Runtime, TensorState
-    from byteps_like.telemetry import Telemetry
+    from byteps_like.worker.runtime import Runtime, TensorState
+    from byteps_like.worker.telemetry import Telemetry
     rt = Runtime()
     tel = Telemetry(rt)
     rt._tensors["Gradient.w"] = TensorState(0, "Gradient.w", round=40)
@@ -165,8 +165,8 @@ def test_metrics_and_the_status_view_show_the_noted_step():
     step: the optimizer steps a plugin noted, not the first tensor's rounds."""
     pytest.importorskip("prometheus_client")
     from byteps_like.metrics import WorkerMetrics
-    from byteps_like.runtime import Runtime, TensorState
-    from byteps_like.telemetry import Telemetry
+    from byteps_like.worker.runtime import Runtime, TensorState
+    from byteps_like.worker.telemetry import Telemetry
     rt = Runtime()
     rt.pipeline = SimpleNamespace(queues={})
     rt._tensors["Signature.model.2"] = TensorState(0, "Signature.model.2", round=1)

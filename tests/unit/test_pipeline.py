@@ -1,4 +1,4 @@
-"""Unit tests of byteps_like.pipeline: itineraries, the priority queue with byte credits, and the
+"""Unit tests of byteps_like.worker.pipeline: itineraries, the priority queue with byte credits, and the
 stage threads (priority overtaking, observers, error isolation, shutdown)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from byteps_like.pipeline import (ALL_STAGES, BROADCAST, COMPRESS, COPY_D2H, COPY_H2D, DECOMPRESS,
+from byteps_like.worker.pipeline import (ALL_STAGES, BROADCAST, COMPRESS, COPY_D2H, COPY_H2D, DECOMPRESS,
                                   PULL, PUSH, REDUCE, Pipeline, PriorityCreditQueue, Task, plan)
 
 WAIT = 5.0  # upper bound on any wait for something that should happen at once

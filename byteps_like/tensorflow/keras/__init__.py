@@ -7,7 +7,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ... import _keras as _impl
-from ...api import local_rank, local_size, rank, size
+from ...worker.api import local_rank, local_size, rank, size
 from ...compression import Compression
 from .. import ops as _ops
 from .. import init, shutdown

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 import byteps_like as bps
-from byteps_like.runtime import default_runtime
+from byteps_like.worker.runtime import default_runtime
 
 K = 5
 SIG = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}

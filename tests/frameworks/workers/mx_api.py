@@ -14,8 +14,8 @@ import numpy as np
 
 import byteps_like.mxnet as bps
 from byteps_like.errors import MismatchError, NotInitializedError
-from byteps_like.pipeline import PUSH
-from byteps_like.runtime import default_runtime
+from byteps_like.worker.pipeline import PUSH
+from byteps_like.worker.runtime import default_runtime
 
 MODE = sys.argv[1]
 

@@ -18,7 +18,7 @@ import numpy as np
 
 import byteps_like as bps
 from byteps_like.compression import Compression
-from byteps_like.runtime import default_runtime
+from byteps_like.worker.runtime import default_runtime
 
 COMPRESSORS = {
     "onebit": lambda: Compression.onebit(scaling=True),

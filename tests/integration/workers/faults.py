@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 import byteps_like as bps
-from byteps_like.runtime import default_runtime
+from byteps_like.worker.runtime import default_runtime
 
 
 def main():

@@ -11,7 +11,7 @@ import urllib.request
 import numpy as np
 
 import byteps_like as bps
-from byteps_like.runtime import default_runtime
+from byteps_like.worker.runtime import default_runtime
 
 
 def scrape() -> dict:

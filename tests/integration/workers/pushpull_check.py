@@ -69,7 +69,7 @@ def main():
     avg = bps.push_pull(np.full(10, rank + 1, np.float32), name="avg", average=True)
     assert np.allclose(avg, (size + 1) / 2), avg
     if os.environ.get("REPORT_PLANE"):  # where push_pull went (the one-machine tests)
-        from byteps_like.runtime import default_runtime
+        from byteps_like.worker.runtime import default_runtime
         rt = default_runtime()
         nserv = sum(p.role == "server" for p in rt.control.peers)
         print(f"PLANE rank {rank} single_machine={rt.single_machine} servers={nserv} "

@@ -1,7 +1,7 @@
 """Broadcast and allgather through the parameter servers, for every framework.
 
 A broadcast is a push_pull in which every rank but the root contributes zeros: the sum is the
-root's value. Objects travel through :mod:`byteps_like.objcodec` (no pickle) as int64 words,
+root's value. Objects travel through :mod:`byteps_like.worker.objcodec` (no pickle) as int64 words,
 whose sums with zeros are exact. An allgather is the same idea with every rank the root of its
 own rows: each rank writes its rows at its offset of a zero buffer holding all ranks' rows.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import objcodec
-from .errors import BytePSError, MismatchError
+from ..errors import BytePSError, MismatchError
 from .runtime import Runtime
 
 _counter = itertools.count()

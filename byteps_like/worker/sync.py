@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .compression import Compression, Compressor, resolve, split
-from .errors import BytePSError
+from ..compression import Compression, Compressor, resolve, split
+from ..errors import BytePSError
 from .runtime import Runtime
 
 
@@ -167,7 +167,7 @@ class GradientSynchronizer:
 
 
 def _wire_dtype(arr: np.ndarray) -> str:
-    from .wire import dtype_name
+    from ..wire import dtype_name
     return dtype_name(arr.dtype)
 
 
@@ -179,7 +179,7 @@ def model_signature_check(rt: Runtime, entries: Sequence[tuple[str, tuple, str]]
     vector; after the sum every rank sees every digest and names the ranks that differ."""
     import hashlib
 
-    from .errors import MismatchError
+    from ..errors import MismatchError
     digest = hashlib.sha256(repr(list(entries)).encode()).digest()
     mine = int.from_bytes(digest[:6], "little")
     slots = np.zeros(rt.size(), np.int64)

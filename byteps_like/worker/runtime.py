@@ -19,20 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from . import _core
-from .config import Config, load
-from .control import ControlClient
-from .errors import (BytePSError, CommunicationError, MismatchError, NotInitializedError,
+from .. import _core
+from ..config import Config, load
+from ..control import ControlClient
+from ..errors import (BytePSError, CommunicationError, MismatchError, NotInitializedError,
                      PeerLeftError, PeerLostError, ProtocolError, RemoteError)
 from .handle import Handle
-from .partition import ServerAssigner, make_key, mixed_mode_weights, partition_bounds
-from . import local
+from ..partition import ServerAssigner, make_key, mixed_mode_weights, partition_bounds
+from .. import local
 from .pipeline import (BROADCAST, COMPRESS, COPY_D2H, COPY_H2D, DECOMPRESS, PULL, PUSH, REDUCE,
                        Pipeline, Task, plan)
-from .roles import exit_if_peer_failed
-from .transport import Route, data_scheme, local_peers, make_endpoint, native
-from .transport.base import Drops
-from .wire import (ERR_MISMATCH, ERR_PEER_LEFT, FLAG_COMPRESSED, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
+from ..roles import exit_if_peer_failed
+from ..transport import Route, data_scheme, local_peers, make_endpoint, native
+from ..transport.base import Drops
+from ..wire import (ERR_MISMATCH, ERR_PEER_LEFT, FLAG_COMPRESSED, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
                    Role, as_buffer, contributors, decode, dtype_name, encode, job_hash)
 
 log = logging.getLogger("byteps_like.worker")
@@ -104,7 +104,7 @@ class Runtime:
         self.pipeline: Pipeline | None = None
         self.bytes_pushed = 0
         self.bytes_pulled = 0
-        self.telemetry = None  # byteps_like.telemetry.Telemetry once connected
+        self.telemetry = None  # byteps_like.worker.telemetry.Telemetry once connected
         self.steps: dict[str, int] = {}  # training steps a plugin noted, per gradient group
         self.native = None     # _core.DataClient: the native data plane (transport/native.py)
         self._native_ops: dict[int, tuple] = {}
@@ -125,12 +125,12 @@ class Runtime:
                 return
             cfg = self._cfg_arg or load(overrides=self._overrides)
             if cfg.cluster.role != "worker":
-                from .errors import ConfigError
+                from ..errors import ConfigError
                 raise ConfigError(f"DMLC_ROLE={cfg.cluster.role!r}: init() is for workers; run "
                                   f"servers and the scheduler with bpslaunch or python -m "
                                   f"byteps_like.{cfg.cluster.role}")
             self.cfg = cfg
-            from .log import setup_logging
+            from ..log import setup_logging
             setup_logging(cfg.log.level, f"worker {cfg.cluster.worker_id or 0}."
                                          f"{cfg.cluster.local_rank}")
             c = cfg.cluster
@@ -140,7 +140,7 @@ class Runtime:
                 self.rank_ = 0
             else:
                 if c.num_server < 1 and not c.single_machine:
-                    from .errors import ConfigError
+                    from ..errors import ConfigError
                     raise ConfigError(f"DMLC_NUM_SERVER=0 with {self.size_} workers: a "
                                       "distributed job needs at least one server")
                 self._connect()
@@ -160,12 +160,12 @@ class Runtime:
         port = 0
         if c.local_size > 1:
             if c.worker_id is None:
-                from .errors import ConfigError
+                from ..errors import ConfigError
                 raise ConfigError(f"BYTEPS_LOCAL_SIZE={c.local_size} needs DMLC_WORKER_ID: the "
                                   "local ranks of a machine find each other through it "
                                   "(bpslaunch sets it)")
             if self.is_local_root:  # the coordinator of this machine's local reduction
-                from .control import node_host
+                from ..control import node_host
                 local.sweep(local.segment_prefix(c.job_id, c.root_port)
                             + f"m{c.worker_id}-", c.shm_dir)
                 bound = self.ep.bind(f"tcp://{node_host(cfg)}:0")

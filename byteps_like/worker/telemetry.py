@@ -17,7 +17,7 @@ from typing import Any
 
 from .pipeline import Spans
 
-log = logging.getLogger("byteps_like.telemetry")
+log = logging.getLogger("byteps_like.worker.telemetry")
 
 _SAMPLE_S = 0.5
 _SPEED_WINDOW_S = 5.0
@@ -132,12 +132,12 @@ def attach(runtime: Any) -> Telemetry:
     observers = runtime.pipeline.observers
     observers.append(tel.stats)
     if cfg.trace.on:
-        from .trace import Tracer
+        from ..trace import Tracer
         tel.tracer = Tracer(runtime.rank_, cfg.trace.dir, cfg.trace.start_step,
                             cfg.trace.end_step, tel.step)
         observers.append(tel.tracer)
     if cfg.metrics.port:
-        from .metrics import WorkerMetrics
+        from ..metrics import WorkerMetrics
         # the local ranks of a machine share the setting: each serves port + local rank
         tel.metrics = WorkerMetrics(runtime, tel, cfg.metrics.host,
                                     cfg.metrics.port + cfg.cluster.local_rank)

@@ -8,7 +8,7 @@ import numpy as np
 
 from .handle import Handle
 from .runtime import Runtime, default_runtime
-from .wire import dtype_name
+from ..wire import dtype_name
 
 
 def init(**overrides: Any) -> None:
@@ -83,7 +83,7 @@ def push_pull_async(array: Any, name: str | None = None, average: bool = True, p
     ``compression``: a compressor of :class:`byteps_like.compression.Compression` (fp16, bf16,
     onebit, top-k, ...; docs/compression.md); the sum is then approximate.
     """
-    from .compression import split
+    from ..compression import split
     cast, codec = split(compression)
     rt = default_runtime()
     arr = np.asarray(array)

@@ -5,7 +5,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .errors import CommTimeoutError
+from ..errors import CommTimeoutError
 
 
 class Handle:
