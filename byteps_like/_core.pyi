@@ -14,9 +14,9 @@ destination raise ``ValueError``; an object without the buffer protocol raises `
 small persistent pool, but only as many as give each thread at least 256 KiB; ``nthreads <= 1``
 runs on the calling thread. Results do not depend on ``nthreads``.
 """
-from typing import Final, Literal, TypedDict, Union
+from typing import Final, Literal, TypeAlias, TypedDict
 
-from typing_extensions import Buffer, TypeAlias
+from typing_extensions import Buffer
 
 DType: TypeAlias = Literal["float32", "float64", "float16", "bfloat16", "int32", "int64"]
 IsaLevel: TypeAlias = Literal["scalar", "avx2", "avx512"]
@@ -42,7 +42,7 @@ class CpuFeatures(TypedDict):
     max_threads: int
     min_bytes_per_thread: int
 
-def add_into(dst: Buffer, src: Buffer, dtype: Union[DType, str], nthreads: int = 1) -> None:
+def add_into(dst: Buffer, src: Buffer, dtype: DType | str, nthreads: int = 1) -> None:
     """``dst += src`` elementwise, both read as raw bytes of ``dtype``.
 
     dst must be writable; both must have the same byte length, a multiple of the dtype's
@@ -56,7 +56,7 @@ def add_into(dst: Buffer, src: Buffer, dtype: Union[DType, str], nthreads: int =
 def copy_into(dst: Buffer, src: Buffer, nthreads: int = 1) -> None:
     """Copy src's bytes into dst; the byte lengths must be equal (ValueError otherwise)."""
 
-def scale_into(buf: Buffer, dtype: Union[DType, str], divisor: int, *, nthreads: int = 1) -> None:
+def scale_into(buf: Buffer, dtype: DType | str, divisor: int, *, nthreads: int = 1) -> None:
     """Divide every element of ``buf`` by ``divisor`` in place (averaging a sum).
 
     divisor must be >= 1 (ValueError otherwise). float32/float64 use true division in their
@@ -64,7 +64,7 @@ def scale_into(buf: Buffer, dtype: Union[DType, str], divisor: int, *, nthreads:
     round to nearest even; int32/int64 use floor division (numpy's ``floor_divide``).
     """
 
-def convert(dst: Buffer, dst_dtype: Union[DType, str], src: Buffer, src_dtype: Union[DType, str],
+def convert(dst: Buffer, dst_dtype: DType | str, src: Buffer, src_dtype: DType | str,
             *, nthreads: int = 1) -> None:
     """``dst[i] = src[i]`` converted from src_dtype to dst_dtype.
 
@@ -81,10 +81,10 @@ def cpu_features() -> CpuFeatures:
     after ``_set_isa``); ``kernel_fp16`` names the float16 path.
     """
 
-def itemsize(dtype: Union[DType, str]) -> int:
+def itemsize(dtype: DType | str) -> int:
     """Bytes per element of ``dtype`` (ValueError for an unknown name)."""
 
-def _set_isa(name: Union[IsaLevel, Literal["auto"], str]) -> str:
+def _set_isa(name: IsaLevel | Literal["auto"] | str) -> str:
     """Testing hook: cap the kernel level process-wide; ``"auto"`` removes the cap.
 
     Returns the level in use before the call. ValueError for an unknown name or a level this

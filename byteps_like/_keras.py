@@ -8,7 +8,8 @@ averaging works on Python floats through the core.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

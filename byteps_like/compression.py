@@ -48,8 +48,9 @@ import math
 import re
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 

@@ -15,10 +15,11 @@ import re
 import sys
 import textwrap
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import ConfigError
 from .topology import CpuListError, format_cpu_list, parse_cpu_list

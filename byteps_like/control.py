@@ -11,8 +11,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .config import Config, resolve_root
 from .errors import CommTimeoutError, ConfigError, PeerLeftError, PeerLostError, RemoteError

@@ -26,7 +26,8 @@ import mmap
 import os
 import re
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -5,8 +5,8 @@ Pure functions, no I/O: unit-tested directly.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 PART_BITS = 16
 MAX_PARTS = 1 << PART_BITS

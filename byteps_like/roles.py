@@ -7,11 +7,11 @@ import atexit
 import os
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .config import Config
 from .errors import EXIT_PEER_FAILED, PeerLostError
-
 
 _ROLE_HELP = """usage: python -m byteps_like.{role} [-h]
 
@@ -59,6 +59,7 @@ def warn_if_open(cfg: Config) -> bool:
     this machine can be joined by any host that reaches its ports. True when it warned."""
     import ipaddress
     import logging
+
     from .transport import auth_secret
     if auth_secret(cfg):
         return False

@@ -17,9 +17,9 @@ import os
 import re
 import sys
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 __all__ = ["Topology", "NumaNode", "Gpu", "Nic", "Placement", "RankPlacement", "CpuListError",
            "discover", "place", "parse_cpu_list", "format_cpu_list", "normalize_bus_id",

@@ -30,7 +30,8 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .worker.pipeline import Spans
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import enum
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,7 @@ class Role(enum.IntEnum):
     WORKER = 2
 
     @classmethod
-    def parse(cls, name: str) -> "Role":
+    def parse(cls, name: str) -> Role:
         return cls[name.upper()]
 
     @property

@@ -27,11 +27,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
-from byteps_like.topology import (Topology, allowed_cpus, cuda_visible, discover,
-                                  format_cpu_list, place)
+from byteps_like.topology import (
+    Topology,
+    allowed_cpus,
+    cuda_visible,
+    discover,
+    format_cpu_list,
+    place,
+)
 
 from .plan import ChildSpec
 

@@ -13,8 +13,8 @@ import shutil
 import socket
 import sys
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from byteps_like.config import load, resolve_root
 from byteps_like.errors import ConfigError
@@ -23,8 +23,14 @@ from byteps_like.topology import format_cpu_list
 from . import shm
 from .binding import Machine, NoBinding, bind_workers, probe
 from .job import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, JobSettings, run_job
-from .plan import (ROLE_MODULES, ChildSpec, LocalCluster, child_environment, local_cluster_plan,
-                   node_plan)
+from .plan import (
+    ROLE_MODULES,
+    ChildSpec,
+    LocalCluster,
+    child_environment,
+    local_cluster_plan,
+    node_plan,
+)
 
 EXIT_USAGE = 2
 DEFAULT_WORKERS = 2

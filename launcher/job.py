@@ -21,14 +21,21 @@ from __future__ import annotations
 
 import errno
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence, TextIO
+from typing import TextIO
 
 from byteps_like.errors import EXIT_PEER_FAILED
 
-from .procs import (AffinityError, Child, Supervisor, describe_returncode, exit_status_for,
-                    signal_name)
 from .plan import ChildSpec, child_environment
+from .procs import (
+    AffinityError,
+    Child,
+    Supervisor,
+    describe_returncode,
+    exit_status_for,
+    signal_name,
+)
 
 EXIT_FAILURE = 1
 EXIT_CANNOT_EXECUTE = 126

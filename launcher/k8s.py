@@ -29,7 +29,8 @@ import os
 import re
 import secrets
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 APP = "byteps-like"
 ROLE_LABEL = "byteps-like/role"

@@ -20,8 +20,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Iterable, Mapping, Sequence, TextIO
+from typing import IO, TextIO
 
 #: Seconds between SIGTERM and SIGKILL when stopping children.
 KILL_AFTER_S = 5.0

@@ -19,7 +19,8 @@ import threading
 import time
 import urllib.request
 from collections import deque
-from typing import Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

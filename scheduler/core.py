@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 
 from ..config import Config
 from ..control import WAIT_REPORT_INTERVAL_S
+from ..errors import EXIT_PEER_FAILED, ProtocolError
 from ..transport import Route, make_endpoint
 from ..transport.base import Drops
-from ..wire import (ERR_PROTOCOL, ERR_REGISTER, Header, MsgType, Role, decode,
-                    encode, job_hash)
-from ..errors import EXIT_PEER_FAILED, ProtocolError
+from ..wire import ERR_PROTOCOL, ERR_REGISTER, Header, MsgType, Role, decode, encode, job_hash
 
 log = logging.getLogger("byteps_like.scheduler")
 

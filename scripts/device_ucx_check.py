@@ -189,7 +189,9 @@ def _child_common(timeout: float) -> None:
 def child_recv(a) -> int:
     _child_common(a.timeout)
     import queue
+
     import numpy as np
+
     from byteps_like.transport.ucx_transport import UcxEndpoint
     ep = UcxEndpoint("check-recv", ucx_env=dict(os.environ), max_message_bytes=a.nbytes + 65536)
     todo: queue.Queue = queue.Queue()
@@ -226,6 +228,7 @@ def child_recv(a) -> int:
 def child_send(a) -> int:
     _child_common(a.timeout)
     import numpy as np
+
     from byteps_like.transport import Route
     from byteps_like.transport.ucx_transport import UcxEndpoint
     torch = None

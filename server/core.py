@@ -32,9 +32,26 @@ from ..config import Config
 from ..control import ControlClient
 from ..errors import EXIT_PEER_FAILED, PeerLostError, ProtocolError
 from ..transport import Route, data_scheme, make_endpoint, native
-from ..wire import (ERR_INTERNAL, ERR_MISMATCH, ERR_PEER_LEFT, ERR_PROTOCOL, FLAG_COMPRESSED,
-                    FLAG_DECLARE, FLAG_PULL, SUMMABLE, Header, as_buffer, contrib_flags,
-                    Message, MsgType, Role, decode, decode_header, encode, job_hash)
+from ..wire import (
+    ERR_INTERNAL,
+    ERR_MISMATCH,
+    ERR_PEER_LEFT,
+    ERR_PROTOCOL,
+    FLAG_COMPRESSED,
+    FLAG_DECLARE,
+    FLAG_PULL,
+    SUMMABLE,
+    Header,
+    Message,
+    MsgType,
+    Role,
+    as_buffer,
+    contrib_flags,
+    decode,
+    decode_header,
+    encode,
+    job_hash,
+)
 
 log = logging.getLogger("byteps_like.server")
 
@@ -121,7 +138,7 @@ def _spec_text(spec) -> str:
 
 
 class Engine(threading.Thread):
-    def __init__(self, server: "Server", idx: int):
+    def __init__(self, server: Server, idx: int):
         super().__init__(name=f"bpsl-engine-{idx}", daemon=True)
         self.server = server
         self.idx = idx

@@ -9,7 +9,7 @@ Subcommands:
 from __future__ import annotations
 
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 def _pushpull(argv: Sequence[str]) -> int:

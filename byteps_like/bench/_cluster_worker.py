@@ -23,7 +23,7 @@ import socket
 import statistics
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 RESULT_TAG = "BENCH_RESULT "
 

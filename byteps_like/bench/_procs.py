@@ -19,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence, TextIO
+from typing import TextIO
 
 
 def package_root() -> str:
@@ -147,7 +148,7 @@ class ProcGroup:
         self._tmp = tempfile.TemporaryDirectory(prefix=f"bpsl-{self.label}-")
         self.dir = self._tmp.name
 
-    def __enter__(self) -> "ProcGroup":
+    def __enter__(self) -> ProcGroup:
         return self
 
     def __exit__(self, *exc) -> None:

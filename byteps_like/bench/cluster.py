@@ -40,10 +40,9 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from . import netns
 from ._cluster_worker import COMPRESSORS, RESULT_TAG, compressor_label, model_tensors

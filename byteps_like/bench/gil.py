@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from ._procs import ChildFailed, ProcGroup, free_port, role_argv
 
@@ -406,8 +406,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--repeat must be >= 1, --seconds > 0 and --warmup-seconds >= 0")
     control = not a.skip_control
 
-    from .pushpull import (_busy_now, _cpu_busy_s, _exit_on_signals, _loadavg, _own_cpu_s,
-                           machine_info, report_header)
+    from .pushpull import (
+        _busy_now,
+        _cpu_busy_s,
+        _exit_on_signals,
+        _loadavg,
+        _own_cpu_s,
+        machine_info,
+        report_header,
+    )
     info = machine_info()
     command = report_header("gil", argv, info, torch=False)
     print(f"job: {a.workers} worker(s), {a.servers} server(s), partition {a.partition_bytes} B, "

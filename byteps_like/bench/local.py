@@ -28,12 +28,28 @@ import os
 import statistics
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from ._procs import ChildFailed, ProcGroup, free_port, role_argv
-from .pushpull import (Case, _base_env, _busy_now, _collect, _cpu_busy_s, _decode_cases,
-                       _emit, _encode_cases, _exit_on_signals, _loadavg, _own_cpu_s, _progress,
-                       fmt_size, machine_info, parse_size, report_header, summarize)
+from .pushpull import (
+    Case,
+    _base_env,
+    _busy_now,
+    _collect,
+    _cpu_busy_s,
+    _decode_cases,
+    _emit,
+    _encode_cases,
+    _exit_on_signals,
+    _loadavg,
+    _own_cpu_s,
+    _progress,
+    fmt_size,
+    machine_info,
+    parse_size,
+    report_header,
+    summarize,
+)
 
 PROG = "python -m byteps_like.bench local"
 DEFAULT_LOCAL_SIZES = "2,4"

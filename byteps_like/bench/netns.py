@@ -26,8 +26,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence, TextIO
+from typing import TextIO
 
 PREFIX = "bpsl-"
 SUBNET = "10.231.0"            # private /24 that exists only inside the namespaces
@@ -190,7 +191,7 @@ class NetnsCluster:
         return ["ip", "netns", "exec", self.ns(host), *argv]
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def __enter__(self) -> "NetnsCluster":
+    def __enter__(self) -> NetnsCluster:
         reason = why_unavailable()
         if reason:
             raise NetnsError(reason)

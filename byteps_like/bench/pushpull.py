@@ -34,8 +34,8 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ._procs import ChildFailed, ProcGroup, free_port, free_ports, role_argv
 
@@ -79,7 +79,7 @@ class Case:
         return f"{self.nbytes}:{self.repeats}:{self.warmup}"
 
     @classmethod
-    def decode(cls, text: str) -> "Case":
+    def decode(cls, text: str) -> Case:
         a, b, c = (int(x) for x in text.split(":"))
         return cls(a, b, c)
 

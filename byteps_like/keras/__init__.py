@@ -21,8 +21,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without keras
                       "'byteps_like[tensorflow]' (or keras and a backend)") from exc
 
 from .. import _keras as _impl
-from ..worker.api import join, local_rank, local_size, rank, size
 from ..compression import Compression
+from ..worker.api import join, local_rank, local_size, rank, size
 from ..worker.runtime import default_runtime
 
 
@@ -69,8 +69,12 @@ def push_pull(value, name: str, average: bool = True):
 
 
 from . import callbacks  # noqa: E402
-from .callbacks import (BroadcastGlobalVariablesCallback, LearningRateScheduleCallback,  # noqa
-                        LearningRateWarmupCallback, MetricAverageCallback)
+from .callbacks import (  # noqa
+    BroadcastGlobalVariablesCallback,
+    LearningRateScheduleCallback,
+    LearningRateWarmupCallback,
+    MetricAverageCallback,
+)
 
 __all__ = ["init", "shutdown", "join", "rank", "size", "local_rank", "local_size", "Compression",
            "DistributedOptimizer", "broadcast_global_variables", "push_pull", "callbacks",

@@ -3,15 +3,16 @@ only, through numpy copies (``keras.ops.convert_to_numpy``). With the TensorFlow
 ``byteps_like.keras`` uses :mod:`byteps_like.tensorflow.ops`, which also works in graphs."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from ..worker import broadcast as core_broadcast
 from ..compression import Compression, Compressor
+from ..wire import dtype_name
+from ..worker import broadcast as core_broadcast
 from ..worker.runtime import default_runtime
 from ..worker.sync import GradBuffer, GradientSynchronizer
-from ..wire import dtype_name
 
 
 class EagerOps:

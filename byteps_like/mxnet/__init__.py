@@ -14,8 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..worker.api import join, local_rank, local_size, rank, size  # same as the core's
 from ..compression import Compression
+from ..worker.api import join, local_rank, local_size, rank, size  # same as the core's
 from ..worker.runtime import default_runtime
 from .ops import broadcast_parameters, byteps_declare_tensor, byteps_push_pull
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from ..wire import SUMMABLE
 from ..worker import broadcast as core_broadcast
 from ..worker.runtime import default_runtime
-from ..wire import SUMMABLE
 from ._mx import mx
 
 

@@ -14,8 +14,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without tensorfl
     raise ImportError("byteps_like.tensorflow needs TensorFlow: pip install "
                       "'byteps_like[tensorflow]' (or tensorflow-cpu itself)") from exc
 
-from ..worker.api import declare, join, local_rank, local_size, rank, size  # same as the core's
 from ..compression import Compression
+from ..worker.api import declare, join, local_rank, local_size, rank, size  # same as the core's
 from ..worker.runtime import default_runtime
 from .ops import allgather, broadcast, broadcast_variables, push_pull, push_pull_gradients
 from .tape import DistributedGradientTape

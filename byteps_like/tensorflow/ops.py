@@ -10,7 +10,8 @@ synchroniser chooses, not TF's scheduling). Names are fixed when the graph is tr
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf

@@ -29,7 +29,7 @@ class DistributedGradientTape:
     def __getattr__(self, item: str) -> Any:
         return getattr(self.__dict__["_tape"], item)
 
-    def __enter__(self) -> "DistributedGradientTape":
+    def __enter__(self) -> DistributedGradientTape:
         self._tape.__enter__()
         return self
 

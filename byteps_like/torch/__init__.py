@@ -14,17 +14,38 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("byteps_like.torch needs PyTorch: pip install 'byteps_like[torch]' "
                       "(or torch itself)") from exc
 
-from ..worker.api import (barrier, declare, get_pushpull_speed, join, local_rank, local_size,  # core
-                   rank, size)
 from ..compression import Compression
+from ..worker.api import (  # core
+    barrier,
+    declare,
+    get_pushpull_speed,
+    join,
+    local_rank,
+    local_size,
+    rank,
+    size,
+)
 from ..worker.runtime import default_runtime
-# the functions shadow the submodule of the same name on purpose: bps.broadcast(t, 0) is a call
-from .worker.broadcast import (broadcast, broadcast_, broadcast_object, broadcast_optimizer_state,
-                        broadcast_parameters)
-from .ops import (TorchHandle, poll, push_pull, push_pull_async, push_pull_async_inplace,
-                  push_pull_inplace, synchronize)
+from .ops import (
+    TorchHandle,
+    poll,
+    push_pull,
+    push_pull_async,
+    push_pull_async_inplace,
+    push_pull_inplace,
+    synchronize,
+)
 from .optimizer import DistributedOptimizer
 from .parallel import DistributedDataParallel
+
+# the functions shadow the submodule of the same name on purpose: bps.broadcast(t, 0) is a call
+from .worker.broadcast import (
+    broadcast,
+    broadcast_,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 
 
 def init(lazy: bool = True, **overrides) -> None:

@@ -2,7 +2,7 @@
 dtype, and a staging copy for tensors on a device."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -65,7 +65,7 @@ class CudaCopier:
         self.ready.record(torch.cuda.current_stream(self.device))
 
     @classmethod
-    def _stream(cls, device: torch.device) -> "torch.cuda.Stream":
+    def _stream(cls, device: torch.device) -> torch.cuda.Stream:
         s = cls._streams.get(device)
         if s is None:
             s = cls._streams[device] = torch.cuda.Stream(device)

@@ -14,7 +14,8 @@ import json
 import logging
 import os
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import ConfigError
 from ..wire import DTYPE_CODE, SUMMABLE
@@ -65,6 +66,7 @@ def auth_key(cfg) -> bytes:
     (b"" without one). The secret itself never reaches the C++ side."""
     import hashlib
     import hmac
+
     from . import auth_secret
     secret = auth_secret(cfg)
     if not secret:

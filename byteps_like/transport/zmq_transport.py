@@ -29,7 +29,8 @@ import struct
 import threading
 import time
 import uuid
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import zmq
 from zmq.utils import z85

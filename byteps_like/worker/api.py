@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
+from ..wire import dtype_name
 from .handle import Handle
 from .runtime import Runtime, default_runtime
-from ..wire import dtype_name
 
 
 def init(**overrides: Any) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from . import objcodec
 from ..errors import BytePSError, MismatchError
+from . import objcodec
 from .runtime import Runtime
 
 _counter = itertools.count()

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import CommTimeoutError
 
@@ -17,7 +18,7 @@ class Handle:
     """
 
     def __init__(self, name: str, inp: Any, out: Any, nparts: int, *, default_timeout: float,
-                 describe_pending: Callable[["Handle"], str] | None = None):
+                 describe_pending: Callable[[Handle], str] | None = None):
         self.name = name
         self.input = inp
         self.output = out
@@ -87,7 +88,7 @@ class Handle:
         for cb in callbacks:
             cb(self)
 
-    def add_done_callback(self, fn: Callable[["Handle"], None]) -> None:
+    def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
         with self._lock:
             if not self._event.is_set():
                 self._callbacks.append(fn)

@@ -11,10 +11,11 @@ import heapq
 import itertools
 import queue
 import threading
-from collections import deque
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 # Stage names, in the order a partition can meet them. Stages that do not apply to a tensor are
 # absent from its itinerary. This build runs PUSH and PULL; the others belong to local reduction,

@@ -19,21 +19,55 @@ from typing import Any
 
 import numpy as np
 
-from .. import _core
+from .. import _core, local
 from ..config import Config, load
 from ..control import ControlClient
-from ..errors import (BytePSError, CommunicationError, MismatchError, NotInitializedError,
-                     PeerLeftError, PeerLostError, ProtocolError, RemoteError)
-from .handle import Handle
+from ..errors import (
+    BytePSError,
+    CommunicationError,
+    MismatchError,
+    NotInitializedError,
+    PeerLeftError,
+    PeerLostError,
+    ProtocolError,
+    RemoteError,
+)
 from ..partition import ServerAssigner, make_key, mixed_mode_weights, partition_bounds
-from .. import local
-from .pipeline import (BROADCAST, COMPRESS, COPY_D2H, COPY_H2D, DECOMPRESS, PULL, PUSH, REDUCE,
-                       Pipeline, Task, plan)
 from ..roles import exit_if_peer_failed
 from ..transport import Route, data_scheme, local_peers, make_endpoint, native
 from ..transport.base import Drops
-from ..wire import (ERR_MISMATCH, ERR_PEER_LEFT, FLAG_COMPRESSED, FLAG_DECLARE, FLAG_PULL, ITEMSIZE, NUMPY_DTYPE, SUMMABLE, Header, MsgType,
-                   Role, as_buffer, contributors, decode, dtype_name, encode, job_hash)
+from ..wire import (
+    ERR_MISMATCH,
+    ERR_PEER_LEFT,
+    FLAG_COMPRESSED,
+    FLAG_DECLARE,
+    FLAG_PULL,
+    ITEMSIZE,
+    SUMMABLE,
+    Header,
+    MsgType,
+    Role,
+    as_buffer,
+    contributors,
+    decode,
+    dtype_name,
+    encode,
+    job_hash,
+)
+from .handle import Handle
+from .pipeline import (
+    BROADCAST,
+    COMPRESS,
+    COPY_D2H,
+    COPY_H2D,
+    DECOMPRESS,
+    PULL,
+    PUSH,
+    REDUCE,
+    Pipeline,
+    Task,
+    plan,
+)
 
 log = logging.getLogger("byteps_like.worker")
 _PY_SWITCH_INTERVAL = 0.005  # the interpreter's default thread switch interval
@@ -492,7 +526,7 @@ class Runtime:
     # -- push_pull ----------------------------------------------------------------------------------
     def push_pull_async(self, array: Any, name: str | None = None, average: bool = True,
                         priority: int = 0, out: Any = None, dtype: str | None = None,
-                        device: "DeviceCopier | None" = None,
+                        device: DeviceCopier | None = None,
                         prereduced: bool = False, compression: Any = None) -> Handle:
         """Start summing ``array`` across all workers; returns a :class:`Handle`.
 
@@ -600,7 +634,7 @@ class Runtime:
                                 "another name for another setting)")
 
     def _start(self, st: TensorState, h: Handle, arr, out, dtype: str, average: bool,
-               priority: int, block: bool, device: "DeviceCopier | None" = None,
+               priority: int, block: bool, device: DeviceCopier | None = None,
                prereduced: bool = False) -> None:
         if self._fatal is not None:
             h.fail(self._fatal)
@@ -786,7 +820,7 @@ class Runtime:
         return self.single_machine and self.local_size_ == 1
 
     # -- local reduction stages (see byteps_like.local) -------------------------------------------
-    def _segment(self, st: TensorState) -> "local.Segment":
+    def _segment(self, st: TensorState) -> local.Segment:
         seg = self._segments.get(st.decl_id)
         if seg is None:
             c = self.cfg.cluster

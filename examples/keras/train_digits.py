@@ -46,6 +46,7 @@ def main() -> None:
         import byteps_like.tensorflow.keras as bps
     else:
         import keras
+
         import byteps_like.keras as bps
     bps.init()
     rank, size = bps.rank(), bps.size()

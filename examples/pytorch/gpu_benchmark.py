@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 import byteps_like.torch as bps
-from byteps_like.worker.runtime import default_runtime
 from byteps_like.torch import nccl
+from byteps_like.worker.runtime import default_runtime
 
 
 def timed(fn, repeats: int, warmup: int = 2) -> float:

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 import timeit
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -3,14 +3,13 @@ loopback) for the stall inspector, hostile-input and authentication tests."""
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import threading
 
 from byteps_like.config import load
-from byteps_like.worker.runtime import Runtime
 from byteps_like.scheduler import Scheduler
 from byteps_like.server import Server
+from byteps_like.worker.runtime import Runtime
 
 
 def free_port() -> int:

@@ -6,8 +6,7 @@ import os
 
 import zmq
 
-from byteps_like.wire import (FLAG_COMPRESSED, FLAG_DECLARE, Header, MsgType, Role, encode,
-                              job_hash)
+from byteps_like.wire import FLAG_COMPRESSED, FLAG_DECLARE, Header, MsgType, Role, encode, job_hash
 
 from .cluster import WorkerGroup
 
@@ -51,7 +50,7 @@ def server_cases(real_key: int, max_message_bytes: int) -> list[tuple[str, list,
          [Header(MsgType.PUSH, "float32", Role.WORKER, 0, 0, JOB, 1, 0, 1, 4).pack()], True),
         ("meta that is not JSON",
          [Header(MsgType.PULL, flags=1, job=JOB, key=1).pack(), b"\xff{not json"], True),
-        ("unknown message type", [bytes(b"BPSL\x01\xee") + Header(MsgType.PULL).pack()[6:]],
+        ("unknown message type", [b"BPSL\x01\xee" + Header(MsgType.PULL).pack()[6:]],
          True),
         ("control type sent to a server", encode(Header(MsgType.REGISTER, job=JOB, rank=0),
                                                  meta={"role": "worker"}), True),
@@ -86,7 +85,7 @@ def scheduler_cases() -> list[tuple[str, list, bool]]:
         ("random bytes", [os.urandom(50)], True),
         ("truncated header", [Header(MsgType.REGISTER).pack()[:9]], True),
         ("wrong magic", [b"NOPE" + Header(MsgType.REGISTER).pack()[4:]], True),
-        ("unknown message type", [bytes(b"BPSL\x01\x77") + Header(MsgType.PULL).pack()[6:]],
+        ("unknown message type", [b"BPSL\x01\x77" + Header(MsgType.PULL).pack()[6:]],
          True),
         ("heartbeat from an unregistered node", encode(Header(MsgType.HEARTBEAT, job=JOB)), True),
         ("barrier from an unregistered node", encode(Header(MsgType.BARRIER, job=JOB),
@@ -181,7 +180,7 @@ def declared_push(key: int, count: int, *, dtype: str = "float32", itemsize: int
                  flags=FLAG_DECLARE, meta=meta)
 
 
-def send_burst(client: "HostileClient", messages: list, window: int = 500,
+def send_burst(client: HostileClient, messages: list, window: int = 500,
                keep: bool = True) -> list:
     """Send many messages, ``window`` at a time, and collect one reply per message (the decoded
     replies in arrival order; with ``keep=False`` only their types, to hold little memory).

@@ -3,17 +3,15 @@ derived from the secret, and the listening side's ZAP handler admits only the jo
 A peer without the secret cannot register, push or pull; the job is unaffected and exact."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import zmq
 
 from byteps_like.config import load
 from byteps_like.errors import CommTimeoutError
-from byteps_like.worker.runtime import Runtime
 from byteps_like.transport import derive_curve_keys
 from byteps_like.wire import FLAG_DECLARE, Header, MsgType, Role, encode, job_hash
+from byteps_like.worker.runtime import Runtime
 
 from .cluster import running_cluster
 from .hostile import HostileClient
@@ -71,8 +69,9 @@ def test_peers_without_the_secret_cannot_register_push_or_pull():
 
 
 def test_a_worker_with_the_wrong_secret_cannot_join():
-    from .cluster import cluster_env, free_port
     from byteps_like.scheduler import Scheduler
+
+    from .cluster import cluster_env, free_port
     env = cluster_env(free_port(), workers=2, servers=1, BYTEPS_AUTH_SECRET=SECRET,
                       BYTEPS_REGISTER_TIMEOUT_SECONDS="2")
     sched = Scheduler(load(env={**env, "DMLC_ROLE": "scheduler"}))

@@ -13,13 +13,13 @@ import pytest
 import zmq
 
 from byteps_like.config import load
-from byteps_like.worker.runtime import Runtime
 from byteps_like.scheduler import Scheduler
 from byteps_like.server import Server
 from byteps_like.wire import Header, MsgType, Role, decode, encode, job_hash
+from byteps_like.worker.runtime import Runtime
 
 from .cluster import cluster_env, free_port
-from .hostile import (HostileClient, ProcCluster, proc_cpu_seconds, proc_fds, proc_rss_bytes)
+from .hostile import HostileClient, ProcCluster, proc_cpu_seconds, proc_fds, proc_rss_bytes
 
 pytestmark = pytest.mark.integration
 MIB = 1 << 20

@@ -16,14 +16,27 @@ import numpy as np
 import pytest
 
 from byteps_like.compression import Compression
-from byteps_like.wire import (ERR_PROTOCOL, FLAG_DECLARE, Header, MsgType, Role, decode,
-                              encode)
+from byteps_like.wire import ERR_PROTOCOL, FLAG_DECLARE, Header, MsgType, Role, encode
 
 from .cluster import running_cluster
-from .hostile import (JOB, NATIVE_ERROR, NATIVE_PULL, NATIVE_PUSH,
-                      HostileClient, _push, compressed_push, declared_push, native_msg,
-                      native_reply, native_stream, onebit_payload, pull, rss_bytes, send_burst,
-                      topk_payload)
+from .hostile import (
+    JOB,
+    NATIVE_ERROR,
+    NATIVE_PULL,
+    NATIVE_PUSH,
+    HostileClient,
+    _push,
+    compressed_push,
+    declared_push,
+    native_msg,
+    native_reply,
+    native_stream,
+    onebit_payload,
+    pull,
+    rss_bytes,
+    send_burst,
+    topk_payload,
+)
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from .bench_run import bench as _bench, dump, parse_table
+from .bench_run import bench as _bench
+from .bench_run import dump, parse_table
 
 pytestmark = pytest.mark.integration
 bench = functools.partial(_bench, timeout=60.0)  # this file's watchdog default

@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from .bench_run import bench as _bench, dump
+from .bench_run import bench as _bench
+from .bench_run import dump
 
 pytestmark = pytest.mark.integration
 bench = functools.partial(_bench, timeout=150.0)  # this file's watchdog default

@@ -22,10 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import alive
-
 from byteps_like.launcher.procs import Supervisor
 from byteps_like.topology import discover, format_cpu_list, parse_cpu_list
+from tests.integration.harness import alive
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,10 @@ import pytest
 import zmq
 
 from byteps_like.config import load
-from byteps_like.worker.runtime import Runtime
 from byteps_like.scheduler import Scheduler
 from byteps_like.server import Server
 from byteps_like.wire import Header, MsgType, Role, decode, encode, job_hash
+from byteps_like.worker.runtime import Runtime
 
 pytestmark = pytest.mark.integration
 

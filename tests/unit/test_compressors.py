@@ -15,9 +15,20 @@ import numpy as np
 import pytest
 
 from byteps_like import _core
-from byteps_like.compression import (HEADER_BYTES, Codec, CodecCompressor, Compression,
-                                     CompressionError, Compressor, ErrorFeedback,
-                                     NesterovMomentum, OneBit, from_spec, register, unregister)
+from byteps_like.compression import (
+    HEADER_BYTES,
+    Codec,
+    CodecCompressor,
+    Compression,
+    CompressionError,
+    Compressor,
+    ErrorFeedback,
+    NesterovMomentum,
+    OneBit,
+    from_spec,
+    register,
+    unregister,
+)
 from byteps_like.errors import BytePSError
 
 N = 1001

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from byteps_like.launcher import k8s
 from byteps_like.launcher.cli import main as cli_main
 
 kubernetes = pytest.importorskip("kubernetes")

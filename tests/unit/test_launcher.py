@@ -12,11 +12,23 @@ import sys
 import pytest
 
 from byteps_like.launcher import binding, cli
-from byteps_like.launcher.binding import (AFFINITY, NUMACTL, Binding, Machine, NoBinding,
-                                          bind_workers)
+from byteps_like.launcher.binding import (
+    AFFINITY,
+    NUMACTL,
+    Binding,
+    Machine,
+    NoBinding,
+    bind_workers,
+)
 from byteps_like.launcher.cli import main, parse_args, plan_launch, split_command
-from byteps_like.launcher.plan import (ChildSpec, LocalCluster, child_environment,
-                                       local_cluster_plan, node_plan, role_argv)
+from byteps_like.launcher.plan import (
+    ChildSpec,
+    LocalCluster,
+    child_environment,
+    local_cluster_plan,
+    node_plan,
+    role_argv,
+)
 from byteps_like.launcher.procs import describe_returncode, exit_status_for
 from byteps_like.topology import Gpu, NumaNode, Topology, format_cpu_list
 
@@ -530,6 +542,7 @@ def test_workers_get_the_variables_torchrun_sets():
 
 def test_a_taken_port_is_refused_before_launching(capsys):
     import socket as _socket
+
     from byteps_like.launcher.cli import EXIT_USAGE, main
     with _socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -544,6 +557,7 @@ def test_a_taken_port_is_refused_before_launching(capsys):
 @pytest.mark.parametrize("flag", ["--status", "--metrics"])
 def test_status_without_prometheus_client_fails_at_once(flag, monkeypatch, capsys):
     import importlib.util
+
     from byteps_like.launcher.cli import EXIT_USAGE, main
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

@@ -9,8 +9,8 @@ import pytest
 
 from byteps_like import trace
 from byteps_like.config import IGNORED_NAMES, load
-from byteps_like.worker.telemetry import StageStats
 from byteps_like.launcher.status import StatusView, parse_metrics
+from byteps_like.worker.telemetry import StageStats
 
 
 def _task(key=1, part=0, nbytes=100, priority=0, rnd=0, name="t", enqueued_at=0.0):
@@ -194,6 +194,7 @@ def test_metrics_and_the_status_view_show_the_noted_step():
 
 def test_metrics_without_prometheus_client_is_a_clear_error(monkeypatch):
     import builtins
+
     from byteps_like import metrics
     from byteps_like.errors import ConfigError
     real = builtins.__import__

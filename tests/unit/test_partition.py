@@ -8,8 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from byteps_like.partition import (MAX_PARTS, PART_BITS, ServerAssigner, make_key,
-                                   partition_bounds, split_key)
+from byteps_like.partition import (
+    MAX_PARTS,
+    PART_BITS,
+    ServerAssigner,
+    make_key,
+    partition_bounds,
+    split_key,
+)
 
 DEFAULT_PARTITION_BYTES = 4096000  # BYTEPS_PARTITION_BYTES default
 

@@ -9,8 +9,21 @@ import time
 
 import pytest
 
-from byteps_like.worker.pipeline import (ALL_STAGES, BROADCAST, COMPRESS, COPY_D2H, COPY_H2D, DECOMPRESS,
-                                  PULL, PUSH, REDUCE, Pipeline, PriorityCreditQueue, Task, plan)
+from byteps_like.worker.pipeline import (
+    ALL_STAGES,
+    BROADCAST,
+    COMPRESS,
+    COPY_D2H,
+    COPY_H2D,
+    DECOMPRESS,
+    PULL,
+    PUSH,
+    REDUCE,
+    Pipeline,
+    PriorityCreditQueue,
+    Task,
+    plan,
+)
 
 WAIT = 5.0  # upper bound on any wait for something that should happen at once
 

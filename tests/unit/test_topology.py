@@ -11,8 +11,17 @@ import pytest
 from byteps_like import config as C
 from byteps_like import topology as T
 from byteps_like.errors import ConfigError
-from byteps_like.topology import (CpuListError, Gpu, NumaNode, Topology, discover,
-                                  format_cpu_list, normalize_bus_id, parse_cpu_list, place)
+from byteps_like.topology import (
+    CpuListError,
+    Gpu,
+    NumaNode,
+    Topology,
+    discover,
+    format_cpu_list,
+    normalize_bus_id,
+    parse_cpu_list,
+    place,
+)
 
 
 # ------------------------------------------------------------------------------ a fake sysfs

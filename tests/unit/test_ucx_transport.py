@@ -16,8 +16,7 @@ pytest.importorskip("ucxx", reason="the UCX transport needs ucxx (pip install 'b
 from byteps_like.config import load  # noqa: E402
 from byteps_like.errors import ConfigError  # noqa: E402
 from byteps_like.transport import Route, make_endpoint  # noqa: E402
-from byteps_like.transport.ucx_transport import (  # noqa: E402
-    INLINE_MAX, StagingPool, UcxEndpoint, UcxZmqEndpoint)
+from byteps_like.transport.ucx_transport import INLINE_MAX, StagingPool, UcxEndpoint, UcxZmqEndpoint  # noqa: E402
 
 UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 

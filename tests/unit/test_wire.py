@@ -14,10 +14,28 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from byteps_like.errors import CommunicationError, ProtocolError
-from byteps_like.wire import (DTYPE_CODE, DTYPES, FLAG_ASYNC, FLAG_DECLARE, FLAG_META,
-                              HEADER_SIZE, ITEMSIZE, MAGIC, MAX_META_BYTES, VERSION, Header,
-                              Message, MsgType, Role, decode, decode_header, dtype_name, encode,
-                              encode_meta, job_hash)
+from byteps_like.wire import (
+    DTYPE_CODE,
+    DTYPES,
+    FLAG_ASYNC,
+    FLAG_DECLARE,
+    FLAG_META,
+    HEADER_SIZE,
+    ITEMSIZE,
+    MAGIC,
+    MAX_META_BYTES,
+    VERSION,
+    Header,
+    Message,
+    MsgType,
+    Role,
+    decode,
+    decode_header,
+    dtype_name,
+    encode,
+    encode_meta,
+    job_hash,
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DATA_TYPES = (MsgType.PUSH, MsgType.PULL_RESP)

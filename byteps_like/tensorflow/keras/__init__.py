@@ -7,10 +7,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ... import _keras as _impl
-from ...worker.api import local_rank, local_size, rank, size
 from ...compression import Compression
-from .. import ops as _ops
+from ...worker.api import local_rank, local_size, rank, size
 from .. import init, shutdown
+from .. import ops as _ops
 
 keras = tf.keras
 
@@ -30,8 +30,12 @@ def broadcast_global_variables(root_rank: int, model=None, optimizer=None, varia
 
 
 from . import callbacks  # noqa: E402
-from .callbacks import (BroadcastGlobalVariablesCallback, LearningRateScheduleCallback,  # noqa
-                        LearningRateWarmupCallback, MetricAverageCallback)
+from .callbacks import (  # noqa
+    BroadcastGlobalVariablesCallback,
+    LearningRateScheduleCallback,
+    LearningRateWarmupCallback,
+    MetricAverageCallback,
+)
 
 __all__ = ["init", "shutdown", "rank", "size", "local_rank", "local_size", "Compression",
            "DistributedOptimizer", "broadcast_global_variables", "callbacks",

@@ -9,7 +9,6 @@ join       uneven steps: rank r runs 2 + (size - 1 - r) optimizer steps, then jo
 import os
 import sys
 
-import numpy as np
 import torch
 
 import byteps_like.torch as bps
