@@ -49,6 +49,28 @@ class PeerLeftError(PeerLostError):
         self.last_round = last_round
 
 
+class MembershipChangedError(CommunicationError):
+    """Elastic jobs only (docs/elastic.md): the set of workers changed while this call ran or
+    waited, so the collectives of the current step are void. ``epoch`` is the membership epoch
+    that replaces the one the call belonged to; ``lost`` names the workers that left or were lost
+    (e.g. ``"rank 2 on 10.0.0.3 (heartbeat lost)"``); ``added`` counts the workers waiting to
+    join. ``byteps_like.elastic.run`` catches it: restore the last commit when workers were lost,
+    rejoin the new epoch, re-sync from rank 0 and resume."""
+
+    def __init__(self, message: str, *, epoch: int, lost: tuple[str, ...] = (), added: int = 0):
+        super().__init__(message)
+        self.epoch, self.lost, self.added = epoch, tuple(lost), added
+
+
+class TooFewWorkersError(BytePSError):
+    """Elastic jobs only: fewer than ``--min-workers`` workers stayed in the job for longer than
+    the allowed time; the message names the workers lost."""
+
+    def __init__(self, message: str, *, lost: tuple[str, ...] = (), min_workers: int = 0):
+        super().__init__(message)
+        self.lost, self.min_workers = tuple(lost), min_workers
+
+
 class CommTimeoutError(CommunicationError, TimeoutError):
     """A blocking operation did not complete within its timeout."""
 
@@ -72,6 +94,6 @@ class RemoteError(BytePSError):
 
 __all__ = [
     "BytePSError", "ConfigError", "NotInitializedError", "CommunicationError", "PeerLostError",
-    "PeerLeftError",
+    "PeerLeftError", "MembershipChangedError", "TooFewWorkersError",
     "CommTimeoutError", "ProtocolError", "MismatchError", "RemoteError", "EXIT_PEER_FAILED",
 ]
