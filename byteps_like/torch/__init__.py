@@ -39,7 +39,7 @@ from .optimizer import DistributedOptimizer
 from .parallel import DistributedDataParallel
 
 # the functions shadow the submodule of the same name on purpose: bps.broadcast(t, 0) is a call
-from .worker.broadcast import (
+from .broadcast import (
     broadcast,
     broadcast_,
     broadcast_object,

@@ -9,7 +9,7 @@ import torch
 from ..worker.runtime import default_runtime
 from ..worker.sync import GradBuffer, GradientSynchronizer, model_signature_check
 from ._tensor import grad_buffer, wire_dtype
-from .worker.broadcast import broadcast_parameters
+from .broadcast import broadcast_parameters
 
 
 class DistributedDataParallel(torch.nn.Module):
