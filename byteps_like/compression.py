@@ -77,8 +77,8 @@ class Compressor:
     Base class of every compressor: ``name``, ``kind`` ("none", "cast" or "codec"),
     ``spec()`` and, for codecs, ``make_codec``.
     """
-    name = "none"
-    kind = "none"
+    name: ClassVar[str] = "none"
+    kind: ClassVar[str] = "none"
 
     def compress(self, arr: np.ndarray, dtype: str) -> tuple[np.ndarray, str, Any]:
         """Return (array to push, its wire dtype, context for decompress)."""
@@ -475,7 +475,7 @@ def _check_k(k: Any) -> None:
 
 
 def _k_count(k: int | float, n: int) -> int:
-    return min(k, n) if _is_int(k) else max(1, min(n, int(k * n)))
+    return min(int(k), n) if _is_int(k) else max(1, min(n, int(k * n)))
 
 
 class CodecCompressor(Compressor):

@@ -78,14 +78,19 @@ class Segment:
             raise
         finally:
             os.close(fd)
-        self._buf = np.frombuffer(self._mm, np.uint8)
+        self._buf: np.ndarray | None = np.frombuffer(self._mm, np.uint8)
+
+    def _view(self) -> np.ndarray:
+        if self._buf is None:
+            raise BytePSError(f"shared-memory segment {self.name} is closed")
+        return self._buf
 
     def slot(self, i: int) -> np.ndarray:
-        return self._buf[i * self.nbytes:(i + 1) * self.nbytes]
+        return self._view()[i * self.nbytes:(i + 1) * self.nbytes]
 
     @property
     def out(self) -> np.ndarray:
-        return self._buf[self.slots * self.nbytes:(self.slots + 1) * self.nbytes]
+        return self._view()[self.slots * self.nbytes:(self.slots + 1) * self.nbytes]
 
     def close(self, unlink: bool) -> None:
         self._buf = None

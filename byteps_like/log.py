@@ -13,7 +13,7 @@ def setup_logging(level: str, who: str) -> logging.Logger:
     logger = logging.getLogger("byteps_like")
     logger.setLevel(_LEVELS.get(level.upper(), logging.WARNING))
     if not any(getattr(h, "_bpsl", False) for h in logger.handlers):
-        h = logging.StreamHandler(sys.stderr)
+        h: logging.Handler = logging.StreamHandler(sys.stderr)
         h._bpsl = True  # type: ignore[attr-defined]
         logger.addHandler(h)
         logger.propagate = False

@@ -68,6 +68,7 @@ class ServerAssigner:
         srv = self.assigned.get(key)
         if srv is None:
             w = self.weights
+            assert w is not None  # set by __post_init__
             srv = min(self._eligible, key=lambda s: ((self.load[s] + nbytes) / w[s], s))
             self.load[srv] += nbytes
             self.assigned[key] = srv
@@ -78,8 +79,10 @@ class ServerAssigner:
         total = sum(self.load)
         if not total:
             return 1.0
-        wsum = sum(self.weights)
-        return max((self.load[s] / total) / (self.weights[s] / wsum) for s in self._eligible)
+        w = self.weights
+        assert w is not None  # set by __post_init__
+        wsum = sum(w)
+        return max((self.load[s] / total) / (w[s] / wsum) for s in self._eligible)
 
 
 def mixed_mode_fraction(num_workers: int, num_dedicated: int) -> float:

@@ -676,7 +676,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "error": error}, indent=2))
         return 0 if error is None else 1
     print(topo.describe())
-    if error is not None:
+    if error is not None or placement is None:
         print(f"placement of {local_size} local rank(s): impossible: {error}")
         return 1
     print(f"placement of {local_size} local rank(s):")

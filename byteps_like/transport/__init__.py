@@ -7,8 +7,8 @@
 from .base import Endpoint, Route
 from .zmq_transport import CurveKeys, ZmqEndpoint, derive_curve_keys
 
-__all__ = ["CurveKeys", "Endpoint", "Route", "ZmqEndpoint", "auth_secret", "data_scheme", "derive_curve_keys",
-           "make_endpoint"]
+__all__ = ["CurveKeys", "Endpoint", "Route", "ZmqEndpoint", "auth_secret", "data_scheme",
+           "derive_curve_keys", "make_endpoint"]
 
 
 def auth_secret(cfg) -> str:

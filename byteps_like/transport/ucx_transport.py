@@ -87,7 +87,8 @@ def import_ucxx():
 # --------------------------------------------------------------------------- staging buffers
 def _split_completed(items: list) -> tuple[list, list]:
     """(items whose request, item[0], has completed; the others), each in order."""
-    done, still = [], []
+    done: list = []
+    still: list = []
     for item in items:
         (done if item[0].completed else still).append(item)
     return done, still
@@ -178,7 +179,7 @@ class _Conn:
     def __init__(self, cid: int, route: Route, label: str, address: tuple | None = None):
         self.cid = cid
         self.peer_cid: int | None = None
-        self.ep = None
+        self.ep: Any = None  # the ucxx Endpoint once created
         self.route = route
         self.ident = route.ident
         self.ready = False
@@ -222,10 +223,10 @@ class UcxEndpoint(Endpoint):
                         "device tensors will be staged through host memory", name)
         self.device_memory = device_memory and self.cuda_support
         self.pool = StagingPool()
-        self._listener = None
+        self._listener: Any = None  # ucxx objects (untyped library)
         self._bound: str | None = None
         self._conns: dict[int, _Conn] = {}             # by local conn id
-        self._by_route: dict[tuple[str, int], _Conn] = {}
+        self._by_route: dict[tuple[str | None, int], _Conn] = {}
         self._by_ident: dict[bytes, _Conn] = {}
         self._cids = itertools.count(1)
         self._dead: dict[int, float] = {}              # closed cid -> purge until
@@ -247,7 +248,7 @@ class UcxEndpoint(Endpoint):
         self._lock = threading.Lock()
         self.on_message = None
         self.on_error = None
-        self.stats = collections.Counter()
+        self.stats: collections.Counter[str] = collections.Counter()
 
     # -- setup ---------------------------------------------------------------------------
     @staticmethod
@@ -267,7 +268,8 @@ class UcxEndpoint(Endpoint):
             try:
                 if self._listener is not None:
                     raise RuntimeError(f"{self.name}: already bound")
-                self._listener = self.L.UCXListener.create(self._worker, port, self._on_conn_request)
+                self._listener = self.L.UCXListener.create(self._worker, port,
+                                                           self._on_conn_request)
                 self._bound = f"{SCHEME}{host}:{self._listener.port}"
                 result.append(self._bound)
             except Exception as exc:  # noqa: BLE001
@@ -419,6 +421,7 @@ class UcxEndpoint(Endpoint):
 
     def _post_send(self, conn: _Conn, head: bytes, bigs: list) -> None:
         L = self.L
+        assert conn.peer_cid is not None, "sent on a connection before its handshake"
         base = conn.peer_cid << 32
         harr = self.Array(head)
         self._sending.append((conn.ep.tag_send(harr, L.UCXXTag(base | KIND_HEAD)), harr, conn))
@@ -429,6 +432,7 @@ class UcxEndpoint(Endpoint):
     # -- connections -----------------------------------------------------------------------
     def _open(self, conn: _Conn) -> None:
         """Create (or re-create) the UCX endpoint of a connecting-side conn and say hello."""
+        assert conn.address is not None, "only connecting-side conns are (re)opened"
         host, port = conn.address
         conn.attempt += 1
         conn.deadline = time.monotonic() + _HANDSHAKE_TIMEOUT
@@ -635,6 +639,7 @@ class UcxEndpoint(Endpoint):
 
     def _parse(self, conn: _Conn, msg: _InMsg) -> str | None:
         raw = msg.head
+        assert raw is not None, "parsed before the head arrived"
         magic, version, _flags, n = _HEAD.unpack_from(raw)
         if magic != _HEAD_MAGIC or version != _VERSION:
             return f"bad message header (magic {bytes(magic)!r}, version {version})"

@@ -137,8 +137,9 @@ def _zap_release(ctx: zmq.Context) -> None:
 
 
 class ZmqEndpoint(Endpoint):
-    def __init__(self, name: str, *, max_message_bytes: int = 1 << 30, context: zmq.Context | None = None,
-                 curve: CurveKeys | None = None, hwm: int = 1000, max_connections: int = 0):
+    def __init__(self, name: str, *, max_message_bytes: int = 1 << 30,
+                 context: zmq.Context | None = None, curve: CurveKeys | None = None,
+                 hwm: int = 1000, max_connections: int = 0):
         self.name = name
         self.hwm = int(hwm)                          # per client of the listening socket; 0: none
         self.max_connections = int(max_connections)  # clients of the listening socket; 0: any
@@ -156,7 +157,7 @@ class ZmqEndpoint(Endpoint):
         self.auth: _AllowKeys | None = None
         self.max_message_bytes = int(max_message_bytes)
         self._router: zmq.Socket | None = None
-        self._dealers: dict[tuple[str, int], zmq.Socket] = {}
+        self._dealers: dict[tuple[str | None, int], zmq.Socket] = {}
         self._sock_route: dict[zmq.Socket, Route] = {}
         self._outbox_addr = f"inproc://bpsl-out-{uuid.uuid4().hex}"
         self._outbox = self.ctx.socket(zmq.PULL)
@@ -228,6 +229,7 @@ class ZmqEndpoint(Endpoint):
 
     def _on_monitor_event(self) -> None:
         """Count the listener's clients; close one past ``max_connections`` at once."""
+        assert self._monitor is not None, "monitor events come only from a bound listener"
         frames = self._monitor.recv_multipart()
         event, fd = struct.unpack_from("=HI", frames[0])  # libzmq's native layout
         if event == zmq.EVENT_DISCONNECTED:
@@ -314,7 +316,7 @@ class ZmqEndpoint(Endpoint):
         if route.ident is not None:
             head = b"R" + route.ident
         else:
-            head = b"D%d:" % route.conn + route.peer.encode()
+            head = b"D%d:" % route.conn + (route.peer or "").encode()
         self._sender().send_multipart([head, *frames], copy=False)
 
     def _send_now(self, route: Route, frames: list) -> None:
@@ -339,6 +341,7 @@ class ZmqEndpoint(Endpoint):
     def _offer(self, ident: bytes, frames: list) -> bool:
         """Hand a reply to ZeroMQ without blocking; False when the client's queue is full
         (True also when the client is gone: the reply is dropped)."""
+        assert self._router is not None, "replies go only through a bound listener"
         try:
             self._router.send_multipart([ident, *frames], copy=False, flags=zmq.NOBLOCK)
         except zmq.Again:
@@ -421,7 +424,7 @@ class ZmqEndpoint(Endpoint):
                     for _ in range(_BATCH):
                         if sock is self._outbox:
                             self._dispatch_outbox()
-                        elif sock is self._router:
+                        elif sock is self._router and sock is not None:
                             frames = sock.recv_multipart(copy=False)
                             self._deliver(Route(ident=frames[0].bytes), frames[1:])
                         elif sock is self._monitor:
@@ -443,7 +446,7 @@ class ZmqEndpoint(Endpoint):
             self.on_message(route, frames)
 
     def _close_sockets(self) -> None:
-        if self._monitor is not None:
+        if self._monitor is not None and self._router is not None:
             try:
                 self._router.disable_monitor()
             except zmq.ZMQError:

@@ -76,7 +76,7 @@ def join(device: Any = None) -> int:
 
 def push_pull_async(array: Any, name: str | None = None, average: bool = True, priority: int = 0,
                     out: Any = None, dtype: str | None = None,
-                    compression: Any = None) -> Handle:
+                    compression: Any = None) -> Handle | _CastHandle:
     """Start summing ``array`` over all workers; returns a :class:`Handle`.
 
     Larger ``priority`` values go out first. The input must not change until the handle is done.
@@ -149,4 +149,5 @@ def get_pushpull_speed() -> tuple[int, float]:
 
 
 __all__ = ["Runtime", "Handle", "init", "shutdown", "rank", "size", "local_rank", "local_size",
-           "declare", "barrier", "push_pull", "push_pull_async", "poll", "synchronize", "get_pushpull_speed"]
+           "declare", "barrier", "push_pull", "push_pull_async", "poll", "synchronize",
+           "get_pushpull_speed"]

@@ -38,7 +38,10 @@ def broadcast_bytes(rt: Runtime, data: bytes | None, root_rank: int, name: str,
     """The root's ``data`` on every rank (others pass None)."""
     _check_root(rt, root_rank)
     root = rt.rank() == root_rank
-    size = np.array([(_FAILED if root_failed else len(data)) if root else 0], np.int64)
+    if root and data is None and not root_failed:
+        raise BytePSError(f"broadcast {name!r}: the root rank {root_rank} passed no data")
+    payload = data or b""
+    size = np.array([(_FAILED if root_failed else len(payload)) if root else 0], np.int64)
     rt.push_pull_async(size, name=f"{name}.size", average=False, out=size).wait()
     n = int(size[0])
     if n == _FAILED:
@@ -48,7 +51,7 @@ def broadcast_bytes(rt: Runtime, data: bytes | None, root_rank: int, name: str,
                           "object (its own error says why)")
     words = np.zeros((n + 7) // 8, np.int64)
     if root:
-        words.view(np.uint8)[:n] = np.frombuffer(data, np.uint8)
+        words.view(np.uint8)[:n] = np.frombuffer(payload, np.uint8)
     rt.push_pull_async(words, name=f"{name}.data.{words.size}", average=False, out=words).wait()
     return words.view(np.uint8)[:n].tobytes()
 
