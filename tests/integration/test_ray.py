@@ -1,0 +1,382 @@
+"""byteps_like on a real local Ray cluster of two nodes (``ray.cluster_utils.Cluster``): a head
+node that runs the training workers (custom resource ``bps_train``) and a CPU-only node for the
+servers (``bps_cpu``).
+
+Ray is heavy, so one driver process (this file run as a script, under a watchdog that kills its
+process group and shows its output on a hang) starts the cluster once, runs every scenario and
+prints one JSON line per scenario; the tests read the module-scoped result:
+
+- the executor runs a function on every worker, in rank order; push_pull sums are exact for
+  every dtype; the servers run on the CPU-only node, the workers on the training node;
+- examples/pytorch/train_digits.py trains through the Ray Train backend (2 workers, 2 server
+  actors) to the same accuracy as under bpslaunch;
+- a server actor killed mid-training: Ray Train retries from the last checkpoint
+  (``FailureConfig(max_failures=1)``) and finishes; no byteps_like actor, placement group,
+  process or shared-memory segment is left afterwards;
+- after the cluster shuts down no process of it is left.
+
+Skipped, with the reason, where Ray is not installed or cannot start a cluster.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "examples" / "pytorch" / "train_digits.py"
+#: Fast failure detection, as the other integration tests use (tests/support.py's FAST_ENV).
+FAST = {"BYTEPS_HEARTBEAT_INTERVAL_SECONDS": "0.5", "BYTEPS_HEARTBEAT_TIMEOUT_SECONDS": "3",
+        "BYTEPS_REGISTER_TIMEOUT_SECONDS": "60", "BYTEPS_TIMEOUT_SECONDS": "60"}
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+RESULT = "RAYTEST "
+CANNOT_START = "RAYTEST-CANNOT-START "
+DIGITS_ARGS = ["--epochs", "10"]
+
+
+# ====================================================================== the driver (a script)
+def _emit(name: str, **data) -> None:
+    print(RESULT + json.dumps({"scenario": name, **data}), flush=True)
+
+
+def _node_ids(resource: str) -> list[str]:
+    import ray
+    return [n["NodeID"] for n in ray.nodes() if n["Alive"] and resource in n["Resources"]]
+
+
+def _dtype_sums() -> dict:
+    """On each worker: push_pull (sum) of a rank-dependent array of every dtype."""
+    import numpy as np
+
+    import byteps_like as bps
+    bps.init()
+    rank, out = bps.rank(), {}
+    for dtype in DTYPES:
+        values = _dtype_values(rank, dtype)
+        got = bps.synchronize(bps.push_pull_async(values, name=f"sum.{dtype}", average=False,
+                                                  dtype=dtype))
+        out[dtype] = np.asarray(got).view(values.dtype).tolist()
+    return {"rank": rank, "size": bps.size(), "sums": out, "pid": os.getpid()}
+
+
+def _dtype_values(rank: int, dtype: str):
+    """Values whose sum over two ranks is exact in ``dtype`` (bfloat16: raw uint16 bits of
+    small integers, built without torch)."""
+    import numpy as np
+    base = np.arange(64, dtype=np.int64) % 17 + 3 * rank - 20
+    if dtype == "bfloat16":
+        f = base.astype(np.float32)
+        return (f.view(np.uint32) >> 16).astype(np.uint16)
+    return base.astype(dtype)
+
+
+def _bf16_to_float(bits):
+    import numpy as np
+    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
+
+
+def scenario_executor() -> None:
+    import numpy as np
+    import ray
+
+    from byteps_like.ray import RayExecutor
+    t0 = time.monotonic()
+    ex = RayExecutor(num_workers=2, num_servers=2, cpus_per_worker=1,
+                     worker_resources={"bps_train": 1},
+                     server_resources={"CPU": 1, "bps_cpu": 1}, env=FAST)
+    ex.start()
+    started = time.monotonic() - t0
+    try:
+        servers = [r.node_id for r in ex.job.roles if r.role == "server"]
+        workers = ray.get([w.__ray_call__.remote(
+            lambda self: ray.get_runtime_context().get_node_id()) for w in ex.workers])
+        ranks = ex.run(lambda: __import__("byteps_like").init() or
+                       __import__("byteps_like").rank())
+        results = ex.run(_dtype_sums)
+    finally:
+        ex.shutdown()
+    exact = {}
+    for dtype in DTYPES:
+        want = _dtype_values(0, dtype).astype(np.float64) if dtype != "bfloat16" else \
+            _bf16_to_float(_dtype_values(0, dtype)).astype(np.float64)
+        want = want + (_dtype_values(1, dtype).astype(np.float64) if dtype != "bfloat16" else
+                       _bf16_to_float(_dtype_values(1, dtype)))
+        got = [np.asarray(r["sums"][dtype]) for r in results]
+        if dtype == "bfloat16":
+            got = [_bf16_to_float(g.astype(np.uint16)) for g in got]
+        exact[dtype] = all(np.array_equal(g.astype(np.float64), want) for g in got)
+    _emit("executor", start_s=round(started, 2), ranks=ranks,
+          results_ranks=[r["rank"] for r in results], sizes=[r["size"] for r in results],
+          exact=exact, server_nodes=servers, worker_nodes=workers,
+          cpu_nodes=_node_ids("bps_cpu"), train_nodes=_node_ids("bps_train"))
+
+
+def _digits_loop(config: dict) -> None:
+    """examples/pytorch/train_digits.py's own main(), in a Ray Train worker."""
+    import importlib.util
+
+    import ray.train
+    spec = importlib.util.spec_from_file_location("train_digits", config["script"])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = io.StringIO()
+    argv, sys.argv = sys.argv, [config["script"], *config["args"]]
+    try:
+        with contextlib.redirect_stdout(out):
+            module.main()
+    finally:
+        sys.argv = argv
+    text = out.getvalue()
+    print(text, flush=True)
+    m = re.search(r"final test accuracy: ([0-9.]+) \((\d+) workers", text)
+    ray.train.report({"accuracy": float(m.group(1)) if m else -1.0,
+                      "workers": int(m.group(2)) if m else -1})
+
+
+def _trainer(loop, name: str, storage: str, config: dict, max_failures: int = 0,
+             env: dict | None = None):
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.data_parallel_trainer import DataParallelTrainer
+
+    from byteps_like.ray import BytePSConfig
+    return DataParallelTrainer(
+        loop, train_loop_config=config,
+        backend_config=BytePSConfig(num_servers=2, server_resources={"CPU": 1, "bps_cpu": 1},
+                                    env={**FAST, **(env or {})}),
+        scaling_config=ScalingConfig(num_workers=2,
+                                     resources_per_worker={"CPU": 1, "bps_train": 1}),
+        run_config=RunConfig(name=name, storage_path=storage,
+                             failure_config=FailureConfig(max_failures=max_failures)))
+
+
+def scenario_digits(storage: str) -> None:
+    t0 = time.monotonic()
+    result = _trainer(_digits_loop, "digits", storage,
+                      {"script": str(DIGITS), "args": DIGITS_ARGS}).fit()
+    _emit("digits", seconds=round(time.monotonic() - t0, 2), metrics=result.metrics,
+          error=repr(result.error) if result.error else None)
+
+
+def _resume_loop(config: dict) -> None:
+    """Trains a tiny model for ``epochs`` epochs, a checkpoint per epoch; on the first attempt
+    rank 0 kills server 0's actor during epoch ``kill_at``."""
+    import tempfile
+
+    import ray
+    import ray.train
+    import torch
+
+    import byteps_like.torch as bps
+    from byteps_like.ray import actor_name
+    bps.init()
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(8, 1)
+    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    start, resumed = 0, -1
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        model.load_state_dict(state["model"])
+        start = resumed = state["epoch"]
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    g = torch.Generator().manual_seed(bps.rank())
+    for epoch in range(start, config["epochs"]):
+        for step in range(5):
+            if (ckpt is None and epoch == config["kill_at"] and step == 2
+                    and bps.rank() == 0):
+                job = os.environ["BYTEPS_JOB_ID"]
+                ray.kill(ray.get_actor(actor_name(job, "server", 0)))
+            x = torch.randn(16, 8, generator=g)
+            loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with tempfile.TemporaryDirectory() as d:
+            torch.save({"model": model.state_dict(), "epoch": epoch + 1},
+                       os.path.join(d, "state.pt"))
+            ray.train.report({"epoch": epoch + 1, "resumed_from": resumed,
+                              "job": os.environ["BYTEPS_JOB_ID"], "loss": loss.item()},
+                             checkpoint=ray.train.Checkpoint.from_directory(d))
+    bps.shutdown()
+
+
+def _leftovers() -> dict:
+    """byteps_like actors, placement groups, processes and segments still there."""
+    import ray
+    named = [a for a in ray.util.list_named_actors(all_namespaces=True)
+             if str(a.get("name", "")).startswith("byteps_like-")]
+    groups = [g for g in ray.util.placement_group_table().values()
+              if str(g.get("name", "")).startswith("byteps_like-") and g.get("state") != "REMOVED"]
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    procs = [ln.strip() for ln in ps.splitlines()
+             if "ray::RoleActor" in ln or "ray::_WorkerActor" in ln]
+    shm = sorted(p for p in os.listdir("/dev/shm") if p.startswith("bpsl-ray-"))
+    return {"actors": named, "groups": groups, "procs": procs, "shm": shm}
+
+
+def _settled(deadline_s: float = 20.0) -> dict:
+    """:func:`_leftovers` once empty, or what is left at the deadline (ray.kill is
+    asynchronous: an actor's process exits a moment after)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        left = _leftovers()
+        if not any(left.values()) or time.monotonic() > end:
+            return left
+        time.sleep(0.5)
+
+
+def scenario_resume(storage: str) -> None:
+    t0 = time.monotonic()
+    result = _trainer(_resume_loop, "resume", storage, {"epochs": 4, "kill_at": 1},
+                      max_failures=1).fit()
+    _emit("resume", seconds=round(time.monotonic() - t0, 2), metrics=result.metrics,
+          error=repr(result.error) if result.error else None, leftovers=_settled())
+
+
+def driver(scenarios: list[str]) -> int:
+    import tempfile
+    t0 = time.monotonic()
+    try:
+        import ray
+        from ray.cluster_utils import Cluster
+    except ImportError as exc:
+        print(CANNOT_START + f"Ray is not installed ({exc}): pip install 'byteps_like[ray]'",
+              flush=True)
+        return 0
+    common = {"object_store_memory": 80 * 1024 * 1024}
+    try:
+        # the head runs the driver, Ray Train's controller, the scheduler and the training
+        # workers; the second node, CPU only, the servers
+        cluster = Cluster(initialize_head=True, head_node_args={
+            **common, "num_cpus": 3, "resources": {"bps_train": 2},
+            "include_dashboard": False})
+        cluster.add_node(**common, num_cpus=2, resources={"bps_cpu": 2})
+        ray.init(address=cluster.address, logging_level="WARNING")
+        cluster.wait_for_nodes()
+    except Exception as exc:  # noqa: BLE001 - reported as the reason to skip
+        print(CANNOT_START + f"{type(exc).__name__}: {exc}", flush=True)
+        return 0
+    _emit("cluster", start_s=round(time.monotonic() - t0, 2), nodes=len(ray.nodes()))
+    code = 0
+    with tempfile.TemporaryDirectory(prefix="bpsl-raytest-") as storage:
+        for name in scenarios:
+            try:
+                if name == "executor":
+                    scenario_executor()
+                elif name == "digits":
+                    scenario_digits(storage)
+                elif name == "resume":
+                    scenario_resume(storage)
+            except Exception as exc:  # noqa: BLE001 - reported; the next scenario runs
+                import traceback
+                traceback.print_exc()
+                _emit(name, error=f"{type(exc).__name__}: {exc}")
+                code = 1
+        _emit("leftovers", **_settled())
+        ray.shutdown()
+        cluster.shutdown()
+    return code
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    sys.exit(driver(sys.argv[1:] or ["executor", "digits", "resume"]))
+
+
+# ====================================================================== the tests (pytest)
+import pytest  # noqa: E402
+
+from tests.support import clean_env, spawn, watch  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+DRIVER_TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def ray_run():
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"Ray is not installed ({exc}): pip install 'byteps_like[ray]'")
+    env = clean_env("RAY_")
+    env["PYTHONPATH"] = str(REPO)
+    proc = spawn([sys.executable, __file__], env)
+    rc, out, err = watch(proc, DRIVER_TIMEOUT_S, "the Ray driver")
+    log = f"exit {rc}\n--- stdout ---\n{out}\n--- stderr ---\n{err[-20000:]}"
+    reason = next((ln[len(CANNOT_START):] for ln in out.splitlines()
+                   if ln.startswith(CANNOT_START)), None)
+    if reason is not None:
+        pytest.skip(f"Ray cannot start a local cluster here: {reason}")
+    results = {}
+    for line in out.splitlines():
+        if line.startswith(RESULT):
+            data = json.loads(line[len(RESULT):])
+            results[data.pop("scenario")] = data
+    # the driver's session: Ray's own processes (raylets, GCS, workers) started inside it
+    left = _session_processes(proc.pid)
+    return results, log, left
+
+
+def _session_processes(sid: int) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid,sid,args"], capture_output=True, text=True).stdout
+    out = []
+    for line in ps.splitlines()[1:]:
+        pid, s, args = line.split(None, 2)
+        if int(s) == sid:
+            out.append(f"{pid} {args}")
+    return out
+
+
+def _get(results: tuple, name: str) -> dict:
+    data, log, _ = results
+    assert name in data, f"scenario {name} reported nothing\n{log}"
+    assert not data[name].get("error"), f"scenario {name}: {data[name]['error']}\n{log}"
+    return data[name]
+
+
+@pytest.mark.timeout(DRIVER_TIMEOUT_S + 30)
+def test_executor_runs_on_every_worker_with_exact_sums_and_placement(ray_run):
+    r = _get(ray_run, "executor")
+    log = ray_run[1]
+    assert r["ranks"] == [0, 1] and r["results_ranks"] == [0, 1], log  # rank order
+    assert r["sizes"] == [2, 2], log
+    assert r["exact"] == {d: True for d in DTYPES}, log
+    assert len(r["cpu_nodes"]) == 1 and len(r["train_nodes"]) == 1, log
+    assert r["server_nodes"] == r["cpu_nodes"] * 2, log      # both servers on the CPU node
+    assert r["worker_nodes"] == r["train_nodes"] * 2, log
+
+
+@pytest.mark.timeout(DRIVER_TIMEOUT_S + 30)
+def test_digits_example_through_ray_train_reaches_bpslaunch_accuracy(ray_run):
+    r = _get(ray_run, "digits")
+    log = ray_run[1]
+    assert r["metrics"]["workers"] == 2, log
+    # under bpslaunch (tests/frameworks/test_torch_examples.py) the same run reaches >= 0.9
+    assert r["metrics"]["accuracy"] >= 0.9, log
+
+
+@pytest.mark.timeout(DRIVER_TIMEOUT_S + 30)
+def test_killed_server_actor_retries_from_checkpoint_and_leaves_nothing(ray_run):
+    r = _get(ray_run, "resume")
+    log = ray_run[1]
+    assert r["metrics"]["epoch"] == 4, log
+    assert r["metrics"]["resumed_from"] == 1, log  # the second attempt started at epoch 1
+    assert r["leftovers"] == {"actors": [], "groups": [], "procs": [], "shm": []}, log
+
+
+@pytest.mark.timeout(DRIVER_TIMEOUT_S + 30)
+def test_nothing_left_after_the_cluster_shuts_down(ray_run):
+    left = _get(ray_run, "leftovers")
+    data, log, session = ray_run
+    assert left == {"actors": [], "groups": [], "procs": [], "shm": []}, log
+    assert session == [], f"processes of the Ray driver's session still run: {session}\n{log}"
