@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Set up the environments and run the whole test suite: the main suite in .venv (extra arguments
-# go to this pytest), then the MXNet suite in .venv-mxnet (MXNet 1.9.1 needs numpy < 1.24, so it
-# has its own environment). Both always run; the exit status is non-zero if either fails.
+# Set up the environments and run the whole test suite: the static checks (scripts/lint.sh: ruff
+# and mypy), the main suite in .venv (extra arguments go to this pytest), then the MXNet suite in
+# .venv-mxnet (MXNet 1.9.1 needs numpy < 1.24, so it has its own environment). All always run;
+# the exit status is non-zero if any fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+lint=0
+bash scripts/lint.sh || lint=$?
 main=0
 .venv/bin/python -m pytest -q "$@" || main=$?
 mxnet=0
 { bash scripts/setup_mxnet.sh && .venv-mxnet/bin/python -m pytest -q tests/frameworks/test_mxnet.py; } \
   || mxnet=$?
-if [ "$main" -ne 0 ] || [ "$mxnet" -ne 0 ]; then
-  echo "test.sh: main suite exit status $main, MXNet suite exit status $mxnet" >&2
+if [ "$lint" -ne 0 ] || [ "$main" -ne 0 ] || [ "$mxnet" -ne 0 ]; then
+  echo "test.sh: lint exit status $lint, main suite exit status $main," \
+       "MXNet suite exit status $mxnet" >&2
   exit 1
 fi
