@@ -273,7 +273,7 @@ def test_two_jobs_on_one_port_never_mix(tmp_path, auth):
                 if q.poll() is None:
                     os.killpg(q.pid, signal.SIGINT)
             o, e = p.communicate(timeout=20)
-            raise AssertionError(f"watchdog: bpslaunch hung\n{o}\n{e}")
+            raise AssertionError(f"watchdog: bpslaunch hung\n{o}\n{e}") from None
         runs.append(Run(p.returncode, o, e, time.monotonic() - t0))
     log = "\n=====\n".join(r.log for r in runs)
     assert "MIXED" not in log, log

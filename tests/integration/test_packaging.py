@@ -46,7 +46,7 @@ def test_wheel_installs_one_namespace_and_runs(tmp_path):
     sh(py, "-c", "import importlib.util as u, byteps_like._core, byteps_like.server, "
        "byteps_like.scheduler, byteps_like.launcher\n"
        "assert all(u.find_spec(m) is None for m in ('server', 'scheduler', 'launcher'))\n"
-       "import byteps_like; assert byteps_like.__file__.startswith(%r)" % str(venv),
+       f"import byteps_like; assert byteps_like.__file__.startswith({str(venv)!r})",
        cwd=work, env=env)
     script = work / "job.py"
     script.write_text("import numpy as np, byteps_like as bps\nbps.init()\n"

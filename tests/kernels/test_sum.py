@@ -149,7 +149,7 @@ def test_add_into_accepts_any_buffer(dtype, same_bits, bf16_round, bf16_widen):
         "readonly memoryview": lambda raw: memoryview(bytearray(raw)).toreadonly(),
         "memoryview at offset 3": lambda raw: memoryview(b"xyz" + raw)[3:],
     }
-    for name, make_src in sources.items():
+    for _name, make_src in sources.items():
         for make_dst in (bytearray, lambda raw: memoryview(bytearray(b"q" + raw))[1:]):
             dst = make_dst(a.tobytes())
             _core.add_into(dst, make_src(b.tobytes()), dtype)

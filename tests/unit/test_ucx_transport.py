@@ -195,7 +195,7 @@ def test_malformed_header_closes_the_connection_not_the_endpoint(pair, head):
 def test_staging_buffers_are_reused_across_rounds_but_not_while_held(pair):
     srv, cli, srv_box, cli_box, _ = pair(echo=False)
     payload = np.ones(1 << 20, np.uint8)
-    for rnd in range(5):          # frames dropped after delivery: one buffer serves every round
+    for _rnd in range(5):         # frames dropped after delivery: one buffer serves every round
         cli.send(Route(peer="s"), [b"r", payload])
         srv_box.wait(1)
         srv_box.items.clear()

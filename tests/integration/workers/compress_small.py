@@ -22,7 +22,7 @@ def main() -> None:
                           compression=Compression.onebit())
         except RemoteError as exc:
             print(f"rank {rank}: RemoteError: {exc}", flush=True)
-            raise SystemExit(3)
+            raise SystemExit(3) from exc
         raise SystemExit(f"rank {rank}: a compressed push in async mode was accepted")
     if sys.argv[1:] == ["mismatch"]:
         comp = Compression.topk(0.5) if rank == 0 else Compression.onebit()
@@ -31,7 +31,7 @@ def main() -> None:
             bps.push_pull(x, name="grad.w", compression=comp, timeout=30)
         except MismatchError as exc:
             print(f"rank {rank}: MismatchError: {exc}", flush=True)
-            raise SystemExit(3)
+            raise SystemExit(3) from exc
         raise SystemExit(f"rank {rank}: a compressor mismatch went unnoticed")
     small = np.arange(1000, dtype=np.float32) * (rank + 1)         # 4 KB: not compressed
     got = bps.push_pull(small, name="small", compression=Compression.onebit())

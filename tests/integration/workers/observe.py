@@ -33,7 +33,7 @@ if check:
     before = scrape()
 a = np.ones(1000, np.float32)
 b = np.ones(300_000, np.float32)
-for step in range(steps):
+for _step in range(steps):
     ha = bps.push_pull_async(a, name="grad.a", priority=1)
     hb = bps.push_pull_async(b, name="grad.b", priority=0)
     ha.wait()
