@@ -338,6 +338,31 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class ElasticConfig:
+    """Elastic training (docs/elastic.md): workers may leave and join a running job."""
+    enabled: bool = _s("BYTEPS_ELASTIC", "bool", False, "Elastic job: a worker lost (heartbeat "
+                       "or exit) or a new worker registering starts a new membership epoch; "
+                       "ranks are renumbered densely, the servers drop the old epoch's open "
+                       "rounds, and the survivors get MembershipChangedError and rejoin. "
+                       "DMLC_NUM_WORKER is then the starting count and DMLC_WORKER_ID is "
+                       "optional. Off: a lost worker fails the job, as always.")
+    min_workers: int = _s("BYTEPS_ELASTIC_MIN_WORKERS", "int", 1, "Elastic job: fewest workers "
+                          "it runs with; below it for longer than BYTEPS_ELASTIC_TIMEOUT_SECONDS "
+                          "the job fails with TooFewWorkersError.", unit="workers", min=1)
+    max_workers: int = _s("BYTEPS_ELASTIC_MAX_WORKERS", "int", 0, "Elastic job: most workers at "
+                          "once (the servers size their bookkeeping to it); a registration "
+                          "beyond it is refused. 0: DMLC_NUM_WORKER.", unit="workers", min=0)
+    timeout: float = _s("BYTEPS_ELASTIC_TIMEOUT_SECONDS", "seconds", 60.0, "Elastic job: how "
+                        "long it may stay below BYTEPS_ELASTIC_MIN_WORKERS (waiting for workers "
+                        "to join) before it fails with TooFewWorkersError.", unit="seconds",
+                        min=0)
+
+    def capacity(self, num_worker: int) -> int:
+        """Most workers at once: max_workers, or the starting count when 0."""
+        return max(self.max_workers or num_worker, num_worker)
+
+
+@dataclass(frozen=True)
 class LogConfig:
     """Logging."""
     level: str = _s("BYTEPS_LOG_LEVEL", "choice", "WARNING", "Log level (case-insensitive).",
@@ -358,6 +383,7 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
     log: LogConfig = field(default_factory=LogConfig)
     _sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}),
                                         compare=False, repr=False)
@@ -619,6 +645,17 @@ def _cross_check(cfg: Config) -> None:
     if t.heartbeat_timeout <= 2 * t.heartbeat_interval:
         raise ConfigError(f"{who('timeouts.heartbeat_timeout')} must exceed twice "
                           f"{who('timeouts.heartbeat_interval')}")
+    e = cfg.elastic
+    if e.enabled:
+        if e.max_workers and e.max_workers < c.num_worker:
+            raise ConfigError(f"{who('elastic.max_workers')} must be >= "
+                              f"{who('cluster.num_worker')} (the starting count)")
+        if e.min_workers > e.capacity(c.num_worker):
+            raise ConfigError(f"{who('elastic.min_workers')} must be <= the most workers "
+                              f"({who('elastic.max_workers')}, {who('cluster.num_worker')})")
+        if c.local_size != 1:
+            raise ConfigError(f"{who('elastic.enabled')}: elastic jobs run one worker process "
+                              f"per machine; {who('cluster.local_size')} is not supported")
     if cfg.auth.secret_file and not cfg.auth.secret:  # said at start, not in a child later
         try:
             with open(cfg.auth.secret_file, encoding="utf-8") as f:

@@ -15,9 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .config import Config, resolve_root
-from .errors import CommTimeoutError, ConfigError, PeerLeftError, PeerLostError, RemoteError
+from .errors import (
+    CommTimeoutError,
+    ConfigError,
+    PeerLeftError,
+    PeerLostError,
+    RemoteError,
+    TooFewWorkersError,
+)
 from .transport import Endpoint, Route
-from .wire import Header, Message, MsgType, Role, encode, job_hash
+from .wire import ERR_TOO_FEW, Header, Message, MsgType, Role, encode, job_hash
 
 log = logging.getLogger("byteps_like.control")
 SCHEDULER = Route(peer="scheduler")
@@ -59,7 +66,9 @@ class ControlClient:
     def __init__(self, cfg: Config, ep: Endpoint, role: Role, *, port: int = 0,
                  data_port: int = 0, on_fatal: Callable[[BaseException], None] | None = None,
                  on_shutdown: Callable[[], None] | None = None,
-                 on_members: Callable[[dict], None] | None = None):
+                 on_members: Callable[[dict], None] | None = None,
+                 on_epoch: Callable[[int, dict], None] | None = None,
+                 on_epoch_start: Callable[[dict], None] | None = None):
         self.cfg = cfg
         self.ep = ep
         self.role = role
@@ -73,6 +82,15 @@ class ControlClient:
         self.on_fatal = on_fatal
         self.on_shutdown = on_shutdown
         self.on_members = on_members   # servers: who has joined / left (join())
+        # elastic jobs: servers reset to a new epoch (they acknowledge with ack_epoch); workers
+        # hear that their epoch is superseded / workers wait to join, and that the next started
+        self.on_epoch = on_epoch
+        self.on_epoch_start = on_epoch_start
+        self.early: list = []      # elastic notices that came before a handler was set
+        self.interrupt: BaseException | None = None  # elastic: the epoch ended; waits raise it
+        self.epoch = 0             # elastic: the epoch of the node table (0: not elastic)
+        self.size = 0              # elastic: workers in that epoch
+        self.round_base = 0
         self._join_done = threading.Event()
         self._join_result: dict = {}
         self._table = threading.Event()
@@ -107,6 +125,9 @@ class ControlClient:
         while not self._table.wait(0.1):
             if self.fatal is not None:
                 raise self.fatal
+            if self._shutdown.is_set():
+                raise PeerLeftError(f"{self.role.label} on {self.host}: the job ended before "
+                                    "this node was admitted into it")
             now = time.monotonic()
             if next_report <= now <= deadline:
                 log.warning("%s on %s: no node table yet from the scheduler at %s after %g s "
@@ -172,6 +193,21 @@ class ControlClient:
         rounds_out = res.get("rounds") or {}
         return int(res.get("last", -1)), {str(k): int(v) for k, v in rounds_out.items()}
 
+    def ack_epoch(self, epoch: int) -> None:
+        """Elastic jobs (servers): the reset to ``epoch`` is applied."""
+        self._send(MsgType.EPOCH, key=epoch)
+
+    def ready(self, epoch: int) -> None:
+        """Elastic jobs (workers): this worker left its epoch and is ready for the next one
+        (``epoch``: the newest it has heard of)."""
+        self._send(MsgType.READY, key=epoch)
+
+    def reset_barriers(self) -> None:
+        """Elastic jobs: barriers are numbered per epoch; those waiting are abandoned."""
+        with self._lock:
+            self._barrier_seq = 0
+            self._barriers.clear()
+
     def send_stall(self, stalls: list[dict]) -> None:
         """Report stalled synchronous rounds to the scheduler (the stall inspector)."""
         self._send(MsgType.STALL, {"stalls": stalls})
@@ -182,6 +218,8 @@ class ControlClient:
     def check(self) -> None:
         if self.fatal is not None:
             raise self.fatal
+        if self.interrupt is not None:
+            raise self.interrupt
 
     @property
     def shutting_down(self) -> bool:
@@ -199,6 +237,9 @@ class ControlClient:
         self._last_heard = time.monotonic()
         h, meta = msg.header, msg.meta or {}
         if h.type is MsgType.NODE_TABLE:
+            if type(meta.get("epoch")) is int:  # elastic: the epoch this node starts in
+                self.epoch, self.size = meta["epoch"], int(meta.get("size", 0))
+                self.round_base = int(meta.get("round_base", 0))
             self.rank = int(meta["rank"])
             self.peers = [PeerInfo(str(n["role"]), int(n["rank"]), str(n["host"]), int(n["port"]),
                                    int(n.get("pid", 0)), int(n.get("data_port", 0)))
@@ -222,6 +263,12 @@ class ControlClient:
         elif h.type is MsgType.MEMBERS and self.on_members is not None:
             self.on_members(meta)
             self._send(MsgType.MEMBERS, key=h.key)  # applied (or queued before later pushes)
+        elif h.type is MsgType.EPOCH and self.on_epoch is not None:
+            self.on_epoch(h.key, meta)
+        elif h.type is MsgType.EPOCH_START and self.on_epoch_start is not None:
+            self.on_epoch_start(meta)
+        elif h.type in (MsgType.EPOCH, MsgType.EPOCH_START) and self.role is Role.WORKER:
+            self.early.append((h.type, h.key, dict(meta)))  # replayed by the elastic handler
         elif h.type is MsgType.SHUTDOWN:
             self._shutdown.set()
             if self.on_shutdown is not None:
@@ -231,6 +278,13 @@ class ControlClient:
             exc: BaseException
             if meta.get("kind") == "register":
                 exc = ConfigError(f"the scheduler refused this {self.role.label}: {text}")
+            elif meta.get("kind") == ERR_TOO_FEW:
+                lost = meta.get("lost")
+                mw = meta.get("min_workers")
+                exc = TooFewWorkersError(
+                    f"{self.role.label} {self.rank}: {text}",
+                    lost=tuple(str(x) for x in lost) if isinstance(lost, list) else (),
+                    min_workers=mw if type(mw) is int else 0)
             else:
                 exc = RemoteError(f"scheduler: {text}", role="scheduler", rank=0)
             self._fail(exc)

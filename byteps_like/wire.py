@@ -2,7 +2,9 @@
 
 A message is a ZeroMQ multipart message::
 
-    [header (HEADER_SIZE bytes)] [payload (nbytes bytes), when the type carries data] [meta (JSON), when FLAG_META]
+    [header (HEADER_SIZE bytes)]
+    [payload (nbytes bytes), when the type carries data]
+    [meta (JSON), when FLAG_META]
 
 The header is a little-endian ``struct`` with a magic number and a version. Nothing that arrives
 from the network is unpickled: control payloads are UTF-8 JSON objects of bounded size, data
@@ -45,6 +47,11 @@ class MsgType(enum.IntEnum):
     JOIN = 11         # worker -> scheduler: this rank is out of data (join())
     MEMBERS = 12      # scheduler -> servers: ranks joined / left (servers answer with the key)
     JOIN_DONE = 13    # scheduler -> workers: every rank has joined (or the join failed)
+    EPOCH = 14        # elastic: scheduler -> servers: reset to a new membership epoch (they
+    #                   answer with the epoch in the key); scheduler -> workers: the epoch in
+    #                   the key is superseded (or, for the current one, workers wait to join)
+    READY = 15        # elastic: worker -> scheduler: left the epoch in the key, ready for the next
+    EPOCH_START = 16  # elastic: scheduler -> workers: the new epoch is formed (rank, size)
     # data plane (worker <-> server)
     PUSH = 20
     PUSH_ACK = 21
@@ -100,6 +107,25 @@ ERR_PEER_LOST = "peer_lost"
 ERR_REGISTER = "register"
 ERR_INTERNAL = "internal"
 ERR_PEER_LEFT = "peer_left"   # a rank finished without join(): the round can never complete
+ERR_EPOCH = "epoch"           # elastic: the round's membership epoch ended; it was dropped
+ERR_TOO_FEW = "too_few_workers"  # elastic: below the minimum of workers for too long
+
+#: Elastic jobs carry the membership epoch in a data message's round: the high 32 bits hold
+#: epoch - 1, the low 32 the round within the epoch; so a push or pull of an older epoch is out
+#: of round at every server (no sum mixes two epochs). Epoch 1 (and every non-elastic job)
+#: counts rounds from 0 as before.
+EPOCH_SHIFT = 32
+ROUND_MASK = (1 << EPOCH_SHIFT) - 1
+
+
+def epoch_round_base(epoch: int) -> int:
+    """The first round of membership epoch ``epoch`` (>= 1)."""
+    return max(0, epoch - 1) << EPOCH_SHIFT
+
+
+def round_epoch(rnd: int) -> int:
+    """The membership epoch a round belongs to."""
+    return (rnd >> EPOCH_SHIFT) + 1
 
 DTYPES: tuple[str, ...] = ("none", "float32", "float64", "float16", "bfloat16", "int32", "int64",
                            "uint8", "int8")

@@ -614,6 +614,9 @@ struct Store {
   std::unique_ptr<std::mutex[]> chunk_mu;
   std::mutex mu;                               // everything below
   std::int64_t round = 0, completed = -1;
+  // elastic membership epochs (reset_epoch): a push begun in an older generation sums nothing
+  // more and completes nothing; read under chunk_mu (sum_chunk) or mu, written under both
+  std::atomic<std::uint64_t> gen{0};
   int contrib[2] = {0, 0};                     // pushes summed into each buffer's round
   std::vector<std::uint8_t> pushed;            // per worker rank, this round
   int started = 0, finished = 0;               // pushes begun / summed this round
@@ -795,7 +798,7 @@ class ServerImpl {
   // A push's header (and declaration) arrived: the store it sums into, or null after an
   // error reply (the caller discards the payload).
   std::shared_ptr<Store> begin_push(const std::shared_ptr<Conn>& conn, const Header& h,
-                                    const std::string& meta) {
+                                    const std::string& meta, std::uint64_t* gen) {
     const int kdt = wire_to_kernel_dtype(h.dtype);
     if (kdt < 0) {
       reject("dtype that cannot be summed");
@@ -914,6 +917,7 @@ class ServerImpl {
       left = left_;
     }
     st->pushed[h.rank] = 1;
+    *gen = st->gen.load();
     if (st->started++ == 0) st->round_started = monotonic_now();
     if (!left.empty() && doom_if_left_locked(*st, left)) {
       send_error(conn, h, st->failed_kind.c_str(), st->failed, st->failed_extra);
@@ -923,11 +927,12 @@ class ServerImpl {
   }
 
   void sum_chunk(Store& st, std::int64_t round, std::size_t offset, const char* data,
-                 std::size_t len) {
+                 std::size_t len, std::uint64_t gen) {
     const std::size_t c = offset / kChunk;
     const int par = static_cast<int>(round & 1);
     char* dst = st.buf[par].get() + offset;
     std::lock_guard<std::mutex> g(st.chunk_mu[c]);
+    if (st.gen.load() != gen) return;  // begun before a membership epoch reset: dropped
     if (st.fill[par][c]++ == 0) {
       std::memcpy(dst, data, len);
     } else {
@@ -936,12 +941,19 @@ class ServerImpl {
   }
 
   void finish_push(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
-                   const Header& h) {
+                   const Header& h, std::uint64_t gen) {
     std::vector<Store::Pending> answer;
     std::int64_t done_round = -1;
     bool failed;
     {
       std::lock_guard<std::mutex> g(st->mu);
+      if (st->gen.load() != gen) {  // the epoch it belonged to was reset meanwhile
+        reject("push of a superseded epoch");
+        send_error(conn, h, "epoch", "key " + std::to_string(h.key) + ": push from worker "
+                   "rank " + std::to_string(h.rank) + " belongs to a membership epoch that "
+                   "ended while it arrived; it was dropped");
+        return;
+      }
       c_.pushes++;
       c_.bytes_summed += h.nbytes;
       failed = !st->failed.empty();
@@ -1024,6 +1036,48 @@ class ServerImpl {
       }
       for (auto& p : answer) {
         if (auto c = p.conn.lock()) send_resp(c, st, done);
+      }
+    }
+  }
+
+  // Elastic membership: a new epoch. Every open round of the old one is dropped (its waiting
+  // pulls get an "epoch" error, pushes still arriving sum nothing), every key restarts at
+  // round `round_base` (the epoch in the round's high bits, so a stale push or pull is out of
+  // round) and a round completes with `required` pushes. join() state is cleared.
+  void reset_epoch(std::int64_t round_base, int required) {
+    {
+      std::lock_guard<std::mutex> m(mem_mu_);
+      std::fill(joined_.begin(), joined_.end(), 0);
+      left_.clear();
+      required_.store(std::max(1, std::min(required, num_workers_)));
+    }
+    std::vector<std::shared_ptr<Store>> all;
+    {
+      std::lock_guard<std::mutex> g(map_mu_);
+      for (auto& kv : stores_) all.push_back(kv.second);
+    }
+    for (auto& st : all) {
+      std::lock_guard<std::mutex> g(st->mu);
+      st->gen.fetch_add(1);
+      Header h = make_header(kPull, 0, 0, 0, 0, st->key, 0);
+      for (auto& p : st->pending) {
+        if (auto c = p.conn.lock()) {
+          h.round = p.round;
+          send_error(c, h, "epoch", "key " + std::to_string(st->key) + ": the membership "
+                     "epoch of this round ended (a worker left or joined); the round was "
+                     "dropped");
+        }
+      }
+      st->pending.clear();
+      if (st->failed_kind == "peer_left") st->failed.clear(), st->failed_kind = "mismatch",
+                                          st->failed_extra.clear();
+      st->round = round_base;
+      st->completed = -1;
+      st->started = st->finished = 0;
+      std::fill(st->pushed.begin(), st->pushed.end(), 0);
+      for (std::size_t c = 0; c < st->nchunks; ++c) {
+        std::lock_guard<std::mutex> cg(st->chunk_mu[c]);  // waits out a sum of the old epoch
+        st->fill[0][c] = st->fill[1][c] = 0;
       }
     }
   }
@@ -1142,7 +1196,7 @@ class ServerConn : public FramedConn {
       case kMeta: return after_meta();
       case kPayload: {
         const std::size_t len = static_cast<std::size_t>(rptr_ - scratch_.data());
-        srv_->sum_chunk(*store_, h_.round, off_, scratch_.data(), len);
+        srv_->sum_chunk(*store_, h_.round, off_, scratch_.data(), len, gen_);
         off_ += len;
         return next_chunk();
       }
@@ -1270,7 +1324,7 @@ class ServerConn : public FramedConn {
       srv_->handle_pull(self, h_);
       return read_header();
     }
-    store_ = srv_->begin_push(self, h_, meta_);
+    store_ = srv_->begin_push(self, h_, meta_, &gen_);
     off_ = 0;
     if (!store_) {
       discard_left_ = h_.nbytes;
@@ -1281,7 +1335,7 @@ class ServerConn : public FramedConn {
 
   bool next_chunk() {
     if (off_ >= h_.nbytes) {
-      srv_->finish_push(shared_from_this(), store_, h_);
+      srv_->finish_push(shared_from_this(), store_, h_, gen_);
       store_.reset();
       return read_header();
     }
@@ -1294,6 +1348,7 @@ class ServerConn : public FramedConn {
 
   ServerImpl* srv_;
   std::shared_ptr<Store> store_;
+  std::uint64_t gen_ = 0;   // the store's epoch generation when this push began
   std::size_t off_ = 0;
   bool hello_ = false, awaiting_mac_ = false;
   int rank_ = -1;
@@ -1335,6 +1390,9 @@ std::vector<StallInfo> DataServer::stalls(double min_age) { return impl_->stalls
 void DataServer::set_members(const std::vector<int>& joined,
                              const std::map<int, std::string>& left) {
   impl_->set_members(joined, left);
+}
+void DataServer::reset_epoch(std::int64_t round_base, int required) {
+  impl_->reset_epoch(round_base, required);
 }
 
 // =============================================================================================

@@ -108,6 +108,10 @@ class DataServer {
   // `left` (text: who and why) finished without joining, so a round it has not pushed fails
   // with a "peer_left" error naming it. Open rounds are completed or failed at once.
   void set_members(const std::vector<int>& joined, const std::map<int, std::string>& left);
+  // Elastic membership epochs: drop every open round (waiting pulls get an "epoch" error, a
+  // push still arriving sums nothing), restart every key at round `round_base` and complete a
+  // round with `required` pushes; join() state is cleared.
+  void reset_epoch(std::int64_t round_base, int required);
 
  private:
   std::unique_ptr<ServerImpl> impl_;

@@ -315,6 +315,8 @@ void bind_dataplane(py::module_& m) {
       .def("set_rank", &dp::DataServer::set_rank, py::arg("rank"))
       .def("set_members", &dp::DataServer::set_members, py::arg("joined"), py::arg("left"),
            py::call_guard<py::gil_scoped_release>())
+      .def("reset_epoch", &dp::DataServer::reset_epoch, py::arg("round_base"),
+           py::arg("required"), py::call_guard<py::gil_scoped_release>())
       .def("stats", [](dp::DataServer& s) { return counters_dict(s.stats()); })
       .def("rejected", [](dp::DataServer& s) { return counters_dict(s.rejected()); })
       .def(

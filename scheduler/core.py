@@ -18,7 +18,18 @@ from ..control import WAIT_REPORT_INTERVAL_S
 from ..errors import EXIT_PEER_FAILED, ProtocolError
 from ..transport import Route, make_endpoint
 from ..transport.base import Drops
-from ..wire import ERR_PROTOCOL, ERR_REGISTER, Header, MsgType, Role, decode, encode, job_hash
+from ..wire import (
+    ERR_PROTOCOL,
+    ERR_REGISTER,
+    ERR_TOO_FEW,
+    Header,
+    MsgType,
+    Role,
+    decode,
+    encode,
+    epoch_round_base,
+    job_hash,
+)
 
 log = logging.getLogger("byteps_like.scheduler")
 
@@ -107,6 +118,16 @@ class Scheduler:
         self._release_epoch = 0
         self.joined_all: dict[int, NodeInfo] = {}     # the ranks released by that ack
         self.join_rounds: dict[str, int] = {}         # tensor -> most rounds a joiner pushed
+        # elastic jobs (BYTEPS_ELASTIC): membership epochs, see _begin_epoch
+        self.elastic = cfg.elastic.enabled and not cfg.server.enable_async
+        self.capacity = cfg.elastic.capacity(c.num_worker) * c.local_size
+        self.epoch = 0                       # the last epoch formed (or being formed)
+        self.members: list[NodeInfo] = []    # the workers of the current epoch, in rank order
+        self.pending: list[NodeInfo] = []    # workers registered since, waiting to be admitted
+        self.forming: dict | None = None     # the epoch being formed: ready workers, server acks
+        self.below_since: float | None = None  # when the job fell below BYTEPS_ELASTIC_MIN_...
+        self.elastic_lost: list[str] = []    # every worker lost, for the log and the failure
+        self.epoch_log: list[tuple[int, int, float]] = []  # (epoch, size, monotonic start)
         self._done = threading.Event()
         self.heartbeats_missed = 0   # metrics: ticks that found a node silent > 2 intervals
         self.metrics = None
@@ -196,6 +217,10 @@ class Scheduler:
             self._join(node, meta.get("rounds"))
         elif h.type is MsgType.MEMBERS and node.role is Role.SERVER:
             self._members_ack(node, h.key)
+        elif h.type is MsgType.READY and node.role is Role.WORKER and self.elastic:
+            self._ready(node, h.key)
+        elif h.type is MsgType.EPOCH and node.role is Role.SERVER and self.elastic:
+            self._epoch_ack(node, h.key)
         elif h.type is MsgType.STALL and node.role is Role.SERVER:
             self._stall(node, meta.get("stalls"))
         elif h.type is MsgType.ABORT:
@@ -230,6 +255,10 @@ class Scheduler:
             self._reject(route, "bad registration", f"bad registration: {exc}", ERR_REGISTER)
             return
         err = None
+        if (self.elastic and role is Role.WORKER and self.phase == "running"
+                and local_size == c.local_size):
+            self._register_joiner(route, info)
+            return
         if self.phase != "register":
             err = "registration is closed: every node of this job has already joined"
         elif role is Role.SCHEDULER:
@@ -240,7 +269,7 @@ class Scheduler:
         elif role is Role.WORKER and local_size != self.cfg.cluster.local_size:
             err = (f"worker on {info.host} has BYTEPS_LOCAL_SIZE={local_size}, the scheduler "
                    f"expects {self.cfg.cluster.local_size}")
-        elif role is Role.WORKER and info.worker_id is not None:
+        elif role is Role.WORKER and info.worker_id is not None and not self.elastic:
             if info.worker_id >= self.cfg.cluster.num_worker:
                 err = (f"DMLC_WORKER_ID={info.worker_id} is out of range for "
                        f"DMLC_NUM_WORKER={self.cfg.cluster.num_worker}")
@@ -267,12 +296,18 @@ class Scheduler:
         table = [me] + sorted((n.public() for n in self.nodes.values()),
                               key=lambda d: (d["role"], d["rank"]))
         now = time.monotonic()
+        self.table = table
         for n in self.nodes.values():
             n.last_seen = now
+            if self.elastic and n.role is Role.WORKER:
+                continue  # once the servers have reset for epoch 1 (_epoch_ack)
             self._send(n, MsgType.NODE_TABLE, {"rank": n.rank, "nodes": table,
                        "num_worker": self.cfg.cluster.num_worker,
                        "local_size": self.cfg.cluster.local_size})
         self.phase = "running"
+        if self.elastic:
+            self.members = sorted(self._workers(), key=lambda n: n.rank)
+            self._begin_epoch([], initial=True)
         log.info("scheduler: all %d nodes joined; node table sent", len(self.nodes))
 
     def _barrier(self, node: NodeInfo, group: str, seq: int) -> None:
@@ -281,7 +316,8 @@ class Scheduler:
 
     def _check_barrier(self, group: str, seq: int) -> None:
         members = [n for n in self.nodes.values()
-                   if (group == "all" or n.role.label == group) and not n.lost]
+                   if (group == "all" or n.role.label == group) and not n.lost
+                   and n not in self.pending]   # elastic: joiners not admitted yet
         arrived = self.barriers.get((group, seq), set())
         if {n.route.ident for n in members} <= arrived:
             del self.barriers[(group, seq)]
@@ -407,6 +443,9 @@ class Scheduler:
 
     def _worker_finished(self, node: NodeInfo) -> None:
         node.finished = True
+        if self.elastic:
+            self._elastic_finished(node)
+            return
         workers = [n for n in self.nodes.values() if n.role is Role.WORKER]
         if (not self.cfg.server.enable_async and node.rank not in self.joined
                 and not all(n.finished for n in workers)):
@@ -418,6 +457,9 @@ class Scheduler:
 
     def _lose(self, lost: NodeInfo, why: str, *, tell_lost: bool = False,
               code: int = EXIT_PEER_FAILED) -> None:
+        if self.elastic and lost.role is Role.WORKER and not tell_lost and self.phase == "running":
+            self._lose_elastic(lost, why)
+            return
         if (self.cfg.server.enable_async and lost.role is Role.WORKER and not tell_lost
                 and self.phase == "running"):
             self._lose_async_worker(lost, why)
@@ -460,6 +502,187 @@ class Scheduler:
         else:
             self._finish(0)
 
+    # -- elastic membership epochs (BYTEPS_ELASTIC, docs/elastic.md) ---------------------------
+    # An epoch is a set of workers with dense ranks 0..size-1. A change (a worker lost, one that
+    # registers, a worker asking for a new epoch with READY) begins the next epoch: its workers
+    # are told (EPOCH, the key the new epoch: they raise MembershipChangedError and rejoin with
+    # READY); once every survivor is ready and at least BYTEPS_ELASTIC_MIN_WORKERS are in, the
+    # servers reset to it (EPOCH, acknowledged) and only then the workers start it (EPOCH_START,
+    # a joiner its NODE_TABLE), so no push of the new epoch meets a server of the old one.
+    def _describe_worker(self, n: NodeInfo) -> str:
+        return f"worker rank {n.rank} on {n.host} (pid {n.pid})"
+
+    def _register_joiner(self, route: Route, info: NodeInfo) -> None:
+        alive = [n for n in self._workers() if not n.lost and not n.finished]
+        if len(alive) >= self.capacity:
+            self._reject(route, "registration refused", (
+                f"too many workers: this elastic job runs at most {self.capacity} "
+                "(BYTEPS_ELASTIC_MAX_WORKERS); this worker was not admitted"), ERR_REGISTER)
+            return
+        self.nodes[route.ident] = info
+        self.pending.append(info)
+        log.info("scheduler: worker on %s (pid %d) registered to join the running elastic job "
+                 "(%d waiting)", info.host, info.pid, len(self.pending))
+        if self.forming is not None:
+            self._check_formed()
+            return
+        live = [m for m in self.members if not m.lost and not m.finished]
+        if not live:
+            self._begin_epoch([])
+            return
+        for m in live:  # check_membership() raises MembershipChangedError(added=...)
+            self._send(m, MsgType.EPOCH, {"lost": [], "added": len(self.pending)},
+                       key=self.epoch)
+
+    def _begin_epoch(self, lost: list[str], *, initial: bool = False) -> None:
+        """Start forming the next epoch; workers already ready for one that was superseded
+        (another loss meanwhile) stay ready."""
+        self.epoch += 1
+        if self.forming is not None and self.forming.get("members"):
+            # superseded while the servers reset: its joiners wait for this one
+            back = [m for m in self.forming["members"]
+                    if m not in self.members and not m.lost and not m.finished]
+            self.pending = back + self.pending
+        ready = self.forming["ready"] if self.forming else set()
+        old_lost = self.forming["lost"] if self.forming else []
+        self.forming = {"epoch": self.epoch, "ready": ready, "lost": old_lost + lost,
+                        "acks": None, "initial": initial, "began": time.monotonic()}
+        self.barriers.clear()
+        if initial:  # the registered workers are ready by nature
+            ready.update(n.route.ident for n in self.members)
+        else:
+            log.warning("scheduler: membership epoch %d begins%s (%d waiting to join)",
+                        self.epoch, f"; lost: {'; '.join(lost)}" if lost else "",
+                        len(self.pending))
+            for m in self.members:
+                if not m.lost and not m.finished:
+                    self._send(m, MsgType.EPOCH, {"lost": self.forming["lost"],
+                                                  "added": len(self.pending)}, key=self.epoch)
+        self._check_formed()
+
+    def _ready(self, node: NodeInfo, epoch: int) -> None:
+        if node.lost or node.finished or node in self.pending:
+            return
+        if node not in self.members:
+            self._reject(node.route, "bad field", "READY from a worker of no epoch")
+            return
+        if self.forming is None:
+            if epoch < self.epoch:
+                return  # a late READY of an epoch formed since
+            self._begin_epoch([])  # the worker saw joiners waiting: admit them now
+        self.forming["ready"].add(node.route.ident)
+        self._check_formed()
+
+    def _check_formed(self) -> None:
+        f = self.forming
+        if f is None or f["acks"] is not None:
+            return
+        survivors = [m for m in self.members if not m.lost and not m.finished]
+        if any(m.route.ident not in f["ready"] for m in survivors):
+            return
+        size = len(survivors) + len(self.pending)
+        if size < self.cfg.elastic.min_workers * self.cfg.cluster.local_size:
+            if self.below_since is None:
+                self.below_since = time.monotonic()
+                log.warning("scheduler: %d worker(s) left, below BYTEPS_ELASTIC_MIN_WORKERS=%d; "
+                            "waiting up to %g s (BYTEPS_ELASTIC_TIMEOUT_SECONDS) for workers "
+                            "to join", size, self.cfg.elastic.min_workers,
+                            self.cfg.elastic.timeout)
+            return
+        self.below_since = None
+        f["members"] = survivors + list(self.pending)
+        self.pending = []
+        servers = [n for n in self.nodes.values() if n.role is Role.SERVER and not n.lost]
+        f["acks"] = {n.route.ident for n in servers}
+        for n in servers:
+            self._send(n, MsgType.EPOCH, {"size": len(f["members"])}, key=f["epoch"])
+        if not servers:
+            self._start_epoch()
+
+    def _epoch_ack(self, node: NodeInfo, epoch: int) -> None:
+        f = self.forming
+        if f is None or f["acks"] is None or epoch != f["epoch"]:
+            return
+        f["acks"].discard(node.route.ident)
+        if not f["acks"]:
+            self._start_epoch()
+
+    def _start_epoch(self) -> None:
+        f, self.forming = self.forming, None
+        assert f is not None
+        members = [m for m in f["members"] if not m.lost and not m.finished]
+        for r, m in enumerate(members):
+            m.rank = r
+        self.members = members
+        self.barriers.clear()
+        now = time.monotonic()
+        self.epoch_log.append((f["epoch"], len(members), now))
+        base = epoch_round_base(f["epoch"])
+        for m in members:
+            m.last_seen = now
+            meta = {"epoch": f["epoch"], "rank": m.rank, "size": len(members),
+                    "round_base": base, "lost": f["lost"]}
+            if f["initial"] or m.route.ident not in f["ready"]:  # a joiner: its node table
+                self._send(m, MsgType.NODE_TABLE, {
+                    **meta, "nodes": self.table, "num_worker": len(members),
+                    "local_size": self.cfg.cluster.local_size})
+            else:
+                self._send(m, MsgType.EPOCH_START, meta)
+        log.warning("scheduler: membership epoch %d formed: %d worker(s)", f["epoch"],
+                    len(members))
+        if self.pending:  # registered while the servers reset: admitted at the next change
+            for m in members:
+                self._send(m, MsgType.EPOCH, {"lost": [], "added": len(self.pending)},
+                           key=self.epoch)
+
+    def _lose_elastic(self, lost: NodeInfo, why: str) -> None:
+        if lost.lost or lost.finished:
+            return
+        lost.lost = lost.finished = True
+        if lost in self.pending:
+            self.pending.remove(lost)
+            log.warning("scheduler: %s (it had not joined yet)", why)
+            self._check_formed()
+            return
+        name = why if f"pid {lost.pid}" in why else f"{self._describe_worker(lost)}: {why}"
+        self.elastic_lost.append(name)
+        log.warning("scheduler: %s; elastic job: the other workers continue", why)
+        self._begin_epoch([name])
+
+    def _elastic_finished(self, node: NodeInfo) -> None:
+        """A worker finished its script: the job ends when every member has."""
+        live = [m for m in self.members if not m.lost]
+        log.info("scheduler: %s finished (%d of %d)", node.describe(),
+                 sum(m.finished for m in live), len(live))
+        if all(m.finished for m in live):
+            for n in self.pending:
+                n.finished = True
+            self._shutdown_all()
+        elif self.forming is not None:
+            self._check_formed()
+
+    def _elastic_tick(self, now: float) -> bool:
+        """Fail the job once it has been below the minimum for too long (True: it did)."""
+        e = self.cfg.elastic
+        if self.below_since is None or now - self.below_since <= e.timeout:
+            return False
+        lost = self.elastic_lost
+        size = sum(1 for m in self.members if not m.lost and not m.finished) + len(self.pending)
+        why = (f"TooFewWorkersError: {size} worker(s) for {now - self.below_since:.1f} s, below "
+               f"BYTEPS_ELASTIC_MIN_WORKERS={e.min_workers} (BYTEPS_ELASTIC_TIMEOUT_SECONDS="
+               f"{e.timeout:g}); lost: {'; '.join(lost) if lost else 'none'}")
+        log.error("scheduler: %s", why)
+        for n in self.nodes.values():
+            if n.lost:
+                continue
+            if n.role is Role.WORKER:
+                self._send(n, MsgType.ERROR, {"kind": ERR_TOO_FEW, "message": why,
+                                              "lost": lost, "min_workers": e.min_workers})
+            else:
+                self._send(n, MsgType.SHUTDOWN)
+        self._finish(1, why)
+        return True
+
     def _tick(self) -> None:
         now = time.monotonic()
         t = self.cfg.timeouts
@@ -480,9 +703,11 @@ class Scheduler:
             return
         if self.phase != "running":
             return
+        if self.elastic and self._elastic_tick(now):
+            return
         for n in list(self.nodes.values()):
             self._send(n, MsgType.HEARTBEAT)  # finished workers still wait for SHUTDOWN
-            if n.finished:
+            if n.finished or n.lost:
                 continue
             silent = now - n.last_seen
             if silent > 2 * t.heartbeat_interval:
@@ -523,7 +748,8 @@ class Scheduler:
         workers = [n for n in self.nodes.values() if n.role is Role.WORKER]
         missing = sorted(set(range(c.num_worker)) - {n.worker_id for n in workers
                                                      if n.worker_id is not None})
-        hint = f" (worker ids not seen: {missing})" if missing and len(workers) < self.expected[Role.WORKER] else ""
+        hint = (f" (worker ids not seen: {missing})"
+                if missing and len(workers) < self.expected[Role.WORKER] else "")
         return (f"registration timed out after {self.cfg.timeouts.register_timeout:g} s: "
                 f"{self._counts()} joined{hint}; check that every node runs with "
                 f"DMLC_PS_ROOT_URI={c.root_uri} DMLC_PS_ROOT_PORT={c.root_port} and the same "

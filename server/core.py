@@ -33,6 +33,7 @@ from ..control import ControlClient
 from ..errors import EXIT_PEER_FAILED, PeerLostError, ProtocolError
 from ..transport import Route, data_scheme, make_endpoint, native
 from ..wire import (
+    ERR_EPOCH,
     ERR_INTERNAL,
     ERR_MISMATCH,
     ERR_PEER_LEFT,
@@ -50,6 +51,7 @@ from ..wire import (
     decode,
     decode_header,
     encode,
+    epoch_round_base,
     job_hash,
 )
 
@@ -148,6 +150,7 @@ class Engine(threading.Thread):
         # membership as this engine's queue orders it (join()): joined and left machines
         self.joined: frozenset = frozenset()
         self.left: dict[int, str] = {}
+        self.required = server.required  # pushes that complete a round (elastic: the epoch's)
 
     def run(self) -> None:
         while True:
@@ -156,7 +159,10 @@ class Engine(threading.Thread):
                 return
             route, msg = item
             if route is None:  # a membership change (Server.on_members), in queue order
-                self.apply_members(*msg)
+                if msg[0] == "epoch":
+                    self.apply_epoch(*msg[1:])
+                else:
+                    self.apply_members(*msg)
                 continue
             try:
                 self.process(route, msg)
@@ -285,6 +291,26 @@ class Engine(threading.Thread):
                 if not self._doom_if_left(store):
                     self._complete_if_ready(store)
 
+    def apply_epoch(self, base: int, size: int, applied) -> None:
+        """Elastic jobs: a new membership epoch. Every open round is dropped (waiting pulls get
+        an epoch error), every key restarts at round ``base`` (the epoch in its high bits: a
+        push or pull of an older epoch is out of round) and a round needs ``size`` pushes."""
+        self.joined, self.left, self.required = frozenset(), {}, size
+        srv = self.server
+        for store in self.stores.values():
+            for route, _rank, rnd in store.pending:
+                srv.reply_error(route, Header(MsgType.PULL, key=store.key, round=rnd), ERR_EPOCH,
+                                f"key {store.key}: the membership epoch of round {rnd} ended "
+                                "(a worker left or joined); the round was dropped")
+            store.pending = []
+            if store.failed_kind == ERR_PEER_LEFT:
+                store.failed, store.failed_kind, store.failed_extra = None, ERR_MISMATCH, {}
+            store.round, store.completed = base, -1
+            store.pushed = set()
+            store.round_started = None
+            store.step = -1
+        applied()
+
     def _doom_if_left(self, store: KeyStore) -> bool:
         """A round that a machine which left the job has not pushed can never complete: fail
         the key with a peer_left error naming it."""
@@ -296,16 +322,16 @@ class Engine(threading.Thread):
             last = store.round - 1
             self._fail_key(store, (
                 f"{why}; round {store.round} of key {store.key} "
-                f"({store.describe_decl(store.decl)}) can never complete (the last round it pushed was "
-                f"{last}). Ranks that run fewer steps must call join() when they are done"),
+                f"({store.describe_decl(store.decl)}) can never complete (the last round it "
+                f"pushed was {last}). Ranks that run fewer steps must call join() when they "
+                "are done"),
                 ERR_PEER_LEFT, {"rank": machine, "last_round": last})
             return True
         return False
 
     def _complete_if_ready(self, store: KeyStore) -> None:
         """Close the open round once every machine that has not joined has pushed it."""
-        srv = self.server
-        if not store.pushed or len(store.pushed) < srv.num_workers - len(self.joined):
+        if not store.pushed or len(store.pushed) < self.required - len(self.joined):
             return
         if store.compressed:  # the pull is compressed too: encode the merged sum
             wire = store.codec.encode(store.acc, store.step)
@@ -484,8 +510,13 @@ class Server:
         self.cfg = cfg
         self.async_mode = cfg.server.enable_async
         self.sum_threads = cfg.server.sum_threads
-        # one push per worker machine: the local ranks of a machine reduce before pushing
-        self.num_workers = cfg.cluster.num_worker
+        # one push per worker machine: the local ranks of a machine reduce before pushing;
+        # elastic: up to the most workers at once, a round needs the epoch's (on_epoch)
+        self.elastic = cfg.elastic.enabled and not cfg.server.enable_async
+        self.num_workers = (cfg.elastic.capacity(cfg.cluster.num_worker) if self.elastic
+                            else cfg.cluster.num_worker)
+        self.required = cfg.cluster.num_worker
+        self.epoch = 0
         self.joined: frozenset = frozenset()   # machines in join() (stall reports skip them)
         self.job = job_hash(cfg.cluster.job_id)
         self.ep = make_endpoint("server", cfg, context=context)
@@ -509,7 +540,8 @@ class Server:
         self.control = ControlClient(cfg, self.ep, Role.SERVER, port=port, data_port=data_port_,
                                      on_fatal=lambda exc: self._done.set(),
                                      on_shutdown=lambda: self._done.set(),
-                                     on_members=self.on_members)
+                                     on_members=self.on_members,
+                                     on_epoch=self.on_epoch if self.elastic else None)
         self._scheduler_address = scheduler_address
         self.engines = [Engine(self, i) for i in range(cfg.server.engine_threads)]
         # key -> engine, only for keys that have a store or a declaration on its way to one
@@ -585,6 +617,35 @@ class Server:
             self.native.set_members(sorted(joined), left)
         for e in self.engines:
             e.q.put((None, (joined, left)))
+
+    def on_epoch(self, epoch: int, meta: dict) -> None:
+        """Elastic jobs: reset to membership epoch ``epoch`` of ``meta["size"]`` workers, on the
+        native plane at once and in every engine's queue order (after the pushes that came
+        before it); the last engine to apply it acknowledges it to the scheduler, which starts
+        the workers of the epoch only then."""
+        size = meta.get("size")
+        if type(size) is not int or not 1 <= size <= self.num_workers or epoch <= self.epoch:
+            log.warning("server %d: ignored a malformed epoch notice (epoch %d, size %r)",
+                        self.rank, epoch, size)
+            return
+        base = epoch_round_base(epoch)
+        self.epoch, self.required = epoch, size
+        if self.native is not None:
+            self.native.reset_epoch(base, size)
+        left = [len(self.engines)]
+        lock = threading.Lock()
+
+        def applied() -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                log.info("server %d: membership epoch %d, %d worker(s)", self.rank, epoch, size)
+                self.control.ack_epoch(epoch)
+        for e in self.engines:
+            e.q.put((None, ("epoch", base, size, applied)))
+        if not self.engines:
+            self.control.ack_epoch(epoch)
 
     def _on_message(self, route: Route, frames: list) -> None:
         try:
@@ -763,7 +824,7 @@ class Server:
         """One stalled round as the scheduler's stall report reads it."""
         return {"name": str(decl.get("name")), "key": key, "round": rnd,
                 "part": decl.get("part"), "age": round(age, 3), "pushed": pushed,
-                "missing": sorted(set(range(self.num_workers)) - set(pushed) - self.joined)}
+                "missing": sorted(set(range(self.required)) - set(pushed) - self.joined)}
 
     def _stall_tick(self) -> None:
         if self.control.rank < 0 or self.control.fatal is not None or self.control.shutting_down:

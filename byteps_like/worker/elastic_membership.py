@@ -1,0 +1,282 @@
+"""The worker's side of elastic membership epochs (BYTEPS_ELASTIC; docs/elastic.md).
+
+The scheduler owns the worker set. When it changes (a worker lost, one registering, a worker
+asking to admit those waiting) it announces the next epoch (``EPOCH``, the epoch in the key).
+This module, called by the :class:`~byteps_like.worker.runtime.Runtime` through a few hook lines:
+
+* on the announcement (I/O thread) fails every in-flight handle of the old epoch with
+  :class:`~byteps_like.errors.MembershipChangedError` and closes the native data plane's client,
+  so nothing blocked in a collective waits for a worker that is gone (``on_epoch``);
+* ``check_membership()`` raises it too, cheaply, when workers wait to join;
+* ``rejoin()`` abandons what the old epoch left in flight, tells the scheduler it is ready
+  (``READY``), blocks until the new epoch is formed (``EPOCH_START``: the servers have reset for
+  it already), adopts the new dense rank and size, restarts every tensor at the epoch's first
+  round and reopens the native data plane's streams under the new rank.
+
+Rounds carry the epoch in their high bits (:func:`byteps_like.wire.epoch_round_base`), so a
+push of an older epoch is out of round at every server: no sum mixes two epochs.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BytePSError, MembershipChangedError, TooFewWorkersError
+from ..wire import ROUND_MASK, epoch_round_base, round_epoch
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger("byteps_like.worker")
+
+
+class ElasticMembership:
+    """One worker's membership epoch. Created by the runtime when BYTEPS_ELASTIC is on."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.epoch = 0                   # the epoch this worker is in (0: none yet)
+        self.round_base = 0
+        self._lock = threading.Lock()
+        self._superseded: MembershipChangedError | None = None  # the epoch was replaced
+        self._announced = 0              # the newest epoch the scheduler announced
+        self._added = 0                  # workers waiting to join the current epoch
+        self._start: dict | None = None  # the newest EPOCH_START not adopted yet
+        self._started = threading.Event()
+        self.resumes: list[float] = []   # seconds each rejoin() blocked (measurements)
+
+    # -- hooks the runtime calls --------------------------------------------------------------
+    def attach_control(self, control: Any) -> None:
+        """Before registering: the control client hands this module the scheduler's notices."""
+        from ..wire import MsgType
+        control.on_epoch = self.on_epoch
+        control.on_epoch_start = self.on_epoch_start
+        early, control.early = control.early, []
+        for mtype, key, meta in early:
+            if mtype is MsgType.EPOCH:
+                self.on_epoch(key, meta)
+            else:
+                self.on_epoch_start(meta)
+
+    def adopt_table(self) -> None:
+        """After the node table: the epoch, rank and size it names (a joiner's table too)."""
+        c = self.rt.members.controller
+        self.epoch = c.epoch or 1
+        self._announced = max(self._announced, self.epoch)
+        self.round_base = c.round_base
+        if c.size:
+            self.rt.members.size = c.size
+
+    def first_round(self, rnd: int) -> bool:
+        """Whether ``rnd`` is the first round of its epoch (the one that declares a key)."""
+        return rnd & ROUND_MASK == 0
+
+    def stale(self, task: Any) -> bool:
+        """A partition of an epoch that is over (its push would be out of round)."""
+        return self._superseded is not None or round_epoch(task.round) != self.epoch
+
+    def fail_stale(self, task: Any) -> bool:
+        """The push stage: fail a partition of an epoch that is over instead of pushing it.
+        True: it was stale and is failed."""
+        if not self.stale(task):
+            return False
+        self.rt._fail_task(task, self._error())
+        return True
+
+    def check_collective(self) -> None:
+        """Before a collective starts: raise at once when the epoch is superseded."""
+        exc = self._superseded
+        if exc is not None:
+            raise exc
+
+    # -- the scheduler's notices (I/O thread) ---------------------------------------------------
+    def on_epoch(self, epoch: int, meta: dict) -> None:
+        lost = meta.get("lost")
+        lost_t = tuple(str(x)[:500] for x in lost[:100]) if isinstance(lost, list) else ()
+        added = meta.get("added")
+        added = added if type(added) is int and added >= 0 else 0
+        with self._lock:
+            if epoch <= self.epoch:   # the current epoch: workers wait to join
+                self._added = max(self._added, added)
+                return
+            self._announced = max(self._announced, epoch)
+            first = self._superseded is None
+            self._superseded = MembershipChangedError(
+                f"worker rank {self.rt.rank_}: the membership of the job changed (epoch "
+                f"{self.epoch} -> {epoch})" + (f"; lost: {'; '.join(lost_t)}" if lost_t else "")
+                + (f"; {added} worker(s) waiting to join" if added else "")
+                + "; call rejoin() (byteps_like.elastic.run does)",
+                epoch=epoch, lost=lost_t, added=added)
+        if first:
+            self._abandon(self._superseded)
+
+    def on_epoch_start(self, meta: dict) -> None:
+        epoch = meta.get("epoch")
+        if type(epoch) is not int or epoch <= self.epoch:
+            return
+        with self._lock:
+            self._start = dict(meta)
+            self._announced = max(self._announced, epoch)
+        self._started.set()
+
+    def _error(self) -> MembershipChangedError:
+        return self._superseded or MembershipChangedError(
+            f"worker rank {self.rt.rank_}: the membership epoch {self.epoch} ended",
+            epoch=self._announced, added=self._added)
+
+    def _abandon(self, exc: BaseException) -> None:
+        """Fail every handle of the old epoch and wake whoever waits in the data plane."""
+        rt = self.rt
+        if rt.control is not None:
+            rt.control.interrupt = exc   # barriers and finish() waiting raise it
+        for h in list(rt._handles):
+            h.fail(exc)
+        cli = rt.plane.client
+        if cli is not None:
+            cli.close()
+
+    # -- the interface (user thread) ------------------------------------------------------------
+    def check_membership(self) -> None:
+        exc = self._superseded
+        if exc is not None:
+            raise exc
+        if self._added:
+            raise MembershipChangedError(
+                f"worker rank {self.rt.rank_}: {self._added} worker(s) wait to join the job; "
+                "call rejoin() to admit them", epoch=self.epoch + 1, added=self._added)
+        if self.rt.control is not None and self.rt.control.fatal is not None:
+            raise self.rt.control.fatal
+
+    def rejoin(self, timeout: float | None = None) -> None:
+        rt = self.rt
+        t0 = time.monotonic()
+        exc = self._error()
+        with self._lock:
+            if self._superseded is None:
+                self._superseded = exc
+        self._abandon(exc)
+        self._drop_inflight()
+        control = rt.members.controller
+        control.ready(self._announced)
+        limit = rt.cfg.timeouts.op_timeout if timeout is None else timeout
+        deadline = t0 + limit
+        while True:
+            if self._started.wait(0.05):
+                with self._lock:
+                    start = self._start
+                if start is not None and start["epoch"] >= self._announced:
+                    break
+                self._started.clear()
+            fatal = control.fatal or rt._fatal
+            if fatal is not None:
+                raise fatal
+            if time.monotonic() > deadline:
+                raise TooFewWorkersError(
+                    f"worker rank {rt.rank_}: no new membership epoch within {limit:g} s "
+                    "(rejoin timeout)", min_workers=rt.cfg.elastic.min_workers)
+        self._adopt(start)
+        self.resumes.append(time.monotonic() - t0)
+
+    def _drop_inflight(self) -> None:
+        """Forget every operation of the old epoch: partitions waiting for an answer give their
+        push credit back (a late answer matches nothing and is dropped), native operations are
+        ignored when their (closed) client completes them."""
+        rt = self.rt
+        with rt._lock:
+            tasks = list(rt.inflight.values())
+            rt.inflight.clear()
+            rt.plane._ops.clear()
+            for st in rt._tensors.values():
+                st.busy = None
+                st.waiting = []
+        if rt.pipeline is not None:
+            for task in tasks:
+                rt._release(task)
+
+    def _adopt(self, start: dict) -> None:
+        rt = self.rt
+        epoch, rank, size = int(start["epoch"]), int(start["rank"]), int(start["size"])
+        base = epoch_round_base(epoch)
+        m = rt.members
+        with rt._lock:
+            self.epoch, self.round_base = epoch, base
+            m.rank, m.size = rank, size
+            m.machine = m.push_rank = rank   # one worker process per machine
+            m.controller.rank = rank
+            m.dropped.who = f"worker {rank}"
+            for st in rt._tensors.values():
+                st.round = base
+                st.busy, st.waiting = None, []
+            rt.registry.round_floor = {}
+            self._superseded = None
+            self._added = 0
+            self._start = None
+            self._started.clear()
+        m.controller.reset_barriers()
+        m.controller.interrupt = None
+        if rt.plane.client is not None:
+            self._reopen_native()
+        log.info("worker rank %d of %d: membership epoch %d", rank, size, epoch)
+
+    def _reopen_native(self) -> None:
+        """The native streams say the rank in their hello: open new ones under the new rank."""
+        rt = self.rt
+        with rt._lock:
+            rt.plane._ops.clear()   # what the old client still completes is ignored
+        rt.plane.close()
+        cfg = rt.config
+        credit = cfg.scheduling.credit * cfg.partition.partition_bytes
+        try:
+            rt.plane.connect(cfg, rt.members.servers, credit)
+        except BytePSError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - said plainly, the job cannot go on
+            raise BytePSError(f"worker rank {rt.rank_}: cannot reopen the native data plane "
+                              f"for epoch {self.epoch}: {exc}") from exc
+
+    def new_tensor_round(self) -> int:
+        """The round a tensor first used in this epoch starts at."""
+        return self.round_base
+
+
+def install_hooks(rt: Runtime) -> ElasticMembership:
+    """TEMPORARY (until the hook lines are in the split runtime): wire an elastic membership
+    into ``rt`` before its ``init()``, by wrapping the few runtime methods the hooks touch."""
+    em = ElasticMembership(rt)
+    rt._elastic_m = em  # type: ignore[attr-defined]
+    orig_connect, orig_push = rt._connect, rt.stages.push
+    orig_declare, orig_pp, orig_barrier = rt.registry.declare, rt.push_pull_async, rt.barrier
+
+    def connect(cfg: Any) -> None:
+        orig_connect(cfg)
+        em.attach_control(rt.members.controller)
+        em.adopt_table()
+
+    def stage_push(task: Any) -> bool:
+        return False if em.fail_stale(task) else orig_push(task)
+
+    def declare(name: str) -> Any:
+        new = name not in rt.registry.tensors
+        st = orig_declare(name)
+        if new and st.round == 0 and em.round_base:
+            st.round = em.round_base
+        return st
+
+    def push_pull_async(*a: Any, **k: Any) -> Any:
+        em.check_collective()
+        return orig_pp(*a, **k)
+
+    def barrier(timeout: float | None = None) -> None:
+        em.check_collective()
+        orig_barrier(timeout)
+
+    rt._connect = connect  # type: ignore[method-assign]
+    rt.stages.push = stage_push  # type: ignore[method-assign]
+    rt.registry.declare = declare  # type: ignore[method-assign]
+    rt.push_pull_async = push_pull_async  # type: ignore[method-assign]
+    rt.barrier = barrier  # type: ignore[method-assign]
+    rt.check_membership = em.check_membership  # type: ignore[attr-defined]
+    rt.rejoin = em.rejoin  # type: ignore[attr-defined]
+    return em
