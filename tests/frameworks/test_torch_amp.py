@@ -19,7 +19,6 @@ runs ``python test_torch_amp.py MODE STEPS``.
 from __future__ import annotations
 
 import functools
-import subprocess
 import sys
 from pathlib import Path
 
@@ -47,13 +46,13 @@ def _compile_unavailable() -> str | None:
     probe = ("import torch\n"
              "m = torch.compile(torch.nn.Linear(2, 2))\n"
              "m(torch.ones(1, 2, requires_grad=True)).sum().backward()\n")
+    from tests.support import WatchdogError, run
     try:
-        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                           timeout=240, start_new_session=True)
-    except subprocess.TimeoutExpired:
+        r = run([sys.executable, "-c", probe], 240)
+    except WatchdogError:
         return "torch.compile of a Linear layer did not finish in 240 s"
-    if r.returncode != 0:   # the exception's own line, e.g. "...InvalidCxxCompiler: No working
-        lines = (r.stderr + r.stdout).strip().splitlines()   # C++ compiler found ..."
+    if r.rc != 0:   # the exception's own line, e.g. "...InvalidCxxCompiler: No working C++
+        lines = (r.err + r.out).strip().splitlines()   # compiler found ..."
         errors = [ln for ln in lines if "Error" in ln and not ln.startswith(" ")]
         return ("torch.compile does not work on this machine: "
                 + (errors or lines or ["(no output)"])[-1])

@@ -1,13 +1,13 @@
 """Worker: data-parallel Gluon training with byteps_like.mxnet against one process on the whole
 batch.
 
-Usage: mx_equivalence.py MODE [STEPS]
+Usage: mx_equivalence.py MODE[,MODE...] [STEPS]   (the modes run one after another)
   sgd, adam    DistributedTrainer (SGD with momentum / Adam)
   optimizer    gluon.Trainer(kvstore=None) over DistributedOptimizer(mx.optimizer.SGD)
   fp16         DistributedTrainer(compression_params={"compressor": "fp16"}), float32 model
 Every rank but 0 starts from different weights, so the trainer's broadcast from root 0 is part of
 what is checked. After every step each worker checks that its parameters equal the reference's
-and every other worker's. Prints ``EQUIV OK``.
+and every other worker's. Prints ``EQUIV OK MODE`` per mode.
 """
 import sys
 
@@ -16,10 +16,9 @@ import numpy as np
 
 import byteps_like.mxnet as bps
 
-MODE = sys.argv[1]
+MODES = sys.argv[1].split(",")
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-DTYPE = "float32" if MODE == "fp16" else "float64"
-TOL = 2e-3 if MODE == "fp16" else 1e-9
+MODE, DTYPE, TOL = "", "float64", 1e-9   # set per mode by main()
 
 
 def make_net(seed):
@@ -45,8 +44,16 @@ def flat(net):
 
 
 def main():
+    global MODE, DTYPE, TOL
     bps.init()
-    rank, size = bps.rank(), bps.size()
+    for MODE in MODES:
+        DTYPE = "float32" if MODE == "fp16" else "float64"
+        TOL = 2e-3 if MODE == "fp16" else 1e-9
+        train(bps.rank(), bps.size())
+    bps.shutdown()
+
+
+def train(rank, size):
     rng = np.random.default_rng(42)
     per_worker = 4
     X = rng.standard_normal((STEPS, per_worker * size, 10)).astype(DTYPE)
@@ -80,10 +87,9 @@ def main():
         diff = float(np.abs(mine - flat(ref)).max())
         assert diff < TOL, f"step {step}: rank {rank} differs from the reference by {diff}"
         avg = mx.nd.array(mine, dtype=mine.dtype)
-        bps.byteps_push_pull(avg, name="check", is_average=True)
+        bps.byteps_push_pull(avg, name=f"check.{MODE}", is_average=True)
         assert MODE == "fp16" or np.array_equal(avg.asnumpy(), mine), f"step {step}: workers differ"
     print(f"EQUIV OK {MODE} rank {rank} of {size}: {STEPS} steps, max diff {diff:.2e}", flush=True)
-    bps.shutdown()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,196 @@
+"""The framework conformance suite: every case on every framework, from real local clusters.
+
+One launch per (framework, case group) runs every case of the group
+(tests/frameworks/workers/conformance.py and its adapters fw_<framework>.py); each test reads
+its case's lines from that launch. A framework not importable here is skipped, saying so; MXNet
+(numpy < 1.24) runs in its own environment from this same file:
+``.venv-mxnet/bin/python -m pytest tests/frameworks/test_conformance.py`` runs its params (and
+the numpy ones), the main environment the others.
+
+A case a framework lacks is an xfail(strict=True) with the reason (XFAIL below): the worker
+says MISSING and the test fails, so it shows, and once the feature exists the strict xfail
+fails until its mark goes.
+
+    case \\ framework     numpy  torch  tensorflow  keras  mxnet
+    not_initialized        x      x        x         x      x
+    average (and sums)     x      x        x         x      x
+    dtypes                 x      x        x         x      x
+    broadcast (root 1)   xfail    x        x         x      x
+    allgather              x      x        x       xfail  xfail
+    compression (fp16)     x      x        x         x      x
+    wire_order             x      x        x         x      x
+    mismatch (name)        x      x        x         x      x
+    join                   x      x        x         x      x
+    mismatch_shape/dtype   x (server-side: one framework; xfail on the native data plane)
+    equivalence            -      x        x         x      x
+plus each framework's own API checks (EXTRAS of its adapter), listed in EXTRAS below.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.frameworks.envs import TF_ENV, importable
+from tests.integration.harness import Run, bpslaunch
+
+pytestmark = pytest.mark.integration
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+@dataclass(frozen=True)
+class Group:
+    """One launch: ``frameworks`` (comma-separated) on ``workers`` workers."""
+    frameworks: str
+    workers: int
+    needs: tuple[str, ...]
+    env: tuple = ()
+    timeout: float = 240
+
+
+GROUPS = {
+    "numpy": Group("numpy", 3, ()),
+    "torch": Group("torch", 3, ("torch",)),
+    # one launch for both: TensorFlow imports slowly
+    "tensorflow": Group("tensorflow,keras", 2, ("tensorflow", "keras"), tuple(TF_ENV.items()),
+                        timeout=400),
+    "mxnet": Group("mxnet", 3, ("mxnet",)),
+}
+GROUPS["keras"] = GROUPS["tensorflow"]
+FRAMEWORKS = ["numpy", "torch", "tensorflow", "keras", "mxnet"]
+COMMON = ["not_initialized", "average", "dtypes", "broadcast", "allgather", "compression",
+          "wire_order", "mismatch", "join"]
+EXTRAS = {
+    "numpy": [],
+    "torch": ["horovod_names", "optimizer_errors", "broadcast_state", "broadcast_object",
+              "async_forms", "differentiable", "allgather_unnamed", "optimizer_join"],
+    "tensorflow": ["tf_function", "gradient", "broadcast_variables", "tape", "tape_join",
+                   "model_differs"],
+    "keras": ["optimizer_dtypes", "fit_eager", "fit_graph", "metric_average", "lr_warmup",
+              "lr_schedule", "broadcast_global_variables"],
+    "mxnet": ["errors", "broadcast_parameters", "push_pull_forms"],
+}
+XFAIL = {
+    ("numpy", "broadcast"): "the numpy API (byteps_like.worker.api) has no broadcast",
+    ("keras", "allgather"): "byteps_like.keras has no allgather (BytePS's has none either)",
+    ("mxnet", "allgather"): "byteps_like.mxnet has no allgather (BytePS's has none either)",
+}
+
+_runs: dict[Group, Run | str] = {}
+
+
+def launch(group: Group, *cases: str, env: tuple = ()) -> Run:
+    """The run of ``group`` (with only ``cases``, and ``env``), launched once per session."""
+    key = Group(group.frameworks + ("|" + " ".join(cases) if cases else ""), group.workers,
+                group.needs, group.env + env, group.timeout)
+    if key not in _runs:
+        try:
+            _runs[key] = bpslaunch([str(WORKERS / "conformance.py"), group.frameworks, *cases],
+                                   workers=group.workers, servers=1, env=dict(key.env),
+                                   timeout=group.timeout)
+        except AssertionError as exc:   # the watchdog: every test of the group says so
+            _runs[key] = str(exc)
+    run = _runs[key]
+    if isinstance(run, str):
+        pytest.fail(run)
+    return run
+
+
+def skip_unless_importable(framework: str) -> None:
+    for module in (GROUPS[framework].needs if framework != "keras" else ("tensorflow", "keras")):
+        why = importable(module)
+        if why:
+            pytest.skip(why)
+
+
+def check_case(run: Run, framework: str, case: str, workers: int) -> None:
+    """Every worker printed ``CASE framework case OK``; else fail with why."""
+    if len(run.lines(f"CASE {framework} {case} OK ")) == workers:
+        return
+    said = (run.lines(f"CASE {framework} {case} MISSING")
+            or run.lines(f"CASE {framework} {case} FAIL")
+            or [ln + "  <- the job ended there, before this case"
+                for ln in run.lines(" FAIL rank")])
+    pytest.fail(f"{framework} {case}: {said[0] if said else 'not reached'}\n{run.log}",
+                pytrace=False)
+
+
+def _params(framework_cases):
+    out = []
+    for fw, case in framework_cases:
+        why = XFAIL.get((fw, case))
+        marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+        out.append(pytest.param(fw, case, marks=marks, id=f"{fw}-{case}"))
+    return out
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("framework, case", _params(
+    [(fw, c) for fw in FRAMEWORKS for c in COMMON + EXTRAS[fw]]))
+def test_conformance(framework, case):
+    skip_unless_importable(framework)
+    group = GROUPS[framework]
+    check_case(launch(group), framework, case, group.workers)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("framework", ["numpy", "torch", "tensorflow", "mxnet"])
+def test_conformance_job_ends_cleanly(framework):
+    """The whole launch exits 0 on every worker (a MISSING case does not end it)."""
+    skip_unless_importable(framework)
+    group = GROUPS[framework]
+    run = launch(group)
+    assert run.rc == 0, run.log
+    assert len(run.lines("CONFORMANCE DONE")) == group.workers, run.log
+
+
+NATIVE_SIZE_FIRST = ("the native data plane (csrc/dataplane.cc) checks a push's size before its "
+                     "declaration, so a shape or dtype that differs between ranks reads as a "
+                     "protocol error naming one side, not a MismatchError naming both "
+                     "(server/core.py, the zmq plane, gets it right)")
+
+
+@pytest.mark.parametrize("plane", [
+    pytest.param("native", marks=pytest.mark.xfail(strict=True, reason=NATIVE_SIZE_FIRST)),
+    "zmq"])
+@pytest.mark.parametrize("case", ["mismatch_shape", "mismatch_dtype"])
+def test_mismatch_between_ranks_names_both_sides(case, plane):
+    """A shape or dtype differing between ranks under one name: framework-neutral (the
+    servers' check), so on numpy only, on each data plane; 2 workers, a launch each."""
+    run = launch(Group("numpy", 2, ()), case, env=(("BYTEPS_DATA_PLANE", plane),))
+    check_case(run, "numpy", case, 2)
+
+
+# -- equivalence with one process training on the whole batch --------------------------------
+EQUIVALENCE = {   # framework: (worker script, {workers: modes}, env)
+    "torch": ("torch_equivalence.py", {2: ["sgd", "adam", "bpps2", "skipsync", "ddp", "fp16"],
+                                       4: ["sgd", "adam"]}, ()),
+    "mxnet": ("mx_equivalence.py", {2: ["sgd", "adam", "optimizer", "fp16"], 4: ["sgd"]}, ()),
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("framework, workers, mode", [
+    pytest.param(fw, n, mode, id=f"{fw}-{mode}-{n}w")
+    for fw, (_, by_n, _) in EQUIVALENCE.items() for n, modes in by_n.items() for mode in modes])
+def test_equivalence_with_one_process_on_the_whole_batch(framework, workers, mode):
+    """DistributedOptimizer / DistributedTrainer on each worker's shard equals one process on
+    the whole batch, step by step, and every worker holds the same parameters (the modes of a
+    worker count run in one launch). Keras's fit and TensorFlow's tape: EXTRAS fit_* and
+    tape."""
+    skip_unless_importable(framework)
+    script, by_n, env = EQUIVALENCE[framework]
+    modes = ",".join(by_n[workers])
+    key = Group(f"{script} {modes}", workers, (framework,))
+    if key not in _runs:
+        try:
+            _runs[key] = bpslaunch([str(WORKERS / script), modes, "3" if workers == 4 else "5"],
+                                   workers=workers, servers=1, env=dict(env), timeout=240)
+        except AssertionError as exc:
+            _runs[key] = str(exc)
+    run = _runs[key]
+    if isinstance(run, str):
+        pytest.fail(run)
+    assert len(run.lines(f"EQUIV OK {mode} ")) == workers, run.log
