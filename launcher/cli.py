@@ -100,6 +100,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return value
+
+
 def _port(text: str) -> int:
     value = _positive_int(text)
     if value > 65535:
@@ -184,6 +194,28 @@ def build_parser() -> argparse.ArgumentParser:
     sup.add_argument("--log-dir", metavar="DIR",
                      help="also write each process's output to DIR/<role>-<rank>.log "
                           "(scheduler.log for the scheduler)")
+    el = parser.add_argument_group("elastic training (docs/elastic.md)")
+    el.add_argument("--elastic", action="store_true", default=None,
+                    help="an elastic job (BYTEPS_ELASTIC=1): workers may be lost and join "
+                         "while it runs; with --local, --workers is the starting count")
+    el.add_argument("--min-workers", type=_positive_int, metavar="N",
+                    help="fewest workers the job runs with, BYTEPS_ELASTIC_MIN_WORKERS "
+                         "(default 1); below it for longer than --elastic-timeout it fails "
+                         "with TooFewWorkersError")
+    el.add_argument("--max-workers", type=_positive_int, metavar="M",
+                    help="most workers at once, BYTEPS_ELASTIC_MAX_WORKERS (default: the "
+                         "starting count)")
+    el.add_argument("--elastic-timeout", type=_seconds(True), metavar="SECONDS",
+                    help="how long the job may stay below --min-workers, "
+                         "BYTEPS_ELASTIC_TIMEOUT_SECONDS (default 60)")
+    el.add_argument("--max-restarts", type=_non_negative_int, metavar="R",
+                    help=f"--local: lost workers bpslaunch replaces with fresh ones (default "
+                         f"{DEFAULT_MAX_RESTARTS})")
+    el.add_argument("--add-workers", type=_non_negative_int, metavar="N",
+                    help="--local: start N more workers --add-after seconds into the run "
+                         "(they join at the next commit; at most --max-workers run at once)")
+    el.add_argument("--add-after", type=_seconds(True), metavar="SECONDS",
+                    help="when --add-workers starts them (default 0)")
     bind = parser.add_argument_group("CPU binding (docs/topology.md)")
     bind.add_argument("--no-bind", action="store_true",
                       help="start the worker processes without binding them to CPUs and a "
@@ -196,9 +228,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 _VALUE_OPTIONS = frozenset({"--workers", "--servers", "--local-size", "--port", "--host",
                             "--timeout", "--grace", "--timeout-shutdown", "--log-dir",
+                            "--min-workers", "--max-workers", "--elastic-timeout",
+                            "--max-restarts", "--add-workers", "--add-after",
                             _ROLE_CMD_OPTION})
 _LOCAL_ONLY = ("workers", "servers", "local_size", "port", "host", "auth", "no_auth", "status",
-               "metrics")
+               "metrics", "max_restarts", "add_workers", "add_after")
+#: Options that need --elastic.
+_ELASTIC_ONLY = ("min_workers", "max_workers", "elastic_timeout", "max_restarts", "add_workers",
+                 "add_after")
+DEFAULT_MAX_RESTARTS = 3
 #: What makes a job authenticated; --no-auth keeps both from the children.
 AUTH_VARIABLES = ("BYTEPS_AUTH_SECRET", "BYTEPS_AUTH_SECRET_FILE")
 
@@ -232,6 +270,8 @@ class Launch:
     #: (directory, name prefix) of the shared-memory segments this launch's workers may
     #: create, removed when the job ends (launcher/shm.py); None: no worker here.
     segments: tuple[str, str] | None = None
+    #: ``--local --elastic``: the supervision of an elastic job (launcher/elastic.py).
+    elastic: object | None = None
 
 
 class CommandError(Exception):
@@ -245,6 +285,11 @@ class CommandError(Exception):
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     options, command = split_command(argv)
     args = build_parser().parse_args(options)
+    if not args.elastic:
+        given = [f"--{name.replace('_', '-')}" for name in _ELASTIC_ONLY
+                 if getattr(args, name) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)}: only valid with --elastic")
     if not args.local:
         given = [f"--{name.replace('_', '-')}" for name in _LOCAL_ONLY
                  if getattr(args, name) is not None]
@@ -262,6 +307,9 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
     """
     role_overrides = dict(args.role_cmd)
     notes: list[str] = []
+    elastic = None
+    if args.elastic:
+        env, elastic = elastic_env(args, env)
     if args.local:
         if not command:
             raise UsageError("--local needs the worker command after --")
@@ -274,6 +322,9 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
             local_size=args.local_size or DEFAULT_LOCAL_SIZE, host=host,
             role_argv=role_overrides)
         specs = local_cluster_plan(cluster)
+        if elastic is not None:
+            from .elastic import elastic_worker_specs
+            specs = elastic_worker_specs(specs)
     else:
         cfg = _load(env, notes)
         resolve_root(cfg)  # an unresolvable scheduler host: now, not after the registration timeout
@@ -307,7 +358,43 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
                     + ("" if args.local else f"m{c.worker_id or 0}-"))
     if worker_cfg is not None and not args.no_bind:
         specs, lines = _bind(specs, worker_cfg, env, machine, notes)
-    return Launch(tuple(specs), dict(env), settings, tuple(notes), tuple(lines), segments)
+    return Launch(tuple(specs), dict(env), settings, tuple(notes), tuple(lines), segments,
+                  elastic)
+
+
+def elastic_env(args: argparse.Namespace, env: Mapping[str, str]):
+    """The children's environment of an elastic job (BYTEPS_ELASTIC and its bounds) and, with
+    --local, the supervision settings (launcher/elastic.py). Bounds that contradict each other
+    (--min-workers > --workers, --max-workers < --workers) are usage errors."""
+    env = dict(env)
+    start = args.workers or DEFAULT_WORKERS if args.local else None
+    lo = args.min_workers or 1
+    hi = args.max_workers or (start if start is not None else 0)
+    if start is not None and lo > start:
+        raise UsageError(f"--min-workers {lo} is more than --workers {start} (the starting "
+                         "count)")
+    if start is not None and hi < start:
+        raise UsageError(f"--max-workers {hi} is less than --workers {start} (the starting "
+                         "count)")
+    if hi and lo > hi:
+        raise UsageError(f"--min-workers {lo} is more than --max-workers {hi}")
+    if args.local and (args.local_size or 1) != 1:
+        raise UsageError("--elastic runs one worker process per machine; leave --local-size "
+                         "out")
+    env["BYTEPS_ELASTIC"] = "1"
+    env["BYTEPS_FORCE_DISTRIBUTED"] = "1"  # one worker left still pushes through the servers
+    env["BYTEPS_ELASTIC_MIN_WORKERS"] = str(lo)
+    if hi:
+        env["BYTEPS_ELASTIC_MAX_WORKERS"] = str(hi)
+    if args.elastic_timeout is not None:
+        env["BYTEPS_ELASTIC_TIMEOUT_SECONDS"] = f"{args.elastic_timeout:g}"
+    if not args.local:
+        return env, None
+    from .elastic import ElasticSettings
+    return env, ElasticSettings(
+        min_workers=lo, max_workers=hi,
+        max_restarts=DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts,
+        add_workers=args.add_workers or 0, add_after=args.add_after or 0.0)
 
 
 def local_job_env(args: argparse.Namespace, env: Mapping[str, str],
@@ -492,4 +579,8 @@ def _run(args: argparse.Namespace, launch: Launch) -> int:
         from .status import run_with_status
         return run_with_status(launch, run_job, args.host or DEFAULT_HOST,
                                metrics_only=not args.status)
+    if launch.elastic is not None:
+        from .elastic import run_elastic_job
+        return run_elastic_job(launch.specs, launch.base_env, launch.settings,
+                               launch.elastic)  # type: ignore[arg-type]
     return run_job(launch.specs, launch.base_env, launch.settings)

@@ -1,0 +1,172 @@
+"""Elastic membership epochs at the protocol level (issue 22), with the numpy API and
+``bpslaunch --local --elastic``: a worker SIGKILLed mid-step, a lost worker replaced, a worker
+added mid-run, the job falling below --min-workers, a server lost. Every sum a worker prints is
+checked against the size of the epoch it was summed in: no sum mixes two epochs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .harness import FAST_ENV, bpslaunch, worker
+
+pytestmark = pytest.mark.integration
+
+HEARTBEAT_TIMEOUT = float(FAST_ENV["BYTEPS_HEARTBEAT_TIMEOUT_SECONDS"])
+
+
+def records(out: str) -> list[dict]:
+    recs = []
+    for ln in out.splitlines():
+        if ln.startswith("[worker") and "{" in ln:
+            rec = json.loads(ln[ln.index("{"):])
+            rec["who"] = ln[1:ln.index("]")]   # bpslaunch's name of the process
+            recs.append(rec)
+    return recs
+
+
+def check_sums(recs: list[dict], log: str) -> None:
+    """Every step's sums are exact for the size of the epoch it ran in, and one epoch has one
+    size everywhere."""
+    sizes: dict[int, int] = {}
+    for r in recs:
+        if "step" not in r or "ones" not in r:
+            continue
+        n = r["size"]
+        assert sizes.setdefault(r["epoch"], n) == n, (r, log)
+        assert r["ones"] == r["ones_max"] == n, (r, log)
+        assert r["ranks"] == r["ranks_max"] == n * (n + 1) / 2, (r, log)
+
+
+def job_env(**extra: str) -> dict:
+    return {"BYTEPS_JOB_ID": f"elastic-test-{uuid.uuid4().hex[:12]}", **extra}
+
+
+def leftovers(job_id: str) -> list[str]:
+    """Processes of this job still alive, and shared-memory files naming it."""
+    left = []
+    for env_file in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"BYTEPS_JOB_ID={job_id}".encode() in env_file.read_bytes():
+                left.append(f"pid {env_file.parent.name}")
+        except OSError:
+            continue
+    left += [str(p) for p in Path("/dev/shm").glob(f"*{job_id}*")]
+    return left
+
+
+def launch(args: list, workers: int, *, extra: list[str], plane: str = "native",
+           timeout: float = 90, **env: str):
+    e = job_env(BYTEPS_DATA_PLANE=plane, **env)
+    run = bpslaunch(worker("elastic_numpy.py", *args), workers=workers, servers=1, env=e,
+                    timeout=timeout, extra=["--elastic", *extra])
+    return run, e["BYTEPS_JOB_ID"]
+
+
+@pytest.mark.parametrize("plane", ["native", "zmq"])
+def test_worker_lost_mid_step(plane):
+    steps = 8
+    run, job = launch([steps, "kill=2@1", "slow=0.05"], 3, plane=plane,
+                      extra=["--min-workers", "2", "--max-restarts", "0"])
+    log = run.log
+    assert run.rc == 0, log
+    recs = records(run.out)
+    check_sums(recs, log)
+    killed = next(r for r in recs if "killing" in r)
+    assert "lost" in run.err and killed["who"] in run.err, log   # bpslaunch names it
+    survivors = {r["who"] for r in recs if r.get("done")}
+    assert len(survivors) == 2 and killed["who"] not in survivors, log
+    for who in survivors:
+        mine = [r for r in recs if r["who"] == who]
+        changed = [r for r in mine if "changed" in r]
+        assert len(changed) == 1 and changed[0]["changed"] == 2, log
+        assert len(changed[0]["lost"]) == 1 and "rank 1" in changed[0]["lost"][0], log
+        after = [r for r in mine if "step" in r and "ones" in r and r["epoch"] == 2]
+        assert after and all(r["size"] == 2 for r in after), log
+        # resumed: the first step of the new epoch within the heartbeat timeout + 5 s
+        assert after[0]["t"] - killed["t"] <= HEARTBEAT_TIMEOUT + 5, (after[0], killed, log)
+        # the plan: the step that was cut short runs again, then the rest, each once
+        assert [r["step"] for r in after] == list(range(killed["killing"], steps)), log
+        done = next(r for r in mine if r.get("done"))
+        assert done["size"] == 2 and done["step"] == steps, log
+    # dense ranks in the new epoch, survivors in their old order
+    ranks = sorted(r["rank"] for r in recs if r.get("done"))
+    assert ranks == [0, 1], log
+    assert not leftovers(job), leftovers(job)
+
+
+def test_lost_worker_is_replaced():
+    """--max-restarts 1: the lost worker's replacement registers and is admitted at the next
+    commit; the job runs 3, then 2, then 3 workers, every sum exact for its epoch."""
+    steps = 30
+    run, _ = launch([steps, "kill=2@2", "slow=0.15"], 3,
+                    extra=["--min-workers", "2", "--max-restarts", "1"], timeout=120)
+    log = run.log
+    assert run.rc == 0, log
+    recs = records(run.out)
+    check_sums(recs, log)
+    assert "restart 1 of 1" in run.err, log
+    sizes = [r["size"] for r in recs if "ones" in r and r["who"] == "worker 0"]
+    assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3, (sizes, log)
+    joiner = [r for r in recs if r["who"] == "worker 3"]
+    first = next(r for r in joiner if "ones" in r)
+    assert first["size"] == 3 and first["epoch"] >= 3, log
+    # from its first step on it sums with the others: same step in the same epoch
+    peers = {(r["epoch"], r["step"]) for r in recs if "ones" in r and r["who"] == "worker 0"}
+    assert (first["epoch"], first["step"]) in peers, log
+    assert len([r for r in recs if r.get("done")]) == 3, log
+
+
+def test_worker_added_mid_run():
+    steps = 24
+    run, _ = launch([steps, "slow=0.15"], 2, plane="zmq",
+                    extra=["--max-workers", "3", "--add-workers", "1", "--add-after", "1"],
+                    timeout=120)
+    log = run.log
+    assert run.rc == 0, log
+    recs = records(run.out)
+    check_sums(recs, log)
+    joiner = [r for r in recs if r["who"] == "worker 2"]
+    init = next(r for r in joiner if "init" in r)
+    assert init["size"] == 3 and init["epoch"] == 2 and init["rank"] == 2, log
+    olds = [r for r in recs if r["who"] in ("worker 0", "worker 1")]
+    assert all(r["added"] == 1 for r in olds if "changed" in r), log
+    assert {r["size"] for r in olds if "ones" in r} == {2, 3}, log
+    done = [r for r in recs if r.get("done")]
+    assert len(done) == 3 and {r["size"] for r in done} == {3}, log
+
+
+def test_below_min_workers_fails_typed_and_leaves_nothing():
+    run, job = launch([20, "kill=1@1", "slow=0.1"], 2,
+                      extra=["--min-workers", "2", "--max-restarts", "0",
+                             "--elastic-timeout", "2"])
+    log = run.log
+    assert run.rc != 0, log
+    assert "TooFewWorkersError" in run.err.splitlines()[-1], log   # the cause, named last
+    too_few = [r for r in records(run.out) if "too_few" in r]
+    assert len(too_few) == 1 and too_few[0]["min_workers"] == 2, log
+    assert too_few[0]["lost"] and "rank 1" in too_few[0]["lost"][0], log
+    assert not leftovers(job), leftovers(job)
+
+
+def test_server_lost_is_still_a_typed_error():
+    run, job = launch([20, "killserver=2", "slow=0.05"], 2, extra=[])
+    log = run.log
+    assert run.rc != 0, log
+    assert "PeerLostError" in run.out + run.err and "server" in run.err, log
+    assert not leftovers(job), leftovers(job)
+
+
+def test_elastic_flags_need_elastic_and_agree():
+    from launcher.cli import UsageError, parse_args, plan_launch
+    with pytest.raises(UsageError, match="only valid with --elastic"):
+        parse_args(["--local", "--min-workers", "2", "--", "true"])
+    for bad, what in ((["--min-workers", "3"], "more than --workers"),
+                      (["--max-workers", "1"], "less than --workers")):
+        args, cmd = parse_args(["--local", "--elastic", "--workers", "2", *bad, "--", "true"])
+        with pytest.raises(UsageError, match=what):
+            plan_launch(args, cmd, dict(os.environ))
