@@ -21,10 +21,11 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 ROOTS = {"byteps_like": "byteps_like", "server": "byteps_like.server",
          "scheduler": "byteps_like.scheduler", "launcher": "byteps_like.launcher"}
 FRAMEWORKS = {"torch", "torchvision", "tensorflow", "keras", "tf_keras", "mxnet", "jax", "jaxlib",
-              "flax"}
+              "flax", "ray"}
 # plugin folder -> the frameworks it may import (Horovod's keras plugin also imports tensorflow)
 PLUGINS = {"torch": {"torch"}, "tensorflow": {"tensorflow"},
-           "keras": {"keras", "tf_keras", "tensorflow"}, "mxnet": {"mxnet"}}
+           "keras": {"keras", "tf_keras", "tensorflow"}, "mxnet": {"mxnet"},
+           "ray": {"ray", "torch"}}
 PLUGIN_MODULES = tuple(f"byteps_like.{p}" for p in PLUGINS)
 # Top-level modules that belong to the worker side although they sit beside the shared ones:
 # the trace tool (``python -m byteps_like.trace``), the Keras code both Keras plugins share, and
