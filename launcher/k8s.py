@@ -18,6 +18,15 @@ Indexed Jobs rather than StatefulSets: a StatefulSet restarts a pod that exits 0
 restarted after training would rejoin a finished job; a Job's pods run once
 (``restartPolicy: Never``, ``backoffLimit: 0``: bpslaunch's all-or-nothing rule).
 
+``--elastic`` (docs/elastic.md): the workers are an elastic job. ``Job <job>-worker`` is then a
+NonIndexed Job of ``parallelism`` = DMLC_NUM_WORKER pods and no ``completions`` (it completes
+when its pods have ended and one succeeded), without DMLC_WORKER_ID (each worker registers and
+the scheduler gives it a rank), ``backoffLimit`` = ``--max-restarts`` (a failed worker pod is
+replaced by a fresh one, which joins the running job). Scale it while it runs with
+``kubectl patch job <job>-worker -p '{"spec":{"parallelism":N}}'`` (up to --max-workers; the new
+pods join at the next commit). Every pod gets BYTEPS_ELASTIC=1 and its bounds; a worker pod runs
+one worker process (BYTEPS_LOCAL_SIZE=1).
+
 Output is YAML (a small emitter here: the launcher imports the standard library only) or JSON
 (``--format json``, a ``v1 List``); ``kubectl apply -f`` takes either.
 """
@@ -71,9 +80,11 @@ def manifests(job: str, image: str, command: Sequence[str], *, workers: int, ser
               worker_cpu: str = "8", worker_memory: str = "32Gi", server_cpu: str = "4",
               server_memory: str = "16Gi", shm_size: str = "8Gi",
               extra_env: Sequence[tuple[str, str]] = (),
-              secret: str | None = None) -> list[dict[str, Any]]:
+              secret: str | None = None,
+              elastic: ElasticSpec | None = None) -> list[dict[str, Any]]:
     """The Kubernetes objects of one job, as plain dicts (apiVersion, kind, metadata, spec).
-    ``secret`` (with ``auth``): also the Secret ``<job>-auth`` holding it, first."""
+    ``secret`` (with ``auth``): also the Secret ``<job>-auth`` holding it, first. ``elastic``:
+    an elastic job (a worker Job that scales, see the module's text)."""
     if not _NAME.match(job) or len(job) > MAX_NAME:
         raise ValueError(f"job name {job!r} is not a DNS label of at most {MAX_NAME} "
                          "characters (lowercase letters, digits and '-', starting with a letter)")
@@ -85,6 +96,8 @@ def manifests(job: str, image: str, command: Sequence[str], *, workers: int, ser
     for what, value in (("port", port), ("server port", server_port)):
         if not 0 < value < 65536:
             raise ValueError(f"{what} {value} is not a TCP port")
+    if elastic is not None:
+        elastic.check(workers)
     scheduler = f"{job}-scheduler"
 
     def meta(name: str, role: str) -> dict[str, Any]:
@@ -100,9 +113,13 @@ def manifests(job: str, image: str, command: Sequence[str], *, workers: int, ser
                _field_env("DMLC_NODE_HOST", "status.podIP")]
         if role == "server":
             out.append(_env("BYTEPS_SERVER_PORT", str(server_port)))
-        if role == "worker":
+        if role == "worker" and elastic is None:
             out += [_field_env("DMLC_WORKER_ID", f"metadata.annotations['{INDEX_ANNOTATION}']"),
                     _env("BYTEPS_LOCAL_SIZE", str(max(gpus_per_worker, 1)))]
+        if elastic is not None:  # every role: the servers size their rounds to max_workers
+            out += [_env(k, v) for k, v in elastic.env(workers)]
+            if role == "worker":
+                out.append(_env("BYTEPS_LOCAL_SIZE", "1"))
         if auth:
             out.append({"name": "BYTEPS_AUTH_SECRET", "valueFrom": {"secretKeyRef": {
                 "name": f"{job}-auth", "key": SECRET_KEY}}})
@@ -136,6 +153,19 @@ def manifests(job: str, image: str, command: Sequence[str], *, workers: int, ser
                          "template": {"metadata": {"labels": _labels(job, role)},
                                       "spec": pod_spec(role, args, resources, ports)}}}
 
+    def elastic_job(count: int, args: Sequence[str], resources: dict) -> dict:
+        assert elastic is not None
+        return {"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {**meta(f"{job}-worker", "worker"), "annotations": {
+                    "byteps-like/elastic": (
+                        f"min {elastic.min_workers}, max {elastic.max_workers or count} "
+                        f"workers; scale with kubectl patch job {job}-worker -p "
+                        "'{\"spec\":{\"parallelism\":N}}'")}},
+                "spec": {"completionMode": "NonIndexed", "parallelism": count,
+                         "backoffLimit": elastic.max_restarts,
+                         "template": {"metadata": {"labels": _labels(job, "worker")},
+                                      "spec": pod_spec("worker", args, resources, [])}}}
+
     sched_port = [{"name": "scheduler", "containerPort": port, "protocol": "TCP"}]
     own_secret = [{"apiVersion": "v1", "kind": "Secret", "metadata": meta(f"{job}-auth", "auth"),
                    "type": "Opaque", "stringData": {SECRET_KEY: secret}}] \
@@ -153,8 +183,36 @@ def manifests(job: str, image: str, command: Sequence[str], *, workers: int, ser
                      {"name": "server-data", "containerPort": server_port + 1,
                       "protocol": "TCP"}]),
         indexed_job("worker", workers, command,
-                    _resources(worker_cpu, worker_memory, gpus_per_worker), []),
+                    _resources(worker_cpu, worker_memory, gpus_per_worker), [])
+        if elastic is None else
+        elastic_job(workers, command, _resources(worker_cpu, worker_memory, gpus_per_worker)),
     ]
+
+
+class ElasticSpec:
+    """The bounds of an elastic job's workers (``bpslaunch k8s --elastic``)."""
+
+    def __init__(self, min_workers: int = 1, max_workers: int = 0, max_restarts: int = 3,
+                 timeout: float | None = None):
+        self.min_workers, self.max_workers = min_workers, max_workers
+        self.max_restarts, self.timeout = max_restarts, timeout
+
+    def check(self, workers: int) -> None:
+        hi = self.max_workers or workers
+        if self.min_workers < 1 or self.max_restarts < 0:
+            raise ValueError(f"--min-workers must be >= 1 and --max-restarts >= 0, got "
+                             f"{self.min_workers}, {self.max_restarts}")
+        if not self.min_workers <= workers <= hi:
+            raise ValueError(f"elastic bounds: need --min-workers {self.min_workers} <= "
+                             f"--workers {workers} <= --max-workers {hi}")
+
+    def env(self, workers: int) -> list[tuple[str, str]]:
+        out = [("BYTEPS_ELASTIC", "1"), ("BYTEPS_FORCE_DISTRIBUTED", "1"),
+               ("BYTEPS_ELASTIC_MIN_WORKERS", str(self.min_workers)),
+               ("BYTEPS_ELASTIC_MAX_WORKERS", str(self.max_workers or workers))]
+        if self.timeout is not None:
+            out.append(("BYTEPS_ELASTIC_TIMEOUT_SECONDS", f"{self.timeout:g}"))
+        return out
 
 
 # ------------------------------------------------------------------------------ output
@@ -243,6 +301,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--existing-secret", action="store_true",
                    help="do not write the Secret <job>-auth: reference one you created "
                         "(kubectl create secret generic <job>-auth --from-literal=secret=...)")
+    p.add_argument("--elastic", action="store_true",
+                   help="an elastic job: the worker Job scales (kubectl patch ... parallelism), "
+                        "failed worker pods are replaced (docs/elastic.md)")
+    p.add_argument("--min-workers", type=int, default=1,
+                   help="--elastic: fewest workers, BYTEPS_ELASTIC_MIN_WORKERS (default 1)")
+    p.add_argument("--max-workers", type=int, default=0,
+                   help="--elastic: most workers, BYTEPS_ELASTIC_MAX_WORKERS (default "
+                        "--workers)")
+    p.add_argument("--max-restarts", type=int, default=3,
+                   help="--elastic: failed worker pods replaced, the Job's backoffLimit "
+                        "(default 3)")
+    p.add_argument("--elastic-timeout", type=float, default=None,
+                   help="--elastic: seconds below --min-workers before the job fails, "
+                        "BYTEPS_ELASTIC_TIMEOUT_SECONDS (default 60)")
     p.add_argument("--format", choices=("yaml", "json"), default="yaml")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     return p
@@ -260,6 +332,15 @@ def main(argv: Sequence[str]) -> int:
         args = parser.parse_args(options)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
+    elastic = None
+    if args.elastic:
+        elastic = ElasticSpec(args.min_workers, args.max_workers, args.max_restarts,
+                              args.elastic_timeout)
+    elif (args.min_workers, args.max_workers, args.max_restarts, args.elastic_timeout) != (
+            1, 0, 3, None):
+        print("bpslaunch k8s: error: --min-workers, --max-workers, --max-restarts and "
+              "--elastic-timeout need --elastic", file=sys.stderr)
+        return 2
     extra = []
     for item in args.env:
         name, sep, value = item.partition("=")
@@ -274,7 +355,7 @@ def main(argv: Sequence[str]) -> int:
                          auth=not args.no_auth, worker_cpu=args.worker_cpu,
                          worker_memory=args.worker_memory, server_cpu=args.server_cpu,
                          server_memory=args.server_memory, shm_size=args.shm_size,
-                         extra_env=extra,
+                         extra_env=extra, elastic=elastic,
                          secret=None if args.no_auth or args.existing_secret
                          else secrets.token_hex(32))
     except ValueError as exc:

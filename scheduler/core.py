@@ -251,6 +251,8 @@ class Scheduler:
                             _field(meta, "pid", int, 0, lo=0, hi=(1 << 31) - 1), worker_id,
                             local_rank)
             info.data_port = _field(meta, "data_port", int, 0, lo=0, hi=65535)
+            if self.elastic:  # ranks come from the epochs, not DMLC_WORKER_ID
+                info.worker_id = None
         except _BadField as exc:
             self._reject(route, "bad registration", f"bad registration: {exc}", ERR_REGISTER)
             return
@@ -513,12 +515,8 @@ class Scheduler:
         return f"worker rank {n.rank} on {n.host} (pid {n.pid})"
 
     def _register_joiner(self, route: Route, info: NodeInfo) -> None:
-        alive = [n for n in self._workers() if not n.lost and not n.finished]
-        if len(alive) >= self.capacity:
-            self._reject(route, "registration refused", (
-                f"too many workers: this elastic job runs at most {self.capacity} "
-                "(BYTEPS_ELASTIC_MAX_WORKERS); this worker was not admitted"), ERR_REGISTER)
-            return
+        # beyond BYTEPS_ELASTIC_MAX_WORKERS a joiner waits for a free place (a worker lost
+        # but not detected yet still holds one)
         self.nodes[route.ident] = info
         self.pending.append(info)
         log.info("scheduler: worker on %s (pid %d) registered to join the running elastic job "
@@ -529,6 +527,10 @@ class Scheduler:
         live = [m for m in self.members if not m.lost and not m.finished]
         if not live:
             self._begin_epoch([])
+            return
+        if len(live) >= self.capacity:
+            log.warning("scheduler: the job runs BYTEPS_ELASTIC_MAX_WORKERS=%d workers; the "
+                        "new one waits for a place", self.capacity)
             return
         for m in live:  # check_membership() raises MembershipChangedError(added=...)
             self._send(m, MsgType.EPOCH, {"lost": [], "added": len(self.pending)},
@@ -580,7 +582,8 @@ class Scheduler:
         survivors = [m for m in self.members if not m.lost and not m.finished]
         if any(m.route.ident not in f["ready"] for m in survivors):
             return
-        size = len(survivors) + len(self.pending)
+        admitted = self.pending[:max(0, self.capacity - len(survivors))]
+        size = len(survivors) + len(admitted)
         if size < self.cfg.elastic.min_workers * self.cfg.cluster.local_size:
             if self.below_since is None:
                 self.below_since = time.monotonic()
@@ -590,8 +593,11 @@ class Scheduler:
                             self.cfg.elastic.timeout)
             return
         self.below_since = None
-        f["members"] = survivors + list(self.pending)
-        self.pending = []
+        f["members"] = survivors + admitted
+        self.pending = self.pending[len(admitted):]
+        if self.pending:
+            log.warning("scheduler: %d worker(s) wait for a place (BYTEPS_ELASTIC_MAX_WORKERS="
+                        "%d)", len(self.pending), self.capacity)
         servers = [n for n in self.nodes.values() if n.role is Role.SERVER and not n.lost]
         f["acks"] = {n.route.ident for n in servers}
         for n in servers:
@@ -630,8 +636,8 @@ class Scheduler:
                 self._send(m, MsgType.EPOCH_START, meta)
         log.warning("scheduler: membership epoch %d formed: %d worker(s)", f["epoch"],
                     len(members))
-        if self.pending:  # registered while the servers reset: admitted at the next change
-            for m in members:
+        if self.pending and len(members) < self.capacity:  # registered while the servers
+            for m in members:                                 # reset: admitted at the next
                 self._send(m, MsgType.EPOCH, {"lost": [], "added": len(self.pending)},
                            key=self.epoch)
 

@@ -31,6 +31,48 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("byteps_like.worker")
 
+#: Bits of a tensor's id in an elastic job (its key is the id above the partition bits).
+NAME_ID_BITS = 40
+
+
+def name_id(name: str) -> int:
+    """An elastic job's id of tensor ``name``: a hash of the name (64-bit FNV-1a, 40 bits kept),
+    not the declaration order, so a worker that joins later, having declared other names first,
+    gets the keys the others use. Two names of one job that hash alike (about n*n / 2**41 for n
+    names) are a tensor mismatch the servers report, naming both."""
+    h = 0xCBF29CE484222325
+    for b in name.encode():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h & ((1 << NAME_ID_BITS) - 1)
+
+
+class ElasticAssigner:
+    """The server of each partition in an elastic job: a hash of its key over the servers of
+    weight > 0, so every worker (a joiner too) computes the same map whatever it declared
+    before. The interface of :class:`byteps_like.partition.ServerAssigner`."""
+
+    def __init__(self, num_servers: int, weights: Any = None):
+        w = list(weights) if weights is not None else [1.0] * num_servers
+        self.num_servers = num_servers
+        self._eligible = [s for s in range(num_servers) if w[s] > 0] or [0]
+        self.load = [0] * num_servers
+        self.assigned: dict[int, int] = {}
+
+    def assign(self, key: int, nbytes: int) -> int:
+        srv = self.assigned.get(key)
+        if srv is None:
+            h = (key * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+            srv = self._eligible[(h >> 32) % len(self._eligible)]
+            self.load[srv] += nbytes
+            self.assigned[key] = srv
+        return srv
+
+    def imbalance(self) -> float:
+        total = sum(self.load)
+        if not total:
+            return 1.0
+        return max(self.load) * len(self._eligible) / total
+
 
 class ElasticMembership:
     """One worker's membership epoch. Created by the runtime when BYTEPS_ELASTIC is on."""
@@ -253,6 +295,8 @@ def install_hooks(rt: Runtime) -> ElasticMembership:
         orig_connect(cfg)
         em.attach_control(rt.members.controller)
         em.adopt_table()
+        a = rt.members.assigner
+        rt.members.assigner = ElasticAssigner(a.num_servers, a.weights)
 
     def stage_push(task: Any) -> bool:
         return False if em.fail_stale(task) else orig_push(task)
@@ -260,8 +304,10 @@ def install_hooks(rt: Runtime) -> ElasticMembership:
     def declare(name: str) -> Any:
         new = name not in rt.registry.tensors
         st = orig_declare(name)
-        if new and st.round == 0 and em.round_base:
-            st.round = em.round_base
+        if new:
+            st.decl_id = name_id(name)
+            if st.round == 0 and em.round_base:
+                st.round = em.round_base
         return st
 
     def push_pull_async(*a: Any, **k: Any) -> Any:

@@ -6,7 +6,6 @@ checked against the size of the epoch it was summed in: no sum mixes two epochs.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from pathlib import Path
 
@@ -101,7 +100,8 @@ def test_worker_lost_mid_step(plane):
 
 def test_lost_worker_is_replaced():
     """--max-restarts 1: the lost worker's replacement registers and is admitted at the next
-    commit; the job runs 3, then 2, then 3 workers, every sum exact for its epoch."""
+    epoch (the one the loss begins, when it registered before the loss was detected, else the
+    next commit); the job ends with 3 workers again, every sum exact for its epoch."""
     steps = 30
     run, _ = launch([steps, "kill=2@2", "slow=0.15"], 3,
                     extra=["--min-workers", "2", "--max-restarts", "1"], timeout=120)
@@ -111,10 +111,12 @@ def test_lost_worker_is_replaced():
     check_sums(recs, log)
     assert "restart 1 of 1" in run.err, log
     sizes = [r["size"] for r in recs if "ones" in r and r["who"] == "worker 0"]
-    assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3, (sizes, log)
+    assert sizes[0] == 3 and sizes[-1] == 3, (sizes, log)
+    changed = [r for r in recs if "changed" in r and r["who"] == "worker 0"]
+    assert any(r["lost"] and "rank 2" in r["lost"][0] for r in changed), log
     joiner = [r for r in recs if r["who"] == "worker 3"]
     first = next(r for r in joiner if "ones" in r)
-    assert first["size"] == 3 and first["epoch"] >= 3, log
+    assert first["size"] == 3 and first["epoch"] >= 2, log
     # from its first step on it sums with the others: same step in the same epoch
     peers = {(r["epoch"], r["step"]) for r in recs if "ones" in r and r["who"] == "worker 0"}
     assert (first["epoch"], first["step"]) in peers, log
@@ -159,14 +161,3 @@ def test_server_lost_is_still_a_typed_error():
     assert run.rc != 0, log
     assert "PeerLostError" in run.out + run.err and "server" in run.err, log
     assert not leftovers(job), leftovers(job)
-
-
-def test_elastic_flags_need_elastic_and_agree():
-    from launcher.cli import UsageError, parse_args, plan_launch
-    with pytest.raises(UsageError, match="only valid with --elastic"):
-        parse_args(["--local", "--min-workers", "2", "--", "true"])
-    for bad, what in ((["--min-workers", "3"], "more than --workers"),
-                      (["--max-workers", "1"], "less than --workers")):
-        args, cmd = parse_args(["--local", "--elastic", "--workers", "2", *bad, "--", "true"])
-        with pytest.raises(UsageError, match=what):
-            plan_launch(args, cmd, dict(os.environ))
