@@ -14,8 +14,8 @@ __version__ = "0.1.0"
 _API = ("Handle", "Runtime", "allgather", "barrier", "declare", "get_pushpull_speed", "init", "join", "local_rank", "local_size", "poll",
         "push_pull", "push_pull_async", "rank", "shutdown", "size", "synchronize")
 _ERRORS = ("BytePSError", "CommTimeoutError", "CommunicationError", "ConfigError",
-           "MismatchError", "NotInitializedError", "PeerLeftError", "PeerLostError", "ProtocolError",
-           "RemoteError")
+           "MembershipChangedError", "MismatchError", "NotInitializedError", "PeerLeftError",
+           "PeerLostError", "ProtocolError", "RemoteError", "TooFewWorkersError")
 
 __all__ = [*_API, *_ERRORS, "__version__"]
 

@@ -80,3 +80,10 @@ __all__ = ["init", "shutdown", "join", "rank", "size", "local_rank", "local_size
            "DistributedOptimizer", "broadcast_global_variables", "push_pull", "callbacks",
            "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
            "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
+
+
+def __getattr__(name: str):  # bps.elastic loads on first use (docs/elastic.md)
+    if name == "elastic":
+        import importlib
+        return importlib.import_module(f"{__name__}.elastic")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

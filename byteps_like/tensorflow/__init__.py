@@ -44,3 +44,10 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
 __all__ = ["init", "shutdown", "join", "allgather", "rank", "size", "local_rank", "local_size", "declare",
            "push_pull", "push_pull_gradients", "broadcast", "broadcast_variables",
            "DistributedGradientTape", "DistributedOptimizer", "Compression"]
+
+
+def __getattr__(name: str):  # bps.elastic loads on first use (docs/elastic.md)
+    if name == "elastic":
+        import importlib
+        return importlib.import_module(f"{__name__}.elastic")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

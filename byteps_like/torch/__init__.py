@@ -130,3 +130,10 @@ __all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank"
            "DistributedOptimizer", "DistributedDataParallel", "broadcast_parameters",
            "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed", "broadcast", "broadcast_", "barrier", "join", "allgather", "is_initialized",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_"]
+
+
+def __getattr__(name: str):  # bps.elastic loads on first use (docs/elastic.md)
+    if name == "elastic":
+        import importlib
+        return importlib.import_module(f"{__name__}.elastic")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

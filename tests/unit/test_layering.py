@@ -30,7 +30,8 @@ PLUGIN_MODULES = tuple(f"byteps_like.{p}" for p in PLUGINS)
 # Top-level modules that belong to the worker side although they sit beside the shared ones:
 # the trace tool (``python -m byteps_like.trace``), the Keras code both Keras plugins share, and
 # the package's lazy facade (``byteps_like.push_pull`` loads byteps_like.worker.api on first use).
-WORKER_TOOLS = {"byteps_like/trace.py", "byteps_like/_keras.py", "byteps_like/__init__.py"}
+WORKER_TOOLS = {"byteps_like/trace.py", "byteps_like/_keras.py", "byteps_like/__init__.py",
+                "byteps_like/elastic.py"}
 WORKER_SIDE = ("byteps_like.worker", "byteps_like.trace", "byteps_like._keras", "byteps_like.bench",
                *PLUGIN_MODULES)
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
