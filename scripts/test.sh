@@ -11,7 +11,7 @@ bash scripts/lint.sh || lint=$?
 main=0
 .venv/bin/python -m pytest -q "$@" || main=$?
 mxnet=0
-{ bash scripts/setup_mxnet.sh && .venv-mxnet/bin/python -m pytest -q tests/frameworks/test_mxnet.py; } \
+{ bash scripts/setup_mxnet.sh && .venv-mxnet/bin/python -m pytest -q tests/frameworks; } \
   || mxnet=$?
 if [ "$lint" -ne 0 ] || [ "$main" -ne 0 ] || [ "$mxnet" -ne 0 ]; then
   echo "test.sh: lint exit status $lint, main suite exit status $main," \

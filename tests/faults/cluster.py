@@ -3,19 +3,15 @@ loopback) for the stall inspector, hostile-input and authentication tests."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 
 from byteps_like.config import load
 from byteps_like.scheduler import Scheduler
 from byteps_like.server import Server
 from byteps_like.worker.runtime import Runtime
+from tests.support import free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["Cluster", "WorkerGroup", "cluster_env", "free_port", "running_cluster"]
 
 
 def cluster_env(port: int, workers: int = 2, servers: int = 1, **extra: str) -> dict:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import FAST_ENV, Run, alive, bpslaunch, pids_in, wait_gone
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration
 HEARTBEAT_TIMEOUT_S = float(FAST_ENV["BYTEPS_HEARTBEAT_TIMEOUT_SECONDS"])
@@ -247,17 +248,11 @@ bps.shutdown()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("auth", ["auth", "no-auth"])
 def test_two_jobs_on_one_port_never_mix(tmp_path, auth):
     path = tmp_path / "exact.py"
     path.write_text(EXACT)
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "byteps_like.launcher", "--local", "--workers", "2",
            "--port", str(port), *(["--no-auth"] if auth == "no-auth" else []),
            "--", sys.executable, str(path)]

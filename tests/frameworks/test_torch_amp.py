@@ -66,6 +66,7 @@ def test_amp_autocast_bf16_gradscaler_recipe():
     assert len(r.lines("AMP-RECIPE OK amp")) == 2, r.log
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_torch_compile_model_with_distributed_optimizer():
     why = _compile_unavailable()

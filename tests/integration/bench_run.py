@@ -7,27 +7,16 @@ import signal
 import subprocess
 import sys
 
-import pytest
+from tests.support import spawn, watch
 
 
 def bench(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
     """Run one benchmark command; on ``timeout`` kill its process group (SIGTERM first: the
     benchmark then kills its own children's groups) and fail with both outputs."""
     cmd = [sys.executable, "-m", "byteps_like.bench", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, stdin=subprocess.DEVNULL)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        pytest.fail(f"watchdog: {' '.join(cmd)} hung for {timeout} s and was killed\n"
-                    f"--- stdout ---\n{out}\n--- stderr ---\n{err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    rc, out, err = watch(spawn(cmd, dict(os.environ)), timeout, " ".join(cmd),
+                         first=signal.SIGTERM, grace=10)
+    return subprocess.CompletedProcess(cmd, rc, out, err)
 
 
 def dump(r: subprocess.CompletedProcess) -> str:

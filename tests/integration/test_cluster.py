@@ -19,6 +19,7 @@ import uuid
 import pytest
 
 from byteps_like.bench import netns
+from tests.support import watch
 
 pytestmark = pytest.mark.integration
 
@@ -54,16 +55,10 @@ def _start(args: list[str], marker: str) -> subprocess.Popen:
 
 
 def _finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
-    try:
-        return proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        pytest.fail(f"watchdog: the cluster benchmark hung for {timeout} s\n{out}\n{err}")
+    """Its output; on a hang SIGTERM its group (the benchmark then tears its namespaces
+    down), SIGKILL after 20 s, and fail (tests/support.py's watchdog)."""
+    _, out, err = watch(proc, timeout, "the cluster benchmark", first=signal.SIGTERM, grace=20)
+    return out, err
 
 
 def _assert_clean(pid: int, marker: str, links_before: set[str]) -> None:

@@ -25,6 +25,7 @@ import pytest
 from byteps_like.launcher.procs import Supervisor
 from byteps_like.topology import discover, format_cpu_list, parse_cpu_list
 from tests.integration.harness import alive
+from tests.support import watch
 
 pytestmark = pytest.mark.integration
 
@@ -148,17 +149,10 @@ class Harness:
                                 start_new_session=True, cwd=self.tmp_path)
 
     def finish(self, proc: subprocess.Popen, timeout: float = WATCHDOG_S) -> Result:
-        """Collect the launcher's result; on a hang kill its group and fail with its logs."""
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            self.kill_recorded()
-            pytest.fail(f"bpslaunch hung for {timeout} s (watchdog)\n" + Result(
-                -1, out.decode(errors="replace"), err.decode(errors="replace"),
-                time.monotonic() - self._t0).dump())
-        return Result(proc.returncode, out.decode("utf-8", errors="replace"),
+        """Collect the launcher's result; on a hang kill its group (and every recorded child)
+        and fail with its logs (tests/support.py's watchdog)."""
+        rc, out, err = watch(proc, timeout, "bpslaunch", on_hang=self.kill_recorded)
+        return Result(rc, out.decode("utf-8", errors="replace"),
                       err.decode("utf-8", errors="replace"), time.monotonic() - self._t0)
 
     def run(self, argv: list[str], env_extra: dict | None = None) -> Result:

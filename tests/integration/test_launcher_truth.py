@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,18 +23,13 @@ from pathlib import Path
 import pytest
 
 from byteps_like.errors import EXIT_PEER_FAILED
+from tests.support import free_port, watch
 
 from .harness import bpslaunch
 
 pytestmark = pytest.mark.integration
 
 WATCHDOG_S = 90
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -49,15 +43,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 def communicate(proc: subprocess.Popen, what: str, timeout: float = WATCHDOG_S
                 ) -> tuple[int, str, str]:
     """Wait for ``proc`` (started with start_new_session); on a hang kill its process group and
-    fail with everything it printed."""
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"watchdog: {what} hung for {timeout} s and was killed\n--- stdout\n{out}"
-                    f"\n--- stderr\n{err}")
-    return proc.returncode, out, err
+    fail with everything it printed (tests/support.py's watchdog)."""
+    return watch(proc, timeout, what)
 
 
 def last_line(text: str) -> str:

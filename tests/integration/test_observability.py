@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.support import watch
 
 from .harness import bpslaunch, worker
 
@@ -190,13 +191,8 @@ def test_plugins_count_their_optimizer_steps(framework):
     proc = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env,
                             cwd=Path(__file__).resolve().parents[2], start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"watchdog: the {framework} script hung for 120 s and was killed\n{out}")
-    assert proc.returncode == 0, out
+    rc, out, _ = watch(proc, 120, f"the {framework} script")
+    assert rc == 0, out
     line = [ln for ln in out.splitlines() if ln.startswith("STEPS ")]
     assert line, out
     steps = json.loads(line[-1][len("STEPS "):])

@@ -3,7 +3,6 @@ frames on a live server."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,14 +16,9 @@ from byteps_like.scheduler import Scheduler
 from byteps_like.server import Server
 from byteps_like.wire import Header, MsgType, Role, decode, encode, job_hash
 from byteps_like.worker.runtime import Runtime
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def role_env(port: int, **extra: str) -> dict:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import FAST_ENV, Run, bpslaunch, worker
+from .harness import FAST_ENV, Run, bpslaunch, free_port, worker
 
 pytestmark = pytest.mark.integration
 
@@ -65,14 +64,8 @@ def test_two_local_clusters_at_once(job_ids):
     assert not left, f"shared-memory segments left behind: {sorted(left)}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_worker_of_another_job_is_refused():
-    port = _free_port()
+    port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
     common = {**base, **FAST_ENV, "PYTHONUNBUFFERED": "1", "DMLC_NUM_WORKER": "1",
               "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
