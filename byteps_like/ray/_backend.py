@@ -76,7 +76,8 @@ class _BytePSBackend(Backend):
     def __init__(self) -> None:
         self._jobs: dict[int, Job] = {}
 
-    def on_start(self, worker_group: Any, backend_config: BytePSConfig) -> None:
+    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        assert isinstance(backend_config, BytePSConfig)
         ips = worker_group.execute(worker_node_ip)  # in rank order
         job = Job(backend_config.job_spec(len(ips)))
         envs = job.start(ips)
@@ -90,7 +91,7 @@ class _BytePSBackend(Backend):
         log.info("byteps_like job %s: %d worker(s), %d server(s), started in %.1f s",
                  job.job_id, len(ips), job.spec.num_servers, job.started_s)
 
-    def on_shutdown(self, worker_group: Any, backend_config: BytePSConfig) -> None:
+    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
         job = self._jobs.pop(id(worker_group), None)
         if job is None:
             return

@@ -149,10 +149,13 @@ class RoleActor:
             raise RuntimeError("this actor already runs a role")
         cfg = load(env=env, overrides={"cluster.role": role})
         setup_logging(cfg.log.level, role)
+        node_class: Any
         if role == "scheduler":
-            from byteps_like.scheduler.core import Scheduler as node_class
+            from byteps_like.scheduler.core import Scheduler
+            node_class = Scheduler
         else:
-            from byteps_like.server.core import Server as node_class
+            from byteps_like.server.core import Server
+            node_class = Server
         ready = threading.Event()
         box: dict[str, Any] = {}
 
