@@ -15,12 +15,13 @@ collective (push_pull, a handle's wait, barrier, broadcast) or inside ``commit()
    noticed by ``commit()`` itself, a join, leaves the commit just made as it is);
 2. ``rt.rejoin()``: waits for the scheduler to form the new epoch and takes the new rank and size
    (``TooFewWorkersError`` when the job stays below ``--min-workers``);
-3. ``state.sync()``: every worker takes rank 0's state (rank 0 is the lowest surviving rank);
-4. calls the reset callbacks (``state.register_reset_callbacks([...])``), e.g. to rescale the
+3. calls the reset callbacks (``state.register_reset_callbacks([...])``), e.g. to rescale the
    learning rate to the new ``size()``;
+4. ``state.sync()``: every worker takes rank 0's state (rank 0 is the lowest surviving rank, so
+   it ran the callbacks: a joiner, which runs none, gets what they set);
 5. calls the function again, which continues from the state (``state.epoch``, ``state.batch``).
 
-A worker that starts into a running job does the same from step 3: ``init()`` admits it into the
+A worker that starts into a running job does the same from step 4: ``init()`` admits it into the
 next epoch, and the first thing ``run`` does is ``state.sync()``.
 
 In a job that is not elastic ``run`` syncs the state once and calls the function: the same
@@ -63,7 +64,12 @@ def runtime() -> Runtime:
 
 
 def is_elastic(rt: Any) -> bool:
-    return bool(getattr(rt, "elastic", False))
+    """Whether ``rt`` runs an elastic job (``bpslaunch --elastic``, BYTEPS_ELASTIC=1)."""
+    flag = getattr(rt, "elastic", None)
+    if flag is None:  # a runtime without the property: its configuration says
+        cfg = getattr(getattr(rt, "cfg", None), "elastic", None)
+        flag = bool(getattr(cfg, "enabled", False)) and hasattr(rt, "rejoin")
+    return bool(flag)
 
 
 class StateHandler:
@@ -104,9 +110,11 @@ class State:
 
     # -- reset callbacks ----------------------------------------------------------------------
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], Any]]) -> None:
-        """Functions of no argument called after every membership change, once the state is
-        synced and before the training function is called again (e.g. to scale the learning
-        rate to the new ``size()``). Called in the order registered."""
+        """Functions of no argument called after every membership change, once this worker has
+        joined the new epoch (``size()`` and ``rank()`` are the new ones) and before the state
+        is synced from rank 0 and the training function called again (e.g. to scale the
+        learning rate to the new ``size()``). Called in the order registered. A worker that
+        joins a running job calls none: the sync gives it what rank 0's callbacks set."""
         if callable(callbacks):
             callbacks = [callbacks]  # one function: forgive the missing list
         for cb in callbacks:
@@ -297,9 +305,11 @@ def run_with(func: F, classify: Callable[[BaseException], MembershipChangedError
             try:
                 if change is not None:
                     _recover(rt, state, change)
+                    # before the sync: what the callbacks set (a learning rate scaled to the
+                    # new size) is then rank 0's on every worker, a joiner's too
+                    state.on_reset()
                 state.sync()
                 if change is not None:
-                    state.on_reset()
                     took = time.monotonic() - noticed
                     state.last_reset = (took, change)
                     log.warning("elastic: resumed as worker rank %d of %d (epoch %s) %.2f s "
