@@ -476,6 +476,20 @@ def _parse_size(v: Any) -> int:
     return int(n)
 
 
+def parse_size(value: str | int) -> int:
+    """Bytes of a size written as a setting is: an int, or a string of bytes with an optional
+    suffix K, M, G, T (powers of 1024; KiB ... too) or KB, MB, GB, TB (powers of 1000), any
+    case, e.g. ``"64K"`` -> 65536, ``"1.5M"`` -> 1572864, ``"4MB"`` -> 4000000.
+
+    Raises ValueError naming the value and the accepted forms (``'4x' is not a size: ...``).
+    Command lines (the benchmarks') use it for their size options, so that a size reads the
+    same there as in ``BYTEPS_PARTITION_BYTES``."""
+    try:
+        return _parse_size(value)
+    except _Bad as exc:
+        raise ValueError(f"{value!r} {exc}") from None
+
+
 def _parse_seconds(v: Any) -> float:
     m = _SECONDS_RE.fullmatch(v.strip()) if isinstance(v, str) else None
     scale = _SECONDS_UNIT[(m[2] or "").lower()] if m else 1.0

@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
@@ -31,6 +30,7 @@ from .plan import (
     local_cluster_plan,
     node_plan,
 )
+from .procs import free_port
 
 EXIT_USAGE = 2
 DEFAULT_WORKERS = 2
@@ -316,7 +316,7 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
         env = local_job_env(args, env, notes)
         host = args.host or DEFAULT_HOST
         cluster = LocalCluster(
-            command=tuple(command), port=port_free(host, args.port) if args.port else free_port(host),
+            command=tuple(command), port=port_free(host, args.port or 0),
             workers=args.workers or DEFAULT_WORKERS,
             servers=args.servers or default_servers(args, env),
             local_size=args.local_size or DEFAULT_LOCAL_SIZE, host=host,
@@ -457,14 +457,12 @@ def _load(env: Mapping[str, str], notes: list[str]):
     return cfg
 
 
-def free_port(host: str) -> int:
-    """A TCP port that is free on ``host`` now (bind to port 0 and ask which one was given)."""
-    return _bind_probe(host, 0, f"cannot find a free port on --host {host}")
-
-
 def port_free(host: str, port: int) -> int:
-    """``port`` if the scheduler can bind it on ``host`` now; else a usage error naming the port
-    and the setting, before any process starts (not a ZeroMQ traceback from the scheduler)."""
+    """``port`` if the scheduler can bind it on ``host`` now (0: a free one the OS picks); else a
+    usage error naming the port and the setting, before any process starts (not a ZeroMQ
+    traceback from the scheduler)."""
+    if not port:
+        return _bind_probe(host, 0, f"cannot find a free port on --host {host}")
     return _bind_probe(host, port, f"port {port} on {host} is in use or not available "
                        "(--port / DMLC_PS_ROOT_PORT): stop what holds it, or leave --port out "
                        "to pick a free one")
@@ -472,11 +470,7 @@ def port_free(host: str, port: int) -> int:
 
 def _bind_probe(host: str, port: int, what: str) -> int:
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        with socket.socket(family, kind, proto) as sock:
-            sock.bind(address)
-            return sock.getsockname()[1]
+        return free_port(host, port)
     except OSError as exc:
         raise UsageError(f"{what}: {exc.strerror or exc}") from None
 

@@ -16,11 +16,12 @@ import collections
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TextIO
 
@@ -57,6 +58,20 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def free_port(host: str = "127.0.0.1", port: int = 0) -> int:
+    """A TCP port of ``host`` that could be bound a moment ago: one the OS picks (``port`` 0),
+    or ``port`` itself, checked. The only port picker of bpslaunch and the benchmarks.
+
+    Raises OSError (its strerror says why) when ``host`` does not resolve to a local address or
+    ``port`` is taken; the caller names the setting. Like every such probe it races with other
+    processes: the port is free when this returns, not necessarily when a child binds it."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.bind(address)
+        return sock.getsockname()[1]
 
 
 class OutputSink:
@@ -155,7 +170,7 @@ class Supervisor:
         self.kill_after = kill_after
         self._log_dir = os.fspath(log_dir) if log_dir is not None else None
         self._closed = False
-        self._old_handlers: dict[int, object] = {}
+        self._old_handlers: dict[int, signal.Handlers | int | Callable[..., object] | None] = {}
         self.signal_received: int | None = None
         self.signal_count = 0
         atexit.register(self.close)

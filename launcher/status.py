@@ -13,23 +13,18 @@ import dataclasses
 import io
 import re
 import shutil
-import socket
 import sys
 import threading
 import time
 import urllib.request
 from collections import deque
 from collections.abc import Sequence
-from typing import TextIO
+from typing import TextIO, cast
+
+from .procs import free_port
 
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def assign_metrics_ports(specs: Sequence, host: str) -> tuple[list, dict]:
@@ -121,7 +116,7 @@ class StatusView:
 
             def isatty(self) -> bool:
                 return False
-        return _Capture()
+        return cast(TextIO, _Capture())
 
     # -- scraping ----------------------------------------------------------------------------
     def poll(self) -> None:
@@ -145,7 +140,8 @@ class StatusView:
         servers = [r for r in self.rows if r.role == "server"]
         up = time.monotonic() - self.started
         total = sum(r.mbps for r in workers)
-        steps = [r.metrics.get("byteps_step") for r in workers if r.state == "up"]
+        steps = [r.metrics["byteps_step"] for r in workers
+                 if r.state == "up" and r.metrics.get("byteps_step") is not None]
         head = (f"byteps_like local cluster: {len(workers)} workers, {len(servers)} servers | "
                 f"up {up:.0f} s | step {int(min(steps)) if steps else '-'} | "
                 f"{total:.1f} MB/s (workers, pushed+pulled)")

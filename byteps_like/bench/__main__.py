@@ -8,35 +8,29 @@ Subcommands:
 """
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
 
-def _pushpull(argv: Sequence[str]) -> int:
-    from .pushpull import main
-    return main(argv)
-
-
-def _sum(argv: Sequence[str]) -> int:
-    from .summation import main
-    return main(argv)
-
-
-def _cluster(argv: Sequence[str]) -> int:
-    from .cluster import main
-    return main(argv)
+def _run(module: str) -> Callable[[Sequence[str]], int]:
+    """The ``main`` of ``byteps_like.bench.<module>``, imported only when it runs."""
+    def run(argv: Sequence[str]) -> int:
+        main: Callable[[Sequence[str]], int] = importlib.import_module(
+            f"byteps_like.bench.{module}").main
+        return main(argv)
+    return run
 
 
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
-    "pushpull": (_pushpull, "push_pull bandwidth of a local job vs raw pyzmq and gloo"),
-    "sum": (_sum, "summation kernels (_core.add_into) vs numpy"),
-    "cluster": (_cluster, "emulated cluster in network namespaces vs gloo/Horovod (root)"),
-    "local": (lambda argv: __import__("byteps_like.bench.local", fromlist=["main"]).main(argv),
+    "pushpull": (_run("pushpull"), "push_pull bandwidth of a local job vs raw pyzmq and gloo"),
+    "sum": (_run("summation"), "summation kernels (_core.add_into) vs numpy"),
+    "cluster": (_run("cluster"), "emulated cluster in network namespaces vs gloo/Horovod (root)"),
+    "local": (_run("local"),
               "local reduction on one machine (L ranks) vs one process, vs memcpy; GPU copies"),
-    "compress": (lambda argv: __import__("byteps_like.bench.compress", fromlist=["main"]).main(argv),
+    "compress": (_run("compress"),
                  "gradient compressors: encode/decode GB/s and payload ratio vs memcpy"),
-    "gil": (lambda argv: __import__("byteps_like.bench.gil", fromlist=["main"]).main(argv),
-            "push_pull with a busy Python main thread (GIL contention) vs alone"),
+    "gil": (_run("gil"), "push_pull with a busy Python main thread (GIL contention) vs alone"),
 }
 
 

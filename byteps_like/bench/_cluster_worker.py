@@ -21,11 +21,10 @@ import argparse
 import json
 import socket
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 
-RESULT_TAG = "BENCH_RESULT "
+from .report import emit, progress
 
 # VGG-16's parameter tensors (weight, bias per layer, in forward order) and each layer's share
 # of forward compute (GMACs at 224x224). Largest tensors (fc6, fc7) are the last layers of the
@@ -54,23 +53,17 @@ def model_tensors(total_bytes: int) -> list[tuple[str, int, int]]:
     if total <= biases + len(VGG16_LAYERS):
         raise ValueError(f"{total_bytes} bytes is too small for the VGG-16 tensor list")
     scale = (total - biases) / weights
-    out = []
+    names: list[str] = []
+    counts: list[int] = []
+    layers: list[int] = []
     for i, (name, w, b, _f) in enumerate(VGG16_LAYERS):
-        out.append([f"{name}.weight", max(1, int(w * scale)), i])
-        out.append([f"{name}.bias", b, i])
-    short = total - sum(x[1] for x in out)
-    big = max(range(len(out)), key=lambda j: out[j][1])
-    out[big][1] += short
-    assert sum(x[1] for x in out) == total
-    return [tuple(x) for x in out]  # type: ignore[misc]
-
-
-def _progress(text: str) -> None:
-    print(f"progress: {text}", file=sys.stderr, flush=True)
-
-
-def _emit(obj: dict) -> None:
-    print(RESULT_TAG + json.dumps(obj), flush=True)
+        names += [f"{name}.weight", f"{name}.bias"]
+        counts += [max(1, int(w * scale)), b]
+        layers += [i, i]
+    big = max(range(len(counts)), key=counts.__getitem__)
+    counts[big] += total - sum(counts)
+    assert sum(counts) == total
+    return list(zip(names, counts, layers))
 
 
 # ---------------------------------------------------------------------------------- TCP stream
@@ -84,14 +77,14 @@ def tcp_recv(host: str, port: int) -> int:
     conn.settimeout(60)
     buf = bytearray(1 << 20)
     view = memoryview(buf)
-    got, t0, t_first = 0, None, None
-    marks = []
+    got, t0 = 0, 0.0
+    marks: list[tuple[float, int]] = []
     while True:
         n = conn.recv_into(view)
         if not n:
             break
         now = time.perf_counter()
-        if t0 is None:
+        if not marks:
             t0 = now
         got += n
         marks.append((now, got))
@@ -101,7 +94,7 @@ def tcp_recv(host: str, port: int) -> int:
     start = next(((t, b) for t, b in marks if t - t0 >= 0.5), marks[0])
     end = marks[-1]
     rate = (end[1] - start[1]) * 8 / max(1e-9, end[0] - start[0])
-    _emit({"bytes": got, "seconds": end[0] - t0, "bits_per_second": rate})
+    emit({"bytes": got, "seconds": end[0] - t0, "bits_per_second": rate})
     return 0
 
 
@@ -227,12 +220,12 @@ def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = ""
         if rank == 0:
             w = wire[str(total)]
             per = (w["pushed"] + w["pulled"]) / max(1, repeats) / (1 << 20)
-            _progress(f"{total >> 20} MiB{' ' + compressor if compressor else ''}: "
+            progress(f"{total >> 20} MiB{' ' + compressor if compressor else ''}: "
                       f"{_times_summary(times)}, {per:.1f} MiB pushed+pulled per round "
                       f"on worker 0")
         del arrs, outs, bases
     bps.shutdown()
-    _emit({"rank": rank, "times": result, "wire": wire, "compressor": compressor or None})
+    emit({"rank": rank, "times": result, "wire": wire, "compressor": compressor or None})
     return 0
 
 
@@ -263,11 +256,11 @@ def gloo_worker(sizes: list[int], repeats: int, warmup: int, rank: int, world: i
                 raise AssertionError(f"gloo rank {rank}: wrong all_reduce result")
             result[str(total)] = times
             if rank == 0:
-                _progress(f"{total >> 20} MiB: {_times_summary(times)} on rank 0")
+                progress(f"{total >> 20} MiB: {_times_summary(times)} on rank 0")
             del ts
     finally:
         dist.destroy_process_group()
-    _emit({"rank": rank, "times": result})
+    emit({"rank": rank, "times": result})
     return 0
 
 
@@ -298,10 +291,10 @@ def horovod_worker(sizes: list[int], repeats: int, warmup: int) -> int:
             raise AssertionError(f"horovod rank {rank}: wrong allreduce result")
         result[str(total)] = times
         if rank == 0:
-            _progress(f"{total >> 20} MiB: {_times_summary(times)} on rank 0")
+            progress(f"{total >> 20} MiB: {_times_summary(times)} on rank 0")
         del ts
     hvd.shutdown()
-    _emit({"rank": rank, "times": result})
+    emit({"rank": rank, "times": result})
     return 0
 
 

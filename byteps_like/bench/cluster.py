@@ -33,6 +33,7 @@ Every namespace, link and process it made is removed at the end, also on Ctrl-C 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -41,12 +42,14 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import netns
-from ._cluster_worker import COMPRESSORS, RESULT_TAG, compressor_label, model_tensors
-from ._procs import ChildFailed, ProcGroup, child_env, role_argv
+from ._cluster_worker import COMPRESSORS, compressor_label, model_tensors
+from .harness import ChildFailed, Job, Proc, base_env, child_env, collect, local_job
+from .harness import slowest_median as _slowest_median
+from .report import OthersMeter, markdown_table
 
 PROG = "python -m byteps_like.bench cluster"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,7 +58,7 @@ MiB = 1 << 20
 
 
 # ------------------------------------------------------------------------------------- theory
-def ps_time(n: int, k: int, nbytes: float, rate_bits: float) -> float:
+def ps_time(n: int, k: float, nbytes: float, rate_bits: float) -> float:
     """BytePS analysis: push_pull of S bytes with n worker hosts, k dedicated server hosts and a
     server colocated on each worker host (mixed mode), every NIC at B bits/s."""
     if n == 1:
@@ -118,69 +121,50 @@ class Env:
                                              "byteps_like.bench._cluster_worker", kind, *extra])
 
 
-def _collect(children, what: str) -> list[dict]:
-    out = []
-    for c in children:
-        lines = [ln for ln in c.stdout().splitlines() if ln.startswith(RESULT_TAG)]
-        if not lines:
-            raise ChildFailed(f"{what}: {c.name} printed no result\n{c.stderr_tail()}")
-        out.append(json.loads(lines[-1][len(RESULT_TAG):]))
-    return out
-
-
-def _slowest_median(per_worker: list[dict], nbytes: int) -> tuple[float, list[float]]:
-    series = [w["times"][str(nbytes)] for w in per_worker]
-    slowest = [max(rep) for rep in zip(*series)]
-    return statistics.median(slowest), slowest
-
-
 def measure_link(env: Env, a: str, b: str, seconds: float) -> float:
     """Achieved rate of one plain TCP stream from host b to host a, bits/s."""
     port = 5201
-    with ProcGroup("link") as g:
+    with Job("link") as g:
         r = g.spawn("tcp-recv", env.argv(a, "tcp-recv", "--host", env.ip(a), "--port",
                                          str(port)), env.base_env)
         time.sleep(0.3)
         g.spawn("tcp-send", env.argv(b, "tcp-send", "--host", env.ip(a), "--port", str(port),
                                      "--seconds", str(seconds)), env.base_env)
         g.wait(seconds + 60)
-        return float(_collect([r], "tcp stream")[0]["bits_per_second"])
+        return float(collect([r], "tcp stream")[0]["bits_per_second"])
 
 
-def _bps_env(env: Env, n: int, num_servers: int, port: int, extra: dict | None = None) -> dict:
-    e = dict(env.base_env)
-    e.update({"DMLC_NUM_WORKER": str(n), "DMLC_NUM_SERVER": str(num_servers),
-              "DMLC_PS_ROOT_URI": env.ip("w0"), "DMLC_PS_ROOT_PORT": str(port)})
-    e.update(extra or {})
-    return e
-
-
-def _start_bps_job(g: ProcGroup, env: Env, n: int, k: int, port: int, worker_argv,
-                   extra: dict | None = None) -> list:
-    """Scheduler on w0; a server on every worker host unless k >= n (mixed mode then gives the
-    colocated servers nothing); a server on each of s0..s{k-1}; a worker on w0..w{n-1}."""
+def _start_bps_job(g: Job, env: Env, n: int, k: int, port: int,
+                   worker_argv: Callable[[str], list[str]], extra: dict | None = None
+                   ) -> list[Proc]:
+    """``bpslaunch --local``'s plan (:func:`.harness.local_job`), each process moved into its
+    host: the scheduler on w0; a server on every worker host unless k >= n (mixed mode then
+    gives the colocated servers nothing) and one on each of s0..s{k-1}; a worker on each of
+    w0..w{n-1}. Every process advertises its host's address (DMLC_NODE_HOST)."""
     colocated = k == 0 or k < n
-    hosts = ([f"w{i}" for i in range(n)] if colocated else []) + [f"s{j}" for j in range(k)]
-    e = _bps_env(env, n, len(hosts), port, extra)
-    g.spawn("scheduler", env.cluster.exec_argv("w0", role_argv("scheduler", env.python)),
-            {**e, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": env.ip("w0")}, role="service")
-    for h in hosts:
-        g.spawn(f"server-{h}", env.cluster.exec_argv(h, role_argv("server", env.python)),
-                {**e, "DMLC_ROLE": "server", "DMLC_NODE_HOST": env.ip(h)}, role="service")
-    return [g.spawn(f"worker-w{i}", worker_argv(f"w{i}"),
-                    {**e, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(i),
-                     "DMLC_NODE_HOST": env.ip(f"w{i}")}) for i in range(n)]
+    servers = ([f"w{i}" for i in range(n)] if colocated else []) + [f"s{j}" for j in range(k)]
+    specs = local_job(["<worker>"], port, workers=n, servers=len(servers), host=env.ip("w0"),
+                      python=env.python)
+    placed = []
+    for spec in specs:
+        host = ("w0" if spec.role == "scheduler" else servers[spec.rank or 0]
+                if spec.role == "server" else f"w{spec.rank}")
+        argv = worker_argv(host) if spec.role == "worker" else \
+            env.cluster.exec_argv(host, spec.argv)
+        placed.append(dataclasses.replace(spec, argv=tuple(argv),
+                                          env={**spec.env, "DMLC_NODE_HOST": env.ip(host)}))
+    return g.start(placed, {**env.base_env, **(extra or {})})
 
 
 def run_bps(env: Env, n: int, k: int, sizes: list[int], repeats: int, warmup: int,
             port: int, partition_bytes: int) -> list[dict]:
     args = ("--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats), "--warmup",
             str(warmup))
-    with ProcGroup(f"bps-n{n}-k{k}") as g:
+    with Job(f"bps-n{n}-k{k}") as g:
         ws = _start_bps_job(g, env, n, k, port, lambda h: env.argv(h, "bps", *args),
                             {"BYTEPS_PARTITION_BYTES": str(partition_bytes)})
         g.wait(env.timeout, relay=ws[0], relay_prefix=f"[cluster] byteps_like n={n} k={k}: ")
-        return _collect(ws, "byteps_like")
+        return collect(ws, "byteps_like")
 
 
 def run_bps_compressed(env: Env, n: int, k: int, sizes: list[int], repeats: int, warmup: int,
@@ -189,12 +173,12 @@ def run_bps_compressed(env: Env, n: int, k: int, sizes: list[int], repeats: int,
     ``_cluster_worker.COMPRESSORS``) and report their wire bytes."""
     args = ("--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats), "--warmup",
             str(warmup), "--compressor", compressor)
-    with ProcGroup(f"bps-{compressor}-n{n}-k{k}") as g:
+    with Job(f"bps-{compressor}-n{n}-k{k}") as g:
         ws = _start_bps_job(g, env, n, k, port, lambda h: env.argv(h, "bps", *args),
                             {"BYTEPS_PARTITION_BYTES": str(partition_bytes)})
         g.wait(env.timeout, relay=ws[0],
                relay_prefix=f"[cluster] compression {compressor} n={n} k={k}: ")
-        return _collect(ws, f"byteps_like ({compressor})")
+        return collect(ws, f"byteps_like ({compressor})")
 
 
 def compression_records(per_worker: list[dict], compressor: str, n: int, k: int,
@@ -237,7 +221,7 @@ def format_compression_table(records: list[dict], by_rate: bool = False) -> str:
     B, the rows of one compressor and configuration next to each other)."""
     cols = ("compressor (settings)", "n", "k", "size", *(("cap", "B Gbit/s") if by_rate else ()),
             "time s", "time/none", "MiB/step", "bytes/none", "algbw Gbit/s", "net floor s")
-    rows = [cols]
+    rows = []
     comp = [r for r in records if r["system"] == "byteps_like_compressed"]
     if by_rate:
         order = {c: i for i, c in enumerate(dict.fromkeys(r["compressor"] for r in comp))}
@@ -252,12 +236,7 @@ def format_compression_table(records: list[dict], by_rate: bool = False) -> str:
                      f"{r['wire_bytes_per_step'] / MiB:.1f}",
                      "n/a" if r.get("bytes_ratio") is None else f"{r['bytes_ratio']:.4f}",
                      f"{r['algbw_bits_per_second'] / 1e9:.2f}", f"{r['floor_seconds']:.3f}"))
-    w = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    lines = ["| " + " | ".join(row[i].ljust(w[i]) if i == 0 else row[i].rjust(w[i])
-                               for i in range(len(cols))) + " |" for row in rows]
-    lines.insert(1, "|" + "|".join("-" * (x + 2) if i == 0 else "-" * (x + 1) + ":"
-                                   for i, x in enumerate(w)) + "|")
-    return "\n".join(lines)
+    return markdown_table(cols, rows, left=1)
 
 
 def run_gloo(env: Env, n: int, sizes: list[int], repeats: int, warmup: int,
@@ -265,11 +244,11 @@ def run_gloo(env: Env, n: int, sizes: list[int], repeats: int, warmup: int,
     e = {**env.base_env, "GLOO_SOCKET_IFNAME": "eth0", "TP_SOCKET_IFNAME": "eth0"}
     args = ("--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats), "--warmup",
             str(warmup), "--world", str(n), "--host", env.ip("w0"), "--port", str(port))
-    with ProcGroup(f"gloo-n{n}") as g:
+    with Job(f"gloo-n{n}") as g:
         ws = [g.spawn(f"gloo-w{r}", env.argv(f"w{r}", "gloo", *args, "--rank", str(r)), e)
               for r in range(n)]
         g.wait(env.timeout, relay=ws[0], relay_prefix=f"[cluster] gloo n={n}: ")
-        return _collect(ws, "gloo")
+        return collect(ws, "gloo")
 
 
 def horovod_unavailable(python: str) -> str | None:
@@ -288,19 +267,18 @@ def horovod_unavailable(python: str) -> str | None:
 def run_horovod(env: Env, n: int, sizes: list[int], repeats: int, warmup: int,
                 python: str) -> list[dict]:
     e = child_env(env.base_env, always=True)   # another interpreter: it needs byteps_like too
-    with ProcGroup(f"horovod-n{n}") as g:
+    with Job(f"horovod-n{n}") as g:
         port_file = os.path.join(g.dir, "rendezvous.port")
         hosts = ",".join(f"w{i}:1" for i in range(n))
-        g.spawn("hvd-rendezvous", env.argv("w0", "hvd-rendezvous", "--hosts", hosts, "--world",
-                                           str(n), "--port-file", port_file, python=python),
-                e, role="service")
+        rdv = g.spawn("hvd-rendezvous", env.argv("w0", "hvd-rendezvous", "--hosts", hosts,
+                                                 "--world", str(n), "--port-file", port_file,
+                                                 python=python), e, service=True)
         end = time.monotonic() + 60
         while not os.path.exists(port_file):
             if time.monotonic() > end:
-                raise ChildFailed(g._report("Horovod rendezvous server did not start"))
-            for c in g.children:
-                if c.proc.poll() is not None:
-                    raise ChildFailed(g._report("Horovod rendezvous server exited"))
+                raise ChildFailed(g.report("Horovod rendezvous server did not start"))
+            if rdv.poll() is not None:
+                raise ChildFailed(g.report("Horovod rendezvous server exited"))
             time.sleep(0.1)
         with open(port_file, encoding="ascii") as f:
             port = f.read().strip()
@@ -320,7 +298,7 @@ def run_horovod(env: Env, n: int, sizes: list[int], repeats: int, warmup: int,
         # the rendezvous server never exits by itself: no grace period for it
         g.wait(env.timeout, relay=ws[0], relay_prefix=f"[cluster] horovod n={n}: ",
                service_grace=0.0)
-        return _collect(ws, "horovod")
+        return collect(ws, "horovod")
 
 
 def run_step(env: Env, n: int, k: int, nbytes: int, compute_s: float, priority: bool,
@@ -331,34 +309,11 @@ def run_step(env: Env, n: int, k: int, nbytes: int, compute_s: float, priority: 
     if not priority:
         extra["BYTEPS_SCHEDULING_CREDIT"] = "0"   # FIFO: no priorities, no credit limit
     mode = "priority" if priority else "fifo"
-    with ProcGroup(f"step-{mode}") as g:
+    with Job(f"step-{mode}") as g:
         ws = _start_bps_job(g, env, n, k, port, lambda h: env.argv(h, "step", "--step", params),
                             extra)
         g.wait(env.timeout, relay=ws[0], relay_prefix=f"[cluster] step n={n} k={k}: ")
-        return _collect(ws, f"step ({mode})")
-
-
-# ----------------------------------------------------------------------------------- CPU usage
-def _cpu_busy_s() -> float | None:
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-class CpuMeter:
-    def __enter__(self):
-        self.t0, self.b0 = time.monotonic(), _cpu_busy_s()
-        return self
-
-    def __exit__(self, *exc):
-        self.wall = time.monotonic() - self.t0
-        b1 = _cpu_busy_s()
-        self.busy = None if self.b0 is None or b1 is None else \
-            (b1 - self.b0) / self.wall / (os.cpu_count() or 1)
+        return collect(ws, f"step ({mode})")
 
 
 # ------------------------------------------------------------------------------ report / plot
@@ -370,7 +325,7 @@ def format_table(records: list[dict], by_rate: bool = False) -> str:
             if r["system"] == "gloo"}
     cols = ("system", "n", "k", "size", *(("cap", "B Gbit/s") if by_rate else ()), "time s",
             "theory s", "of optimum", "vs gloo")
-    rows = [cols]
+    rows = []
     order = {"byteps_like": 0, "gloo": 1, "horovod": 2}
     meas = [r for r in records if r["system"] in order]
     meas.sort(key=lambda r: (r["bytes"], r["n"], order[r["system"]], r["k"] if r["k"] is not None
@@ -384,11 +339,7 @@ def format_table(records: list[dict], by_rate: bool = False) -> str:
                      f"{r['seconds']:.3f}",
                      f"{r['theory_seconds']:.3f}", f"{r['theory_seconds'] / r['seconds']:.2f}",
                      f"{g / r['seconds']:.2f}x" if g else "n/a"))
-    w = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    lines = ["| " + " | ".join(row[i].rjust(w[i]) for i in range(len(cols))) + " |"
-             for row in rows]
-    lines.insert(1, "|" + "|".join("-" * (x + 1) + ":" for x in w) + "|")
-    return "\n".join(lines)
+    return markdown_table(cols, rows)
 
 
 def write_plot(records: list[dict], path: str, links: float | dict[float, float]) -> str | None:
@@ -401,16 +352,17 @@ def write_plot(records: list[dict], path: str, links: float | dict[float, float]
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install 'byteps_like[bench]'); no plot"
-    if not isinstance(links, dict):
-        links = {None: links}         # type: ignore[dict-item]
+    by_cap: dict[float | None, float] = {None: links} if not isinstance(links, dict) else {}
+    if isinstance(links, dict):
+        by_cap.update(links.items())
     combos = sorted({(r["n"], r["bytes"]) for r in records if r["system"] == "byteps_like"})
     if not combos:
         return "nothing to plot"
-    caps = list(links)
+    caps = list(by_cap)
     fig, axes = plt.subplots(len(caps), len(combos),
                              figsize=(4.6 * len(combos), 4.2 * len(caps)), squeeze=False)
     for row, cap in zip(axes, caps):
-        rate_bits = links[cap]
+        rate_bits = by_cap[cap]
         mine = [r for r in records if cap is None or r.get("cap_bits_per_second") == cap]
         for ax, (n, nbytes) in zip(row, combos):
             _plot_panel(ax, mine, n, nbytes, rate_bits,
@@ -567,10 +519,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"horovod: {hvd_reason}")
     sys.stdout.flush()
 
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "HOROVOD_"))}
-    base_env["PYTHONUNBUFFERED"] = "1"
+    job_env = base_env(drop=("DMLC_", "HOROVOD_"), force_distributed=False)
     records: list[dict] = []
-    cpu: dict[str, float] = {}
+    cpu: dict[str, float | None] = {}
     links: dict[float, float] = {}
     step_lines: list[str] = []
     leftovers: list[str] = []
@@ -588,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"[cluster] NIC cap {fmt_rate(rate)} ({rates.index(rate) + 1}/"
                       f"{len(rates)})", file=sys.stderr, flush=True)
             with netns.NetnsCluster(hosts, rate, latency_ms=a.queue_ms, log=sys.stderr) as cl:
-                env = Env(cl, base_env, a.timeout)
+                env = Env(cl, job_env, a.timeout)
                 link = measure_link(env, "w0", "w1", a.link_seconds)
                 links[rate] = link
                 print(f"link: one TCP stream w1 -> w0 achieved {fmt_rate(link)} "
@@ -643,7 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: list[str],
               configs: list[tuple[int, int]], ns_: list[int], sizes: list[int],
-              records: list[dict], cpu: dict[str, float], step_lines: list[str], tag: str,
+              records: list[dict], cpu: dict[str, float | None], step_lines: list[str], tag: str,
               hvd_reason: str | None, next_port) -> str | None:
     """Every phase on one cluster (NICs capped at ``rate``, measured ``link``): appends the
     records, the CPU shares (phase names prefixed with ``tag``) and the step-benchmark lines;
@@ -653,13 +604,13 @@ def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: 
             for i, c in enumerate(comps):
                 print(f"[cluster] compression n={n} k={k}: {compressor_label(c)} "
                       f"({i + 1}/{len(comps)})", file=sys.stderr, flush=True)
-                with CpuMeter() as m:
+                with OthersMeter() as m:
                     res = run_bps_compressed(env, n, k, sizes, a.repeats, a.warmup,
                                              next_port(), a.partition_bytes, c)
                 cpu[f"{tag}{c} n={n} k={k}"] = m.busy
                 records += compression_records(res, c, n, k, sizes, link, rate)
             continue
-        with CpuMeter() as m:
+        with OthersMeter() as m:
             res = run_bps(env, n, k, sizes, a.repeats, a.warmup, next_port(), a.partition_bytes)
         cpu[f"{tag}byteps_like n={n} k={k}"] = m.busy
         for s in sizes:
@@ -682,7 +633,7 @@ def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: 
     for n in ns_:
         if a.skip_gloo:
             break
-        with CpuMeter() as m:
+        with OthersMeter() as m:
             res = run_gloo(env, n, sizes, a.repeats, a.warmup, next_port())
         cpu[f"{tag}gloo n={n}"] = m.busy
         allreduce_records("gloo", n, res)
@@ -690,7 +641,7 @@ def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: 
         if hvd_reason or comps:
             break
         try:
-            with CpuMeter() as m:
+            with OthersMeter() as m:
                 res = run_horovod(env, n, sizes, a.repeats, a.warmup, a.horovod_python)
         except ChildFailed as exc:
             hvd_reason = f"failed: {str(exc).splitlines()[0]}"
@@ -719,24 +670,24 @@ def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: 
         f"{a.priority_mib} MiB model, n={pn} k={pk}, partition {a.partition_bytes} B, synthetic "
         f"compute {compute * 1e3:.0f} ms/iteration (fwd:bwd 1:2, by VGG-16 FLOPs) = "
         f"{a.compute_ratio:g} x theoretical push_pull {comm * 1e3:.0f} ms")
-    med = {}
+    step_med: dict[str, float] = {}
     for prio in (False, True):
         mode = "priority" if prio else "fifo"
-        with CpuMeter() as m:
+        with OthersMeter() as m:
             res = run_step(env, pn, pk, pbytes, compute, prio, a.priority_iters, 1,
                            next_port(), a.partition_bytes)
         cpu[f"{tag}step {mode}"] = m.busy
         per_iter = [max(x) for x in zip(*(r["iter_times"] for r in res))]
-        med[mode] = statistics.median(per_iter)
+        step_med[mode] = statistics.median(per_iter)
         wait = statistics.median(res[0]["forward_wait_s"])
         records.append({"system": "byteps_like_step", "scheduling": mode, "n": pn,
-                        "k": pk, "bytes": pbytes, "seconds": med[mode],
+                        "k": pk, "bytes": pbytes, "seconds": step_med[mode],
                         "iterations_s": per_iter, "compute_seconds": compute,
                         "forward_wait_seconds": wait, "link_bits_per_second": link,
                         "cap_bits_per_second": rate})
-        step_lines.append(f"  {mode:>8}: median iteration {med[mode] * 1e3:.0f} ms "
+        step_lines.append(f"  {mode:>8}: median iteration {step_med[mode] * 1e3:.0f} ms "
                           f"(worker 0 waits {wait * 1e3:.0f} ms for gradients in forward)")
-    step_lines.append(f"  priority speed-up: {med['fifo'] / med['priority']:.2f}x "
+    step_lines.append(f"  priority speed-up: {step_med['fifo'] / step_med['priority']:.2f}x "
                       f"(target >= 1.15x)")
     return hvd_reason
 

@@ -16,7 +16,8 @@ import numpy as np
 from byteps_like import _core
 from byteps_like.compression import Compression, Compressor
 
-from .summation import _fmt_size, _median_seconds, parse_size
+from .report import fmt_size, size_list
+from .summation import median_seconds
 
 
 def compressors() -> dict[str, Compressor]:
@@ -51,7 +52,8 @@ def measure(nbytes: int, repeats: int, rng: np.random.Generator,
             step[0] += 1
             codec.encode(x, step[0])
 
-        secs = _median_seconds({"memcpy": lambda: _core.copy_into(copy_dst, x),
+        dst_buf, x_buf = copy_dst.data, x.data
+        secs = median_seconds({"memcpy": lambda: _core.copy_into(dst_buf, x_buf),
                                 "encode": enc,
                                 "decode": lambda: codec.decode(payload, out)}, repeats)
         gbs = {k: x.nbytes / 1e9 / t for k, t in secs.items()}
@@ -72,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              + ", ".join(compressors()).replace("%", "%%") + ")")
     args = parser.parse_args(argv)
     try:
-        sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+        sizes = size_list(args.sizes)
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
     names = [c.strip() for c in args.compressors.split(",") if c.strip()] or None
@@ -90,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     for nbytes in sizes:
         for r in measure(nbytes, args.repeats, rng, names):
-            print(f"{_fmt_size(nbytes):>8} {r['compressor']:>16} {r['encode']:8.2f} "
+            print(f"{fmt_size(nbytes):>8} {r['compressor']:>16} {r['encode']:8.2f} "
                   f"{r['decode']:8.2f} {r['memcpy']:8.2f} {r['encode'] / r['memcpy']:7.3f}x "
                   f"{r['decode'] / r['memcpy']:7.3f}x {r['ratio']:8.4f}", flush=True)
     return 0

@@ -29,21 +29,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from ._procs import ChildFailed, ProcGroup, free_port, role_argv
+from .harness import ChildFailed, Job, base_env, collect, free_port, local_job
+from .report import (
+    OthersMeter,
+    emit,
+    exit_on_signals,
+    fmt_size,
+    machine_info,
+    markdown_table,
+    num,
+    print_before_start,
+    report_header,
+    size_arg,
+)
 
 PROG = "python -m byteps_like.bench gil"
 DEFAULT_SIZES = "4,64"
-RESULT_TAG = "BENCH_RESULT "
-MiB = 1 << 20
 COLUMNS = ("size", "pp alone GB/s", "pp busy-main GB/s", "pp ratio", "pp busy-proc GB/s",
            "proc ratio", "loop alone M/s", "loop w/ comm M/s", "loop ratio", "proc loop ratio")
 
@@ -66,24 +74,7 @@ loop iterations per second, mean over workers):
 def parse_mib(text: str) -> int:
     """'64' -> 64 MiB; a unit is allowed too ('256K', '1M', '4096B'). Bytes of one float32
     tensor of at least 2 elements (the last one carries the stop vote)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    units = {"": MiB, "m": MiB, "mib": MiB, "k": 1 << 10, "kib": 1 << 10, "g": 1 << 30,
-             "gib": 1 << 30, "b": 1}
-    if not m or m.group(2).lower() not in units:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}: MiB (e.g. 4, 64, 0.25) or with "
-                                         "a unit (256K, 1M)")
-    n = int(float(m.group(1)) * units[m.group(2).lower()])
-    if n < 8 or n % 4:
-        raise argparse.ArgumentTypeError(f"size {text!r}: at least 8 bytes and a multiple of 4 "
-                                         "(one float32 tensor)")
-    return n
-
-
-def fmt_size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return f"{n}B"
+    return size_arg(text, bare_unit="M", multiple=4, minimum=8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +169,8 @@ def _comm_phase(bps, x, out, name: str, nbytes: int, seconds: float, warm: float
     if busy == "process":
         spinner = subprocess.Popen(_spinner_argv(warm + seconds), stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, text=True)
-        if spinner.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+        assert spinner.stdout is not None
+        if spinner.stdout.readline().strip() != "ready":
             raise RuntimeError("the control spinner process did not start")
     comm.start()
     try:
@@ -253,9 +245,8 @@ def _worker(sizes: list[int], seconds: float, repeat: int, warm: float, control:
     from byteps_like.worker.runtime import default_runtime
     pushed = default_runtime().bytes_pushed   # 0 would mean nothing reached a server
     bps.shutdown()
-    print(RESULT_TAG + json.dumps({"rank": rank, "workers": nworkers,
-                                   "switch_interval_s": switch, "bytes_pushed": pushed,
-                                   "results": results}), flush=True)
+    emit({"rank": rank, "workers": nworkers, "switch_interval_s": switch,
+          "bytes_pushed": pushed, "results": results})
     return 0
 
 
@@ -278,27 +269,16 @@ def _worker_main(argv: Sequence[str]) -> int:
 
 def run_job(sizes: list[int], workers: int, servers: int, seconds: float, repeat: int,
             warm: float, control: bool, partition_bytes: int, timeout: float) -> list[dict]:
-    from .pushpull import _base_env, _collect
-    port = free_port()
-    env = _base_env()
-    env.update({"DMLC_NUM_WORKER": str(workers), "DMLC_NUM_SERVER": str(servers),
-                "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
-                "BYTEPS_PARTITION_BYTES": str(partition_bytes)})
+    env = base_env()
+    env["BYTEPS_PARTITION_BYTES"] = str(partition_bytes)
     wargv = [sys.executable, "-m", "byteps_like.bench.gil", "--_worker",
              "--sizes", ",".join(map(str, sizes)), "--seconds", repr(seconds),
              "--repeat", str(repeat), "--warmup-seconds", repr(warm),
              "--control", str(int(control)), "--timeout", repr(timeout)]
-    with ProcGroup("gil") as g:
-        g.spawn("scheduler", role_argv("scheduler"), {**env, "DMLC_ROLE": "scheduler"},
-                role="service")
-        for i in range(servers):
-            g.spawn(f"server-{i}", role_argv("server"), {**env, "DMLC_ROLE": "server"},
-                    role="service")
-        ws = [g.spawn(f"worker-{i}", wargv, {**env, "DMLC_ROLE": "worker",
-                                            "DMLC_WORKER_ID": str(i)})
-              for i in range(workers)]
+    with Job("gil") as g:
+        ws = g.start(local_job(wargv, free_port(), workers=workers, servers=servers), env)
         g.wait(timeout, relay=ws[0], relay_prefix="[gil] ")
-        return _collect(ws, "gil")
+        return collect(ws, "gil")
 
 
 def summarize(per_worker: list[dict], sizes: list[int], control: bool) -> list[dict]:
@@ -312,7 +292,7 @@ def summarize(per_worker: list[dict], sizes: list[int], control: bool) -> list[d
         def pp(key: str) -> list[float]:
             return [min(w[key][i]["gbps"] for w in reps) for i in range(nrep)]
 
-        def loop(values) -> list[float]:
+        def loop(values: Iterable[Iterable[float]]) -> list[float]:
             return [statistics.fmean(v) for v in zip(*values)]
 
         row = {"nbytes": nbytes, "repeat": nrep,
@@ -328,7 +308,7 @@ def summarize(per_worker: list[dict], sizes: list[int], control: bool) -> list[d
                           for k in ("comm_alone", "busy_main", "busy_process")
                           if k != "busy_process" or control}}
         med = {k: statistics.median(v) for k, v in row.items()
-               if k.endswith(("_gbps", "_per_s")) and v is not None}
+               if k.endswith(("_gbps", "_per_s")) and isinstance(v, list)}
         row["median"] = med
         row["pp_ratio"] = med["pp_busy_main_gbps"] / med["pp_alone_gbps"]
         row["proc_ratio"] = (med["pp_busy_process_gbps"] / med["pp_alone_gbps"]
@@ -341,9 +321,7 @@ def summarize(per_worker: list[dict], sizes: list[int], control: bool) -> list[d
 
 
 def format_table(rows: list[dict]) -> str:
-    def num(x, spec):
-        return "n/a" if x is None else format(x, spec)
-    cells = [COLUMNS]
+    cells = []
     for r in rows:
         m = r["median"]
         cells.append((fmt_size(r["nbytes"]), f"{m['pp_alone_gbps']:.3f}",
@@ -352,11 +330,7 @@ def format_table(rows: list[dict]) -> str:
                       f"{m['loop_alone_per_s'] / 1e6:.2f}",
                       f"{m['loop_with_comm_per_s'] / 1e6:.2f}", f"{r['loop_ratio']:.2f}",
                       num(r["proc_loop_ratio"], ".2f")))
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    lines = ["| " + " | ".join(c[i].rjust(widths[i]) for i in range(len(COLUMNS))) + " |"
-             for c in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    return "\n".join(lines)
+    return markdown_table(COLUMNS, cells)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -406,15 +380,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--repeat must be >= 1, --seconds > 0 and --warmup-seconds >= 0")
     control = not a.skip_control
 
-    from .pushpull import (
-        _busy_now,
-        _cpu_busy_s,
-        _exit_on_signals,
-        _loadavg,
-        _own_cpu_s,
-        machine_info,
-        report_header,
-    )
     info = machine_info()
     command = report_header("gil", argv, info, torch=False)
     print(f"job: {a.workers} worker(s), {a.servers} server(s), partition {a.partition_bytes} B, "
@@ -422,32 +387,23 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{a.warmup_seconds:g} s of push_pull, {a.repeat} repetition(s) per size; phases: "
           f"loop alone, push_pull alone, both" + (", push_pull + spinning process" if control
                                                   else ""))
-    busy = _busy_now()
-    print("before start: load average " + _loadavg() + (
-        "" if busy is None else f", CPUs {busy:.0%} busy over 0.5 s"
-        + (" (WARNING: something else is running; the numbers will be noisy)"
-           if busy > 0.15 else "")))
-    sys.stdout.flush()
-    _exit_on_signals()
+    _load, busy = print_before_start()
+    exit_on_signals()
 
-    t0 = time.monotonic()
-    busy0, own0 = _cpu_busy_s(), _own_cpu_s()
     print("[gil] starting the job", file=sys.stderr, flush=True)
     try:
-        per_worker = run_job(sizes, a.workers, a.servers, a.seconds, a.repeat,
-                             a.warmup_seconds, control, a.partition_bytes, a.timeout)
+        with OthersMeter() as meter:
+            per_worker = run_job(sizes, a.workers, a.servers, a.seconds, a.repeat,
+                                 a.warmup_seconds, control, a.partition_bytes, a.timeout)
     except ChildFailed as exc:
         print(f"[gil] failed:\n{exc}", file=sys.stderr, flush=True)
         return 1
-    wall = time.monotonic() - t0
-    busy1, own1 = _cpu_busy_s(), _own_cpu_s()
-    others = None
-    if busy0 is not None and busy1 is not None:
-        others = max(0.0, (busy1 - busy0) - (own1 - own0)) / wall / (os.cpu_count() or 1)
+    wall, others = meter.wall, meter.others
     print(f"[gil] done in {wall:.1f} s", file=sys.stderr, flush=True)
 
     rows = summarize(per_worker, sizes, control)
-    switch = sorted({w.get("switch_interval_s") for w in per_worker} - {None})
+    switch = sorted({float(w["switch_interval_s"]) for w in per_worker
+                     if w.get("switch_interval_s") is not None})
     print("workers' thread switch interval (sys.getswitchinterval() after bps.init(), "
           "BYTEPS_GIL_SWITCH_INTERVAL): "
           + (", ".join(f"{x * 1e3:g} ms" for x in switch) or "not reported"))

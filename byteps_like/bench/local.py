@@ -22,33 +22,39 @@ M servers; without one it says why it was skipped.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
-import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from ._procs import ChildFailed, ProcGroup, free_port, role_argv
-from .pushpull import (
+from .harness import (
     Case,
-    _base_env,
-    _busy_now,
-    _collect,
-    _cpu_busy_s,
-    _decode_cases,
-    _emit,
-    _encode_cases,
-    _exit_on_signals,
-    _loadavg,
-    _own_cpu_s,
-    _progress,
+    ChildFailed,
+    Job,
+    base_env,
+    collect,
+    decode_cases,
+    encode_cases,
+    free_port,
+    local_job,
+    summarize,
+)
+from .report import (
+    OthersMeter,
+    emit,
+    exit_on_signals,
     fmt_size,
     machine_info,
-    parse_size,
+    markdown_table,
+    noisy_note,
+    num,
+    print_before_start,
+    progress,
     report_header,
-    summarize,
+    size_list,
 )
 
 PROG = "python -m byteps_like.bench local"
@@ -132,16 +138,17 @@ def _local_worker(cases: list[Case]) -> int:
                     f"{expect[bad]}")
         out_times[str(case.nbytes)] = times
         if rank == 0:
-            _progress(f"L={n} {fmt_size(case.nbytes)}: median "
+            progress(f"L={n} {fmt_size(case.nbytes)}: median "
                       f"{statistics.median(times) * 1e3:.1f} ms on rank 0 "
                       f"({case.repeats} repeats)")
         del arr, out, pat, expect
     bps.shutdown()
-    _emit({"rank": rank, "times": out_times})
+    emit({"rank": rank, "times": out_times})
     return 0
 
 
-def _median_time(fn, repeats: int, sync=None) -> float:
+def _median_time(fn: Callable[[], object], repeats: int,
+                 sync: Callable[[], object] | None = None) -> float:
     ts = []
     for _ in range(repeats):
         if sync:
@@ -175,12 +182,14 @@ def _gpu_worker(cases: list[Case]) -> int:
                 host.copy_(dev)
                 dev.copy_(host)
             sync()
-            res[f"d2h_{kind}_s"] = _median_time(lambda: host.copy_(dev), reps, sync)
-            res[f"h2d_{kind}_s"] = _median_time(lambda: dev.copy_(host), reps, sync)
+            # partial binds the tensors now: a lambda would look them up when called, after
+            # the `del` below had unbound them (only the call order made it work)
+            res[f"d2h_{kind}_s"] = _median_time(functools.partial(host.copy_, dev), reps, sync)
+            res[f"h2d_{kind}_s"] = _median_time(functools.partial(dev.copy_, host), reps, sync)
             del host
         copies[str(case.nbytes)] = res
         del dev
-        _progress(f"GPU copies {fmt_size(case.nbytes)}: D2H pinned "
+        progress(f"GPU copies {fmt_size(case.nbytes)}: D2H pinned "
                   f"{case.nbytes / res['d2h_pinned_s'] / 1e9:.1f} GB/s, pageable "
                   f"{case.nbytes / res['d2h_pageable_s'] / 1e9:.1f} GB/s")
     bpt.init()
@@ -222,12 +231,12 @@ def _gpu_worker(cases: list[Case]) -> int:
                                      f"(device {out.device})")
         times[str(case.nbytes)] = ts
         cpu_times[str(case.nbytes)] = cts
-        _progress(f"CUDA push_pull {fmt_size(case.nbytes)}: median "
+        progress(f"CUDA push_pull {fmt_size(case.nbytes)}: median "
                   f"{statistics.median(ts) * 1e3:.1f} ms, numpy push_pull "
                   f"{statistics.median(cts) * 1e3:.1f} ms")
         del t, want, out, arr, host_out
     bpt.shutdown()
-    _emit({"rank": 0, "times": times, "cpu_times": cpu_times, "copies": copies,
+    emit({"rank": 0, "times": times, "cpu_times": cpu_times, "copies": copies,
            "device": torch.cuda.get_device_name(0)})
     return 0
 
@@ -237,7 +246,7 @@ def _worker_main(argv: Sequence[str]) -> int:
     p.add_argument("kind", choices=("local", "gpu"))
     p.add_argument("--cases", default="")
     a = p.parse_args(argv)
-    cases = _decode_cases(a.cases)
+    cases = decode_cases(a.cases)
     return _local_worker(cases) if a.kind == "local" else _gpu_worker(cases)
 
 
@@ -254,24 +263,13 @@ def run_job(cases: list[Case], local_size: int, servers: int, timeout: float, *,
     """One machine of ``local_size`` worker processes (worker id 0) and ``servers`` servers;
     returns every rank's result and the scheduler's port (part of the shm segment names)."""
     port = free_port()
-    env = _base_env()
-    env.update({"DMLC_NUM_WORKER": "1", "DMLC_NUM_SERVER": str(servers),
-                "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
-                "BYTEPS_LOCAL_SIZE": str(local_size)})  # every role checks it (as bpslaunch)
-    env.pop("BYTEPS_LOCAL_RANK", None)
+    specs = local_job(_worker_argv(kind, "--cases", encode_cases(cases)), port, workers=1,
+                      servers=servers, local_size=local_size)
     label = f"L={local_size}" if kind == "local" else "gpu"
-    with ProcGroup(f"local-{label}") as g:
-        g.spawn("scheduler", role_argv("scheduler"),
-                {**env, "DMLC_ROLE": "scheduler"}, role="service")
-        for i in range(servers):
-            g.spawn(f"server-{i}", role_argv("server"),
-                    {**env, "DMLC_ROLE": "server"}, role="service")
-        ws = [g.spawn(f"worker-0.{r}", _worker_argv(kind, "--cases", _encode_cases(cases)),
-                      {**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": "0",
-                       "BYTEPS_LOCAL_RANK": str(r)})
-              for r in range(local_size)]
+    with Job(f"local-{label}") as g:
+        ws = g.start(specs, base_env())
         g.wait(timeout, relay=ws[0], relay_prefix="[local] ")
-        return _collect(ws, f"local {label}"), port
+        return collect(ws, f"local {label}"), port
 
 
 def host_baselines(sizes: list[int], repeats: int) -> dict[int, dict]:
@@ -282,8 +280,8 @@ def host_baselines(sizes: list[int], repeats: int) -> dict[int, dict]:
         a = np.ones(n // 4, dtype=np.float32)
         b = np.ones(n // 4, dtype=np.float32)
         np.copyto(a, b)  # fault both in before timing
-        copy_s = _median_time(lambda: np.copyto(a, b), repeats)
-        add_s = _median_time(lambda: np.add(a, b, out=a), repeats)
+        copy_s = _median_time(functools.partial(np.copyto, a, b), repeats)
+        add_s = _median_time(functools.partial(np.add, a, b, out=a), repeats)
         out[n] = {"memcpy_s": copy_s, "memcpy_gbps": n / copy_s / 1e9,
                   "add_s": add_s, "add_gbps": n / add_s / 1e9}
         del a, b
@@ -298,19 +296,6 @@ def _gpu_skip_reason() -> str | None:
         return (f"torch {torch.__version__} sees no CUDA device "
                 f"(built with CUDA {torch.version.cuda or 'none'})")
     return None
-
-
-def _num(x, spec: str) -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
-def format_table(columns: Sequence[str], cells: list[Sequence[str]]) -> str:
-    cells = [tuple(columns), *[tuple(c) for c in cells]]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
-    lines = ["| " + " | ".join(c[i].rjust(widths[i]) for i in range(len(columns))) + " |"
-             for c in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    return "\n".join(lines)
 
 
 def build_rows(cases: list[Case], local_sizes: list[int], measured: dict[int, list[dict]],
@@ -330,16 +315,16 @@ def build_rows(cases: list[Case], local_sizes: list[int], measured: dict[int, li
 
 
 def main_table(rows: list[dict]) -> str:
-    return format_table(COLUMNS, [
+    return markdown_table(COLUMNS, [
         (str(r["local_size"]), fmt_size(r["nbytes"]),
          f"{r['pushpull']['median_s'] * 1e3:.2f}", f"{r['pushpull']['gbps']:.3f}",
          f"{r['single']['median_s'] * 1e3:.2f}", f"{r['overhead_s'] * 1e3:.2f}",
-         _num(r["local_gbps"], ".3g"), f"{r['memcpy_gbps']:.2f}",
-         _num(r["ratio_to_memcpy"], ".3g")) for r in rows])
+         num(r["local_gbps"], ".3g"), f"{r['memcpy_gbps']:.2f}",
+         num(r["ratio_to_memcpy"], ".3g")) for r in rows])
 
 
 def host_table(host: dict[int, dict]) -> str:
-    return format_table(HOST_COLUMNS, [
+    return markdown_table(HOST_COLUMNS, [
         (fmt_size(n), f"{h['memcpy_s'] * 1e3:.3f}", f"{h['memcpy_gbps']:.2f}",
          f"{h['add_s'] * 1e3:.3f}", f"{h['add_gbps']:.2f}") for n, h in host.items()])
 
@@ -358,7 +343,7 @@ def gpu_rows(cases: list[Case], gpu: list[dict]) -> list[dict]:
 
 
 def gpu_table(rows: list[dict]) -> str:
-    return format_table(GPU_COLUMNS, [
+    return markdown_table(GPU_COLUMNS, [
         (fmt_size(r["nbytes"]), f"{r['d2h_pinned_gbps']:.2f}", f"{r['d2h_pageable_gbps']:.2f}",
          f"{r['h2d_pinned_gbps']:.2f}", f"{r['h2d_pageable_gbps']:.2f}",
          f"{r['cuda_pushpull']['median_s'] * 1e3:.2f}",
@@ -399,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help="also write every measurement here")
     a = p.parse_args(argv)
     try:
-        sizes = [parse_size(s) for s in a.sizes.split(",") if s.strip()]
+        sizes = size_list(a.sizes, multiple=4)
         local_sizes = _int_list(a.local_sizes, "--local-sizes")
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
@@ -420,13 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: L={','.join(map(str, over))} plus {a.servers} server(s) and the scheduler "
               f"oversubscribe the {info['nproc']} CPUs")
     gpu_skip = "--skip-gpu given" if a.skip_gpu else _gpu_skip_reason()
-    busy = _busy_now()
-    print(f"before start: load average {_loadavg()}" + (
-        "" if busy is None else f", CPUs {busy:.0%} busy over 0.5 s"
-        + (" (WARNING: something else is running; the numbers will be noisy)"
-           if busy > 0.15 else "")))
-    sys.stdout.flush()
-    _exit_on_signals()
+    _load, busy = print_before_start()
+    exit_on_signals()
 
     print("[local] host memcpy and numpy add", file=sys.stderr, flush=True)
     host = host_baselines([c.nbytes for c in cases], max(10, a.repeats))
@@ -438,21 +418,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         phases.append(("gpu", 1, "gpu"))
     others: dict[str, float] = {}
     for label, L, kind in phases:
-        t0 = time.monotonic()
-        busy0, own0 = _cpu_busy_s(), _own_cpu_s()
         print(f"[local] {label}: starting", file=sys.stderr, flush=True)
         try:
-            res, ports[label] = run_job(cases, L, a.servers, a.timeout, kind=kind)
+            with OthersMeter() as meter:
+                res, ports[label] = run_job(cases, L, a.servers, a.timeout, kind=kind)
         except ChildFailed as exc:
             print(f"[local] {label} failed:\n{exc}", file=sys.stderr, flush=True)
             return 1
-        wall = time.monotonic() - t0
-        busy1, own1 = _cpu_busy_s(), _own_cpu_s()
-        if busy0 is not None and busy1 is not None:
-            # machine-wide busy CPU time minus this benchmark's: what others took meanwhile
-            others[label] = max(0.0, (busy1 - busy0) - (own1 - own0)) / wall / (
-                os.cpu_count() or 1)
-        print(f"[local] {label}: done in {wall:.1f} s", file=sys.stderr, flush=True)
+        if meter.others is not None:
+            others[label] = meter.others
+        print(f"[local] {label}: done in {meter.wall:.1f} s", file=sys.stderr, flush=True)
         if kind == "gpu":
             gpu = res
         else:
@@ -464,16 +439,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(main_table(rows))
     else:
         print("(no L > 1 given: only the single-process baseline ran)")
-        print(format_table(("size", "single-process ms"), [
+        print(markdown_table(("size", "single-process ms"), [
             (fmt_size(c.nbytes), f"{summarize(measured[1], c)['median_s'] * 1e3:.2f}")
             for c in cases]))
     print()
     print(EXPLAIN)
-    if others:
-        noisy = any(v > 0.1 for v in others.values())
-        print("\nCPU taken by other processes (or the hypervisor) during each job: "
-              + ", ".join(f"{k} {v:.0%}" for k, v in others.items())
-              + (" (WARNING: noisy; run again on an idle machine)" if noisy else ""))
+    note = noisy_note(dict(others), "job")
+    if note:
+        print("\n" + note)
     print()
     print("host memory, one process (numpy add: np.add(a, b, out=a); GB/s = S / time):")
     print(host_table(host))

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 PREFIX = "bpsl-"
 SUBNET = "10.231.0"            # private /24 that exists only inside the namespaces
@@ -39,9 +39,10 @@ class NetnsError(RuntimeError):
     """The emulated cluster cannot be built here (not root, no iproute2, no namespaces...)."""
 
 
-def _run(argv: Sequence[str], check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
-    p = subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, timeout=timeout)
+def _run(argv: Sequence[str], check: bool = True,
+         timeout: float = 30.0) -> subprocess.CompletedProcess:
+    p = subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=timeout)
     if check and p.returncode != 0:
         raise NetnsError(f"`{' '.join(argv)}` failed ({p.returncode}): "
                          f"{(p.stderr or p.stdout).strip()}")
@@ -172,7 +173,7 @@ class NetnsCluster:
             raise ValueError("at most 250 hosts")
         self.switch = f"{self.prefix}sw"
         self._made: list[str] = []
-        self._old_handlers: dict[int, object] = {}
+        self._old_handlers: dict[int, Any] = {}
         self._closed = False
         self._made_etc = False
 

@@ -22,7 +22,8 @@ import statistics
 import sys
 import time
 
-from ._cluster_worker import VGG16_LAYERS, _emit, model_tensors
+from ._cluster_worker import VGG16_LAYERS, model_tensors
+from .report import emit
 
 
 def compute_delays(total_compute_s: float) -> tuple[list[float], list[float]]:
@@ -80,5 +81,5 @@ def step_worker(params: dict) -> int:
         print(f"progress: {'priority' if prio else 'FIFO'}: median iteration "
               f"{statistics.median(iter_times) * 1e3:.0f} ms", file=sys.stderr, flush=True)
     bps.shutdown()
-    _emit({"rank": rank, "iter_times": iter_times, "forward_wait_s": waited[warmup + 1:]})
+    emit({"rank": rank, "iter_times": iter_times, "forward_wait_s": waited[warmup + 1:]})
     return 0

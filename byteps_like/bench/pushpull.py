@@ -23,81 +23,49 @@ and the table shows the median over repetitions. Algorithm bandwidth = tensor by
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
+import functools
 import importlib.util
 import json
 import os
-import platform
-import re
 import resource
-import shlex
 import statistics
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
-from ._procs import ChildFailed, ProcGroup, free_port, free_ports, role_argv
+from .harness import (
+    Case,
+    ChildFailed,
+    Job,
+    base_env,
+    collect,
+    decode_cases,
+    encode_cases,
+    free_port,
+    free_ports,
+    local_job,
+    summarize,
+)
+from .report import (
+    OthersMeter,
+    emit,
+    exit_on_signals,
+    fmt_size,
+    machine_info,
+    markdown_table,
+    noisy_note,
+    num,
+    print_before_start,
+    progress,
+    report_header,
+    size_arg,
+    size_list,
+)
 
 PROG = "python -m byteps_like.bench pushpull"
 DEFAULT_SIZES = "1M,4M,16M,64M,256M"
 DEFAULT_QUEUE_DEPTH = 64  # BYTEPS_PIPELINE_QUEUE_DEPTH's default
 LARGE_BYTES = 128 << 20   # sizes from here on run at most --large-repeats repetitions
-RESULT_TAG = "BENCH_RESULT "
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
-          "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9}
-
-
-def parse_size(text: str) -> int:
-    """'64M' and '64MiB' -> 67108864 (K/M/G are binary; KB/MB/GB decimal); bytes of float32."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 64K, 4M, 1G or bytes")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n <= 0 or n % 4:
-        raise argparse.ArgumentTypeError(f"size {text!r} must be a positive multiple of 4 bytes "
-                                         "(one float32 tensor)")
-    return n
-
-
-def fmt_size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return f"{n}B"
-
-
-@dataclass(frozen=True)
-class Case:
-    """One tensor size and how often it is run."""
-    nbytes: int
-    repeats: int
-    warmup: int
-
-    def encode(self) -> str:
-        return f"{self.nbytes}:{self.repeats}:{self.warmup}"
-
-    @classmethod
-    def decode(cls, text: str) -> Case:
-        a, b, c = (int(x) for x in text.split(":"))
-        return cls(a, b, c)
-
-
-def _encode_cases(cases: Sequence[Case]) -> str:
-    return ",".join(c.encode() for c in cases)
-
-
-def _decode_cases(text: str) -> list[Case]:
-    return [Case.decode(t) for t in text.split(",") if t]
-
-
-def _progress(text: str) -> None:
-    print(f"progress: {text}", file=sys.stderr, flush=True)
-
-
-def _emit(results: dict) -> None:
-    print(RESULT_TAG + json.dumps(results), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,12 +100,12 @@ def _bps_worker(cases: list[Case]) -> int:
                                  f"out[{bad}] = {out[bad]}, expected {expect}")
         out_times[str(case.nbytes)] = times
         if rank == 0:
-            _progress(f"{fmt_size(case.nbytes)}: median {statistics.median(times) * 1e3:.1f} ms "
+            progress(f"{fmt_size(case.nbytes)}: median {statistics.median(times) * 1e3:.1f} ms "
                       f"on worker 0 ({case.repeats} repeats)" if times else
                       f"{fmt_size(case.nbytes)}: done")
         del arr, out
     bps.shutdown()
-    _emit({"rank": rank, "times": out_times})
+    emit({"rank": rank, "times": out_times})
     return 0
 
 
@@ -173,7 +141,7 @@ class _ZmqBarrier:
         if self.size == 1:
             return
         if self.rank == 0:
-            idents = []
+            idents: list[bytes] = []
             while len(idents) < self.size - 1:
                 if not self.sock.poll(timeout_ms):
                     raise TimeoutError("raw barrier: a client did not arrive")
@@ -241,7 +209,7 @@ def _raw_client(cases: list[Case], rank: int, nworkers: int, server_ports: list[
         for case, parts in zip(cases, plans):
             arr = np.full(case.nbytes // 4, rank + 1, dtype=np.float32)
             out = np.empty_like(arr)
-            src = memoryview(arr.view(np.uint8))
+            src = memoryview(arr.view(np.uint8).data)
             dst = out.view(np.uint8)
             for _ in range(case.warmup):
                 barrier.wait()
@@ -257,7 +225,7 @@ def _raw_client(cases: list[Case], rank: int, nworkers: int, server_ports: list[
                 raise AssertionError(f"raw client {rank}: echoed data differs ({case.nbytes} B)")
             out_times[str(case.nbytes)] = times
             if rank == 0 and times:
-                _progress(f"{fmt_size(case.nbytes)}: median "
+                progress(f"{fmt_size(case.nbytes)}: median "
                           f"{statistics.median(times) * 1e3:.1f} ms on client 0")
             del src, arr, out, dst
         barrier.wait()
@@ -268,7 +236,7 @@ def _raw_client(cases: list[Case], rank: int, nworkers: int, server_ports: list[
         for s in socks:
             s.close()
         ctx.term()
-    _emit({"rank": rank, "times": out_times})
+    emit({"rank": rank, "times": out_times})
     return 0
 
 
@@ -319,12 +287,12 @@ def _gloo_worker(cases: list[Case], rank: int, world: int, port: int) -> int:
                 raise AssertionError(f"gloo rank {rank}: wrong all_reduce result")
             out_times[str(case.nbytes)] = times
             if rank == 0 and times:
-                _progress(f"{fmt_size(case.nbytes)}: median "
+                progress(f"{fmt_size(case.nbytes)}: median "
                           f"{statistics.median(times) * 1e3:.1f} ms on rank 0")
             del t
     finally:
         dist.destroy_process_group()
-    _emit({"rank": rank, "times": out_times})
+    emit({"rank": rank, "times": out_times})
     return 0
 
 
@@ -339,7 +307,7 @@ def _worker_main(argv: Sequence[str]) -> int:
     p.add_argument("--partition-bytes", type=int, default=4096000)
     p.add_argument("--window", type=int, default=0)
     a = p.parse_args(argv)
-    cases = _decode_cases(a.cases)
+    cases = decode_cases(a.cases)
     if a.kind == "bps":
         return _bps_worker(cases)
     if a.kind == "raw-client":
@@ -358,33 +326,11 @@ def _worker_argv(kind: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "byteps_like.bench.pushpull", "--_worker", kind, *extra]
 
 
-def _base_env() -> dict[str, str]:
-    """The parent's environment without any job description of its own (DMLC_*); BYTEPS_*
-    tuning the user set is kept, so it can be benchmarked. These benchmarks measure the path
-    through the servers, so a job of one worker machine keeps it (BYTEPS_FORCE_DISTRIBUTED=1;
-    without it such a job would never leave the machine)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env["BYTEPS_FORCE_DISTRIBUTED"] = "1"
-    return env
-
-
-def _collect(children, kind: str) -> list[dict]:
-    results = []
-    for c in children:
-        lines = [ln for ln in c.stdout().splitlines() if ln.startswith(RESULT_TAG)]
-        if not lines:
-            raise ChildFailed(f"{kind}: {c.name} exited 0 but printed no result\n"
-                              f"--- stderr tail ---\n{c.stderr_tail()}")
-        results.append(json.loads(lines[-1][len(RESULT_TAG):]))
-    return results
-
-
 def _transport_env(transport: str) -> dict[str, str]:
     """BYTEPS_TRANSPORT, and for UCX loopback TCP unless the user chose UCX_TLS/NET_DEVICES."""
     env = {"BYTEPS_TRANSPORT": transport}
     if transport == "ucx":
-        base = _base_env()
+        base = base_env()
         env["UCX_TLS"] = base.get("UCX_TLS", "tcp")
         env["UCX_NET_DEVICES"] = base.get("UCX_NET_DEVICES", "lo")
         env["UCX_WARN_UNUSED_ENV_VARS"] = "n"
@@ -404,7 +350,7 @@ def ucx_perftest_env() -> dict[str, str]:
     ``libucx/lib`` first on LD_LIBRARY_PATH. The binary's RPATH only names
     ``libucx_cu12.libs`` (its libgomp); libucp/libuct/libucs, which Python finds through
     ``libucx.load_library()``, a bare ``ucx_perftest`` cannot find without it."""
-    env = {**_base_env(), **_transport_env("ucx")}
+    env = {**base_env(), **_transport_env("ucx")}
     exe = ucx_perftest_path()
     if exe is not None:
         lib = os.path.join(os.path.dirname(os.path.dirname(exe)), "lib")
@@ -456,24 +402,24 @@ def _perftest_once(exe: str, env: dict[str, str], nbytes: int, iters: int, warmu
     The server gets a port free a moment ago; the client starts only once the server is seen
     listening on it (a server that exits first, e.g. because the port was taken meanwhile, gets
     a new port, 3 attempts). Both run in their own sessions with stdin from /dev/null and
-    stdout/stderr to files (no pipe to fill, no buffered output to wait for); the run has a hard
-    time limit, and leaving the ProcGroup kills both process groups whatever happened."""
+    their output read as it comes (no pipe to fill); the run has a hard time limit, and
+    leaving the Job kills both process groups whatever happened."""
     limit = PERFTEST_RUN_SLACK + nbytes * (iters + warmup) / (PERFTEST_MIN_MBPS * 1e6)
     for attempt in range(3):
-        with ProcGroup(f"ucx_perftest-{fmt_size(nbytes)}") as pg:
+        with Job(f"ucx_perftest-{fmt_size(nbytes)}") as pg:
             port = free_port()
-            srv = pg.spawn("server", [exe, "-p", str(port)], env, role="service")
+            srv = pg.spawn("server", [exe, "-p", str(port)], env, service=True)
             listen_by = min(deadline, time.monotonic() + PERFTEST_LISTEN_TIMEOUT)
-            while not _listening(srv.proc.pid, port):
-                if srv.proc.poll() is not None:
+            while not _listening(srv.pid, port):
+                if srv.poll() is not None:
                     break
                 if time.monotonic() > listen_by:
                     raise ChildFailed(f"the ucx_perftest server did not listen on port {port} "
                                       f"within {PERFTEST_LISTEN_TIMEOUT:g} s; its stderr: "
                                       f"{srv.stderr_tail(600).strip() or '(empty)'}")
                 time.sleep(0.02)
-            if srv.proc.poll() is not None:
-                why = (f"the ucx_perftest server exited with status {srv.proc.returncode} "
+            if srv.poll() is not None:
+                why = (f"the ucx_perftest server exited with status {srv.returncode} "
                        f"before listening on port {port}: "
                        f"{srv.stderr_tail(600).strip() or '(no output)'}")
                 if attempt < 2 and "error while loading shared libraries" not in why:
@@ -527,10 +473,7 @@ def run_ucx_perftest(cases: list[Case], timeout: float, runs: int = 3
 
 def format_transports(rows: list[dict], ceiling: dict[int, float] | None) -> str:
     cols = ("size", "zmq GB/s", "ucx GB/s", "ucx/zmq", "ucx_perftest GB/s", "ucx/perftest")
-
-    def num(x, spec):
-        return "n/a" if x is None else format(x, spec)
-    cells = [cols]
+    cells = []
     for r in rows:
         z = r["transports"].get("zmq")
         u = r["transports"].get("ucx")
@@ -539,176 +482,70 @@ def format_transports(rows: list[dict], ceiling: dict[int, float] | None) -> str
                       num(u and u["gbps"], ".3f"),
                       num(u["gbps"] / z["gbps"] if u and z else None, ".2f"), num(c, ".3f"),
                       num(u["gbps"] / c if u and c else None, ".2f")))
-    widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
-    lines = ["| " + " | ".join(c[i].rjust(widths[i]) for i in range(len(cols))) + " |"
-             for c in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    return "\n".join(lines)
+    return markdown_table(cols, cells)
 
 
 def run_bps(cases: list[Case], workers: int, servers: int, partition_bytes: int,
             timeout: float, queue_depth: int | None = None, transport: str | None = None
             ) -> list[dict]:
-    port = free_port()
-    env = _base_env()
+    env = base_env()
     if transport is not None:
         env.update(_transport_env(transport))
-    env.update({"DMLC_NUM_WORKER": str(workers), "DMLC_NUM_SERVER": str(servers),
-                "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
-                "BYTEPS_PARTITION_BYTES": str(partition_bytes)})
+    env["BYTEPS_PARTITION_BYTES"] = str(partition_bytes)
     if queue_depth is not None:
         env["BYTEPS_PIPELINE_QUEUE_DEPTH"] = str(queue_depth)
-    with ProcGroup("byteps_like") as g:
-        g.spawn("scheduler", role_argv("scheduler"),
-                {**env, "DMLC_ROLE": "scheduler"}, role="service")
-        for i in range(servers):
-            g.spawn(f"server-{i}", role_argv("server"),
-                    {**env, "DMLC_ROLE": "server"}, role="service")
-        ws = [g.spawn(f"worker-{i}", _worker_argv("bps", "--cases", _encode_cases(cases)),
-                      {**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(i)})
-              for i in range(workers)]
+    specs = local_job(_worker_argv("bps", "--cases", encode_cases(cases)), free_port(),
+                      workers=workers, servers=servers)
+    with Job("byteps_like") as g:
+        ws = g.start(specs, env)
         g.wait(timeout, relay=ws[0], relay_prefix="[pushpull] byteps_like ")
-        return _collect(ws, "byteps_like")
+        return collect(ws, "byteps_like")
 
 
 def run_raw(cases: list[Case], workers: int, servers: int, partition_bytes: int,
             timeout: float, window: int = 0) -> list[dict]:
     ports = free_ports(servers + 1)
     sports, bport = ports[:servers], ports[servers]
-    env = _base_env()
-    with ProcGroup("raw-zmq") as g:
+    env = base_env()
+    with Job("raw-zmq") as g:
         for i, p in enumerate(sports):
             g.spawn(f"echo-server-{i}", _worker_argv("raw-server", "--port", str(p),
                                                      "--world", str(workers)), env,
-                    role="service")
+                    service=True)
         cs = [g.spawn(f"client-{r}", _worker_argv(
-                  "raw-client", "--cases", _encode_cases(cases), "--rank", str(r),
+                  "raw-client", "--cases", encode_cases(cases), "--rank", str(r),
                   "--world", str(workers), "--port", str(bport),
                   "--server-ports", ",".join(map(str, sports)),
                   "--partition-bytes", str(partition_bytes), "--window", str(window)), env)
               for r in range(workers)]
         g.wait(timeout, relay=cs[0], relay_prefix="[pushpull] raw zmq ")
-        return _collect(cs, "raw zmq")
+        return collect(cs, "raw zmq")
 
 
 def run_gloo(cases: list[Case], workers: int, timeout: float) -> list[dict]:
     port = free_port()
-    env = _base_env()
-    with ProcGroup("gloo") as g:
-        ws = [g.spawn(f"gloo-{r}", _worker_argv("gloo", "--cases", _encode_cases(cases),
+    env = base_env()
+    with Job("gloo") as g:
+        ws = [g.spawn(f"gloo-{r}", _worker_argv("gloo", "--cases", encode_cases(cases),
                                                  "--rank", str(r), "--world", str(workers),
                                                  "--port", str(port)), env)
               for r in range(workers)]
         g.wait(timeout, relay=ws[0], relay_prefix="[pushpull] gloo ")
-        return _collect(ws, "gloo")
-
-
-def summarize(per_worker: list[dict], case: Case) -> dict:
-    """Max over workers per repetition, then the median over repetitions."""
-    series = [w["times"][str(case.nbytes)] for w in per_worker]
-    slowest = [max(rep) for rep in zip(*series)]
-    med = statistics.median(slowest)
-    return {"median_s": med, "gbps": case.nbytes / med / 1e9, "slowest_per_repeat_s": slowest,
-            "per_worker_s": series}
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def report_header(bench: str, argv: Sequence[str], info: dict, *, torch: bool = True) -> str:
-    """Print the first lines of a benchmark's report (the command, the machine, the versions);
-    returns the command, which the JSON output records too."""
-    command = shlex.join(["python", "-m", "byteps_like.bench", bench, *argv])
-    print(f"command: {command}")
-    print(f"machine: nproc={info['nproc']} ({info['processor']}, {info['machine']}), "
-          f"{info['platform']}")
-    print(f"versions: python {info['python']}, numpy {info['numpy']}, pyzmq {info['pyzmq']} "
-          f"(libzmq {info['libzmq']}), " + (f"torch {info['torch']}, " if torch else "") +
-          f"byteps_like {info['byteps_like']}")
-    return command
-
-
-def machine_info() -> dict:
-    import zmq
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 0
-    return {"nproc": usable, "cpu_count": os.cpu_count(), "machine": platform.machine(),
-            "processor": _cpu_model(), "platform": platform.platform(),
-            "python": platform.python_version(), "numpy": _version("numpy"),
-            "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(), "torch": _version("torch"),
-            "byteps_like": _version("byteps_like")}
-
-
-def _cpu_busy_s() -> float | None:
-    """Busy CPU-seconds of the whole machine since boot (all CPUs), from /proc/stat."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)   # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_s() -> float:
-    """CPU-seconds used by this process and its reaped children."""
-    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def _busy_now(seconds: float = 0.5) -> float | None:
-    """Fraction of the machine's CPUs busy (with anything) over the next ``seconds``."""
-    b0 = _cpu_busy_s()
-    time.sleep(seconds)
-    b1 = _cpu_busy_s()
-    if b0 is None or b1 is None:
-        return None
-    return (b1 - b0) / seconds / (os.cpu_count() or 1)
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return ""
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+        return collect(ws, "gloo")
 
 
 COLUMNS = ("size", "bps time ms", "bps GB/s", "raw zmq GB/s", "bps/raw", "gloo GB/s", "bps/gloo")
 
 
 def format_table(rows: list[dict]) -> str:
-    def num(x, spec):
-        return "n/a" if x is None else format(x, spec)
-    cells = [COLUMNS]
-    for r in rows:
-        cells.append((fmt_size(r["nbytes"]), num(r["bps"]["median_s"] * 1e3, ".2f"),
-                      num(r["bps"]["gbps"], ".3f"),
-                      num(r["raw"]["gbps"] if r["raw"] else None, ".3f"),
-                      num(r["bps"]["gbps"] / r["raw"]["gbps"] if r["raw"] else None, ".2f"),
-                      num(r["gloo"]["gbps"] if r["gloo"] else None, ".3f"),
-                      num(r["bps"]["gbps"] / r["gloo"]["gbps"] if r["gloo"] else None, ".2f")))
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    lines = ["| " + " | ".join(c[i].rjust(widths[i]) for i in range(len(COLUMNS))) + " |"
-             for c in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    return "\n".join(lines)
+    return markdown_table(COLUMNS, [
+        (fmt_size(r["nbytes"]), num(r["bps"]["median_s"] * 1e3, ".2f"),
+         num(r["bps"]["gbps"], ".3f"),
+         num(r["raw"]["gbps"] if r["raw"] else None, ".3f"),
+         num(r["bps"]["gbps"] / r["raw"]["gbps"] if r["raw"] else None, ".2f"),
+         num(r["gloo"]["gbps"] if r["gloo"] else None, ".3f"),
+         num(r["bps"]["gbps"] / r["gloo"]["gbps"] if r["gloo"] else None, ".2f"))
+        for r in rows])
 
 
 def _configured_queue_depth() -> int:
@@ -720,20 +557,14 @@ def _configured_queue_depth() -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the workers report bad settings themselves
-            return load(env=_base_env()).scheduling.queue_depth
+            return load(env=base_env()).scheduling.queue_depth
     except ConfigError:
         return DEFAULT_QUEUE_DEPTH
 
 
-def _exit_on_signals() -> None:
-    """SIGTERM and SIGHUP end the driver through SystemExit, so every ProcGroup's cleanup runs
-    (the children live in their own sessions and would otherwise outlive it)."""
-    import signal
-
-    def stop(signum, _frame):
-        raise SystemExit(128 + signum)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, stop)
+def tensor_size(text: str) -> int:
+    """A size option of one float32 tensor: a positive multiple of 4 bytes."""
+    return size_arg(text, multiple=4)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -745,13 +576,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="worker processes (N)")
     p.add_argument("--servers", type=int, default=2, help="server processes (M)")
     p.add_argument("--sizes", default=DEFAULT_SIZES,
-                   help="comma-separated bytes of one float32 tensor (K/M/G are binary)")
+                   help="comma-separated bytes of one float32 tensor (K/M/G are binary, "
+                        "KB/MB/GB decimal)")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per size")
     p.add_argument("--warmup", type=int, default=2, help="untimed repetitions per size")
     p.add_argument("--large-repeats", type=int, default=0,
                    help=f"at most this many repetitions (and 1 warm-up) for sizes of "
                         f"{fmt_size(LARGE_BYTES)} and more; 0 = no cap")
-    p.add_argument("--partition-bytes", type=parse_size, default=4096000,
+    p.add_argument("--partition-bytes", type=tensor_size, default=4096000,
                    help="BYTEPS_PARTITION_BYTES of the job, and the raw zmq chunk size")
     p.add_argument("--raw-window", type=int, default=0,
                    help="partitions each raw zmq client keeps in flight; 0 = the whole tensor "
@@ -770,7 +602,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "(UCX_TLS=tcp UCX_NET_DEVICES=lo unless set)")
     a = p.parse_args(argv)
     try:
-        sizes = [parse_size(s) for s in a.sizes.split(",") if s.strip()]
+        sizes = size_list(a.sizes, multiple=4)
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
     if not sizes:
@@ -803,28 +635,21 @@ def main(argv: Sequence[str] | None = None) -> int:
           + (f" (capped by --large-repeats for {', '.join(capped)})" if capped else ""))
     if not a.skip_gloo and not gloo:
         print("gloo: torch is not importable here; skipped")
-    load_before = _loadavg()
-    busy = _busy_now()
-    print(f"before start: load average {load_before}" + (
-        "" if busy is None else f", CPUs {busy:.0%} busy over 0.5 s"
-        + (" (WARNING: something else is running; the numbers will be noisy)"
-           if busy > 0.15 else "")))
-    sys.stdout.flush()
+    load_before, busy = print_before_start()
 
     transports = [t.strip() for t in a.transport.split(",") if t.strip()]
     if not transports or set(transports) - {"zmq", "ucx"}:
         p.error("--transport takes zmq, ucx or zmq,ucx")
-    phases = []
+    phases: list[tuple[str, Callable[[], list[dict]]]] = []
     for t in transports:   # the first one is the "bps" column of the main table
         name = "byteps_like" if t == transports[0] else f"byteps_like/{t}"
-        phases.append((name, lambda t=t: run_bps(cases, a.workers, a.servers,
-                                                 a.partition_bytes, a.timeout, queue_depth,
-                                                 None if t == "zmq" and len(transports) == 1
-                                                 else t)))
+        phases.append((name, functools.partial(
+            run_bps, cases, a.workers, a.servers, a.partition_bytes, a.timeout, queue_depth,
+            None if t == "zmq" and len(transports) == 1 else t)))
     ceiling = None
     ceiling_note = None
     if "ucx" in transports:
-        def _ceiling():
+        def _ceiling() -> list[dict]:
             nonlocal ceiling, ceiling_note
             ceiling, ceiling_note = run_ucx_perftest(cases, a.timeout)
             if ceiling_note:
@@ -838,27 +663,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if gloo:
         phases.append(("gloo", lambda: run_gloo(cases, a.workers, a.timeout)))
     measured: dict[str, list[dict]] = {}
-    _exit_on_signals()
+    exit_on_signals()
     cpu: dict[str, dict] = {}
     for name, fn in phases:
-        t0 = time.monotonic()
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        busy0, own0 = _cpu_busy_s(), _own_cpu_s()
         print(f"[pushpull] {name}: starting", file=sys.stderr, flush=True)
         try:
-            measured[name] = fn()
+            with OthersMeter() as meter:
+                measured[name] = fn()
         except ChildFailed as exc:
             print(f"[pushpull] {name} failed:\n{exc}", file=sys.stderr, flush=True)
             return 1
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        busy1, own1 = _cpu_busy_s(), _own_cpu_s()
-        wall = time.monotonic() - t0
-        cpu[name] = {"wall_s": wall, "user_s": r1.ru_utime - r0.ru_utime,
-                     "sys_s": r1.ru_stime - r0.ru_stime, "others_share": None}
-        if busy0 is not None and busy1 is not None:
-            # machine-wide busy CPU time minus ours: what other processes took meanwhile
-            others = max(0.0, (busy1 - busy0) - (own1 - own0))
-            cpu[name]["others_share"] = others / wall / (os.cpu_count() or 1)
+        cpu[name] = {"wall_s": meter.wall, "user_s": r1.ru_utime - r0.ru_utime,
+                     "sys_s": r1.ru_stime - r0.ru_stime, "others_share": meter.others}
         print(f"[pushpull] {name}: done in {cpu[name]['wall_s']:.1f} s (all its processes, "
               f"start-up included: {cpu[name]['user_s']:.1f} s user + "
               f"{cpu[name]['sys_s']:.1f} s system CPU)", file=sys.stderr, flush=True)
@@ -882,14 +700,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ceiling_note:
             print(ceiling_note)
     print("\nGB/s = tensor bytes / (median over repetitions of the slowest worker's time), 1e9 B")
-    shares = [f"{n} {c['others_share']:.0%}" for n, c in cpu.items()
-              if c["others_share"] is not None]
-    if shares:
-        noisy = any(c["others_share"] > 0.1 for c in cpu.values()
-                    if c["others_share"] is not None)
-        print("CPU taken by other processes (or the hypervisor) during each phase: "
-              + ", ".join(shares)
-              + (" (WARNING: noisy; run again on an idle machine)" if noisy else ""))
+    note = noisy_note({n: c["others_share"] for n, c in cpu.items()}, "phase")
+    if note:
+        print(note)
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump({"command": command, "machine": info, "workers": a.workers,

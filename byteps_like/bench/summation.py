@@ -11,7 +11,6 @@ bfloat16 has no numpy dtype; its numpy column times a reference written with num
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -20,38 +19,22 @@ import numpy as np
 
 from byteps_like import _core
 
+from .report import fmt_size, size_list
+
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """'4MiB' -> 4194304; accepts B, KiB/KB/K, MiB/MB/M, GiB/GB/G (case-insensitive)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}; use e.g. 4MiB, 512KiB, 1000000")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if size <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
-    return size
-
-
-def _fmt_size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return f"{n}B"
 
 
 def _arrays(dtype: str, nbytes: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """dst and src holding nbytes each; values small so repeated adds stay finite."""
     n = nbytes // _core.itemsize(dtype)
     if dtype in ("int32", "int64"):
-        return (rng.integers(-1000, 1000, n).astype(dtype), rng.integers(-1000, 1000, n).astype(dtype))
+        return (rng.integers(-1000, 1000, n).astype(dtype),
+                rng.integers(-1000, 1000, n).astype(dtype))
     a = rng.standard_normal(n, dtype=np.float32)
     b = rng.standard_normal(n, dtype=np.float32)
     if dtype == "bfloat16":
-        return (a.view(np.uint32) >> 16).astype(np.uint16), (b.view(np.uint32) >> 16).astype(np.uint16)
+        return ((a.view(np.uint32) >> 16).astype(np.uint16),
+                (b.view(np.uint32) >> 16).astype(np.uint16))
     return a.astype(dtype), b.astype(dtype)
 
 
@@ -63,7 +46,7 @@ def _bf16_numpy_add(a: np.ndarray, b: np.ndarray) -> None:
     a[...] = np.where(np.isnan(s), (x >> 16) | 0x40, rounded).astype(np.uint16)
 
 
-def _median_seconds(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+def median_seconds(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Median wall time of each fn; runs are interleaved so drifting machine load hits all."""
     for fn in fns.values():
         fn()  # warm-up: page faults, pool threads, caches
@@ -86,10 +69,11 @@ def measure(dtype: str, nbytes: int, repeats: int, nthreads: int,
     else:
         def ref() -> None:
             np.add(a, b, out=a)
+    dst, src = a.data, b.data   # the arrays' buffers, for _core
     with np.errstate(all="ignore"):
-        secs = _median_seconds({
-            "core_1t": lambda: _core.add_into(a, b, dtype),
-            "core_nt": lambda: _core.add_into(a, b, dtype, nthreads),
+        secs = median_seconds({
+            "core_1t": lambda: _core.add_into(dst, src, dtype),
+            "core_nt": lambda: _core.add_into(dst, src, dtype, nthreads),
             "numpy": ref,
         }, repeats)
     return {name: a.nbytes / 1e9 / t for name, t in secs.items()}
@@ -107,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="comma-separated dtypes (default: all)")
     args = parser.parse_args(argv)
     try:
-        sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+        sizes = size_list(args.sizes)
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
@@ -129,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for nbytes in sizes:
         for dtype in dtypes:
             r = measure(dtype, nbytes, args.repeats, nt, rng)
-            print(f"{_fmt_size(nbytes):>8} {dtype:>9} {r['core_1t']:9.2f} {r['core_nt']:9.2f} "
+            print(f"{fmt_size(nbytes):>8} {dtype:>9} {r['core_1t']:9.2f} {r['core_nt']:9.2f} "
                   f"{r['numpy']:9.2f} {r['core_1t'] / r['numpy']:8.2f}x "
                   f"{r['core_nt'] / r['numpy']:8.2f}x", flush=True)
     return 0

@@ -155,20 +155,20 @@ def test_cluster_compression_ratios_are_per_rate():
 
 
 # --------------------------------------------------------------------------------------------
-# Children find the parent's byteps_like, from any install (bench/_procs.py, bench/_role.py)
+# Children find the parent's byteps_like, from any install (bench/harness.py, bench/_role.py)
 # --------------------------------------------------------------------------------------------
 
 def test_child_env_prepends_the_package_root(monkeypatch):
-    from byteps_like.bench import _procs
-    monkeypatch.setattr(_procs, "package_root", lambda: "/src/tree")
-    monkeypatch.setattr(_procs, "_automatic_paths", lambda: set())
-    assert _procs.child_env({})["PYTHONPATH"] == "/src/tree"
-    env = _procs.child_env({"PYTHONPATH": f"/a{os.pathsep}/src/tree{os.pathsep}/b", "X": "1"})
+    from byteps_like.bench import harness
+    monkeypatch.setattr(harness, "package_root", lambda: "/src/tree")
+    monkeypatch.setattr(harness, "_automatic_paths", lambda: set())
+    assert harness.child_env({})["PYTHONPATH"] == "/src/tree"
+    env = harness.child_env({"PYTHONPATH": f"/a{os.pathsep}/src/tree{os.pathsep}/b", "X": "1"})
     assert env["PYTHONPATH"] == os.pathsep.join(["/src/tree", "/a", "/b"]) and env["X"] == "1"
     # a site-packages folder stays where the interpreter puts it (after the standard library)
-    monkeypatch.setattr(_procs, "_automatic_paths", lambda: {os.path.realpath("/src/tree")})
-    assert "PYTHONPATH" not in _procs.child_env({})
-    assert _procs.child_env({}, always=True)["PYTHONPATH"] == "/src/tree"
+    monkeypatch.setattr(harness, "_automatic_paths", lambda: {os.path.realpath("/src/tree")})
+    assert "PYTHONPATH" not in harness.child_env({})
+    assert harness.child_env({}, always=True)["PYTHONPATH"] == "/src/tree"
 
 
 def _copy_tree(dst, layout: str):
@@ -177,7 +177,7 @@ def _copy_tree(dst, layout: str):
     __init__.py note where they were imported from in $BPSL_TEST_ROLE_LOG."""
     import shutil
 
-    from byteps_like.bench._procs import package_root
+    from byteps_like.bench.harness import package_root
     root = package_root()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(os.path.join(root, "byteps_like"), dst / "byteps_like", ignore=ignore)
@@ -206,7 +206,7 @@ def test_pushpull_from_a_copy_runs_that_copys_roles(tmp_path, how):
     if how != "source-cwd":
         env["PYTHONPATH"] = str(tree)
     probe = subprocess.run(
-        [sys.executable, "-c", "import byteps_like; from byteps_like.bench._procs import "
+        [sys.executable, "-c", "import byteps_like; from byteps_like.bench.harness import "
          "role_argv; print(byteps_like.__file__); print(' '.join(role_argv('server')[1:]))"],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     assert probe.returncode == 0, probe.stderr
@@ -222,7 +222,9 @@ def test_pushpull_from_a_copy_runs_that_copys_roles(tmp_path, how):
     assert r.returncode == 0, dump(r)
     assert "64KiB" in r.stdout
     seen = log.read_text().splitlines()
-    assert {ln.split()[0] for ln in seen} == {"byteps_like.scheduler", "byteps_like.server"}
+    # the benchmark itself runs on the launcher's plan and supervisor: that tree's too
+    assert {ln.split()[0] for ln in seen} == {"byteps_like.scheduler", "byteps_like.server",
+                                              "byteps_like.launcher"}
     for line in seen:
         assert line.split()[1].startswith(str(tree)), seen
 
@@ -232,7 +234,7 @@ def test_role_entry_point_says_why_it_cannot_run(tmp_path):
     back on (-S: no site-packages, so no editable finder): exit 2 with the reason."""
     import shutil
 
-    from byteps_like.bench._procs import package_root
+    from byteps_like.bench.harness import package_root
     shutil.copytree(os.path.join(package_root(), "byteps_like"), tmp_path / "byteps_like",
                     ignore=shutil.ignore_patterns("__pycache__"))
     r = subprocess.run([sys.executable, "-m", "byteps_like.bench._role", "bogus"], cwd=tmp_path,
