@@ -157,28 +157,17 @@ def _start_bps_job(g: Job, env: Env, n: int, k: int, port: int,
 
 
 def run_bps(env: Env, n: int, k: int, sizes: list[int], repeats: int, warmup: int,
-            port: int, partition_bytes: int) -> list[dict]:
-    args = ("--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats), "--warmup",
-            str(warmup))
-    with Job(f"bps-n{n}-k{k}") as g:
+            port: int, partition_bytes: int, compressor: str = "") -> list[dict]:
+    """One byteps_like job; with ``compressor`` (a name of ``_cluster_worker.COMPRESSORS``)
+    its workers push_pull with it and report their wire bytes."""
+    args = ["--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats), "--warmup",
+            str(warmup)] + (["--compressor", compressor] if compressor else [])
+    what = f"compression {compressor}" if compressor else "byteps_like"
+    with Job(f"bps-{compressor + '-' if compressor else ''}n{n}-k{k}") as g:
         ws = _start_bps_job(g, env, n, k, port, lambda h: env.argv(h, "bps", *args),
                             {"BYTEPS_PARTITION_BYTES": str(partition_bytes)})
-        g.wait(env.timeout, relay=ws[0], relay_prefix=f"[cluster] byteps_like n={n} k={k}: ")
-        return collect(ws, "byteps_like")
-
-
-def run_bps_compressed(env: Env, n: int, k: int, sizes: list[int], repeats: int, warmup: int,
-                       port: int, partition_bytes: int, compressor: str) -> list[dict]:
-    """One byteps_like job whose workers push_pull with ``compressor`` (a name of
-    ``_cluster_worker.COMPRESSORS``) and report their wire bytes."""
-    args = ("--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats), "--warmup",
-            str(warmup), "--compressor", compressor)
-    with Job(f"bps-{compressor}-n{n}-k{k}") as g:
-        ws = _start_bps_job(g, env, n, k, port, lambda h: env.argv(h, "bps", *args),
-                            {"BYTEPS_PARTITION_BYTES": str(partition_bytes)})
-        g.wait(env.timeout, relay=ws[0],
-               relay_prefix=f"[cluster] compression {compressor} n={n} k={k}: ")
-        return collect(ws, f"byteps_like ({compressor})")
+        g.wait(env.timeout, relay=ws[0], relay_prefix=f"[cluster] {what} n={n} k={k}: ")
+        return collect(ws, f"byteps_like ({compressor})" if compressor else "byteps_like")
 
 
 def compression_records(per_worker: list[dict], compressor: str, n: int, k: int,
@@ -605,8 +594,8 @@ def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: 
                 print(f"[cluster] compression n={n} k={k}: {compressor_label(c)} "
                       f"({i + 1}/{len(comps)})", file=sys.stderr, flush=True)
                 with OthersMeter() as m:
-                    res = run_bps_compressed(env, n, k, sizes, a.repeats, a.warmup,
-                                             next_port(), a.partition_bytes, c)
+                    res = run_bps(env, n, k, sizes, a.repeats, a.warmup, next_port(),
+                                  a.partition_bytes, c)
                 cpu[f"{tag}{c} n={n} k={k}"] = m.busy
                 records += compression_records(res, c, n, k, sizes, link, rate)
             continue

@@ -50,10 +50,6 @@ from byteps_like.launcher.procs import (  # noqa: E402
     free_port,
 )
 
-__all__ = ["Case", "ChildFailed", "ChildSpec", "Job", "Proc", "base_env", "child_env", "collect",
-           "decode_cases", "encode_cases", "free_port", "free_ports", "local_job",
-           "package_root", "role_argv", "slowest_median", "summarize"]
-
 #: Seconds a child's process group gets between SIGTERM and SIGKILL.
 KILL_AFTER_S = 3.0
 #: stderr lines of each child kept for the failure report.
@@ -100,16 +96,10 @@ def child_env(env: Mapping[str, str], *, always: bool = False) -> dict[str, str]
 
 
 def role_argv(role: str, python: str | None = None) -> list[str]:
-    """The command line of ``python -m byteps_like.<role>`` (role: scheduler, server, launcher)
-    that runs the role of the imported byteps_like, from any install.
-
-    ``server/``, ``scheduler/`` and ``launcher/`` sit at the root of the source tree and are
-    mapped into the ``byteps_like`` namespace at install time. An installed package (wheel or
-    editable) resolves ``byteps_like.<role>`` itself. A bare source tree on ``PYTHONPATH`` does
-    not (``<root>/byteps_like`` holds no ``scheduler`` folder), and a source tree run from its
-    own folder while the environment holds an editable install of another checkout would get
-    that checkout's role. Then the role runs through :mod:`._role`, which maps
-    ``<root>/<role>`` to ``byteps_like.<role>`` first."""
+    """``python -m byteps_like.<role>`` (scheduler, server, launcher) of the imported
+    byteps_like, from any install: through :mod:`._role`, which maps ``<root>/<role>`` into the
+    namespace first, where the plain import would not find that tree's role (a bare source tree,
+    or one that shadows an install of another checkout)."""
     py = python or sys.executable
     how, _where = _role_plan(role)
     if how == "import":
@@ -176,10 +166,6 @@ class Proc:
         """The exit status, or None while it runs."""
         assert self.child is not None
         return self.child.popen.poll()
-
-    @property
-    def returncode(self) -> int | None:
-        return self.poll()
 
     def drain(self, timeout: float = 5.0) -> None:
         """Wait (bounded) until the output of an exited child has been read to the end."""

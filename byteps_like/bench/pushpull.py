@@ -419,7 +419,7 @@ def _perftest_once(exe: str, env: dict[str, str], nbytes: int, iters: int, warmu
                                       f"{srv.stderr_tail(600).strip() or '(empty)'}")
                 time.sleep(0.02)
             if srv.poll() is not None:
-                why = (f"the ucx_perftest server exited with status {srv.returncode} "
+                why = (f"the ucx_perftest server exited with status {srv.poll()} "
                        f"before listening on port {port}: "
                        f"{srv.stderr_tail(600).strip() or '(no output)'}")
                 if attempt < 2 and "error while loading shared libraries" not in why:
