@@ -208,9 +208,8 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.num_replicas, self.rank = max(1, rt.size()), rt.rank()
         n = len(self.dataset)
         done = np.zeros(n, bool)
-        if self.processed_indices:
-            idx = np.fromiter(self.processed_indices, np.int64, len(self.processed_indices))
-            done[idx[(idx >= 0) & (idx < n)]] = True
+        idx = self._processed_array()
+        done[idx[(idx >= 0) & (idx < n)]] = True
         remaining = np.flatnonzero(~done)
         self.remaining_indices = remaining.tolist()
         self.num_samples = math.ceil(remaining.size / self.num_replicas)
@@ -225,6 +224,9 @@ class ElasticSampler(torch.utils.data.Sampler):
         self._order = order.astype(np.int64)
         self.indices = self._order[self.rank::self.num_replicas].tolist()
 
+    def _processed_array(self) -> np.ndarray:
+        return np.fromiter(self.processed_indices, np.int64, len(self.processed_indices))
+
     def __iter__(self) -> Iterator[int]:
         return iter(list(self.indices))
 
@@ -238,9 +240,8 @@ class ElasticSampler(torch.utils.data.Sampler):
         if rt.size() > 1:
             n = len(self.dataset)
             buf = np.zeros(n + 1, np.int32)
-            for i in self.processed_indices:
-                if 0 <= i < n:
-                    buf[i] = 1
+            done = self._processed_array()
+            buf[done[(done >= 0) & (done < n)]] = 1
             if rt.rank() == 0:
                 buf[n] = self.epoch
             rt.push_pull_async(buf, name=f"{name}.{n}", average=False, out=buf).wait()
