@@ -168,6 +168,9 @@ class DataServer:
     def set_members(self, joined: list[int], left: dict[int, str]) -> None:
         """join(): rounds need pushes from every worker machine not in ``joined``; a round a
         machine in ``left`` (text: who) has not pushed fails with a peer_left error."""
+    def reset_epoch(self, round_base: int, required: int) -> None:
+        """Elastic jobs: a new membership epoch; open rounds dropped (waiting pulls get an
+        "epoch" error), every key restarts at ``round_base``, a round needs ``required``."""
     def claim_zmq_key(self, key: int) -> bool:
         """Reserve ``key`` for the ZeroMQ path; False when native pushes already hold it."""
     def reserve(self, bytes: int) -> bool:

@@ -122,6 +122,9 @@ class ControlClient:
         started = time.monotonic()
         deadline = started + t
         next_report = started + WAIT_REPORT_INTERVAL_S
+        # elastic: a worker joining a running job waits for the next commit, however long,
+        # while the scheduler's heartbeats say it is alive and has it on its list
+        joining = self.cfg.elastic.enabled and self.role is Role.WORKER
         while not self._table.wait(0.1):
             if self.fatal is not None:
                 raise self.fatal
@@ -129,7 +132,14 @@ class ControlClient:
                 raise PeerLeftError(f"{self.role.label} on {self.host}: the job ended before "
                                     "this node was admitted into it")
             now = time.monotonic()
-            if next_report <= now <= deadline:
+            if joining and self._last_heard > started:
+                deadline = max(deadline, self._last_heard + self.cfg.timeouts.heartbeat_timeout)
+                if now >= next_report:
+                    log.warning("worker on %s: registered with the running elastic job; "
+                                "waiting %.0f s so far to be admitted (at the workers' next "
+                                "commit)", self.host, now - started)
+                    next_report += WAIT_REPORT_INTERVAL_S
+            elif next_report <= now <= deadline:
                 log.warning("%s on %s: no node table yet from the scheduler at %s after %g s "
                             "(gives up after %g s, BYTEPS_REGISTER_TIMEOUT_SECONDS): the "
                             "scheduler is not running or not reachable at that address, or it "

@@ -92,7 +92,8 @@ class _ElasticJob(_Job):
         add_at = started_at + el.add_after if el.add_workers else None
         restart_due: list[float] = []
         failure: Child | None = None
-        grace_deadline = shutdown_deadline = None
+        grace_deadline: float | None = None
+        shutdown_deadline: float | None = None
         exited = sup.poll_exited()
         while True:
             if sup.signal_received is not None:
@@ -101,15 +102,16 @@ class _ElasticJob(_Job):
             if deadline is not None and now >= deadline:
                 return self._timed_out(failure)
             for child in exited:
+                code = child.returncode or 0
                 if child.role == "worker":
-                    if child.returncode != 0:
-                        how = describe_returncode(child.returncode)
+                    if code != 0:
+                        how = describe_returncode(code)
                         self.lost.append(f"{child.describe()}: {how}")
                         self.say(f"{child.describe()} lost ({how}); the elastic job goes on")
                         restart_due.append(now + RESTART_DELAY_S)
-                elif child.returncode != 0 and failure is None:
+                elif code != 0 and failure is None:
                     failure = child
-                    self.say(f"{child.describe()} failed: {describe_returncode(child.returncode)}")
+                    self.say(f"{child.describe()} failed: {describe_returncode(code)}")
                     grace_deadline = now + settings.grace
             running = sup.running()
             services = [c for c in running if c.role != "worker"]
@@ -117,7 +119,7 @@ class _ElasticJob(_Job):
             if failure is not None:
                 if not running:
                     break
-                if not workers or now >= grace_deadline:
+                if not workers or grace_deadline is None or now >= grace_deadline:
                     self.say(f"stopping {_names(running)}")
                     self._stop()
                     break

@@ -572,6 +572,7 @@ class Scheduler:
             if epoch < self.epoch:
                 return  # a late READY of an epoch formed since
             self._begin_epoch([])  # the worker saw joiners waiting: admit them now
+        assert self.forming is not None
         self.forming["ready"].add(node.route.ident)
         self._check_formed()
 
@@ -621,6 +622,7 @@ class Scheduler:
             m.rank = r
         self.members = members
         self.barriers.clear()
+        self.left = {}   # the servers' reset cleared theirs
         now = time.monotonic()
         self.epoch_log.append((f["epoch"], len(members), now))
         base = epoch_round_base(f["epoch"])
@@ -660,6 +662,8 @@ class Scheduler:
         live = [m for m in self.members if not m.lost]
         log.info("scheduler: %s finished (%d of %d)", node.describe(),
                  sum(m.finished for m in live), len(live))
+        if node in live and not all(m.finished for m in live) and self.forming is None:
+            self._left(node)  # rounds it never pushes fail with PeerLeftError, as without
         if all(m.finished for m in live):
             for n in self.pending:
                 n.finished = True

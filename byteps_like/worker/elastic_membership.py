@@ -202,7 +202,7 @@ class ElasticMembership:
         self._drop_inflight()
         control = rt.members.controller
         control.ready(self._announced)
-        limit = rt.cfg.timeouts.op_timeout if timeout is None else timeout
+        limit = rt.config.timeouts.op_timeout if timeout is None else timeout
         deadline = t0 + limit
         while True:
             if self._started.wait(0.05):
@@ -217,7 +217,7 @@ class ElasticMembership:
             if time.monotonic() > deadline:
                 raise TooFewWorkersError(
                     f"worker rank {rt.rank_}: no new membership epoch within {limit:g} s "
-                    "(rejoin timeout)", min_workers=rt.cfg.elastic.min_workers)
+                    "(rejoin timeout)", min_workers=rt.config.elastic.min_workers)
         self._adopt(start)
         self.resumes.append(time.monotonic() - t0)
 
@@ -296,7 +296,9 @@ def install_hooks(rt: Runtime) -> ElasticMembership:
         em.attach_control(rt.members.controller)
         em.adopt_table()
         a = rt.members.assigner
-        rt.members.assigner = ElasticAssigner(a.num_servers, a.weights)
+        if a is not None:
+            rt.members.assigner = ElasticAssigner(  # type: ignore[assignment]
+                a.num_servers, a.weights)
 
     def stage_push(task: Any) -> bool:
         return False if em.fail_stale(task) else orig_push(task)
