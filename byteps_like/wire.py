@@ -127,6 +127,12 @@ def round_epoch(rnd: int) -> int:
     """The membership epoch a round belongs to."""
     return (rnd >> EPOCH_SHIFT) + 1
 
+
+def first_round(rnd: int) -> bool:
+    """Whether ``rnd`` is the first round of its epoch: the one whose pushes declare their key
+    (round 0 of every non-elastic job)."""
+    return rnd & ROUND_MASK == 0
+
 DTYPES: tuple[str, ...] = ("none", "float32", "float64", "float16", "bfloat16", "int32", "int64",
                            "uint8", "int8")
 DTYPE_CODE = {name: i for i, name in enumerate(DTYPES)}

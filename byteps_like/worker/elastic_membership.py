@@ -95,6 +95,7 @@ class ElasticMembership:
         from ..wire import MsgType
         control.on_epoch = self.on_epoch
         control.on_epoch_start = self.on_epoch_start
+        self._leave_on_sigterm(control)
         early, control.early = control.early, []
         for mtype, key, meta in early:
             if mtype is MsgType.EPOCH:
@@ -102,14 +103,46 @@ class ElasticMembership:
             else:
                 self.on_epoch_start(meta)
 
+    @staticmethod
+    def _leave_on_sigterm(control: Any) -> None:
+        """A preempted worker (Kubernetes, spot instances: SIGTERM first) tells the scheduler
+        at once, so the others re-form without waiting for its heartbeat timeout. Only when
+        SIGTERM has its default action and this is the main thread; then the default action."""
+        import os
+        import signal
+        try:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                return
+
+            def leave(signum: int, frame: Any) -> None:
+                try:
+                    control.abort("preempted: terminated by SIGTERM")
+                    time.sleep(0.1)  # the I/O thread sends it
+                finally:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    os.kill(os.getpid(), signal.SIGTERM)
+            signal.signal(signal.SIGTERM, leave)
+        except ValueError:  # not the main thread: the heartbeat timeout detects it
+            pass
+
     def adopt_table(self) -> None:
         """After the node table: the epoch, rank and size it names (a joiner's table too)."""
-        c = self.rt.members.controller
+        rt = self.rt
+        m = rt.members
+        c = m.controller
         self.epoch = c.epoch or 1
         self._announced = max(self._announced, self.epoch)
         self.round_base = c.round_base
         if c.size:
-            self.rt.members.size = c.size
+            m.size = c.size
+        # keys from names and servers from keys: the same on a joiner as on the survivors
+        if m.assigner is not None and not isinstance(m.assigner, ElasticAssigner):
+            m.assigner = ElasticAssigner(  # type: ignore[assignment]
+                m.assigner.num_servers, m.assigner.weights)
+        reg = rt.registry
+        if hasattr(reg, "key_of"):   # the runtime's hook (tensors.TensorRegistry)
+            reg.key_of = name_id
+            reg.round_base = self.round_base
 
     def first_round(self, rnd: int) -> bool:
         """Whether ``rnd`` is the first round of its epoch (the one that declares a key)."""
@@ -252,6 +285,8 @@ class ElasticMembership:
                 st.round = base
                 st.busy, st.waiting = None, []
             rt.registry.round_floor = {}
+            if hasattr(rt.registry, "round_base"):
+                rt.registry.round_base = base
             self._superseded = None
             self._added = 0
             self._start = None
@@ -286,6 +321,9 @@ class ElasticMembership:
 def install_hooks(rt: Runtime) -> ElasticMembership:
     """TEMPORARY (until the hook lines are in the split runtime): wire an elastic membership
     into ``rt`` before its ``init()``, by wrapping the few runtime methods the hooks touch."""
+    hooked = getattr(rt, "elastic_m", False)
+    if hooked is not False:   # the runtime has its hooks: nothing to wrap
+        return hooked  # type: ignore[return-value]
     em = ElasticMembership(rt)
     rt._elastic_m = em  # type: ignore[attr-defined]
     orig_connect, orig_push = rt._connect, rt.stages.push
@@ -295,10 +333,6 @@ def install_hooks(rt: Runtime) -> ElasticMembership:
         orig_connect(cfg)
         em.attach_control(rt.members.controller)
         em.adopt_table()
-        a = rt.members.assigner
-        if a is not None:
-            rt.members.assigner = ElasticAssigner(  # type: ignore[assignment]
-                a.num_servers, a.weights)
 
     def stage_push(task: Any) -> bool:
         return False if em.fail_stale(task) else orig_push(task)

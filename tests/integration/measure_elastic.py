@@ -2,8 +2,8 @@
 
     python tests/integration/measure_elastic.py [--runs 5] [--plane native|zmq]
 
-After a loss: 3 workers, one SIGKILLs itself mid-step (tests/integration/workers/
-elastic_numpy.py kill=3@2); measured on each survivor from the kill to its first step of the
+After a loss: 3 workers, one SIGKILLs (``--signal TERM``: SIGTERMs) itself mid-step
+(tests/integration/workers/elastic_numpy.py kill=3@2); measured on each survivor from the kill to its first step of the
 new epoch, split into detection (kill -> MembershipChangedError: the scheduler's heartbeat
 timeout) and re-forming (the error -> rejoin() returned). After a join: 2 workers and
 ``--add-workers 1``; measured from the survivors' MembershipChangedError(added=1) to their
@@ -44,8 +44,8 @@ def run(workers: int, args: list[str], extra: list[str], plane: str) -> list[dic
     return recs
 
 
-def after_loss(plane: str) -> tuple[float, float, float]:
-    recs = run(3, ["30", "kill=3@2", "slow=0.02"], ["--max-restarts", "0"], plane)
+def after_loss(plane: str, sig: str) -> tuple[float, float, float]:
+    recs = run(3, ["30", f"kill=3@2:{sig}", "slow=0.02"], ["--max-restarts", "0"], plane)
     kill = next(r["t"] for r in recs if "killing" in r)
     total, detect, reform = [], [], []
     for who in {r["who"] for r in recs if r.get("done")}:
@@ -75,11 +75,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--plane", default="native", choices=("native", "zmq"))
+    p.add_argument("--signal", default="KILL", choices=("KILL", "TERM"),
+                   help="how the lost worker dies (TERM: a preempted machine, which tells the "
+                        "scheduler as it goes)")
     a = p.parse_args()
-    loss = [after_loss(a.plane) for _ in range(a.runs)]
+    loss = [after_loss(a.plane, a.signal) for _ in range(a.runs)]
     join = [after_join(a.plane) for _ in range(a.runs)]
     med = statistics.median
-    print(f"data plane {a.plane}, {a.runs} runs each, heartbeat timeout 3 s")
+    print(f"data plane {a.plane}, SIG{a.signal}, {a.runs} runs each, heartbeat timeout 3 s")
     print(f"after a loss: kill -> first step of the new epoch: median {med(x[0] for x in loss):.2f}"
           f" s (detection {med(x[1] for x in loss):.2f} s, re-forming "
           f"{med(x[2] for x in loss) * 1000:.0f} ms); all: "

@@ -1,13 +1,14 @@
 """An elastic numpy worker for tests/integration/test_elastic.py.
 
-Usage: elastic_numpy.py STEPS [kill=STEP@RANK] [killserver=STEP] [slow=SECONDS]
+Usage: elastic_numpy.py STEPS [kill=STEP@RANK[:TERM]] [killserver=STEP] [slow=SECONDS]
 
 Every step push_pulls (sum, not average) a vector of 1s from every worker and a vector holding
 rank + 1, over a few tensors, and prints one JSON line: rank, size, epoch, step and the sums, so
 the test checks every sum is exact for the epoch's size (size and size*(size+1)/2). After a
 MembershipChangedError it rejoins, prints how long the resume took, takes the step from rank 0
 and goes on. ``kill=STEP@RANK``: the worker of that rank in epoch 1 SIGKILLs itself at that
-step, mid-step (one tensor pushed, the other not), while the others wait for the round.
+step, mid-step (one tensor pushed, the other not), while the others wait for the round
+(``:TERM``: with SIGTERM, as a preempted machine gets first).
 ``killserver=STEP``: rank 0 SIGKILLs server 0 at that step. ``slow``: seconds each step sleeps
 (a window to join or lose).
 """
@@ -31,7 +32,9 @@ except ImportError:  # pragma: no cover
 steps = int(sys.argv[1])
 opts = dict(a.split("=", 1) for a in sys.argv[2:])
 kill_at, _, kill_rank = opts.get("kill", "-1@-1").partition("@")
+kill_rank, _, kill_sig = kill_rank.partition(":")   # STEP@RANK:TERM sends SIGTERM
 kill_at, kill_rank = int(kill_at), int(kill_rank or 0)
+kill_sig = signal.SIGTERM if kill_sig == "TERM" else signal.SIGKILL
 kill_server = int(opts.get("killserver", -1))
 slow = float(opts.get("slow", 0))
 
@@ -71,7 +74,8 @@ while step < steps:
             bps.synchronize(h1)
             time.sleep(0.2)
             say(killing=step, rank=bps.rank())
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), kill_sig)
+            time.sleep(30)  # SIGTERM: the handler (the default action after it) ends it
         h2 = bps.push_pull_async(mine, name="ranks", average=False)
         s1, s2 = bps.synchronize(h1), bps.synchronize(h2)
         say(rank=bps.rank(), size=n, epoch=epoch(), step=step,
