@@ -102,6 +102,7 @@ def test_worker_lost_mid_step(plane, sig):
     assert not leftovers(job), leftovers(job)
 
 
+@pytest.mark.slow
 def test_lost_worker_is_replaced():
     """--max-restarts 1: the lost worker's replacement registers and is admitted at the next
     epoch (the one the loss begins, when it registered before the loss was detected, else the

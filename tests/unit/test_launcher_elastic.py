@@ -85,3 +85,34 @@ def test_k8s_elastic_cli(capsys):
     assert k8s.main(["--name", "j", "--image", "i", "--workers", "5", "--servers", "1",
                      "--elastic", "--max-workers", "3", "--", "t"]) == 2
     assert "elastic bounds" in capsys.readouterr().err
+
+
+def test_elastic_on_one_machine_of_a_multi_machine_job():
+    """Without --local: the elastic settings go to this machine's worker; no DMLC_WORKER_ID
+    is needed."""
+    args, cmd = parse_args(["--no-bind", "--elastic", "--min-workers", "2", "--max-workers",
+                            "8", "--", "true"])
+    launch = plan_launch(args, cmd, {"PATH": "/usr/bin:/bin", "DMLC_ROLE": "worker",
+                                     "DMLC_NUM_WORKER": "4", "DMLC_NUM_SERVER": "1",
+                                     "DMLC_PS_ROOT_URI": "127.0.0.1"})
+    env = launch.base_env
+    assert (env["BYTEPS_ELASTIC"], env["BYTEPS_ELASTIC_MIN_WORKERS"],
+            env["BYTEPS_ELASTIC_MAX_WORKERS"]) == ("1", "2", "8")
+    assert launch.elastic is None  # supervised like any worker machine
+    with pytest.raises(UsageError, match="only valid with --local"):
+        parse_args(["--elastic", "--max-restarts", "1", "--", "true"])
+
+
+@pytest.mark.parametrize("env, what", [
+    ({"BYTEPS_ELASTIC_MAX_WORKERS": "2"}, "BYTEPS_ELASTIC_MAX_WORKERS"),
+    ({"BYTEPS_ELASTIC_MIN_WORKERS": "5"}, "BYTEPS_ELASTIC_MIN_WORKERS"),
+    ({"BYTEPS_LOCAL_SIZE": "2"}, "one worker process per machine"),
+])
+def test_elastic_settings_are_checked_at_load(env, what):
+    from byteps_like.config import load
+    from byteps_like.errors import ConfigError
+    base = {"BYTEPS_ELASTIC": "1", "DMLC_NUM_WORKER": "3"}
+    with pytest.raises(ConfigError, match=what):
+        load(env={**base, **env})
+    assert load(env=base).elastic.capacity(3) == 3
+    assert not load(env={**base, "BYTEPS_ELASTIC": "0", **env}).elastic.enabled
