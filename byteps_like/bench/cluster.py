@@ -47,8 +47,16 @@ from dataclasses import dataclass
 
 from . import netns
 from ._cluster_worker import COMPRESSORS, compressor_label, model_tensors
-from .harness import ChildFailed, Job, Proc, base_env, child_env, collect, local_job
-from .harness import slowest_median as _slowest_median
+from .harness import (
+    ChildFailed,
+    Job,
+    Proc,
+    base_env,
+    child_env,
+    collect,
+    local_job,
+    slowest_median,
+)
 from .report import OthersMeter, markdown_table
 
 PROG = "python -m byteps_like.bench cluster"
@@ -176,7 +184,7 @@ def compression_records(per_worker: list[dict], compressor: str, n: int, k: int,
     the wire bytes per step; ratios and bandwidth are filled in by :func:`add_ratios`."""
     out = []
     for s in sizes:
-        med, reps = _slowest_median(per_worker, s)
+        med, reps = slowest_median(per_worker, s)
         ws = [w["wire"][str(s)] for w in per_worker]
         pushed = statistics.fmean(w["pushed"] / w["rounds"] for w in ws)
         pulled = statistics.fmean(w["pulled"] / w["rounds"] for w in ws)
@@ -603,7 +611,7 @@ def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: 
             res = run_bps(env, n, k, sizes, a.repeats, a.warmup, next_port(), a.partition_bytes)
         cpu[f"{tag}byteps_like n={n} k={k}"] = m.busy
         for s in sizes:
-            med, reps = _slowest_median(res, s)
+            med, reps = slowest_median(res, s)
             records.append({"system": "byteps_like", "n": n, "k": k, "bytes": s,
                             "seconds": med, "repeats_s": reps,
                             "placement": "colocated" if k == 0 else
@@ -613,7 +621,7 @@ def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: 
     def allreduce_records(system: str, n: int, res) -> None:
         """One record per size of an all-reduce baseline (gloo, Horovod) at this rate."""
         for s in sizes:
-            med, reps = _slowest_median(res, s)
+            med, reps = slowest_median(res, s)
             records.append({"system": system, "n": n, "k": None, "bytes": s,
                             "seconds": med, "repeats_s": reps,
                             "theory_seconds": allreduce_time(n, s, link),

@@ -244,3 +244,84 @@ def test_role_entry_point_says_why_it_cannot_run(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     assert "byteps_like.server is not importable" in r.stderr and "pip install" in r.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# The toolkit the benchmarks share (bench/harness.py, bench/report.py)
+# --------------------------------------------------------------------------------------------
+
+def test_size_options_read_as_the_config_does():
+    import argparse
+
+    from byteps_like.bench.gil import parse_mib
+    from byteps_like.bench.report import size_arg, size_list
+    from byteps_like.config import parse_size
+    assert size_list("64K, 4MiB,1MB,4096") == [64 << 10, 4 << 20, 10**6, 4096]
+    assert [size_arg(t) for t in ("1.5M", "2g")] == [parse_size("1.5M"), 2 << 30]
+    assert parse_mib("4") == 4 << 20 and parse_mib("256K") == 256 << 10
+    for bad, kw in (("4x", {}), ("0.3", {}), ("0", {}), ("6", {"multiple": 4}),
+                    ("4", {"minimum": 8})):
+        with pytest.raises(argparse.ArgumentTypeError, match=repr(bad)):
+            size_arg(bad, **kw)
+    with pytest.raises(ValueError, match="'4x' is not a size: use bytes or a suffix"):
+        parse_size("4x")
+
+
+def test_markdown_table_aligns_and_checks_rows():
+    from byteps_like.bench.report import markdown_table
+    assert markdown_table(("name", "n"), [("a", "10"), ("bcd", "2")], left=1).splitlines() == [
+        "| name |  n |", "|------|---:|", "| a    | 10 |", "| bcd  |  2 |"]
+    with pytest.raises(ValueError, match="a row of 1 cells in a table of 2 columns"):
+        markdown_table(("name", "n"), [("a",)])
+
+
+def test_free_port_is_bindable_and_a_taken_port_is_refused():
+    import socket
+
+    from byteps_like.bench.harness import free_port, free_ports
+    from byteps_like.launcher.procs import free_port as launcher_free_port
+    assert free_port is launcher_free_port   # one port picker for bpslaunch and the benchmarks
+    ports = free_ports(3)
+    assert len(set(ports)) == 3
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))
+        s.listen(1)
+        with pytest.raises(OSError):
+            free_port("127.0.0.1", ports[0])
+
+
+def test_job_collects_results_reports_a_failed_child_and_stops_the_rest(capsys):
+    import io
+
+    from byteps_like.bench.harness import ChildFailed, Job, collect
+    log = io.StringIO()
+    with Job("unit", log=log) as job:
+        sleeper = job.spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
+                            dict(os.environ), service=True)
+        ok = job.spawn("ok", [sys.executable, "-c", "from byteps_like.bench.report import "
+                              "emit, progress; progress('half way'); emit({'x': 1})"],
+                       dict(os.environ))
+        job.wait(60, relay=ok, relay_prefix="[unit] ", service_grace=0.2)
+        assert collect([ok], "unit") == [{"x": 1}]
+        assert "[unit] half way" in log.getvalue() and "sleeper still running" in log.getvalue()
+        bad = job.spawn("bad", [sys.executable, "-c", "import sys; print('boom', "
+                                "file=sys.stderr); sys.exit(3)"], dict(os.environ))
+        with pytest.raises(ChildFailed) as exc:
+            job.wait(60)
+        assert "bad exited with status 3" in str(exc.value) and "boom" in str(exc.value)
+        assert bad.poll() == 3 and sleeper.poll() is None
+    assert sleeper.poll() is not None   # leaving the block stopped the service
+    assert capsys.readouterr().out == ""   # the children's output is not echoed
+
+
+def test_bench_modules_import_no_private_names_of_each_other():
+    import ast
+    import pathlib
+
+    import byteps_like.bench
+    bad = []
+    for path in pathlib.Path(byteps_like.bench.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                bad += [f"{path.name}: {a.name}" for a in node.names if a.name.startswith("_")]
+    assert not bad, bad
