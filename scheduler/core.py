@@ -48,6 +48,7 @@ class NodeInfo:
     finished: bool = False
     lost: bool = False
     data_port: int = 0
+    told_removed: bool = False   # elastic: a worker declared lost that spoke again was told
 
     def describe(self) -> str:
         return f"{self.role.label} rank {self.rank} on {self.host} (pid {self.pid})"
@@ -198,6 +199,14 @@ class Scheduler:
         node = self.nodes.get(route.ident)
         if node is not None:
             node.last_seen = time.monotonic()
+        if (node is not None and node.lost and self.elastic and node.role is Role.WORKER
+                and h.type is not MsgType.REGISTER):
+            if not node.told_removed:  # e.g. it was stopped (SIGSTOP) past the timeout
+                node.told_removed = True
+                self._send(node, MsgType.ERROR, {"kind": ERR_PROTOCOL, "message": (
+                    f"{node.describe()} was declared lost and is no longer part of this "
+                    f"elastic job (now in epoch {self.epoch}); start a new worker to rejoin")})
+            return
         if h.type is MsgType.REGISTER:
             self._register(route, meta, h)
         elif node is None:
