@@ -4,7 +4,12 @@ Subcommands:
   pushpull   push_pull bandwidth of a local job against raw pyzmq and gloo all_reduce
   sum        the summation kernels (_core.add_into) against numpy
   cluster    emulated cluster (network namespaces, capped NICs) vs gloo, Horovod, theory (root)
+  local      the local reduction of one machine's L ranks vs one process, vs memcpy; GPU copies
+  compress   the gradient compressors' encode/decode rate and payload ratio vs memcpy
   gil        push_pull while the main thread runs Python (GIL contention), and the loop's rate
+
+Their processes run on bpslaunch's plan and supervisor (:mod:`.harness`); what they print is
+:mod:`.report`'s.
 """
 from __future__ import annotations
 
