@@ -1,9 +1,16 @@
 """The worker pipeline: itineraries, the priority scheduler with byte credits, stage threads.
 
-Each partition is a :class:`Task` carrying its itinerary, a tuple of stage names built by the
-pure function :func:`plan`. Stage threads are joined by bounded queues; :meth:`Pipeline.advance`
-routes a task to the queue of its next stage, and observers (tracing, metrics) subscribe to stage
-start and end without living inside the router.
+Each partition of a push_pull is a :class:`Task` carrying its itinerary, a tuple of
+:class:`Stage` names built by the pure function :func:`plan`. Stage threads are joined by
+bounded queues; :meth:`Pipeline.advance` routes a task to the queue of its next stage, and
+observers (tracing, metrics) subscribe to stage start and end without living inside the router.
+
+Who calls it: :class:`~byteps_like.worker.runtime.Runtime` builds one :class:`Pipeline` when it
+connects, with the stage executors of :mod:`~byteps_like.worker.stages` and
+:mod:`~byteps_like.worker.local_reduce` as its handlers, and submits the tasks of each
+push_pull (``Runtime._start``). Network replies (:mod:`~byteps_like.worker.dispatch`) and native
+completions (:mod:`~byteps_like.worker.dataplane`) move a waiting task on with
+:meth:`Pipeline.advance`; the local reduction's gate with :meth:`Pipeline.resume`.
 """
 from __future__ import annotations
 
@@ -15,25 +22,74 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum, IntEnum
+from typing import TYPE_CHECKING, Any
 
-# Stage names, in the order a partition can meet them. Stages that do not apply to a tensor are
-# absent from its itinerary. This build runs PUSH and PULL; the others belong to local reduction,
-# device copies and compression.
-REDUCE, COPY_D2H, COMPRESS, PUSH, PULL, DECOMPRESS, COPY_H2D, BROADCAST = (
-    "reduce", "copy_d2h", "compress", "push", "pull", "decompress", "copy_h2d", "broadcast")
-ALL_STAGES = (REDUCE, COPY_D2H, COMPRESS, PUSH, PULL, DECOMPRESS, COPY_H2D, BROADCAST)
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..compression import Codec
+    from ..local import Segment
+    from .handle import Handle
+    from .tensors import DeviceCopier
+
+
+class Stage(str, Enum):
+    """The stages, in the order a partition can meet them. Stages that do not apply to a tensor
+    are absent from its itinerary: REDUCE and BROADCAST belong to the local reduction of
+    several worker processes on one machine, the copies to device tensors staged by a plugin,
+    COMPRESS and DECOMPRESS to codec compression; PUSH and PULL reach the servers.
+
+    A ``str``: a stage compares, hashes, formats and serialises as its name (``"push"``), so
+    traces, metrics labels and thread names read as they always did."""
+    REDUCE = "reduce"
+    COPY_D2H = "copy_d2h"
+    COMPRESS = "compress"
+    PUSH = "push"
+    PULL = "pull"
+    DECOMPRESS = "decompress"
+    COPY_H2D = "copy_h2d"
+    BROADCAST = "broadcast"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+REDUCE, COPY_D2H, COMPRESS, PUSH, PULL, DECOMPRESS, COPY_H2D, BROADCAST = Stage
+ALL_STAGES = tuple(Stage)
+
+
+class Phase(IntEnum):
+    """Where a partition is in the local-reduction protocol (:mod:`.local_reduce`), which spans
+    two stages: REDUCE runs COPY_IN, then SUM_SLICE, and hands on at REDUCED; on a local rank
+    other than the root, BROADCAST waits in AWAIT_RESULT for the root's sum."""
+    COPY_IN = 0       # my input goes into my slot of the shared segment
+    SUM_SLICE = 1     # every slot is filled (or the caller prereduced): sum my slice
+    REDUCED = 2       # my slice is summed: on to the push (root) or the broadcast
+    AWAIT_RESULT = 3  # a local rank waits for the root's LOCAL_DONE
+
+
+#: the default of a Task's byte views before the runtime fills them in (tests build bare tasks)
+NO_BYTES = np.empty(0, np.uint8)
+NO_BYTES.flags.writeable = False
+
+
+def _no_bytes() -> np.ndarray:
+    return NO_BYTES
 
 
 def plan(*, distributed: bool, local_size: int = 1, on_device: bool = False,
          compressed: bool = False, local_root: bool = True,
-         device_push: bool = False) -> tuple[str, ...]:
+         device_push: bool = False) -> tuple[Stage, ...]:
     """The itinerary of a partition, from the job's topology and the tensor's needs.
 
     With several local ranks only the local root talks to the servers: the other ranks reduce
     and receive the broadcast. ``device_push``: the transport sends device memory itself (UCX
     with CUDA support), so a device tensor needs no copy to the host before its push."""
-    stages = []
+    stages: list[Stage] = []
     if local_size > 1:
         stages.append(REDUCE)
         if not local_root:
@@ -53,10 +109,14 @@ def plan(*, distributed: bool, local_size: int = 1, on_device: bool = False,
     return tuple(stages)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Task:
-    """One partition of one push_pull on its way through the pipeline."""
-    handle: Any
+    """One partition of one push_pull on its way through the pipeline.
+
+    The first fields say what it is and where it goes (every task has them); the rest are
+    filled in by ``Runtime._start`` for the stages it meets, and by the stages themselves.
+    Slots: a field not declared here cannot be set on a task."""
+    handle: Handle
     key: int
     part: int
     offset: int
@@ -65,7 +125,7 @@ class Task:
     server: int
     conn: int
     round: int
-    itinerary: tuple[str, ...]
+    itinerary: tuple[Stage, ...]
     stage: int = 0
     seq: int = 0
     payload: Any = None      # set by the stage that received data (e.g. the pull response)
@@ -74,9 +134,27 @@ class Task:
     native: bool = False     # pushed and pulled by the native data plane (transport/native.py)
     contrib: int = 0         # pushes the server's round summed when fewer than all (join())
     enqueued_at: float = field(default_factory=time.monotonic)
+    # -- what the runtime sets when it cuts a push_pull into tasks (Runtime._start) --
+    dtype: str = "uint8"     # the wire dtype of the tensor
+    average: bool = False    # divide the sum by the ranks that contributed
+    src: np.ndarray = field(default_factory=_no_bytes)   # this partition of the input, as bytes
+    dst: np.ndarray = field(default_factory=_no_bytes)   # ... and of the output
+    # what goes to the servers and where their sum lands: the machine's reduced partition in
+    # shared memory with several local ranks, ``src`` and ``dst`` otherwise
+    push_src: np.ndarray = field(default_factory=_no_bytes)
+    pull_dst: np.ndarray = field(default_factory=_no_bytes)
+    seg: Segment | None = None           # the shared segment of the local reduction
+    phase: Phase = Phase.COPY_IN         # the local-reduction protocol's state
+    prereduced: bool = False             # the local ranks summed into the segment themselves
+    device: DeviceCopier | None = None   # stages a device tensor (COPY_D2H, COPY_H2D)
+    device_direct: bool = False          # the push sends the device memory itself (UCX)
+    decl: dict[str, Any] | None = None   # the first round's declaration to the server
+    codec: Codec | None = None           # compresses this partition (COMPRESS, DECOMPRESS)
+    scratch: np.ndarray | None = None    # float32 staging of a non-float32 compressed tensor
+    wire: np.ndarray | None = None       # the compressed payload between COMPRESS and PUSH
 
     @property
-    def current(self) -> str | None:
+    def current(self) -> Stage | None:
         return self.itinerary[self.stage] if self.stage < len(self.itinerary) else None
 
 
@@ -142,7 +220,7 @@ class PriorityCreditQueue:
             self._cv.notify_all()
 
 
-Observer = Callable[[Task, str, str, float], None]  # (task, stage, "start"|"end", time)
+Observer = Callable[[Any, Stage, str, float], None]  # (task, stage, "start"|"end", time)
 
 
 class Spans:
@@ -151,7 +229,7 @@ class Spans:
     def __init__(self) -> None:
         self._open: dict[tuple[int, str], float] = {}
 
-    def end(self, task: Task, stage: str, event: str, t: float) -> float | None:
+    def end(self, task: Any, stage: str, event: str, t: float) -> float | None:
         """Record a start (returns None); for an end, return its start time (None if the start
         was never seen)."""
         ident = (id(task), stage)
@@ -166,12 +244,12 @@ class Pipeline:
     returns True when the task should move on at once, False when something else (a network
     reply) will call :meth:`advance` for it later."""
 
-    def __init__(self, handlers: dict[str, Callable[[Task], bool]], *, queue_depth: int,
+    def __init__(self, handlers: dict[Stage, Callable[[Task], bool]], *, queue_depth: int,
                  credit_bytes: int, on_error: Callable[[Task, BaseException], None]):
         self.handlers = handlers
         self.on_error = on_error
         self.observers: list[Observer] = []
-        self.queues: dict[str, Any] = {}
+        self.queues: dict[Stage, Any] = {}
         for stage in handlers:
             if stage == PUSH:
                 self.queues[stage] = PriorityCreditQueue(credit_bytes, queue_depth)
@@ -209,11 +287,11 @@ class Pipeline:
         task.enqueued_at = time.monotonic()
         self.queues[stage].put(task, force=force)
 
-    def _emit(self, task: Task, stage: str, event: str) -> None:
+    def _emit(self, task: Task, stage: Stage, event: str) -> None:
         for obs in self.observers:
             obs(task, stage, event, time.monotonic())
 
-    def _loop(self, stage: str) -> None:
+    def _loop(self, stage: Stage) -> None:
         q = self.queues[stage]
         handler = self.handlers[stage]
         while True:

@@ -13,9 +13,13 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .pipeline import Spans
+
+if TYPE_CHECKING:
+    from ..metrics import WorkerMetrics
+    from ..trace import Tracer
 
 log = logging.getLogger("byteps_like.worker.telemetry")
 
@@ -55,8 +59,8 @@ class Telemetry:
         self.runtime = runtime
         self.interval = interval
         self.stats = StageStats()
-        self.tracer = None
-        self.metrics = None
+        self.tracer: Tracer | None = None
+        self.metrics: WorkerMetrics | None = None
         self._samples: deque = deque(maxlen=int(_SPEED_WINDOW_S / _SAMPLE_S) + 2)
         self._samples.append((time.monotonic(), self._total()))
         self._stop = threading.Event()

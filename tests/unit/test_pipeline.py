@@ -1,8 +1,11 @@
-"""Unit tests of byteps_like.worker.pipeline: itineraries, the priority queue with byte credits, and the
-stage threads (priority overtaking, observers, error isolation, shutdown)."""
+"""Unit tests of byteps_like.worker.pipeline: itineraries, the priority queue with byte credits,
+the stage threads (priority overtaking, observers, error isolation, shutdown), and the stage
+names, phases and declared fields of a Task."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import queue
 import threading
 import time
@@ -19,8 +22,10 @@ from byteps_like.worker.pipeline import (
     PULL,
     PUSH,
     REDUCE,
+    Phase,
     Pipeline,
     PriorityCreditQueue,
+    Stage,
     Task,
     plan,
 )
@@ -419,3 +424,36 @@ def test_plan_device_push_skips_only_the_copy_to_the_host():
     assert plan(distributed=True, on_device=True, compressed=True, device_push=True) == (
         COPY_D2H, COMPRESS, PUSH, PULL, DECOMPRESS, COPY_H2D)
     assert plan(distributed=True, on_device=False, device_push=True) == (PUSH, PULL)
+
+
+# ------------------------------------------------------------------------------ names, fields
+def test_stage_names_read_as_the_strings_traces_and_metrics_print():
+    """Stages are an enum whose members are their names: traces (``cat``, ``args.stage``),
+    metrics labels, thread names and the summary line print exactly what they printed as bare
+    strings, and a lookup by the string finds a stage key and vice versa."""
+    assert [str(s) for s in ALL_STAGES] == ["reduce", "copy_d2h", "compress", "push", "pull",
+                                             "decompress", "copy_h2d", "broadcast"]
+    assert ALL_STAGES == tuple(Stage)
+    assert f"bpsl-{PUSH}" == "bpsl-push" and f"{PULL:<6}|" == "pull  |"
+    assert json.dumps({PUSH: {"stage": PULL}}) == '{"push": {"stage": "pull"}}'
+    assert PUSH == "push" and {"push": 1}[PUSH] == 1 and {PUSH: 1}["push"] == 1
+    assert Stage("copy_h2d") is COPY_H2D
+
+
+def test_local_reduction_phases_are_ordered():
+    assert list(Phase) == sorted(Phase)
+    assert Phase.COPY_IN < Phase.SUM_SLICE < Phase.REDUCED < Phase.AWAIT_RESULT
+
+
+def test_task_declares_every_field_the_runtime_sets():
+    """No attribute appears on a Task that its class does not declare (slots): what the runtime
+    and the stages set is in the dataclass, with a default for bare tasks like these."""
+    t = make_task(1)
+    assert t.phase is Phase.COPY_IN and t.seg is None and t.codec is None and t.decl is None
+    assert t.src.nbytes == 0 and t.push_src.nbytes == 0 and not t.src.flags.writeable
+    with pytest.raises(AttributeError):
+        t.undeclared = 1  # type: ignore[attr-defined]
+    names = {f.name for f in dataclasses.fields(Task)}
+    assert {"src", "dst", "push_src", "pull_dst", "seg", "phase", "prereduced", "device",
+            "device_direct", "dtype", "average", "decl", "codec", "scratch", "wire",
+            "native", "contrib", "payload"} <= names

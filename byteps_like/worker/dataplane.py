@@ -1,0 +1,234 @@
+"""The native data plane's worker side: push_pulls that C++ carries (csrc/dataplane.cc).
+
+When every server offers a native data port (``BYTEPS_DATA_PLANE``, :mod:`byteps_like.
+transport.native`), the local root opens ``streams`` TCP connections to each server through a
+:class:`byteps_like._core.DataClient`. Two kinds of operation go through it:
+
+* a host tensor whose itinerary is only PUSH, PULL (no device copy, no compression, one local
+  rank) is submitted whole, all partitions in one call (:meth:`NativeDataPlane.submit_tensor`);
+  C++ pushes each, receives the sum in place and divides it, and reports one completion;
+* any other partition reaches the PUSH stage as a pipeline task marked ``native`` and is
+  submitted alone (:meth:`NativeDataPlane.submit_task`); its completion advances the task to
+  its next stage.
+
+Completions come back on the completion thread (:class:`byteps_like.transport.native.
+Completions`), or on the thread that waits for a handle (``Handle.fast_wait``, which waits in
+C++ without the GIL and then finishes the handle itself).
+
+Who calls it: ``Runtime._connect`` (:meth:`NativeDataPlane.connect`), ``Runtime._start`` (a
+whole tensor), the PUSH stage (:mod:`.stages`), and the runtime's teardown and fatal errors
+(:meth:`NativeDataPlane.close`).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import _core
+from ..config import Config
+from ..errors import CommunicationError, PeerLostError, ProtocolError
+from ..transport import native
+from .dispatch import server_error
+from .handle import Handle
+from .pipeline import PULL, PUSH, Task
+from .tensors import NativePart, TensorState, decl_bytes, declaration
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..control import PeerInfo
+    from .runtime import Runtime
+
+log = logging.getLogger("byteps_like.worker")
+_PY_SWITCH_INTERVAL = 0.005  # the interpreter's default thread switch interval
+
+#: a whole-tensor operation in flight: (handle, tensor, round, priority, submitted at)
+_TensorOp = tuple[Handle, TensorState, int, int, float]
+
+
+@dataclass(eq=False)
+class NativeSpan:
+    """What observers see of a native operation (they read a Task's fields)."""
+    handle: Any
+    key: int
+    part: int
+    nbytes: int
+    priority: int
+    round: int
+    enqueued_at: float
+
+
+class NativeDataPlane:
+    """The native data plane of one runtime; ``client`` is None when it is not in use."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.client: _core.DataClient | None = None
+        self.streams = 1                   # connections to each server
+        self._ops: dict[int, Task | _TensorOp] = {}   # op id -> what it completes
+        self._ids = itertools.count(1)
+        self._completions: native.Completions | None = None
+        self._switch_interval: float | None = None  # what we set sys.setswitchinterval to
+
+    def connect(self, cfg: Config, servers: list[PeerInfo], credit: int) -> None:
+        """Open the native data plane's streams to every server. A failure closes what was
+        opened and raises CommunicationError (the caller tears the runtime down)."""
+        m = self.rt.members
+        key = native.auth_key(cfg)
+        cli = _core.DataClient(m.push_rank, m.job, native.io_threads(cfg), credit,
+                               cfg.transport.max_message_bytes,
+                               **({"auth_key": key} if key else {}))
+        self.streams = native.streams(cfg)
+        try:
+            for idx, p in enumerate(servers):
+                cli.connect(idx, p.host, p.data_port, self.streams,
+                            min(60.0, cfg.timeouts.register_timeout))
+        except RuntimeError as exc:
+            cli.close()
+            raise CommunicationError(f"worker rank {m.rank}: {exc}") from None
+        self.client = cli
+        self._completions = native.Completions(cli, self.done)
+        self._completions.start()
+        want = cfg.scheduling.switch_interval
+        if want and sys.getswitchinterval() == _PY_SWITCH_INTERVAL:
+            sys.setswitchinterval(want)
+            self._switch_interval = want
+        log.info("worker %d: native data plane, %d stream(s) to each of %d server(s), %d I/O "
+                 "threads%s", m.rank, self.streams, len(servers),
+                 cli.stats()["io_threads"], ", authenticated streams" if key else "")
+
+    @property
+    def active_client(self) -> _core.DataClient:
+        """The client, while the data plane is open."""
+        if self.client is None:
+            raise CommunicationError(f"worker rank {self.rt.members.rank}: the native data "
+                                     "plane is closed")
+        return self.client
+
+    # -- submitting --------------------------------------------------------------------------------
+    def submit_tensor(self, cli: _core.DataClient, st: TensorState, h: Handle, rnd: int,
+                      src: np.ndarray, dst: np.ndarray, dtype: str, average: bool,
+                      priority: int) -> None:
+        """All partitions of a host tensor as one native operation: one call in, one
+        completion out, whatever the number of partitions."""
+        rt = self.rt
+        streams = self.streams
+        parts: list[NativePart] | None
+        if rnd == 0:  # the declarations travel once per key
+            parts = [(key, server, key % streams, off, n,
+                      decl_bytes(declaration(st, dtype, part)))
+                     for part, (off, n, key, server) in enumerate(st.parts)]
+        else:
+            parts = st.native_parts
+            if parts is None:
+                parts = st.native_parts = [(key, server, key % streams, off, n, None)
+                                           for off, n, key, server in st.parts]
+        op = next(self._ids)
+        size = rt.members.size
+        divisor = size if average and size > 1 else 1
+        with rt._lock:
+            self._ops[op] = (h, st, rnd, priority, time.monotonic())
+        h.fast_wait = lambda timeout, op=op: self._wait(op, timeout)
+        try:
+            cli.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, rnd, parts)
+        except (RuntimeError, ValueError) as exc:
+            with rt._lock:
+                self._ops.pop(op, None)
+            h.fail(CommunicationError(f"push_pull of {st.name!r}: {exc}"))
+            return
+        rt.bytes_pushed += st.nbytes
+
+    def submit_task(self, cli: _core.DataClient, task: Task) -> None:
+        """One partition that reached the PUSH stage (its push credit already returned: the
+        native data plane applies its own); its completion advances the task."""
+        rt = self.rt
+        op = next(self._ids)
+        size = rt.members.size
+        divisor = size if task.average and size > 1 and task.seg is None else 1
+        decl = decl_bytes(task.decl) if task.decl else None
+        with rt._lock:
+            self._ops[op] = task
+        cli.submit(op, task.priority, task.push_src, task.pull_dst,
+                   native.WIRE_CODE[task.dtype], divisor, task.round,
+                   [(task.key, task.server, task.key % self.streams, 0, task.nbytes, decl)])
+        rt.bytes_pushed += task.nbytes
+
+    # -- completing --------------------------------------------------------------------------------
+    def _wait(self, op: int, timeout: float) -> None:
+        """Handle.wait of a native operation: wait in C++ without the GIL, then finish the
+        handle on this thread."""
+        cli = self.client
+        if cli is None:
+            return
+        if cli.wait(op, timeout):
+            comp = cli.take(op)
+            if comp is not None:
+                self.done(comp)
+
+    def _error(self, name: str, kind: str, server: int, message: bytes) -> Exception:
+        text = message.decode("utf-8", "replace")
+        where = f"push_pull of {name!r} on worker rank {self.rt.members.rank}"
+        if kind == "remote":
+            meta = native.decode_error_meta(message)
+            return server_error(f"push_pull of {name!r}", meta["kind"], meta["message"],
+                                server, meta)
+        if kind == "peer_lost":
+            return PeerLostError(f"{where}: {text}", role="server", rank=server)
+        if kind == "protocol":
+            return ProtocolError(f"{where}: {text}")
+        if kind == "closed":
+            return CommunicationError(f"{where}: the runtime was shut down before it completed")
+        return CommunicationError(f"{where}: {text}")
+
+    def done(self, comp: _core.Completion) -> None:
+        """One completed native operation (the completion thread, or a waiter)."""
+        rt = self.rt
+        op, ok, kind, server, message, _t0, _t1, nbytes, times = comp
+        with rt._lock:
+            entry = self._ops.pop(op, None)
+        if entry is None:
+            return
+        if isinstance(entry, Task):
+            task = entry
+            if ok:
+                rt.active_pipeline.advance(task)
+            else:
+                rt._fail_task(task, self._error(task.handle.name, kind, server, message))
+            return
+        h, st, rnd, priority, t_sub = entry
+        if not ok:
+            h.fail(self._error(h.name, kind, server, message))
+            return
+        rt.bytes_pulled += nbytes
+        observers = rt.pipeline.observers if rt.pipeline is not None else ()
+        if observers:  # each partition's push (sent..acknowledged) and pull (..received)
+            for part, ((_off, n, key, _srv), (ts, ta, td)) in enumerate(zip(st.parts, times)):
+                span = NativeSpan(h, key, part, n, priority, rnd, t_sub)
+                for stage, a, b in ((PUSH, ts, ta), (PULL, ta, td)):
+                    for obs in observers:
+                        obs(span, stage, "start", a)
+                    for obs in observers:
+                        obs(span, stage, "end", b)
+        h.complete()
+
+    # -- teardown ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the client, which fails what is still in flight with the reason; finish
+        those operations; give the interpreter's switch interval back if we changed it."""
+        cli = self.client
+        if cli is None:
+            return
+        cli.close()
+        if self._completions is not None:
+            self._completions.stop()
+            self._completions = None
+        for comp in cli.completions(0.0):
+            self.done(comp)
+        self.client = None
+        if self._switch_interval == sys.getswitchinterval():
+            sys.setswitchinterval(_PY_SWITCH_INTERVAL)  # ours: give the default back
+        self._switch_interval = None

@@ -1,0 +1,128 @@
+"""Message dispatch: every message the worker's endpoint receives, on its I/O thread.
+
+:meth:`Dispatcher.on_message` decodes a message and routes it by who may send it:
+
+* the scheduler's messages go to the control client (:class:`byteps_like.control.
+  ControlClient`: the node table, barriers, join, peer failures, shutdown);
+* the local-reduction messages of this machine's ranks go to :mod:`.local_reduce`, once
+  :meth:`~.local_reduce.LocalReduction.sender_problem` finds the sender entitled to send them;
+* a server's answer (PUSH_ACK, PULL_RESP, ERROR) goes to the task in flight for its key and
+  round, only from the connection the push went out on and from that server: a PULL_RESP of the
+  expected size moves the task on to its next stage (PULL), an ERROR fails its handle.
+
+Anything else is dropped and counted (``Membership.dropped``, docs/reliability.md), never
+raised: a hostile or confused peer cannot stop the I/O thread.
+
+Who calls it: the endpoint's I/O thread (``Membership.open`` installs :meth:`Dispatcher.
+on_message`); :mod:`.dataplane` uses :func:`server_error` for the native plane's error replies.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..errors import MismatchError, PeerLeftError, ProtocolError, RemoteError
+from ..transport import Route
+from ..wire import (
+    ERR_MISMATCH,
+    ERR_PEER_LEFT,
+    FLAG_COMPRESSED,
+    MsgType,
+    Role,
+    contributors,
+    decode,
+)
+from .local_reduce import LOCAL_TYPES
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger("byteps_like.worker")
+
+
+def server_error(what: str, kind: str | None, text: str, server: int,
+                 meta: dict[str, Any] | None = None) -> Exception:
+    """A server's error reply (either data path) as the exception users get."""
+    if kind == ERR_MISMATCH:
+        return MismatchError(f"{what}: {text}")
+    if kind == ERR_PEER_LEFT:
+        meta = meta or {}
+        rank, last = meta.get("rank"), meta.get("last_round")
+        return PeerLeftError(f"{what}: {text}",
+                             rank=rank if isinstance(rank, int) else None,
+                             last_round=last if isinstance(last, int) else None)
+    return RemoteError(f"{what}: {text}", role="server", rank=server)
+
+
+class Dispatcher:
+    """Routes the messages of one runtime's endpoint."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.members = rt.members
+
+    def on_message(self, route: Route, frames: list) -> None:
+        rt, m = self.rt, self.members
+        try:
+            msg = decode(frames, rt.config.transport.max_message_bytes)
+        except ProtocolError as exc:
+            m.dropped("malformed", f"from {route}: {exc}")
+            return
+        if route.peer == "scheduler":
+            m.controller.handle(msg)
+            return
+        h = msg.header
+        if not m.peers_ready:  # before the node table nobody may talk to it
+            m.dropped("message before the node table", f"{h.type.name} from {route}")
+            return
+        if h.type in LOCAL_TYPES:
+            why = rt.local.sender_problem(route, h)
+            if why:
+                m.dropped(why, f"{h.type.name} key {h.key} round {h.round} from {route}")
+                return
+            rt.local.on_message(route, h)
+            return
+        # a server's answer: only on the connection the push went out on, from that server
+        with rt._lock:
+            task = rt.inflight.get(h.key)
+        if task is None or task.round != h.round:
+            m.dropped("answer that matches no push in flight",
+                      f"{h.type.name} key {h.key} round {h.round} from {route}")
+            return
+        if (route != m.routes[task.server][task.conn] or h.job != m.job
+                or h.role is not Role.SERVER or h.rank != m.server_ranks[task.server]):
+            m.dropped("answer from another connection or sender than the push's server",
+                      f"{h.type.name} key {h.key} round {h.round} from {route} as "
+                      f"{h.sender}")
+            return
+        if h.type is MsgType.PUSH_ACK:
+            rt._release(task)
+        elif h.type is MsgType.PULL_RESP:
+            rt._release(task)
+            codec = task.codec
+            if codec is not None:
+                bad = (not h.flags & FLAG_COMPRESSED or h.dtype != "uint8"
+                       or h.nbytes > codec.max_bytes)
+            else:
+                bad = h.nbytes != task.nbytes or h.dtype != task.dtype
+            if bad:
+                want = (f"a compressed payload of at most {codec.max_bytes} bytes"
+                        if codec is not None else f"{task.nbytes} bytes of {task.dtype}")
+                rt._fail_task(task, ProtocolError(
+                    f"server {h.rank} answered key {h.key} with {h.count} x {h.dtype}, "
+                    f"expected {want}"))
+                return
+            with rt._lock:
+                rt.inflight.pop(h.key, None)
+            task.payload = msg.payload
+            task.contrib = contributors(h.flags)
+            rt.active_pipeline.advance(task)
+        elif h.type is MsgType.ERROR:
+            rt._release(task)
+            meta = msg.meta if isinstance(msg.meta, dict) else {}
+            rt._fail_task(task, server_error(
+                f"push_pull of {task.handle.name!r} (key {h.key})", meta.get("kind"),
+                str(meta.get("message", "error")), h.rank, meta))
+        else:
+            log.warning("worker %d: unexpected %s from server %d", m.rank, h.type.name,
+                        h.rank)

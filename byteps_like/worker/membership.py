@@ -1,0 +1,216 @@
+"""Rendezvous and membership: who this worker is in the job, and its connections to the rest.
+
+:class:`Membership` holds a worker's identity (rank, size, local rank, machine) and its
+connections: the endpoint, the control client that registers with the scheduler and receives
+the node table, the data connections to the servers (only the local root has them), and, with
+several worker processes per machine, the local root's listening socket and the local ranks'
+connections to it (authenticated by a token file, :mod:`byteps_like.transport.local_peers`).
+It also holds what the node table decides about the data path: the routes to each server, the
+server ranks a reply must come from, and the assigner that spreads partitions over servers.
+
+The job-wide operations go through it too: ``barrier``, ``join`` (the rounds the job is at),
+the shutdown handshake (``finish``) and the unhandled-exception hook that aborts the job.
+
+Who calls it: the :class:`~byteps_like.worker.runtime.Runtime` facade, in this order:
+:meth:`configure` (``init``), then for a distributed job :meth:`open`, :meth:`register` and
+:meth:`meet_peers` (``Runtime._connect``), and :meth:`close` last at teardown.
+:mod:`.dispatch` checks incoming messages against it; :mod:`.stages` and
+:mod:`.local_reduce` send through its endpoint.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .. import local
+from ..config import Config
+from ..control import ControlClient, PeerInfo
+from ..errors import ConfigError, NotInitializedError
+from ..partition import ServerAssigner, mixed_mode_weights
+from ..roles import exit_if_peer_failed
+from ..transport import Route, data_scheme, local_peers, make_endpoint
+from ..transport.base import Drops, Endpoint
+from ..wire import Role, job_hash
+
+if TYPE_CHECKING:
+    import zmq
+
+    from ..transport.base import Handler
+
+log = logging.getLogger("byteps_like.worker")
+
+
+class Membership:
+    """One worker's place in the job: its identity, connections and the job's topology."""
+
+    def __init__(self) -> None:
+        # identity: a standalone job (one process) until configure() says otherwise
+        self.rank = 0
+        self.size = 1
+        self.local_rank = 0
+        self.local_size = 1
+        self.machine = 0          # this machine's index: what servers count pushes by
+        self.push_rank = 0        # the rank a push carries (the machine's index)
+        self.is_local_root = True
+        self.single_machine = False   # one worker machine: push_pull never leaves it
+        # connections
+        self.ctx: zmq.Context | None = None
+        self.ep: Endpoint | None = None
+        self.control: ControlClient | None = None
+        self.dropped = Drops(log, "worker")  # messages from no peer entitled to send them
+        self.peers_ready = False  # the node table is in: peers' messages can be checked
+        self.peers_token: str | None = None   # local root: the token file to remove at exit
+        self._token = b""                     # local root: what the local ranks' ids derive from
+        self.local_ids: dict[int, bytes] = {}  # local root: rank -> its connection's routing id
+        # the servers, from the node table
+        self.servers: list[PeerInfo] = []
+        self.num_servers = 0
+        self.server_ranks: list[int] = []   # what a reply's header must say, by server index
+        self.conns = 1                      # data connections to each server
+        self.routes: list[list[Route]] = []  # [server][connection]
+        self.assigner: ServerAssigner | None = None
+        self.job = 0                        # the job's hash, in every header
+
+    # -- identity --------------------------------------------------------------------------------
+    def configure(self, cfg: Config) -> None:
+        """The identity the configuration gives (the rank comes from the scheduler)."""
+        c = cfg.cluster
+        self.local_rank, self.local_size = c.local_rank, c.local_size
+        self.size = c.num_worker * c.local_size
+        self.is_local_root = c.local_rank == 0
+
+    def divisor(self, contrib: int) -> int:
+        """What an average of a round divides by: every rank, or only the ranks whose
+        machines pushed it (``contrib``, the pushes the server summed) when some had joined."""
+        return contrib * self.local_size if contrib else self.size
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The endpoint of a connected worker."""
+        if self.ep is None:
+            raise NotInitializedError(f"worker rank {self.rank}: not connected")
+        return self.ep
+
+    @property
+    def controller(self) -> ControlClient:
+        """The control client of a connected worker."""
+        if self.control is None:
+            raise NotInitializedError(f"worker rank {self.rank}: not connected")
+        return self.control
+
+    # -- rendezvous (Runtime._connect) -------------------------------------------------------------
+    def open(self, cfg: Config, *, on_message: Handler,
+             on_fatal: Callable[[BaseException], None]) -> None:
+        """Create the endpoint (and, on a local root of several local ranks, the listening
+        socket the local ranks connect to) and the control client; start the I/O thread."""
+        import zmq
+        self.ctx = zmq.Context()
+        ep = self.ep = make_endpoint("worker", cfg, context=self.ctx)
+        c = cfg.cluster
+        self.local_size, self.local_rank = c.local_size, c.local_rank
+        self.is_local_root = c.local_rank == 0
+        port = 0
+        if c.local_size > 1:
+            if c.worker_id is None:
+                raise ConfigError(f"BYTEPS_LOCAL_SIZE={c.local_size} needs DMLC_WORKER_ID: "
+                                  "the local ranks of a machine find each other through it "
+                                  "(bpslaunch sets it)")
+            if self.is_local_root:  # the coordinator of this machine's local reduction
+                from ..control import node_host
+                local.sweep(local.segment_prefix(c.job_id, c.root_port)
+                            + f"m{c.worker_id}-", c.shm_dir)
+                bound = ep.bind(f"tcp://{node_host(cfg)}:0")
+                port = int(bound.rsplit(":", 1)[1])
+                # what the local ranks' connections prove they are this machine's with
+                # (transport/local_peers.py), written before the node table can name the port
+                self.peers_token = local_peers.token_path(c)
+                self._token = local_peers.create_token(self.peers_token)
+        self.control = ControlClient(cfg, ep, Role.WORKER, port=port, on_fatal=on_fatal)
+        ep.on_message = on_message
+        ep.on_error = on_fatal
+        ep.start()
+
+    def register(self) -> None:
+        """Register with the scheduler and wait for the node table."""
+        self.controller.connect_and_register()
+
+    def meet_peers(self, cfg: Config) -> None:
+        """With the node table in: take the rank, connect to the local root (a local rank) and
+        to the servers (the local root of a job of several machines), and decide the routes
+        and the assignment of partitions to servers."""
+        control, ep = self.controller, self.endpoint
+        c = cfg.cluster
+        self.rank = control.rank
+        # one worker machine: push_pull stays on it, no server is contacted
+        self.single_machine = c.single_machine
+        # the machine index is what servers count pushes by
+        self.machine = self.rank // c.local_size
+        self.push_rank = self.machine
+        if c.local_size > 1 and not self.is_local_root:
+            root = next(p for p in control.peers
+                        if p.role == "worker" and p.rank == self.machine * c.local_size)
+            token = local_peers.read_token(local_peers.token_path(c))
+            ep.connect("localroot", f"tcp://{root.host}:{root.port}",
+                       routing_id=local_peers.routing_id(token, c.local_rank))
+        if c.local_size > 1 and self.is_local_root:  # the connection each local rank must use
+            self.local_ids = {self.machine * c.local_size + lr:
+                              local_peers.routing_id(self._token, lr)
+                              for lr in range(1, c.local_size)}
+        self.dropped.who = f"worker {self.rank}"
+        self.peers_ready = True
+        servers = sorted((p for p in control.peers if p.role == "server"),
+                         key=lambda p: p.rank)
+        self.servers = servers
+        self.num_servers = len(servers)
+        self.server_ranks = [p.rank for p in servers]
+        self.conns = cfg.transport.tcp_connections
+        if self.is_local_root and not self.single_machine:  # only the root talks to servers
+            scheme = data_scheme(cfg)
+            for p in servers:
+                ep.connect(f"server-{p.rank}", f"{scheme}://{p.host}:{p.port}", self.conns)
+        self.routes = [[Route(peer=f"server-{p.rank}", conn=i) for i in range(self.conns)]
+                       for p in servers]
+        weights = None
+        if cfg.partition.mixed_mode != "off" and servers:   # BytePS mixed mode
+            worker_hosts = {p.host for p in control.peers if p.role == "worker"}
+            weights = mixed_mode_weights([p.host in worker_hosts for p in servers],
+                                         len(worker_hosts))
+        # without servers (one machine) partitions still cut tensors for the local reduction
+        self.assigner = ServerAssigner(max(1, self.num_servers), weights)
+        self.job = job_hash(cfg.cluster.job_id)
+
+    def install_excepthook(self, live: Callable[[], bool]) -> None:
+        """An unhandled exception in the training script aborts the job (the scheduler tells
+        every peer) while ``live()``, then exits as a lost peer's fault would."""
+        prev = sys.excepthook
+
+        def hook(tp, val, tb):
+            if self.control is not None and live():
+                reason = "".join(traceback.format_exception_only(tp, val)).strip()
+                self.control.abort(f"unhandled {reason}")
+                time.sleep(0.2)  # let the I/O thread flush the abort before exit
+            prev(tp, val, tb)
+            exit_if_peer_failed(val)  # a lost peer's fault: exit with EXIT_PEER_FAILED
+        sys.excepthook = hook
+
+    # -- teardown ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Remove the local root's token file, close the endpoint and its context."""
+        if self.peers_token is not None:
+            local_peers.remove(self.peers_token)
+            self.peers_token = None
+        stopped = True
+        if self.ep is not None:
+            stopped = self.ep.close(linger=0.5)
+            self.ep = None
+        if self.ctx is not None:
+            if stopped:
+                self.ctx.term()
+            else:  # never hang in shutdown: leave the context to the process exit
+                log.warning("worker %d: I/O thread did not stop; skipping context teardown",
+                            self.rank)
+            self.ctx = None

@@ -1,0 +1,180 @@
+"""The stage executors: what each pipeline stage does to one partition.
+
+A partition's itinerary (:func:`~.pipeline.plan`) is a subset of, in order::
+
+    REDUCE -> COPY_D2H -> COMPRESS -> PUSH -> PULL -> DECOMPRESS -> COPY_H2D -> BROADCAST
+
+* COPY_D2H / COPY_H2D: a plugin's :class:`~.tensors.DeviceCopier` stages a device tensor's
+  partition into the host buffer before its push, and its sum back after its pull;
+* COMPRESS / DECOMPRESS: the partition's codec encodes it before the push (float32, through a
+  scratch buffer for other float dtypes) and decodes the server's compressed sum;
+* PUSH: one message pushes the partition to its server and asks for the round's sum
+  (FLAG_PULL), or the native data plane takes it (:mod:`.dataplane`); the task then waits;
+* PULL: the server's sum (a PULL_RESP, :mod:`.dispatch`) lands in the output and is averaged;
+* REDUCE / BROADCAST: the local reduction of several ranks per machine (:mod:`.local_reduce`).
+
+Every executor takes a :class:`~.pipeline.Task` and returns True to move it on at once, False
+when a network reply or a native completion will advance it later.
+
+Who calls it: the pipeline's stage threads, through the handlers :meth:`StageExecutors.
+handlers` gives ``Runtime._connect`` for the job's topology.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import _core
+from ..errors import ProtocolError
+from ..wire import (
+    FLAG_COMPRESSED,
+    FLAG_DECLARE,
+    FLAG_PULL,
+    ITEMSIZE,
+    Header,
+    MsgType,
+    Role,
+    as_buffer,
+    encode,
+)
+from .pipeline import (
+    BROADCAST,
+    COMPRESS,
+    COPY_D2H,
+    COPY_H2D,
+    DECOMPRESS,
+    PULL,
+    PUSH,
+    REDUCE,
+    Stage,
+    Task,
+)
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+
+class StageExecutors:
+    """The stages of one runtime that reach the servers, compress and copy."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.members = rt.members
+
+    def handlers(self, local_size: int) -> dict[Stage, Callable[[Task], bool]]:
+        """The stage threads a job of ``local_size`` ranks per machine needs, in order."""
+        stages: dict[Stage, Callable[[Task], bool]] = {
+            COMPRESS: self.compress, PUSH: self.push, PULL: self.pull,
+            DECOMPRESS: self.decompress}
+        if local_size == 1:  # device tensors stage partition by partition (DeviceCopier)
+            stages = {COPY_D2H: self.d2h, **stages, COPY_H2D: self.h2d}
+        if local_size > 1:
+            local = self.rt.local
+            stages = {REDUCE: local.reduce, **stages, BROADCAST: local.broadcast}
+        return stages
+
+    def push(self, task: Task) -> bool:
+        rt, m = self.rt, self.members
+        if task.native:  # the native data plane pushes and pulls; it applies its own credit
+            rt._release(task)
+            rt.plane.submit_task(rt.plane.active_client, task)
+            return False  # the completion advances the task
+        # one message pushes the partition and asks for the round's sum (FLAG_PULL)
+        flags = FLAG_PULL | (FLAG_DECLARE if task.decl else 0)
+        if task.codec is not None:  # a compressed payload: raw bytes the server decodes
+            payload = task.wire
+            assert payload is not None
+            task.wire = None
+            hdr = Header(MsgType.PUSH, "uint8", Role.WORKER, m.push_rank,
+                         flags | FLAG_COMPRESSED, m.job, task.key, task.round,
+                         payload.nbytes, payload.nbytes)
+        else:
+            # device memory straight from the accelerator when the transport sends it itself
+            device = task.device
+            payload = (device.device_slice(task.offset, task.nbytes)
+                       if task.device_direct and device is not None
+                       and device.device_slice is not None else task.push_src)
+            hdr = Header(MsgType.PUSH, task.dtype, Role.WORKER, m.push_rank, flags, m.job,
+                         task.key, task.round, task.nbytes // ITEMSIZE[task.dtype], task.nbytes)
+        with rt._lock:
+            rt.inflight[task.key] = task
+        m.endpoint.send(m.routes[task.server][task.conn], encode(hdr, payload, task.decl))
+        rt.bytes_pushed += hdr.nbytes
+        return False  # the pull response advances the task
+
+    def pull(self, task: Task) -> bool:
+        rt, m = self.rt, self.members
+        if task.native:  # received in place and averaged by the native data plane
+            rt.bytes_pulled += task.nbytes
+            return True
+        if task.codec is not None:  # the decompress stage decodes the payload
+            rt.bytes_pulled += memoryview(as_buffer(task.payload)).nbytes
+            return True
+        payload = task.payload
+        task.payload = None
+        _core.copy_into(task.pull_dst, as_buffer(payload))
+        if task.average and m.size > 1 and task.seg is None:
+            _core.scale_into(task.dst, task.dtype, m.divisor(task.contrib))
+        rt.bytes_pulled += task.nbytes
+        return True
+
+    # -- compression -------------------------------------------------------------------------------
+    @staticmethod
+    def _to_float32(task: Task, buf: np.ndarray) -> np.ndarray:
+        """The partition bytes ``buf`` as float32: a view, or converted into the scratch."""
+        if task.scratch is None:
+            return buf.view(np.float32)
+        if task.dtype == "float64":
+            np.copyto(task.scratch, buf.view(np.float64), casting="same_kind")
+        else:
+            _core.convert(task.scratch, "float32", buf, task.dtype)
+        return task.scratch
+
+    @staticmethod
+    def _from_float32(task: Task, scratch: np.ndarray, buf: np.ndarray) -> None:
+        """Write the scratch's float32 values into the partition bytes ``buf`` (its dtype)."""
+        if task.dtype == "float64":
+            np.copyto(buf.view(np.float64), scratch, casting="same_kind")
+        else:
+            _core.convert(buf, task.dtype, scratch, "float32")
+
+    def compress(self, task: Task) -> bool:
+        codec = task.codec
+        assert codec is not None
+        task.wire = codec.encode(self._to_float32(task, task.push_src), task.round)
+        return True
+
+    def decompress(self, task: Task) -> bool:
+        m = self.members
+        codec = task.codec
+        assert codec is not None
+        buf, task.payload = as_buffer(task.payload), None
+        if task.scratch is None:
+            step = codec.decode(buf, task.pull_dst.view(np.float32))
+        else:
+            step = codec.decode(buf, task.scratch)
+            self._from_float32(task, task.scratch, task.pull_dst)
+        if step != task.round:
+            raise ProtocolError(f"push_pull of {task.handle.name!r} (key {task.key}): the "
+                                f"server's compressed sum is of step {step}, expected "
+                                f"{task.round}")
+        if task.average and m.size > 1 and task.seg is None:
+            _core.scale_into(task.dst, task.dtype, m.divisor(task.contrib))
+        return True
+
+    # -- device copies -----------------------------------------------------------------------------
+    @staticmethod
+    def d2h(task: Task) -> bool:
+        device = task.device
+        assert device is not None
+        device.d2h(task.offset, task.nbytes)
+        return True
+
+    @staticmethod
+    def h2d(task: Task) -> bool:
+        device = task.device
+        assert device is not None
+        device.h2d(task.offset, task.nbytes)
+        return True
