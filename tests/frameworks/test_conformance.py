@@ -164,10 +164,12 @@ def test_mismatch_between_ranks_names_both_sides(case, plane):
 
 
 # -- equivalence with one process training on the whole batch --------------------------------
-EQUIVALENCE = {   # framework: (worker script, {workers: modes}, env)
+EQUIVALENCE = {   # framework: (worker script, {workers: modes}, all modes in one launch)
     "torch": ("torch_equivalence.py", {2: ["sgd", "adam", "bpps2", "skipsync", "ddp", "fp16"],
-                                       4: ["sgd", "adam"]}, ()),
-    "mxnet": ("mx_equivalence.py", {2: ["sgd", "adam", "optimizer", "fp16"], 4: ["sgd"]}, ()),
+                                       4: ["sgd", "adam"]}, True),
+    # MXNet: a second mode in the same process differs from its reference from step 0 (seen
+    # 2026-12-01, not investigated yet): one launch per mode
+    "mxnet": ("mx_equivalence.py", {2: ["sgd", "adam", "optimizer", "fp16"], 4: ["sgd"]}, False),
 }
 
 
@@ -177,17 +179,17 @@ EQUIVALENCE = {   # framework: (worker script, {workers: modes}, env)
     for fw, (_, by_n, _) in EQUIVALENCE.items() for n, modes in by_n.items() for mode in modes])
 def test_equivalence_with_one_process_on_the_whole_batch(framework, workers, mode):
     """DistributedOptimizer / DistributedTrainer on each worker's shard equals one process on
-    the whole batch, step by step, and every worker holds the same parameters (the modes of a
-    worker count run in one launch). Keras's fit and TensorFlow's tape: EXTRAS fit_* and
+    the whole batch, step by step, and every worker holds the same parameters (torch: the modes
+    of a worker count run in one launch). Keras's fit and TensorFlow's tape: EXTRAS fit_* and
     tape."""
     skip_unless_importable(framework)
-    script, by_n, env = EQUIVALENCE[framework]
-    modes = ",".join(by_n[workers])
+    script, by_n, together = EQUIVALENCE[framework]
+    modes = ",".join(by_n[workers]) if together else mode
     key = Group(f"{script} {modes}", workers, (framework,))
     if key not in _runs:
         try:
             _runs[key] = bpslaunch([str(WORKERS / script), modes, "3" if workers == 4 else "5"],
-                                   workers=workers, servers=1, env=dict(env), timeout=240)
+                                   workers=workers, servers=1, timeout=240)
         except AssertionError as exc:
             _runs[key] = str(exc)
     run = _runs[key]
