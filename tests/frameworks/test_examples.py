@@ -1,5 +1,7 @@
 """The examples run end to end, every framework's: real processes on loopback, each under the
-watchdog (tests/support.py).
+watchdog (tests/support.py). The deadlines catch hangs, not slowness: they hold on this 2-core
+machine shared with other jobs (load average 20-30), where the digits examples take 2-4x
+their quiet-machine time.
 
 - PyTorch: examples/pytorch/train_digits.py on 2 workers + 1 server reaches >= 0.9 accuracy,
   also as a plain single process, and with onebit / top-k compression within 0.02 of the
@@ -56,11 +58,11 @@ def summary(text: str, workers: int, prefix: str = "") -> tuple[float, float]:
     return per_mean, total_mean
 
 
-@pytest.mark.timeout(75)
+@pytest.mark.timeout(200)
 @needs("torch")
 def test_torch_train_digits_two_workers_reaches_accuracy():
     pytest.importorskip("sklearn")
-    r = bpslaunch([str(DIGITS)], workers=2, servers=1, timeout=60)
+    r = bpslaunch([str(DIGITS)], workers=2, servers=1, timeout=180)
     assert r.rc == 0, r.log
     m = re.search(r"^\[worker 0\] final test accuracy: ([0-9.]+) \(2 workers, (\d+) steps\)$",
                   r.out, re.M)
@@ -70,11 +72,11 @@ def test_torch_train_digits_two_workers_reaches_accuracy():
     assert "final test accuracy" not in "".join(r.lines("[worker 1]")), r.log  # rank 0 only
 
 
-@pytest.mark.timeout(45)
+@pytest.mark.timeout(150)
 @needs("torch")
 def test_torch_train_digits_standalone_without_launcher():
     pytest.importorskip("sklearn")
-    r = run([sys.executable, str(DIGITS), "--epochs", "3"], 40,
+    r = run([sys.executable, str(DIGITS), "--epochs", "3"], 120,
             clean_env("MASTER_", "RANK", "WORLD_SIZE"), merge=True)
     rc, out = r.rc, r.out
     assert rc == 0, out
@@ -82,10 +84,10 @@ def test_torch_train_digits_standalone_without_launcher():
     assert m and float(m.group(1)) > 0.8, out
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 @needs("torch")
 def test_torch_synthetic_benchmark_byteps_two_workers():
-    r = bpslaunch([str(BENCH), *TINY, "--fp16-pushpull"], workers=2, servers=1, timeout=45)
+    r = bpslaunch([str(BENCH), *TINY, "--fp16-pushpull"], workers=2, servers=1, timeout=120)
     assert r.rc == 0, r.log
     summary(r.out, 2, prefix="[worker 0] ")
     assert len(r.lines("[worker 0] Iter #")) == 3, r.log
@@ -93,7 +95,7 @@ def test_torch_synthetic_benchmark_byteps_two_workers():
     assert not r.lines("[worker 1] Total img/sec"), r.log  # rank 0 reports
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 @needs("torch")
 def test_torch_synthetic_benchmark_ddp_gloo_two_processes():
     from byteps_like.bench._procs import ChildFailed, ProcGroup
@@ -103,7 +105,7 @@ def test_torch_synthetic_benchmark_ddp_gloo_two_processes():
         procs = [g.spawn(f"ddp-{r}", [sys.executable, str(BENCH), *TINY, "--ddp-gloo"],
                          {**env, "RANK": str(r)}) for r in range(2)]
         try:
-            g.wait(45)
+            g.wait(120)
         except ChildFailed as exc:
             pytest.fail(str(exc))
         out0, out1 = procs[0].stdout(), procs[1].stdout()
@@ -112,11 +114,11 @@ def test_torch_synthetic_benchmark_ddp_gloo_two_processes():
     assert "Total img/sec" not in out1, out1
 
 
-@pytest.mark.timeout(80)
+@pytest.mark.timeout(200)
 @needs("torch")
 def test_torch_synthetic_benchmark_compare_driver_prints_table():
-    r = run([sys.executable, str(BENCH), "--compare", "--workers", "2", *TINY, "--timeout", "40"],
-            75, clean_env("MASTER_", "RANK", "WORLD_SIZE"), merge=True)
+    r = run([sys.executable, str(BENCH), "--compare", "--workers", "2", *TINY, "--timeout", "120"],
+            180, clean_env("MASTER_", "RANK", "WORLD_SIZE"), merge=True)
     rc, out = r.rc, r.out
     assert rc == 0, out
     rows = [ln for ln in out.splitlines() if ln.startswith("|")]
@@ -167,7 +169,7 @@ TF_EXAMPLES = ROOT / "examples" / "tensorflow"
 def _tf_digits(momentum: float, **env: str) -> tuple[float, int]:
     r = bpslaunch([str(TF_EXAMPLES / "train_digits.py"), "--epochs", "20", "--cosine",
                    "--deterministic", "--momentum", str(momentum)], workers=2, servers=1,
-                  env={**TF_ENV, **env}, timeout=150)
+                  env={**TF_ENV, **env}, timeout=300)
     assert r.rc == 0, r.log
     (line,) = r.lines("final test accuracy:")
     (wire,) = r.lines("bytes on the wire:")
@@ -177,7 +179,7 @@ def _tf_digits(momentum: float, **env: str) -> tuple[float, int]:
 
 @needs("tensorflow")
 @pytest.mark.slow
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(960)
 def test_tensorflow_digits_example_trains_also_compressed():
     """The example trains; with onebit and with top-k 1% (error feedback, momentum before
     compression), chosen by BYTEPS_COMPRESSOR* settings alone (the script passes no
