@@ -257,7 +257,7 @@ def _parse_total(text: str, what: str) -> tuple[float, float]:
 
 def _stop_launcher(child) -> None:
     """bpslaunch forwards SIGTERM to each of its children's process groups and SIGKILLs them
-    5 s later; give it that time before the ProcGroup kills bpslaunch's own group."""
+    5 s later; give it that time before the Job kills bpslaunch's own group."""
     if child.proc.poll() is None:
         try:
             child.proc.send_signal(signal.SIGTERM)
@@ -267,11 +267,11 @@ def _stop_launcher(child) -> None:
 
 
 def run_byteps(args, n: int, threads: int) -> tuple[float, float]:
-    from byteps_like.bench._procs import ProcGroup
+    from byteps_like.bench.harness import Job
     cmd = [sys.executable, "-m", "byteps_like.launcher", "--local", "--workers", str(n),
            "--servers", str(args.servers), "--timeout", str(int(args.timeout)), "--",
            *_bench_argv(args, threads)]
-    with ProcGroup("byteps_like") as g:
+    with Job("byteps_like") as g:
         child = g.spawn(f"bpslaunch-{n}", cmd, _child_env())
         try:
             g.wait(args.timeout + 15)
@@ -282,10 +282,10 @@ def run_byteps(args, n: int, threads: int) -> tuple[float, float]:
 
 
 def run_ddp(args, n: int, threads: int) -> tuple[float, float]:
-    from byteps_like.bench._procs import ProcGroup, free_port
+    from byteps_like.bench.harness import Job, free_port
     env = _child_env()
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(n))
-    with ProcGroup("ddp-gloo") as g:
+    with Job("ddp-gloo") as g:
         children = [g.spawn(f"ddp-{r}", [*_bench_argv(args, threads), "--ddp-gloo"],
                             {**env, "RANK": str(r)}) for r in range(n)]
         g.wait(args.timeout)
@@ -324,7 +324,7 @@ def compare(args) -> int:
 
     import torch
 
-    from byteps_like.bench._procs import ChildFailed
+    from byteps_like.bench.harness import ChildFailed
     counts = [int(x) for x in args.workers.split(",") if x.strip()]
     if not counts or min(counts) < 1:
         raise SystemExit(f"--workers {args.workers!r}: give worker counts such as 1,2,4")
@@ -444,7 +444,7 @@ def parse_args(argv: Sequence[str] | None = None):
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.compare:
-        # SIGTERM/SIGHUP end the driver through SystemExit, so every ProcGroup's cleanup runs
+        # SIGTERM/SIGHUP end the driver through SystemExit, so every Job's cleanup runs
         # (the children live in their own sessions and would otherwise outlive it)
         def stop(signum, _frame):
             raise SystemExit(128 + signum)
