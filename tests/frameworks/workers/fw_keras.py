@@ -68,7 +68,10 @@ class Adapter:
         return v.numpy()
 
     def allgather(self, t, name: str):
-        raise NotImplementedError("byteps_like.keras has no allgather")
+        fn = getattr(bps, "allgather", None)   # once it exists, the strict xfail says so
+        if fn is None:
+            raise NotImplementedError("byteps_like.keras has no allgather")
+        return fn(t, name=name)
 
     def gradients(self):
         """4 Dense layers; DistributedOptimizer.apply queues every gradient, then waits."""

@@ -73,7 +73,10 @@ class Adapter:
         return params[name]
 
     def allgather(self, t, name: str):
-        raise NotImplementedError("byteps_like.mxnet has no allgather")
+        fn = getattr(bps, "allgather", None)   # once it exists, the strict xfail says so
+        if fn is None:
+            raise NotImplementedError("byteps_like.mxnet has no allgather")
+        return fn(t, name=name)
 
     def gradients(self):
         """DistributedTrainer.step of 4 Dense layers: every gradient queued, then waited for."""

@@ -35,8 +35,11 @@ class Adapter:
         return bps.push_pull(t, name=name, average=False, compression=Compression.fp16)
 
     def broadcast(self, t, root: int, name: str):
-        raise NotImplementedError("the numpy API has no broadcast (byteps_like.worker.api "
-                                  "exports push_pull, allgather and join, but no broadcast)")
+        fn = getattr(bps, "broadcast", None)   # once it exists, the strict xfail says so
+        if fn is None:
+            raise NotImplementedError("the numpy API has no broadcast (byteps_like exports "
+                                      "push_pull, allgather and join, but no broadcast)")
+        return fn(t, root_rank=root, name=name)
 
     def allgather(self, t, name: str):
         return bps.allgather(t, name=name)
