@@ -446,6 +446,7 @@ def test_digits_example_through_ray_train_reaches_bpslaunch_accuracy(ray_run):
     assert b.rc == 0, b.log
     m = re.search(r"^\[worker 0\] final test accuracy: ([0-9.]+) \(2 workers", b.out, re.M)
     assert m, b.log
+    print(f"digits accuracy: Ray Train {r['metrics']['accuracy']}, bpslaunch {m.group(1)}")
     assert r["metrics"]["accuracy"] == pytest.approx(float(m.group(1)), abs=0.01), \
         f"Ray Train {r['metrics']['accuracy']}, bpslaunch {m.group(1)}\n{log}\n{b.log}"
 
