@@ -769,6 +769,7 @@ class ServerImpl {
   std::vector<std::uint8_t> joined_;
   std::map<int, std::string> left_;
   std::atomic<int> required_{0};  // pushes that complete a round: workers not joined
+  std::atomic<std::int64_t> round_base_{0};  // elastic: the epoch's first round (new keys')
 
   // extra: more JSON members, already encoded (",\"rank\":1"), or empty
   void send_error(const std::shared_ptr<Conn>& conn, const Header& h, const char* kind,
@@ -869,6 +870,7 @@ class ServerImpl {
         }
         st->chunk_mu.reset(new std::mutex[st->nchunks]);
         st->pushed.assign(num_workers_, 0);
+        st->round = round_base_.load();  // a key first declared in a later elastic epoch
         stores_[h.key] = st;
         store_bytes_ += need;
       }
@@ -1050,6 +1052,10 @@ class ServerImpl {
       std::fill(joined_.begin(), joined_.end(), 0);
       left_.clear();
       required_.store(std::max(1, std::min(required, num_workers_)));
+    }
+    {
+      std::lock_guard<std::mutex> g(map_mu_);  // keys made from now on start at the base
+      round_base_.store(round_base);
     }
     std::vector<std::shared_ptr<Store>> all;
     {

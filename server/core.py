@@ -151,6 +151,7 @@ class Engine(threading.Thread):
         self.joined: frozenset = frozenset()
         self.left: dict[int, str] = {}
         self.required = server.required  # pushes that complete a round (elastic: the epoch's)
+        self.round_base = 0   # elastic: the epoch's first round, where a new key starts
 
     def run(self) -> None:
         while True:
@@ -220,7 +221,8 @@ class Engine(threading.Thread):
             srv.give_memory(need)
             return None
         bufs = [np.zeros(h.nbytes, dtype=np.uint8) for _ in range(nbuf)]
-        store = KeyStore(h.key, h.dtype, h.nbytes, h.count, decl, h.rank, bufs)
+        store = KeyStore(h.key, h.dtype, h.nbytes, h.count, decl, h.rank, bufs,
+                         round=self.round_base)
         self.stores[h.key] = store
         return store
 
@@ -265,7 +267,8 @@ class Engine(threading.Thread):
         if not srv.claim_zmq_key(route, h):
             srv.give_memory(need + more)
             return None
-        store = KeyStore(h.key, "uint8", 0, count, decl, h.rank, [None, None])
+        store = KeyStore(h.key, "uint8", 0, count, decl, h.rank, [None, None],
+                         round=self.round_base)
         store.codec = codec
         store.acc = np.zeros(count, np.float32)
         self.stores[h.key] = store
@@ -296,6 +299,7 @@ class Engine(threading.Thread):
         an epoch error), every key restarts at round ``base`` (the epoch in its high bits: a
         push or pull of an older epoch is out of round) and a round needs ``size`` pushes."""
         self.joined, self.left, self.required = frozenset(), {}, size
+        self.round_base = base
         srv = self.server
         for store in self.stores.values():
             for route, _rank, rnd in store.pending:

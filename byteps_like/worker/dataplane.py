@@ -32,6 +32,7 @@ from .. import _core
 from ..config import Config
 from ..errors import CommunicationError, PeerLostError, ProtocolError
 from ..transport import native
+from ..wire import first_round
 from .dispatch import server_error
 from .handle import Handle
 from .pipeline import PULL, PUSH, Task
@@ -118,7 +119,7 @@ class NativeDataPlane:
         rt = self.rt
         streams = self.streams
         parts: list[NativePart] | None
-        if rnd == 0:  # the declarations travel once per key
+        if first_round(rnd):  # the declarations travel once per key (and epoch)
             parts = [(key, server, key % streams, off, n,
                       decl_bytes(declaration(st, dtype, part)))
                      for part, (off, n, key, server) in enumerate(st.parts)]

@@ -318,47 +318,7 @@ class ElasticMembership:
         return self.round_base
 
 
-def install_hooks(rt: Runtime) -> ElasticMembership:
-    """TEMPORARY (until the hook lines are in the split runtime): wire an elastic membership
-    into ``rt`` before its ``init()``, by wrapping the few runtime methods the hooks touch."""
-    hooked = getattr(rt, "elastic_m", False)
-    if hooked is not False:   # the runtime has its hooks: nothing to wrap
-        return hooked  # type: ignore[return-value]
-    em = ElasticMembership(rt)
-    rt._elastic_m = em  # type: ignore[attr-defined]
-    orig_connect, orig_push = rt._connect, rt.stages.push
-    orig_declare, orig_pp, orig_barrier = rt.registry.declare, rt.push_pull_async, rt.barrier
-
-    def connect(cfg: Any) -> None:
-        orig_connect(cfg)
-        em.attach_control(rt.members.controller)
-        em.adopt_table()
-
-    def stage_push(task: Any) -> bool:
-        return False if em.fail_stale(task) else orig_push(task)
-
-    def declare(name: str) -> Any:
-        new = name not in rt.registry.tensors
-        st = orig_declare(name)
-        if new:
-            st.decl_id = name_id(name)
-            if st.round == 0 and em.round_base:
-                st.round = em.round_base
-        return st
-
-    def push_pull_async(*a: Any, **k: Any) -> Any:
-        em.check_collective()
-        return orig_pp(*a, **k)
-
-    def barrier(timeout: float | None = None) -> None:
-        em.check_collective()
-        orig_barrier(timeout)
-
-    rt._connect = connect  # type: ignore[method-assign]
-    rt.stages.push = stage_push  # type: ignore[method-assign]
-    rt.registry.declare = declare  # type: ignore[method-assign]
-    rt.push_pull_async = push_pull_async  # type: ignore[method-assign]
-    rt.barrier = barrier  # type: ignore[method-assign]
-    rt.check_membership = em.check_membership  # type: ignore[attr-defined]
-    rt.rejoin = em.rejoin  # type: ignore[attr-defined]
-    return em
+def install_hooks(rt: Runtime) -> ElasticMembership | None:
+    """Kept for scripts written while the runtime had no hooks yet: the runtime wires elastic
+    membership in itself now (``init()`` of an elastic job). Returns ``rt.elastic_m``."""
+    return rt.elastic_m

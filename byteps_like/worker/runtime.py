@@ -51,9 +51,10 @@ from ..errors import (
 )
 from ..transport import native
 from ..transport.base import Drops, Endpoint
-from ..wire import ITEMSIZE, SUMMABLE, dtype_name
+from ..wire import ITEMSIZE, SUMMABLE, dtype_name, first_round
 from .dataplane import NativeDataPlane
 from .dispatch import Dispatcher
+from .elastic_membership import ElasticMembership
 from .handle import Handle
 from .local_reduce import LocalReduction
 from .membership import Membership
@@ -100,6 +101,7 @@ class Runtime:
         self.plane = NativeDataPlane(self)
         self.stages = StageExecutors(self)
         self.dispatch = Dispatcher(self)
+        self.elastic_m: ElasticMembership | None = None  # elastic jobs (elastic_membership.py)
 
     # -- the parts' state, as the rest of the code reads it ----------------------------------------
     @property
@@ -180,6 +182,8 @@ class Runtime:
                                          f"{cfg.cluster.local_rank}")
             c = cfg.cluster
             self.members.configure(cfg)
+            if cfg.elastic.enabled and not c.is_standalone:  # worker/elastic_membership.py
+                self.elastic_m = ElasticMembership(self)
             if c.is_standalone:
                 self.members.rank = 0
             else:
@@ -198,12 +202,16 @@ class Runtime:
         c = cfg.cluster
         self.local.reset(c.local_size)
         m.open(cfg, on_message=self.dispatch.on_message, on_fatal=self._on_fatal)
+        if self.elastic_m is not None:
+            self.elastic_m.attach_control(m.controller)
         try:
             m.register()
         except BaseException:
             self._teardown()
             raise
         m.meet_peers(cfg)
+        if self.elastic_m is not None:
+            self.elastic_m.adopt_table()
         credit = cfg.scheduling.credit * cfg.partition.partition_bytes
         self.pipeline = Pipeline(self.stages.handlers(c.local_size),
                                  queue_depth=cfg.scheduling.queue_depth, credit_bytes=credit,
@@ -323,8 +331,37 @@ class Runtime:
 
     def barrier(self, timeout: float | None = None) -> None:
         self._check()
+        if self.elastic_m is not None:
+            self.elastic_m.check_collective()
         if self.members.control is not None:
             self.members.control.barrier("worker", timeout)
+
+    # -- elastic jobs (BYTEPS_ELASTIC; the protocol in elastic_membership.py) -----------------
+    @property
+    def elastic(self) -> bool:
+        """Whether this is an elastic job's worker."""
+        return self.elastic_m is not None
+
+    @property
+    def epoch(self) -> int:
+        """The membership epoch this worker is in (0: none yet, or not elastic)."""
+        return self.elastic_m.epoch if self.elastic_m is not None else 0
+
+    def check_membership(self) -> None:
+        """Elastic jobs: raise MembershipChangedError when workers wait to join or a newer
+        epoch was announced (cheap, non-blocking; ``State.commit()`` calls it)."""
+        self._check()
+        if self.elastic_m is not None:
+            self.elastic_m.check_membership()
+
+    def rejoin(self, timeout: float | None = None) -> None:
+        """Elastic jobs, after a MembershipChangedError: abandon the old epoch, block until the
+        next one is formed and take its rank and size (TooFewWorkersError below the minimum)."""
+        self._check()
+        if self.elastic_m is None:
+            raise BytePSError("rejoin() is for elastic jobs (BYTEPS_ELASTIC=1, bpslaunch "
+                              "--elastic)")
+        self.elastic_m.rejoin(timeout)
 
     def join(self) -> int:
         """This rank is out of data (Horovod's ``hvd.join()``): finish what is in flight, then
@@ -412,6 +449,8 @@ class Runtime:
         keeps the compressor of its first push_pull. Cast compressors (fp16, bf16) are applied
         by the plugins before this call, so they are ignored here."""
         self._check()
+        if self.elastic_m is not None:  # an epoch that is over: raise at once
+            self.elastic_m.check_collective()
         if device is not None and not self.device_pipeline:
             raise ValueError("device staging through the pipeline needs a distributed job "
                              "with one local rank; stage the tensor on the host instead")
@@ -518,7 +557,7 @@ class Runtime:
             task.device_direct = device_direct
             task.dtype = dtype
             task.average = average
-            task.decl = declaration(st, dtype, part) if rnd == 0 else None
+            task.decl = declaration(st, dtype, part) if first_round(rnd) else None
             task.codec = st.codecs[part] if st.codecs else None
             task.native = on_native
             if task.codec is not None:

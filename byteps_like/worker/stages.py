@@ -77,6 +77,8 @@ class StageExecutors:
 
     def push(self, task: Task) -> bool:
         rt, m = self.rt, self.members
+        if rt.elastic_m is not None and rt.elastic_m.fail_stale(task):
+            return False  # a partition of an elastic epoch that is over
         if task.native:  # the native data plane pushes and pulls; it applies its own credit
             rt._release(task)
             rt.plane.submit_task(rt.plane.active_client, task)

@@ -98,6 +98,9 @@ class TensorRegistry:
     def __init__(self) -> None:
         self.tensors: dict[str, TensorState] = {}
         self.round_floor: dict[str, int] = {}  # after join(): rounds of names not declared yet
+        # elastic jobs (elastic_membership.py): ids from names, rounds from the epoch
+        self.key_of: Callable[[str], int] | None = None
+        self.round_base = 0
         self._noname = 0
 
     def auto_name(self) -> str:
@@ -111,8 +114,9 @@ class TensorRegistry:
         new name starts at the round the job is at."""
         st = self.tensors.get(name)
         if st is None:
-            st = self.tensors[name] = TensorState(len(self.tensors), name,
-                                                  round=self.round_floor.pop(name, 0))
+            st = self.tensors[name] = TensorState(
+                len(self.tensors) if self.key_of is None else self.key_of(name), name,
+                round=self.round_floor.pop(name, self.round_base))
         return st
 
     def rounds(self) -> dict[str, int]:

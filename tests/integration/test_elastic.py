@@ -33,6 +33,9 @@ def check_sums(recs: list[dict], log: str) -> None:
     size everywhere."""
     sizes: dict[int, int] = {}
     for r in recs:
+        if "fresh" in r:  # a tensor first used in that epoch
+            assert r["fresh"] == r["fresh_max"] == r["size"], (r, log)
+            assert sizes.setdefault(r["epoch"], r["size"]) == r["size"], (r, log)
         if "step" not in r or "ones" not in r:
             continue
         n = r["size"]
@@ -78,6 +81,7 @@ def test_worker_lost_mid_step(plane, sig):
     assert run.rc == 0, log
     recs = records(run.out)
     check_sums(recs, log)
+    assert {r["epoch"] for r in recs if "fresh" in r} == {1, 2}, log
     killed = next(r for r in recs if "killing" in r)
     assert "lost" in run.err and killed["who"] in run.err, log   # bpslaunch names it
     survivors = {r["who"] for r in recs if r.get("done")}

@@ -24,11 +24,6 @@ import byteps_like as bps
 from byteps_like.errors import MembershipChangedError, TooFewWorkersError
 from byteps_like.worker.runtime import default_runtime
 
-try:  # the runtime's own hooks, once they are in; the temporary wrapper before
-    from byteps_like.worker.elastic_membership import install_hooks
-except ImportError:  # pragma: no cover
-    install_hooks = None
-
 steps = int(sys.argv[1])
 opts = dict(a.split("=", 1) for a in sys.argv[2:])
 kill_at, _, kill_rank = opts.get("kill", "-1@-1").partition("@")
@@ -39,10 +34,13 @@ kill_server = int(opts.get("killserver", -1))
 slow = float(opts.get("slow", 0))
 
 rt = default_runtime()
-em = install_hooks(rt) if install_hooks is not None and not hasattr(rt, "rejoin") else None
 t_init = time.monotonic()
 bps.init()
-epoch = (lambda: em.epoch) if em is not None else (lambda: rt.epoch)  # noqa: E731
+assert rt.elastic, "run me in an elastic job (bpslaunch --elastic)"
+
+
+def epoch() -> int:
+    return rt.epoch
 
 
 def say(**kw):
@@ -59,6 +57,11 @@ while step < steps:
             got = bps.push_pull(np.array([step if bps.rank() == 0 else 0], np.int64),
                                 name="step", average=False)
             step = int(got[0])
+            # a name first used in this epoch declares its key at the epoch's first round
+            fresh = bps.push_pull(np.ones(10, np.float32), name=f"fresh.{epoch()}",
+                                  average=False)
+            say(rank=bps.rank(), size=bps.size(), epoch=epoch(), fresh=float(fresh.min()),
+                fresh_max=float(fresh.max()))
             synced = True
             if step >= steps:
                 break
