@@ -65,11 +65,7 @@ def runtime() -> Runtime:
 
 def is_elastic(rt: Any) -> bool:
     """Whether ``rt`` runs an elastic job (``bpslaunch --elastic``, BYTEPS_ELASTIC=1)."""
-    flag = getattr(rt, "elastic", None)
-    if flag is None:  # a runtime without the property: its configuration says
-        cfg = getattr(getattr(rt, "cfg", None), "elastic", None)
-        flag = bool(getattr(cfg, "enabled", False)) and hasattr(rt, "rejoin")
-    return bool(flag)
+    return bool(getattr(rt, "elastic", False))
 
 
 class StateHandler:
@@ -339,7 +335,7 @@ def _note(exc: MembershipChangedError, prev: MembershipChangedError | None,
         return exc, noticed
     what = []
     if exc.lost:
-        what.append("lost " + ", ".join(exc.lost))
+        what.append("; ".join(exc.lost))
     if exc.added:
         what.append(f"{exc.added} worker(s) joining")
     log.warning("elastic: membership changed (epoch %s%s)%s", exc.epoch,
