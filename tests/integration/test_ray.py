@@ -189,6 +189,38 @@ def scenario_digits(storage: str) -> None:
           error=repr(result.error) if result.error else None)
 
 
+def _steps(model, opt, g, doomed: bool) -> float:
+    """Five training steps; on the doomed epoch rank 0 kills server 0's actor at step 2 and
+    both workers go on stepping until byteps_like reports the lost server (at once when its
+    connections close, else within the heartbeat timeout)."""
+    import ray
+    import torch
+
+    import byteps_like.torch as bps
+    from byteps_like.ray import actor_name
+    step, deadline = 0, None
+    while step < 5 or doomed:
+        if doomed and step == 2:
+            deadline = time.monotonic() + 150
+            if bps.rank() == 0:
+                server = ray.get_actor(actor_name(os.environ["BYTEPS_JOB_ID"], "server", 0))
+                ray.kill(server)  # asynchronous: wait until its process is gone
+                with contextlib.suppress(ray.exceptions.RayActorError):
+                    for _ in range(120):
+                        ray.get(server.status.remote(), timeout=30)
+                        time.sleep(0.25)
+                    raise AssertionError("the killed server actor still answers after 30 s")
+        if deadline is not None and time.monotonic() > deadline:
+            raise AssertionError("no PeerLostError 150 s after a server was killed")
+        x = torch.randn(16, 8, generator=g)
+        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+    return loss.item()
+
+
 def _resume_loop(config: dict) -> None:
     """Trains a tiny model for ``epochs`` epochs, a checkpoint per epoch; on the first attempt
     rank 0 kills server 0's actor during epoch ``kill_at``."""
@@ -199,7 +231,6 @@ def _resume_loop(config: dict) -> None:
     import torch
 
     import byteps_like.torch as bps
-    from byteps_like.ray import actor_name
     bps.init()
     torch.set_num_threads(1)
     model = torch.nn.Linear(8, 1)
@@ -213,23 +244,22 @@ def _resume_loop(config: dict) -> None:
         model.load_state_dict(state["model"])
         start = resumed = state["epoch"]
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
-    g = torch.Generator().manual_seed(bps.rank())
+    rank = bps.rank()  # asked once: after a lost peer every call of the runtime raises
+    g = torch.Generator().manual_seed(rank)
     for epoch in range(start, config["epochs"]):
-        for step in range(5):
-            if (ckpt is None and epoch == config["kill_at"] and step == 2
-                    and bps.rank() == 0):
-                job = os.environ["BYTEPS_JOB_ID"]
-                ray.kill(ray.get_actor(actor_name(job, "server", 0)))
-            x = torch.randn(16, 8, generator=g)
-            loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        # on the first attempt, epoch kill_at ends only by the error that fails the attempt
+        doomed = ckpt is None and epoch == config["kill_at"]
+        try:
+            loss = _steps(model, opt, g, doomed)
+        except BaseException as exc:  # what ended the first attempt, for the test to check
+            with open(config["causes"], "a") as f:
+                f.write(f"rank {rank}: {type(exc).__name__}: {str(exc)[:300]}\n")
+            raise
         with tempfile.TemporaryDirectory() as d:
             torch.save({"model": model.state_dict(), "epoch": epoch + 1},
                        os.path.join(d, "state.pt"))
             ray.train.report({"epoch": epoch + 1, "resumed_from": resumed,
-                              "job": os.environ["BYTEPS_JOB_ID"], "loss": loss.item()},
+                              "job": os.environ["BYTEPS_JOB_ID"], "loss": loss},
                              checkpoint=ray.train.Checkpoint.from_directory(d))
     bps.shutdown()
 
@@ -261,9 +291,11 @@ def _settled(deadline_s: float = 20.0) -> dict:
 
 def scenario_resume(storage: str) -> None:
     t0 = time.monotonic()
-    result = _trainer(_resume_loop, "resume", storage, {"epochs": 4, "kill_at": 1},
-                      max_failures=1).fit()
+    causes = Path(storage, "causes.txt")
+    result = _trainer(_resume_loop, "resume", storage,
+                      {"epochs": 4, "kill_at": 1, "causes": str(causes)}, max_failures=1).fit()
     _emit("resume", seconds=round(time.monotonic() - t0, 2), metrics=result.metrics,
+          causes=causes.read_text().splitlines() if causes.exists() else [],
           error=repr(result.error) if result.error else None, leftovers=_settled())
 
 
@@ -457,6 +489,9 @@ def test_killed_server_actor_retries_from_checkpoint_and_leaves_nothing(ray_run)
     log = ray_run[1]
     assert r["metrics"]["epoch"] == 4, log
     assert r["metrics"]["resumed_from"] == 1, log  # the second attempt started at epoch 1
+    # the first attempt ended because byteps_like reported the lost server on a worker
+    assert any("PeerLostError" in c for c in r["causes"]), log
+    assert not any("AssertionError" in c for c in r["causes"]), log
     assert r["leftovers"] == {"actors": [], "groups": [], "procs": [], "shm": []}, log
 
 
