@@ -617,6 +617,7 @@ struct Store {
   // elastic membership epochs (reset_epoch): a push begun in an older generation sums nothing
   // more and completes nothing; read under chunk_mu (sum_chunk) or mu, written under both
   std::atomic<std::uint64_t> gen{0};
+  std::uint64_t charged = 0;                   // its bytes of the memory budget
   int contrib[2] = {0, 0};                     // pushes summed into each buffer's round
   std::vector<std::uint8_t> pushed;            // per worker rank, this round
   int started = 0, finished = 0;               // pushes begun / summed this round
@@ -821,6 +822,14 @@ class ServerImpl {
       if (it != stores_.end()) {
         st = it->second;
       } else {
+        const std::int64_t base = round_base_.load();
+        if (base > 0 && h.round < base) {  // an elastic epoch that is over: no new key
+          reject("push of a superseded epoch");
+          send_error(conn, h, "epoch", "key " + std::to_string(h.key) + ": push from worker "
+                     "rank " + std::to_string(h.rank) + " belongs to a membership epoch that "
+                     "has ended");
+          return nullptr;
+        }
         if (!(h.flags & kFlagDeclare) || meta.empty()) {
           reject("push of an undeclared key");
           send_error(conn, h, "protocol", "first push of key " + std::to_string(h.key) +
@@ -871,6 +880,7 @@ class ServerImpl {
         st->chunk_mu.reset(new std::mutex[st->nchunks]);
         st->pushed.assign(num_workers_, 0);
         st->round = round_base_.load();  // a key first declared in a later elastic epoch
+        st->charged = need;
         stores_[h.key] = st;
         store_bytes_ += need;
       }
@@ -1053,14 +1063,19 @@ class ServerImpl {
       left_.clear();
       required_.store(std::max(1, std::min(required, num_workers_)));
     }
-    {
-      std::lock_guard<std::mutex> g(map_mu_);  // keys made from now on start at the base
-      round_base_.store(round_base);
-    }
+    // every key is forgotten: the new epoch declares its tensors afresh (a name may come back
+    // with another shape, a joiner declares in its own order); keys made from now on start at
+    // the epoch's base round
     std::vector<std::shared_ptr<Store>> all;
     {
       std::lock_guard<std::mutex> g(map_mu_);
-      for (auto& kv : stores_) all.push_back(kv.second);
+      round_base_.store(round_base);
+      for (auto& kv : stores_) {
+        all.push_back(kv.second);
+        store_bytes_ -= std::min<std::uint64_t>(kv.second->charged, store_bytes_);
+      }
+      stores_.clear();
+      zmq_keys_.clear();
     }
     for (auto& st : all) {
       std::lock_guard<std::mutex> g(st->mu);

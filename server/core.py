@@ -116,6 +116,7 @@ class KeyStore:
     pushes: int = 0
     round_started: float | None = None   # monotonic time of the open round's first push
     codec: object = None           # compressed key: the server Codec (decode pushes, encode sum)
+    charged: int = 0               # its bytes of the memory budget (BYTEPS_SERVER_MAX_BYTES)
     step: int = -1                 # compressed key: the step of the open round's pushes
 
     @property
@@ -197,6 +198,10 @@ class Engine(threading.Thread):
         """A store for a declared key, its memory charged to the server's budget first (the
         native plane's too: BYTEPS_SERVER_MAX_BYTES bounds both paths together)."""
         h, srv = msg.header, self.server
+        if srv.elastic and h.round < self.round_base:
+            srv.refuse(route, h, "push of a superseded epoch", ERR_EPOCH, f"key {h.key}: push "
+                       f"from worker rank {h.rank} belongs to a membership epoch that has ended")
+            return None
         if not (h.flags & FLAG_DECLARE) or not msg.meta:
             srv.refuse(route, h, "push of an undeclared key", ERR_PROTOCOL, f"first push of key "
                        f"{h.key} from {h.sender} carries no declaration")
@@ -222,7 +227,7 @@ class Engine(threading.Thread):
             return None
         bufs = [np.zeros(h.nbytes, dtype=np.uint8) for _ in range(nbuf)]
         store = KeyStore(h.key, h.dtype, h.nbytes, h.count, decl, h.rank, bufs,
-                         round=self.round_base)
+                         round=self.round_base, charged=need)
         self.stores[h.key] = store
         return store
 
@@ -268,7 +273,7 @@ class Engine(threading.Thread):
             srv.give_memory(need + more)
             return None
         store = KeyStore(h.key, "uint8", 0, count, decl, h.rank, [None, None],
-                         round=self.round_base)
+                         round=self.round_base, charged=need + more)
         store.codec = codec
         store.acc = np.zeros(count, np.float32)
         self.stores[h.key] = store
@@ -296,8 +301,9 @@ class Engine(threading.Thread):
 
     def apply_epoch(self, base: int, size: int, applied) -> None:
         """Elastic jobs: a new membership epoch. Every open round is dropped (waiting pulls get
-        an epoch error), every key restarts at round ``base`` (the epoch in its high bits: a
-        push or pull of an older epoch is out of round) and a round needs ``size`` pushes."""
+        an epoch error) and every key forgotten, its memory given back: the new epoch declares
+        its tensors afresh, at round ``base`` (the epoch in its high bits: a push or pull of an
+        older epoch is out of round, and makes no new key); a round needs ``size`` pushes."""
         self.joined, self.left, self.required = frozenset(), {}, size
         self.round_base = base
         srv = self.server
@@ -307,12 +313,9 @@ class Engine(threading.Thread):
                                 f"key {store.key}: the membership epoch of round {rnd} ended "
                                 "(a worker left or joined); the round was dropped")
             store.pending = []
-            if store.failed_kind == ERR_PEER_LEFT:
-                store.failed, store.failed_kind, store.failed_extra = None, ERR_MISMATCH, {}
-            store.round, store.completed = base, -1
-            store.pushed = set()
-            store.round_started = None
-            store.step = -1
+            srv.give_memory(store.charged)
+        srv.forget_keys(self, list(self.stores))
+        self.stores.clear()
         applied()
 
     def _doom_if_left(self, store: KeyStore) -> bool:
@@ -702,6 +705,16 @@ class Server:
         else:
             self.refuse(route, h, "push of an undeclared key", ERR_PROTOCOL, f"first push of "
                         f"key {h.key} from {h.sender} carries no declaration")
+
+    def forget_keys(self, eng: Engine, keys: list[int]) -> None:
+        """Elastic epochs: ``eng`` dropped these keys' stores; the next declaring push of one
+        picks an engine again."""
+        with self._route_lock:
+            for key in keys:
+                if self.key_engine.get(key) is eng:
+                    del self.key_engine[key]
+                self._unsettled.pop(key, None)
+            eng.bytes = sum(st.nbytes for st in eng.stores.values() if st.key not in keys)
 
     def _settle(self, eng: Engine, key: int) -> None:
         """``eng`` is done with a message for ``key``: once the key has a store it stays; a key

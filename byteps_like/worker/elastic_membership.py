@@ -10,14 +10,17 @@ This module, called by the :class:`~byteps_like.worker.runtime.Runtime` through 
 * ``check_membership()`` raises it too, cheaply, when workers wait to join;
 * ``rejoin()`` abandons what the old epoch left in flight, tells the scheduler it is ready
   (``READY``), blocks until the new epoch is formed (``EPOCH_START``: the servers have reset for
-  it already), adopts the new dense rank and size, restarts every tensor at the epoch's first
-  round and reopens the native data plane's streams under the new rank.
+  it already, forgetting every key), adopts the new dense rank and size, forgets its tensor
+  declarations (each is declared afresh at the epoch's first round, as in a fresh job; ids come
+  from names, so a joiner's keys are the survivors') and reopens the native data plane's
+  streams under the new rank.
 
 Rounds carry the epoch in their high bits (:func:`byteps_like.wire.epoch_round_base`), so a
 push of an older epoch is out of round at every server: no sum mixes two epochs.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -140,9 +143,8 @@ class ElasticMembership:
             m.assigner = ElasticAssigner(  # type: ignore[assignment]
                 m.assigner.num_servers, m.assigner.weights)
         reg = rt.registry
-        if hasattr(reg, "key_of"):   # the runtime's hook (tensors.TensorRegistry)
-            reg.key_of = name_id
-            reg.round_base = self.round_base
+        reg.key_of = name_id
+        reg.round_base = self.round_base
 
     def first_round(self, rnd: int) -> bool:
         """Whether ``rnd`` is the first round of its epoch (the one that declares a key)."""
@@ -281,12 +283,17 @@ class ElasticMembership:
             m.machine = m.push_rank = rank   # one worker process per machine
             m.controller.rank = rank
             m.dropped.who = f"worker {rank}"
-            for st in rt._tensors.values():
-                st.round = base
-                st.busy, st.waiting = None, []
-            rt.registry.round_floor = {}
-            if hasattr(rt.registry, "round_base"):
-                rt.registry.round_base = base
+            # every tensor is declared afresh in the new epoch, as in a fresh job (the servers
+            # forgot their keys): a name may come back with another shape, and the unnamed
+            # sequences restart, so a joiner's names are the survivors'
+            reg = rt.registry
+            reg.tensors.clear()
+            reg.round_floor = {}
+            reg.round_base = base
+            reg._noname = 0
+            from . import broadcast
+            broadcast._counter = itertools.count()
+            broadcast._gather_counter = itertools.count()
             self._superseded = None
             self._added = 0
             self._start = None

@@ -35,6 +35,7 @@ def check_sums(recs: list[dict], log: str) -> None:
     for r in recs:
         if "fresh" in r:  # a tensor first used in that epoch
             assert r["fresh"] == r["fresh_max"] == r["size"], (r, log)
+            assert r["vary"] == r["vary_max"] == r["size"] == r["vary_len"], (r, log)
             assert sizes.setdefault(r["epoch"], r["size"]) == r["size"], (r, log)
         if "step" not in r or "ones" not in r:
             continue

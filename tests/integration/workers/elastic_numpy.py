@@ -60,8 +60,11 @@ while step < steps:
             # a name first used in this epoch declares its key at the epoch's first round
             fresh = bps.push_pull(np.ones(10, np.float32), name=f"fresh.{epoch()}",
                                   average=False)
+            # a name of every epoch whose shape follows the size: declared afresh each time
+            vary = bps.push_pull(np.ones(bps.size(), np.float32), name="vary", average=False)
             say(rank=bps.rank(), size=bps.size(), epoch=epoch(), fresh=float(fresh.min()),
-                fresh_max=float(fresh.max()))
+                fresh_max=float(fresh.max()), vary=float(vary.min()), vary_max=float(vary.max()),
+                vary_len=int(vary.size))
             synced = True
             if step >= steps:
                 break
