@@ -60,7 +60,7 @@ def after_loss(plane: str, sig: str) -> tuple[float, float, float]:
 
 
 def after_join(plane: str) -> float:
-    recs = run(2, ["40", "slow=0.05"], ["--max-workers", "3", "--add-workers", "1",
+    recs = run(2, ["100", "slow=0.05"], ["--max-workers", "3", "--add-workers", "1",
                                         "--add-after", "1"], plane)
     worst = 0.0
     for who in ("worker 0", "worker 1"):
