@@ -32,9 +32,14 @@ slow = float(opts.get("slow", 0))
 join_size = int(opts.get("join", 0))
 
 rt = default_runtime()
+torch.set_num_threads(1)
+# the model and the plain optimizer before init(): a worker that joins is admitted ready to sync
+# (torch.optim's first use alone takes seconds on a busy machine, which the others would wait)
+torch.manual_seed(1000 + os.getpid())          # different everywhere: the sync must fix it
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 t_start = time.time()
 bps.init()
-torch.set_num_threads(1)
 
 
 def say(**kw):
@@ -47,9 +52,6 @@ def epoch():
 
 say(started=bps.rank(), size=bps.size(), epoch=epoch(), pid=os.getpid(),
     init=round(time.time() - t_start, 3))
-torch.manual_seed(1000 + os.getpid())          # different everywhere: the sync must fix it
-model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
-opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters())
 state = bps.elastic.TorchState(model=model, optimizer=opt, step=0, big_enough=0)
 
