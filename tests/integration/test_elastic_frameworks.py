@@ -7,7 +7,8 @@ or a ``KerasState`` under ``bpslaunch --local --elastic``.
 * a worker added mid-training joins at the next commit and holds the others' parameters from
   its first step;
 * the elastic digits example still reaches test accuracy >= 0.95 after a loss;
-* a Keras ``fit`` job (compiled steps) loses a worker and finishes on the survivors.
+* a Keras ``fit`` job (compiled steps) loses a worker and finishes on the survivors;
+* the same loss for the numpy API (``byteps_like.elastic.ObjectState`` of a numpy array).
 
 The protocol side (epochs, servers, the launcher's supervision) is tests/integration/
 test_elastic.py's; the API without a cluster is tests/unit/test_elastic_state.py's.
@@ -89,6 +90,25 @@ def test_torch_worker_lost_mid_step_survivors_resume_in_step():
         assert len(resets) == 1 and resets[0]["size"] == 2, (who, log)
         # resumed: the first step of the new epoch within the heartbeat timeout + 5 s
         assert after[0]["t"] - killed["t"] <= HEARTBEAT_TIMEOUT + 5, (after[0], killed, log)
+
+
+def test_numpy_object_state_loses_a_worker():
+    steps, kill_at, every = 10, 5, 2
+    run = launch(worker("elastic_objectstate.py", steps, f"kill={kill_at}@1", f"commit={every}"),
+                 3, ["--min-workers", "2", "--max-restarts", "0"])
+    log = run.log
+    assert run.rc == 0, log
+    recs = records(run.out)
+    same_parameters_after_every_step(recs, log)
+    killed = next(r for r in recs if "killing" in r)
+    done = [r for r in recs if r.get("done")]
+    assert len(done) == 2 and len({r["crc"] for r in done}) == 1, log
+    last_commit = kill_at // every * every
+    for who in {r["who"] for r in done}:
+        after = [r["step"] for r in recs if r["who"] == who and r.get("size") == 2
+                 and "crc" in r and "done" not in r]
+        assert after == list(range(last_commit + 1, steps + 1)), (who, after, log)
+    assert killed["who"] not in {r["who"] for r in done}, log
 
 
 def test_torch_worker_added_joins_at_a_commit_with_the_same_parameters():
