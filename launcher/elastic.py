@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from .job import EXIT_FAILURE, JobSettings, _Job, _names
+from .job import EXIT_FAILURE, JobSettings, _blame, _Job, _names
 from .plan import ChildSpec, child_environment
 from .procs import AffinityError, Child, Supervisor, describe_returncode
 
@@ -62,6 +62,8 @@ class _ElasticJob(_Job):
         self.restarts = 0
         self.next_rank = 0
         self.lost: list[str] = []
+        self.lost_children: list[Child] = []
+        self.finished_ok = 0  # workers that exited 0
 
     def _start_worker(self, template: ChildSpec, base_env: Mapping[str, str],
                       why: str) -> None:
@@ -104,7 +106,10 @@ class _ElasticJob(_Job):
             for child in exited:
                 code = child.returncode or 0
                 if child.role == "worker":
-                    if code != 0:
+                    if code == 0:
+                        self.finished_ok += 1
+                    else:
+                        self.lost_children.append(child)
                         how = describe_returncode(code)
                         self.lost.append(f"{child.describe()}: {how}")
                         self.say(f"{child.describe()} lost ({how}); the elastic job goes on")
@@ -166,6 +171,11 @@ class _ElasticJob(_Job):
             return 60.0
 
     def _completed(self) -> int:
+        if not self.finished_ok and self.lost_children:
+            # every worker was lost: nothing completed (a script that fails on every worker
+            # is an error, not elasticity), whatever the scheduler made of their departures
+            self.say(f"no worker finished: all {len(self.lost)} were lost")
+            return self._failed(_blame(self.lost_children) or self.lost_children[0])
         if self.lost:
             self.say(f"the elastic job completed; {len(self.lost)} worker(s) were lost on the "
                      f"way ({self.restarts} restarted): " + "; ".join(self.lost))

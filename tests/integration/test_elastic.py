@@ -171,3 +171,20 @@ def test_server_lost_is_still_a_typed_error():
     assert run.rc != 0, log
     assert "PeerLostError" in run.out + run.err and "server" in run.err, log
     assert not leftovers(job), leftovers(job)
+
+
+def test_a_script_that_fails_on_every_worker_fails_the_job():
+    """Losing workers is elasticity; every worker failing is an error. Before: both workers
+    exited 1, the scheduler saw them leave, and bpslaunch called the job completed, exit 0."""
+    e = job_env()
+    code = ("import numpy as np, byteps_like as bps\nbps.init()\n"
+            "bps.push_pull(np.ones(4, np.float32), name='x')\n"
+            "raise SystemExit('boom: a bug in the training script')\n")
+    run = bpslaunch(["-c", code], workers=2, servers=1, env=e, timeout=60,
+                    extra=["--elastic", "--min-workers", "1", "--elastic-timeout", "3"])
+    log = run.log
+    assert run.rc != 0, log
+    assert "no worker finished: all 2 were lost" in run.err, log
+    last = run.err.splitlines()[-1]
+    assert last.startswith("bpslaunch: error: worker") and "boom" in last, log
+    assert not leftovers(e["BYTEPS_JOB_ID"]), leftovers(e["BYTEPS_JOB_ID"])
