@@ -585,7 +585,8 @@ def _read_file(path: str, origin: str) -> dict[str, tuple[Any, str]]:
         try:
             import tomli as tomllib  # type: ignore[no-redef]
         except ModuleNotFoundError:
-            raise ConfigError(f"config file {path} ({origin}) needs Python >= 3.11 or tomli")
+            raise ConfigError(
+                f"config file {path} ({origin}) needs Python >= 3.11 or tomli") from None
     source = f"config file {path}"
     try:
         with open(path, "rb") as fh:
@@ -637,8 +638,9 @@ def _build(values: Mapping[str, tuple[Any, str]]) -> Config:
             raise ConfigError(f"{flag}=1 ({values[_BY_ENV[flag].path][1]}) asks for RDMA/UCX "
                               f"but BYTEPS_TRANSPORT={tr['transport']!r} "
                               f"({values['transport.transport'][1]}); unset one of them")
-    sections = {f.name: f.default_factory(**parsed[f.name])  # type: ignore[misc]
-                for f in dataclasses.fields(Config) if f.name in _SECTIONS}
+    section_types: dict[str, Any] = {f.name: f.default_factory for f in dataclasses.fields(Config)
+                                     if f.name in _SECTIONS}
+    sections = {name: make(**parsed[name]) for name, make in section_types.items()}
     cfg = Config(**sections, _sources=MappingProxyType({k: v[1] for k, v in values.items()}))
     _cross_check(cfg)
     return cfg
@@ -782,7 +784,7 @@ def describe_markdown() -> str:
     for row in describe_rows():
         if row.section != section:
             section = row.section
-            doc = [f.default_factory.__doc__ for f in dataclasses.fields(Config)  # type: ignore
+            doc = [f.default_factory.__doc__ or "" for f in dataclasses.fields(Config)
                    if f.name == section][0]
             out += ([""] if out else []) + [f"## `{section}`", "", doc, "",
                     "| Variable | Field | Type | Default | Unit | Description |",

@@ -12,12 +12,16 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..control import WAIT_REPORT_INTERVAL_S
 from ..errors import EXIT_PEER_FAILED, ProtocolError
 from ..transport import Route, make_endpoint
 from ..transport.base import Drops
+
+if TYPE_CHECKING:
+    from ..metrics import RoleMetrics
 from ..wire import (
     ERR_PROTOCOL,
     ERR_REGISTER,
@@ -95,11 +99,13 @@ class Scheduler:
                 f"the scheduler cannot listen on {_bind_host(c.root_uri)}:{c.root_port}: {exc} "
                 "(DMLC_PS_ROOT_PORT / bpslaunch --port, DMLC_PS_ROOT_URI): another job may "
                 "hold the port; pick a free one") from None
-        self.nodes: dict[bytes, NodeInfo] = {}
+        # keyed by the ZeroMQ routing id of the node's connection (Route.ident: never None for
+        # a client of the listening socket, which is all the scheduler has)
+        self.nodes: dict[bytes | None, NodeInfo] = {}
         self.phase = "register"
         self.started = time.monotonic()
         self._next_wait_report = self.started + WAIT_REPORT_INTERVAL_S  # registration
-        self.barriers: dict[tuple[str, int], set[bytes]] = {}
+        self.barriers: dict[tuple[str, int], set[bytes | None]] = {}
         self.exit_code: int | None = None
         self.failure: str | None = None
         self.rejected = 0
@@ -115,7 +121,8 @@ class Scheduler:
         self.last_joined = -1
         self.left: dict[int, str] = {}
         self.members_epoch = 0
-        self._release_acks: set[bytes] | None = None  # servers yet to ack the post-join reset
+        # servers yet to ack the post-join reset
+        self._release_acks: set[bytes | None] | None = None
         self._release_epoch = 0
         self.joined_all: dict[int, NodeInfo] = {}     # the ranks released by that ack
         self.join_rounds: dict[str, int] = {}         # tensor -> most rounds a joiner pushed
@@ -131,7 +138,7 @@ class Scheduler:
         self.epoch_log: list[tuple[int, int, float]] = []  # (epoch, size, monotonic start)
         self._done = threading.Event()
         self.heartbeats_missed = 0   # metrics: ticks that found a node silent > 2 intervals
-        self.metrics = None
+        self.metrics: RoleMetrics | None = None
         self.ep.on_message = self._on_message
         self.ep.on_error = self._io_failed
         self.ep.add_timer(cfg.timeouts.heartbeat_interval, self._tick)
@@ -834,7 +841,7 @@ def _field(meta: dict, name: str, kind: type, default=_MISSING, *, lo: int | Non
     if type(value) is not kind:
         raise _BadField(f"{label} {_show(value)} is not {'an' if kind is int else 'a'} "
                         f"{'integer' if kind is int else 'string'}")
-    if lo is not None and value < lo or hi is not None and value > hi:
+    if isinstance(value, int) and (lo is not None and value < lo or hi is not None and value > hi):
         span = f"{lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}"
         raise _BadField(f"{label}={value} is out of range ({span})")
     return value

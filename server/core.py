@@ -23,15 +23,19 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import _core
-from ..compression import CompressionError, check_declared_count, codec_bytes, from_spec
+from ..compression import Codec, CompressionError, check_declared_count, codec_bytes, from_spec
 from ..config import Config
 from ..control import ControlClient
 from ..errors import EXIT_PEER_FAILED, PeerLostError, ProtocolError
 from ..transport import Route, data_scheme, make_endpoint, native
+
+if TYPE_CHECKING:
+    from ..metrics import RoleMetrics
 from ..wire import (
     ERR_EPOCH,
     ERR_INTERNAL,
@@ -115,7 +119,8 @@ class KeyStore:
     contrib: list = field(default_factory=lambda: [0, 0])  # pushes summed per buffer's round
     pushes: int = 0
     round_started: float | None = None   # monotonic time of the open round's first push
-    codec: object = None           # compressed key: the server Codec (decode pushes, encode sum)
+    codec: Codec | None = None     # compressed key: the server Codec (decode pushes, encode sum)
+    acc: np.ndarray | None = None  # compressed key: the float32 sum of the open round
     charged: int = 0               # its bytes of the memory budget (BYTEPS_SERVER_MAX_BYTES)
     step: int = -1                 # compressed key: the step of the open round's pushes
 
@@ -340,7 +345,8 @@ class Engine(threading.Thread):
         """Close the open round once every machine that has not joined has pushed it."""
         if not store.pushed or len(store.pushed) < self.required - len(self.joined):
             return
-        if store.compressed:  # the pull is compressed too: encode the merged sum
+        if store.codec is not None:  # the pull is compressed too: encode the merged sum
+            assert store.acc is not None  # made with the codec
             wire = store.codec.encode(store.acc, store.step)
             store.bufs[store.round % 2] = np.array(wire, dtype=np.uint8, copy=True)
             store.step = -1
@@ -365,9 +371,9 @@ class Engine(threading.Thread):
                                             for f in ("name", "shape", "dtype", "part",
                                                       "nparts", "compressor"))
         # a push declaring another tensor is a worker disagreeing: its size may differ too
-        if not mismatch and store.compressed and (not h.flags & FLAG_COMPRESSED
-                                                  or h.dtype != "uint8"
-                                                  or h.nbytes > store.codec.max_bytes):
+        if not mismatch and store.codec is not None and (not h.flags & FLAG_COMPRESSED
+                                                         or h.dtype != "uint8"
+                                                         or h.nbytes > store.codec.max_bytes):
             srv.refuse(route, h, "wrong payload for a compressed key", ERR_PROTOCOL, (
                 f"push to compressed key {h.key} ({store.decl.get('name')!r}) from worker rank "
                 f"{h.rank}: {h.nbytes} bytes of {h.dtype}, expected a compressed payload of at "
@@ -391,7 +397,7 @@ class Engine(threading.Thread):
                 f"key {h.key}: push from worker rank {h.rank} for round {h.round}, a round that "
                 "is not open or that this rank has pushed already"))
             return False
-        if mismatch and store.failed is None:
+        if mismatch and decl is not None and store.failed is None:
             self._fail_key(store, (
                 f"tensor mismatch on key {h.key}: worker rank {store.decl_rank} declared "
                 f"{store.describe_decl(store.decl)} but worker rank {h.rank} declared "
@@ -448,11 +454,13 @@ class Engine(threading.Thread):
         push overwrites it). Every push of a round must carry the same step."""
         h = msg.header
         payload = as_buffer(msg.payload)
+        codec, acc = store.codec, store.acc
+        assert codec is not None and acc is not None  # only compressed keys come here
         try:
             if not store.pushed:
-                step = store.codec.decode(payload, store.acc)
+                step = codec.decode(payload, acc)
             else:
-                step = store.codec.decode_add(payload, store.acc)
+                step = codec.decode_add(payload, acc)
                 if step != store.step:  # decoded already: the round is now inconsistent
                     self._fail_key(store, (
                         f"compressed key {h.key} ({store.decl.get('name')!r}): worker rank "
@@ -465,7 +473,7 @@ class Engine(threading.Thread):
             if store.pushed:  # the round cannot complete without it: tell everyone waiting
                 self._fail_key(store, f"compressed key {h.key}: worker rank {h.rank} sent a "
                                f"malformed payload ({exc})")
-                self.server.reply_error(route, h, ERR_PROTOCOL, store.failed)
+                self.server.reply_error(route, h, ERR_PROTOCOL, store.failed or str(exc))
             else:
                 self.server.reply_error(route, h, ERR_PROTOCOL, f"compressed push to key "
                                         f"{h.key} from worker rank {h.rank}: {exc}")
@@ -572,7 +580,7 @@ class Server:
         # -- metrics (byteps_like/metrics.py, docs/observability.md) --
         from byteps_like.metrics import SumMeter
         self.sum_meter = SumMeter()
-        self.metrics = None
+        self.metrics: RoleMetrics | None = None
         # -- end metrics --
         self.ep.on_message = self._on_message
         self.ep.on_error = self._io_failed
