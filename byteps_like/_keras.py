@@ -19,14 +19,14 @@ from .worker.runtime import default_runtime
 _classes: dict = {}
 
 
-def distributed_optimizer_class(keras: Any, base: type, ops: Any) -> type:
+def distributed_optimizer_class(keras: Any, base: type[Any], ops: Any) -> type[Any]:
     """The distributed subclass of optimizer class ``base``, made once per (class, ops)."""
     key = (base, ops)
     cls = _classes.get(key)
     if cls is not None:
         return cls
 
-    class _Distributed(base):  # type: ignore[misc, valid-type]
+    class _Distributed(base):
         _bps_ops = ops
 
         def apply(self, grads, trainable_variables=None):  # Keras 3: apply_gradients calls it
@@ -91,6 +91,8 @@ class BroadcastGlobalVariablesCallbackImpl:
     """At the start of training, every rank takes the root rank's model and optimizer
     variables (the optimizer's only once they exist: again after the first batch)."""
 
+    model: Any  # set by keras.callbacks.Callback (the other base of the public class)
+
     def __init__(self, keras: Any, ops: Any, root_rank: int, *args: Any):
         super().__init__(*args)
         self._keras, self._ops = keras, ops
@@ -154,6 +156,8 @@ class LearningRateScheduleCallbackImpl:
     constant. ``momentum_correction`` is accepted for compatibility: Keras 3 optimizers hold
     momentum as a constant of the compiled step, so it is not corrected."""
 
+    model: Any  # set by keras.callbacks.Callback (the other base of the public class)
+
     def __init__(self, keras: Any, initial_lr: float, multiplier: Callable | float,
                  start_epoch: int = 0, end_epoch: int | None = None, staircase: bool = True,
                  momentum_correction: bool = True, steps_per_epoch: int | None = None,
@@ -207,6 +211,9 @@ class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
                  momentum_correction: bool = True, steps_per_epoch: int | None = None,
                  verbose: int = 0, *args: Any):
         def multiplier(epoch: float) -> float:
+            if self.steps_per_epoch is None:  # on_train_begin sets it (or raises)
+                raise ValueError("steps_per_epoch is unknown: the warmup runs batch by batch "
+                                 "and needs it (pass steps_per_epoch to the callback)")
             epoch += 1.0 / self.steps_per_epoch   # round numbers at epoch ends
             size = default_runtime().size()
             return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
@@ -227,7 +234,7 @@ def callback_classes(keras: Any, ops: Any, module: str) -> tuple[type, type, typ
     """The four public callback classes for one keras module (Keras 3 or tf.keras), made once
     per module: (BroadcastGlobalVariablesCallback, MetricAverageCallback,
     LearningRateScheduleCallback, LearningRateWarmupCallback)."""
-    base = keras.callbacks.Callback
+    base: type[Any] = keras.callbacks.Callback  # a class of the keras module passed in
 
     class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, base):
         """Start training from the root rank's model and optimizer variables."""

@@ -303,8 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = _load_events(args.file, "trace summary")
     if doc is None:
         return 1
-    s = summarize(doc, args.top)
-    print(json.dumps(s, indent=1) if args.json else format_summary(s))
+    summary = summarize(doc, args.top)
+    print(json.dumps(summary, indent=1) if args.json else format_summary(summary))
     return 0
 
 

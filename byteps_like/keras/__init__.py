@@ -14,6 +14,8 @@ The implementation is shared with ``byteps_like.tensorflow.keras`` (:mod:`byteps
 """
 from __future__ import annotations
 
+from typing import Any
+
 try:
     import keras
 except ImportError as exc:  # pragma: no cover - exercised only without keras
@@ -34,7 +36,7 @@ def _make_ops():
     return EagerOps(keras)
 
 
-_ops = _make_ops()
+_ops: Any = _make_ops()  # byteps_like.tensorflow.ops or an EagerOps
 
 
 def init(lazy: bool = True, **overrides) -> None:

@@ -38,6 +38,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["init", "shutdown", "join", "rank", "size", "local_rank", "local_size", "byteps_push_pull",
+__all__ = ["init", "shutdown", "join", "rank", "size", "local_rank", "local_size",
+           "byteps_push_pull",
            "byteps_declare_tensor", "broadcast_parameters", "Compression",
            "DistributedOptimizer", "DistributedTrainer"]

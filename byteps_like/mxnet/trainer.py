@@ -15,7 +15,7 @@ from ..worker.sync import GradBuffer, GradientSynchronizer, check_names, model_s
 from ._mx import mx
 from .ops import broadcast_arrays, byteps_push_pull
 
-_mx = mx()
+_mx: Any = mx()  # MXNet is untyped: its classes are Any to the type checker
 
 
 _BYTEPS_KEYS = {"compressor", "fp16", "ef", "momentum", "mu", "scaling", "k", "seed",
@@ -143,6 +143,8 @@ class DistributedTrainer(_mx.gluon.Trainer):
     Parameters already initialised are broadcast from ``root_rank`` here; parameters with
     deferred initialisation at their first ``step()``.
     """
+
+    _params_to_init: list[Any]  # gluon.Trainer's: the parameters still to be initialised
 
     def __init__(self, params, optimizer, optimizer_params=None, root_rank: int = 0,
                  compression_params: dict | None = None):

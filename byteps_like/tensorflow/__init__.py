@@ -41,7 +41,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                  backward_passes_per_step=backward_passes_per_step)
 
 
-__all__ = ["init", "shutdown", "join", "allgather", "rank", "size", "local_rank", "local_size", "declare",
+__all__ = ["init", "shutdown", "join", "allgather", "rank", "size", "local_rank", "local_size",
+           "declare",
            "push_pull", "push_pull_gradients", "broadcast", "broadcast_variables",
            "DistributedGradientTape", "DistributedOptimizer", "Compression"]
 

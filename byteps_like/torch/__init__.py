@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+from typing import Any
+
 try:
     import torch as _torch  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without torch
@@ -26,6 +28,15 @@ from ..worker.api import (  # core
     size,
 )
 from ..worker.runtime import default_runtime
+
+# the functions shadow the submodule of the same name on purpose: bps.broadcast(t, 0) is a call
+from .broadcast import (
+    broadcast,
+    broadcast_,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 from .ops import (
     TorchHandle,
     poll,
@@ -37,15 +48,6 @@ from .ops import (
 )
 from .optimizer import DistributedOptimizer
 from .parallel import DistributedDataParallel
-
-# the functions shadow the submodule of the same name on purpose: bps.broadcast(t, 0) is a call
-from .broadcast import (
-    broadcast,
-    broadcast_,
-    broadcast_object,
-    broadcast_optimizer_state,
-    broadcast_parameters,
-)
 
 
 def init(lazy: bool = True, **overrides) -> None:
@@ -113,7 +115,7 @@ def resume(num_workers: int | None = None, num_servers: int | None = None,
     """Join a (possibly resized) job after ``suspend()``. Counts not given are read from the
     environment again."""
     from ..worker.runtime import reset_default_runtime
-    overrides = {}
+    overrides: dict[str, Any] = {}
     if num_workers is not None:
         overrides["cluster.num_worker"] = num_workers
     if num_servers is not None:
@@ -128,7 +130,8 @@ __all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank"
            "declare", "push_pull", "push_pull_async", "push_pull_inplace",
            "push_pull_async_inplace", "poll", "synchronize", "Compression",
            "DistributedOptimizer", "DistributedDataParallel", "broadcast_parameters",
-           "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed", "broadcast", "broadcast_", "barrier", "join", "allgather", "is_initialized",
+           "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed",
+           "broadcast", "broadcast_", "barrier", "join", "allgather", "is_initialized",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_"]
 
 

@@ -2,8 +2,6 @@
 dtype, and a staging copy for tensors on a device."""
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import torch
 
@@ -40,7 +38,9 @@ def stage(t: torch.Tensor, what: str = "tensor", copy_in: bool = True) -> GradBu
                        pin_memory=t.device.type == "cuda" and torch.cuda.is_available())
     if copy_in:
         host.copy_(t.detach())
-    writeback: Callable[[], None] = lambda: t.detach().copy_(host)  # noqa: E731
+    def writeback() -> None:
+        t.detach().copy_(host)
+
     return GradBuffer(as_numpy(host), dtype, writeback)
 
 

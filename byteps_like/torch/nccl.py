@@ -70,7 +70,7 @@ def _group(rt: Runtime, device: torch.device):
     pg = _groups.get(key)
     if pg is None:
         import torch.distributed as dist
-        c = rt.cfg.cluster
+        c = rt.config.cluster
         path = os.path.join(local.SHM_DIR, local.segment_prefix(c.job_id, c.root_port)
                             + f"m{rt.machine}-ncclstore")
         store = dist.FileStore(path, c.local_size)
@@ -126,7 +126,7 @@ class NcclPushPull:
         if self.allreduce is not None:  # nothing leaves the machine: a handle already done
             from ..worker.handle import Handle
             return Handle(self.name, self.typed, self.typed, 0,
-                          default_timeout=self.rt.cfg.timeouts.op_timeout)
+                          default_timeout=self.rt.config.timeouts.op_timeout)
         return self.rt.push_pull_async(self.typed, name=self.name, average=False,
                                        priority=self.priority if priority is None else priority,
                                        out=self.typed,

@@ -63,6 +63,8 @@ def _start(tensor: torch.Tensor, out: torch.Tensor, average: bool, name: str | N
                                       compression=codec)
             return TorchHandle(core, out, buf, buf.array, None, buf.dtype, cast)
     src = stage(tensor, what)
+    if src.dtype is None:  # stage() always sets the wire dtype (or raises for the tensor's)
+        raise TypeError(f"{what}: tensor of dtype {tensor.dtype} has no wire dtype")
     dst = src if out is tensor else stage(out, what, copy_in=False)
     wire, wdtype, ctx = cast.compress(src.array, src.dtype)
     # no cast: the sum lands straight in the output's memory (no copy on CPU)

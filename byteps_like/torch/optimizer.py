@@ -89,7 +89,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- delegation -----------------------------------------------------------------------
     @property
-    def param_groups(self):  # type: ignore[override]
+    def param_groups(self):
         return self._opt.param_groups
 
     @param_groups.setter
@@ -97,7 +97,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._opt.param_groups = value
 
     @property
-    def state(self):  # type: ignore[override]
+    def state(self):
         return self._opt.state
 
     @state.setter
@@ -105,7 +105,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._opt.state = value
 
     @property
-    def defaults(self):  # type: ignore[override]
+    def defaults(self):
         return self._opt.defaults
 
     @defaults.setter
