@@ -122,7 +122,7 @@ class _Job:
                     self.say(f"stopping {_names(running)} (no worker is left)")
                     self._stop()
                     break
-                if now >= grace_deadline:
+                if grace_deadline is not None and now >= grace_deadline:
                     self.say(f"stopping {_names(running)} (grace period over)")
                     self._stop()
                     break
@@ -138,7 +138,9 @@ class _Job:
             wake_ups = [t for t in (grace_deadline, shutdown_deadline, deadline) if t is not None]
             exited = sup.wait_any(
                 min([0.5] + [max(0.0, t - time.monotonic()) for t in wake_ups]))
-        return self._failed(_blame(failures))
+        blamed = _blame(failures)
+        assert blamed is not None  # the loop ends only after a failure
+        return self._failed(blamed)
 
     # -- outcomes ----------------------------------------------------------------------------
 
@@ -162,6 +164,7 @@ class _Job:
 
     def _interrupted(self, first_failure: Child | None) -> int:
         signum = self.sup.signal_received
+        assert signum is not None  # called only once a signal was received
         running = self.sup.running()
         if running:
             self.say(f"received {signal_name(signum)}; stopping {_names(running)}")

@@ -41,15 +41,20 @@ class AffinityError(OSError):
     """The kernel refused the CPU set a child was to be bound to."""
 
 
-def describe_returncode(returncode: int) -> str:
+def describe_returncode(returncode: int | None) -> str:
     """``exit status 3`` or ``killed by SIGKILL`` for a ``Popen.returncode``."""
+    if returncode is None:
+        return "still running"
     if returncode < 0:
         return f"killed by {signal_name(-returncode)}"
     return f"exit status {returncode}"
 
 
-def exit_status_for(returncode: int) -> int:
-    """The shell convention: a positive status is kept, a death by signal N becomes 128+N."""
+def exit_status_for(returncode: int | None) -> int:
+    """The shell convention: a positive status is kept, a death by signal N becomes 128+N
+    (a process still running: 0)."""
+    if returncode is None:
+        return 0
     return 128 - returncode if returncode < 0 else returncode
 
 

@@ -240,7 +240,7 @@ def main(argv: Sequence[str], env: Mapping[str, str]) -> int:
         return 2
     if index == 0:
         print(f"bpslaunch: {lay.describe()}", file=sys.stderr, flush=True)
-    if not specs:
+    if not specs or cfg is None:
         return 0
     grace = cfg.timeouts.heartbeat_timeout + 5.0
     try:
