@@ -98,7 +98,8 @@ def probe(env: Mapping[str, str], sysfs: str = "/sys") -> Machine:
     The GPUs are those the children will see: ``CUDA_VISIBLE_DEVICES`` of the children's
     environment (``env``) selects and renumbers them, in PCI bus order.
     """
-    topology, notes = discover(sysfs), ()
+    topology = discover(sysfs)
+    notes: tuple[str, ...] = ()
     if "CUDA_VISIBLE_DEVICES" in env and topology.gpus:
         topology, note = cuda_visible(topology, env["CUDA_VISIBLE_DEVICES"])
         notes = () if note is None else (note,)
