@@ -12,7 +12,7 @@ the import finds the role of *another* tree (a checkout run from its own folder 
 virtual environment has an editable install of a different checkout): the role next to the
 imported byteps_like wins. The benchmarks use this entry point only when the plain
 ``python -m byteps_like.<role>`` would not run the role of the byteps_like they imported
-(``_procs.role_argv``).
+(``harness.role_argv``).
 """
 from __future__ import annotations
 

@@ -98,10 +98,10 @@ def test_torch_synthetic_benchmark_byteps_two_workers():
 @pytest.mark.timeout(150)
 @needs("torch")
 def test_torch_synthetic_benchmark_ddp_gloo_two_processes():
-    from byteps_like.bench._procs import ChildFailed, ProcGroup
+    from byteps_like.bench.harness import ChildFailed, Job
     env = clean_env("MASTER_", "RANK", "WORLD_SIZE", MASTER_ADDR="127.0.0.1",
                     MASTER_PORT=str(free_port()), WORLD_SIZE="2")
-    with ProcGroup("ddp-test") as g:
+    with Job("ddp-test") as g:
         procs = [g.spawn(f"ddp-{r}", [sys.executable, str(BENCH), *TINY, "--ddp-gloo"],
                          {**env, "RANK": str(r)}) for r in range(2)]
         try:
