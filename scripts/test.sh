@@ -9,7 +9,7 @@ bash scripts/setup.sh
 lint=0
 bash scripts/lint.sh || lint=$?
 main=0
-.venv/bin/python -m pytest -q "$@" || main=$?
+.venv/bin/python -m pytest -q --durations=30 "$@" || main=$?
 mxnet=0
 { bash scripts/setup_mxnet.sh && .venv-mxnet/bin/python -m pytest -q tests/frameworks; } \
   || mxnet=$?
