@@ -13,6 +13,7 @@ from ..compression import Compression, Compressor
 from ..errors import BytePSError
 from ..worker.runtime import default_runtime
 from ..worker.sync import GradBuffer, GradientSynchronizer, check_names, model_signature_check
+from . import fusion
 from ._tensor import grad_buffer, wire_dtype
 
 
@@ -77,7 +78,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._sync = GradientSynchronizer(
             rt, self._names,
             lambda i: _grad_buffer(self._params[i], self._names[i], self._sync.compression),
-            backward_passes_per_step=backward_passes_per_step, compression=compression)
+            backward_passes_per_step=backward_passes_per_step, compression=compression,
+            layout=fusion.layout(self._params))
+        self._sync.fuse = fusion.TorchFuser(rt, self._params, self._sync.compression)
         self._should_sync = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                        for i, p in enumerate(self._params)]

@@ -8,6 +8,7 @@ import torch
 
 from ..worker.runtime import default_runtime
 from ..worker.sync import GradBuffer, GradientSynchronizer, model_signature_check
+from . import fusion
 from ._tensor import grad_buffer, wire_dtype
 from .broadcast import broadcast_parameters
 
@@ -42,7 +43,9 @@ class DistributedDataParallel(torch.nn.Module):
                                      prefix="DDP.Parameter.")
         self._sync = GradientSynchronizer(rt, [n for n, _ in named], self._grad_buffer,
                                           compression=compression or Compression.none,
-                                          prefix="DDP.Gradient.")
+                                          prefix="DDP.Gradient.",
+                                          layout=fusion.layout(self._ddp_params))
+        self._sync.fuse = fusion.TorchFuser(rt, self._ddp_params, self._sync.compression)
         self._callback_queued = False
         self._sync_enabled = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))

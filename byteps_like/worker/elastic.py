@@ -269,11 +269,8 @@ def reset_synchronizer(sync: Any) -> None:
     """Forget the gradients of a step a membership change interrupted (a
     :class:`~byteps_like.worker.sync.GradientSynchronizer`): their handles belong to the old
     epoch, which ``rt.rejoin()`` abandoned."""
-    if sync is None:
-        return
-    with sync._lock:
-        sync.pending.clear()
-        sync.counts = [0] * len(sync.names)
+    if sync is not None:
+        sync.reset()
 
 
 def run(func: F) -> F:

@@ -2,28 +2,39 @@
 
 A :class:`GradientSynchronizer` knows the model's parameters by name, in the order the forward
 pass needs them. A plugin tells it when a parameter's gradient has been accumulated (a backward
-hook); after ``backward_passes_per_step`` accumulations it starts that gradient's push_pull at
-once, so communication overlaps the rest of the backward pass. ``synchronize()`` starts what has
-not started (parameters without gradients this step), waits for everything and writes the
-averaged gradients back.
+hook); after ``backward_passes_per_step`` accumulations the gradient is ready.
+``synchronize()`` starts what has not started (parameters without gradients this step), waits
+for everything and writes the averaged gradients back.
 
-Priorities: the first parameter the forward pass uses gets the highest priority, so its gradient,
-produced last by backward, overtakes the bulk still queued and the next forward can start early.
+Tensor fusion: a real model is hundreds of gradients, most of them small, and each push_pull
+costs a fixed amount of work however small it is. When the plugin describes the parameters'
+sizes (``layout``), the gradients are grouped, in the order backward produces them, into
+buckets of at most ``BYTEPS_FUSION_BYTES`` (:func:`plan_buckets`: the same buckets on every
+worker and every step). A bucket is one tensor on the wire; its push_pull starts as soon as its
+last gradient is ready, so communication overlaps the rest of the backward pass. The default
+gathers the members' host arrays into a flat host buffer; a plugin may gather a bucket itself
+(``fuse``: the PyTorch plugin gathers CUDA gradients into one flat device buffer, so a bucket
+is one device-to-host copy each way).
 
-The plugin supplies one function, ``grad_buffer(index) -> GradBuffer``: a numpy view of the
-gradient (zero-copy where the framework allows), its wire dtype, and a write-back for
-frameworks that had to stage a copy.
+Priorities: the first parameter the forward pass uses gets the highest priority (a bucket takes
+its most urgent member's), so its gradient, produced last by backward, overtakes the bulk still
+queued and the next forward can start early.
+
+The plugin supplies ``grad_buffer(index) -> GradBuffer``: a numpy view of the gradient
+(zero-copy where the framework allows), its wire dtype, and a write-back for frameworks that
+had to stage a copy.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .. import _core
 from ..compression import Compression, Compressor, resolve, split
 from ..errors import BytePSError
 from .runtime import Runtime
@@ -47,6 +58,58 @@ class _Pending:
     wire: np.ndarray
     ctx: Any
     dtype: str
+    members: list[tuple[GradBuffer, int, int]] | None = None  # a host-fused bucket's members:
+                                                              # (buffer, byte offset, bytes)
+
+
+@dataclass
+class Bucket:
+    """A group of gradients that travels as one tensor (tensor fusion).
+
+    ``members`` are parameter indices in the order backward produces their gradients (the
+    reverse of the forward order); ``offsets`` their byte offsets in the bucket's flat buffer.
+    A bucket of one member is the gradient itself, under its own name."""
+    index: int
+    members: list[int]
+    offsets: list[int]
+    nbytes: int
+    name: str
+    priority: int
+
+    @property
+    def fused(self) -> bool:
+        return len(self.members) > 1
+
+
+def plan_buckets(sizes: Sequence[int], groups: Sequence[Hashable],
+                 fusion_bytes: int) -> list[list[int]]:
+    """Group parameters ``0..n-1`` (forward order) into buckets, in the order backward produces
+    their gradients (last parameter first).
+
+    Gradients that cannot share a flat buffer (another dtype or device: ``groups`` differ) go
+    to different buckets; each group fills one open bucket up to ``fusion_bytes``, and a
+    gradient of at least ``fusion_bytes`` (or any, with ``fusion_bytes`` 0) goes alone. Pure
+    and deterministic: every worker computes the same buckets from the same parameter list.
+    The buckets come out ordered by their first member (the first to be ready)."""
+    if len(sizes) != len(groups):
+        raise ValueError(f"{len(sizes)} sizes for {len(groups)} groups")
+    buckets: list[list[int]] = []
+    open_: dict[Hashable, tuple[list[int], int]] = {}
+    for i in reversed(range(len(sizes))):
+        n = sizes[i]
+        if fusion_bytes <= 0 or n >= fusion_bytes:
+            buckets.append([i])
+            continue
+        cur = open_.get(groups[i])
+        if cur is not None and cur[1] + n > fusion_bytes:
+            cur = None
+        if cur is None:
+            members: list[int] = []
+            buckets.append(members)
+            cur = (members, 0)
+        cur[0].append(i)
+        open_[groups[i]] = (cur[0], cur[1] + n)
+    return buckets
 
 
 def check_names(names: Sequence[str], what: str = "named_parameters") -> None:
@@ -64,11 +127,30 @@ def check_names(names: Sequence[str], what: str = "named_parameters") -> None:
                          "needs its own name (they name the tensors on the wire)")
 
 
+#: how a plugin carries a bucket itself (e.g. as one flat device buffer; called for buckets of
+#: one gradient too): given the bucket, a GradBuffer whose ``start`` (or ``array``) carries
+#: the whole bucket, or None for the synchronizer's own way (host fusion, or the gradient's
+#: ``grad_buffer``)
+FuseFn = Callable[[Bucket], "GradBuffer | None"]
+
+
 class GradientSynchronizer:
+    """The gradient bookkeeping of one model (or gradient list), shared by every plugin.
+
+    ``layout`` (optional): per parameter, ``(nbytes, group)``; it turns tensor fusion on
+    (``BYTEPS_FUSION_BYTES``, or ``fusion_bytes``): gradients of the same ``group`` (dtype and
+    device) are fused, in backward order, into buckets (:func:`plan_buckets`), and a bucket's
+    push_pull starts as soon as its last gradient is ready. Without a layout, or with codec
+    compression (onebit, top-k, ...: their state and scale are per tensor), each gradient
+    travels alone. ``fuse`` lets a plugin gather a bucket itself (a flat device buffer); the
+    default gathers the members' host arrays into a flat host buffer."""
+
     def __init__(self, rt: Runtime, names: Sequence[str],
                  grad_buffer: Callable[[int], GradBuffer], *, backward_passes_per_step: int = 1,
                  compression: Compressor = Compression.none, average: bool = True,
-                 prefix: str = "Gradient."):
+                 prefix: str = "Gradient.",
+                 layout: Sequence[tuple[int, Hashable]] | None = None,
+                 fuse: FuseFn | None = None, fusion_bytes: int | None = None):
         check_names(names)
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step={backward_passes_per_step}: must be >= 1")
@@ -83,14 +165,49 @@ class GradientSynchronizer:
         self.compression = resolve(compression, rt.cfg)
         self._cast, self._codec = split(self.compression)
         self.average = average
+        self.fuse = fuse
         # the first parameter of the forward pass goes first
         self.priorities = [-i for i in range(len(self.names))]
+        if fusion_bytes is None:
+            fusion_bytes = rt.cfg.partition.fusion_bytes if rt.cfg is not None else 0
+        if layout is not None and len(layout) != len(self.names):
+            raise ValueError(f"layout has {len(layout)} entries for {len(self.names)} names")
+        if layout is None or self._codec is not None:
+            fusion_bytes = 0
+            layout = [(0, None)] * len(self.names)
+        self.fusion_bytes = fusion_bytes
+        self.buckets = self._make_buckets(prefix, layout, fusion_bytes)
+        self.bucket_of = [0] * len(self.names)
+        for b in self.buckets:
+            for i in b.members:
+                self.bucket_of[i] = b.index
         self.counts = [0] * len(self.names)
-        self.pending: dict[int, _Pending] = {}
+        self._left = [len(b.members) for b in self.buckets]  # members not ready this step
+        self.pending: dict[int, _Pending] = {}                # bucket index -> its push_pull
+        self._flat: dict[int, np.ndarray] = {}                # host-fused buckets' buffers
         self.enabled = True
         self._lock = threading.Lock()
-        for n in self.tensor_names:
-            rt.declare(n)
+        for b in self.buckets:
+            rt.declare(b.name)
+
+    def _make_buckets(self, prefix: str, layout: Sequence[tuple[int, Hashable]],
+                      fusion_bytes: int) -> list[Bucket]:
+        sizes = [int(n) for n, _ in layout]
+        groups = [g for _, g in layout]
+        out = []
+        for k, members in enumerate(plan_buckets(sizes, groups, fusion_bytes)):
+            offsets, off = [], 0
+            for i in members:
+                offsets.append(off)
+                off += sizes[i]
+            if len(members) == 1:
+                name = self.tensor_names[members[0]]
+            else:  # unique per model and stable across workers and steps
+                name = (f"{prefix}Fused.{self.names[members[0]]}"
+                        f"+{len(members) - 1}")
+            out.append(Bucket(k, members, offsets, off, name,
+                              max(self.priorities[i] for i in members)))
+        return out
 
     # -- backward side -----------------------------------------------------------------------
     def ready(self, index: int) -> None:
@@ -105,27 +222,63 @@ class GradientSynchronizer:
                     f"{self.counts[index]} times, more than backward_passes_per_step="
                     f"{self.bpps}, before the step synchronised it: call optimizer.step() "
                     "(or synchronize()) after every backward_passes_per_step backward passes")
-            start = self.counts[index] == self.bpps and index not in self.pending
+            if self.counts[index] != self.bpps:
+                return
+            b = self.bucket_of[index]
+            self._left[b] -= 1
+            start = self._left[b] == 0 and b not in self.pending
         if start:
-            self._launch(index)
+            self._launch(self.buckets[b])
 
-    def _launch(self, index: int) -> None:
-        buf = self.grad_buffer(index)
+    def _launch(self, b: Bucket) -> None:
+        buf = self.fuse(b) if self.fuse is not None else None
+        if buf is None:
+            if b.fused:
+                self._launch_host_fused(b)
+                return
+            buf = self.grad_buffer(b.members[0])
         dtype = buf.dtype or _wire_dtype(buf.array)
-        if buf.start is not None:  # the plugin runs the whole operation (NCCL local reduction)
-            h = buf.start(self.priorities[index])
+        if buf.start is not None:  # the plugin runs the whole operation (NCCL, a device bucket)
+            h = buf.start(b.priority)
             with self._lock:
-                self.pending[index] = _Pending(h, buf, buf.array, None, dtype)
+                self.pending[b.index] = _Pending(h, buf, buf.array, None, dtype)
             return
         if buf.device is not None:  # staged partition by partition by the pipeline
             wire, wdtype, ctx = buf.array, dtype, None
         else:
             wire, wdtype, ctx = self._cast.compress(buf.array, dtype)
-        h = self.rt.push_pull_async(wire, name=self.tensor_names[index], average=self.average,
-                                    priority=self.priorities[index], out=wire, dtype=wdtype,
+        h = self.rt.push_pull_async(wire, name=b.name, average=self.average,
+                                    priority=b.priority, out=wire, dtype=wdtype,
                                     device=buf.device, compression=self._codec)
         with self._lock:
-            self.pending[index] = _Pending(h, buf, wire, ctx, dtype)
+            self.pending[b.index] = _Pending(h, buf, wire, ctx, dtype)
+
+    def _launch_host_fused(self, b: Bucket) -> None:
+        """Gather the members' host arrays into the bucket's flat buffer and push_pull it."""
+        members = []
+        for i, off in zip(b.members, b.offsets):
+            mb = self.grad_buffer(i)
+            if mb.start is not None:
+                raise BytePSError(f"gradient {self.names[i]!r} is reduced by its plugin "
+                                  "(start=) and cannot be fused on the host: the plugin must "
+                                  "fuse its buckets itself")
+            if mb.device is not None:  # a device tensor staged through host memory
+                mb.device.d2h(0, mb.array.nbytes)
+            members.append((mb, off, mb.array.nbytes))
+        first = members[0][0]
+        dtype = first.dtype or _wire_dtype(first.array)
+        flat = self._flat.get(b.index)
+        if flat is None:
+            flat = self._flat[b.index] = np.empty(b.nbytes // first.array.itemsize,
+                                                  first.array.dtype)
+        for mb, off, n in members:
+            _copy_bytes(flat, off, n, mb.array, into_flat=True)
+        wire, wdtype, ctx = self._cast.compress(flat, dtype)
+        h = self.rt.push_pull_async(wire, name=b.name, average=self.average,
+                                    priority=b.priority, out=wire, dtype=wdtype)
+        with self._lock:
+            self.pending[b.index] = _Pending(h, GradBuffer(flat, dtype), wire, ctx, dtype,
+                                             members)
 
     # -- step side ---------------------------------------------------------------------------
     @property
@@ -136,12 +289,12 @@ class GradientSynchronizer:
         """Start every gradient not yet started, wait for all, write the sums back. Each call
         that succeeds is one training step for traces, metrics and the status view
         (``Runtime.note_step``, keyed by the group's first tensor)."""
-        for i in range(len(self.names)):
-            if i not in self.pending:
-                self._launch(i)
+        for b in self.buckets:
+            if b.index not in self.pending:
+                self._launch(b)
         errors = []
-        for i in sorted(self.pending):
-            p = self.pending[i]
+        for k in sorted(self.pending):
+            p = self.pending[k]
             try:
                 p.handle.wait(timeout)
             except Exception as exc:  # noqa: BLE001 - first one raised after cleanup
@@ -149,13 +302,26 @@ class GradientSynchronizer:
                 continue
             if p.wire is not p.buf.array:
                 self._cast.decompress(p.wire, p.ctx, p.buf.array, p.dtype)
+            if p.members is not None:  # a host-fused bucket: the sums back to each gradient
+                for mb, off, n in p.members:
+                    _copy_bytes(p.buf.array, off, n, mb.array, into_flat=False)
+                    if mb.device is not None:
+                        mb.device.h2d(0, n)
+                    if mb.writeback is not None:
+                        mb.writeback()
             if p.buf.writeback is not None:
                 p.buf.writeback()
-        self.pending.clear()
-        self.counts = [0] * len(self.names)
+        self.reset()
         if errors:
             raise errors[0]
         self.rt.note_step(self.tensor_names[0] if self.names else "")
+
+    def reset(self) -> None:
+        """Forget the step in progress (its handles too): the next backward starts afresh."""
+        with self._lock:
+            self.pending.clear()
+            self.counts = [0] * len(self.names)
+            self._left = [len(b.members) for b in self.buckets]
 
     @contextlib.contextmanager
     def disabled(self) -> Iterator[None]:
@@ -165,6 +331,23 @@ class GradientSynchronizer:
             yield
         finally:
             self.enabled = prev
+
+
+def _copy_bytes(flat: np.ndarray, off: int, n: int, arr: np.ndarray, *, into_flat: bool) -> None:
+    """Copy gradient ``arr`` into (or out of) bytes ``off .. off+n`` of a bucket's ``flat``
+    buffer: in C++ for contiguous arrays, through numpy for strided ones."""
+    if arr.flags.c_contiguous:
+        raw, mine = flat.view(np.uint8)[off:off + n], arr.reshape(-1).view(np.uint8)
+        if into_flat:
+            _core.copy_into(raw, mine)
+        else:
+            _core.copy_into(mine, raw)
+        return
+    part = flat[off // flat.itemsize:(off + n) // flat.itemsize].reshape(arr.shape)
+    if into_flat:
+        np.copyto(part, arr)
+    else:
+        np.copyto(arr, part)
 
 
 def _wire_dtype(arr: np.ndarray) -> str:

@@ -127,11 +127,23 @@ def wire_order(fw, rank, size):
     """The adapter's gradients(): (their tensor names, first layer first; ``start`` which
     queues every gradient's push_pull; ``finish`` which waits, or None when start itself
     waits). With the credit held, only the priorities decide the order on the wire."""
+    import dataclasses
+
     from byteps_like.worker.pipeline import PUSH
     from byteps_like.worker.runtime import default_runtime
 
-    names, start, finish = fw.gradients()
     rt = default_runtime()
+    # one push_pull per gradient (tensor fusion off) so that the order of the gradients
+    # themselves is seen; a fused bucket takes its most urgent member's priority
+    # (tests/unit/test_fusion.py)
+    assert rt.cfg is not None
+    cfg = rt.cfg
+    rt.cfg = dataclasses.replace(cfg, partition=dataclasses.replace(cfg.partition,
+                                                                    fusion_bytes=0))
+    try:
+        names, start, finish = fw.gradients()
+    finally:
+        rt.cfg = cfg
     seen: list[str] = []
     rt.pipeline.observers.append(
         lambda task, stage, ev, t: stage == PUSH and ev == "start" and seen.append(
