@@ -7,6 +7,7 @@ Subcommands:
   local      the local reduction of one machine's L ranks vs one process, vs memcpy; GPU copies
   compress   the gradient compressors' encode/decode rate and payload ratio vs memcpy
   gil        push_pull while the main thread runs Python (GIL contention), and the loop's rate
+  train      real models on synthetic data: byteps_like vs no communication vs DDP (Horovod)
 
 Their processes run on bpslaunch's plan and supervisor (:mod:`.harness`); what they print is
 :mod:`.report`'s.
@@ -36,6 +37,8 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "compress": (_run("compress"),
                  "gradient compressors: encode/decode GB/s and payload ratio vs memcpy"),
     "gil": (_run("gil"), "push_pull with a busy Python main thread (GIL contention) vs alone"),
+    "train": (_run("train"),
+              "real models on synthetic data: byteps_like vs local (no communication) vs DDP"),
 }
 
 
