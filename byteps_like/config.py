@@ -182,7 +182,7 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class PlacementConfig:
-    """Where bpslaunch runs the local worker processes: CPU binding and NUMA (docs/topology.md)."""
+    """CPU binding, NUMA and thread shares of bpslaunch's processes (docs/topology.md)."""
     numa_on: bool = _s("BYTEPS_NUMA_ON", "bool", True, "Bind each local worker process to the "
                        "CPUs and memory of one NUMA node: its GPU's node, else the nodes in "
                        "turn. Off: every process may use all usable CPUs, with no NUMA "
@@ -193,6 +193,16 @@ class PlacementConfig:
     cpu_blacklist: tuple[int, ...] = _s("BYTEPS_CPU_BLACKLIST", "cpulist", (), "CPUs no local "
                                         "process may use (same syntax), e.g. those serving "
                                         "interrupts.")
+    thread_share: bool = _s("BYTEPS_THREAD_SHARE", "bool", True, "When bpslaunch starts "
+                            "several workers or servers on one host (`--local`, a worker "
+                            "machine of several local ranks, a SLURM node, the benchmarks), "
+                            "give each its share of the cores: CPUs of its own where there are "
+                            "enough (unless `--no-bind`), and OMP_NUM_THREADS, MKL_NUM_THREADS, "
+                            "OPENBLAS_NUM_THREADS and TF_NUM_INTRAOP_THREADS set to that share "
+                            "(TF_NUM_INTEROP_THREADS at most 2), except those you set. Off: "
+                            "only the local workers are bound, by local rank, and no thread "
+                            "count is set (`bpslaunch --no-thread-share`). See "
+                            "docs/topology.md.")
 
 
 @dataclass(frozen=True)
