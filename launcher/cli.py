@@ -31,6 +31,7 @@ from .plan import (
     node_plan,
 )
 from .procs import free_port
+from .shares import ShareSettings, share_host, sharing
 
 EXIT_USAGE = 2
 DEFAULT_WORKERS = 2
@@ -216,11 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "(they join at the next commit; at most --max-workers run at once)")
     el.add_argument("--add-after", type=_seconds(True), metavar="SECONDS",
                     help="when --add-workers starts them (default 0)")
-    bind = parser.add_argument_group("CPU binding (docs/topology.md)")
+    bind = parser.add_argument_group("CPU binding and thread shares (docs/topology.md)")
     bind.add_argument("--no-bind", action="store_true",
-                      help="start the worker processes without binding them to CPUs and a "
-                           "NUMA node (by default each local rank is bound, see "
+                      help="start the processes without binding them to CPUs and a NUMA node "
+                           "(by default each local rank is bound, and with several workers "
+                           "or servers on this host each gets CPUs of its own; see "
                            "BYTEPS_NUMA_ON, BYTEPS_VISIBLE_CPU_CORES, BYTEPS_CPU_BLACKLIST)")
+    bind.add_argument("--no-thread-share", action="store_true",
+                      help="with several workers or servers on this host, do not split its "
+                           "cores among them: no CPU sets for servers and the scheduler, no "
+                           "OMP_NUM_THREADS and the like (BYTEPS_THREAD_SHARE=0)")
     parser.add_argument(_ROLE_CMD_OPTION, type=_role_cmd, action="append", default=[],
                         dest="role_cmd", help=argparse.SUPPRESS)
     return parser
@@ -264,8 +270,9 @@ class Launch:
     base_env: Mapping[str, str]
     settings: JobSettings
     notes: tuple[str, ...] = ()
-    #: One line per bound worker (``worker 0 (local rank 0) -> CPUs 0-1, NUMA node 0
-    #: (numactl)``), printed at start.
+    #: The launch plan, printed at start: one line per bound worker (``worker 0 (local rank 0)
+    #: -> CPUs 0-1, NUMA node 0 (numactl)``), and with thread shares one per process with its
+    #: thread count (``...; 2 threads (OMP_NUM_THREADS)``), then notes.
     binding: tuple[str, ...] = ()
     #: (directory, name prefix) of the shared-memory segments this launch's workers may
     #: create, removed when the job ends (launcher/shm.py); None: no worker here.
@@ -356,7 +363,10 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
         c = worker_cfg.cluster
         segments = (c.shm_dir, shm.segment_prefix(c.job_id, c.root_port)
                     + ("" if args.local else f"m{c.worker_id or 0}-"))
-    if worker_cfg is not None and not args.no_bind:
+    if configs[0].placement.thread_share and not args.no_thread_share and sharing(specs):
+        specs, lines = _share(specs, worker_cfg or configs[0], env, machine, notes,
+                              bind=not args.no_bind)
+    elif worker_cfg is not None and not args.no_bind:
         specs, lines = _bind(specs, worker_cfg, env, machine, notes)
     return Launch(tuple(specs), dict(env), settings, tuple(notes), tuple(lines), segments,
                   elastic)
@@ -442,6 +452,26 @@ def _bind(specs: list[ChildSpec], cfg, env: Mapping[str, str], machine: Machine 
         reason = str(exc)
     notes.append(f"note: not binding the workers to CPUs: {reason} (--no-bind silences this)")
     return specs, []
+
+
+def _share(specs: list[ChildSpec], cfg, env: Mapping[str, str], machine: Machine | None,
+           notes: list[str], *, bind: bool) -> tuple[list[ChildSpec], list[str]]:
+    """Split this host's cores among its workers and servers (shares.py). As with _bind, a
+    split the user's own CPU settings make impossible is a ConfigError; otherwise the
+    processes run unbound, with their thread counts and a note."""
+    settings = ShareSettings.from_config(cfg)
+    try:
+        specs, lines = share_host(specs, machine if machine is not None else probe(env), env,
+                                  settings, bind=bind)
+    except ValueError as exc:
+        p = cfg.placement
+        raise ConfigError(f"cannot bind the local processes with BYTEPS_VISIBLE_CPU_CORES="
+                          f"{format_cpu_list(p.visible_cpu_cores)!r} and BYTEPS_CPU_BLACKLIST="
+                          f"{format_cpu_list(p.cpu_blacklist)!r}: {exc}") from None
+    # as with _bind: why nothing is bound comes first, among the notes
+    notes += [line + " (--no-bind silences this)" for line in lines
+              if line.startswith("note: not binding")]
+    return specs, [line for line in lines if not line.startswith("note: not binding")]
 
 
 def _load(env: Mapping[str, str], notes: list[str]):

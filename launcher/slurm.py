@@ -18,8 +18,11 @@ cannot agree on by themselves, so BYTEPS_AUTH_SECRET (or BYTEPS_AUTH_SECRET_FILE
 the job step; scripts/sbatch_byteps_like.sh generates one per job. Without it and without
 ``--no-auth`` bpslaunch slurm refuses to start (exit 2).
 
-Then it supervises its own processes like ``bpslaunch`` does (all-or-nothing).
-Standard library, byteps_like.config and byteps_like.errors only.
+When a node runs more than one worker or server, they share its cores as with ``bpslaunch``
+(launcher/shares.py: CPU sets and OMP_NUM_THREADS and the like; ``--no-bind``,
+``--no-thread-share``, BYTEPS_THREAD_SHARE=0). Then it supervises its own processes like
+``bpslaunch`` does (all-or-nothing).
+Standard library, byteps_like.config, byteps_like.errors and byteps_like.topology only.
 """
 from __future__ import annotations
 
@@ -186,8 +189,10 @@ def main(argv: Sequence[str], env: Mapping[str, str]) -> int:
     from byteps_like.config import load
     from byteps_like.errors import ConfigError
 
+    from .binding import probe
     from .job import JobSettings, run_job
     from .plan import child_environment
+    from .shares import ShareSettings, share_host
     from .shm import segment_prefix, sweep
 
     argv = list(argv)
@@ -210,6 +215,12 @@ def main(argv: Sequence[str], env: Mapping[str, str]) -> int:
                    "node name, or DMLC_NODE_HOST when set)")
     p.add_argument("--timeout", type=float, help="wall-clock limit, seconds")
     p.add_argument("--log-dir", help="write each process's output to DIR/<role>-<rank>.log")
+    p.add_argument("--no-bind", action="store_true",
+                   help="with several workers or servers on this node, give them no CPU sets "
+                        "of their own (their thread counts are still shared)")
+    p.add_argument("--no-thread-share", action="store_true",
+                   help="do not split this node's cores among its workers and servers: no CPU "
+                        "sets, no OMP_NUM_THREADS and the like (BYTEPS_THREAD_SHARE=0)")
     p.add_argument("--no-auth", action="store_true",
                    help="run without a secret (any host that reaches the nodes can join); "
                         "else BYTEPS_AUTH_SECRET or BYTEPS_AUTH_SECRET_FILE must be set for "
@@ -228,6 +239,11 @@ def main(argv: Sequence[str], env: Mapping[str, str]) -> int:
         specs = node_specs(lay, index, command,
                            node_host=a.node_host or env.get("DMLC_NODE_HOST") or None)
         cfg = load(env=child_environment(env, specs[0].env)) if specs else None
+        lines: list[str] = []
+        if cfg is not None and cfg.placement.thread_share and not a.no_thread_share:
+            # the scheduler, servers and workers of this node share its cores (shares.py)
+            specs, lines = share_host(specs, probe(env), env, ShareSettings.from_config(cfg),
+                                      bind=not a.no_bind)
     except (SlurmError, ConfigError, ValueError) as exc:
         print(f"bpslaunch slurm: error: {exc}", file=sys.stderr)
         return 2
@@ -240,6 +256,8 @@ def main(argv: Sequence[str], env: Mapping[str, str]) -> int:
         return 2
     if index == 0:
         print(f"bpslaunch: {lay.describe()}", file=sys.stderr, flush=True)
+    for line in lines:
+        print(f"bpslaunch: {line}", file=sys.stderr, flush=True)
     if not specs or cfg is None:
         return 0
     grace = cfg.timeouts.heartbeat_timeout + 5.0

@@ -11,6 +11,10 @@ its supervisor, their results collected.
   is kept for :func:`collect` (stdout) and for the failure report (the tail of stderr), and the
   ``progress:`` lines of one child are relayed to the driver's stderr. Leaving the ``with``
   block stops every child still running.
+- The planned children of :meth:`Job.start` share the machine's cores as bpslaunch's do
+  (:func:`share`, launcher/shares.py): CPU sets of their own and OMP_NUM_THREADS and the like,
+  so a benchmark measures what a ``bpslaunch --local`` job runs; ``BYTEPS_THREAD_SHARE=0``
+  turns it off.
 - Every child finds the same ``byteps_like`` as this process: :func:`child_env` puts the folder
   that holds the imported package first on ``PYTHONPATH``, and :func:`role_argv` gives the
   command of a scheduler or server that works in an editable install, a wheel and a bare source
@@ -49,6 +53,7 @@ from byteps_like.launcher.procs import (  # noqa: E402
     describe_returncode,
     free_port,
 )
+from byteps_like.launcher.shares import ShareSettings, share_host, sharing  # noqa: E402
 
 #: Seconds a child's process group gets between SIGTERM and SIGKILL.
 KILL_AFTER_S = 3.0
@@ -143,6 +148,29 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     return ports
 
 
+def share(specs: list[ChildSpec], env: Mapping[str, str]) -> tuple[list[ChildSpec], list[str]]:
+    """The processes of one machine get their shares of its cores, exactly as bpslaunch gives
+    them (launcher/shares.py: CPU sets, OMP_NUM_THREADS and the like, unless the environment
+    sets them or BYTEPS_THREAD_SHARE=0), and the plan lines bpslaunch would print. An
+    environment that is not a valid configuration is left to the children to report."""
+    if not sharing(specs):
+        return specs, []
+    import warnings
+
+    from byteps_like.config import load
+    from byteps_like.errors import ConfigError
+    from byteps_like.launcher.binding import probe
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = load(env=child_environment(env, specs[0].env))
+    except ConfigError:
+        return specs, []
+    if not cfg.placement.thread_share:
+        return specs, []
+    return share_host(specs, probe(env), env, ShareSettings.from_config(cfg))
+
+
 # ---------------------------------------------------------------------------------- processes
 @dataclass(eq=False)
 class Proc:
@@ -220,6 +248,9 @@ class Job:
                               stderr=cast(TextIO, _Lines(self, "stderr")), kill_after=kill_after)
         self._tmp = tempfile.TemporaryDirectory(prefix=f"bpsl-{label}-")
         self.dir = self._tmp.name
+        #: The launch plan of the last :meth:`start` (one line per process, as bpslaunch
+        #: prints it; empty when the machine was not shared).
+        self.plan: list[str] = []
 
     def __enter__(self) -> Job:
         return self
@@ -229,13 +260,14 @@ class Job:
 
     # -- starting ------------------------------------------------------------------------------
     def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str], *,
-              service: bool = False) -> Proc:
-        """Start ``argv`` with ``env`` (this byteps_like first on its PYTHONPATH)."""
+              service: bool = False, cpus: Iterable[int] | None = None) -> Proc:
+        """Start ``argv`` with ``env`` (this byteps_like first on its PYTHONPATH), bound to
+        ``cpus`` when given."""
         if name in self.procs:
             raise ValueError(f"{self.label}: two children named {name!r}")
         proc = self.procs[name] = Proc(name, service)
         try:
-            proc.child = self.sup.start(name, argv, child_env(env))
+            proc.child = self.sup.start(name, argv, child_env(env), cpus=cpus)
         except BaseException:
             del self.procs[name]
             raise
@@ -243,9 +275,13 @@ class Job:
 
     def start(self, specs: Iterable[ChildSpec], env: Mapping[str, str]) -> list[Proc]:
         """Start planned children (:func:`local_job`) in order, each with ``env`` changed as
-        its spec says; returns the workers."""
+        its spec says; returns the workers. They share this machine's cores as bpslaunch's
+        children do (:func:`share`)."""
+        specs, self.plan = share(list(specs), env)
         procs = [self.spawn(spec.name, spec.launch_argv, child_environment(env, spec.env),
-                            service=spec.role != "worker") for spec in specs]
+                            service=spec.role != "worker",
+                            cpus=None if spec.binding is None else spec.binding.affinity)
+                 for spec in specs]
         return [p for p in procs if not p.service]
 
     # -- waiting ------------------------------------------------------------------------------

@@ -342,8 +342,10 @@ def test_all_success_exits_0(harness):
     result = harness.run(harness.argv({"worker": ["say:hello", "ok"]}))
     assert result.returncode == 0, result.dump()
     assert sorted(result.lines) == ["[worker 0] hello", "[worker 1] hello"], result.dump()
-    assert sorted(bindings(result)) == [0, 1], result.dump()  # nothing else on stderr
-    assert len(result.stderr.splitlines()) == 2, result.dump()
+    assert sorted(bindings(result)) == [0, 1], result.dump()
+    # nothing else on stderr than the launch plan: a line per process (thread shares) and notes
+    assert all(_PLAN_RE.fullmatch(line) for line in result.stderr.splitlines()), result.dump()
+    assert len(result.stderr.splitlines()) >= 4, result.dump()
     harness.assert_all_gone(result)
 
 
@@ -383,7 +385,10 @@ def test_server_machine_runs_the_role_and_ignores_command(harness):
 
 # -- CPU binding ----------------------------------------------------------------------------------
 _BINDING_RE = re.compile(r"bpslaunch: worker (\d+) \(local rank (\d+)\) -> CPUs ([\d,-]+), "
-                         r"(NUMA node \d+|no NUMA preference) \((numactl|sched_setaffinity)\)")
+                         r"(NUMA node \d+|no NUMA preference) \((numactl|sched_setaffinity)\)"
+                         r"(?:, shared)?(?:; .*)?")  # then the thread share (launcher/shares.py)
+_PLAN_RE = re.compile(r"bpslaunch: ((scheduler|server \d+|worker \d+ \(local rank \d+\)) -> "
+                      r".*|note: .*)")
 
 
 def bindings(result: Result) -> dict[int, tuple[int, tuple[int, ...], str, str]]:
@@ -418,7 +423,11 @@ def test_local_workers_run_on_the_cpus_reported(harness):
     for rank, (local_rank, cpus, _node, _method) in bound.items():
         assert local_rank == rank % 2 and seen[rank] == cpus, result.dump()
         assert set(cpus) <= set(OWN_CPUS)
-    assert bound[0][1] == bound[2][1] and bound[1][1] == bound[3][1]  # by local rank
+    if len(OWN_CPUS) >= 4:  # thread shares: CPUs of their own, whatever the local rank
+        assert all(not set(bound[a][1]) & set(bound[b][1])
+                   for a in range(4) for b in range(a + 1, 4)), result.dump()
+    else:  # too few: the workers of a local rank share its CPUs
+        assert bound[0][1] == bound[2][1] and bound[1][1] == bound[3][1], result.dump()
     if len(OWN_CPUS) >= 2:  # e.g. a 2-CPU machine: one CPU each
         assert not set(bound[0][1]) & set(bound[1][1]), result.dump()
         if len(OWN_CPUS) == 2:
@@ -486,9 +495,11 @@ def test_numactl_wraps_the_command_when_on_the_path(harness, tmp_path):
     assert {b[3] for b in bound.values()} == {"numactl"}, result.dump()
     assert {r: b[1] for r, b in bound.items()} == seen, result.dump()
     calls = sorted(json.loads(p.read_text())[:3] for p in record.glob("*.json"))
+    # with thread shares the scheduler and server run under numactl too (no --membind)
+    assert len(calls) == result.stderr.count("(numactl)"), result.dump()
     expected = sorted([f"--physcpubind={format_cpu_list(b[1])}",
                        f"--membind={b[2].split()[-1]}", "--"] for b in bound.values())
-    assert calls == expected, result.dump()
+    assert [c for c in calls if c[1].startswith("--membind=")] == expected, result.dump()
     # the supervised pid is the command's own: numactl execs it
     assert set(harness.pids()) >= {"worker-0", "worker-1"}
 

@@ -425,8 +425,9 @@ def test_bind_workers_methods_and_settings():
 
 
 def test_plan_launch_binds_workers(fake_machine):
-    launch = plan_launch(*parse_args(["--local", "--local-size", "2", "--", "true"]),
-                         _clean_env())
+    # without thread shares (tests/unit/test_thread_share.py): the workers, by local rank
+    launch = plan_launch(*parse_args(["--local", "--local-size", "2", "--no-thread-share", "--",
+                                      "true"]), _clean_env())
     assert launch.binding == (
         "worker 0 (local rank 0) -> CPUs 0-3, NUMA node 0 (sched_setaffinity)",
         "worker 1 (local rank 1) -> CPUs 4-7, NUMA node 1 (sched_setaffinity)",
@@ -443,6 +444,10 @@ def test_plan_launch_binds_workers(fake_machine):
 
 def test_no_bind_and_service_roles_bind_nothing(fake_machine):
     launch = plan_launch(*parse_args(["--local", "--no-bind", "--", "true"]), _clean_env())
+    assert all(s.binding is None for s in launch.specs)  # the thread shares stay
+    assert len(launch.binding) == 4 and all("-> not bound; " in line for line in launch.binding)
+    launch = plan_launch(*parse_args(["--local", "--no-bind", "--no-thread-share", "--",
+                                      "true"]), _clean_env())
     assert launch.binding == () and all(s.binding is None for s in launch.specs)
     env = _clean_env(DMLC_ROLE="server", DMLC_NUM_SERVER="1")
     assert plan_launch(*parse_args([]), env).binding == ()
@@ -452,9 +457,13 @@ def test_no_bind_and_service_roles_bind_nothing(fake_machine):
 def test_impossible_binding_is_a_note_by_default_and_an_error_when_asked_for(
         fake_machine, capsys):
     env = _clean_env(BYTEPS_LOCAL_SIZE="9")
-    launch = plan_launch(*parse_args(["--", "true"]), env)
+    launch = plan_launch(*parse_args(["--no-thread-share", "--", "true"]), env)
     assert launch.binding == ()
     assert launch.notes == ("note: not binding the workers to CPUs: 9 local ranks need at "
+                            "least 9 usable CPUs; there are 8 (0-7) (--no-bind silences this)",)
+    launch = plan_launch(*parse_args(["--", "true"]), env)  # with thread shares: unbound too
+    assert all(s.binding is None for s in launch.specs)
+    assert launch.notes == ("note: not binding the processes to CPUs: 9 local ranks need at "
                             "least 9 usable CPUs; there are 8 (0-7) (--no-bind silences this)",)
     assert main(["true"], environ=_clean_env(BYTEPS_CPU_BLACKLIST="0-7")) == 2
     err = capsys.readouterr().err
@@ -475,7 +484,7 @@ def _run_python_workers(*options: str) -> int:
 def test_main_reports_the_binding_on_stderr(monkeypatch, capsys):
     cpus = sorted(os.sched_getaffinity(0))
     monkeypatch.setattr(cli, "probe", lambda env: Machine(Topology.flat(cpus)))
-    assert _run_python_workers("--local", "--workers", "1") == 0
+    assert _run_python_workers("--local", "--workers", "1", "--no-thread-share") == 0
     err = capsys.readouterr().err.splitlines()
     assert err == [f"bpslaunch: worker 0 (local rank 0) -> CPUs {format_cpu_list(cpus)}, "
                    "NUMA node 0 (sched_setaffinity)"]
@@ -483,11 +492,16 @@ def test_main_reports_the_binding_on_stderr(monkeypatch, capsys):
 
 def test_a_cpu_the_kernel_refuses_stops_the_launch(monkeypatch, capsys):
     monkeypatch.setattr(cli, "probe", lambda env: Machine(Topology.flat([4000, 4001])))
-    assert _run_python_workers("--local", "--workers", "1") == 1
+    assert _run_python_workers("--local", "--workers", "1", "--no-thread-share") == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("bpslaunch: error: cannot bind worker 0 to CPUs 4000,4001: "
                               "Invalid argument; bpslaunch --no-bind starts without binding "
                               "(stopped scheduler (pid "), err
+    # with thread shares the scheduler, started first, is bound too (to the server's CPUs)
+    assert _run_python_workers("--local", "--workers", "1") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("bpslaunch: error: cannot bind scheduler to CPUs 4001: Invalid "
+                       "argument; bpslaunch --no-bind starts without binding"), err
 
 
 def test_help_mentions_no_bind(capsys):

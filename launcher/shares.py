@@ -1,0 +1,358 @@
+"""Processes that share a host share its cores (docs/topology.md, "Thread shares").
+
+When bpslaunch starts more than one worker or server on a host (``--local``, a worker machine
+of several local ranks, a SLURM node, the benchmarks' local clusters), each child would
+otherwise see every CPU, and every BLAS/OpenMP pool in it (torch's intra-op threads, MKL,
+OpenBLAS, TensorFlow) would start as many threads as the host has cores. Two workers and two
+servers on a 16-core host then run 64 compute threads on 16 cores: measured 1611-1684 ms a step
+against 72.7 ms with ``OMP_NUM_THREADS=4``. torchrun sets ``OMP_NUM_THREADS=1`` when it starts
+several processes on a host; bpslaunch gives each process its share instead:
+
+* **CPU sets** (unless ``--no-bind``). The host's usable CPUs (online, narrowed by
+  ``BYTEPS_VISIBLE_CPU_CORES`` and bpslaunch's own affinity mask, minus
+  ``BYTEPS_CPU_BLACKLIST``), in whole cores, are split fairly among the ``n`` workers and
+  servers. Each server gets ``cores // n`` cores first, a block on one NUMA node (the node with
+  the most cores left). The workers get the rest, so the cores an uneven split leaves over go
+  to workers: CPU workers each a set of their own (:func:`byteps_like.topology.place` with one
+  slot per worker, the NUMA nodes in turn); GPU workers by local rank, on their GPU's node,
+  a local rank's CPUs split among the workers that have it (``--local``'s emulated machines),
+  unless those are too few to split. The scheduler needs very little: one thread, on the
+  servers' CPUs. With fewer cores than workers and servers, the servers (and the scheduler)
+  may run on every usable CPU and the workers keep the per-local-rank binding of
+  :func:`.binding.bind_workers`, sharing a CPU where they must. ``BYTEPS_NUMA_ON=0``: every
+  process may use every usable CPU; only the thread counts are shared.
+* **Thread counts**: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and
+  ``TF_NUM_INTRAOP_THREADS`` are the number of CPUs of the process's own set (a fair
+  ``usable CPUs / n`` when its CPUs are shared or not bound), ``TF_NUM_INTEROP_THREADS`` at most
+  2, and a server's ``BYTEPS_SERVER_ENGINE_THREAD`` is lowered to its share when that is below
+  the default. torch reads ``OMP_NUM_THREADS`` when it starts. A variable the user set is never
+  changed; a user's ``OMP_NUM_THREADS`` is also what the other variables get, as the libraries
+  themselves fall back to it.
+
+A host with one worker or server (a server machine, a worker machine of one process) is left
+alone, as torchrun leaves ``--nproc-per-node 1``. ``BYTEPS_THREAD_SHARE=0`` (``bpslaunch
+--no-thread-share``) turns all of this off: then only the local workers are bound, by local
+rank, and no variable is set.
+
+Standard library, byteps_like.config, byteps_like.errors and byteps_like.topology only.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from byteps_like.topology import place
+
+from .binding import AFFINITY, NUMACTL, Binding, Machine, NoBinding, bind_workers
+from .plan import ChildSpec, child_environment
+
+#: Intra-op thread counts: OpenMP (torch reads it at start; MXNet too), MKL, OpenBLAS (numpy),
+#: TensorFlow's intra-op pool. Each gets the process's share unless the user set it.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                    "TF_NUM_INTRAOP_THREADS")
+#: TensorFlow's pool for independent ops: kept small, at most INTEROP_MAX.
+INTEROP_VARIABLE = "TF_NUM_INTEROP_THREADS"
+INTEROP_MAX = 2
+#: A server's engine threads (the ZeroMQ path's summation), lowered to its share.
+ENGINE_VARIABLE = "BYTEPS_SERVER_ENGINE_THREAD"
+#: The roles that get a share of the cores; the scheduler gets SCHEDULER_THREADS and no cores of
+#: its own.
+CONSUMERS = ("worker", "server")
+SCHEDULER_THREADS = 1
+
+
+@dataclass(frozen=True)
+class ShareSettings:
+    """What the split depends on besides the machine (from byteps_like.config)."""
+
+    local_size: int = 1
+    numa_on: bool = True
+    visible_cpus: tuple[int, ...] = ()
+    blacklist: tuple[int, ...] = ()
+    #: The server's default engine threads; None when the user configured them (not touched).
+    engine_threads: int | None = 4
+
+    @classmethod
+    def from_config(cls, cfg) -> ShareSettings:
+        """From a loaded :class:`byteps_like.config.Config` (any child's: they share these)."""
+        p = cfg.placement
+        engine = None if cfg.source("server.engine_threads") != "default" \
+            else cfg.server.engine_threads
+        return cls(cfg.cluster.local_size, p.numa_on, tuple(p.visible_cpu_cores),
+                   tuple(p.cpu_blacklist), engine)
+
+
+@dataclass(frozen=True)
+class Share:
+    """One process's share of the host: where it runs and how many threads it may start."""
+
+    threads: int
+    binding: Binding | None = None
+    #: Whether another worker or server may run on the same CPUs (then ``threads`` is the fair
+    #: count, not the size of the set).
+    shared: bool = False
+
+
+def sharing(specs: Sequence[ChildSpec]) -> bool:
+    """Whether these processes of one host share it: more than one worker or server."""
+    return sum(s.role in CONSUMERS for s in specs) > 1
+
+
+def _split(n: int, k: int) -> list[int]:
+    """``n`` items into ``k`` shares, the first ``n % k`` one larger."""
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+
+def _chunks(items: Sequence, k: int) -> list[Sequence]:
+    out, start = [], 0
+    for size in _split(len(items), k):
+        out.append(items[start:start + size])
+        start += size
+    return out
+
+
+def _flat(cores: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    return tuple(sorted(c for core in cores for c in core))
+
+
+def plan_shares(specs: Sequence[ChildSpec], machine: Machine, settings: ShareSettings, *,
+                bind: bool = True) -> tuple[list[Share | None], list[str]]:
+    """Each spec's :class:`Share` (None for every spec when the host is not shared) and notes
+    for people. Pure: depends only on the arguments.
+
+    ``bind`` False: no CPU sets, only the fair thread counts (``usable CPUs / n``, the first
+    ones one more). Raises ValueError when no CPU is usable or the workers cannot be placed
+    (:func:`byteps_like.topology.place`), NoBinding when the platform cannot bind.
+    """
+    if not sharing(specs):
+        return [None] * len(specs), []
+    topo = machine.topology
+    visible: set[int] | None = set(settings.visible_cpus) or None
+    if machine.allowed is not None:
+        visible = set(machine.allowed) if visible is None else visible & set(machine.allowed)
+    # place() of one rank without NUMA is the usable CPUs, or the ValueError that says why not
+    usable = place(topo, local_size=1, visible_cpus=visible, blacklist=settings.blacklist,
+                   numa_on=False)[0].cpus
+    consumers = [i for i, s in enumerate(specs) if s.role in CONSUMERS]
+    workers = [i for i in consumers if specs[i].role == "worker"]
+    servers = [i for i in consumers if specs[i].role == "server"]
+    order = workers + servers  # the first ones of an uneven split are workers
+    fair = dict(zip(order, (max(1, t) for t in _split(len(usable), len(order)))))
+    shares: list[Share | None] = [None] * len(specs)
+    notes: list[str] = []
+    if not bind:
+        for i in range(len(specs)):
+            shares[i] = Share(fair.get(i, SCHEDULER_THREADS), None, True)
+        return shares, notes
+
+    use_numactl = bool(machine.numactl) and settings.numa_on and topo.numa_known
+    if not use_numactl and not machine.can_set_affinity:
+        raise NoBinding("this platform has neither numactl nor sched_setaffinity")
+    method = NUMACTL if use_numactl else AFFINITY
+    numactl = machine.numactl or NUMACTL
+
+    if not settings.numa_on:  # every process may use every usable CPU: only thread counts
+        for i in range(len(specs)):
+            shares[i] = Share(fair.get(i, SCHEDULER_THREADS),
+                              Binding(usable, None, method, None, numactl), True)
+        return shares, notes
+
+    def binding(cpus: Sequence[int], node: int | None = None,
+                memory: int | None = None) -> Binding:
+        """CPUs on one node name it; a server's or the scheduler's memory is not bound (a
+        server's stores may outgrow a node: the kernel's first-touch policy keeps them local
+        without failing)."""
+        if node is None:
+            nodes = {topo.node_of(c) for c in cpus}
+            node = nodes.pop() if len(nodes) == 1 else None
+        return Binding(tuple(sorted(cpus)), node, method, memory, numactl)
+
+    usable_set = set(usable)
+    cores = [kept for kept in (tuple(c for c in core if c in usable_set) for core in topo.cores)
+             if kept]
+    cores += [(c,) for c in usable if not any(c in core for core in cores)]
+    cores.sort()
+    per = len(cores) // len(order)
+
+    # The servers first: `per` whole cores each, on the node with the most cores left.
+    server_cpus: dict[int, tuple[int, ...]] = {}
+    if servers and per >= 1:
+        left: dict[int | None, list[tuple[int, ...]]] = {}
+        for core in cores:
+            left.setdefault(topo.node_of(core[0]), []).append(core)
+        blocks = []
+        for _ in servers:
+            node = max(left, key=lambda n: (len(left[n]), -1 if n is None else n))
+            if len(left[node]) < per:  # no node has a block left: the top cores of any
+                top = sorted(core for node_cores in left.values() for core in node_cores)[-per:]
+                for core in top:
+                    left[topo.node_of(core[0])].remove(core)
+                blocks.append(_flat(top))
+            else:
+                blocks.append(_flat(left[node][-per:]))
+                del left[node][-per:]
+        for i, block in zip(servers, sorted(blocks)):
+            server_cpus[i] = block
+    elif servers:
+        notes.append(f"{len(cores)} core(s) for {len(workers)} worker(s) and {len(servers)} "
+                     "server(s): the servers share the CPUs")
+    for i in servers:
+        shares[i] = Share(len(server_cpus[i]), binding(server_cpus[i])) if i in server_cpus \
+            else Share(fair[i], binding(usable), True)
+
+    # The workers on the rest: their own CPUs when there are enough, else by local rank.
+    taken = {c for block in server_cpus.values() for c in block}
+    pool = tuple(c for c in usable if c not in taken)
+    if workers:
+        worker_specs = [specs[i] for i in workers]
+        n_gpus = len(topo.gpus)
+        placed: list[Share] | None = None
+        if (n_gpus > 0 and n_gpus >= settings.local_size) or len(pool) < len(workers):
+            # GPU workers (local rank l drives cuda:l, its CPUs on that GPU's node), or too
+            # few CPUs for one each: the per-local-rank placement, each rank's CPUs split
+            # among the workers of that local rank (the emulated machines of --local)
+            placed, more = _by_local_rank(worker_specs, machine, settings, pool, cores)
+            if any(share.shared for share in placed) and len(pool) >= len(workers):
+                placed = None  # the GPUs' nodes are too small to split: CPUs come first
+            else:
+                notes += more
+        if placed is None:
+            # each worker a slot of its own (the NUMA nodes in turn)
+            placement = place(topo, local_size=len(workers), gpus_per_rank=0,
+                              visible_cpus=pool, numa_on=True)
+            if 0 < n_gpus:
+                notes.append(f"{len(workers)} worker process(es) and {n_gpus} GPU(s) "
+                             f"({settings.local_size} local rank(s) a machine): placing them "
+                             "without regard to GPUs")
+            notes += placement.notes
+            placed = [Share(len(rank.cpus), binding(rank.cpus, rank.numa_node, rank.memory_node))
+                      for rank in placement.ranks]
+        for i, placed_share in zip(workers, placed):
+            shares[i] = dataclasses.replace(placed_share, threads=fair[i]) \
+                if placed_share.shared else placed_share
+    notes += list(machine.notes)
+
+    # Overlapping sets (servers sharing, too few CPUs): the fair count, not the set's size.
+    sets = {i: set(s.binding.cpus) for i, s in enumerate(shares)
+            if i in fair and s is not None and s.binding is not None}
+    for i in consumers:
+        share = shares[i]
+        if share is not None and any(sets[i] & sets[j] for j in sets if j != i):
+            shares[i] = dataclasses.replace(share, threads=fair[i], shared=True)
+
+    scheduler_cpus = tuple(sorted(taken)) if taken else usable
+    for i, spec in enumerate(specs):
+        if spec.role not in CONSUMERS:
+            shares[i] = Share(SCHEDULER_THREADS, binding(scheduler_cpus))
+    return shares, notes
+
+
+def _by_local_rank(workers: Sequence[ChildSpec], machine: Machine, settings: ShareSettings,
+                   pool: Sequence[int], cores: Sequence[tuple[int, ...]]
+                   ) -> tuple[list[Share], list[str]]:
+    """The workers placed by local rank (:func:`.binding.bind_workers` on ``pool``), the CPUs
+    of a local rank split in whole cores among the workers that have it (``--local``'s emulated
+    machines); where they are too few to split, those workers share them (``shared``, with 0
+    threads for the caller to fill in)."""
+    bound, lines = bind_workers(workers, dataclasses.replace(machine, allowed=None, notes=()),
+                                local_size=settings.local_size, numa_on=True,
+                                visible_cpus=pool)
+    notes = [line[len("note: "):] for line in lines if line.startswith("note: ")]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for k, spec in enumerate(bound):
+        assert spec.binding is not None
+        groups.setdefault(spec.binding.cpus, []).append(k)
+    out: list[Share | None] = [None] * len(workers)
+    for group_cpus, members in groups.items():
+        template = bound[members[0]].binding
+        assert template is not None
+        group_cores = [kept for kept in (tuple(c for c in core if c in group_cpus)
+                                         for core in cores) if kept]
+        units = group_cores if len(group_cores) >= len(members) else \
+            [(c,) for c in group_cpus] if len(group_cpus) >= len(members) else None
+        for n, k in enumerate(members):
+            if units is None:
+                out[k] = Share(0, template, True)
+            else:
+                cpus = _flat(_chunks(units, len(members))[n])
+                out[k] = Share(len(cpus), dataclasses.replace(template, cpus=cpus))
+    return [share for share in out if share is not None], notes
+
+
+def thread_env(spec: ChildSpec, share: Share, env: Mapping[str, str],
+               settings: ShareSettings) -> tuple[dict[str, str], dict[str, str]]:
+    """The variables to set in this child's environment, and those the user set (kept).
+
+    ``env`` is the launcher's environment, the base of every child's (a spec's own changes
+    apply on top). A user's ``OMP_NUM_THREADS`` is also the value of the variables they left
+    unset: MKL and OpenBLAS fall back to it by themselves."""
+    child = child_environment(env, spec.env)
+    given = {name: child[name] for name in (*THREAD_VARIABLES, INTEROP_VARIABLE)
+             if child.get(name, "").strip()}
+    count = share.threads
+    omp = given.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) > 0:
+        count = int(omp)
+    out = {name: str(count) for name in THREAD_VARIABLES if name not in given}
+    if INTEROP_VARIABLE not in given:
+        out[INTEROP_VARIABLE] = str(min(INTEROP_MAX, count))
+    if spec.role == "server" and settings.engine_threads is not None \
+            and not child.get(ENGINE_VARIABLE, "").strip() \
+            and share.threads < settings.engine_threads:
+        out[ENGINE_VARIABLE] = str(share.threads)
+    return out, given
+
+
+def describe(spec: ChildSpec, share: Share, settings: ShareSettings, changes: Mapping[str, str],
+             given: Mapping[str, str]) -> str:
+    """``worker 0 (local rank 0) -> CPUs 0-7, NUMA node 0 (sched_setaffinity); 8 threads
+    (OMP_NUM_THREADS)``: one line of the launch plan."""
+    who = spec.name if spec.role != "worker" or spec.rank is None \
+        else f"{spec.name} (local rank {spec.rank % settings.local_size})"
+    where = "not bound" if share.binding is None else share.binding.describe()
+    if share.binding is not None and share.shared:
+        where += ", shared"
+    if "OMP_NUM_THREADS" in given:
+        threads = f"OMP_NUM_THREADS={given['OMP_NUM_THREADS']} (yours)"
+    else:
+        n = int(changes["OMP_NUM_THREADS"])
+        threads = f"{n} thread{'' if n == 1 else 's'} (OMP_NUM_THREADS)"
+    kept = [f"{k}={v}" for k, v in given.items() if k != "OMP_NUM_THREADS"]
+    if ENGINE_VARIABLE in changes:
+        threads += f", {ENGINE_VARIABLE}={changes[ENGINE_VARIABLE]}"
+    if kept:
+        threads += f"; yours kept: {', '.join(kept)}"
+    return f"{who} -> {where}; {threads}"
+
+
+def share_host(specs: Sequence[ChildSpec], machine: Machine, env: Mapping[str, str],
+               settings: ShareSettings, *, bind: bool = True
+               ) -> tuple[list[ChildSpec], list[str]]:
+    """Give the processes of one host their shares: each spec gets its Binding (when ``bind``)
+    and the thread variables (:func:`thread_env`) in its env. Returns the specs and the lines
+    of the launch plan, one per process and then ``note: ...`` lines.
+
+    Specs of a host that is not shared come back unchanged, with no lines. When binding is
+    impossible (too few CPUs, no way to bind), the processes are started unbound with the fair
+    thread counts and a note says why; when the user's own ``BYTEPS_VISIBLE_CPU_CORES`` or
+    ``BYTEPS_CPU_BLACKLIST`` is why, that is a ValueError instead (their request cannot be
+    met)."""
+    if not sharing(specs):
+        return list(specs), []
+    try:
+        shares, notes = plan_shares(specs, machine, settings, bind=bind)
+    except (ValueError, NoBinding) as exc:
+        if isinstance(exc, ValueError) and (settings.visible_cpus or settings.blacklist):
+            raise
+        shares, _ = plan_shares(specs, machine, settings, bind=False)
+        notes = [f"not binding the processes to CPUs: {exc}"]
+    out: list[ChildSpec] = []
+    lines: list[str] = []
+    for spec, share in zip(specs, shares):
+        assert share is not None
+        changes, given = thread_env(spec, share, env, settings)
+        out.append(dataclasses.replace(spec, binding=share.binding,
+                                       env={**spec.env, **changes}))
+        lines.append(describe(spec, share, settings, changes, given))
+    return out, lines + [f"note: {note}" for note in notes]
