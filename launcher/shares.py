@@ -18,8 +18,9 @@ several processes on a host; bpslaunch gives each process its share instead:
   a local rank's CPUs split among the workers that have it (``--local``'s emulated machines),
   unless those are too few to split. The scheduler needs very little: one thread, on the
   servers' CPUs. With fewer cores than workers and servers, the servers (and the scheduler)
-  may run on every usable CPU and the workers keep the per-local-rank binding of
-  :func:`.binding.bind_workers`, sharing a CPU where they must. ``BYTEPS_NUMA_ON=0``: every
+  may run on every usable CPU; the workers still get a CPU of their own each when there are
+  enough, else the per-local-rank binding of :func:`.binding.bind_workers`, sharing a CPU
+  where they must. ``BYTEPS_NUMA_ON=0``: every
   process may use every usable CPU; only the thread counts are shared.
 * **Thread counts**: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and
   ``TF_NUM_INTRAOP_THREADS`` are the number of CPUs of the process's own set (a fair
