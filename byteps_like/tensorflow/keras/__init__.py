@@ -1,43 +1,26 @@
 """byteps_like.tensorflow.keras: drop-in for ``byteps.tensorflow.keras`` (tf.keras).
 
-The same implementation as :mod:`byteps_like.keras` (:mod:`byteps_like._keras`), given
-``tf.keras`` instead of ``keras``."""
+Since TensorFlow 2.16 ``tf.keras`` is Keras 3 (the same classes as ``import keras``), so this is
+:mod:`byteps_like.keras` under the name BytePS gives it: every name here is that module's. The
+legacy Keras 2 (``tf_keras``, ``TF_USE_LEGACY_KERAS=1``) is not supported."""
 from __future__ import annotations
 
 import tensorflow as tf
 
-from ... import _keras as _impl
-from ...compression import Compression
-from ...worker.api import local_rank, local_size, rank, size
-from .. import init, shutdown
-from .. import ops as _ops
+from ...keras import *  # noqa: F403 - this module is a re-export
+from ...keras import __all__, _ops  # noqa: F401
+from ...keras import keras as _keras
 
-keras = tf.keras
+if tf.keras.optimizers.Optimizer is not _keras.optimizers.Optimizer:  # pragma: no cover
+    raise ImportError("byteps_like.tensorflow.keras needs tf.keras to be Keras 3 (TensorFlow "
+                      ">= 2.16 without TF_USE_LEGACY_KERAS=1); the legacy tf_keras is not "
+                      "supported")
 
-
-def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
-                         compression=Compression.none, sparse_as_dense=True,
-                         backward_passes_per_step=1):
-    """A new optimizer of ``optimizer``'s class and configuration whose ``apply`` /
-    ``apply_gradients`` average the gradients across workers first."""
-    return _impl.create_distributed_optimizer(keras, optimizer, _ops, name, compression,
-                                              backward_passes_per_step)
+keras = _keras
 
 
-def broadcast_global_variables(root_rank: int, model=None, optimizer=None, variables=None):
-    """Give every rank the root rank's model (and optimizer) variables."""
-    _impl.broadcast_global_variables(keras, _ops, root_rank, model, optimizer, variables)
-
-
-from . import callbacks  # noqa: E402
-from .callbacks import (  # noqa
-    BroadcastGlobalVariablesCallback,
-    LearningRateScheduleCallback,
-    LearningRateWarmupCallback,
-    MetricAverageCallback,
-)
-
-__all__ = ["init", "shutdown", "rank", "size", "local_rank", "local_size", "Compression",
-           "DistributedOptimizer", "broadcast_global_variables", "callbacks",
-           "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
+def __getattr__(name: str):  # bps.elastic loads on first use (docs/elastic.md)
+    if name == "elastic":
+        import importlib
+        return importlib.import_module("byteps_like.keras.elastic")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

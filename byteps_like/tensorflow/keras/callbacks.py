@@ -1,13 +1,6 @@
-"""tf.keras callbacks (byteps.tensorflow.keras.callbacks), over :mod:`byteps_like._keras`."""
+"""tf.keras callbacks (byteps.tensorflow.keras.callbacks): :mod:`byteps_like.keras.callbacks`,
+re-exported (tf.keras is Keras 3)."""
 from __future__ import annotations
 
-import tensorflow as tf
-
-from ... import _keras as _impl
-from .. import ops as _ops
-
-(BroadcastGlobalVariablesCallback, MetricAverageCallback, LearningRateScheduleCallback,
- LearningRateWarmupCallback) = _impl.callback_classes(tf.keras, _ops, __name__)
-
-__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
+from ...keras.callbacks import *  # noqa: F403 - this module is a re-export
+from ...keras.callbacks import __all__  # noqa: F401
