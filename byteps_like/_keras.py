@@ -1,13 +1,17 @@
-"""Keras support written once for ``byteps_like.keras`` (Keras 3) and
-``byteps_like.tensorflow.keras`` (tf.keras), Horovod's ``_keras`` pattern.
+"""Keras support written once, Horovod's ``_keras`` pattern: ``byteps_like.keras`` (Keras 3)
+is the public module, and ``byteps_like.tensorflow.keras`` re-exports it (tf.keras is Keras 3).
 
 Nothing here imports a framework: every function takes the ``keras`` module and the plugin's
-tensor operations (``ops``: ``push_pull_gradients(grads, variables, compression, average,
-prefix)`` and ``broadcast_variables(variables, root_rank, prefix=...)``) as parameters. Metric
-averaging works on Python floats through the core.
+tensor operations as parameters (``ops``: :mod:`byteps_like.tensorflow.ops` on the TensorFlow
+backend, ``byteps_like.keras._eager_ops.EagerOps`` on the others), which provide
+``push_pull_gradients(grads, variables, compression, average, prefix)``,
+``broadcast_variables(variables, root_rank, prefix=...)``, ``push_pull(tensor, average=,
+name=, compression=)``, ``broadcast(tensor, root_rank, name=)`` and ``allgather(tensor,
+name=)``. Metric averaging works on Python floats through the core.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +42,17 @@ def distributed_optimizer_class(keras: Any, base: type[Any], ops: Any) -> type[A
                 True, getattr(self, "_bps_prefix", "DistributedOptimizer."))
             return super().apply(grads, trainable_variables)
 
-    _Distributed.__name__ = base.__name__   # saved models load with the plain optimizer
+    # A saved model names the plain optimizer, so any Keras loads it, byteps_like or not (a
+    # file outlives the job: serving, evaluation). Keras 3 writes a class that is neither
+    # public nor registered as {module: __module__, class_name: __name__, registered_name:
+    # get_registered_name(cls), which is __name__}, and loads it by that registered name, else
+    # by importing a keras.* module and taking the class. The base's module and registered name
+    # ("package>Name" for a registered optimizer) therefore lead every loader to the base. The
+    # alternative, registering the subclasses as serializables, would make a file need
+    # byteps_like and the same lazily made classes wherever it is loaded, and would load a
+    # distributed optimizer in processes that are not in a job. load_model() wraps again.
+    _Distributed.__module__ = base.__module__
+    _Distributed.__name__ = keras.saving.get_registered_name(base)
     _Distributed.__qualname__ = base.__qualname__
     _Distributed.__doc__ = (f"{base.__name__} whose gradients are averaged across byteps_like "
                             "workers before the update.")
@@ -65,6 +79,68 @@ def create_distributed_optimizer(keras: Any, optimizer: Any, ops: Any, name: str
     opt._bps_compression = compression
     opt._bps_prefix = f"DistributedOptimizer.{config.get('name', 'optimizer')}."
     return opt
+
+
+def is_distributed(optimizer: Any) -> bool:
+    return hasattr(type(optimizer), "_bps_ops")
+
+
+def make_distributed(keras: Any, optimizer: Any, ops: Any,
+                     compression: Compressor = Compression.none) -> Any:
+    """Turn ``optimizer`` (a loaded one: built, its slots and iterations restored, held by the
+    model's compiled state) into the distributed optimizer in place: its class becomes the
+    distributed subclass of its class, which adds ``apply`` and no state. In place rather than
+    a new optimizer and a copy of every variable: nothing to keep in step with Keras's
+    optimizer internals, and the model, its compile state and any reference the caller holds
+    see the same object."""
+    base = type(optimizer)
+    if is_distributed(optimizer):
+        base = base.__mro__[1]
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"the model's optimizer is a {base.__name__}, not a "
+                        f"{keras.__name__}.optimizers.Optimizer")
+    object.__setattr__(optimizer, "__class__", distributed_optimizer_class(keras, base, ops))
+    optimizer._bps_compression = compression
+    optimizer._bps_prefix = f"DistributedOptimizer.{optimizer.name}."
+    return optimizer
+
+
+def load_model(keras: Any, ops: Any, filepath: Any, custom_optimizers: Any = None,
+               custom_objects: Any = None, compression: Compressor = Compression.none,
+               compile: bool = True, safe_mode: bool = True) -> Any:
+    """``keras.models.load_model``, then the model's optimizer distributed again (Horovod's
+    ``hvd.load_model``). ``custom_optimizers``: the optimizer classes of your own the file may
+    name (added to ``custom_objects``). Files written before saved models named the plain
+    optimizer (module ``byteps_like._keras``) load too: every Keras optimizer class is offered
+    under its name."""
+    objects: dict = {}
+    builtin = [c for c in vars(keras.optimizers).values()
+               if isinstance(c, type) and issubclass(c, keras.optimizers.Optimizer)]
+    for cls in builtin + list(custom_optimizers or []):
+        objects[cls.__name__] = cls
+        objects[keras.saving.get_registered_name(cls)] = cls
+    objects.update(custom_objects or {})
+    model = keras.models.load_model(filepath, custom_objects=objects, compile=compile,
+                                    safe_mode=safe_mode)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        make_distributed(keras, optimizer, ops, compression)
+    return model
+
+
+# -- Horovod's hvd.keras collectives: thin, over the plugin's tensor operations ------------------
+def allreduce(keras: Any, ops: Any, value: Any, name: str | None = None, average: bool = True,
+              compression: Compressor = Compression.none) -> Any:
+    return ops.push_pull(keras.ops.convert_to_tensor(value), average=average, name=name,
+                         compression=compression)
+
+
+def allgather(keras: Any, ops: Any, value: Any, name: str | None = None) -> Any:
+    return ops.allgather(keras.ops.convert_to_tensor(value), name=name)
+
+
+def broadcast(keras: Any, ops: Any, value: Any, root_rank: int, name: str | None = None) -> Any:
+    return ops.broadcast(keras.ops.convert_to_tensor(value), root_rank, name=name)
 
 
 def model_variables(model: Any = None, optimizer: Any = None, variables: Any = None) -> list:
@@ -109,13 +185,68 @@ class BroadcastGlobalVariablesCallbackImpl:
             self.broadcast_done = True
 
 
+# -- uneven epochs: join at every epoch's end -----------------------------------------------------
+_joined_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> that epoch's logs
+
+
+def join_epoch(keras: Any, ops: Any, model: Any, logs: dict | None) -> None:
+    """The end of one epoch of ``fit`` (JoinCallback, MetricAverageCallback): ``join()``.
+
+    A rank whose shard ran out of batches first waits here while the others run their last
+    steps, whose rounds complete without it and average over the ranks still in; ``join()``
+    returns once every rank is here. Then, if the ranks ran different numbers of steps (their
+    optimizers' ``iterations`` differ), every rank takes the model and optimizer variables of
+    the rank that ran the most (it applied every round; ties hold the same values), so the next
+    epoch starts everywhere from the same state. Once per epoch end: the callbacks of one fit
+    receive the same ``logs`` dict, so the second caller sees that the first has joined.
+    Skipped in a one-worker job, with several processes per machine, where ``join()`` is not
+    supported, and in elastic jobs, whose membership the elastic state owns (every rank must
+    then run the same number of steps)."""
+    if logs is not None and _joined_at.get(model) is logs:
+        return
+    rt = default_runtime()
+    if rt.size() == 1 or rt.local_size() > 1 or rt.elastic:
+        return
+    rt.join()
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        steps = np.zeros(rt.size(), np.int64)
+        steps[rt.rank()] = int(keras.ops.convert_to_numpy(optimizer.iterations))
+        rt.push_pull_async(steps, name=f"JoinEpoch.iterations.{rt.size()}", average=False,
+                           out=steps).wait()
+        if steps.min() != steps.max():
+            ops.broadcast_variables(model_variables(model, optimizer), int(np.argmax(steps)),
+                                    prefix="JoinEpoch.")
+    if logs is not None:
+        _joined_at[model] = logs
+
+
+class JoinCallbackImpl:
+    """At the end of every epoch every rank joins (:func:`join_epoch`), so epochs of different
+    lengths on different ranks (uneven shards) complete. Put it before callbacks that
+    communicate at epoch end (MetricAverageCallback joins by itself)."""
+
+    model: Any  # set by keras.callbacks.Callback (the other base of the public class)
+
+    def __init__(self, keras: Any, ops: Any, *args: Any):
+        super().__init__(*args)
+        self._keras, self._ops = keras, ops
+
+    def on_epoch_end(self, epoch, logs=None):
+        join_epoch(self._keras, self._ops, self.model, logs)
+
+
 class MetricAverageCallbackImpl:
     """At the end of every epoch, replace each numeric entry of ``logs`` with its average over
-    the workers. Put it before callbacks that read the logs (checkpoints, early stopping)."""
+    the workers. Put it before callbacks that read the logs (checkpoints, early stopping). It
+    joins first (:func:`join_epoch`): with uneven shards a rank reaches its epoch's end while
+    others still train, so every rank's epoch metrics are averaged once all are there."""
 
-    def __init__(self, keras: Any, *args: Any):
+    model: Any  # set by keras.callbacks.Callback (the other base of the public class)
+
+    def __init__(self, keras: Any, ops: Any, *args: Any):
         super().__init__(*args)
-        self._keras = keras
+        self._keras, self._ops = keras, ops
 
     def _average(self, logs: dict | None, what: str) -> None:
         if not logs:
@@ -131,6 +262,7 @@ class MetricAverageCallbackImpl:
             logs[k] = v
 
     def on_epoch_end(self, epoch, logs=None):
+        join_epoch(self._keras, self._ops, self.model, logs)
         self._average(logs, "epoch")
 
 
@@ -230,10 +362,11 @@ class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
                   f"{get_lr(self._keras, self.model.optimizer):g}.")
 
 
-def callback_classes(keras: Any, ops: Any, module: str) -> tuple[type, type, type, type]:
-    """The four public callback classes for one keras module (Keras 3 or tf.keras), made once
-    per module: (BroadcastGlobalVariablesCallback, MetricAverageCallback,
-    LearningRateScheduleCallback, LearningRateWarmupCallback)."""
+def callback_classes(keras: Any, ops: Any,
+                     module: str) -> tuple[type, type, type, type, type]:
+    """The public callback classes for one keras module, made once per module:
+    (BroadcastGlobalVariablesCallback, MetricAverageCallback, LearningRateScheduleCallback,
+    LearningRateWarmupCallback, JoinCallback)."""
     base: type[Any] = keras.callbacks.Callback  # a class of the keras module passed in
 
     class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, base):
@@ -246,7 +379,7 @@ def callback_classes(keras: Any, ops: Any, module: str) -> tuple[type, type, typ
         """Average the epoch's metrics over the workers (put it first among the callbacks)."""
 
         def __init__(self, device: str = ""):
-            super().__init__(keras)
+            super().__init__(keras, ops)
 
     class LearningRateScheduleCallback(LearningRateScheduleCallbackImpl, base):
         """lr = initial_lr * multiplier(epoch) between start_epoch and end_epoch."""
@@ -264,8 +397,14 @@ def callback_classes(keras: Any, ops: Any, module: str) -> tuple[type, type, typ
             super().__init__(keras, initial_lr, warmup_epochs, momentum_correction,
                              steps_per_epoch, verbose)
 
+    class JoinCallback(JoinCallbackImpl, base):
+        """Join at every epoch's end: epochs of different lengths on different ranks."""
+
+        def __init__(self):
+            super().__init__(keras, ops)
+
     classes = (BroadcastGlobalVariablesCallback, MetricAverageCallback,
-               LearningRateScheduleCallback, LearningRateWarmupCallback)
+               LearningRateScheduleCallback, LearningRateWarmupCallback, JoinCallback)
     for cls in classes:
         cls.__module__ = module  # where users import it from
     return classes

@@ -1,4 +1,4 @@
-"""byteps_like.keras: drop-in for ``byteps.keras`` on Keras 3.
+"""byteps_like.keras: drop-in for ``byteps.keras`` / ``horovod.keras`` on Keras 3.
 
     import keras
     import byteps_like.keras as bps
@@ -10,7 +10,8 @@
 
 With the TensorFlow backend everything works in eager mode and in compiled ``fit`` steps
 (``tf.function``); on another backend the gradient averaging runs eagerly through numpy.
-The implementation is shared with ``byteps_like.tensorflow.keras`` (:mod:`byteps_like._keras`).
+``byteps_like.tensorflow.keras`` is this module under the name BytePS gives tf.keras (tf.keras
+is Keras 3); the Keras logic itself is in :mod:`byteps_like._keras`.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without keras
 
 from .. import _keras as _impl
 from ..compression import Compression
-from ..worker.api import join, local_rank, local_size, rank, size
+from ..worker.api import barrier, join, local_rank, local_size, rank, size
 from ..worker.runtime import default_runtime
 
 
@@ -63,24 +64,59 @@ def broadcast_global_variables(root_rank: int, model=None, optimizer=None, varia
 
 
 def push_pull(value, name: str, average: bool = True):
-    """Average (or sum) a number or numpy array over the workers (eager; for metrics)."""
+    """Average (or sum) a number or numpy array over the workers, in float64 (eager; for
+    metrics): a float or a numpy array. :func:`allreduce` keeps the dtype and takes tensors."""
     import numpy as np
     arr = np.array(value, dtype=np.float64)
     default_runtime().push_pull_async(arr, name=name, average=average, out=arr).wait()
     return arr if arr.ndim else float(arr)
 
 
+def allreduce(value, name: str | None = None, average: bool = True,
+              compression=Compression.none):
+    """Horovod's ``hvd.keras.allreduce``: the average (``average=False``: the sum) over the
+    workers of ``value`` (a number, a numpy array, a tensor or a Keras variable), as a tensor
+    of the backend in ``value``'s dtype (Python floats: ``floatx``). Eager, and in
+    ``tf.function`` on the TensorFlow backend. Unnamed calls take the next name of one
+    sequence: pass ``name=`` for a value reduced in a loop."""
+    return _impl.allreduce(keras, _ops, value, name, average, compression)
+
+
+def allgather(value, name: str | None = None):
+    """Horovod's ``hvd.keras.allgather``: every worker's ``value`` concatenated along the first
+    axis in rank order (the first dimension may differ between workers), as a tensor."""
+    return _impl.allgather(keras, _ops, value, name)
+
+
+def broadcast(value, root_rank: int, name: str | None = None):
+    """Horovod's ``hvd.keras.broadcast``: ``value`` of rank ``root_rank`` on every worker, as a
+    tensor."""
+    return _impl.broadcast(keras, _ops, value, root_rank, name)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none, compile: bool = True, safe_mode: bool = True):
+    """Horovod's ``hvd.keras.load_model``: ``keras.models.load_model(filepath)`` with the
+    model's optimizer (its state restored) made a :func:`DistributedOptimizer` again, with
+    ``compression``. ``custom_optimizers``: optimizer classes of your own that the file names.
+    (``keras.models.load_model`` alone loads the plain optimizer, byteps_like or not.)"""
+    return _impl.load_model(keras, _ops, filepath, custom_optimizers, custom_objects,
+                            compression, compile, safe_mode)
+
+
 from . import callbacks  # noqa: E402
 from .callbacks import (  # noqa
     BroadcastGlobalVariablesCallback,
+    JoinCallback,
     LearningRateScheduleCallback,
     LearningRateWarmupCallback,
     MetricAverageCallback,
 )
 
-__all__ = ["init", "shutdown", "join", "rank", "size", "local_rank", "local_size", "Compression",
-           "DistributedOptimizer", "broadcast_global_variables", "push_pull", "callbacks",
-           "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
+__all__ = ["init", "shutdown", "join", "barrier", "rank", "size", "local_rank", "local_size",
+           "Compression", "DistributedOptimizer", "broadcast_global_variables", "load_model",
+           "push_pull", "allreduce", "allgather", "broadcast", "callbacks",
+           "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "JoinCallback",
            "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
 
 

@@ -27,8 +27,7 @@ class EagerOps:
         rt = default_runtime()
         idx = [i for i, g in enumerate(grads) if g is not None]
         names = tuple(f"{i}.{getattr(variables[i], 'path', i)}" for i in idx)
-        arrays = [np.ascontiguousarray(np.array(k.ops.convert_to_numpy(grads[i])))
-                  for i in idx]
+        arrays = [self._numpy(grads[i]) for i in idx]
         key = (id(rt), names, prefix, compression, average)
         sync = self._syncs.get(key)
         if sync is None:
@@ -42,10 +41,37 @@ class EagerOps:
             out[i] = k.ops.convert_to_tensor(a, dtype=grads[i].dtype)
         return out
 
+    def _numpy(self, t: Any) -> np.ndarray:
+        """A writable C-contiguous copy, 0-d for a scalar (``np.ascontiguousarray`` would make it
+        1-d, and a scalar variable would not take it back)."""
+        return np.array(self.keras.ops.convert_to_numpy(t), order="C", copy=True)
+
+    def push_pull(self, tensor: Any, average: bool = True, name: str | None = None,
+                  compression: Compressor = Compression.none) -> Any:
+        from ..worker.api import push_pull_async
+        rt = default_runtime()
+        rt._check()
+        a = self._numpy(tensor)
+        name = f"PushPull.{name}" if name else rt.auto_name()
+        out = push_pull_async(a, name=name, average=average, compression=compression).wait()
+        return self.keras.ops.convert_to_tensor(out, dtype=tensor.dtype)
+
+    def broadcast(self, tensor: Any, root_rank: int, name: str | None = None) -> Any:
+        rt = default_runtime()
+        rt._check()
+        a = self._numpy(tensor)
+        core_broadcast.broadcast_array(rt, a, root_rank,
+                                       f"Broadcast.{name}" if name else rt.auto_name())
+        return self.keras.ops.convert_to_tensor(a, dtype=tensor.dtype)
+
+    def allgather(self, tensor: Any, name: str | None = None) -> Any:
+        out = core_broadcast.allgather_array(default_runtime(), self._numpy(tensor), name)
+        return self.keras.ops.convert_to_tensor(out, dtype=tensor.dtype)
+
     def broadcast_variables(self, variables: Sequence[Any], root_rank: int,
                             prefix: str = "BroadcastVariables.") -> None:
         rt = default_runtime()
         for i, v in enumerate(variables):
-            a = np.ascontiguousarray(np.array(self.keras.ops.convert_to_numpy(v)))
+            a = self._numpy(v)
             core_broadcast.broadcast_array(rt, a, root_rank, f"{prefix}{i}.{v.path}")
             v.assign(a)

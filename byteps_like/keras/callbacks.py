@@ -7,7 +7,7 @@ from .. import _keras as _impl
 from . import _ops
 
 (BroadcastGlobalVariablesCallback, MetricAverageCallback, LearningRateScheduleCallback,
- LearningRateWarmupCallback) = _impl.callback_classes(keras, _ops, __name__)
+ LearningRateWarmupCallback, JoinCallback) = _impl.callback_classes(keras, _ops, __name__)
 
-__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
+__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "JoinCallback",
            "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
