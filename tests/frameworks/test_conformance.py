@@ -16,7 +16,7 @@ fails until its mark goes.
     average (and sums)     x      x        x         x      x
     dtypes                 x      x        x         x      x
     broadcast (root 1)   xfail    x        x         x      x
-    allgather              x      x        x       xfail  xfail
+    allgather              x      x        x         x    xfail
     compression (fp16)     x      x        x         x      x
     wire_order             x      x        x         x      x
     mismatch (name)        x      x        x         x      x
@@ -69,12 +69,11 @@ EXTRAS = {
     "tensorflow": ["tf_function", "gradient", "broadcast_variables", "tape", "tape_join",
                    "model_differs"],
     "keras": ["optimizer_dtypes", "fit_eager", "fit_graph", "metric_average", "lr_warmup",
-              "lr_schedule", "broadcast_global_variables"],
+              "lr_schedule", "broadcast_global_variables", "horovod_api"],
     "mxnet": ["errors", "broadcast_parameters", "push_pull_forms"],
 }
 XFAIL = {
     ("numpy", "broadcast"): "the numpy API (byteps_like.worker.api) has no broadcast",
-    ("keras", "allgather"): "byteps_like.keras has no allgather (BytePS's has none either)",
     ("mxnet", "allgather"): "byteps_like.mxnet has no allgather (BytePS's has none either)",
 }
 

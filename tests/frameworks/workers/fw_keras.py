@@ -11,9 +11,13 @@
                     (tf.function), Adam
   metric_average, lr_warmup, lr_schedule, broadcast_global_variables
                     the callbacks and broadcast_global_variables do what they say
+  horovod_api       hvd.keras's collectives: allreduce of numbers, numpy arrays, tensors and
+                    variables (dtype kept, in tf.function too), broadcast, barrier, and
+                    byteps_like.tensorflow.keras is the same API (a re-export)
 
-byteps_like.keras.push_pull is for metrics: numbers and numpy arrays, summed in float64 (its only
-dtype here); gradients of other dtypes go through DistributedOptimizer (optimizer_dtypes).
+The common cases go through byteps_like.keras.allreduce / allgather (Horovod's API: numpy in,
+tensors out, the dtype kept); byteps_like.keras.push_pull (metrics: float64 numbers and arrays)
+is checked by metric_average and horovod_api.
 """
 from __future__ import annotations
 
@@ -28,16 +32,16 @@ import byteps_like.tensorflow.keras as tfbps
 class Adapter:
     name = "keras"
     bps = bps
-    dtypes = ["float64"]
+    dtypes = ["float32", "float64", "float16", "int32", "int64"]
     broadcast_dtypes = ["float32", "int64"]
-    gather_dtypes: list = []
+    gather_dtypes = ["float32", "float64", "int32", "int64"]
     default_average = True
     in_place = False
 
     def __init__(self):
         self.EXTRAS = {name: globals()[name] for name in (
             "optimizer_dtypes", "fit_eager", "fit_graph", "metric_average", "lr_warmup",
-            "lr_schedule", "broadcast_global_variables")}
+            "lr_schedule", "broadcast_global_variables", "horovod_api")}
 
     def tensor(self, values, dtype: str):
         return np.asarray(values).astype(dtype)
@@ -48,10 +52,11 @@ class Adapter:
     def dtype_name(self, t) -> str:
         return np.asarray(t).dtype.name
 
+    # names of their own: byteps_like.tensorflow's adapter runs the same cases in this process
     def push_pull(self, t, name: str, average: bool | None):
         if average is None:
-            return bps.push_pull(t, name=name)
-        return bps.push_pull(t, name=name, average=average)
+            return bps.allreduce(t, name=f"keras.{name}")
+        return bps.allreduce(t, name=f"keras.{name}", average=average)
 
     def push_pull_fp16(self, t, name: str):
         """Through DistributedOptimizer(SGD(1.0), compression=fp16) on a zero variable: it
@@ -68,10 +73,7 @@ class Adapter:
         return v.numpy()
 
     def allgather(self, t, name: str):
-        fn = getattr(bps, "allgather", None)   # once it exists, the strict xfail says so
-        if fn is None:
-            raise NotImplementedError("byteps_like.keras has no allgather")
-        return fn(t, name=name)
+        return bps.allgather(t, name=f"keras.{name}")
 
     def gradients(self):
         """4 Dense layers; DistributedOptimizer.apply queues every gradient, then waits."""
@@ -237,3 +239,27 @@ def broadcast_global_variables(rank, size):
     model.set_weights([w + rank for w in model.get_weights()])
     bps.broadcast_global_variables(1, model=model)
     assert np.allclose(flat(model), flat(make_model(keras)) + 1)
+
+
+def horovod_api(rank, size):
+    """allreduce / broadcast / barrier as hvd.keras has them; tensorflow.keras re-exports."""
+    s = (size - 1) * size // 2
+    got = bps.allreduce(float(rank), name="api.float")   # a Python float: floatx
+    assert got.dtype == "float32" and float(got) == s / size, got
+    got = bps.allreduce(np.full((2, 3), rank, np.int64), name="api.int", average=False)
+    assert got.dtype == "int64" and np.array_equal(got.numpy(), np.full((2, 3), s)), got
+    v = keras.Variable(np.full(4, rank + 1.0), dtype="float64", name="api_var")
+    got = bps.allreduce(v, name="api.var")
+    assert got.dtype == "float64" and np.allclose(got.numpy(), (s + size) / size), got
+    fn = tf.function(lambda t: bps.allreduce(t, name="api.graph", average=False) * 2)
+    for _ in range(2):   # traced once, one name
+        assert np.array_equal(fn(tf.fill([3], float(rank))).numpy(), np.full(3, 2.0 * s))
+    got = bps.broadcast(np.full(3, rank + 7, np.int32), root_rank=size - 1, name="api.bcast")
+    assert got.dtype == "int32" and np.array_equal(got.numpy(), np.full(3, size + 6)), got
+    assert bps.push_pull(float(rank), name="api.metric") == s / size
+    bps.barrier()
+    for name in bps.__all__:   # one implementation, two names
+        assert getattr(tfbps, name) is getattr(bps, name) or name == "callbacks", name
+    for name in bps.callbacks.__all__:
+        assert getattr(tfbps.callbacks, name) is getattr(bps.callbacks, name), name
+    assert callable(bps.load_model) and tfbps.load_model is bps.load_model
