@@ -33,7 +33,8 @@ class EagerOps:
         if sync is None:
             sync = self._syncs[key] = GradientSynchronizer(
                 rt, names, lambda j: GradBuffer(self._cur[j], dtype_name(self._cur[j].dtype)),
-                compression=compression, average=average, prefix=prefix)
+                compression=compression, average=average, prefix=prefix,
+                layout=[(a.nbytes, a.dtype.str) for a in arrays])  # tensor fusion
         self._cur = arrays
         sync.synchronize()  # one training step
         out = list(grads)

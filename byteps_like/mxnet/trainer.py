@@ -9,6 +9,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import numpy as np
+
 from ..compression import Compression, Compressor
 from ..worker.runtime import default_runtime
 from ..worker.sync import GradBuffer, GradientSynchronizer, check_names, model_signature_check
@@ -196,8 +198,12 @@ class DistributedTrainer(_mx.gluon.Trainer):
                     grad[:] = arr
                 return GradBuffer(arr, writeback=writeback)
 
+            # tensor fusion: the gradients' bytes and dtypes (every shape is known by now)
+            layout = [(int(np.prod(self._params[i].shape)) * np.dtype(self._params[i].dtype)
+                       .itemsize, str(np.dtype(self._params[i].dtype))) for i in idx]
             self._bps_sync = GradientSynchronizer(rt, names, grad_buffer,
-                                                  compression=self._bps_compression)
+                                                  compression=self._bps_compression,
+                                                  layout=layout)
         return self._bps_sync
 
     def _allreduce_grads(self) -> None:

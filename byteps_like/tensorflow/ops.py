@@ -236,12 +236,12 @@ class GradientGroup:
     once, first variable first (highest priority), and the step waits for all of them."""
 
     def __init__(self, names: Sequence[str], prefix: str, compression: Compressor,
-                 average: bool):
+                 average: bool, layout: Sequence[tuple[int, str]] | None = None):
         self._arrays: list = []
         self._dtypes: list = []
         self.sync = GradientSynchronizer(default_runtime(), names, self._buffer,
                                          compression=compression, average=average,
-                                         prefix=prefix)
+                                         prefix=prefix, layout=layout)
 
     def _buffer(self, index: int) -> GradBuffer:
         return GradBuffer(self._arrays[index], self._dtypes[index])
@@ -281,7 +281,9 @@ def push_pull_gradients(grads: Sequence[Any], variables: Sequence[Any] | None,
         if rt.size() > 1:  # before declaring: the workers' declarations must match
             model_signature_check(rt, [(names[i], tuple(g.shape.as_list()), g.dtype.name)
                                        for i, g in zip(idx, dense)], "model")
-        group = _groups[key] = GradientGroup(key[1], prefix, compression, average)
+        # tensor fusion: each gradient's bytes, and its dtype (only one dtype shares a bucket)
+        layout = [(g.shape.num_elements() * g.dtype.size, g.dtype.name) for g in dense]
+        group = _groups[key] = GradientGroup(key[1], prefix, compression, average, layout)
     outs = run_on_arrays(dense, group.run)
     result: list = list(grads)
     for i, o in zip(idx, outs):

@@ -90,7 +90,7 @@ def plan_buckets(sizes: Sequence[int], groups: Sequence[Hashable],
     to different buckets; each group fills one open bucket up to ``fusion_bytes``, and a
     gradient of at least ``fusion_bytes`` (or any, with ``fusion_bytes`` 0) goes alone. Pure
     and deterministic: every worker computes the same buckets from the same parameter list.
-    The buckets come out ordered by their first member (the first to be ready)."""
+    The buckets come out in the order they become ready (their first member first)."""
     if len(sizes) != len(groups):
         raise ValueError(f"{len(sizes)} sizes for {len(groups)} groups")
     buckets: list[list[int]] = []
@@ -195,7 +195,10 @@ class GradientSynchronizer:
         sizes = [int(n) for n, _ in layout]
         groups = [g for _, g in layout]
         out = []
-        for k, members in enumerate(plan_buckets(sizes, groups, fusion_bytes)):
+        # declared and started first layer first (the order of the unfused gradients): the
+        # keys, and the order of the pushes of a step's leftovers, are those of the forward pass
+        planned = sorted(plan_buckets(sizes, groups, fusion_bytes), key=min)
+        for k, members in enumerate(planned):
             offsets, off = [], 0
             for i in members:
                 offsets.append(off)

@@ -129,7 +129,6 @@ def wire_order(fw, rank, size):
     waits). With the credit held, only the priorities decide the order on the wire."""
     import dataclasses
 
-    from byteps_like.worker.pipeline import PUSH
     from byteps_like.worker.runtime import default_runtime
 
     rt = default_runtime()
@@ -141,9 +140,15 @@ def wire_order(fw, rank, size):
     rt.cfg = dataclasses.replace(cfg, partition=dataclasses.replace(cfg.partition,
                                                                     fusion_bytes=0))
     try:
-        names, start, finish = fw.gradients()
+        _wire_order(fw, rt, rank)
     finally:
         rt.cfg = cfg
+
+
+def _wire_order(fw, rt, rank):
+    from byteps_like.worker.pipeline import PUSH
+
+    names, start, finish = fw.gradients()
     seen: list[str] = []
     rt.pipeline.observers.append(
         lambda task, stage, ev, t: stage == PUSH and ev == "start" and seen.append(

@@ -9,14 +9,23 @@ step fewer, then both join; put it last). Prints ``BUCKETS mode n fused`` on ran
 import os
 import sys
 
-import numpy as np
-import torch
+# FUSION_DEVICE=cuda (on a GPU machine): the models and data on cuda:<local rank>; cuBLAS
+# deterministic as torch.use_deterministic_algorithms asks
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-import byteps_like.torch as bps
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import byteps_like.torch as bps  # noqa: E402
 
 modes, out_dir = sys.argv[1].split(","), sys.argv[2]
 bps.init()
 r = bps.rank()
+dev = torch.device("cpu")
+if os.environ.get("FUSION_DEVICE") == "cuda":
+    dev = torch.device("cuda", bps.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    torch.backends.cudnn.benchmark = False
 # the same kernels every run: a convolution's weight gradient reduced over another number of
 # threads differs in the last bits, and the runs compared must differ only in fusion
 torch.set_num_threads(1)
@@ -45,7 +54,7 @@ class Net(torch.nn.Module):
 
 def train(mode: str) -> None:
     torch.manual_seed(0)
-    model: torch.nn.Module = Net(spare=mode == "unused")
+    model: torch.nn.Module = Net(spare=mode == "unused").to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     bpps = 2 if mode == "bpps2" else 1
     if mode == "ddp":
@@ -64,13 +73,13 @@ def train(mode: str) -> None:
     for _step in range(3 - (1 if mode == "join" and r == 1 else 0)):
         opt.zero_grad()
         for _ in range(bpps):
-            x = torch.randn(4, 3, 8, 8, generator=gen)
-            y = torch.randint(0, 10, (4,), generator=gen)
+            x = torch.randn(4, 3, 8, 8, generator=gen).to(dev)
+            y = torch.randint(0, 10, (4,), generator=gen).to(dev)
             torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
     if mode == "join":
         bps.join()
-    params = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+    params = {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
     np.savez(os.path.join(out_dir, f"{mode}.rank{r}.npz"), **params)
 
 
