@@ -83,6 +83,7 @@ def push_pull_async(array: Any, name: str | None = None, average: bool = True, p
     ``compression``: a compressor of :class:`byteps_like.compression.Compression` (fp16, bf16,
     onebit, top-k, ...; docs/compression.md); the sum is then approximate.
     """
+    _check_name(name)
     from ..compression import split
     cast, codec = split(compression)
     rt = default_runtime()
@@ -96,6 +97,16 @@ def push_pull_async(array: Any, name: str | None = None, average: bool = True, p
     result = np.empty_like(arr) if out is None else out
     h = rt.push_pull_async(wire, name, average, priority, wire, wire_dtype, compression=codec)
     return _CastHandle(h, lambda: cast.decompress(wire, ctx, result, wdtype), result)
+
+
+def _check_name(name: Any) -> None:
+    """Refuse a name that is not a str: ``push_pull(arr, False)`` is BytePS's
+    ``push_pull(tensor, average)`` habit, and here would name the tensor False and average it."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"push_pull: name must be a str, got {name!r}; the positional "
+                        "arguments are push_pull(array, name=None, average=True, priority=0), "
+                        "not BytePS's push_pull(tensor, average, name): pass average=... and "
+                        "name=... by keyword")
 
 
 class _CastHandle:
