@@ -213,9 +213,11 @@ def format_summary(s: dict) -> str:
                      f"{st['wait_us'] / n / 1e3:>10.3f}{st['bytes'] / 1e6:>10.3f}")
     lines.append("")
     lines.append("slowest tensors (first stage start to last stage end, per round):")
-    lines.append(f"{'tensor':<40}{'rounds':>8}{'mean ms':>10}{'max ms':>10}")
+    # whole names (Keras layer paths run long): the column is as wide as the longest
+    w = max([40] + [len(t["name"]) + 1 for t in s["tensors"]])
+    lines.append(f"{'tensor':<{w}}{'rounds':>8}{'mean ms':>10}{'max ms':>10}")
     for t in s["tensors"]:
-        lines.append(f"{t['name'][:39]:<40}{t['rounds']:>8}{t['mean_us'] / 1e3:>10.3f}"
+        lines.append(f"{t['name']:<{w}}{t['rounds']:>8}{t['mean_us'] / 1e3:>10.3f}"
                      f"{t['max_us'] / 1e3:>10.3f}")
     return "\n".join(lines)
 
@@ -282,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("-o", "--output", default="trace.png")
     args = p.parse_args(argv)
     if args.cmd == "plot":
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("trace plot: needs matplotlib, which is not installed: "
+                  "pip install 'byteps_like[bench]' (or pip install matplotlib)", file=sys.stderr)
+            return 2
         doc = _load_events(args.file, "trace plot", "nothing to draw: ")
         if doc is None:
             return 1

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import urllib.request
 from types import SimpleNamespace
 
@@ -242,3 +243,36 @@ def test_plot_draws_a_png(tmp_path):
     out = tmp_path / "t.png"
     assert trace.main(["plot", str(tmp_path / "0" / "comm.json"), "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_names_the_extra_and_exits_2(tmp_path, monkeypatch, capsys):
+    tr = trace.Tracer(0, str(tmp_path), 0, 10, lambda: 0)
+    t = _task()
+    tr(t, "push", "start", 1.0)
+    tr(t, "push", "end", 1.001)
+    tr.flush()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    capsys.readouterr()
+    assert trace.main(["plot", str(tmp_path / "0" / "comm.json"), "-o",
+                       str(tmp_path / "t.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "byteps_like[bench]" in err and "matplotlib" in err, err
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_summary_shows_whole_tensor_names(tmp_path, capsys):
+    """Keras layer names run past 40 characters; the table shows them whole."""
+    long = "DistributedOptimizer/sequential/transformer_block_11/multi_head_attention/kernel:0"
+    tr = trace.Tracer(0, str(tmp_path), 0, 10, lambda: 0)
+    for key, name in enumerate((long, "short")):
+        t = _task(key=key, name=name)
+        tr(t, "push", "start", 1.0)
+        tr(t, "push", "end", 1.002 - 0.001 * key)
+    tr.flush()
+    capsys.readouterr()
+    assert trace.main(["summary", str(tmp_path / "0" / "comm.json")]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    row = next(r for r in rows if r.startswith(long))
+    assert row.split()[:2] == [long, "1"], row
+    header = next(r for r in rows if r.startswith("tensor"))
+    assert header.index("rounds") + len("rounds") == row.index(" 1 ") + 2  # columns line up
