@@ -61,10 +61,19 @@ class LocalCluster:
 
 
 def role_argv(role: str, overrides: Mapping[str, Sequence[str]] | None = None) -> tuple[str, ...]:
-    """The argv that runs a scheduler or server: ``sys.executable -m byteps_like.<role>``."""
+    """The argv that runs a scheduler or server: ``sys.executable -P -m byteps_like.<role>``.
+
+    ``-P`` keeps the working directory off the child's ``sys.path``: run from a byteps_like
+    source tree (its repository root) with a non-editable install, a plain ``-m`` would import
+    the tree's ``byteps_like/``, which has no ``scheduler``/``server`` (they sit at the root and
+    are mapped in by the install) and maybe no built ``_core``. Python 3.10 has no ``-P``: the
+    same through runpy."""
     if overrides and role in overrides:
         return tuple(overrides[role])
-    return (sys.executable, "-m", ROLE_MODULES[role])
+    if sys.version_info >= (3, 11):
+        return (sys.executable, "-P", "-m", ROLE_MODULES[role])
+    return (sys.executable, "-c", "import runpy, sys; del sys.path[0]; runpy.run_module("
+            f"{ROLE_MODULES[role]!r}, run_name='__main__', alter_sys=True)")
 
 
 def torchrun_env(rank: int, world: int | None, local_rank: int, local_size: int) -> dict:

@@ -53,6 +53,21 @@ def test_wheel_installs_one_namespace_and_runs(tmp_path):
                       "s = bps.push_pull(np.ones(3, np.int64), name='x', average=False)\n"
                       "assert s.tolist() == [2, 2, 2], s\nprint('SUM', s.tolist())\n"
                       "bps.shutdown()\n")
-    out = sh(venv / "bin" / "bpslaunch", "--local", "--workers", "2", "--servers", "1",
-             "--timeout", "120", "--", py, script, cwd=work, env=env, timeout=180)
-    assert out.count("SUM [2, 2, 2]") == 2, out
+    # from any folder, the repository root included: there the source tree's byteps_like/
+    # (without scheduler/ and server/, which the install maps in) must not shadow the install
+    for cwd in (work, ROOT):
+        out = sh(venv / "bin" / "bpslaunch", "--local", "--workers", "2", "--servers", "1",
+                 "--timeout", "120", "--", py, script, cwd=cwd, env=env, timeout=180)
+        assert out.count("SUM [2, 2, 2]") == 2, (cwd, out)
+
+
+def test_a_build_without_a_compiler_says_what_to_install(tmp_path):
+    env = {**os.environ, "CC": "/nonexistent/gcc", "CXX": "/nonexistent/g++"}
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp_path, ROOT],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode != 0
+    out = p.stdout + p.stderr
+    line = next((ln for ln in out.splitlines() if "needs a C++17 compiler" in ln), None)
+    assert line is not None, out[-3000:]
+    assert "Python headers" in line and "apt-get install g++ python3-dev" in line, line
+    assert "/nonexistent/g++" in line, line

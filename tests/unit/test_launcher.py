@@ -83,8 +83,8 @@ def test_local_plan_shape_and_ranks(workers, servers, local_size):
 def test_local_plan_service_argv_and_env():
     specs = local_cluster_plan(LocalCluster(command=CMD, port=9, host="10.0.0.7"))
     scheduler, server = specs[0], specs[1]
-    assert scheduler.argv == (sys.executable, "-m", "byteps_like.scheduler")
-    assert server.argv == (sys.executable, "-m", "byteps_like.server")
+    assert scheduler.argv == (sys.executable, "-P", "-m", "byteps_like.scheduler")
+    assert server.argv == (sys.executable, "-P", "-m", "byteps_like.server")
     # A service has no worker id or local rank: inherited ones are removed.
     for spec in (scheduler, server):
         assert spec.env["DMLC_WORKER_ID"] is None and spec.env["BYTEPS_LOCAL_RANK"] is None
@@ -97,7 +97,7 @@ def test_local_plan_service_argv_and_env():
 def test_role_argv_override():
     override = {"server": ["x", "y"]}
     assert role_argv("server", override) == ("x", "y")
-    assert role_argv("scheduler", override) == (sys.executable, "-m", "byteps_like.scheduler")
+    assert role_argv("scheduler", override) == role_argv("scheduler")
     specs = local_cluster_plan(LocalCluster(command=CMD, port=9, role_argv=override))
     assert specs[1].argv == ("x", "y")
 
@@ -138,7 +138,7 @@ def test_node_plan_worker_runs_local_size_copies():
 @pytest.mark.parametrize("role", ["scheduler", "server"])
 def test_node_plan_service_ignores_command(role):
     (spec,) = node_plan(role, CMD)
-    assert spec == ChildSpec(role, None, (sys.executable, "-m", f"byteps_like.{role}"), {})
+    assert spec == ChildSpec(role, None, role_argv(role), {})
 
 
 def test_node_plan_errors():
@@ -270,7 +270,7 @@ def test_plan_launch_service_role_notes_ignored_command(role):
     env = _clean_env(DMLC_ROLE=role, DMLC_NUM_SERVER="1")
     args, command = parse_args(["python", "train.py"])
     launch = plan_launch(args, command, env)
-    assert [s.argv for s in launch.specs] == [(sys.executable, "-m", f"byteps_like.{role}")]
+    assert [s.argv for s in launch.specs] == [role_argv(role)]
     assert len(launch.notes) == 1 and "ignoring the command 'python train.py'" in launch.notes[0]
     # no command is fine for a service
     assert plan_launch(*parse_args([]), env).notes == ()
