@@ -11,8 +11,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-_API = ("Handle", "Runtime", "allgather", "barrier", "declare", "get_pushpull_speed", "init",
-        "join", "local_rank", "local_size", "poll",
+_API = ("Handle", "Runtime", "allgather", "barrier", "cross_rank", "cross_size", "declare",
+        "get_pushpull_speed", "init", "join", "local_rank", "local_size", "poll",
         "push_pull", "push_pull_async", "rank", "shutdown", "size", "synchronize")
 _ERRORS = ("BytePSError", "CommTimeoutError", "CommunicationError", "ConfigError",
            "MembershipChangedError", "MismatchError", "NotInitializedError", "PeerLeftError",

@@ -17,8 +17,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
                       "(or torch itself)") from exc
 
 from ..compression import Compression
+from ..reduce_op import Average, ReduceOp, Sum
 from ..worker.api import (  # core
     barrier,
+    cross_rank,
+    cross_size,
     declare,
     get_pushpull_speed,
     join,
@@ -48,6 +51,7 @@ from .ops import (
 )
 from .optimizer import DistributedOptimizer
 from .parallel import DistributedDataParallel
+from .sync_batch_norm import SyncBatchNorm
 
 
 def init(lazy: bool = True, **overrides) -> None:
@@ -68,26 +72,27 @@ def is_initialized() -> bool:
 
 
 # Horovod's names for the same operations, so scripts written for Horovod run with a changed
-# import; the argument order is Horovod's (tensor, average, name), as BytePS's is.
-def allreduce(tensor, average: bool = True, name: str | None = None,
-              compression=Compression.none):
+# import; the argument order is Horovod's (tensor, average, name, ..., op). ``op`` (Average or
+# Sum) supersedes ``average``: pass one of them; neither averages.
+def allreduce(tensor, average: bool | None = None, name: str | None = None,
+              compression=Compression.none, op=None):
     """Horovod's ``allreduce``: :func:`push_pull` (differentiable)."""
-    return push_pull(tensor, average=average, name=name, compression=compression)
+    return push_pull(tensor, average=average, name=name, compression=compression, op=op)
 
 
-def allreduce_(tensor, average: bool = True, name: str | None = None):
+def allreduce_(tensor, average: bool | None = None, name: str | None = None, op=None):
     """Horovod's in-place ``allreduce_``: :func:`push_pull_inplace`."""
-    return push_pull_inplace(tensor, average=average, name=name)
+    return push_pull_inplace(tensor, average=average, name=name, op=op)
 
 
-def allreduce_async(tensor, average: bool = True, name: str | None = None):
+def allreduce_async(tensor, average: bool | None = None, name: str | None = None, op=None):
     """Horovod's ``allreduce_async``: :func:`push_pull_async`; wait with ``synchronize``."""
-    return push_pull_async(tensor, average=average, name=name)
+    return push_pull_async(tensor, average=average, name=name, op=op)
 
 
-def allreduce_async_(tensor, average: bool = True, name: str | None = None):
+def allreduce_async_(tensor, average: bool | None = None, name: str | None = None, op=None):
     """Horovod's ``allreduce_async_``: :func:`push_pull_async_inplace`."""
-    return push_pull_async_inplace(tensor, average=average, name=name)
+    return push_pull_async_inplace(tensor, average=average, name=name, op=op)
 
 
 def allgather(tensor, name: str | None = None):
@@ -132,7 +137,8 @@ __all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank"
            "DistributedOptimizer", "DistributedDataParallel", "broadcast_parameters",
            "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed",
            "broadcast", "broadcast_", "barrier", "join", "allgather", "is_initialized",
-           "allreduce", "allreduce_", "allreduce_async", "allreduce_async_"]
+           "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "Average", "Sum",
+           "ReduceOp", "SyncBatchNorm", "cross_rank", "cross_size"]
 
 
 def __getattr__(name: str):  # bps.elastic loads on first use (docs/elastic.md)

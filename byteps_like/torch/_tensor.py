@@ -110,17 +110,17 @@ def pinned_buffer(key, like: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-def grad_buffer(grad: torch.Tensor, name: str, compression) -> GradBuffer:
+def grad_buffer(grad: torch.Tensor, name: str, compression, average: bool = True) -> GradBuffer:
     """The GradBuffer of a gradient: zero-copy on CPU; for CUDA gradients partition-wise
     staging through the pipeline where the job allows it (not with a cast compressor such as
     fp16, which converts whole host arrays; codec compressors run in the pipeline after the
-    device copy), else a whole-tensor host copy."""
+    device copy), else a whole-tensor host copy. ``average``: False where the gradients are
+    summed (``op=Sum``)."""
     from ..compression import Compression, split
     from ..worker.runtime import default_runtime
     from . import nccl
     rt = default_runtime()
     if compression is Compression.none and nccl.available(rt, grad):
-        average = True  # gradients are averaged
         return nccl.NcclPushPull(rt, grad, grad, "Gradient." + name, average, 0).buffer()
     if split(compression)[0] is Compression.none:
         staged = device_stage(grad, grad, "Gradient." + name, "gradient")

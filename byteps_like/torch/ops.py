@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ..compression import Compression, Compressor, split
+from ..reduce_op import resolve_average
 from ..worker.runtime import default_runtime
 from . import nccl
 from ._tensor import device_stage, stage
@@ -38,15 +39,21 @@ class TorchHandle:
         return f"<TorchHandle {self.core!r}>"
 
 
+def _average(average: Any, op: Any, name: str | None) -> bool:
+    """``average`` (BytePS's bool) or ``op`` (Horovod's Average/Sum) as one bool."""
+    what = f"push_pull of {name!r}" if isinstance(name, str) else "push_pull"
+    if average is not None and not isinstance(average, (bool, np.bool_)):
+        raise TypeError(f"{what}: average must be a bool, got {average!r}; the order is BytePS's "
+                        "push_pull(tensor, average=True, name=None, ...): pass the name as "
+                        "name=...")
+    return resolve_average(op, average, what)
+
+
 def _start(tensor: torch.Tensor, out: torch.Tensor, average: bool, name: str | None,
            priority: int, compression: Compressor) -> TorchHandle:
     rt = default_runtime()
     rt._check()
     what = f"push_pull of {name!r}" if name else "push_pull"
-    if not isinstance(average, (bool, np.bool_)):
-        raise TypeError(f"{what}: average must be a bool, got {average!r}; the order is BytePS's "
-                        "push_pull(tensor, average=True, name=None, ...): pass the name as "
-                        "name=...")
     if name is not None and not isinstance(name, str):
         raise TypeError(f"push_pull: name must be a str, got {name!r}")
     if compression is Compression.none and nccl.available(rt, tensor):
@@ -74,29 +81,31 @@ def _start(tensor: torch.Tensor, out: torch.Tensor, average: bool, name: str | N
     return TorchHandle(core, out, dst, core_out, ctx, src.dtype, cast)
 
 
-def push_pull_async(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+def push_pull_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     version: int = 0, priority: int = 0,
-                    compression: Compressor = Compression.none) -> TorchHandle:
-    """Start summing (or averaging) ``tensor`` over all workers into a new tensor.
+                    compression: Compressor = Compression.none, op=None) -> TorchHandle:
+    """Start averaging (or summing: ``average=False`` or ``op=Sum``) ``tensor`` over all
+    workers into a new tensor. ``average`` and ``op`` are exclusive; neither: average.
 
     ``version`` is accepted for BytePS compatibility and has no effect. Larger ``priority``
     goes first. Wait with ``synchronize(handle)``."""
+    avg = _average(average, op, name)
     return _start(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
-                  average, name, priority, compression)
+                  avg, name, priority, compression)
 
 
-def push_pull_async_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,
-                            version: int = 0, priority: int = 0,
-                            compression: Compressor = Compression.none) -> TorchHandle:
+def push_pull_async_inplace(tensor: torch.Tensor, average: bool | None = None,
+                            name: str | None = None, version: int = 0, priority: int = 0,
+                            compression: Compressor = Compression.none, op=None) -> TorchHandle:
     """Like ``push_pull_async`` but the result overwrites ``tensor``."""
-    return _start(tensor, tensor, average, name, priority, compression)
+    return _start(tensor, tensor, _average(average, op, name), name, priority, compression)
 
 
-def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+def push_pull_inplace(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                       version: int = 0, priority: int = 0,
-                      compression: Compressor = Compression.none) -> torch.Tensor:
+                      compression: Compressor = Compression.none, op=None) -> torch.Tensor:
     return synchronize(push_pull_async_inplace(tensor, average, name, version, priority,
-                                               compression))
+                                               compression, op))
 
 
 class _PushPull(torch.autograd.Function):
@@ -113,12 +122,13 @@ class _PushPull(torch.autograd.Function):
         return g, None, None, None, None
 
 
-def push_pull(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+def push_pull(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
               version: int = 0, priority: int = 0,
-              compression: Compressor = Compression.none) -> torch.Tensor:
-    """Sum (or average) ``tensor`` over all workers; differentiable: the gradient of the result
-    is push_pulled back in the backward pass, as in BytePS."""
-    return _PushPull.apply(tensor, average, name, priority, compression)
+              compression: Compressor = Compression.none, op=None) -> torch.Tensor:
+    """Average (or sum: ``average=False`` or ``op=Sum``) ``tensor`` over all workers;
+    differentiable: the gradient of the result is reduced the same way in the backward pass,
+    as in BytePS."""
+    return _PushPull.apply(tensor, _average(average, op, name), name, priority, compression)
 
 
 def poll(handle: TorchHandle) -> bool:

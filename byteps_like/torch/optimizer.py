@@ -11,6 +11,7 @@ import torch
 
 from ..compression import Compression, Compressor
 from ..errors import BytePSError
+from ..reduce_op import Average, resolve_average
 from ..worker.runtime import default_runtime
 from ..worker.sync import GradBuffer, GradientSynchronizer, check_names, model_signature_check
 from . import fusion
@@ -39,15 +40,17 @@ def _named_params(optimizer: torch.optim.Optimizer, named_parameters) -> list[tu
     return [(n, p) for n, p in named if id(p) in opt_ids]
 
 
-def _grad_buffer(p: torch.Tensor, name: str, compression: Compressor) -> GradBuffer:
+def _grad_buffer(p: torch.Tensor, name: str, compression: Compressor,
+                 average: bool) -> GradBuffer:
     if p.grad is None:
         p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-    return grad_buffer(p.grad, name, compression)
+    return grad_buffer(p.grad, name, compression, average)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
     """``DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-    backward_passes_per_step=1)``, as in BytePS.
+    backward_passes_per_step=1, op=Average)``, as in BytePS (and Horovod: ``op=Sum`` sums the
+    gradients instead of averaging them).
 
     It is a ``torch.optim.Optimizer`` (learning-rate schedulers accept it) that delegates
     everything to the optimizer it wraps: ``param_groups``, ``state``, ``state_dict`` are the
@@ -55,7 +58,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None,
-                 compression: Compressor = Compression.none, backward_passes_per_step: int = 1):
+                 compression: Compressor = Compression.none, backward_passes_per_step: int = 1,
+                 op=Average):
         # deliberately not calling Optimizer.__init__: the wrapped optimizer owns the state
         self._opt = optimizer
         self._optimizer_step_pre_hooks: OrderedDict = OrderedDict()
@@ -64,6 +68,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer_state_dict_post_hooks: OrderedDict = OrderedDict()
         self._optimizer_load_state_dict_pre_hooks: OrderedDict = OrderedDict()
         self._optimizer_load_state_dict_post_hooks: OrderedDict = OrderedDict()
+        average = resolve_average(op, None, "DistributedOptimizer")
         rt = default_runtime()
         rt._check()
         named = [(n, p) for n, p in _named_params(optimizer, named_parameters)
@@ -77,10 +82,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                   "model")
         self._sync = GradientSynchronizer(
             rt, self._names,
-            lambda i: _grad_buffer(self._params[i], self._names[i], self._sync.compression),
+            lambda i: _grad_buffer(self._params[i], self._names[i], self._sync.compression,
+                                   average),
             backward_passes_per_step=backward_passes_per_step, compression=compression,
-            layout=fusion.layout(self._params))
-        self._sync.fuse = fusion.TorchFuser(rt, self._params, self._sync.compression)
+            average=average, layout=fusion.layout(self._params))
+        self._sync.fuse = fusion.TorchFuser(rt, self._params, self._sync.compression, average)
         self._should_sync = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                        for i, p in enumerate(self._params)]

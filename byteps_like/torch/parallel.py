@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import torch
 
+from ..reduce_op import Average, resolve_average
 from ..worker.runtime import default_runtime
 from ..worker.sync import GradBuffer, GradientSynchronizer, model_signature_check
 from . import fusion
@@ -20,12 +21,15 @@ class DistributedDataParallel(torch.nn.Module):
     accumulate locally; the first backward after it averages the accumulated gradients."""
 
     def __init__(self, module: torch.nn.Module, device_ids=None, *, root_rank: int = 0,
-                 broadcast_buffers: bool = True, broadcast: bool = True, compression=None):
+                 broadcast_buffers: bool = True, broadcast: bool = True, compression=None,
+                 op=Average):
         """``device_ids`` and ``broadcast_buffers`` are accepted for compatibility with BytePS's
         and torch's wrappers: the module already lives on its device, and buffers are
-        broadcast with the parameters at construction."""
+        broadcast with the parameters at construction. ``op=Sum`` sums the gradients instead
+        of averaging them."""
         super().__init__()
         from ..compression import Compression
+        self._average = resolve_average(op, None, "DistributedDataParallel")
         self.module = module
         rt = default_runtime()
         rt._check()
@@ -43,9 +47,10 @@ class DistributedDataParallel(torch.nn.Module):
                                      prefix="DDP.Parameter.")
         self._sync = GradientSynchronizer(rt, [n for n, _ in named], self._grad_buffer,
                                           compression=compression or Compression.none,
-                                          prefix="DDP.Gradient.",
+                                          average=self._average, prefix="DDP.Gradient.",
                                           layout=fusion.layout(self._ddp_params))
-        self._sync.fuse = fusion.TorchFuser(rt, self._ddp_params, self._sync.compression)
+        self._sync.fuse = fusion.TorchFuser(rt, self._ddp_params, self._sync.compression,
+                                            self._average)
         self._callback_queued = False
         self._sync_enabled = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))
@@ -55,7 +60,8 @@ class DistributedDataParallel(torch.nn.Module):
         p = self._ddp_params[index]
         if p.grad is None:
             p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-        return grad_buffer(p.grad, "DDP." + self._sync.names[index], self._sync.compression)
+        return grad_buffer(p.grad, "DDP." + self._sync.names[index], self._sync.compression,
+                           self._average)
 
     def _make_hook(self, index: int):
         def hook(_param: torch.Tensor) -> None:

@@ -44,6 +44,17 @@ def local_size() -> int:
     return default_runtime().local_size()
 
 
+def cross_rank() -> int:
+    """This worker's machine index among the worker machines (Horovod's ``cross_rank``): the
+    local ranks of one machine share it."""
+    return default_runtime().cross_rank()
+
+
+def cross_size() -> int:
+    """The number of worker machines (Horovod's ``cross_size``; ``size() // local_size()``)."""
+    return default_runtime().cross_size()
+
+
 def declare(name: str) -> None:
     """Declare a tensor name; every worker must declare the same names in the same order."""
     default_runtime().declare(name)

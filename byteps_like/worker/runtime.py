@@ -317,6 +317,17 @@ class Runtime:
         self._check()
         return self.local_size_
 
+    def cross_rank(self) -> int:
+        """This worker's machine among the job's worker machines (Horovod's ``cross_rank``):
+        ``rank() // local_size()``, the index the servers count its machine's pushes by."""
+        self._check()
+        return self.members.machine
+
+    def cross_size(self) -> int:
+        """The number of worker machines (Horovod's ``cross_size``, ``DMLC_NUM_WORKER``)."""
+        self._check()
+        return self.size_ // self.local_size_
+
     def wire_report(self) -> str:
         """One line of the payload bytes this worker pushed and pulled so far (compressed size
         for compressed partitions): ``bytes on the wire: P pushed, Q pulled``."""

@@ -42,12 +42,14 @@ WORKERS = Path(__file__).parent / "workers"
 
 @dataclass(frozen=True)
 class Group:
-    """One launch: ``frameworks`` (comma-separated) on ``workers`` workers."""
+    """One launch: ``frameworks`` (comma-separated) on ``workers`` worker machines of
+    ``local_size`` processes each."""
     frameworks: str
     workers: int
     needs: tuple[str, ...]
     env: tuple = ()
     timeout: float = 240
+    local_size: int = 1
 
 
 GROUPS = {
@@ -65,7 +67,8 @@ COMMON = ["not_initialized", "average", "dtypes", "broadcast", "allgather", "com
 EXTRAS = {
     "numpy": [],
     "torch": ["horovod_names", "optimizer_errors", "broadcast_state", "broadcast_object",
-              "async_forms", "differentiable", "allgather_unnamed", "optimizer_join"],
+              "async_forms", "differentiable", "allgather_unnamed", "optimizer_join",
+              "reduce_op", "sync_batchnorm", "cross_rank"],
     "tensorflow": ["tf_function", "gradient", "broadcast_variables", "tape", "tape_join",
                    "model_differs"],
     "keras": ["optimizer_dtypes", "fit_eager", "fit_graph", "metric_average", "lr_warmup",
@@ -83,12 +86,12 @@ _runs: dict[Group, Run | str] = {}
 def launch(group: Group, *cases: str, env: tuple = ()) -> Run:
     """The run of ``group`` (with only ``cases``, and ``env``), launched once per session."""
     key = Group(group.frameworks + ("|" + " ".join(cases) if cases else ""), group.workers,
-                group.needs, group.env + env, group.timeout)
+                group.needs, group.env + env, group.timeout, group.local_size)
     if key not in _runs:
         try:
             _runs[key] = bpslaunch([str(WORKERS / "conformance.py"), group.frameworks, *cases],
                                    workers=group.workers, servers=1, env=dict(key.env),
-                                   timeout=group.timeout)
+                                   timeout=group.timeout, local_size=group.local_size)
         except AssertionError as exc:   # the watchdog: every test of the group says so
             _runs[key] = str(exc)
     run = _runs[key]
@@ -143,6 +146,22 @@ def test_conformance_job_ends_cleanly(framework):
     run = launch(group)
     assert run.rc == 0, run.log
     assert len(run.lines("CONFORMANCE DONE")) == group.workers, run.log
+
+
+@pytest.mark.timeout(600)
+def test_torch_on_machines_of_local_ranks():
+    """2 worker machines of 2 local ranks each (``bpslaunch --local --workers 2 --local-size
+    2``): cross_size() is 2 and cross_rank() each rank's machine (ranks 0, 1 on machine 0; 2, 3
+    on machine 1), in byteps_like.torch and the numpy API; SyncBatchNorm over the 4 ranks
+    (local reduction, then the servers) equals BatchNorm over the whole batch."""
+    skip_unless_importable("torch")
+    group = Group("torch", 2, ("torch",), local_size=2)
+    run = launch(group, "cross_rank", "sync_batchnorm")
+    for case in ("cross_rank", "sync_batchnorm"):
+        check_case(run, "torch", case, 4)
+    for rank in range(4):
+        assert run.lines(f"CROSS rank {rank} cross_rank {rank // 2} cross_size 2 "
+                         "all [[0, 0, 0], [1, 0, 1], [2, 1, 0], [3, 1, 1]]"), run.log
 
 
 NATIVE_SIZE_FIRST = ("the native data plane (csrc/dataplane.cc) checks a push's size before its "

@@ -39,7 +39,8 @@ class Adapter:
     def __init__(self):
         self.EXTRAS = {name: globals()[name] for name in (
             "horovod_names", "optimizer_errors", "broadcast_state", "broadcast_object",
-            "async_forms", "differentiable", "allgather_unnamed", "optimizer_join")}
+            "async_forms", "differentiable", "allgather_unnamed", "optimizer_join", "reduce_op",
+            "sync_batchnorm", "cross_rank")}
         self.dev = None
 
     def before_init(self):
@@ -234,3 +235,126 @@ def optimizer_join(rank, size):
         still_in = [q for q in range(size) if 2 + (size - 1 - q) > step]
         want -= sum(q + 1 for q in still_in) / len(still_in)
     assert torch.allclose(model.weight, torch.full((1, 4), want)), (model.weight, want)
+
+
+def reduce_op(rank, size):
+    """Horovod's op=: Average and Sum on push_pull and its forms, on allreduce and its forms, on
+    DistributedOptimizer and DistributedDataParallel (op=Sum: gradients summed, not averaged);
+    op with average, Horovod's other ops and a non-op are refused before anything travels."""
+    s = float(sum(range(1, size + 1)))
+    dev = device()
+
+    def x():
+        return torch.full((4,), float(rank + 1), device=dev)
+
+    def is_(t, v):
+        return torch.equal(t, torch.full((4,), v, device=dev))
+    assert bps.Average == 0 and bps.Sum == 1   # Horovod's values
+    assert is_(bps.push_pull(x(), name="op.sum", op=bps.Sum), s)
+    assert is_(bps.push_pull(x(), name="op.avg", op=bps.Average), s / size)
+    assert is_(bps.synchronize(bps.push_pull_async(x(), name="op.async", op=bps.Sum)), s)
+    t = x()
+    assert bps.push_pull_inplace(t, name="op.inplace", op=bps.Sum) is t and is_(t, s)
+    t = x()
+    bps.synchronize(bps.push_pull_async_inplace(t, name="op.async_inplace", op=bps.Sum))
+    assert is_(t, s)
+    assert is_(bps.allreduce(x(), name="op.ar", op=bps.Sum), s)
+    assert is_(bps.allreduce(x(), name="op.ar.default"), s / size)   # neither: average
+    t = x()
+    assert bps.allreduce_(t, name="op.ar_", op=bps.Sum) is t and is_(t, s)
+    assert is_(bps.synchronize(bps.allreduce_async(x(), name="op.ar.async", op=bps.Sum)), s)
+    t = x()
+    bps.synchronize(bps.allreduce_async_(t, name="op.ar.async_", op=bps.Sum))
+    assert is_(t, s)
+    xg = x().requires_grad_()   # differentiable: d(sum over workers)/dx = the worker count
+    bps.allreduce(xg, name="op.diff", op=bps.Sum).sum().backward()
+    assert is_(xg.grad, float(size)), xg.grad
+    expect(ValueError, lambda: bps.allreduce(x(), average=True, name="op.both", op=bps.Sum),
+           "not both")
+    expect(ValueError, lambda: bps.push_pull(x(), name="op.adasum", op=2), "op=Adasum",
+           "Average or Sum")
+    expect(TypeError, lambda: bps.push_pull(x(), name="op.bool", op=True), "op must be")
+    # gradients: d(loss)/dw = rank + 1 everywhere; weight and bias share a fused bucket
+    for op, want in ((bps.Sum, s), (bps.Average, s / size)):
+        model = torch.nn.Linear(4, 2).to(dev)
+        torch.nn.init.zeros_(model.weight)
+        torch.nn.init.zeros_(model.bias)
+        opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                       [(f"op{int(op)}.{n}", p)
+                                        for n, p in model.named_parameters()], op=op)
+        (model(torch.ones(1, 4, device=dev)) * (rank + 1)).sum().backward()
+        opt.step()
+        assert torch.equal(model.weight, torch.full((2, 4), -want, device=dev)), (op, model.weight)
+        assert torch.equal(model.bias, torch.full((2,), -want, device=dev)), (op, model.bias)
+    ddp = bps.DistributedDataParallel(torch.nn.Linear(4, 2).to(dev), op=bps.Sum)
+    (ddp(torch.ones(1, 4, device=dev)) * (rank + 1)).sum().backward()
+    w, b = ddp.module.weight.grad, ddp.module.bias.grad
+    assert torch.equal(w, torch.full((2, 4), s, device=dev)), w
+    assert torch.equal(b, torch.full((2,), s, device=dev)), b
+    model = torch.nn.Linear(4, 2)
+    expect(ValueError, lambda: bps.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=1.0), model.named_parameters(), op=2), "Adasum")
+    expect(ValueError, lambda: bps.DistributedDataParallel(model, op=5), "op=Product")
+
+
+def sync_batchnorm(rank, size):
+    """SyncBatchNorm (from convert_sync_batchnorm) on each rank's batch (of rank + 2 samples,
+    channel means far from 0) equals BatchNorm on the concatenated batch: the output, the input
+    gradient, the running statistics, and the weight/bias gradients summed over the ranks;
+    over two steps, the second calling the layer twice. Eval mode uses the running statistics.
+    """
+    import copy
+    c = 3
+    dev = device()
+    torch.manual_seed(7)   # the same model and data on every rank
+    ref = torch.nn.Sequential(torch.nn.BatchNorm2d(c)).to(dev)
+    with torch.no_grad():
+        ref[0].weight.uniform_(0.5, 1.5)
+        ref[0].bias.uniform_(-1.0, 1.0)
+    model = bps.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(ref))
+    bn = model[0]
+    assert isinstance(bn, bps.SyncBatchNorm) and bn.training, type(bn)
+    mine = slice(sum(q + 2 for q in range(rank)), sum(q + 2 for q in range(rank + 1)))
+
+    def close(a, b, what):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), (what, (a - b).abs().max().item())
+
+    for step, calls in ((0, 1), (1, 2)):
+        ref.zero_grad()
+        model.zero_grad()
+        xs = [torch.randn(sum(q + 2 for q in range(size)), c, 3, 2, device=dev) * 2 + 50 + 10 * k
+              for k in range(calls)]
+        ws = [torch.randn_like(x) for x in xs]
+        xr = [x.clone().requires_grad_() for x in xs]
+        yr = [ref(x) for x in xr]
+        sum((y * w).sum() for y, w in zip(yr, ws)).backward()
+        xm = [x[mine].clone().requires_grad_() for x in xs]
+        ym = [model(x) for x in xm]
+        sum((y * w[mine]).sum() for y, w in zip(ym, ws)).backward()
+        for k in range(calls):
+            close(ym[k], yr[k][mine], f"step {step} output {k}")
+            close(xm[k].grad, xr[k].grad[mine], f"step {step} input gradient {k}")
+        close(bn.running_mean, ref[0].running_mean, "running_mean")
+        close(bn.running_var, ref[0].running_var, "running_var")
+        assert torch.equal(bn.num_batches_tracked, ref[0].num_batches_tracked)
+        for p, pr in ((bn.weight, ref[0].weight), (bn.bias, ref[0].bias)):
+            close(bps.push_pull(p.grad, name=f"sbn.check.{step}", op=bps.Sum), pr.grad,
+                  "parameter gradient")
+    model.eval()
+    ref.eval()
+    x = torch.randn(4, c, 3, 2, device=dev) + 50
+    close(model(x), ref(x), "eval")
+    expect(ValueError, lambda: bps.SyncBatchNorm(3, process_group=object()), "process_group")
+
+
+def cross_rank(rank, size):
+    """cross_rank() is this worker's machine (its local ranks share it), cross_size() the number
+    of machines; the same in the numpy API."""
+    import byteps_like
+    ls = bps.local_size()
+    assert bps.cross_size() == size // ls == byteps_like.cross_size(), (bps.cross_size(), ls)
+    assert bps.cross_rank() == rank // ls == byteps_like.cross_rank(), (bps.cross_rank(), ls)
+    machines = bps.allgather(torch.tensor([[rank, bps.cross_rank(), bps.local_rank()]]),
+                             name="cross.ranks")
+    print(f"CROSS rank {rank} cross_rank {bps.cross_rank()} cross_size {bps.cross_size()} "
+          f"all {machines.tolist()}", flush=True)
