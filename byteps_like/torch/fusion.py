@@ -158,7 +158,9 @@ class DeviceBucket:
                                     pin_memory=True)
             self.host_np = as_numpy(self.host)
         self.stream = copy_stream(self.device)
-        self.h2d_done = torch.cuda.Event()
+        self.ready = torch.cuda.Event()     # the gather is done (producing stream)
+        self.copied = torch.cuda.Event()    # the D2H copy is done (copy stream)
+        self.h2d_done = torch.cuda.Event()  # the sum is back on the device (copy stream)
         self._h2d_lock = threading.Lock()
         self._h2d_issued = False
         self._nccl_op: nccl.NcclPushPull | None = None
@@ -190,9 +192,8 @@ class DeviceBucket:
             return op.start(priority)
         assert self.host is not None
         producer = torch.cuda.current_stream(self.device)
-        ready = torch.cuda.Event()
+        ready, copied = self.ready, self.copied  # reused: the last round is over by now
         ready.record(producer)
-        copied = torch.cuda.Event()
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(ready)
             self.host.copy_(self.flat, non_blocking=True)
