@@ -22,6 +22,9 @@ __all__ = [*_API, *_ERRORS, "__version__"]
 
 
 def __getattr__(name: str):
+    if name == "_core":  # `from . import _core` asks here first: a missing build says what to do
+        from ._native import load_core
+        return load_core()
     if name in _API:
         return getattr(importlib.import_module(".worker.api", __name__), name)
     if name in _ERRORS:
