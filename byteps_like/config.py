@@ -106,6 +106,20 @@ class ClusterConfig:
                                  "tensors, shared memory for CPU ones) and no server is "
                                  "contacted. Set this to push through the servers anyway, as "
                                  "BytePS does with the same variable.")
+    torchrun: str = _s("BYTEPS_TORCHRUN", "choice", "auto", "A process started by torchrun "
+                       "(or by any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, "
+                       "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT) whose byteps_like job is "
+                       "not configured (none of DMLC_ROLE, DMLC_NUM_WORKER, DMLC_NUM_SERVER, "
+                       "DMLC_WORKER_ID, BYTEPS_LOCAL_RANK, BYTEPS_LOCAL_SIZE set): `auto` joins "
+                       "one job of WORLD_SIZE workers, whose services local rank 0 of each node "
+                       "starts (docs/launcher.md, \"torchrun\"); `off` ignores torchrun's "
+                       "variables, so that every process is a job of its own.",
+                       choices=("auto", "off"))
+    torchrun_servers_per_node: int | None = _s(
+        "BYTEPS_TORCHRUN_SERVERS_PER_NODE", "int", None, "Under torchrun: the servers local "
+        "rank 0 of each node starts. Unset: 1 when the job spans several nodes (or "
+        "BYTEPS_FORCE_DISTRIBUTED is set), none on one node, where push_pull stays on it.",
+        unit="servers", min=0)
 
     @property
     def total_workers(self) -> int:
@@ -387,6 +401,25 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class TorchrunJob:
+    """What torchrun (``torch.distributed.run``, or a launcher that sets the same variables)
+    told this process. :func:`load` reads it when the process joins a torchrun job, and fills
+    the cluster settings from it (docs/launcher.md, "torchrun")."""
+    rank: int                # RANK
+    world_size: int          # WORLD_SIZE
+    local_rank: int          # LOCAL_RANK
+    local_world_size: int    # LOCAL_WORLD_SIZE
+    node_rank: int           # GROUP_RANK (else RANK // LOCAL_WORLD_SIZE)
+    nnodes: int              # WORLD_SIZE // LOCAL_WORLD_SIZE (GROUP_WORLD_SIZE)
+    master_addr: str         # MASTER_ADDR: the host of node rank 0
+    master_port: int         # MASTER_PORT
+    servers_per_node: int    # BYTEPS_TORCHRUN_SERVERS_PER_NODE, or its default
+    run_id: str = ""         # TORCHELASTIC_RUN_ID ("" without torchrun's agent)
+    restart_count: int = 0   # TORCHELASTIC_RESTART_COUNT
+    max_restarts: int = 0    # TORCHELASTIC_MAX_RESTARTS
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration; build it with :func:`load`, change it with :meth:`replace`."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -404,6 +437,13 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     _sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}),
                                         compare=False, repr=False)
+    _torchrun: TorchrunJob | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def torchrun(self) -> TorchrunJob | None:
+        """What torchrun told this process, when it joins a torchrun job (the cluster settings
+        then come from torchrun's variables); None otherwise."""
+        return self._torchrun
 
     def get(self, path: str) -> Any:
         """The value at a dotted path such as ``"cluster.num_worker"``."""
@@ -429,7 +469,7 @@ class Config:
         values = {s.path: (self.get(s.path), self.source(s.path)) for s in SETTINGS}
         for key, value in overrides.items():
             values[_resolve(key, "override").path] = (value, "override")
-        return _build(values)
+        return _build(values, self._torchrun)
 
 
 def _collect() -> tuple[Setting, ...]:
@@ -636,7 +676,7 @@ def _read_env(env: Mapping[str, str]) -> tuple[dict[str, tuple[Any, str]], list[
     return values, unknown
 
 
-def _build(values: Mapping[str, tuple[Any, str]]) -> Config:
+def _build(values: Mapping[str, tuple[Any, str]], torchrun: TorchrunJob | None = None) -> Config:
     parsed: dict[str, dict[str, Any]] = {sec: {} for sec in _SECTIONS}
     for s in SETTINGS:
         raw, source = values[s.path]
@@ -658,7 +698,8 @@ def _build(values: Mapping[str, tuple[Any, str]]) -> Config:
     section_types: dict[str, Any] = {f.name: f.default_factory for f in dataclasses.fields(Config)
                                      if f.name in _SECTIONS}
     sections = {name: make(**parsed[name]) for name, make in section_types.items()}
-    cfg = Config(**sections, _sources=MappingProxyType({k: v[1] for k, v in values.items()}))
+    cfg = Config(**sections, _sources=MappingProxyType({k: v[1] for k, v in values.items()}),
+                 _torchrun=torchrun)
     _cross_check(cfg)
     return cfg
 
@@ -698,6 +739,103 @@ def _cross_check(cfg: Config) -> None:
                               f"{getattr(exc, 'strerror', None) or exc})") from None
         if empty:
             raise ConfigError(f"{who('auth.secret_file')} is empty")
+
+
+#: What torchrun sets in each worker's environment, all of which a process needs to join a
+#: torchrun job (GROUP_RANK, GROUP_WORLD_SIZE and TORCHELASTIC_* are read when present).
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                      "MASTER_PORT")
+#: The settings that configure a byteps_like job; with any of them set, a process under
+#: torchrun belongs to that job, not to torchrun's (bpslaunch sets them for its workers).
+_JOB_PATHS = ("cluster.role", "cluster.num_worker", "cluster.num_server", "cluster.worker_id",
+              "cluster.local_rank", "cluster.local_size")
+
+
+def _torchrun_job(values: dict[str, tuple[Any, str]],
+                  env: Mapping[str, str]) -> TorchrunJob | None:
+    """Whether this process joins a torchrun job (BYTEPS_TORCHRUN=auto, torchrun's variables
+    present, no byteps_like job configured); if so, its :class:`TorchrunJob`, and the cluster
+    settings not set otherwise are filled from it in ``values`` (sources ``torchrun: ...``)."""
+    try:
+        mode = _parse(_BY_PATH["cluster.torchrun"], values["cluster.torchrun"][0])
+        elastic = _parse(_BY_PATH["elastic.enabled"], values["elastic.enabled"][0])
+        forced = _parse(_BY_PATH["cluster.force_distributed"],
+                        values["cluster.force_distributed"][0])
+        per_node_raw = values["cluster.torchrun_servers_per_node"][0]
+        per_node = None if per_node_raw is None else _parse(
+            _BY_PATH["cluster.torchrun_servers_per_node"], per_node_raw)
+    except _Bad:
+        return None  # _build names the bad value
+    if mode == "off" or any(values[p][1] != "default" for p in _JOB_PATHS):
+        return None
+    if not all(env.get(name, "").strip() for name in TORCHRUN_VARIABLES):
+        return None
+
+    def number(name: str, default: int | None = None, lo: int = 0) -> int:
+        raw = env.get(name, "").strip()
+        if not raw and default is not None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            value = lo - 1
+        if value < lo:
+            raise ConfigError(f"{name}={raw!r} (torchrun's environment) is not a whole number "
+                              f">= {lo}")
+        return value
+    world, local_world = number("WORLD_SIZE", lo=1), number("LOCAL_WORLD_SIZE", lo=1)
+    rank, local_rank = number("RANK"), number("LOCAL_RANK")
+    port = number("MASTER_PORT", lo=1)
+    nnodes = number("GROUP_WORLD_SIZE", world // local_world or 1, lo=1)
+    node_rank = number("GROUP_RANK", rank // local_world)
+    where = (f"WORLD_SIZE={world}, LOCAL_WORLD_SIZE={local_world}, RANK={rank}, "
+             f"LOCAL_RANK={local_rank}, GROUP_RANK={node_rank}, nodes {nnodes} (torchrun)")
+    if world != nnodes * local_world:
+        raise ConfigError(f"{where}: byteps_like needs the same number of processes on every "
+                          "node (torchrun --nproc-per-node, BYTEPS_LOCAL_SIZE)")
+    if local_rank >= local_world or node_rank >= nnodes \
+            or rank != node_rank * local_world + local_rank:
+        raise ConfigError(f"{where}: these ranks do not describe a job of {nnodes} node(s) of "
+                          f"{local_world} process(es); byteps_like's rank is GROUP_RANK * "
+                          "LOCAL_WORLD_SIZE + LOCAL_RANK")
+    if port + 1 > 65535 and values["cluster.root_port"][1] == "default":
+        raise ConfigError(f"MASTER_PORT={port} (torchrun's environment): the scheduler listens "
+                          "on MASTER_PORT + 1, which is not a TCP port; set DMLC_PS_ROOT_PORT")
+    if elastic:
+        raise ConfigError(f"BYTEPS_ELASTIC={values['elastic.enabled'][0]!r} "
+                          f"({values['elastic.enabled'][1]}): an elastic byteps_like job does "
+                          "not run under torchrun; start it with bpslaunch --elastic "
+                          "(docs/elastic.md)")
+    if per_node is None:
+        per_node = 1 if nnodes > 1 or forced else 0
+    elif per_node == 0 and world > 1 and (nnodes > 1 or forced):
+        raise ConfigError(f"BYTEPS_TORCHRUN_SERVERS_PER_NODE=0 "
+                          f"({values['cluster.torchrun_servers_per_node'][1]}): a job of "
+                          f"{nnodes} node(s) that pushes through servers needs at least one")
+    job = TorchrunJob(rank=rank, world_size=world, local_rank=local_rank,
+                      local_world_size=local_world, node_rank=node_rank, nnodes=nnodes,
+                      master_addr=env["MASTER_ADDR"].strip(), master_port=port,
+                      servers_per_node=per_node, run_id=env.get("TORCHELASTIC_RUN_ID", "").strip(),
+                      restart_count=number("TORCHELASTIC_RESTART_COUNT", 0),
+                      max_restarts=number("TORCHELASTIC_MAX_RESTARTS", 0))
+    # one node: everything on this host, nothing reachable from others
+    host = job.master_addr if nnodes > 1 else "127.0.0.1"
+    derived = {
+        "cluster.num_worker": (nnodes, "torchrun: WORLD_SIZE / LOCAL_WORLD_SIZE"),
+        "cluster.worker_id": (node_rank, "torchrun: GROUP_RANK"),
+        "cluster.local_rank": (local_rank, "torchrun: LOCAL_RANK"),
+        "cluster.local_size": (local_world, "torchrun: LOCAL_WORLD_SIZE"),
+        "cluster.num_server": (nnodes * per_node, "torchrun: nodes x servers per node"),
+        "cluster.root_uri": (host, "torchrun: MASTER_ADDR" if nnodes > 1
+                             else "torchrun: one node"),
+        "cluster.root_port": (port + 1, "torchrun: MASTER_PORT + 1"),
+        "cluster.job_id": (f"torchrun-{job.run_id or 'none'}-{port}-{job.restart_count}",
+                           "torchrun: TORCHELASTIC_RUN_ID, MASTER_PORT, restart"),
+    }
+    for path, value in derived.items():
+        if values[path][1] == "default":
+            values[path] = value
+    return job
 
 
 def resolve_root(cfg: Config, *, retry_s: float = 5.0) -> None:
@@ -750,7 +888,8 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, object] |
         values.update(_read_mapping(argv_overrides, "command line"))
     if overrides:
         values.update(_read_mapping(overrides, "override"))
-    return _build(values)
+    torchrun = _torchrun_job(values, env)
+    return _build(values, torchrun)
 
 
 # ---------------------------------------------------------------------------------- docs

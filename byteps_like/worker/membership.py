@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from .. import local
 from ..config import Config
 from ..control import ControlClient, PeerInfo
-from ..errors import ConfigError, NotInitializedError
+from ..errors import CommunicationError, ConfigError, NotInitializedError
 from ..partition import ServerAssigner, mixed_mode_weights
 from ..roles import exit_if_peer_failed
 from ..transport import Route, data_scheme, local_peers, make_endpoint
@@ -39,6 +39,7 @@ from ..wire import Role, job_hash
 if TYPE_CHECKING:
     import zmq
 
+    from ..launcher.torchrun import NodeServices
     from ..transport.base import Handler
 
 log = logging.getLogger("byteps_like.worker")
@@ -74,6 +75,9 @@ class Membership:
         self.routes: list[list[Route]] = []  # [server][connection]
         self.assigner: ServerAssigner | None = None
         self.job = 0                        # the job's hash, in every header
+        # a torchrun job: the scheduler and servers this node's local rank 0 started
+        self.services: NodeServices | None = None
+        self._service_failure: CommunicationError | None = None
 
     # -- identity --------------------------------------------------------------------------------
     def configure(self, cfg: Config) -> None:
@@ -108,6 +112,11 @@ class Membership:
         """Create the endpoint (and, on a local root of several local ranks, the listening
         socket the local ranks connect to) and the control client; start the I/O thread."""
         import zmq
+        if cfg.torchrun is not None and self.services is None:
+            # torchrun's job (launcher/torchrun.py): local rank 0 starts this node's services
+            from ..launcher.torchrun import join
+            self.services = join(cfg, on_failure=self._service_failed,
+                                 job_over=self._done_with_job)
         self.ctx = zmq.Context()
         ep = self.ep = make_endpoint("worker", cfg, context=self.ctx)
         c = cfg.cluster
@@ -130,6 +139,8 @@ class Membership:
                 self.peers_token = local_peers.token_path(c)
                 self._token = local_peers.create_token(self.peers_token)
         self.control = ControlClient(cfg, ep, Role.WORKER, port=port, on_fatal=on_fatal)
+        if self._service_failure is not None:  # a service failed before there was a client
+            self.control._fail(self._service_failure)
         ep.on_message = on_message
         ep.on_error = on_fatal
         ep.start()
@@ -182,6 +193,21 @@ class Membership:
         # without servers (one machine) partitions still cut tensors for the local reduction
         self.assigner = ServerAssigner(max(1, self.num_servers), weights)
         self.job = job_hash(cfg.cluster.job_id)
+
+    def _service_failed(self, message: str) -> None:
+        """A service local rank 0 started for a torchrun job failed (its supervising thread
+        says so): this worker fails at once, its registration or its pending operations."""
+        exc = CommunicationError(f"worker rank {self.rank}: {message}")
+        self._service_failure = exc
+        if self.control is not None:
+            self.control._fail(exc)  # what the I/O thread does on the scheduler's abort notice
+
+    def _done_with_job(self) -> bool:
+        """At exit: whether this worker is done with the job (so the services it started may be
+        stopped once they outlive it): it never connected, the job failed, or the scheduler
+        sent the shutdown notice."""
+        control = self.control
+        return control is None or control.fatal is not None or control.shutting_down
 
     def install_excepthook(self, live: Callable[[], bool]) -> None:
         """An unhandled exception in the training script aborts the job (the scheduler tells

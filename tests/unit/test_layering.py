@@ -189,6 +189,22 @@ def test_nothing_but_workers_imports_the_worker_side(area):
     _report(bad, f"{area} modules never import the worker side")
 
 
+def test_the_worker_side_uses_of_the_launcher_are_its_torchrun_module_only():
+    """Under torchrun, local rank 0 of each node starts that node's scheduler and servers with
+    the launcher's supervision (launcher/torchrun.py, standard library only); nothing else of the
+    launcher belongs in a worker, and the shared modules import none of it."""
+    bad = []
+    for src in _sources("shared", "worker", "tool"):
+        allowed = ("byteps_like.launcher.torchrun",) if src.area == "worker" else ()
+        for line, name in imported_names(src):
+            if (name == "byteps_like.launcher" or name.startswith("byteps_like.launcher.")) \
+                    and not any(name == a or name.startswith(a + ".") for a in allowed):
+                bad.append(f"{src.rel}:{line} imports {name}")
+    _report(bad, "only byteps_like.worker imports the launcher, and only its torchrun module")
+    membership = next(s for s in SOURCES if s.rel == "byteps_like/worker/membership.py")
+    assert "byteps_like.launcher.torchrun.join" in {n for _, n in imported_names(membership)}
+
+
 def test_the_worker_package_holds_what_only_workers_run():
     worker = {s.module for s in _sources("worker")}
     assert {"byteps_like.worker.runtime", "byteps_like.worker.pipeline",

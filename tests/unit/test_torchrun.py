@@ -1,0 +1,144 @@
+"""torchrun without processes (issue 30): what a process started by torchrun joins
+(byteps_like.config) and what local rank 0 starts (launcher/torchrun.py). The processes
+themselves: tests/integration/test_torchrun.py."""
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+
+from byteps_like.config import load
+from byteps_like.errors import ConfigError
+from byteps_like.launcher import torchrun
+from tests.support import expect
+
+
+def tr_env(rank=0, world=2, local_rank=0, local_world=2, group=None, **extra) -> dict:
+    """What torchrun gives a worker (GROUP_RANK from the ranks unless given)."""
+    env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank),
+           "LOCAL_WORLD_SIZE": str(local_world),
+           "GROUP_RANK": str(rank // local_world if group is None else group),
+           "MASTER_ADDR": "node0.example", "MASTER_PORT": "29500",
+           "TORCHELASTIC_RUN_ID": "run7", "TORCHELASTIC_RESTART_COUNT": "0",
+           "TORCHELASTIC_MAX_RESTARTS": "0"}
+    env.update(extra)
+    return env
+
+
+# -- byteps_like.config: joining torchrun's job ---------------------------------------------------
+
+def test_torchrun_variables_make_one_job_of_world_size():
+    cfg = load(env=tr_env(rank=3, world=4, local_rank=1))
+    c, job = cfg.cluster, cfg.torchrun
+    assert job is not None
+    assert (job.rank, job.world_size, job.node_rank, job.nnodes, job.servers_per_node) == \
+           (3, 4, 1, 2, 1)
+    assert (c.role, c.num_worker, c.worker_id, c.local_rank, c.local_size) == \
+           ("worker", 2, 1, 1, 2)
+    assert c.total_workers == 4 and not c.is_standalone
+    assert (c.num_server, c.root_uri, c.root_port) == (2, "node0.example", 29501)
+    assert c.job_id == "torchrun-run7-29500-0"
+    assert cfg.source("cluster.root_port") == "torchrun: MASTER_PORT + 1"
+    assert cfg.source("cluster.worker_id") == "torchrun: GROUP_RANK"
+    assert cfg.replace(**{"partition.partition_bytes": 8192}).torchrun == job
+
+
+def test_torchrun_on_one_node_stays_on_loopback_without_servers():
+    c = load(env=tr_env(rank=1, local_rank=1)).cluster
+    assert (c.num_worker, c.local_size, c.num_server, c.root_uri) == (1, 2, 0, "127.0.0.1")
+    forced = load(env=tr_env(BYTEPS_FORCE_DISTRIBUTED="1"))
+    assert forced.cluster.num_server == 1 and forced.torchrun.servers_per_node == 1
+    one = load(env=tr_env(world=1, local_world=1))
+    assert one.torchrun is not None and one.cluster.is_standalone
+
+
+def test_settings_of_the_user_win_over_torchrun():
+    cfg = load(env=tr_env(world=4, DMLC_PS_ROOT_PORT="7000", BYTEPS_JOB_ID="mine",
+                          DMLC_PS_ROOT_URI="10.0.0.1", BYTEPS_TORCHRUN_SERVERS_PER_NODE="3"))
+    c = cfg.cluster
+    assert (c.root_port, c.job_id, c.root_uri, c.num_server) == (7000, "mine", "10.0.0.1", 6)
+    assert cfg.torchrun.servers_per_node == 3
+
+
+@pytest.mark.parametrize("extra", [
+    {"DMLC_ROLE": "worker"}, {"DMLC_NUM_WORKER": "1"}, {"DMLC_WORKER_ID": "0"},
+    {"BYTEPS_LOCAL_RANK": "0"}, {"BYTEPS_LOCAL_SIZE": "2"}, {"DMLC_NUM_SERVER": "1"},
+    {"BYTEPS_TORCHRUN": "off"}, {"MASTER_PORT": ""}, {"LOCAL_WORLD_SIZE": ""},
+])
+def test_a_configured_job_or_missing_variables_leave_torchrun_alone(extra):
+    """bpslaunch gives its workers torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
+    too, with a byteps_like job of their own: that job is theirs."""
+    env = tr_env(rank=1, local_rank=1, **extra)
+    env = {k: v for k, v in env.items() if v}
+    if "BYTEPS_LOCAL_SIZE" in extra:
+        env["BYTEPS_LOCAL_RANK"] = "1"
+    cfg = load(env=env)
+    assert cfg.torchrun is None
+    assert not cfg.source("cluster.root_port").startswith("torchrun")
+
+
+@pytest.mark.parametrize("env,needles", [
+    (tr_env(world=5), ("WORLD_SIZE=5", "same number of processes on every node")),
+    (tr_env(rank=1, local_rank=0, group=0), ("RANK=1", "GROUP_RANK * LOCAL_WORLD_SIZE")),
+    (tr_env(world="two"), ("WORLD_SIZE='two' (torchrun's environment)",)),
+    (tr_env(MASTER_PORT="65535"), ("MASTER_PORT=65535", "DMLC_PS_ROOT_PORT")),
+    (tr_env(BYTEPS_ELASTIC="1"), ("BYTEPS_ELASTIC='1' (environment)", "bpslaunch --elastic")),
+    (tr_env(world=4, BYTEPS_TORCHRUN_SERVERS_PER_NODE="0"),
+     ("BYTEPS_TORCHRUN_SERVERS_PER_NODE=0", "needs at least one")),
+])
+def test_torchrun_settings_that_cannot_work_are_config_errors(env, needles):
+    expect(ConfigError, lambda: load(env=env), *needles)
+
+
+# -- launcher/torchrun.py: what local rank 0 starts ------------------------------------------------
+
+def test_node_0_starts_the_scheduler_and_its_servers():
+    specs = torchrun.service_specs(load(env=tr_env(world=4)))
+    assert [(s.role, s.rank) for s in specs] == [("scheduler", None), ("server", 0)]
+    env = specs[1].env
+    assert env["DMLC_ROLE"] == "server" and specs[0].env["DMLC_ROLE"] == "scheduler"
+    assert (env["DMLC_NUM_WORKER"], env["DMLC_NUM_SERVER"], env["BYTEPS_LOCAL_SIZE"]) == \
+           ("2", "2", "2")
+    assert (env["DMLC_PS_ROOT_URI"], env["DMLC_PS_ROOT_PORT"]) == ("node0.example", "29501")
+    assert env["BYTEPS_JOB_ID"] == "torchrun-run7-29500-0"
+    assert env["DMLC_WORKER_ID"] is None and env["BYTEPS_LOCAL_RANK"] is None
+    assert specs[0].argv[0] == sys.executable and specs[0].argv[-1] == "byteps_like.scheduler"
+
+
+def test_other_nodes_start_their_servers_only():
+    cfg = load(env=tr_env(rank=4, world=6, BYTEPS_TORCHRUN_SERVERS_PER_NODE="2"))
+    assert [(s.role, s.rank) for s in torchrun.service_specs(cfg)] == \
+           [("server", 4), ("server", 5)]
+    one = torchrun.service_specs(load(env=tr_env()))
+    assert [s.role for s in one] == ["scheduler"]
+    assert one[0].env["DMLC_NODE_HOST"] == "127.0.0.1"
+    with pytest.raises(ValueError):
+        torchrun.service_specs(load(env={}))
+
+
+def test_the_start_line_says_what_of_torchrun_does_not_apply():
+    line = torchrun.describe(load(env=tr_env(world=4, TORCHELASTIC_RESTART_COUNT="1",
+                                             TORCHELASTIC_MAX_RESTARTS="3")))
+    assert "\n" not in line
+    assert "one byteps_like job of 4 workers (2 node(s) x 2 processes" in line
+    assert "node0.example:29501 (MASTER_PORT + 1)" in line and "1 server(s) per node" in line
+    assert "restart 1 of 3, a new job from the start" in line
+    assert "Not applied: torchrun's elasticity (--nnodes MIN:MAX, --max-restarts)" in line
+
+
+def test_only_rank_0_speaks_and_only_local_rank_0_starts_anything(capsys):
+    got = torchrun.join(load(env=tr_env(rank=1, local_rank=1)), on_failure=print,
+                        job_over=lambda: True)
+    assert got is None and capsys.readouterr().err == ""
+
+
+def test_a_taken_scheduler_port_is_one_clear_error():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        cfg = load(env=tr_env(world=4, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port - 1)))
+        expect(ConfigError, lambda: torchrun.wait_for_port(cfg, wait=0),
+               f"cannot listen on 127.0.0.1:{port} (MASTER_PORT + 1)", "DMLC_PS_ROOT_PORT")
+    torchrun.wait_for_port(cfg, wait=0)  # free again
