@@ -143,11 +143,11 @@ def _worker(mode: str, steps: int) -> None:
 
         before, scale = flat(model), scaler.get_scale()
         opt.zero_grad()
-        nparams = len(list(model.parameters()))
+        nbuckets = len(opt._sync.buckets)   # the gradients, fused into buckets
         if amp:   # the recipe of docs/frameworks/pytorch.md
             scaler.scale(loss_of(net, step, rank)).backward()
-            # every gradient's push_pull started during backward (the hooks fired)
-            assert opt._sync.in_flight == nparams, opt._sync.in_flight
+            # every bucket's push_pull started during backward (the hooks fired)
+            assert opt._sync.in_flight == nbuckets, opt._sync.in_flight
             opt.synchronize()
             scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -156,7 +156,7 @@ def _worker(mode: str, steps: int) -> None:
             scaler.update()
         else:     # compile: the plain loop on the compiled model
             loss_of(net, step, rank).backward()
-            assert opt._sync.in_flight == nparams, opt._sync.in_flight
+            assert opt._sync.in_flight == nbuckets, opt._sync.in_flight
             opt.step()
 
         mine = flat(model)
