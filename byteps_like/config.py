@@ -745,6 +745,23 @@ def _cross_check(cfg: Config) -> None:
 #: torchrun job (GROUP_RANK, GROUP_WORLD_SIZE and TORCHELASTIC_* are read when present).
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                       "MASTER_PORT")
+#: Under torchrun the scheduler listens on a port every node derives alike from MASTER_PORT,
+#: the run id and the restart count (a new port for each restart), in this range: below the
+#: ephemeral ports of Linux (32768-60999), where MASTER_PORT + 1 was often taken by a
+#: connection's local port (bind(0) hands out odd ports there and connect() even ones).
+TORCHRUN_PORT_RANGE = (20000, 32768)
+TORCHRUN_PORT_SOURCE = "torchrun: derived from MASTER_PORT"
+
+
+def torchrun_scheduler_port(job: TorchrunJob) -> int:
+    """The scheduler's port of a torchrun job unless DMLC_PS_ROOT_PORT says otherwise: the same
+    on every node, from what torchrun gives them all (see TORCHRUN_PORT_RANGE)."""
+    import zlib
+    lo, hi = TORCHRUN_PORT_RANGE
+    key = f"{job.master_port}/{job.run_id}/{job.restart_count}".encode()
+    return lo + zlib.crc32(key) % (hi - lo)
+
+
 #: The settings that configure a byteps_like job; with any of them set, a process under
 #: torchrun belongs to that job, not to torchrun's (bpslaunch sets them for its workers).
 _JOB_PATHS = ("cluster.role", "cluster.num_worker", "cluster.num_server", "cluster.worker_id",
@@ -798,9 +815,6 @@ def _torchrun_job(values: dict[str, tuple[Any, str]],
         raise ConfigError(f"{where}: these ranks do not describe a job of {nnodes} node(s) of "
                           f"{local_world} process(es); byteps_like's rank is GROUP_RANK * "
                           "LOCAL_WORLD_SIZE + LOCAL_RANK")
-    if port + 1 > 65535 and values["cluster.root_port"][1] == "default":
-        raise ConfigError(f"MASTER_PORT={port} (torchrun's environment): the scheduler listens "
-                          "on MASTER_PORT + 1, which is not a TCP port; set DMLC_PS_ROOT_PORT")
     if elastic:
         raise ConfigError(f"BYTEPS_ELASTIC={values['elastic.enabled'][0]!r} "
                           f"({values['elastic.enabled'][1]}): an elastic byteps_like job does "
@@ -828,7 +842,7 @@ def _torchrun_job(values: dict[str, tuple[Any, str]],
         "cluster.num_server": (nnodes * per_node, "torchrun: nodes x servers per node"),
         "cluster.root_uri": (host, "torchrun: MASTER_ADDR" if nnodes > 1
                              else "torchrun: one node"),
-        "cluster.root_port": (port + 1, "torchrun: MASTER_PORT + 1"),
+        "cluster.root_port": (torchrun_scheduler_port(job), TORCHRUN_PORT_SOURCE),
         "cluster.job_id": (f"torchrun-{job.run_id or 'none'}-{port}-{job.restart_count}",
                            "torchrun: TORCHELASTIC_RUN_ID, MASTER_PORT, restart"),
     }

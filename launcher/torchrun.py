@@ -8,8 +8,9 @@ reads torchrun's variables into the cluster settings (``Config.torchrun``); the 
 rendezvous (``byteps_like.worker.membership``) calls :func:`join` before it registers, and
 local rank 0 of each node starts that node's services here:
 
-* node rank 0 (GROUP_RANK 0, the host of MASTER_ADDR): the scheduler, on MASTER_PORT + 1
-  (DMLC_PS_ROOT_PORT when set), bound to loopback when the job has one node;
+* node rank 0 (GROUP_RANK 0, the host of MASTER_ADDR): the scheduler, on a port every node
+  derives alike from MASTER_PORT (byteps_like.config.torchrun_scheduler_port; DMLC_PS_ROOT_PORT
+  when set), bound to loopback when the job has one node;
 * every node: ``BYTEPS_TORCHRUN_SERVERS_PER_NODE`` servers (colocated, BytePS's default layout;
   1 per node when there are several nodes, none on one node, where push_pull stays on it).
 
@@ -33,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from byteps_like.config import Config
+from byteps_like.config import TORCHRUN_PORT_SOURCE, Config
 from byteps_like.errors import ConfigError
 
 from .plan import ChildSpec, child_environment, role_argv
@@ -84,8 +85,7 @@ def describe(cfg: Config) -> str:
     c = cfg.cluster
     servers = (f"{job.servers_per_node} server(s) per node" if job.servers_per_node
                else "no server (one node: push_pull stays on it)")
-    port = ("MASTER_PORT + 1" if cfg.source("cluster.root_port").startswith("torchrun")
-            else "DMLC_PS_ROOT_PORT")
+    port = _port_origin(cfg)
     restart = (f"; this is torchrun's restart {job.restart_count} of {job.max_restarts}, a "
                "new job from the start" if job.restart_count else "")
     return (f"byteps_like: joined the torchrun job as one byteps_like job of {job.world_size} "
@@ -145,13 +145,18 @@ def wait_for_port(cfg: Config, wait: float = PORT_WAIT_S) -> None:
             return
         except OSError as exc:
             if time.monotonic() >= deadline:
-                where = ("MASTER_PORT + 1" if cfg.source("cluster.root_port").startswith(
-                    "torchrun") else cfg.source("cluster.root_port"))
                 raise ConfigError(
                     f"the scheduler of this torchrun job cannot listen on {host}:{c.root_port} "
-                    f"({where}): {exc.strerror or exc}; set DMLC_PS_ROOT_PORT to a free port "
-                    "for every node of the job (docs/launcher.md, \"torchrun\")") from None
+                    f"({_port_origin(cfg)}): {exc.strerror or exc}; set DMLC_PS_ROOT_PORT to a "
+                    "free port for every node of the job (docs/launcher.md, \"torchrun\")"
+                ) from None
             time.sleep(0.2)
+
+
+def _port_origin(cfg: Config) -> str:
+    source = cfg.source("cluster.root_port")
+    return ("derived from MASTER_PORT" if source == TORCHRUN_PORT_SOURCE
+            else f"DMLC_PS_ROOT_PORT, {source}")
 
 
 class NodeServices:

@@ -37,9 +37,9 @@ def test_torchrun_variables_make_one_job_of_world_size():
     assert (c.role, c.num_worker, c.worker_id, c.local_rank, c.local_size) == \
            ("worker", 2, 1, 1, 2)
     assert c.total_workers == 4 and not c.is_standalone
-    assert (c.num_server, c.root_uri, c.root_port) == (2, "node0.example", 29501)
+    assert (c.num_server, c.root_uri) == (2, "node0.example")
     assert c.job_id == "torchrun-run7-29500-0"
-    assert cfg.source("cluster.root_port") == "torchrun: MASTER_PORT + 1"
+    assert cfg.source("cluster.root_port") == "torchrun: derived from MASTER_PORT"
     assert cfg.source("cluster.worker_id") == "torchrun: GROUP_RANK"
     assert cfg.replace(**{"partition.partition_bytes": 8192}).torchrun == job
 
@@ -82,7 +82,7 @@ def test_a_configured_job_or_missing_variables_leave_torchrun_alone(extra):
     (tr_env(world=5), ("WORLD_SIZE=5", "same number of processes on every node")),
     (tr_env(rank=1, local_rank=0, group=0), ("RANK=1", "GROUP_RANK * LOCAL_WORLD_SIZE")),
     (tr_env(world="two"), ("WORLD_SIZE='two' (torchrun's environment)",)),
-    (tr_env(MASTER_PORT="65535"), ("MASTER_PORT=65535", "DMLC_PS_ROOT_PORT")),
+    (tr_env(MASTER_PORT="0"), ("MASTER_PORT='0' (torchrun's environment)",)),
     (tr_env(BYTEPS_ELASTIC="1"), ("BYTEPS_ELASTIC='1' (environment)", "bpslaunch --elastic")),
     (tr_env(world=4, BYTEPS_TORCHRUN_SERVERS_PER_NODE="0"),
      ("BYTEPS_TORCHRUN_SERVERS_PER_NODE=0", "needs at least one")),
@@ -94,13 +94,15 @@ def test_torchrun_settings_that_cannot_work_are_config_errors(env, needles):
 # -- launcher/torchrun.py: what local rank 0 starts ------------------------------------------------
 
 def test_node_0_starts_the_scheduler_and_its_servers():
-    specs = torchrun.service_specs(load(env=tr_env(world=4)))
+    cfg = load(env=tr_env(world=4))
+    specs = torchrun.service_specs(cfg)
     assert [(s.role, s.rank) for s in specs] == [("scheduler", None), ("server", 0)]
     env = specs[1].env
     assert env["DMLC_ROLE"] == "server" and specs[0].env["DMLC_ROLE"] == "scheduler"
     assert (env["DMLC_NUM_WORKER"], env["DMLC_NUM_SERVER"], env["BYTEPS_LOCAL_SIZE"]) == \
            ("2", "2", "2")
-    assert (env["DMLC_PS_ROOT_URI"], env["DMLC_PS_ROOT_PORT"]) == ("node0.example", "29501")
+    assert (env["DMLC_PS_ROOT_URI"], env["DMLC_PS_ROOT_PORT"]) == \
+           ("node0.example", str(cfg.cluster.root_port))
     assert env["BYTEPS_JOB_ID"] == "torchrun-run7-29500-0"
     assert env["DMLC_WORKER_ID"] is None and env["BYTEPS_LOCAL_RANK"] is None
     assert specs[0].argv[0] == sys.executable and specs[0].argv[-1] == "byteps_like.scheduler"
@@ -118,11 +120,13 @@ def test_other_nodes_start_their_servers_only():
 
 
 def test_the_start_line_says_what_of_torchrun_does_not_apply():
-    line = torchrun.describe(load(env=tr_env(world=4, TORCHELASTIC_RESTART_COUNT="1",
-                                             TORCHELASTIC_MAX_RESTARTS="3")))
+    cfg = load(env=tr_env(world=4, TORCHELASTIC_RESTART_COUNT="1",
+                          TORCHELASTIC_MAX_RESTARTS="3"))
+    line = torchrun.describe(cfg)
     assert "\n" not in line
     assert "one byteps_like job of 4 workers (2 node(s) x 2 processes" in line
-    assert "node0.example:29501 (MASTER_PORT + 1)" in line and "1 server(s) per node" in line
+    assert f"node0.example:{cfg.cluster.root_port} (derived from MASTER_PORT)" in line
+    assert "1 server(s) per node" in line
     assert "restart 1 of 3, a new job from the start" in line
     assert "Not applied: torchrun's elasticity (--nnodes MIN:MAX, --max-restarts)" in line
 
@@ -133,12 +137,45 @@ def test_only_rank_0_speaks_and_only_local_rank_0_starts_anything(capsys):
     assert got is None and capsys.readouterr().err == ""
 
 
-def test_a_taken_scheduler_port_is_one_clear_error():
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        port = held.getsockname()[1]
-        cfg = load(env=tr_env(world=4, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port - 1)))
+def test_every_node_derives_the_same_scheduler_port_outside_the_ephemeral_ports():
+    """Not MASTER_PORT + 1: bind(0) gives MASTER_PORT, an odd ephemeral port, and connect()
+    takes the even ones, so MASTER_PORT + 1 was often some connection's local port."""
+    ports = {load(env=tr_env(rank=r, world=6, local_rank=r % 2)).cluster.root_port
+             for r in range(6)}
+    assert len(ports) == 1 and 20000 <= ports.pop() < 32768
+    others = {load(env=tr_env(**{name: value})).cluster.root_port
+              for name, value in (("MASTER_PORT", "29501"), ("TORCHELASTIC_RUN_ID", "run8"),
+                                  ("TORCHELASTIC_RESTART_COUNT", "1"))}
+    assert len(others) == 3 and load(env=tr_env()).cluster.root_port not in others
+
+
+def _held_port(env: dict) -> tuple[socket.socket, object]:
+    """A listening socket on the scheduler port ``load(env=env)`` gives (another run id until
+    that port can be taken here)."""
+    for run in range(50):
+        cfg = load(env={**env, "TORCHELASTIC_RUN_ID": f"held{run}"})
+        sock = socket.socket()
+        try:
+            sock.bind(("127.0.0.1", cfg.cluster.root_port))
+        except OSError:
+            sock.close()
+            continue
+        sock.listen()
+        return sock, cfg
+    raise AssertionError("no derived port could be bound")
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_a_taken_scheduler_port_is_one_clear_error(own):
+    env = tr_env(world=4, MASTER_ADDR="127.0.0.1")
+    if own:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            env["DMLC_PS_ROOT_PORT"] = str(probe.getsockname()[1])
+    held, cfg = _held_port(env)
+    port = cfg.cluster.root_port
+    with held:
+        origin = "DMLC_PS_ROOT_PORT, environment" if own else "derived from MASTER_PORT"
         expect(ConfigError, lambda: torchrun.wait_for_port(cfg, wait=0),
-               f"cannot listen on 127.0.0.1:{port} (MASTER_PORT + 1)", "DMLC_PS_ROOT_PORT")
+               f"cannot listen on 127.0.0.1:{port} ({origin})", "set DMLC_PS_ROOT_PORT")
     torchrun.wait_for_port(cfg, wait=0)  # free again
