@@ -21,6 +21,11 @@ partition:
 
 Pinned host buffers and flat device buffers are made once per bucket and reused every step.
 
+A gradient of at least ``BYTEPS_FUSION_BYTES`` that travels as it is (no cast compressor) is
+not a device bucket: it goes through the pipeline's partition-by-partition staging
+(:class:`._tensor.CudaCopier`), whose copies overlap its own network transfer; one copy of the
+whole would make the push wait for all of it first.
+
 With several local ranks (one GPU each) the flat buffer goes through the NCCL local reduction
 (:mod:`.nccl`) as one tensor. With one worker process and no server the sum is the input: no
 copy at all.
@@ -276,14 +281,21 @@ class TorchFuser:
         first = self.params[bucket.members[0]]
         if first.device.type != "cuda" or getattr(self.compression, "kind", "") == "codec":
             return None  # host fusion; codecs compress each gradient in the pipeline
+        wire = wire_torch_dtype(first.dtype, self.compression)
+        if (not bucket.fused and wire == first.dtype and self.rt.device_pipeline
+                and bucket.nbytes >= self.rt.config.partition.fusion_bytes):
+            # a gradient of at least a bucket's size, travelling as it is: the pipeline
+            # stages it partition by partition (copy, push, copy back overlap), where one
+            # copy of the whole would wait for all of it (VGG-16's 411 MB classifier weight:
+            # 7.5 ms each way). The synchronizer takes the gradient's own grad_buffer.
+            return None
         db = self._buckets.get(bucket.index)
         if db is None:
             members = [self.params[i] for i in bucket.members]
             if any(p.device != first.device or p.dtype != first.dtype for p in members):
                 raise BytePSError(f"bucket {bucket.name!r} mixes devices or dtypes")
             db = self._buckets[bucket.index] = DeviceBucket(
-                self.rt, bucket, members, wire_torch_dtype(first.dtype, self.compression),
-                self.average)
+                self.rt, bucket, members, wire, self.average)
         return db.buffer()
 
 
