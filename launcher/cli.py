@@ -247,8 +247,61 @@ DEFAULT_MAX_RESTARTS = 3
 AUTH_VARIABLES = ("BYTEPS_AUTH_SECRET", "BYTEPS_AUTH_SECRET_FILE")
 
 
+#: Other launchers' options people type out of habit (torchrun's, horovodrun's), each with
+#: whether it takes a value and what bpslaunch says instead (``{v}``: the value given).
+FOREIGN_OPTIONS: dict[str, tuple[str, bool, str]] = {
+    "--nproc_per_node": ("torchrun", True, "--local-size {v} with --local (bpslaunch --local "
+                         "--workers 1 --local-size {v} -- COMMAND: {v} processes on this "
+                         "machine), or BYTEPS_LOCAL_SIZE={v} on each machine of a job of "
+                         "several"),
+    "--nnodes": ("torchrun", True, "--workers {v} with --local ({v} worker machines simulated "
+                 "on this one), or DMLC_NUM_WORKER={v} on every machine of a job of several"),
+    "--node_rank": ("torchrun", True, "DMLC_WORKER_ID={v} in that machine's environment"),
+    "--master_addr": ("torchrun", True, "DMLC_PS_ROOT_URI={v} (the scheduler's host) on every "
+                      "machine, or --host {v} with --local"),
+    "--master_port": ("torchrun", True, "--port {v} with --local, or DMLC_PS_ROOT_PORT={v} on "
+                      "every machine"),
+    "--standalone": ("torchrun", False, "--local (a whole job on this machine)"),
+    "-np": ("horovodrun", True, "--local --workers {v} ({v} worker processes on this machine; "
+            "or --workers W --local-size L with W x L = {v})"),
+    "-H": ("horovodrun", True, "one bpslaunch per machine: DMLC_WORKER_ID=i "
+           "BYTEPS_LOCAL_SIZE=<slots> bpslaunch COMMAND on host i, with DMLC_NUM_WORKER, "
+           "DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT set everywhere (or bpslaunch slurm / k8s)"),
+}
+for _name, _alias in (("--nproc_per_node", "--nproc-per-node"), ("--node_rank", "--node-rank"),
+                      ("--master_addr", "--master-addr"), ("--master_port", "--master-port"),
+                      ("-np", "--num-proc"), ("-H", "--hosts")):
+    FOREIGN_OPTIONS[_alias] = FOREIGN_OPTIONS[_name]
+
+
+def foreign_option_error(options: Sequence[str]) -> str | None:
+    """The usage error for torchrun's or horovodrun's options among ``options`` (what
+    bpslaunch says instead, for each), or None."""
+    found, tools = [], set()
+    i = 0
+    while i < len(options):
+        word, _, inline = options[i].partition("=")
+        if word in FOREIGN_OPTIONS:
+            tool, takes_value, instead = FOREIGN_OPTIONS[word]
+            value = inline
+            if takes_value and not inline and i + 1 < len(options):
+                value = options[i + 1]
+                i += 1
+            given = f"{word} {value}" if value else word
+            tools.add(tool)
+            found.append(f"{given} is {tool}'s option; bpslaunch's is "
+                         + instead.format(v=value or "N"))
+        i += 1
+    if not found:
+        return None
+    return "; ".join(found) + (". Or keep torchrun: a byteps_like script it starts joins its "
+                               "job (docs/launcher.md, \"torchrun\")" if "torchrun" in tools
+                               else "")
+
+
 def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Split at ``--`` or at the first word that is neither an option nor an option's value."""
+    """Split at ``--`` or at the first word that is neither an option nor an option's value
+    (torchrun's and horovodrun's options count as options, so that their error names them)."""
     argv = list(argv)
     i = 0
     while i < len(argv):
@@ -256,7 +309,8 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         if word == "--":
             return argv[:i], argv[i + 1:]
         if word.startswith("-") and word != "-":
-            i += 2 if word in _VALUE_OPTIONS else 1
+            foreign = FOREIGN_OPTIONS.get(word)
+            i += 2 if word in _VALUE_OPTIONS or (foreign and foreign[1]) else 1
             continue
         return argv[:i], argv[i:]
     return argv, []
@@ -291,6 +345,9 @@ class CommandError(Exception):
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     options, command = split_command(argv)
+    foreign = foreign_option_error(options)
+    if foreign:
+        raise UsageError(foreign)
     args = build_parser().parse_args(options)
     if not args.elastic:
         given = [f"--{name.replace('_', '-')}" for name in _ELASTIC_ONLY
@@ -315,6 +372,7 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
     role_overrides = dict(args.role_cmd)
     notes: list[str] = []
     elastic = None
+    command = python_script(command, notes)
     if args.elastic:
         env, elastic = elastic_env(args, env)
     if args.local:
@@ -503,6 +561,17 @@ def _bind_probe(host: str, port: int, what: str) -> int:
         return free_port(host, port)
     except OSError as exc:
         raise UsageError(f"{what}: {exc.strerror or exc}") from None
+
+
+def python_script(command: Sequence[str], notes: list[str]) -> list[str]:
+    """``bpslaunch train.py ...`` runs ``train.py`` with this Python, as torchrun does (a note
+    says so in the launch plan); any other command is left as it is."""
+    command = list(command)
+    if command and command[0].endswith(".py"):
+        notes.append(f"note: running {command[0]} with this Python: {sys.executable} "
+                     f"{command[0]}")
+        command.insert(0, sys.executable)
+    return command
 
 
 def check_executable(program: str, env: Mapping[str, str]) -> str:

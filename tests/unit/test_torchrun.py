@@ -1,8 +1,10 @@
 """torchrun without processes (issue 30): what a process started by torchrun joins
-(byteps_like.config) and what local rank 0 starts (launcher/torchrun.py). The processes
-themselves: tests/integration/test_torchrun.py."""
+(byteps_like.config), what local rank 0 starts (launcher/torchrun.py), and bpslaunch's answers
+to torchrun's and horovodrun's habits (launcher/cli.py). The processes themselves:
+tests/integration/test_torchrun.py."""
 from __future__ import annotations
 
+import os
 import socket
 import sys
 
@@ -11,6 +13,7 @@ import pytest
 from byteps_like.config import load
 from byteps_like.errors import ConfigError
 from byteps_like.launcher import torchrun
+from byteps_like.launcher.cli import main, parse_args, plan_launch
 from tests.support import expect
 
 
@@ -179,3 +182,66 @@ def test_a_taken_scheduler_port_is_one_clear_error(own):
         expect(ConfigError, lambda: torchrun.wait_for_port(cfg, wait=0),
                f"cannot listen on 127.0.0.1:{port} ({origin})", "set DMLC_PS_ROOT_PORT")
     torchrun.wait_for_port(cfg, wait=0)  # free again
+
+
+# -- bpslaunch: torchrun's and horovodrun's habits -------------------------------------------------
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def script(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    return "train.py"
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_a_python_script_runs_with_this_python(script, local):
+    quiet = ["--no-bind", "--no-thread-share"]  # nothing of this machine in the plan
+    argv = ["--local", *quiet, script, "--lr", "1"] if local else [*quiet, script, "--lr", "1"]
+    launch = plan_launch(*parse_args(argv), _clean_env())
+    workers = [s for s in launch.specs if s.role == "worker"]
+    assert workers and all(s.argv == (sys.executable, script, "--lr", "1") for s in workers)
+    assert f"note: running {script} with this Python: {sys.executable} {script}" in launch.notes
+
+
+def test_bpslaunch_script_py_runs_instead_of_command_not_found(script, capsys):
+    assert main(["--no-bind", script], environ=_clean_env()) == 0  # one worker, standalone
+    out, err = capsys.readouterr()
+    assert "[worker 0] hi" in out, err
+    assert f"bpslaunch: note: running {script} with this Python" in err
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--nproc_per_node", "2", "python", "t.py"],
+     ["--nproc_per_node 2 is torchrun's option", "--local-size 2 with --local",
+      "bpslaunch --local --workers 1 --local-size 2", "BYTEPS_LOCAL_SIZE=2", "keep torchrun"]),
+    (["--nproc-per-node=4", "t.py"], ["--nproc-per-node 4 is torchrun's", "--local-size 4"]),
+    (["--local", "--nnodes", "3", "--", "t.py"], ["--nnodes 3", "--workers 3 with --local",
+                                                  "DMLC_NUM_WORKER=3"]),
+    (["--node_rank", "1", "--master_addr", "10.0.0.1", "--master_port", "29500", "t.py"],
+     ["DMLC_WORKER_ID=1", "DMLC_PS_ROOT_URI=10.0.0.1", "--host 10.0.0.1", "--port 29500",
+      "DMLC_PS_ROOT_PORT=29500"]),
+    (["--standalone", "t.py"], ["--standalone is torchrun's option", "--local"]),
+    (["-np", "4", "python", "t.py"], ["-np 4 is horovodrun's option", "--local --workers 4",
+                                      "W x L = 4"]),
+    (["-H", "a:2,b:2", "t.py"], ["-H a:2,b:2 is horovodrun's", "DMLC_WORKER_ID=i",
+                                 "BYTEPS_LOCAL_SIZE=<slots>"]),
+])
+def test_torchrun_and_horovodrun_options_name_bpslaunchs_own(argv, needles, capsys):
+    assert main(argv, environ=_clean_env()) == 2
+    err = capsys.readouterr().err
+    for needle in needles:
+        assert needle in err, err
+    assert "unrecognized arguments" not in err
+    if argv[0] in ("-np", "-H"):
+        assert "torchrun" not in err
+
+
+def test_the_commands_own_options_are_its_own():
+    args, command = parse_args(["python", "t.py", "--nnodes", "2", "-np", "4"])
+    assert command == ["python", "t.py", "--nnodes", "2", "-np", "4"]
