@@ -124,9 +124,13 @@ def test_priorities_and_completions_of_many_operations(cleanup):
     cleanup.append(cli)
     arrays = [np.full(200_000, i, np.float32) for i in range(6)]
     outs = [np.zeros_like(a) for a in arrays]
+    # held until all six are queued: otherwise the first ones submitted may leave before the
+    # more urgent ones exist (a loaded machine made the first one finish first)
+    cli.set_paused(True)
     for i, (a, o) in enumerate(zip(arrays, outs)):
         cli.submit(i + 1, i % 3, a.view(np.uint8), o.view(np.uint8), WIRE_CODE["float32"], 1, 0,
                    parts_of(a.nbytes, 0, 1, name=f"t{i}", key_base=i << 16))
+    cli.set_paused(False)
     got = {}
     deadline = time.monotonic() + 20
     while len(got) < 6 and time.monotonic() < deadline:
