@@ -8,27 +8,34 @@ servers on a 16-core host then run 64 compute threads on 16 cores: measured 1611
 against 72.7 ms with ``OMP_NUM_THREADS=4``. torchrun sets ``OMP_NUM_THREADS=1`` when it starts
 several processes on a host; bpslaunch gives each process its share instead:
 
-* **CPU sets** (unless ``--no-bind``). The host's usable CPUs (online, narrowed by
-  ``BYTEPS_VISIBLE_CPU_CORES`` and bpslaunch's own affinity mask, minus
-  ``BYTEPS_CPU_BLACKLIST``), in whole cores, are split fairly among the ``n`` workers and
-  servers. Each server gets ``cores // n`` cores first, a block on one NUMA node (the node with
-  the most cores left). The workers get the rest, so the cores an uneven split leaves over go
-  to workers: CPU workers each a set of their own (:func:`byteps_like.topology.place` with one
-  slot per worker, the NUMA nodes in turn); GPU workers by local rank, on their GPU's node,
-  a local rank's CPUs split among the workers that have it (``--local``'s emulated machines),
-  unless those are too few to split. The scheduler needs very little: one thread, on the
-  servers' CPUs. With fewer cores than workers and servers, the servers (and the scheduler)
-  may run on every usable CPU; the workers still get a CPU of their own each when there are
-  enough, else the per-local-rank binding of :func:`.binding.bind_workers`, sharing a CPU
-  where they must. ``BYTEPS_NUMA_ON=0``: every
-  process may use every usable CPU; only the thread counts are shared.
+* **Workers: CPU sets of their own** (unless ``--no-bind``). The host's usable CPUs (online,
+  narrowed by ``BYTEPS_VISIBLE_CPU_CORES`` and bpslaunch's own affinity mask, minus
+  ``BYTEPS_CPU_BLACKLIST``), in whole cores, are split among the workers: CPU workers each a
+  set of their own (:func:`byteps_like.topology.place` with one slot per worker, the NUMA nodes
+  in turn); GPU workers by local rank, on their GPU's node, a local rank's CPUs split among the
+  workers that have it (``--local``'s emulated machines), unless those are too few to split.
+  With fewer CPUs than workers, the per-local-rank binding of :func:`.binding.bind_workers`,
+  sharing a CPU where they must.
+* **Servers and the scheduler float** over every usable CPU (bound to the usable set, which they
+  share with everyone), not a block of their own. A server's work is I/O and summation in the
+  native data plane's own threads (several streams each way, plus the kernel's loopback TCP work
+  on the same CPUs), and they use whichever cores are free as the push and pull phases
+  alternate. Measured on the 16-core GPU machine (``python3 -m byteps_like.bench pushpull
+  --workers 1 --servers 1 --sizes 256M --repeats 5 --skip-gloo --skip-raw``, medians of 5):
+  8.88 GB/s without thread shares, 6.72 and 5.60 GB/s when the server had a dedicated half of
+  the cores and the worker the other half. ``BYTEPS_NUMA_ON=0``: the workers too may use every
+  usable CPU; only the thread counts are shared.
 * **Thread counts**: ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and
-  ``TF_NUM_INTRAOP_THREADS`` are the number of CPUs of the process's own set (a fair
-  ``usable CPUs / n`` when its CPUs are shared or not bound), ``TF_NUM_INTEROP_THREADS`` at most
-  2, and a server's ``BYTEPS_SERVER_ENGINE_THREAD`` is lowered to its share when that is below
-  the default. torch reads ``OMP_NUM_THREADS`` when it starts. A variable the user set is never
-  changed; a user's ``OMP_NUM_THREADS`` is also what the other variables get, as the libraries
-  themselves fall back to it.
+  ``TF_NUM_INTRAOP_THREADS`` are a worker's number of CPUs (a fair ``usable CPUs / n`` when
+  workers share CPUs or are not bound), a server's the fair ``usable CPUs / n`` of the ``n``
+  workers and servers (its intra-op pools must not multiply over the host even though its CPUs
+  are not confined), the scheduler's 1; ``TF_NUM_INTEROP_THREADS`` at most 2. torch reads
+  ``OMP_NUM_THREADS`` when it starts. A variable the user set is never changed; a user's
+  ``OMP_NUM_THREADS`` is also what the other variables get, as the libraries themselves fall
+  back to it. A server's ``BYTEPS_SERVER_ENGINE_THREAD`` is left alone, even where its share is
+  1: the engines sum the ZeroMQ path's keys in ``_core`` with the GIL released and run only
+  when data arrives (no spinning pool), and a floating server has every usable CPU to run them
+  on; fewer engines would only serialise its keys.
 
 A host with one worker or server (a server machine, a worker machine of one process) is left
 alone, as torchrun leaves ``--nproc-per-node 1``. ``BYTEPS_THREAD_SHARE=0`` (``bpslaunch
@@ -43,7 +50,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from byteps_like.topology import place
+from byteps_like.topology import format_cpu_list, place
 
 from .binding import AFFINITY, NUMACTL, Binding, Machine, NoBinding, bind_workers
 from .plan import ChildSpec, child_environment
@@ -55,10 +62,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 #: TensorFlow's pool for independent ops: kept small, at most INTEROP_MAX.
 INTEROP_VARIABLE = "TF_NUM_INTEROP_THREADS"
 INTEROP_MAX = 2
-#: A server's engine threads (the ZeroMQ path's summation), lowered to its share.
-ENGINE_VARIABLE = "BYTEPS_SERVER_ENGINE_THREAD"
-#: The roles that get a share of the cores; the scheduler gets SCHEDULER_THREADS and no cores of
-#: its own.
+#: The roles that get a share of the cores; the scheduler gets SCHEDULER_THREADS.
 CONSUMERS = ("worker", "server")
 SCHEDULER_THREADS = 1
 
@@ -71,17 +75,13 @@ class ShareSettings:
     numa_on: bool = True
     visible_cpus: tuple[int, ...] = ()
     blacklist: tuple[int, ...] = ()
-    #: The server's default engine threads; None when the user configured them (not touched).
-    engine_threads: int | None = 4
 
     @classmethod
     def from_config(cls, cfg) -> ShareSettings:
         """From a loaded :class:`byteps_like.config.Config` (any child's: they share these)."""
         p = cfg.placement
-        engine = None if cfg.source("server.engine_threads") != "default" \
-            else cfg.server.engine_threads
         return cls(cfg.cluster.local_size, p.numa_on, tuple(p.visible_cpu_cores),
-                   tuple(p.cpu_blacklist), engine)
+                   tuple(p.cpu_blacklist))
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,8 @@ class Share:
     #: Whether another worker or server may run on the same CPUs (then ``threads`` is the fair
     #: count, not the size of the set).
     shared: bool = False
+    #: A server or the scheduler: bound to every usable CPU, shared with everyone (``shared``).
+    floating: bool = False
 
 
 def sharing(specs: Sequence[ChildSpec]) -> bool:
@@ -122,9 +124,12 @@ def plan_shares(specs: Sequence[ChildSpec], machine: Machine, settings: ShareSet
     """Each spec's :class:`Share` (None for every spec when the host is not shared) and notes
     for people. Pure: depends only on the arguments.
 
-    ``bind`` False: no CPU sets, only the fair thread counts (``usable CPUs / n``, the first
-    ones one more). Raises ValueError when no CPU is usable or the workers cannot be placed
-    (:func:`byteps_like.topology.place`), NoBinding when the platform cannot bind.
+    Workers get disjoint CPU sets of all usable CPUs (when there are enough) and as many
+    threads as CPUs; servers and the scheduler float over all usable CPUs (``floating``,
+    ``shared``) with the fair thread count. ``bind`` False: no CPU sets, only the fair thread
+    counts (``usable CPUs / n``, the first ones one more). Raises ValueError when no CPU is
+    usable or the workers cannot be placed (:func:`byteps_like.topology.place`), NoBinding
+    when the platform cannot bind.
     """
     if not sharing(specs):
         return [None] * len(specs), []
@@ -153,75 +158,52 @@ def plan_shares(specs: Sequence[ChildSpec], machine: Machine, settings: ShareSet
     method = NUMACTL if use_numactl else AFFINITY
     numactl = machine.numactl or NUMACTL
 
-    if not settings.numa_on:  # every process may use every usable CPU: only thread counts
-        for i in range(len(specs)):
-            shares[i] = Share(fair.get(i, SCHEDULER_THREADS),
-                              Binding(usable, None, method, None, numactl), True)
-        return shares, notes
-
     def binding(cpus: Sequence[int], node: int | None = None,
                 memory: int | None = None) -> Binding:
-        """CPUs on one node name it; a server's or the scheduler's memory is not bound (a
-        server's stores may outgrow a node: the kernel's first-touch policy keeps them local
-        without failing)."""
-        if node is None:
+        """CPUs on one node name it. A floating process's memory is not bound (a server's
+        stores may outgrow a node: the kernel's first-touch policy keeps them local without
+        failing)."""
+        if node is None and settings.numa_on:
             nodes = {topo.node_of(c) for c in cpus}
             node = nodes.pop() if len(nodes) == 1 else None
         return Binding(tuple(sorted(cpus)), node, method, memory, numactl)
+
+    # Servers and the scheduler: every usable CPU, whatever the workers get. The native data
+    # plane's I/O threads of a server use whichever cores are free as push and pull alternate.
+    everywhere = binding(usable)
+    for i, spec in enumerate(specs):
+        if spec.role != "worker":
+            shares[i] = Share(fair.get(i, SCHEDULER_THREADS), everywhere, True, True)
+
+    if not settings.numa_on:  # every process may use every usable CPU: only thread counts
+        for i in workers:
+            shares[i] = Share(fair[i], everywhere, True)
+        return shares, notes
 
     usable_set = set(usable)
     cores = [kept for kept in (tuple(c for c in core if c in usable_set) for core in topo.cores)
              if kept]
     cores += [(c,) for c in usable if not any(c in core for core in cores)]
     cores.sort()
-    per = len(cores) // len(order)
 
-    # The servers first: `per` whole cores each, on the node with the most cores left.
-    server_cpus: dict[int, tuple[int, ...]] = {}
-    if servers and per >= 1:
-        left: dict[int | None, list[tuple[int, ...]]] = {}
-        for core in cores:
-            left.setdefault(topo.node_of(core[0]), []).append(core)
-        blocks = []
-        for _ in servers:
-            node = max(left, key=lambda n: (len(left[n]), -1 if n is None else n))
-            if len(left[node]) < per:  # no node has a block left: the top cores of any
-                top = sorted(core for node_cores in left.values() for core in node_cores)[-per:]
-                for core in top:
-                    left[topo.node_of(core[0])].remove(core)
-                blocks.append(_flat(top))
-            else:
-                blocks.append(_flat(left[node][-per:]))
-                del left[node][-per:]
-        for i, block in zip(servers, sorted(blocks)):
-            server_cpus[i] = block
-    elif servers:
-        notes.append(f"{len(cores)} core(s) for {len(workers)} worker(s) and {len(servers)} "
-                     "server(s): the servers share the CPUs")
-    for i in servers:
-        shares[i] = Share(len(server_cpus[i]), binding(server_cpus[i])) if i in server_cpus \
-            else Share(fair[i], binding(usable), True)
-
-    # The workers on the rest: their own CPUs when there are enough, else by local rank.
-    taken = {c for block in server_cpus.values() for c in block}
-    pool = tuple(c for c in usable if c not in taken)
+    # The workers: their own CPUs when there are enough, else by local rank.
     if workers:
         worker_specs = [specs[i] for i in workers]
         n_gpus = len(topo.gpus)
         placed: list[Share] | None = None
-        if (n_gpus > 0 and n_gpus >= settings.local_size) or len(pool) < len(workers):
+        if (n_gpus > 0 and n_gpus >= settings.local_size) or len(usable) < len(workers):
             # GPU workers (local rank l drives cuda:l, its CPUs on that GPU's node), or too
             # few CPUs for one each: the per-local-rank placement, each rank's CPUs split
             # among the workers of that local rank (the emulated machines of --local)
-            placed, more = _by_local_rank(worker_specs, machine, settings, pool, cores)
-            if any(share.shared for share in placed) and len(pool) >= len(workers):
+            placed, more = _by_local_rank(worker_specs, machine, settings, usable, cores)
+            if any(share.shared for share in placed) and len(usable) >= len(workers):
                 placed = None  # the GPUs' nodes are too small to split: CPUs come first
             else:
                 notes += more
         if placed is None:
             # each worker a slot of its own (the NUMA nodes in turn)
             placement = place(topo, local_size=len(workers), gpus_per_rank=0,
-                              visible_cpus=pool, numa_on=True)
+                              visible_cpus=usable, numa_on=True)
             if 0 < n_gpus:
                 notes.append(f"{len(workers)} worker process(es) and {n_gpus} GPU(s) "
                              f"({settings.local_size} local rank(s) a machine): placing them "
@@ -229,23 +211,16 @@ def plan_shares(specs: Sequence[ChildSpec], machine: Machine, settings: ShareSet
             notes += placement.notes
             placed = [Share(len(rank.cpus), binding(rank.cpus, rank.numa_node, rank.memory_node))
                       for rank in placement.ranks]
+        # workers on overlapping sets (too few CPUs): the fair count, not the set's size. The
+        # floating servers are not counted: their threads are I/O, not the workers' compute.
+        sets = {i: set(placed_share.binding.cpus) for i, placed_share in zip(workers, placed)
+                if placed_share.binding is not None}
         for i, placed_share in zip(workers, placed):
-            shares[i] = dataclasses.replace(placed_share, threads=fair[i]) \
-                if placed_share.shared else placed_share
+            if placed_share.shared or any(sets[i] & cpus for j, cpus in sets.items() if j != i):
+                shares[i] = dataclasses.replace(placed_share, threads=fair[i], shared=True)
+            else:
+                shares[i] = placed_share
     notes += list(machine.notes)
-
-    # Overlapping sets (servers sharing, too few CPUs): the fair count, not the set's size.
-    sets = {i: set(s.binding.cpus) for i, s in enumerate(shares)
-            if i in fair and s is not None and s.binding is not None}
-    for i in consumers:
-        share = shares[i]
-        if share is not None and any(sets[i] & sets[j] for j in sets if j != i):
-            shares[i] = dataclasses.replace(share, threads=fair[i], shared=True)
-
-    scheduler_cpus = tuple(sorted(taken)) if taken else usable
-    for i, spec in enumerate(specs):
-        if spec.role not in CONSUMERS:
-            shares[i] = Share(SCHEDULER_THREADS, binding(scheduler_cpus))
     return shares, notes
 
 
@@ -281,8 +256,8 @@ def _by_local_rank(workers: Sequence[ChildSpec], machine: Machine, settings: Sha
     return [share for share in out if share is not None], notes
 
 
-def thread_env(spec: ChildSpec, share: Share, env: Mapping[str, str],
-               settings: ShareSettings) -> tuple[dict[str, str], dict[str, str]]:
+def thread_env(spec: ChildSpec, share: Share, env: Mapping[str, str]
+               ) -> tuple[dict[str, str], dict[str, str]]:
     """The variables to set in this child's environment, and those the user set (kept).
 
     ``env`` is the launcher's environment, the base of every child's (a spec's own changes
@@ -298,30 +273,29 @@ def thread_env(spec: ChildSpec, share: Share, env: Mapping[str, str],
     out = {name: str(count) for name in THREAD_VARIABLES if name not in given}
     if INTEROP_VARIABLE not in given:
         out[INTEROP_VARIABLE] = str(min(INTEROP_MAX, count))
-    if spec.role == "server" and settings.engine_threads is not None \
-            and not child.get(ENGINE_VARIABLE, "").strip() \
-            and share.threads < settings.engine_threads:
-        out[ENGINE_VARIABLE] = str(share.threads)
     return out, given
 
 
 def describe(spec: ChildSpec, share: Share, settings: ShareSettings, changes: Mapping[str, str],
              given: Mapping[str, str]) -> str:
     """``worker 0 (local rank 0) -> CPUs 0-7, NUMA node 0 (sched_setaffinity); 8 threads
-    (OMP_NUM_THREADS)``: one line of the launch plan."""
+    (OMP_NUM_THREADS)`` or ``server 0 -> floating over CPUs 0-15 (sched_setaffinity); 4
+    threads (OMP_NUM_THREADS)``: one line of the launch plan."""
     who = spec.name if spec.role != "worker" or spec.rank is None \
         else f"{spec.name} (local rank {spec.rank % settings.local_size})"
-    where = "not bound" if share.binding is None else share.binding.describe()
-    if share.binding is not None and share.shared:
-        where += ", shared"
+    if share.binding is None:
+        where = "not bound"
+    elif share.floating:
+        where = (f"floating over CPUs {format_cpu_list(share.binding.cpus)} "
+                 f"({share.binding.method})")
+    else:
+        where = share.binding.describe() + (", shared" if share.shared else "")
     if "OMP_NUM_THREADS" in given:
         threads = f"OMP_NUM_THREADS={given['OMP_NUM_THREADS']} (yours)"
     else:
         n = int(changes["OMP_NUM_THREADS"])
         threads = f"{n} thread{'' if n == 1 else 's'} (OMP_NUM_THREADS)"
     kept = [f"{k}={v}" for k, v in given.items() if k != "OMP_NUM_THREADS"]
-    if ENGINE_VARIABLE in changes:
-        threads += f", {ENGINE_VARIABLE}={changes[ENGINE_VARIABLE]}"
     if kept:
         threads += f"; yours kept: {', '.join(kept)}"
     return f"{who} -> {where}; {threads}"
@@ -352,7 +326,7 @@ def share_host(specs: Sequence[ChildSpec], machine: Machine, env: Mapping[str, s
     lines: list[str] = []
     for spec, share in zip(specs, shares):
         assert share is not None
-        changes, given = thread_env(spec, share, env, settings)
+        changes, given = thread_env(spec, share, env)
         out.append(dataclasses.replace(spec, binding=share.binding,
                                        env={**spec.env, **changes}))
         lines.append(describe(spec, share, settings, changes, given))

@@ -12,9 +12,9 @@ its supervisor, their results collected.
   ``progress:`` lines of one child are relayed to the driver's stderr. Leaving the ``with``
   block stops every child still running.
 - The planned children of :meth:`Job.start` share the machine's cores as bpslaunch's do
-  (:func:`share`, launcher/shares.py): CPU sets of their own and OMP_NUM_THREADS and the like,
-  so a benchmark measures what a ``bpslaunch --local`` job runs; ``BYTEPS_THREAD_SHARE=0``
-  turns it off.
+  (:func:`share`, launcher/shares.py): workers on CPU sets of their own, servers and the
+  scheduler floating over every usable CPU, and OMP_NUM_THREADS and the like, so a benchmark
+  measures what a ``bpslaunch --local`` job runs; ``BYTEPS_THREAD_SHARE=0`` turns it off.
 - Every child finds the same ``byteps_like`` as this process: :func:`child_env` puts the folder
   that holds the imported package first on ``PYTHONPATH``, and :func:`role_argv` gives the
   command of a scheduler or server that works in an editable install, a wheel and a bare source

@@ -1,5 +1,6 @@
 """The children of ``bpslaunch --local --workers 2 --servers 1`` see their share of the host
-(launcher/shares.py): the OMP_NUM_THREADS and CPUs the launch plan names, the user's own
+(launcher/shares.py): the OMP_NUM_THREADS and CPUs the launch plan names (the workers' sets
+their own, the server and the scheduler floating over all of them), the user's own
 OMP_NUM_THREADS unchanged, nothing with --no-thread-share. Every role is a tiny ``python -c``
 that prints what it sees and exits, so a run takes about a second; a watchdog bounds it."""
 from __future__ import annotations
@@ -22,8 +23,8 @@ SHOW = ("import json, os; print('SEES ' + json.dumps({'role': os.environ['DMLC_R
         "'env': {k: v for k, v in os.environ.items() if k.endswith('_THREADS') "
         "or k == 'BYTEPS_SERVER_ENGINE_THREAD'}}))")
 PLAN = re.compile(r"bpslaunch: (scheduler|server 0|worker \d)(?: \(local rank \d\))? -> "
-                  r"(?:CPUs ([\d,-]*\d)|not bound)[^;]*; (?:(\d+) threads? \(OMP_NUM_THREADS\)"
-                  r"|OMP_NUM_THREADS=(\d+) \(yours\)).*")
+                  r"(?:(?:floating over )?CPUs ([\d,-]*\d)|not bound)[^;]*; "
+                  r"(?:(\d+) threads? \(OMP_NUM_THREADS\)|OMP_NUM_THREADS=(\d+) \(yours\)).*")
 
 
 def launch(*options: str, **env: str) -> tuple[int, str, str]:
@@ -72,6 +73,17 @@ def test_children_see_the_thread_share_the_plan_names():
         if cpus is not None:
             assert tuple(got[name]["cpus"]) == cpus, log
     assert plan["scheduler"][1] == 1, log
+    # a server's engine threads are its own: the share never lowers them
+    assert "BYTEPS_SERVER_ENGINE_THREAD" not in got["server 0"]["env"], log
+    every = plan["server 0"][0]
+    if every is not None:  # bound: the server and the scheduler float over the workers' CPUs
+        assert "bpslaunch: server 0 -> floating over CPUs " in err, log
+        assert plan["scheduler"][0] == every, log
+        workers = [set(plan[f"worker {r}"][0]) for r in (0, 1)]
+        assert workers[0] | workers[1] == set(every), log
+        if len(every) >= 2:
+            assert not workers[0] & workers[1], log
+            assert [plan[f"worker {r}"][1] for r in (0, 1)] == [len(w) for w in workers], log
 
 
 def test_the_users_omp_num_threads_is_kept_and_the_switch_turns_it_off():

@@ -92,36 +92,85 @@ def test_a_host_is_shared_by_more_than_one_worker_or_server():
 
 # -- the split ------------------------------------------------------------------------------------
 
-def test_sixteen_cores_two_workers_two_servers_get_four_each():
+def check_policy(specs, machine, usable, **settings) -> None:
+    """The rules of every bound split: servers and the scheduler float over the usable CPUs
+    (bound to all of them, shared); workers have sets of their own, disjoint, together every
+    usable CPU when there are enough, and as many threads as CPUs; a server's thread count is
+    the fair ``usable / n`` of the n workers and servers (the extras go to workers)."""
+    shares, _ = plan_shares(specs, machine, ShareSettings(**settings))
+    workers = [(s, sh) for s, sh in zip(specs, shares) if s.role == "worker"]
+    others = [(s, sh) for s, sh in zip(specs, shares) if s.role != "worker"]
+    n = sum(s.role in ("worker", "server") for s in specs)
+    for spec, share in others:
+        assert share.binding.cpus == tuple(usable), spec.name
+        assert share.floating and share.shared and share.binding.memory_node is None, spec.name
+        if spec.role == "server":
+            assert share.threads == max(1, len(usable) // n), spec.name
+        else:
+            assert share.threads == 1
+    sets = [set(share.binding.cpus) for _, share in workers]
+    if len(usable) >= len(workers):
+        assert sum(len(s) for s in sets) == len(set().union(*sets)), "workers overlap"
+        assert set().union(*sets) == set(usable)
+        for spec, share in workers:
+            assert not share.floating and not share.shared, spec.name
+            assert share.threads == len(share.binding.cpus), spec.name
+
+
+def test_sixteen_cores_two_workers_two_servers_servers_float_workers_split():
     got, notes = shares_of(local(workers=2, servers=2), flat(16))
-    assert got == {"scheduler": ((8, 9, 10, 11, 12, 13, 14, 15), 1),
-                   "server 0": ((8, 9, 10, 11), 4), "server 1": ((12, 13, 14, 15), 4),
-                   "worker 0": ((0, 1, 2, 3), 4), "worker 1": ((4, 5, 6, 7), 4)}
+    every = tuple(range(16))
+    assert got == {"scheduler": (every, 1), "server 0": (every, 4), "server 1": (every, 4),
+                   "worker 0": (tuple(range(8)), 8), "worker 1": (tuple(range(8, 16)), 8)}
     assert notes == []
+    check_policy(local(workers=2, servers=2), flat(16), every)
 
 
-def test_uneven_counts_give_the_extra_cores_to_workers():
+@pytest.mark.parametrize("workers,servers,local_size,machine,usable", [
+    (1, 1, 1, flat(16), range(16)),
+    (2, 2, 1, flat(16), range(16)),
+    (3, 2, 1, flat(16), range(16)),
+    (4, 1, 1, flat(16), range(16)),
+    (2, 1, 1, flat(7), range(7)),
+    (2, 2, 1, flat(2), range(2)),
+    (2, 2, 1, two_nodes(8), range(16)),
+    (3, 2, 1, two_nodes(8, smt=True), range(16)),
+    (2, 2, 1, two_nodes(8, numactl="/bin/numactl"), range(16)),
+    (2, 1, 2, two_nodes(4, gpus=2), range(8)),
+    (2, 2, 1, two_nodes(1, gpus=8), range(2)),
+    (2, 1, 2, flat(16, allowed=tuple(range(1, 13))), range(1, 13)),
+])
+def test_servers_float_and_workers_get_disjoint_sets(workers, servers, local_size, machine,
+                                                     usable):
+    check_policy(local(workers=workers, servers=servers, local_size=local_size), machine,
+                 tuple(usable), local_size=local_size)
+
+
+def test_uneven_counts_give_the_extra_threads_to_workers():
     got, _ = shares_of(local(workers=3, servers=2), flat(16))
-    assert [got[f"worker {r}"][1] for r in range(3)] == [4, 3, 3]
+    assert [got[f"worker {r}"][1] for r in range(3)] == [6, 5, 5]
     assert [got[f"server {r}"][1] for r in range(2)] == [3, 3]
-    cpus = [c for name, (s, _) in got.items() if name != "scheduler" for c in s]
+    cpus = [c for name, (s, _) in got.items() if name.startswith("worker") for c in s]
     assert sorted(cpus) == list(range(16))   # disjoint, and every core used
     got, _ = shares_of(local(workers=2, servers=1), flat(7))
     assert {k: v[1] for k, v in got.items()} == {"scheduler": 1, "server 0": 2,
-                                                  "worker 0": 3, "worker 1": 2}
+                                                  "worker 0": 4, "worker 1": 3}
 
 
 def test_two_cores_two_workers_two_servers_and_a_scheduler():
     got, notes = shares_of(local(workers=2, servers=2), flat(2))
-    # a CPU of its own for each worker; the servers share both; one thread each
+    # a CPU of its own for each worker; the servers float over both; one thread each
     assert got == {"scheduler": ((0, 1), 1), "server 0": ((0, 1), 1), "server 1": ((0, 1), 1),
                    "worker 0": ((0,), 1), "worker 1": ((1,), 1)}
-    assert notes == ["2 core(s) for 2 worker(s) and 2 server(s): the servers share the CPUs"]
+    assert notes == []
 
 
 def test_one_core():
     got, _ = shares_of(local(workers=2, servers=1), flat(1))
     assert set(got.values()) == {((0,), 1)}
+    shares, _ = plan_shares(local(workers=2, servers=1), flat(1), ShareSettings())
+    assert [(s.shared, s.floating) for s in shares] == [(True, True), (True, True),
+                                                         (True, False), (True, False)]
     specs, lines = share_host(node_plan("worker", CMD, local_size=3), flat(1), {},
                               ShareSettings(local_size=3))
     assert [s.binding for s in specs] == [None] * 3 and [omp(s) for s in specs] == ["1"] * 3
@@ -139,44 +188,46 @@ def test_a_worker_machine_of_local_ranks_splits_like_before_and_sets_threads():
                         "4 threads (OMP_NUM_THREADS)")
 
 
-def test_numa_nodes_servers_take_a_block_of_one_node_and_workers_alternate():
-    got, _ = shares_of(local(workers=2, servers=2), two_nodes(8, numactl="/bin/numactl"))
-    assert got == {"scheduler": ((4, 5, 6, 7, 12, 13, 14, 15), 1),
-                   "server 0": ((4, 5, 6, 7), 4), "server 1": ((12, 13, 14, 15), 4),
-                   "worker 0": ((0, 1, 2, 3), 4), "worker 1": ((8, 9, 10, 11), 4)}
-    shares, _ = plan_shares(local(workers=2, servers=2), two_nodes(8, numactl="/bin/numactl"),
-                            ShareSettings())
+def test_numa_nodes_workers_alternate_and_servers_float_over_both():
+    machine = two_nodes(8, numactl="/bin/numactl")
+    got, _ = shares_of(local(workers=2, servers=2), machine)
+    every = tuple(range(16))
+    assert got == {"scheduler": (every, 1), "server 0": (every, 4), "server 1": (every, 4),
+                   "worker 0": (tuple(range(8)), 8), "worker 1": (tuple(range(8, 16)), 8)}
+    shares, _ = plan_shares(local(workers=2, servers=2), machine, ShareSettings())
     server, worker = shares[1].binding, shares[3].binding
-    assert (server.method, server.numa_node, server.memory_node) == (NUMACTL, 0, None)
+    assert (server.method, server.numa_node, server.memory_node) == (NUMACTL, None, None)
     assert (worker.method, worker.numa_node, worker.memory_node) == (NUMACTL, 0, 0)
-    assert server.wrap(["x"]) == ("/bin/numactl", "--physcpubind=4-7", "--", "x")
+    assert shares[4].binding.numa_node == 1
+    assert server.wrap(["x"]) == ("/bin/numactl", "--physcpubind=0-15", "--", "x")
 
 
 def test_hyperthread_siblings_stay_together():
     # 16 CPUs = 8 cores of two threads (c, c+8); node 0: cores 0-3
     got, _ = shares_of(local(workers=2, servers=2), two_nodes(8, smt=True))
     for name, (cpus, threads) in got.items():
-        if name != "scheduler":
-            assert len(cpus) == threads == 4 and all((c + 8 in cpus) or (c - 8 in cpus)
+        if name.startswith("worker"):
+            assert len(cpus) == threads == 8 and all((c + 8 in cpus) or (c - 8 in cpus)
                                                      for c in cpus), (name, cpus)
+        else:
+            assert cpus == tuple(range(16)), name
 
 
 def test_gpu_workers_keep_their_local_rank_node_and_split_it_among_machines():
     # --local on a 2-GPU machine: local rank l drives cuda:l, on that GPU's node
     machine = two_nodes(4, gpus=2)
     got, _ = shares_of(local(workers=2, servers=1, local_size=2), machine, local_size=2)
-    assert got["server 0"] == ((7,), 1)
-    assert got["worker 0"][0] == (0, 1) and got["worker 2"][0] == (2, 3)    # GPU 0's node
-    assert set(got["worker 1"][0]) | set(got["worker 3"][0]) == {4, 5, 6}  # GPU 1's node
-    assert not set(got["worker 1"][0]) & set(got["worker 3"][0])
+    assert got["server 0"] == (tuple(range(8)), 1)
+    assert got["worker 0"] == ((0, 1), 2) and got["worker 2"] == ((2, 3), 2)    # GPU 0's node
+    assert got["worker 1"] == ((4, 5), 2) and got["worker 3"] == ((6, 7), 2)    # GPU 1's node
 
 
 def test_gpu_nodes_too_small_to_split_give_way_to_cpus_of_their_own():
-    # 4 CPUs on two nodes, 8 GPUs: local rank 0's node keeps one CPU after the servers', too
-    # few for two emulated machines; one CPU each, wherever, beats two workers on one
-    got, notes = shares_of(local(workers=2, servers=2), two_nodes(2, gpus=8))
-    assert got == {"scheduler": ((1, 3), 1), "server 0": ((1,), 1), "server 1": ((3,), 1),
-                   "worker 0": ((0,), 1), "worker 1": ((2,), 1)}
+    # 2 CPUs on two nodes, 8 GPUs: local rank 0's node has one CPU, too few for two emulated
+    # machines; one CPU each, wherever, beats two workers on one
+    got, notes = shares_of(local(workers=2, servers=2), two_nodes(1, gpus=8))
+    assert got == {"scheduler": ((0, 1), 1), "server 0": ((0, 1), 1), "server 1": ((0, 1), 1),
+                   "worker 0": ((0,), 1), "worker 1": ((1,), 1)}
     assert notes == ["2 worker process(es) and 8 GPU(s) (1 local rank(s) a machine): placing "
                      "them without regard to GPUs"]
 
@@ -187,8 +238,8 @@ def test_a_node_of_servers_only():
                          "SLURM_NNODES": "2", "SLURM_NTASKS": "2", "SLURM_NODEID": "1"},
                         server_nodes=1, servers=3)
     got, _ = shares_of(node_specs(lay, index, []), flat(16))
-    assert got == {"server 0": ((1, 2, 3, 4, 5), 5), "server 1": ((6, 7, 8, 9, 10), 5),
-                   "server 2": ((11, 12, 13, 14, 15), 5)}
+    every = tuple(range(16))
+    assert got == {"server 0": (every, 6), "server 1": (every, 5), "server 2": (every, 5)}
 
 
 def test_numa_off_binds_everyone_to_all_usable_cpus_with_fair_counts():
@@ -200,7 +251,11 @@ def test_numa_off_binds_everyone_to_all_usable_cpus_with_fair_counts():
 def test_visible_cpus_and_the_launchers_mask_narrow_the_split():
     machine = flat(16, allowed=tuple(range(8)))
     got, _ = shares_of(local(workers=1, servers=1), machine, visible_cpus=tuple(range(2, 16)))
-    assert got["worker 0"] == ((2, 3, 4), 3) and got["server 0"] == ((5, 6, 7), 3)
+    assert got["worker 0"] == ((2, 3, 4, 5, 6, 7), 6) and got["server 0"] == ((2, 3, 4, 5, 6, 7), 3)
+    # the blacklist keeps the floating servers off its CPUs too
+    got, _ = shares_of(local(workers=2, servers=1), flat(8), blacklist=(0, 7))
+    assert got["server 0"][0] == got["scheduler"][0] == (1, 2, 3, 4, 5, 6)
+    assert got["worker 0"][0] + got["worker 1"][0] == (1, 2, 3, 4, 5, 6)
 
 
 def test_no_bind_keeps_the_fair_thread_counts():
@@ -208,6 +263,7 @@ def test_no_bind_keeps_the_fair_thread_counts():
                               bind=False)
     assert all(s.binding is None for s in specs)
     assert [omp(s) for s in specs] == ["1", "3", "3", "4", "3", "3"]
+    assert lines[1] == "server 0 -> not bound; 3 threads (OMP_NUM_THREADS)"
     assert lines[3] == "worker 0 (local rank 0) -> not bound; 4 threads (OMP_NUM_THREADS)"
 
 
@@ -217,14 +273,22 @@ def test_every_thread_variable_is_set_and_interop_stays_small():
     specs, _ = share_host(local(workers=2, servers=2), flat(16), {}, ShareSettings())
     worker = specs[3].env
     assert {k: worker[k] for k in ALL} == {
+        "OMP_NUM_THREADS": "8", "MKL_NUM_THREADS": "8", "OPENBLAS_NUM_THREADS": "8",
+        "TF_NUM_INTRAOP_THREADS": "8", "TF_NUM_INTEROP_THREADS": "2"}
+    server = specs[1].env
+    assert {k: server[k] for k in ALL} == {
         "OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "4",
         "TF_NUM_INTRAOP_THREADS": "4", "TF_NUM_INTEROP_THREADS": "2"}
     assert specs[0].env["OMP_NUM_THREADS"] == "1" and specs[0].env[INTEROP_VARIABLE] == "1"
-    # the server's engine threads: lowered to its share, never raised above the default
-    assert specs[1].env.get("BYTEPS_SERVER_ENGINE_THREAD") is None  # 4 cores: the default 4
-    specs, _ = share_host(local(workers=2, servers=2), flat(8), {}, ShareSettings())
-    assert specs[1].env["BYTEPS_SERVER_ENGINE_THREAD"] == "2"
-    assert "BYTEPS_SERVER_ENGINE_THREAD" not in specs[3].env  # a worker's
+
+
+@pytest.mark.parametrize("cpus", [16, 8, 2, 1])
+def test_a_servers_engine_threads_are_left_alone(cpus):
+    # the engines sum the ZeroMQ path's keys with the GIL released, only when data arrives,
+    # on CPUs no longer confined: even a share of 1 keeps the configured count
+    specs, lines = share_host(local(workers=2, servers=2), flat(cpus), {}, ShareSettings())
+    assert all("BYTEPS_SERVER_ENGINE_THREAD" not in s.env for s in specs)
+    assert not any("BYTEPS_SERVER_ENGINE_THREAD" in line for line in lines)
 
 
 def test_what_the_user_set_is_never_changed():
@@ -238,20 +302,16 @@ def test_what_the_user_set_is_never_changed():
         assert child[INTEROP_VARIABLE] == "2"
         assert "OMP_NUM_THREADS" not in spec.env and "MKL_NUM_THREADS" not in spec.env
     assert child_environment(env, specs[1].env)["BYTEPS_SERVER_ENGINE_THREAD"] == "7"
-    assert lines[3] == ("worker 0 (local rank 0) -> CPUs 0-1, NUMA node 0 (sched_setaffinity); "
+    assert lines[1] == ("server 0 -> floating over CPUs 0-7 (sched_setaffinity); "
                         "OMP_NUM_THREADS=3 (yours); yours kept: MKL_NUM_THREADS=5")
-    # engine threads from a config file are the user's too
-    cfg = load(env={}, overrides={"server.engine_threads": 6})
-    assert ShareSettings.from_config(cfg).engine_threads is None
-    specs, _ = share_host(local(workers=2, servers=2), flat(8), {},
-                          ShareSettings.from_config(cfg))
-    assert "BYTEPS_SERVER_ENGINE_THREAD" not in specs[1].env
+    assert lines[3] == ("worker 0 (local rank 0) -> CPUs 0-3, NUMA node 0 (sched_setaffinity); "
+                        "OMP_NUM_THREADS=3 (yours); yours kept: MKL_NUM_THREADS=5")
 
 
 def test_settings_come_from_the_config():
     cfg = load(env={"BYTEPS_LOCAL_SIZE": "2", "BYTEPS_NUMA_ON": "0",
                     "BYTEPS_CPU_BLACKLIST": "3", "BYTEPS_VISIBLE_CPU_CORES": "0-5"})
-    assert ShareSettings.from_config(cfg) == ShareSettings(2, False, (0, 1, 2, 3, 4, 5), (3,), 4)
+    assert ShareSettings.from_config(cfg) == ShareSettings(2, False, (0, 1, 2, 3, 4, 5), (3,))
     assert load(env={}).placement.thread_share is True
     assert load(env={"BYTEPS_THREAD_SHARE": "0"}).placement.thread_share is False
 
@@ -269,16 +329,18 @@ def test_the_launch_plan_says_each_share(sixteen):
     launch = plan_launch(*parse_args(["--local", "--workers", "2", "--servers", "2", "--",
                                       "true"]), _clean_env())
     assert launch.binding == (
-        "scheduler -> CPUs 8-15, NUMA node 0 (sched_setaffinity); 1 thread (OMP_NUM_THREADS)",
-        "server 0 -> CPUs 8-11, NUMA node 0 (sched_setaffinity); 4 threads (OMP_NUM_THREADS)",
-        "server 1 -> CPUs 12-15, NUMA node 0 (sched_setaffinity); 4 threads (OMP_NUM_THREADS)",
-        "worker 0 (local rank 0) -> CPUs 0-3, NUMA node 0 (sched_setaffinity); 4 threads "
+        "scheduler -> floating over CPUs 0-15 (sched_setaffinity); 1 thread (OMP_NUM_THREADS)",
+        "server 0 -> floating over CPUs 0-15 (sched_setaffinity); 4 threads (OMP_NUM_THREADS)",
+        "server 1 -> floating over CPUs 0-15 (sched_setaffinity); 4 threads (OMP_NUM_THREADS)",
+        "worker 0 (local rank 0) -> CPUs 0-7, NUMA node 0 (sched_setaffinity); 8 threads "
         "(OMP_NUM_THREADS)",
-        "worker 1 (local rank 0) -> CPUs 4-7, NUMA node 0 (sched_setaffinity); 4 threads "
+        "worker 1 (local rank 0) -> CPUs 8-15, NUMA node 0 (sched_setaffinity); 8 threads "
         "(OMP_NUM_THREADS)")
     assert launch.notes == ()
-    assert [s.binding.affinity for s in launch.specs][1:3] == [(8, 9, 10, 11), (12, 13, 14, 15)]
-    assert [omp(s) for s in launch.specs] == ["1", "4", "4", "4", "4"]
+    every = tuple(range(16))
+    assert [s.binding.affinity for s in launch.specs] == [every, every, every,
+                                                          every[:8], every[8:]]
+    assert [omp(s) for s in launch.specs] == ["1", "4", "4", "8", "8"]
 
 
 def test_main_prints_the_plan(sixteen, capsys, monkeypatch):
@@ -286,7 +348,7 @@ def test_main_prints_the_plan(sixteen, capsys, monkeypatch):
     assert cli.main(["--local", "--workers", "2", "--servers", "2", "--", "true"],
                     environ=_clean_env()) == 0
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == ("bpslaunch: scheduler -> CPUs 8-15, NUMA node 0 (sched_setaffinity); "
+    assert err[0] == ("bpslaunch: scheduler -> floating over CPUs 0-15 (sched_setaffinity); "
                       "1 thread (OMP_NUM_THREADS)") and len(err) == 5
 
 
@@ -342,15 +404,19 @@ def test_a_slurm_node_shares_its_cores(monkeypatch, capsys):
     monkeypatch.setattr(job, "run_job", fake_run_job)
     env = {**_clean_env(), "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[1-2]",
            "SLURM_NNODES": "2", "SLURM_NTASKS": "2", "SLURM_NODEID": "0"}
-    # node 0: the scheduler, server 0 and two local ranks: 16 cores for three
+    # node 0: the scheduler, server 0 and two local ranks: the workers split the 16 cores,
+    # the server floats over them with a third of the threads
     argv = ["slurm", "--no-auth", "--local-size", "2"]
     assert cli.main([*argv, "--", "python", "t.py"], environ=env) == 0
     got = {s.name: (s.binding.cpus, omp(s)) for s in started["specs"]}
-    assert got == {"scheduler": (tuple(range(11, 16)), "1"),
-                   "server 0": (tuple(range(11, 16)), "5"),
-                   "worker 0": (tuple(range(6)), "6"), "worker 1": (tuple(range(6, 11)), "5")}
-    assert "bpslaunch: worker 1 (local rank 1) -> CPUs 6-10, NUMA node 0 " \
-           "(sched_setaffinity); 5 threads (OMP_NUM_THREADS)" in capsys.readouterr().err
+    assert got == {"scheduler": (tuple(range(16)), "1"),
+                   "server 0": (tuple(range(16)), "5"),
+                   "worker 0": (tuple(range(8)), "8"), "worker 1": (tuple(range(8, 16)), "8")}
+    err = capsys.readouterr().err
+    assert "bpslaunch: worker 1 (local rank 1) -> CPUs 8-15, NUMA node 0 " \
+           "(sched_setaffinity); 8 threads (OMP_NUM_THREADS)" in err
+    assert "bpslaunch: server 0 -> floating over CPUs 0-15 (sched_setaffinity); " \
+           "5 threads (OMP_NUM_THREADS)" in err
     assert cli.main([*argv, "--no-thread-share", "--", "python", "t.py"], environ=env) == 0
     assert all(s.binding is None and omp(s) is None for s in started["specs"])
 
@@ -363,7 +429,7 @@ def test_the_benchmark_harness_gets_the_same_shares(monkeypatch):
     env = _clean_env()
     got, plan = harness.share(specs, env)
     want, lines = share_host(specs, flat(16), env, ShareSettings())
-    assert got == want and plan == lines and [omp(s) for s in got] == ["1", "4", "4", "4", "4"]
+    assert got == want and plan == lines and [omp(s) for s in got] == ["1", "4", "4", "8", "8"]
     assert harness.share(specs, {**env, "BYTEPS_THREAD_SHARE": "0"}) == (specs, [])
     # a bad configuration is left to the children to report, as before
     assert harness.share(specs, {**env, "BYTEPS_PARTITION_BYTES": "4x"}) == (specs, [])
