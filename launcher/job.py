@@ -9,7 +9,9 @@
 * a child exiting with ``EXIT_PEER_FAILED`` only reacted to another process's failure (the
   scheduler's abort notice, a lost peer): it is reported as such and blamed only when no
   process failed on its own. The job's cause is the first *primary* failure, whatever order the
-  processes exited in (the scheduler and servers usually exit before the worker that failed);
+  processes exited in (the scheduler and servers usually exit before the worker that failed),
+  except that a scheduler that could not start (exit status 2: a bad setting, its port taken)
+  is the cause of whatever else failed;
 * when every worker has exited 0, the scheduler and servers must exit 0 by themselves within
   ``shutdown_timeout`` s, else they are stopped and that is a failure;
 * ``timeout`` bounds the whole run (exit 124); SIGINT/SIGTERM/SIGHUP to the launcher stop
@@ -41,6 +43,9 @@ EXIT_FAILURE = 1
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
 EXIT_TIMEOUT = 124
+#: A scheduler (or server) that exits 2 could not start: a bad setting, its port taken
+#: (byteps_like/roles.py's role_main).
+EXIT_SCHEDULER_CANNOT_START = 2
 #: Lines of the failed child's stderr shown in the report, and on the one-line summary.
 REPORT_TAIL_LINES = 10
 SUMMARY_TAIL_LINES = 3
@@ -230,9 +235,18 @@ def _failed_how(child: Child) -> str:
 
 
 def _blame(failures: Sequence[Child]) -> Child | None:
-    """The failure that explains the job's end: the first one that was not a reaction to
-    another (whenever it came); with none such, the scheduler's (its log names the node it
-    lost), else the first."""
+    """The failure that explains the job's end: a scheduler that could not start (exit status
+    2: a bad setting, or its port taken by another job), without which nothing else of the job
+    could work; else the first one that was not a reaction to another (whenever it came); with
+    none such, the scheduler's (its log names the node it lost), else the first.
+
+    The scheduler's start-up failure comes first whenever it was seen: the other processes
+    fail because of it in an order nobody controls. Two jobs on one port: the losing job's
+    workers, refused by the other job's scheduler, may exit before their own scheduler's
+    bind failure is reaped (tests/faults/test_resources.py)."""
+    for child in failures:
+        if child.role == "scheduler" and child.returncode == EXIT_SCHEDULER_CANNOT_START:
+            return child
     for child in failures:
         if not _secondary(child):
             return child

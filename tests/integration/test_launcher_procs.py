@@ -285,6 +285,25 @@ def test_survivors_exiting_during_grace_do_not_replace_first_failure(harness):
     harness.assert_all_gone(result)
 
 
+def test_a_scheduler_that_cannot_start_is_blamed_whatever_failed_before_it(harness):
+    """Issue 30, item 10: two jobs on one port; the losing job's worker, refused by the other
+    job's scheduler, exited 1 before its own scheduler's bind failure (exit 2) was reaped, and
+    bpslaunch blamed the worker. The scheduler that could not start is the cause."""
+    behaviours = {"scheduler": ["await:4", "nap:0.3", "stderr:cannot listen on the port",
+                                "mark:scheduler", "exit:2"],
+                  "server": ["sleep"],
+                  "worker-0": ["await:4", "exit:1"],   # first: refused by another scheduler
+                  "worker-1": ["awaitmark:scheduler", "nap:0.3", "exit:1"]}
+    result = harness.run(harness.argv(behaviours, "--grace", "30"))
+    assert result.returncode == 2, result.dump()
+    seen = [ln for ln in result.stderr.splitlines() if " failed: " in ln]
+    assert seen[0].startswith("bpslaunch: worker 0 "), result.dump()  # the race, reproduced
+    last = result.last_err
+    assert last.startswith("bpslaunch: error: scheduler (pid "), result.dump()
+    assert "exit status 2" in last and "cannot listen on the port" in last, result.dump()
+    harness.assert_all_gone(result)
+
+
 @pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_to_launcher_stops_everything(harness, signum, status):
     behaviours = {"scheduler": ["sleep"], "server": ["sleep"],
