@@ -336,10 +336,18 @@ def write_plot(records: list[dict], path: str) -> str | None:
     names = list(dict.fromkeys(r["model"] for r in records))
     if not names:
         return "nothing to plot"
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 4.0), squeeze=False)
+    widths = [max(4.2, 1.5 * sum(r["model"] == n for r in records)) for n in names]
+    fig, axes = plt.subplots(1, len(names), figsize=(sum(widths), 4.0), squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
     for ax, name in zip(axes[0], names):
         mine = [r for r in records if r["model"] == name]
-        labels = [r["mode"] + (f"\n{r['backend']}" if r.get("backend") else "") for r in mine]
+        mixed = len({(r["workers"], r["servers"], r.get("compression")) for r in mine
+                     if r["mode"] != "local"}) > 1
+        labels = [r["mode"] + (f"\n{r['backend']}" if r.get("backend") else "")
+                  + (f"\n{r['workers']}w {r['servers']}s b{r['batch']}"
+                     if mixed and r["mode"] != "local" else "")
+                  + (f" {r['compression']}" if r.get("compression") not in (None, "none")
+                     else "") for r in mine]
         vals = [r["samples_per_s"] for r in mine]
         bars = ax.bar(range(len(mine)), vals, color=["0.6" if r["mode"] == "local" else "C0"
                                                       for r in mine])
@@ -356,7 +364,8 @@ def write_plot(records: list[dict], path: str) -> str | None:
             ax.legend(fontsize=8)
         ax.set_xticks(range(len(mine)), labels, fontsize=8)
         r0 = dist[0] if dist else mine[0]
-        ax.set_title(f"{name}: {device_label(r0)}, {r0['workers']} workers, {r0['rate']}",
+        ax.set_title(f"{name}: {device_label(r0)}, {r0['rate']}" if mixed else
+                     f"{name}: {device_label(r0)}, {r0['workers']} workers, {r0['rate']}",
                      fontsize=9)
         ax.set_ylabel("samples/s (all workers)")
     fig.tight_layout()
