@@ -32,7 +32,9 @@ copy at all.
 """
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -117,16 +119,13 @@ class _Stager:
                 log.exception("bucket staging failed")
 
 
-_stager: _Stager | None = None
-_stager_lock = threading.Lock()
-
-
+@functools.cache
 def stager() -> _Stager:
-    global _stager
-    with _stager_lock:
-        if _stager is None:
-            _stager = _Stager()
-        return _stager
+    """The process's stager (made at first use; a forked child makes its own)."""
+    return _Stager()
+
+
+os.register_at_fork(after_in_child=stager.cache_clear)
 
 
 _copy_streams: dict = {}
