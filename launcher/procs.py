@@ -37,6 +37,30 @@ PUMP_JOIN_S = 0.5
 _READ_LIMIT = 1 << 16
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` (of this pid namespace) is alive. A process of another user
+    counts as alive; a zombie does not (it has exited and waits only to be reaped). Where /proc
+    cannot be read, the answer is ``kill(pid, 0)``'s alone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # gone since, or no /proc: ask again
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
+
+
 class AffinityError(OSError):
     """The kernel refused the CPU set a child was to be bound to."""
 

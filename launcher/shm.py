@@ -16,6 +16,8 @@ import os
 import re
 import secrets
 
+from .procs import pid_alive
+
 LOCAL_JOB_PREFIX = "local-"
 _DEAD_LOCAL = re.compile(r"^bpsl-local-(\d+)-(\d+)-[0-9a-f]+-")
 
@@ -54,21 +56,6 @@ def sweep(shm_dir: str, prefix: str) -> list[str]:
     return removed
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive: its launcher is dead, only not yet reaped
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
-    except OSError:
-        return True
-
-
 def sweep_dead_local_jobs(shm_dir: str) -> list[str]:
     """Remove the segments of ``bpslaunch --local`` jobs whose launcher is gone (it was killed
     with SIGKILL, so it could not sweep them itself); only jobs of this pid namespace."""
@@ -79,7 +66,7 @@ def sweep_dead_local_jobs(shm_dir: str) -> list[str]:
             continue
         pid = int(m.group(2))
         if pid not in verdict:
-            verdict[pid] = pid != os.getpid() and not _alive(pid)
+            verdict[pid] = pid != os.getpid() and not pid_alive(pid)
         if verdict[pid]:
             try:
                 os.unlink(path)

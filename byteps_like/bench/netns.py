@@ -79,16 +79,6 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _kill_pids_in(ns: str, log: TextIO | None = None) -> None:
     """SIGTERM, then SIGKILL, every process whose network namespace is ``ns``."""
     for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
@@ -125,6 +115,9 @@ def delete_namespace(ns: str, log: TextIO | None = None) -> None:
 def sweep(log: TextIO | None = None, *, all_runs: bool = False) -> list[str]:
     """Remove the namespaces (and their processes and links) of earlier runs whose driver is
     gone (or of every run with ``all_runs``). Returns the names removed."""
+    from ._role import locate
+    locate("launcher")  # a bare source tree keeps it in <root>/launcher
+    from byteps_like.launcher.procs import pid_alive
     removed = []
     try:
         etc = [d for d in os.listdir(ETC_NETNS) if _NAME_RE.match(d)]
@@ -135,7 +128,7 @@ def sweep(log: TextIO | None = None, *, all_runs: bool = False) -> list[str]:
         if not m:
             continue
         pid = int(m.group(1))
-        if not all_runs and (pid == os.getpid() or _pid_alive(pid)):
+        if not all_runs and (pid == os.getpid() or pid_alive(pid)):
             continue
         delete_namespace(ns, log)
         removed.append(ns)

@@ -6,13 +6,13 @@ watchdog, ``Run`` and ``free_port`` are tests/support.py's, re-exported here.
 """
 from __future__ import annotations
 
-import os
 import re
 import signal
 import sys
 import time
 from pathlib import Path
 
+from byteps_like.launcher.procs import pid_alive as alive
 from tests.support import FAST_ENV, Run, WatchdogError, clean_env, free_port, spawn, watch
 
 __all__ = ["FAST_ENV", "Run", "WatchdogError", "alive", "bpslaunch", "free_port", "pids_in",
@@ -48,21 +48,6 @@ def pids_in(text: str) -> set[int]:
     for m in re.finditer(r"PIDS ([\d ]+)", text):
         pids |= {int(x) for x in m.group(1).split()}
     return pids
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie nobody has reaped yet still answers kill(0): it counts as gone
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
 
 
 def wait_gone(pids: set[int], timeout: float = 10.0) -> set[int]:

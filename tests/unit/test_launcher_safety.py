@@ -214,6 +214,24 @@ def test_segments_of_dead_local_jobs_are_swept(tmp_path):
     assert shm.sweep(str(tmp_path), "bpsl-myjob-4246-") == [files["user"]]
 
 
+
+def test_pid_alive_counts_zombies_and_the_dead_as_gone():
+    """The one pid check (launcher/procs.py) bpslaunch's sweep, the benchmarks' netns sweep and
+    the integration harness share."""
+    from byteps_like.launcher.procs import pid_alive
+    assert pid_alive(os.getpid()) and pid_alive(os.getppid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # exited, not reaped yet: a zombie
+        with open(f"/proc/{child.pid}/stat", "rb") as f:
+            zombie = f.read().rsplit(b")", 1)[1][1:2] == b"Z"
+        if zombie:
+            break
+        time.sleep(0.01)
+    assert not pid_alive(child.pid)
+    child.wait()
+    assert not pid_alive(child.pid)
+
 def test_bpslaunch_knows_where_its_workers_segments_are(tmp_path):
     launch = plan(env={"BYTEPS_SHM_DIR": str(tmp_path), "BYTEPS_JOB_ID": "j"})
     port = int(launch.base_env.get("DMLC_PS_ROOT_PORT") or
