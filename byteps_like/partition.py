@@ -36,8 +36,43 @@ def partition_bounds(nbytes: int, itemsize: int, partition_bytes: int) -> list[t
     return bounds
 
 
+class Assigner:
+    """The shape every partition-to-server map shares: a key keeps the server
+    :meth:`_choose` gave its first partition, ``load`` counts the bytes each server got, and
+    :meth:`imbalance` compares that with the shares the servers should get. A subclass calls
+    :meth:`_reset` with the servers that may get bytes and their shares, and picks a server in
+    :meth:`_choose`."""
+    num_servers: int
+
+    def _reset(self, eligible: list[int], shares: Sequence[float]) -> None:
+        """``eligible``: the servers that may get bytes; ``shares[s]``: the fraction of all
+        bytes server ``s`` should get (used for :meth:`imbalance` only)."""
+        self._eligible = eligible
+        self._shares = tuple(shares)
+        self.load = [0] * self.num_servers
+        self.assigned: dict[int, int] = {}
+
+    def _choose(self, key: int, nbytes: int) -> int:
+        raise NotImplementedError
+
+    def assign(self, key: int, nbytes: int) -> int:
+        srv = self.assigned.get(key)
+        if srv is None:
+            srv = self._choose(key, nbytes)
+            self.load[srv] += nbytes
+            self.assigned[key] = srv
+        return srv
+
+    def imbalance(self) -> float:
+        """max over servers of (share of the bytes / share it should get); 1.0 is perfect."""
+        total = sum(self.load)
+        if not total:
+            return 1.0
+        return max((self.load[s] / total) / self._shares[s] for s in self._eligible)
+
+
 @dataclass
-class ServerAssigner:
+class ServerAssigner(Assigner):
     """Maps each partition key to a server, spreading bytes evenly (or in proportion to weights).
 
     Each new partition goes to the server whose load after taking it, divided by its weight,
@@ -60,29 +95,12 @@ class ServerAssigner:
         if any(not math.isfinite(x) or x < 0 for x in w) or not any(x > 0 for x in w):
             raise ValueError(f"server weights must be finite, >= 0 and not all 0: {w}")
         self.weights = w
-        self._eligible = [s for s in range(self.num_servers) if w[s] > 0]
-        self.load = [0] * self.num_servers
-        self.assigned: dict[int, int] = {}
+        self._reset([s for s in range(self.num_servers) if w[s] > 0], [x / sum(w) for x in w])
 
-    def assign(self, key: int, nbytes: int) -> int:
-        srv = self.assigned.get(key)
-        if srv is None:
-            w = self.weights
-            assert w is not None  # set by __post_init__
-            srv = min(self._eligible, key=lambda s: ((self.load[s] + nbytes) / w[s], s))
-            self.load[srv] += nbytes
-            self.assigned[key] = srv
-        return srv
-
-    def imbalance(self) -> float:
-        """max over servers of (share of the bytes / share of the weight); 1.0 is perfect."""
-        total = sum(self.load)
-        if not total:
-            return 1.0
+    def _choose(self, key: int, nbytes: int) -> int:
         w = self.weights
         assert w is not None  # set by __post_init__
-        wsum = sum(w)
-        return max((self.load[s] / total) / (w[s] / wsum) for s in self._eligible)
+        return min(self._eligible, key=lambda s: ((self.load[s] + nbytes) / w[s], s))
 
 
 def mixed_mode_fraction(num_workers: int, num_dedicated: int) -> float:

@@ -27,6 +27,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BytePSError, MembershipChangedError, TooFewWorkersError
+from ..partition import Assigner
 from ..wire import ROUND_MASK, epoch_round_base, round_epoch
 
 if TYPE_CHECKING:
@@ -49,32 +50,20 @@ def name_id(name: str) -> int:
     return h & ((1 << NAME_ID_BITS) - 1)
 
 
-class ElasticAssigner:
+class ElasticAssigner(Assigner):
     """The server of each partition in an elastic job: a hash of its key over the servers of
     weight > 0, so every worker (a joiner too) computes the same map whatever it declared
-    before. The interface of :class:`byteps_like.partition.ServerAssigner`."""
+    before. Each of those servers should get an equal share, whatever its weight."""
 
     def __init__(self, num_servers: int, weights: Any = None):
         w = list(weights) if weights is not None else [1.0] * num_servers
         self.num_servers = num_servers
-        self._eligible = [s for s in range(num_servers) if w[s] > 0] or [0]
-        self.load = [0] * num_servers
-        self.assigned: dict[int, int] = {}
+        eligible = [s for s in range(num_servers) if w[s] > 0] or [0]
+        self._reset(eligible, [1.0 / len(eligible)] * num_servers)
 
-    def assign(self, key: int, nbytes: int) -> int:
-        srv = self.assigned.get(key)
-        if srv is None:
-            h = (key * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-            srv = self._eligible[(h >> 32) % len(self._eligible)]
-            self.load[srv] += nbytes
-            self.assigned[key] = srv
-        return srv
-
-    def imbalance(self) -> float:
-        total = sum(self.load)
-        if not total:
-            return 1.0
-        return max(self.load) * len(self._eligible) / total
+    def _choose(self, key: int, nbytes: int) -> int:
+        h = (key * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+        return self._eligible[(h >> 32) % len(self._eligible)]
 
 
 class ElasticMembership:
