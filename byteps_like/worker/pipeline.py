@@ -1,7 +1,7 @@
 """The worker pipeline: itineraries, the priority scheduler with byte credits, stage threads.
 
 Each partition of a push_pull is a :class:`Task` carrying its itinerary, a tuple of
-:class:`Stage` names built by the pure function :func:`plan`. Stage threads are joined by
+:class:`Stage` names built by the pure function :func:`itinerary`. Stage threads are joined by
 bounded queues; :meth:`Pipeline.advance` routes a task to the queue of its next stage, and
 observers (tracing, metrics) subscribe to stage start and end without living inside the router.
 
@@ -81,9 +81,9 @@ def _no_bytes() -> np.ndarray:
     return NO_BYTES
 
 
-def plan(*, distributed: bool, local_size: int = 1, on_device: bool = False,
-         compressed: bool = False, local_root: bool = True,
-         device_push: bool = False) -> tuple[Stage, ...]:
+def itinerary(*, distributed: bool, local_size: int = 1, on_device: bool = False,
+              compressed: bool = False, local_root: bool = True,
+              device_push: bool = False) -> tuple[Stage, ...]:
     """The itinerary of a partition, from the job's topology and the tensor's needs.
 
     With several local ranks only the local root talks to the servers: the other ranks reduce

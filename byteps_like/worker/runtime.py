@@ -58,7 +58,7 @@ from .elastic_membership import ElasticMembership
 from .handle import Handle
 from .local_reduce import LocalReduction
 from .membership import Membership
-from .pipeline import COPY_D2H, PULL, PUSH, Phase, Pipeline, Task, plan
+from .pipeline import COPY_D2H, PULL, PUSH, Phase, Pipeline, Task, itinerary
 from .stages import StageExecutors
 from .tensors import COMPRESSIBLE, DeviceCopier, TensorRegistry, TensorState, declaration
 
@@ -539,22 +539,22 @@ class Runtime:
         dst = out.reshape(-1).view(np.uint8)
         device_push = (device is not None and self.device_push
                        and getattr(device, "device_slice", None) is not None)
-        itinerary = plan(distributed=not m.single_machine, local_size=m.local_size,
-                         local_root=m.is_local_root, on_device=device is not None,
-                         compressed=bool(st.codecs), device_push=device_push)
+        route = itinerary(distributed=not m.single_machine, local_size=m.local_size,
+                          local_root=m.is_local_root, on_device=device is not None,
+                          compressed=bool(st.codecs), device_push=device_push)
         cli = self.plane.client
         on_native = cli is not None and not st.codecs and not device_push
-        if cli is not None and on_native and itinerary == (PUSH, PULL):
+        if cli is not None and on_native and route == (PUSH, PULL):
             # a host tensor: one native operation
             self.plane.submit_tensor(cli, st, h, rnd, src, dst, dtype, average, priority)
             return
         pipeline = self.active_pipeline
         phase = Phase.SUM_SLICE if prereduced else Phase.COPY_IN
-        device_direct = device_push and COPY_D2H not in itinerary
+        device_direct = device_push and COPY_D2H not in route
         for part, (off, n, key, server) in enumerate(st.parts):
             # the declared fields one by one, as cheap as it gets (a keyword per field to the
             # dataclass costs about a microsecond more per partition)
-            task = Task(h, key, part, off, n, priority, server, key % m.conns, rnd, itinerary)
+            task = Task(h, key, part, off, n, priority, server, key % m.conns, rnd, route)
             task.src = src[off:off + n]
             task.dst = dst[off:off + n]
             # what goes to the servers and where their sum lands: the machine's reduced

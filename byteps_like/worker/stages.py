@@ -1,6 +1,6 @@
 """The stage executors: what each pipeline stage does to one partition.
 
-A partition's itinerary (:func:`~.pipeline.plan`) is a subset of, in order::
+A partition's itinerary (:func:`~.pipeline.itinerary`) is a subset of, in order::
 
     REDUCE -> COPY_D2H -> COMPRESS -> PUSH -> PULL -> DECOMPRESS -> COPY_H2D -> BROADCAST
 

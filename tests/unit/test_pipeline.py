@@ -27,7 +27,7 @@ from byteps_like.worker.pipeline import (
     PriorityCreditQueue,
     Stage,
     Task,
-    plan,
+    itinerary,
 )
 
 WAIT = 5.0  # upper bound on any wait for something that should happen at once
@@ -64,8 +64,8 @@ def wait_until(pred, timeout: float = WAIT) -> bool:
     return True
 
 
-# ------------------------------------------------------------------------------ plan()
-def expected_plan(distributed, local_size, on_device, compressed):
+# ------------------------------------------------------------------------------ itinerary()
+def expected_itinerary(distributed, local_size, on_device, compressed):
     """The documented itinerary: a stage that does not apply is absent. Host copies and
     compression exist only to feed the network, so they need ``distributed``."""
     stages = []
@@ -91,13 +91,13 @@ COMBOS = list(itertools.product([False, True], [1, 2, 8], [False, True], [False,
 
 @pytest.mark.parametrize("distributed, local_size, on_device, compressed", COMBOS,
                          ids=lambda v: str(v))
-def test_plan_stages_in_documented_order(distributed, local_size, on_device, compressed):
-    got = plan(distributed=distributed, local_size=local_size, on_device=on_device,
+def test_itinerary_stages_in_documented_order(distributed, local_size, on_device, compressed):
+    got = itinerary(distributed=distributed, local_size=local_size, on_device=on_device,
                compressed=compressed)
     assert isinstance(got, tuple)
     assert len(set(got)) == len(got), "a stage appears twice"
     assert list(got) == sorted(got, key=ALL_STAGES.index), "stages out of the documented order"
-    want = expected_plan(distributed, local_size, on_device, compressed)
+    want = expected_itinerary(distributed, local_size, on_device, compressed)
     if distributed:
         assert got == want
     else:  # host copies without the network: see test_no_host_copies_without_the_network
@@ -109,20 +109,20 @@ def test_plan_stages_in_documented_order(distributed, local_size, on_device, com
 def test_no_host_copies_without_the_network(local_size):
     """Device-to-host and host-to-device copies only feed push/pull. A job that is not
     distributed reduces and broadcasts on the device; copying to the host and straight back
-    does not apply, so (ARCHITECTURE.md section 5) it must be absent from the plan."""
-    got = plan(distributed=False, local_size=local_size, on_device=True)
+    does not apply, so (ARCHITECTURE.md section 5) it must be absent from the itinerary."""
+    got = itinerary(distributed=False, local_size=local_size, on_device=True)
     assert COPY_D2H not in got and COPY_H2D not in got, got
 
 
-def test_plan_examples():
-    assert plan(distributed=True) == (PUSH, PULL)
-    assert plan(distributed=False) == ()
-    assert plan(distributed=True, local_size=4, on_device=True, compressed=True) == ALL_STAGES
-    assert plan(distributed=False, local_size=2) == (REDUCE, BROADCAST)
+def test_itinerary_examples():
+    assert itinerary(distributed=True) == (PUSH, PULL)
+    assert itinerary(distributed=False) == ()
+    assert itinerary(distributed=True, local_size=4, on_device=True, compressed=True) == ALL_STAGES
+    assert itinerary(distributed=False, local_size=2) == (REDUCE, BROADCAST)
 
 
-def test_plan_push_pull_are_adjacent_and_compression_wraps_them():
-    it = plan(distributed=True, compressed=True)
+def test_itinerary_push_pull_are_adjacent_and_compression_wraps_them():
+    it = itinerary(distributed=True, compressed=True)
     assert it == (COMPRESS, PUSH, PULL, DECOMPRESS)
 
 
@@ -417,13 +417,13 @@ def test_close_stops_a_stage_whose_queue_is_full():
         "the stage thread outlived close(): its stop sentinel was dropped on a full queue"
 
 
-def test_plan_device_push_skips_only_the_copy_to_the_host():
+def test_itinerary_device_push_skips_only_the_copy_to_the_host():
     # UCX with CUDA support sends device memory: no d2h, the sum still comes back through h2d
-    assert plan(distributed=True, on_device=True, device_push=True) == (PUSH, PULL, COPY_H2D)
+    assert itinerary(distributed=True, on_device=True, device_push=True) == (PUSH, PULL, COPY_H2D)
     # a compressed tensor is encoded on the host: the copy stays
-    assert plan(distributed=True, on_device=True, compressed=True, device_push=True) == (
+    assert itinerary(distributed=True, on_device=True, compressed=True, device_push=True) == (
         COPY_D2H, COMPRESS, PUSH, PULL, DECOMPRESS, COPY_H2D)
-    assert plan(distributed=True, on_device=False, device_push=True) == (PUSH, PULL)
+    assert itinerary(distributed=True, on_device=False, device_push=True) == (PUSH, PULL)
 
 
 # ------------------------------------------------------------------------------ names, fields
