@@ -10,14 +10,13 @@ whether training finished or failed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.train.backend import Backend, BackendConfig
 
-from ._job import Job, JobSpec, apply_worker_env, leave_job, worker_node_ip
+from ._job import Job, RoleSettings, apply_worker_env, leave_job, worker_node_ip
 
 log = logging.getLogger("byteps_like.ray")
 #: Seconds the workers get to leave the job at the end (byteps_like's own shutdown waits at
@@ -26,25 +25,12 @@ LEAVE_TIMEOUT_S = 40.0
 
 
 @dataclass
-class BytePSConfig(BackendConfig):
+class BytePSConfig(RoleSettings, BackendConfig):
     """What a Ray Train run starts besides its training workers (``ScalingConfig`` decides
-    those: each is one byteps_like worker machine, ``DMLC_NUM_WORKER = num_workers``)."""
-
-    #: Summation servers, each a Ray actor (``DMLC_NUM_SERVER``).
-    num_servers: int = 1
-    #: Ray resources of each server: one placement-group bundle per server. Ask for a custom
-    #: resource only your CPU nodes have to keep servers off the GPU nodes.
-    server_resources: Mapping[str, float] = field(default_factory=lambda: {"CPU": 1})
-    #: Ray resources of the scheduler (by default none: it runs on the controller's node).
-    scheduler_resources: Mapping[str, float] = field(default_factory=dict)
-    #: Placement-group strategy of the servers: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD.
-    placement_strategy: str = "SPREAD"
-    #: byteps_like settings (BYTEPS_* variables) for the servers, the scheduler and the workers.
-    env: Mapping[str, str] = field(default_factory=dict)
-    #: A one-time shared secret per attempt, passed through Ray (as ``bpslaunch --local``).
-    auth: bool = True
-    #: Seconds to wait for the servers' placement and the roles to start.
-    start_timeout: float = 120.0
+    those: each is one byteps_like worker machine, ``DMLC_NUM_WORKER = num_workers``): the
+    settings of :class:`~byteps_like.ray._job.RoleSettings` (``num_servers``,
+    ``server_resources``, ``scheduler_resources``, ``placement_strategy``, ``env``, ``auth``,
+    ``start_timeout``)."""
 
     def __post_init__(self) -> None:
         self.job_spec(1)  # bad settings fail here, in the driver, not in the controller
@@ -56,13 +42,6 @@ class BytePSConfig(BackendConfig):
     @property
     def framework(self) -> str:
         return "byteps_like"
-
-    def job_spec(self, num_workers: int) -> JobSpec:
-        return JobSpec(num_workers=num_workers, num_servers=self.num_servers,
-                       server_resources=dict(self.server_resources),
-                       scheduler_resources=dict(self.scheduler_resources),
-                       placement_strategy=self.placement_strategy, env=dict(self.env),
-                       auth=self.auth, start_timeout=self.start_timeout).check()
 
     def to_dict(self) -> dict[str, Any]:
         return {"num_servers": self.num_servers, "server_resources": dict(self.server_resources),

@@ -59,15 +59,17 @@ def _check_resources(what: str, resources: Mapping[str, float] | None) -> dict[s
     return out
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """What to start besides the training workers, shared by the Ray Train backend and the
-    executor (both validate through :meth:`check`)."""
+@dataclass
+class RoleSettings:
+    """The settings of what a job starts besides its training workers (the scheduler and the
+    servers, as Ray actors): :class:`~byteps_like.ray.BytePSConfig` is made of them, and a
+    :class:`JobSpec` is them plus the number of workers."""
 
-    num_workers: int
+    #: Summation servers, each a Ray actor (``DMLC_NUM_SERVER``).
     num_servers: int = 1
     #: Ray resources of each server actor, e.g. ``{"CPU": 4}`` or a custom resource that only
-    #: the CPU nodes have (``{"CPU": 4, "cpu_node": 1}``); one placement-group bundle each.
+    #: the CPU nodes have (``{"CPU": 4, "cpu_node": 1}``), to keep servers off the GPU nodes;
+    #: one placement-group bundle each.
     server_resources: Mapping[str, float] = field(default_factory=lambda: {"CPU": 1})
     #: Ray resources of the scheduler actor; it is placed on the node that starts the job
     #: (where Ray Train's controller or the executor's driver runs) unless these need another.
@@ -77,10 +79,27 @@ class JobSpec:
     #: byteps_like settings (BYTEPS_*) for every role and worker, e.g.
     #: ``{"BYTEPS_PARTITION_BYTES": "1048576"}``.
     env: Mapping[str, str] = field(default_factory=dict)
-    #: A one-time shared secret per job (as ``bpslaunch --local``); False: authentication off.
+    #: A one-time shared secret per job, passed through Ray (as ``bpslaunch --local``); False:
+    #: authentication off.
     auth: bool = True
     #: Seconds to wait for the servers' placement group and the roles to come up.
     start_timeout: float = 120.0
+
+    def job_spec(self, num_workers: int) -> JobSpec:
+        """These settings (copied) for a job of ``num_workers`` workers, validated."""
+        return JobSpec(num_workers=num_workers, num_servers=self.num_servers,
+                       server_resources=dict(self.server_resources),
+                       scheduler_resources=dict(self.scheduler_resources),
+                       placement_strategy=self.placement_strategy, env=dict(self.env),
+                       auth=self.auth, start_timeout=self.start_timeout).check()
+
+
+@dataclass
+class JobSpec(RoleSettings):
+    """What to start besides the training workers, shared by the Ray Train backend and the
+    executor (both validate through :meth:`check`)."""
+
+    num_workers: int = field(kw_only=True)
 
     def check(self) -> JobSpec:
         """Validate; raises ConfigError naming the setting and what to do."""
