@@ -142,6 +142,13 @@ Header make_header(std::uint8_t type, std::uint8_t role, std::int32_t rank, std:
   return h;
 }
 
+// Whether a data message's header holds count elements of itemsize isz in nbytes, checked
+// without overflow (count * isz wraps for counts near 2^64: 2^61 + 1000 float64 would pass as
+// 8000 bytes); false for an unknown dtype (isz 0).
+bool count_matches(const Header& h, std::size_t isz) {
+  return isz != 0 && h.nbytes % isz == 0 && h.count == h.nbytes / isz;
+}
+
 const char* type_name(int t) {
   switch (t) {
     case kPush: return "PUSH";
@@ -886,7 +893,12 @@ class ServerImpl {
       }
     }
     std::lock_guard<std::mutex> g(st->mu);
-    if (h.dtype != st->wire_dtype || h.nbytes != st->nbytes) {
+    // Checked in this order, as on the ZeroMQ path (server/core.py, _check): a push that
+    // declares another tensor than the key's is a worker disagreeing, whatever its size; its
+    // dtype and size otherwise (rejected alone); its round (rejected alone, whatever it
+    // declares); then a real mismatch fails the key, naming both sides.
+    const bool mismatch = (h.flags & kFlagDeclare) && meta != st->decl;
+    if (!mismatch && (h.dtype != st->wire_dtype || h.nbytes != st->nbytes)) {
       reject("wrong dtype or size for a declared key");
       send_error(conn, h, "protocol", "push to key " + std::to_string(h.key) + " from worker "
                  "rank " + std::to_string(h.rank) + ": " + std::to_string(h.nbytes) +
@@ -895,7 +907,7 @@ class ServerImpl {
                  std::to_string(st->wire_dtype));
       return nullptr;
     }
-    // the round first: a push for another round is rejected alone, whatever it declares
+    // a push for another round is rejected alone, whatever it declares
     if (h.round != st->round || st->pushed[h.rank]) {
       reject("push out of round");
       // one text for both causes and no round number: the reply tells nobody the open round
@@ -904,7 +916,7 @@ class ServerImpl {
                  ", a round that is not open or that this rank has pushed already");
       return nullptr;
     }
-    if ((h.flags & kFlagDeclare) && meta != st->decl && st->failed.empty()) {
+    if (mismatch && st->failed.empty()) {
       fail_key_locked(*st, "tensor mismatch on key " + std::to_string(h.key) + ": worker rank " +
                       std::to_string(st->decl_rank) + " declared " + describe_decl(st->decl) +
                       " but worker rank " + std::to_string(h.rank) + " declared " +
@@ -1323,8 +1335,7 @@ class ServerConn : public FramedConn {
     }
     if (h_.type == kPush) {
       const std::size_t isz = wire_itemsize(h_.dtype);
-      if (isz == 0 || h_.count > (1ull << 62) || h_.count * isz != h_.nbytes ||
-          h_.nbytes > srv_->max_msg_) {
+      if (!count_matches(h_, isz) || h_.nbytes > srv_->max_msg_) {
         srv_->reject("malformed");
         why_ = "PUSH with an inconsistent or oversized length";
         return false;
@@ -1907,8 +1918,7 @@ class ClientConn : public FramedConn {
         return read_header();
       case kPullResp: {
         const std::size_t isz = wire_itemsize(h_.dtype);
-        if (isz == 0 || h_.count > (1ull << 62) || h_.count * isz != h_.nbytes ||
-            h_.nbytes > cli_->max_msg() || (h_.flags & kFlagMeta)) {
+        if (!count_matches(h_, isz) || h_.nbytes > cli_->max_msg() || (h_.flags & kFlagMeta)) {
           why_ = "PULL_RESP with an inconsistent or oversized length";
           return false;
         }

@@ -21,7 +21,7 @@ fails until its mark goes.
     wire_order             x      x        x         x      x
     mismatch (name)        x      x        x         x      x
     join                   x      x        x         x      x
-    mismatch_shape/dtype   x (server-side: one framework; xfail on the native data plane)
+    mismatch_shape/dtype   x (server-side: one framework, on each data plane)
     equivalence            -      x        x         x      x
 plus each framework's own API checks (EXTRAS of its adapter), listed in EXTRAS below.
 """
@@ -164,15 +164,7 @@ def test_torch_on_machines_of_local_ranks():
                          "all [[0, 0, 0], [1, 0, 1], [2, 1, 0], [3, 1, 1]]"), run.log
 
 
-NATIVE_SIZE_FIRST = ("the native data plane (csrc/dataplane.cc) checks a push's size before its "
-                     "declaration, so a shape or dtype that differs between ranks reads as a "
-                     "protocol error naming one side, not a MismatchError naming both "
-                     "(server/core.py, the zmq plane, gets it right)")
-
-
-@pytest.mark.parametrize("plane", [
-    pytest.param("native", marks=pytest.mark.xfail(strict=True, reason=NATIVE_SIZE_FIRST)),
-    "zmq"])
+@pytest.mark.parametrize("plane", ["native", "zmq"])
 @pytest.mark.parametrize("case", ["mismatch_shape", "mismatch_dtype"])
 def test_mismatch_between_ranks_names_both_sides(case, plane):
     """A shape or dtype differing between ranks under one name: framework-neutral (the

@@ -168,6 +168,36 @@ def test_declaration_mismatch_names_both_sides(cleanup):
         assert "worker rank 0" in text and "worker rank 1" in text
 
 
+@pytest.mark.parametrize("case", ["shape", "dtype"])
+def test_size_or_dtype_differing_between_ranks_is_a_mismatch_naming_both(case, cleanup):
+    """A tensor whose shape or dtype differs between ranks reaches the server as a push of
+    another size or dtype that declares another tensor: a mismatch naming both sides (as on
+    the ZeroMQ path), not a protocol error about one push's size."""
+    srv, port = make_server(2)
+    cleanup.append(srv)
+    clients = [make_client(r, [port]) for r in range(2)]
+    cleanup += clients
+    xs = [np.ones(100, np.float32),
+          np.ones(50, np.float32) if case == "shape" else np.ones(100, np.float64)]
+    outs = [np.empty_like(x) for x in xs]
+    for r, (cli, x, y) in enumerate(zip(clients, xs, outs)):
+        decl = {"shape": list(x.shape), "dtype": x.dtype.name}
+        cli.submit(1, 0, x.view(np.uint8), y.view(np.uint8), WIRE_CODE[x.dtype.name], 1, 0,
+                   parts_of(x.nbytes, 0, 1, decl_extra=decl))
+        if r == 0:   # rank 0's declaration is the key's
+            assert cli.wait(1, 0.5) is False
+    comps = [c.wait(1, 10.0) and c.take(1) for c in clients]
+    assert not any(c[1] for c in comps), comps
+    other = "'t' shape (50,) float32" if case == "shape" else "'t' shape (100,) float64"
+    for c in comps:
+        assert c[2] == "remote", c
+        kind, text = decode_error(c[4])
+        assert kind == "mismatch", text
+        assert "'t' shape (100,) float32" in text and other in text, text
+        assert "worker rank 0" in text and "worker rank 1" in text, text
+    assert "wrong dtype or size for a declared key" not in srv.rejected()
+
+
 def test_push_out_of_round_is_rejected_alone(cleanup):
     srv, port = make_server(1)
     cleanup.append(srv)
@@ -263,6 +293,29 @@ def test_hostile_streams_are_closed_and_counted(cleanup):
     outs = [np.empty_like(x) for x in xs]
     assert all(c[1] for c in run_round(clients, xs, outs, "float32", 0, 1, 1))
     assert (outs[0] == 3).all()
+
+
+def test_a_count_that_overflows_times_itemsize_is_malformed(cleanup):
+    """A forged PUSH of 2^61 + 1000 float64 in 8,000 bytes: count * 8 wraps to 8,000 in 64
+    bits, so a multiplying check accepted it (and the server echoed the count back in its
+    PULL_RESP). The stream is closed as malformed and nothing is allocated."""
+    srv, port = make_server(1)
+    cleanup.append(srv)
+    s = _raw(port)
+    s.sendall(hello())
+    assert HDR.unpack(s.recv(HDR.size, socket.MSG_WAITALL))[2] == 24
+    count, nbytes = (1 << 61) + 1000, 8000
+    assert count * 8 % (1 << 64) == nbytes   # the wrap a multiplying check falls for
+    decl = json.dumps({"name": "t", "part": 0, "nparts": 1}).encode()
+    flags = 1 | 2 | 8   # META, DECLARE, PULL
+    s.sendall(HDR.pack(b"BPSL", 1, 20, WIRE_CODE["float64"], 2, 0, flags, JOB, 1, 0, count,
+                       nbytes) + struct.pack("<I", len(decl)) + decl + b"\0" * nbytes)
+    assert closed_by_peer(s)
+    deadline = time.monotonic() + 5
+    while not srv.rejected() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.rejected() == {"malformed": 1}
+    assert srv.stats()["keys"] == 0 and srv.stats()["pushes"] == 0
 
 
 def test_client_refuses_a_peer_that_is_not_a_server(cleanup):
