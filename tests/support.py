@@ -21,6 +21,16 @@ FAST_ENV = {"BYTEPS_HEARTBEAT_INTERVAL_SECONDS": "0.5", "BYTEPS_HEARTBEAT_TIMEOU
             "BYTEPS_REGISTER_TIMEOUT_SECONDS": "30", "BYTEPS_TIMEOUT_SECONDS": "60"}
 
 
+
+def wait_until(pred: Callable[[], object], timeout: float = 5.0) -> bool:
+    """Poll ``pred`` until it holds (True) or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (the kernel's choice)."""
     with socket.socket() as s:

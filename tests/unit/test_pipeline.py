@@ -8,7 +8,6 @@ import itertools
 import json
 import queue
 import threading
-import time
 
 import pytest
 
@@ -29,6 +28,7 @@ from byteps_like.worker.pipeline import (
     Task,
     itinerary,
 )
+from tests.support import wait_until
 
 WAIT = 5.0  # upper bound on any wait for something that should happen at once
 
@@ -52,16 +52,6 @@ def run_in_thread(fn, *args):
     t = threading.Thread(target=target, daemon=True)
     t.start()
     return t, box
-
-
-def wait_until(pred, timeout: float = WAIT) -> bool:
-    """Poll ``pred`` until it holds (True) or ``timeout`` passes (False)."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 # ------------------------------------------------------------------------------ itinerary()

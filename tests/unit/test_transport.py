@@ -13,6 +13,7 @@ import zmq
 from byteps_like.errors import ProtocolError
 from byteps_like.transport import Route, ZmqEndpoint
 from byteps_like.wire import Header, MsgType, decode, encode
+from tests.support import wait_until
 
 WAIT = 5.0
 
@@ -79,15 +80,6 @@ def start_pair(make_node, address, connections=1, **srv_kw):
     cli.ep.start()
     cli.ep.connect("srv", bound, connections)
     return srv, cli, bound
-
-
-def wait_until(pred, timeout: float = WAIT) -> bool:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 # ------------------------------------------------------------------------------ binding
