@@ -270,15 +270,7 @@ def run_horovod(env: Env, n: int, sizes: list[int], repeats: int, warmup: int,
         rdv = g.spawn("hvd-rendezvous", env.argv("w0", "hvd-rendezvous", "--hosts", hosts,
                                                  "--world", str(n), "--port-file", port_file,
                                                  python=python), e, service=True)
-        end = time.monotonic() + 60
-        while not os.path.exists(port_file):
-            if time.monotonic() > end:
-                raise ChildFailed(g.report("Horovod rendezvous server did not start"))
-            if rdv.poll() is not None:
-                raise ChildFailed(g.report("Horovod rendezvous server exited"))
-            time.sleep(0.1)
-        with open(port_file, encoding="ascii") as f:
-            port = f.read().strip()
+        port = g.read_when_written(rdv, port_file, "Horovod rendezvous server")
         args = ("--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats), "--warmup",
                 str(warmup))
         ws = []

@@ -285,6 +285,21 @@ class Job:
         return [p for p in procs if not p.service]
 
     # -- waiting ------------------------------------------------------------------------------
+    def read_when_written(self, proc: Proc, path: str, what: str,
+                          timeout: float = 60.0) -> str:
+        """The text ``proc`` writes to ``path`` once it has started (a port file, say),
+        stripped. ChildFailed naming ``what`` when ``proc`` exits first or takes more than
+        ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while not os.path.exists(path):
+            if time.monotonic() > end:
+                raise ChildFailed(self.report(f"{what} did not start"))
+            if proc.poll() is not None:
+                raise ChildFailed(self.report(f"{what} exited"))
+            time.sleep(0.05)
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+
     def report(self, why: str) -> str:
         """``why`` and every child's state and stderr tail."""
         lines = [f"{self.label}: {why}"]

@@ -206,15 +206,7 @@ def run_horovod(s: Setup, model: str) -> list[dict]:
         rdv = g.spawn("horovod rendezvous", s.host_argv("w0", [
             python, "-m", "byteps_like.bench._cluster_worker", "hvd-rendezvous", "--hosts", hosts,
             "--world", str(n), "--port-file", port_file]), env, service=True)
-        end = time.monotonic() + 60
-        while not os.path.exists(port_file):
-            if time.monotonic() > end:
-                raise ChildFailed(g.report("the Horovod rendezvous server did not start"))
-            if rdv.poll() is not None:
-                raise ChildFailed(g.report("the Horovod rendezvous server exited"))
-            time.sleep(0.05)
-        with open(port_file, encoding="ascii") as f:
-            port = f.read().strip()
+        port = g.read_when_written(rdv, port_file, "the Horovod rendezvous server")
         ws = []
         for r in range(n):
             per_host = s.cluster is not None

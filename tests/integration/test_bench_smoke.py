@@ -314,6 +314,20 @@ def test_job_collects_results_reports_a_failed_child_and_stops_the_rest(capsys):
     assert capsys.readouterr().out == ""   # the children's output is not echoed
 
 
+
+def test_job_reads_a_port_file_once_written_or_names_a_child_that_exited():
+    from byteps_like.bench.harness import ChildFailed, Job
+    with Job("unit") as job:
+        path = os.path.join(job.dir, "port")
+        writer = job.spawn("writer", [sys.executable, "-c", "import sys, time; time.sleep(0.3); "
+                                      "open(sys.argv[1], 'w').write('1234\\n'); time.sleep(60)",
+                                      path], dict(os.environ), service=True)
+        assert job.read_when_written(writer, path, "the writer") == "1234"
+        gone = job.spawn("gone", [sys.executable, "-c", "pass"], dict(os.environ),
+                         service=True)
+        with pytest.raises(ChildFailed, match="the rendezvous exited"):
+            job.read_when_written(gone, os.path.join(job.dir, "never"), "the rendezvous")
+
 def test_bench_modules_import_no_private_names_of_each_other():
     import ast
     import pathlib
