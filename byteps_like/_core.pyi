@@ -14,7 +14,7 @@ destination raise ``ValueError``; an object without the buffer protocol raises `
 small persistent pool, but only as many as give each thread at least 256 KiB; ``nthreads <= 1``
 runs on the calling thread. Results do not depend on ``nthreads``.
 """
-from typing import Final, Literal, TypeAlias, TypedDict
+from typing import Any, Final, Literal, TypeAlias, TypedDict
 
 from typing_extensions import Buffer
 
@@ -209,3 +209,15 @@ class DataClient:
 
 def monotonic() -> float: ...
 def hmac_sha256(key: bytes, msg: bytes) -> bytes: ...
+
+# ---- the wire protocol's one definition (csrc/wire.h), read by byteps_like/wire.py ----
+def wire_spec() -> dict[str, Any]:
+    """magic (bytes), version, header_size, header: [(field, offset, size, struct code)],
+    msg_types / flags / roles: {Python name: value}, dtypes: [(name, itemsize, summable)] in
+    code order, contrib_shift, max_meta."""
+def wire_pack_header(type: int, dtype: int, role: int, rank: int, flags: int, job: int,
+                     key: int, round: int, count: int, nbytes: int) -> bytes:
+    """A header packed by the native data plane's struct (tests)."""
+def wire_parse_header(raw: bytes) -> dict[str, Any]:
+    """A header's fields as the native data plane reads them, plus valid_data: whether it is a
+    PUSH or PULL_RESP of a known dtype whose count fits nbytes (tests)."""

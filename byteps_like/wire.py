@@ -6,10 +6,12 @@ A message is a ZeroMQ multipart message::
     [payload (nbytes bytes), when the type carries data]
     [meta (JSON), when FLAG_META]
 
-The header is a little-endian ``struct`` with a magic number and a version. Nothing that arrives
-from the network is unpickled: control payloads are UTF-8 JSON objects of bounded size, data
-payloads are raw bytes whose length is checked against ``count * itemsize(dtype)``. Every decode
-failure raises :class:`~byteps_like.errors.ProtocolError` with a message that says what was wrong.
+The header is a little-endian ``struct`` with a magic number and a version, defined once in
+csrc/wire.h for both languages: this module builds its struct format, enums, flags and dtype
+tables from ``_core.wire_spec()``. Nothing that arrives from the network is unpickled: control
+payloads are UTF-8 JSON objects of bounded size, data payloads are raw bytes whose length is
+checked against ``count * itemsize(dtype)``. Every decode failure raises
+:class:`~byteps_like.errors.ProtocolError` with a message that says what was wrong.
 """
 from __future__ import annotations
 
@@ -22,54 +24,87 @@ from typing import Any
 
 import numpy as np
 
+from . import _core
 from .errors import ProtocolError
 
-MAGIC = b"BPSL"
-VERSION = 1
+# The wire's one definition lives in csrc/wire.h, which the native data plane compiles and
+# _core.wire_spec() exports: the header's fields (their struct codes and offsets), magic,
+# version, message types, flags, roles and dtypes. This module takes every value from it and
+# refuses to import when a name is missing on either side (tests/unit/test_wire.py).
+_SPEC = _core.wire_spec()
+MAGIC: bytes = _SPEC["magic"]
+VERSION: int = _SPEC["version"]
 # magic, version, type, dtype, sender role, sender rank, flags, job, key, round, count, nbytes
-_HEADER = struct.Struct("<4sBBBBiIIQqQQ")
+_HEADER = struct.Struct("<" + "".join(code for _name, _off, _size, code in _SPEC["header"]))
 HEADER_SIZE = _HEADER.size
-MAX_META_BYTES = 1 << 20  # JSON control payloads: node tables of thousands of nodes fit
+MAX_META_BYTES: int = _SPEC["max_meta"]  # JSON control payloads: tables of thousands of nodes fit
+HEADER_FIELDS: tuple[str, ...] = tuple(name for name, _off, _size, _code in _SPEC["header"])
+
+
+def _check_layout() -> None:
+    """The struct built from the fields' codes has the C++ struct's offsets and size."""
+    offset = 0
+    for name, off, size, code in _SPEC["header"]:
+        if off != offset or struct.calcsize("<" + code) != size:
+            raise ImportError(f"byteps_like.wire: header field {name} is at {off} with {size} "
+                              f"bytes in _core, the struct code {code!r} puts it at {offset} "
+                              f"with {struct.calcsize('<' + code)}: rebuild _core")
+        offset += size
+    if offset != _SPEC["header_size"] or HEADER_SIZE != offset:
+        raise ImportError(f"byteps_like.wire: header of {HEADER_SIZE} bytes, _core's is "
+                          f"{_SPEC['header_size']}: rebuild _core")
+
+
+_check_layout()
+_T: dict[str, int] = _SPEC["msg_types"]
 
 
 class MsgType(enum.IntEnum):
     # control plane (node <-> scheduler)
-    REGISTER = 1
-    NODE_TABLE = 2
-    BARRIER = 3
-    BARRIER_DONE = 4
-    HEARTBEAT = 5
-    PEER_LOST = 6
-    FINISH = 7
-    SHUTDOWN = 8
-    ABORT = 9
-    STALL = 10        # server -> scheduler: synchronous rounds waiting on some workers
-    JOIN = 11         # worker -> scheduler: this rank is out of data (join())
-    MEMBERS = 12      # scheduler -> servers: ranks joined / left (servers answer with the key)
-    JOIN_DONE = 13    # scheduler -> workers: every rank has joined (or the join failed)
-    EPOCH = 14        # elastic: scheduler -> servers: reset to a new membership epoch (they
-    #                   answer with the epoch in the key); scheduler -> workers: the epoch in
-    #                   the key is superseded (or, for the current one, workers wait to join)
-    READY = 15        # elastic: worker -> scheduler: left the epoch in the key, ready for the next
-    EPOCH_START = 16  # elastic: scheduler -> workers: the new epoch is formed (rank, size)
+    REGISTER = _T["REGISTER"]
+    NODE_TABLE = _T["NODE_TABLE"]
+    BARRIER = _T["BARRIER"]
+    BARRIER_DONE = _T["BARRIER_DONE"]
+    HEARTBEAT = _T["HEARTBEAT"]
+    PEER_LOST = _T["PEER_LOST"]
+    FINISH = _T["FINISH"]
+    SHUTDOWN = _T["SHUTDOWN"]
+    ABORT = _T["ABORT"]
+    STALL = _T["STALL"]              # server -> scheduler: synchronous rounds waiting on some
+    #                                  workers
+    JOIN = _T["JOIN"]                # worker -> scheduler: this rank is out of data (join())
+    MEMBERS = _T["MEMBERS"]          # scheduler -> servers: ranks joined / left (servers answer
+    #                                  with the key)
+    JOIN_DONE = _T["JOIN_DONE"]      # scheduler -> workers: every rank has joined (or the join
+    #                                  failed)
+    EPOCH = _T["EPOCH"]              # elastic: scheduler -> servers: reset to a new membership
+    #                                  epoch (they answer with the epoch in the key); scheduler ->
+    #                                  workers: the epoch in the key is superseded (or, for the
+    #                                  current one, workers wait to join)
+    READY = _T["READY"]              # elastic: worker -> scheduler: left the epoch in the key,
+    #                                  ready for the next
+    EPOCH_START = _T["EPOCH_START"]  # elastic: scheduler -> workers: the new epoch is formed
+    EXITED = _T["EXITED"]            # launcher -> scheduler: a process it started exited (pid,
+    #                                  host, how)
     # data plane (worker <-> server)
-    PUSH = 20
-    PUSH_ACK = 21
-    PULL = 22
-    PULL_RESP = 23
+    PUSH = _T["PUSH"]
+    PUSH_ACK = _T["PUSH_ACK"]
+    PULL = _T["PULL"]
+    PULL_RESP = _T["PULL_RESP"]
+    HELLO = _T["HELLO"]              # native data plane only: a stream's first message
     # either
-    ERROR = 30
+    ERROR = _T["ERROR"]
     # local reduction among the worker processes of one machine (see byteps_like.local)
-    LOCAL_READY = 40
-    LOCAL_REDUCE = 41
-    LOCAL_REDUCED = 42
-    LOCAL_DONE = 43
+    LOCAL_READY = _T["LOCAL_READY"]
+    LOCAL_REDUCE = _T["LOCAL_REDUCE"]
+    LOCAL_REDUCED = _T["LOCAL_REDUCED"]
+    LOCAL_DONE = _T["LOCAL_DONE"]
 
 
 class Role(enum.IntEnum):
-    SCHEDULER = 0
-    SERVER = 1
-    WORKER = 2
+    SCHEDULER = _SPEC["roles"]["SCHEDULER"]
+    SERVER = _SPEC["roles"]["SERVER"]
+    WORKER = _SPEC["roles"]["WORKER"]
 
     @classmethod
     def parse(cls, name: str) -> Role:
@@ -80,15 +115,17 @@ class Role(enum.IntEnum):
         return self.name.lower()
 
 
-# Flags
-FLAG_META = 1 << 0        # a JSON meta frame follows the payload
-FLAG_DECLARE = 1 << 1     # first round of a key: meta carries name, shape, dtype
-FLAG_ASYNC = 1 << 2       # asynchronous mode push (delta applied at once)
-FLAG_PULL = 1 << 3        # a push that also asks for the round's result (saves a message)
-FLAG_COMPRESSED = 1 << 4  # the payload is a compressor's encoding (uint8), not the tensor
-# bit 5 is the native data plane's authenticated HELLO (csrc/dataplane.h)
-FLAG_CONTRIB = 1 << 6     # PULL_RESP of a round fewer workers pushed (some had joined): the
-CONTRIB_SHIFT = 16        # pushes summed are in flags >> CONTRIB_SHIFT; averages divide by it
+# Flags (csrc/wire.h)
+_F: dict[str, int] = _SPEC["flags"]
+FLAG_META: int = _F["FLAG_META"]            # a JSON meta frame follows the payload
+FLAG_DECLARE: int = _F["FLAG_DECLARE"]      # first round of a key: meta carries name, shape, dtype
+FLAG_ASYNC: int = _F["FLAG_ASYNC"]          # asynchronous mode push (delta applied at once)
+FLAG_PULL: int = _F["FLAG_PULL"]            # a push that also asks for the round's result
+FLAG_COMPRESSED: int = _F["FLAG_COMPRESSED"]  # the payload is a compressor's encoding (uint8)
+FLAG_AUTH: int = _F["FLAG_AUTH"]            # the native data plane's authenticated HELLO
+FLAG_CONTRIB: int = _F["FLAG_CONTRIB"]      # PULL_RESP of a round fewer workers pushed (some
+CONTRIB_SHIFT: int = _SPEC["contrib_shift"]  # had joined): the pushes summed are in
+#                                              flags >> CONTRIB_SHIFT; averages divide by it
 
 
 def contrib_flags(pushes: int, num_workers: int) -> int:
@@ -133,16 +170,31 @@ def first_round(rnd: int) -> bool:
     (round 0 of every non-elastic job)."""
     return rnd & ROUND_MASK == 0
 
-DTYPES: tuple[str, ...] = ("none", "float32", "float64", "float16", "bfloat16", "int32", "int64",
-                           "uint8", "int8")
+# dtypes in code order (csrc/wire.h): name, itemsize, whether the servers sum it
+DTYPES: tuple[str, ...] = tuple(name for name, _size, _summable in _SPEC["dtypes"])
 DTYPE_CODE = {name: i for i, name in enumerate(DTYPES)}
-ITEMSIZE = {"none": 1, "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4,
-            "int64": 8, "uint8": 1, "int8": 1}
+ITEMSIZE: dict[str, int] = {name: size for name, size, _summable in _SPEC["dtypes"]}
 # numpy dtype used to hold each wire dtype (bfloat16 travels as raw uint16)
 NUMPY_DTYPE = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
                "bfloat16": np.uint16, "int32": np.int32, "int64": np.int64, "uint8": np.uint8,
                "int8": np.int8}
-SUMMABLE = frozenset({"float32", "float64", "float16", "bfloat16", "int32", "int64"})
+SUMMABLE = frozenset(name for name, _size, summable in _SPEC["dtypes"] if summable)
+
+
+def _check_names() -> None:
+    """Every name of the C++ definition has its Python twin and the other way round."""
+    pairs = [("message type", set(_T), set(MsgType.__members__)),
+             ("flag", set(_F), {n for n in globals() if n.startswith("FLAG_")}),
+             ("role", set(_SPEC["roles"]), set(Role.__members__)),
+             ("dtype", set(DTYPES) - {"none"}, set(NUMPY_DTYPE))]
+    for what, cpp, py in pairs:
+        if cpp != py:
+            raise ImportError(f"byteps_like.wire: the {what}s of _core (csrc/wire.h) and of "
+                              f"wire.py differ: only in _core {sorted(cpp - py)}, only in "
+                              f"wire.py {sorted(py - cpp)}; rebuild _core or add the name")
+
+
+_check_names()
 
 _DATA_TYPES = {MsgType.PUSH, MsgType.PULL_RESP}
 _MSG_TYPES = {int(t): t for t in MsgType}   # dict lookups: much cheaper than Enum calls

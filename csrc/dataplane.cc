@@ -44,17 +44,6 @@ constexpr std::size_t kReadBudget = 16u << 20;      // bytes one connection read
 constexpr double kHelloTimeout = 10.0;              // seconds an accepted stream may stay silent
 constexpr std::size_t kStoreOverhead = 1024;        // a store's own bytes beyond its buffers
 
-const char kMagic[4] = {'B', 'P', 'S', 'L'};
-
-// wire.DTYPES: none float32 float64 float16 bfloat16 int32 int64 uint8 int8
-const int kWireToKernel[9] = {-1, static_cast<int>(DType::kFloat32),
-                              static_cast<int>(DType::kFloat64),
-                              static_cast<int>(DType::kFloat16),
-                              static_cast<int>(DType::kBFloat16),
-                              static_cast<int>(DType::kInt32),
-                              static_cast<int>(DType::kInt64), -1, -1};
-const std::size_t kWireItem[9] = {1, 4, 8, 2, 2, 4, 8, 1, 1};
-
 std::string json_escape(const std::string& s) {
   std::string out;
   out.reserve(s.size() + 8);
@@ -142,21 +131,12 @@ Header make_header(std::uint8_t type, std::uint8_t role, std::int32_t rank, std:
   return h;
 }
 
-// Whether a data message's header holds count elements of itemsize isz in nbytes, checked
-// without overflow (count * isz wraps for counts near 2^64: 2^61 + 1000 float64 would pass as
-// 8000 bytes); false for an unknown dtype (isz 0).
-bool count_matches(const Header& h, std::size_t isz) {
-  return isz != 0 && h.nbytes % isz == 0 && h.count == h.nbytes / isz;
-}
-
 const char* type_name(int t) {
   switch (t) {
-    case kPush: return "PUSH";
-    case kPushAck: return "PUSH_ACK";
-    case kPull: return "PULL";
-    case kPullResp: return "PULL_RESP";
-    case kHello: return "HELLO";
-    case kError: return "ERROR";
+#define BPS_TYPE_CASE(cname, pyname, value) \
+  case cname: return #pyname;
+    BPS_WIRE_MSG_TYPES(BPS_TYPE_CASE)
+#undef BPS_TYPE_CASE
     default: return "?";
   }
 }
@@ -220,8 +200,12 @@ struct Out {
 
 }  // namespace
 
-int wire_to_kernel_dtype(int code) { return code >= 0 && code < 9 ? kWireToKernel[code] : -1; }
-std::size_t wire_itemsize(int code) { return code >= 0 && code < 9 ? kWireItem[code] : 0; }
+int wire_to_kernel_dtype(int code) {
+  return code >= 0 && code < kNumWireDTypes ? kWireDTypes[code].kernel : -1;
+}
+std::size_t wire_itemsize(int code) {
+  return code >= 0 && code < kNumWireDTypes ? kWireDTypes[code].itemsize : 0;
+}
 
 double monotonic_now() {
   timespec ts;

@@ -6,8 +6,9 @@
 // straight into their destination (the worker's output, the server's chunked summation), sums,
 // replies, scales averages and reports completions in batches.
 //
-// The framing on a stream is the wire protocol's 52-byte header (byteps_like/wire.py: magic,
-// version, type, dtype, role, rank, flags, job, key, round, count, nbytes), then, when
+// The framing on a stream is the wire protocol's 52-byte header (wire.h, which
+// byteps_like/wire.py reads too: magic, version, type, dtype, role, rank, flags, job, key,
+// round, count, nbytes), then, when
 // FLAG_META is set, a u32 length and that many bytes of JSON, then nbytes of payload for PUSH
 // and PULL_RESP. Every length is checked against the header and the configured maximum before
 // any memory is taken. Nothing here reads the environment or includes Python.h.
@@ -22,40 +23,13 @@
 #include <string>
 #include <vector>
 
+#include "wire.h"  // the header, message types, flags, roles and dtype codes
+
 namespace bps {
 namespace dp {
 
-constexpr std::uint8_t kVersion = 1;
-enum MsgType : std::uint8_t {
-  kPush = 20, kPushAck = 21, kPull = 22, kPullResp = 23, kHello = 24, kError = 30,
-};
-enum Flags : std::uint32_t {
-  kFlagMeta = 1u << 0, kFlagDeclare = 1u << 1, kFlagAsync = 1u << 2, kFlagPull = 1u << 3,
-  kFlagCompressed = 1u << 4,
-  kFlagAuth = 1u << 5,  // a HELLO of the authenticated handshake (dataplane.cc)
-  // a PULL_RESP of a round fewer workers than the job's pushed (ranks had joined): the number
-  // of pushes summed is in the flags' upper 16 bits; averages divide by it (join())
-  kFlagContrib = 1u << 6,
-};
-constexpr unsigned kContribShift = 16;
-enum Role : std::uint8_t { kRoleScheduler = 0, kRoleServer = 1, kRoleWorker = 2 };
 
-#pragma pack(push, 1)
-struct Header {
-  char magic[4];
-  std::uint8_t version, type, dtype, role;
-  std::int32_t rank;
-  std::uint32_t flags, job;
-  std::uint64_t key;
-  std::int64_t round;
-  std::uint64_t count, nbytes;
-};
-#pragma pack(pop)
-static_assert(sizeof(Header) == 52, "the wire header is 52 bytes");
-
-constexpr std::uint32_t kMaxMeta = 1u << 20;
-
-// Wire dtype codes (wire.DTYPES) that can be summed; -1 for the others.
+// The kernels' DType of a wire dtype code (wire.h) that can be summed; -1 for the others.
 int wire_to_kernel_dtype(int wire_code);
 std::size_t wire_itemsize(int wire_code);  // 0 for an unknown code
 

@@ -3,7 +3,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -422,6 +424,105 @@ void bind_dataplane(py::module_& m) {
       py::arg("key"), py::arg("msg"), "HMAC-SHA256 of the data plane's handshake (for tests).");
 }
 
+// ---- the wire protocol's one definition (wire.h), for byteps_like/wire.py ----
+py::dict wire_spec() {
+  py::dict d;
+  d["magic"] = py::bytes(dp::kMagic, sizeof dp::kMagic);
+  d["version"] = dp::kVersion;
+  d["header_size"] = sizeof(dp::Header);
+  py::list fields;
+#define BPS_FIELD(f)                                                                          \
+  fields.append(py::make_tuple(#f, offsetof(dp::Header, f), sizeof(dp::Header::f),           \
+                               dp::StructCode<decltype(dp::Header::f)>::value));
+  BPS_WIRE_HEADER_FIELDS(BPS_FIELD)
+#undef BPS_FIELD
+  d["header"] = fields;
+  py::dict types, flags, roles;
+#define BPS_ITEM(dict, cname, pyname, value) dict[#pyname] = static_cast<int>(dp::cname);
+#define BPS_TYPE(cname, pyname, value) BPS_ITEM(types, cname, pyname, value)
+#define BPS_FLAG(cname, pyname, bit) BPS_ITEM(flags, cname, pyname, bit)
+#define BPS_ROLE(cname, pyname, value) BPS_ITEM(roles, cname, pyname, value)
+  BPS_WIRE_MSG_TYPES(BPS_TYPE)
+  BPS_WIRE_FLAGS(BPS_FLAG)
+  BPS_WIRE_ROLES(BPS_ROLE)
+#undef BPS_ITEM
+#undef BPS_TYPE
+#undef BPS_FLAG
+#undef BPS_ROLE
+  d["msg_types"] = types;
+  d["flags"] = flags;
+  d["roles"] = roles;
+  d["contrib_shift"] = dp::kContribShift;
+  d["max_meta"] = dp::kMaxMeta;
+  py::list dtypes;  // (name, itemsize, summable) in code order
+  for (const auto& t : dp::kWireDTypes)
+    dtypes.append(py::make_tuple(t.name, t.itemsize, t.kernel >= 0));
+  d["dtypes"] = dtypes;
+  return d;
+}
+
+// A header as the native data plane writes it (magic and version its own).
+py::bytes wire_pack_header(int type, int dtype, int role, std::int32_t rank, std::uint32_t flags,
+                           std::uint32_t job, std::uint64_t key, std::int64_t round,
+                           std::uint64_t count, std::uint64_t nbytes) {
+  for (int v : {type, dtype, role})
+    if (v < 0 || v > 255) throw py::value_error("wire_pack_header: a code out of 0..255");
+  dp::Header h;
+  std::memcpy(h.magic, dp::kMagic, sizeof h.magic);
+  h.version = dp::kVersion;
+  h.type = static_cast<std::uint8_t>(type);
+  h.dtype = static_cast<std::uint8_t>(dtype);
+  h.role = static_cast<std::uint8_t>(role);
+  h.rank = rank;
+  h.flags = flags;
+  h.job = job;
+  h.key = key;
+  h.round = round;
+  h.count = count;
+  h.nbytes = nbytes;
+  return py::bytes(reinterpret_cast<const char*>(&h), sizeof h);
+}
+
+// A header as the native data plane reads it: its fields by name, and whether the data plane
+// would take it as a data message (PUSH or PULL_RESP of a known dtype whose count fits nbytes).
+py::dict wire_parse_header(py::bytes raw) {
+  const std::string s = raw;
+  if (s.size() != sizeof(dp::Header))
+    throw py::value_error("wire_parse_header: " + std::to_string(s.size()) + " bytes, not " +
+                          std::to_string(sizeof(dp::Header)));
+  dp::Header h;
+  std::memcpy(&h, s.data(), sizeof h);
+  py::dict d;
+  d["magic"] = py::bytes(h.magic, sizeof h.magic);
+  d["version"] = h.version;
+  d["type"] = h.type;
+  d["dtype"] = h.dtype;
+  d["role"] = h.role;
+  d["rank"] = h.rank;
+  d["flags"] = h.flags;
+  d["job"] = h.job;
+  d["key"] = h.key;
+  d["round"] = h.round;
+  d["count"] = h.count;
+  d["nbytes"] = h.nbytes;
+  d["valid_data"] = (h.type == dp::kPush || h.type == dp::kPullResp) &&
+                    dp::count_matches(h, dp::wire_itemsize(h.dtype));
+  return d;
+}
+
+void bind_wire(py::module_& m) {
+  m.def("wire_spec", &wire_spec,
+        "The wire protocol's definition (csrc/wire.h): magic, version, header size and fields "
+        "(name, offset, size, struct code), message types, flags, roles, dtypes (name, "
+        "itemsize, summable) in code order, contrib_shift, max_meta.");
+  m.def("wire_pack_header", &wire_pack_header, py::arg("type"), py::arg("dtype"),
+        py::arg("role"), py::arg("rank"), py::arg("flags"), py::arg("job"), py::arg("key"),
+        py::arg("round"), py::arg("count"), py::arg("nbytes"),
+        "A header packed by the native data plane's struct (for tests).");
+  m.def("wire_parse_header", &wire_parse_header, py::arg("raw"),
+        "A header's fields as the native data plane reads them (for tests).");
+}
+
 }  // namespace
 }  // namespace bps
 
@@ -451,4 +552,5 @@ PYBIND11_MODULE(_core, m) {
   m.attr("DTYPES") = py::tuple(names);
   bind_compress(m);
   bind_dataplane(m);
+  bind_wire(m);
 }

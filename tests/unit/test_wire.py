@@ -13,6 +13,7 @@ import zmq
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from byteps_like import _core, wire
 from byteps_like.errors import CommunicationError, ProtocolError
 from byteps_like.wire import (
     DTYPE_CODE,
@@ -76,6 +77,92 @@ def test_header_layout_is_the_documented_struct():
     h = Header(MsgType.PUSH, "float64", Role.SERVER, 5, FLAG_DECLARE, 77, 123, -4, 10, 80)
     assert h.pack() == LAYOUT.pack(MAGIC, VERSION, 20, DTYPE_CODE["float64"], 1, 5, FLAG_DECLARE,
                                    77, 123, -4, 10, 80)
+
+
+# ------------------------------------------------------- one definition for Python and C++
+# csrc/wire.h defines the wire once; _core.wire_spec() exports it and wire.py takes its values
+# from it. These hold the two languages together: every C++ name has its Python twin and the
+# other way round, and a header packed by either is read the same by the other.
+SPEC = _core.wire_spec()
+
+
+def test_every_cpp_constant_has_its_python_twin_and_back():
+    assert SPEC["magic"] == MAGIC == b"BPSL" and SPEC["version"] == VERSION
+    assert SPEC["header_size"] == HEADER_SIZE == wire._HEADER.size
+    assert {t.name: int(t) for t in MsgType} == SPEC["msg_types"]
+    assert {r.name: int(r) for r in Role} == SPEC["roles"]
+    py_flags = {n: getattr(wire, n) for n in dir(wire) if n.startswith("FLAG_")}
+    assert py_flags == SPEC["flags"]
+    assert "FLAG_AUTH" in py_flags and MsgType.HELLO == 24   # once only in C++
+    assert wire.CONTRIB_SHIFT == SPEC["contrib_shift"]
+    assert MAX_META_BYTES == SPEC["max_meta"]
+    assert [(n, ITEMSIZE[n], n in wire.SUMMABLE) for n in DTYPES] == \
+        [tuple(d) for d in SPEC["dtypes"]]
+    assert set(wire.NUMPY_DTYPE) == set(DTYPES) - {"none"}
+    for name, np_dtype in wire.NUMPY_DTYPE.items():
+        assert np.dtype(np_dtype).itemsize == ITEMSIZE[name], name
+    # no two names share a value (an IntEnum would make one an alias of the other)
+    assert len(set(SPEC["msg_types"].values())) == len(SPEC["msg_types"])
+    assert len(set(SPEC["flags"].values())) == len(SPEC["flags"])
+    assert all(v & (v - 1) == 0 for v in SPEC["flags"].values())   # one bit each
+    assert max(SPEC["flags"].values()) < 1 << SPEC["contrib_shift"]
+
+
+def test_header_fields_offsets_and_codes_are_the_cpp_structs():
+    fields = SPEC["header"]
+    assert tuple(f[0] for f in fields) == wire.HEADER_FIELDS == (
+        "magic", "version", "type", "dtype", "role", "rank", "flags", "job", "key", "round",
+        "count", "nbytes")
+    assert "<" + "".join(f[3] for f in fields) == LAYOUT.format == wire._HEADER.format
+    offset = 0
+    for name, off, size, code in fields:
+        assert (off, size) == (offset, struct.calcsize("<" + code)), name
+        offset += size
+    assert offset == HEADER_SIZE
+
+
+def _fields(h: Header) -> dict:
+    return {"magic": MAGIC, "version": VERSION, "type": int(h.type), "dtype": DTYPE_CODE[h.dtype],
+            "role": int(h.role), "rank": h.rank, "flags": h.flags, "job": h.job, "key": h.key,
+            "round": h.round, "count": h.count, "nbytes": h.nbytes}
+
+
+@settings(max_examples=200, deadline=None)
+@given(mtype=st.sampled_from(list(MsgType)), role=st.sampled_from(list(Role)),
+       rank=st.integers(-2 ** 31, 2 ** 31 - 1), flags=st.integers(0, 2 ** 32 - 1),
+       job=st.integers(0, 2 ** 32 - 1), key=st.integers(0, 2 ** 64 - 1),
+       rnd=st.integers(-2 ** 63, 2 ** 63 - 1), dtype=st.sampled_from(DTYPES[1:]),
+       count=st.integers(0, 2 ** 40))
+def test_headers_packed_by_one_language_are_read_by_the_other(mtype, role, rank, flags, job, key,
+                                                              rnd, dtype, count):
+    h = Header(mtype, dtype, role, rank, flags, job, key, rnd, count, count * ITEMSIZE[dtype])
+    parsed = _core.wire_parse_header(h.pack())            # Python packs, C++ reads
+    assert parsed.pop("valid_data") == (mtype in DATA_TYPES)
+    assert parsed == _fields(h)
+    f = _fields(h)
+    raw = _core.wire_pack_header(f["type"], f["dtype"], f["role"], rank, flags, job, key, rnd,
+                                 count, f["nbytes"])      # C++ packs, Python reads
+    assert raw == h.pack()
+    assert decode_header(raw) == h
+
+
+@FUZZ
+@given(dtype=st.sampled_from(DTYPES[1:]), count=st.integers(0, 2 ** 64 - 1),
+       nbytes=st.integers(0, 2 ** 64 - 1))
+def test_both_languages_agree_on_count_and_nbytes(dtype, count, nbytes):
+    """C++ checks count against nbytes without overflow, as Python's integers do."""
+    raw = raw_header(mtype=int(MsgType.PUSH), dcode=DTYPE_CODE[dtype], count=count,
+                     nbytes=nbytes)
+    assert _core.wire_parse_header(raw)["valid_data"] == (count * ITEMSIZE[dtype] == nbytes)
+
+
+def test_a_count_that_wraps_times_itemsize_is_refused_by_both():
+    count, nbytes = (1 << 61) + 1000, 8000   # count * 8 is 8,000 modulo 2^64
+    assert count * 8 % (1 << 64) == nbytes
+    raw = raw_header(mtype=int(MsgType.PUSH), dcode=DTYPE_CODE["float64"], count=count,
+                     nbytes=nbytes)
+    assert not _core.wire_parse_header(raw)["valid_data"]
+    expect_protocol_error([raw, b"\0" * nbytes], f"{count} x float64", "header says 8000")
 
 
 def test_protocol_error_is_a_communication_error():
