@@ -25,13 +25,18 @@ from typing import Any
 import numpy as np
 
 from . import _core
+from ._native import REBUILD
 from .errors import ProtocolError
 
 # The wire's one definition lives in csrc/wire.h, which the native data plane compiles and
 # _core.wire_spec() exports: the header's fields (their struct codes and offsets), magic,
 # version, message types, flags, roles and dtypes. This module takes every value from it and
 # refuses to import when a name is missing on either side (tests/unit/test_wire.py).
-_SPEC = _core.wire_spec()
+try:
+    _SPEC = _core.wire_spec()
+except AttributeError:  # a _core built before csrc/wire.h
+    raise ImportError("byteps_like._core has no wire_spec(): it was built from older sources. "
+                      + REBUILD) from None
 MAGIC: bytes = _SPEC["magic"]
 VERSION: int = _SPEC["version"]
 # magic, version, type, dtype, sender role, sender rank, flags, job, key, round, count, nbytes
