@@ -20,7 +20,15 @@ from typing import Any
 import ray
 
 from ..errors import ConfigError
-from ._job import STRATEGIES, Job, JobSpec, _check_resources, apply_worker_env, leave_job
+from ._job import (
+    STRATEGIES,
+    Job,
+    JobSpec,
+    _check_resources,
+    apply_worker_env,
+    leave_job,
+    release,
+)
 
 log = logging.getLogger("byteps_like.ray")
 
@@ -157,19 +165,8 @@ class RayExecutor:
         """End the job and remove every actor and placement group this executor made."""
         for line in self._end_job():
             log.warning("byteps_like: %s", line)
-        for worker in self.workers:
-            try:
-                ray.kill(worker, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        self.workers = []
-        if self._placement_group is not None:
-            from ray.util.placement_group import remove_placement_group
-            try:
-                remove_placement_group(self._placement_group)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-            self._placement_group = None
+        release(self.workers, self._placement_group)
+        self.workers, self._placement_group = [], None
 
     def __enter__(self) -> RayExecutor:
         self.start()

@@ -18,7 +18,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,22 @@ def _check_resources(what: str, resources: Mapping[str, float] | None) -> dict[s
             raise ConfigError(f"{what}[{name!r}]={amount!r} is not a number >= 0")
         out[name] = float(amount)
     return out
+
+
+def release(actors: Iterable[Any], placement_group: Any | None) -> None:
+    """Kill ``actors`` (no restart) and remove ``placement_group`` (if any); what is gone
+    already (an actor that exited, a group removed with its owner) is skipped."""
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    if placement_group is not None:
+        from ray.util.placement_group import remove_placement_group
+        try:
+            remove_placement_group(placement_group)
+        except Exception:  # noqa: BLE001 - already removed
+            pass
 
 
 @dataclass
@@ -386,19 +402,8 @@ class Job:
                                         + (f" ({error})" if error else ""))
             except Exception as exc:  # noqa: BLE001 - teardown goes on regardless
                 problems.append(f"status: {exc}")
-        for role in self.roles:
-            try:
-                ray.kill(role.actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-        self.roles = []
-        if self.placement_group is not None:
-            from ray.util.placement_group import remove_placement_group
-            try:
-                remove_placement_group(self.placement_group)
-            except Exception:  # noqa: BLE001 - already removed with its owner
-                pass
-            self.placement_group = None
+        release([role.actor for role in self.roles], self.placement_group)
+        self.roles, self.placement_group = [], None
         return problems
 
     @property
