@@ -388,6 +388,7 @@ if __name__ == "__main__":
 # ====================================================================== the tests (pytest)
 import pytest  # noqa: E402
 
+from tests.integration.harness import alive  # noqa: E402
 from tests.support import clean_env, spawn, watch  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -431,10 +432,9 @@ def _session_processes(sid: int) -> list[str]:
     while True:
         out = []
         for pid in _session_pids(sid):
+            if not alive(pid):
+                continue
             with contextlib.suppress(OSError):
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                if stat[stat.rfind(")") + 2:][:1] in ("Z", "X"):
-                    continue
                 out.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:200]!r}")
         if not out or time.monotonic() > deadline:
             break
