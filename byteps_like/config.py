@@ -14,7 +14,6 @@ import os
 import re
 import sys
 import textwrap
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -40,10 +39,6 @@ IGNORED_NAMES = frozenset({
     "BYTEPS_SOCKET_PATH", "BYTEPS_DISABLE_P2P", "BYTEPS_DISABLE_CPU_ALLREDUCE",
     "BYTEPS_DISABLE_GPU_ALLREDUCE",
 })
-
-
-class ConfigWarning(UserWarning):
-    """An environment variable looks like a byteps_like setting (BYTEPS_*, DMLC_*) but is none."""
 
 
 @dataclass(frozen=True)
@@ -293,6 +288,11 @@ class TimeoutsConfig:
                                     "inspector: fail the whole job (every node raises "
                                     "PeerLostError naming the missing ranks) once a round has "
                                     "stalled this long; 0 turns it off.", unit="seconds", min=0)
+    startup_warn: float = _s("BYTEPS_STARTUP_WARN_SECONDS", "seconds", 30.0, "While the job "
+                             "forms, the scheduler and each node waiting for it log what they "
+                             "wait for every 5 s: at INFO while the others may merely be "
+                             "starting (a framework import takes seconds), at WARNING from "
+                             "this long on.", unit="seconds")
 
 
 @dataclass(frozen=True)
@@ -398,6 +398,12 @@ class LogConfig:
     """Logging."""
     level: str = _s("BYTEPS_LOG_LEVEL", "choice", "WARNING", "Log level (case-insensitive).",
                     choices=("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"))
+    report_unknown: bool = _s("BYTEPS_REPORT_UNKNOWN_SETTINGS", "bool", True, "Log one line "
+                              "naming the `BYTEPS_*`/`DMLC_*` environment variables that are "
+                              "no setting, each with the closest setting's name. bpslaunch "
+                              "says it once for the processes it starts and sets this to 0 for "
+                              "them; a process started otherwise says it itself (the scheduler, "
+                              "each server, local rank 0 of each worker machine).")
 
 
 @dataclass(frozen=True)
@@ -437,6 +443,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     _sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}),
                                         compare=False, repr=False)
+    _unknown: tuple[str, ...] = field(default=(), compare=False, repr=False)
     _torchrun: TorchrunJob | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -444,6 +451,12 @@ class Config:
         """What torchrun told this process, when it joins a torchrun job (the cluster settings
         then come from torchrun's variables); None otherwise."""
         return self._torchrun
+
+    @property
+    def unknown_settings(self) -> tuple[str, ...]:
+        """The ``BYTEPS_*``/``DMLC_*`` environment variables :func:`load` found that are no
+        setting, each as ``NAME (did you mean OTHER?)``; see :func:`report_unknown_settings`."""
+        return self._unknown
 
     def get(self, path: str) -> Any:
         """The value at a dotted path such as ``"cluster.num_worker"``."""
@@ -893,17 +906,41 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, object] |
     if path:
         values.update(_read_file(os.fspath(path), origin))
     env_values, unknown = _read_env(env)
-    if unknown:  # warn first: a misspelt name is a likely cause of a later error
-        warnings.warn(ConfigWarning("unknown environment variable(s) ignored: " + ", ".join(
-            sorted(unknown)) + "; `python -m byteps_like.config --describe` lists the settings"),
-            stacklevel=2)
     values.update(env_values)
     if argv_overrides is not None:
         values.update(_read_mapping(argv_overrides, "command line"))
     if overrides:
         values.update(_read_mapping(overrides, "override"))
-    torchrun = _torchrun_job(values, env)
-    return _build(values, torchrun)
+    try:
+        torchrun = _torchrun_job(values, env)
+        cfg = _build(values, torchrun)
+    except ConfigError as exc:  # a misspelt name is a likely cause: say it with the error
+        if not unknown:
+            raise
+        raise ConfigError(f"{exc}; {_unknown_message(tuple(sorted(unknown)))}") from None
+    return dataclasses.replace(cfg, _unknown=tuple(sorted(unknown))) if unknown else cfg
+
+
+def _unknown_message(names: tuple[str, ...]) -> str:
+    return ("unknown environment variable(s) ignored: " + ", ".join(names)
+            + "; `python -m byteps_like.config --describe` lists the settings")
+
+
+def unknown_settings_message(cfg: Config) -> str:
+    """One line naming the environment variables that looked like settings but are none
+    (``""``: there were none)."""
+    return _unknown_message(cfg.unknown_settings) if cfg.unknown_settings else ""
+
+
+def report_unknown_settings(cfg: Config, logger: logging.Logger | None = None) -> bool:
+    """Log :func:`unknown_settings_message` once, at WARNING, unless
+    ``BYTEPS_REPORT_UNKNOWN_SETTINGS`` is off (bpslaunch said it already). Called by a
+    process's entry point once its logging is set up; True when it logged."""
+    text = unknown_settings_message(cfg)
+    if not text or not cfg.log.report_unknown:
+        return False
+    (logger or _log).warning("%s", text)
+    return True
 
 
 # ---------------------------------------------------------------------------------- docs
@@ -995,8 +1032,10 @@ Value syntax:
 - **CPU list**: CPU numbers and ranges separated by commas, as in Linux's `cpulist` files and
   `taskset -c`: `0-3,8,10-11`.
 
-An unknown `BYTEPS_*` or `DMLC_*` environment variable triggers a `ConfigWarning` naming the
-closest known one. These BytePS / ps-lite variables are accepted and ignored:
+An unknown `BYTEPS_*` or `DMLC_*` environment variable is reported once per job, in one line
+naming the closest known one: by bpslaunch for the processes it starts, else by the process
+itself (`BYTEPS_REPORT_UNKNOWN_SETTINGS`). A `ConfigError` names them too. These BytePS /
+ps-lite variables are accepted and ignored:
 {ignored}.
 
 `python -m byteps_like.config --show` prints the effective configuration and where each value
@@ -1033,6 +1072,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         for s in SETTINGS:
             print(f"{s.path:30} = {cfg.get(s.path)!r:14} # {s.env}, {cfg.source(s.path)}")
+        if cfg.unknown_settings:
+            print(f"warning: {unknown_settings_message(cfg)}", file=sys.stderr)
     return 0
 
 

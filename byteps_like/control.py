@@ -29,8 +29,16 @@ from .wire import ERR_TOO_FEW, Header, Message, MsgType, Role, encode, job_hash
 log = logging.getLogger("byteps_like.control")
 SCHEDULER = Route(peer="scheduler")
 #: While registration waits (a node for the node table, the scheduler for the nodes), what is
-#: awaited is logged this often, at WARNING so that the default log level shows it.
+#: awaited is logged this often: at INFO while the job may still be starting (peers importing
+#: their frameworks), at WARNING, which the default log level shows, from
+#: BYTEPS_STARTUP_WARN_SECONDS on (:func:`wait_level`).
 WAIT_REPORT_INTERVAL_S = 5.0
+
+
+def wait_level(cfg: Config, waited: float) -> int:
+    """The level of a registration wait report after ``waited`` seconds: INFO while peers may
+    merely be starting, WARNING from ``BYTEPS_STARTUP_WARN_SECONDS`` on."""
+    return logging.INFO if waited < cfg.timeouts.startup_warn else logging.WARNING
 
 
 @dataclass(frozen=True)
@@ -113,9 +121,11 @@ class ControlClient:
             resolve_root(self.cfg)  # an unresolvable host fails now, not after the timeout
             address = f"tcp://{c.root_uri}:{c.root_port}"
         self.ep.connect("scheduler", address)
+        # num_worker/num_server: the scheduler refuses a node told another job size
         meta = {"role": self.role.label, "host": self.host, "port": self.port,
                 "data_port": self.data_port, "pid": os.getpid(),
-                "worker_id": c.worker_id, "local_rank": c.local_rank, "local_size": c.local_size}
+                "worker_id": c.worker_id, "local_rank": c.local_rank, "local_size": c.local_size,
+                "num_worker": c.num_worker, "num_server": c.num_server}
         self._send(MsgType.REGISTER, meta)
         self.ep.add_timer(self.cfg.timeouts.heartbeat_interval, self._tick)
         t = self.cfg.timeouts.register_timeout
@@ -135,16 +145,23 @@ class ControlClient:
             if joining and self._last_heard > started:
                 deadline = max(deadline, self._last_heard + self.cfg.timeouts.heartbeat_timeout)
                 if now >= next_report:
-                    log.warning("worker on %s: registered with the running elastic job; "
-                                "waiting %.0f s so far to be admitted (at the workers' next "
-                                "commit)", self.host, now - started)
+                    log.log(wait_level(self.cfg, now - started),
+                            "worker on %s: registered with the running elastic job; waiting "
+                            "%.0f s so far to be admitted (at the workers' next commit)",
+                            self.host, now - started)
                     next_report += WAIT_REPORT_INTERVAL_S
             elif next_report <= now <= deadline:
-                log.warning("%s on %s: no node table yet from the scheduler at %s after %g s "
-                            "(gives up after %g s, BYTEPS_REGISTER_TIMEOUT_SECONDS): the "
-                            "scheduler is not running or not reachable at that address, or it "
-                            "is still waiting for other nodes to register", self.role.label,
-                            self.host, address, next_report - started, t)
+                waited = next_report - started
+                if wait_level(self.cfg, waited) < logging.WARNING:  # peers may be importing
+                    log.info("%s on %s: waiting for the node table from the scheduler at %s "
+                             "(%g s so far): the other nodes may still be starting",
+                             self.role.label, self.host, address, waited)
+                else:
+                    log.warning("%s on %s: no node table yet from the scheduler at %s after %g "
+                                "s (gives up after %g s, BYTEPS_REGISTER_TIMEOUT_SECONDS): the "
+                                "scheduler is not running or not reachable at that address, "
+                                "or it is still waiting for other nodes to register",
+                                self.role.label, self.host, address, waited, t)
                 next_report += WAIT_REPORT_INTERVAL_S
             if now > deadline:
                 raise CommTimeoutError(
@@ -315,3 +332,4 @@ class ControlClient:
                 f"{self.role.label} {self.rank}: lost the scheduler at {c.root_uri}:{c.root_port}: "
                 f"no heartbeat for {silent:.1f} s (BYTEPS_HEARTBEAT_TIMEOUT_SECONDS={limit:g})",
                 role="scheduler", rank=0, host=c.root_uri))
+

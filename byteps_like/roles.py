@@ -26,7 +26,7 @@ def role_main(role: str, run: Callable[[Config], int], argv: list[str] | None = 
     """``python -m byteps_like.<role>``: ``-h``/``--help`` prints usage, any other argument is a
     usage error (exit 2) rather than joining a job; else load the settings (exit 2 with the
     message on a bad one), set up logging, run."""
-    from .config import load, resolve_root
+    from .config import load, report_unknown_settings, resolve_root
     from .errors import ConfigError
     from .log import setup_logging
     argv = sys.argv[1:] if argv is None else argv
@@ -45,6 +45,7 @@ def role_main(role: str, run: Callable[[Config], int], argv: list[str] | None = 
         print(f"byteps_like {role}: {exc}", file=sys.stderr)
         return 2
     setup_logging(cfg.log.level, role)
+    report_unknown_settings(cfg)  # one line, unless bpslaunch said it (BYTEPS_REPORT_...)
     if role == "scheduler":
         warn_if_open(cfg)
     try:

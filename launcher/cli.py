@@ -11,11 +11,10 @@ import json
 import os
 import shutil
 import sys
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from byteps_like.config import load, resolve_root
+from byteps_like.config import load, resolve_root, unknown_settings_message
 from byteps_like.errors import ConfigError
 from byteps_like.topology import format_cpu_list
 
@@ -533,15 +532,13 @@ def _share(specs: list[ChildSpec], cfg, env: Mapping[str, str], machine: Machine
 
 
 def _load(env: Mapping[str, str], notes: list[str]):
-    """``byteps_like.config.load`` for one child's environment; its warnings (an unknown
-    BYTEPS_* name, say) become notes, each printed once instead of once per child."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        cfg = load(env=dict(env))
-    for warning in caught:
-        note = f"warning: {warning.message}"
-        if note not in notes:
-            notes.append(note)
+    """``byteps_like.config.load`` for one child's environment; unknown BYTEPS_*/DMLC_* names
+    become a note, printed once for the whole launch: the children do not repeat it
+    (BYTEPS_REPORT_UNKNOWN_SETTINGS=0, launcher/job.py)."""
+    cfg = load(env=dict(env))
+    note = f"warning: {unknown_settings_message(cfg)}"
+    if cfg.unknown_settings and cfg.log.report_unknown and note not in notes:
+        notes.append(note)
     return cfg
 
 

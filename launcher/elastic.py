@@ -69,8 +69,7 @@ class _ElasticJob(_Job):
                       why: str) -> None:
         spec = replace(template, rank=self.next_rank, binding=None)
         self.next_rank += 1
-        self.sup.start(spec.name, spec.launch_argv, child_environment(base_env, spec.env),
-                       role=spec.role, rank=spec.rank, log_name=spec.log_name)
+        self._start(spec, child_environment(base_env, spec.env))
         self.say(f"started {spec.name} ({why})")
 
     def run(self, specs: Sequence[ChildSpec], base_env: Mapping[str, str]) -> int:
@@ -82,9 +81,8 @@ class _ElasticJob(_Job):
             if sup.signal_received is not None:
                 return self._interrupted(None)
             try:
-                sup.start(spec.name, spec.launch_argv, child_environment(base_env, spec.env),
-                          role=spec.role, rank=spec.rank, log_name=spec.log_name,
-                          cpus=None if spec.binding is None else spec.binding.affinity)
+                self._start(spec, child_environment(base_env, spec.env),
+                            cpus=None if spec.binding is None else spec.binding.affinity)
             except AffinityError as exc:
                 return self._cannot_bind(exc)
             except OSError as exc:

@@ -79,6 +79,12 @@ class _Job:
         self.settings = settings
         self.say = lambda text: sup.sink.message(f"bpslaunch: {text}")
 
+    def _start(self, spec: ChildSpec, env: Mapping[str, str], **kw) -> Child:
+        # bpslaunch reported misspelt settings already, once for all of them (cli.py, slurm.py)
+        env = {**env, "BYTEPS_REPORT_UNKNOWN_SETTINGS": "0"}
+        return self.sup.start(spec.name, spec.launch_argv, env, role=spec.role, rank=spec.rank,
+                              log_name=spec.log_name, **kw)
+
     def run(self, specs: Sequence[ChildSpec], base_env: Mapping[str, str]) -> int:
         sup, settings = self.sup, self.settings
         started_at = time.monotonic()
@@ -88,9 +94,8 @@ class _Job:
                 return self._interrupted(None)
             binding = spec.binding
             try:
-                sup.start(spec.name, spec.launch_argv, child_environment(base_env, spec.env),
-                          role=spec.role, rank=spec.rank, log_name=spec.log_name,
-                          cpus=None if binding is None else binding.affinity)
+                self._start(spec, child_environment(base_env, spec.env),
+                            cpus=None if binding is None else binding.affinity)
             except AffinityError as exc:
                 return self._cannot_bind(exc)
             except OSError as exc:

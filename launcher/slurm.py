@@ -186,7 +186,7 @@ def node_specs(lay: Layout, index: int, command: Sequence[str], *,
 
 
 def main(argv: Sequence[str], env: Mapping[str, str]) -> int:
-    from byteps_like.config import load
+    from byteps_like.config import load, unknown_settings_message
     from byteps_like.errors import ConfigError
 
     from .binding import probe
@@ -239,6 +239,9 @@ def main(argv: Sequence[str], env: Mapping[str, str]) -> int:
         specs = node_specs(lay, index, command,
                            node_host=a.node_host or env.get("DMLC_NODE_HOST") or None)
         cfg = load(env=child_environment(env, specs[0].env)) if specs else None
+        if cfg is not None and cfg.unknown_settings and cfg.log.report_unknown:
+            print(f"bpslaunch: warning: {unknown_settings_message(cfg)}", file=sys.stderr,
+                  flush=True)  # once for this node: its processes do not repeat it (job.py)
         lines: list[str] = []
         if cfg is not None and cfg.placement.thread_share and not a.no_thread_share:
             # the scheduler, servers and workers of this node share its cores (shares.py)

@@ -197,9 +197,11 @@ class NodeServices:
         try:
             try:
                 for spec in self.specs:
-                    child = sup.start(spec.name, spec.argv,
-                                      child_environment(self.base_env, spec.env),
-                                      role=spec.role, rank=spec.rank, log_name=spec.log_name)
+                    # misspelt settings: said by local rank 0's worker, not again by these
+                    env = {**child_environment(self.base_env, spec.env),
+                           "BYTEPS_REPORT_UNKNOWN_SETTINGS": "0"}
+                    child = sup.start(spec.name, spec.argv, env, role=spec.role,
+                                      rank=spec.rank, log_name=spec.log_name)
                     self.pids.append(child.pid)
             except BaseException as exc:  # noqa: BLE001 - handed to start()'s caller
                 self._start_error = exc

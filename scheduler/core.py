@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..config import Config
-from ..control import WAIT_REPORT_INTERVAL_S
+from ..control import WAIT_REPORT_INTERVAL_S, wait_level
 from ..errors import EXIT_PEER_FAILED, ProtocolError
 from ..transport import Route, make_endpoint
 from ..transport.base import Drops
@@ -267,17 +267,24 @@ class Scheduler:
                             _field(meta, "pid", int, 0, lo=0, hi=(1 << 31) - 1), worker_id,
                             local_rank)
             info.data_port = _field(meta, "data_port", int, 0, lo=0, hi=65535)
+            # the job size this node was told (absent from nodes of older releases)
+            sizes = {"DMLC_NUM_WORKER": _field(meta, "num_worker", int, None, lo=1,
+                                               hi=1 << 20, what="DMLC_NUM_WORKER"),
+                     "DMLC_NUM_SERVER": _field(meta, "num_server", int, None, lo=0,
+                                               hi=1 << 20, what="DMLC_NUM_SERVER")}
             if self.elastic:  # ranks come from the epochs, not DMLC_WORKER_ID
                 info.worker_id = None
         except _BadField as exc:
             self._reject(route, "bad registration", f"bad registration: {exc}", ERR_REGISTER)
             return
-        err = None
-        if (self.elastic and role is Role.WORKER and self.phase == "running"
-                and local_size == c.local_size):
+        err = self._size_mismatch(info, sizes)
+        if err is None and (self.elastic and role is Role.WORKER and self.phase == "running"
+                            and local_size == c.local_size):
             self._register_joiner(route, info)
             return
-        if self.phase != "register":
+        if err is not None:
+            pass  # the job size first: a node told another size may trip the checks below too
+        elif self.phase != "register":
             err = "registration is closed: every node of this job has already joined"
         elif role is Role.SCHEDULER:
             err = "a second scheduler tried to register"
@@ -306,6 +313,19 @@ class Scheduler:
         if all(sum(n.role is r for n in self.nodes.values()) == k
                for r, k in self.expected.items()):
             self._publish_table()
+
+    def _size_mismatch(self, info: NodeInfo, sizes: dict[str, int | None]) -> str | None:
+        """Why a node told another job size than the scheduler cannot join (None: it can)."""
+        c = self.cfg.cluster
+        mine = {"DMLC_NUM_WORKER": c.num_worker, "DMLC_NUM_SERVER": c.num_server}
+        wrong = [f"{name}={value} but the scheduler has {name}={mine[name]}"
+                 for name, value in sizes.items() if value is not None and value != mine[name]]
+        if not wrong:
+            return None
+        who = f"{info.role.label} on {info.host} (pid {info.pid}"
+        who += f", DMLC_WORKER_ID={info.worker_id})" if info.worker_id is not None else ")"
+        return (f"{who} has {' and '.join(wrong)}: every process of a job needs the same "
+                "DMLC_NUM_WORKER and DMLC_NUM_SERVER")
 
     def _publish_table(self) -> None:
         assign_ranks(list(self.nodes.values()), self.cfg.cluster.local_size)
@@ -720,10 +740,11 @@ class Scheduler:
                     self._send(n, MsgType.ERROR, {"kind": ERR_REGISTER, "message": why})
                 self._finish(1, why)
             elif now >= self._next_wait_report:
-                log.warning("scheduler: waiting for nodes to register at %s for %g s (gives up "
-                            "after %g s, BYTEPS_REGISTER_TIMEOUT_SECONDS): %s joined; not seen "
-                            "yet: %s", self.address, self._next_wait_report - self.started,
-                            t.register_timeout, self._counts(), self._not_seen())
+                waited = self._next_wait_report - self.started
+                log.log(wait_level(self.cfg, waited), "scheduler: waiting for nodes to register "
+                        "at %s for %g s (gives up after %g s, BYTEPS_REGISTER_TIMEOUT_SECONDS): "
+                        "%s joined; not seen yet: %s", self.address, waited,
+                        t.register_timeout, self._counts(), self._not_seen())
                 while self._next_wait_report <= now:
                     self._next_wait_report += WAIT_REPORT_INTERVAL_S
             return

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .. import local
-from ..config import Config
+from ..config import Config, report_unknown_settings
 from ..control import ControlClient, PeerInfo
 from ..errors import CommunicationError, ConfigError, NotInitializedError
 from ..partition import ServerAssigner, mixed_mode_weights
@@ -86,6 +86,8 @@ class Membership:
         self.local_rank, self.local_size = c.local_rank, c.local_size
         self.size = c.num_worker * c.local_size
         self.is_local_root = c.local_rank == 0
+        if self.is_local_root:  # a misspelt setting: one line per machine, unless bpslaunch
+            report_unknown_settings(cfg)   # said it already (BYTEPS_REPORT_UNKNOWN_SETTINGS)
 
     def divisor(self, contrib: int) -> int:
         """What an average of a round divides by: every rank, or only the ranks whose

@@ -248,8 +248,10 @@ def test_a_script_dying_of_a_lost_peer_exits_with_exit_peer_failed(tmp_path, mod
 
 # -- waits that say what they wait for ----------------------------------------------------------
 
+# the first report comes after 5 s, at WARNING from BYTEPS_STARTUP_WARN_SECONDS (30 s by
+# default, so that a job whose processes are merely importing is quiet)
 WAIT_ENV = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
-            "BYTEPS_REGISTER_TIMEOUT_SECONDS": "8"}   # the first report comes after 5 s
+            "BYTEPS_REGISTER_TIMEOUT_SECONDS": "8", "BYTEPS_STARTUP_WARN_SECONDS": "5"}
 
 
 def start_role(argv: list[str], **env: str) -> subprocess.Popen:
@@ -264,7 +266,8 @@ def test_waiting_nodes_and_scheduler_say_what_they_wait_for():
                                DMLC_PS_ROOT_PORT=str(closed), DMLC_ROLE="server")
     port = free_port()
     scheduler = start_role([sys.executable, "-m", "byteps_like.scheduler"],
-                           DMLC_PS_ROOT_PORT=str(port), DMLC_ROLE="scheduler")
+                           DMLC_PS_ROOT_PORT=str(port), DMLC_ROLE="scheduler",
+                           BYTEPS_PARTITON_BYTES="4M")   # misspelt: said once, in a log line
     worker = start_role([sys.executable, "-c", "import byteps_like as bps; bps.init()"],
                         DMLC_PS_ROOT_PORT=str(port), DMLC_ROLE="worker", DMLC_WORKER_ID="0")
     try:
@@ -293,9 +296,33 @@ def test_waiting_nodes_and_scheduler_say_what_they_wait_for():
                f"0 of 1 servers joined; not seen yet: worker ids [1] (DMLC_WORKER_ID), 1 server")
     assert waiting in err, logs
     assert err.index(waiting) < err.index("registration timed out after 8 s"), logs
+    said = [ln for ln in err.splitlines() if "BYTEPS_PARTITON_BYTES" in ln]
+    assert len(said) == 1 and said[0].endswith(
+        "WARNING scheduler] unknown environment variable(s) ignored: BYTEPS_PARTITON_BYTES "
+        "(did you mean BYTEPS_PARTITION_BYTES?); `python -m byteps_like.config --describe` "
+        "lists the settings"), logs
+    assert "Warning" not in err, logs   # no warnings.warn line, no source line
 
     # the worker that did join waits for the same table, and says so too
     rc, _out, err = runs["worker"]
     assert rc == 1, logs
     assert (f"worker on 127.0.0.1: no node table yet from the scheduler at "
             f"tcp://127.0.0.1:{port} after 5 s") in err, logs
+
+
+def test_a_slow_healthy_start_is_quiet_and_a_misspelt_setting_is_said_once():
+    """Issue 30, item 7: workers that take 5.5 s to start (a framework import): the scheduler
+    and the server wait past their first report (5 s) without a WARNING (before: "the
+    scheduler is not running or not reachable"); a misspelt setting is said once, by bpslaunch,
+    in one line (before: by every process, with warnings.warn's source line)."""
+    code = ("import time; time.sleep(5.5)\nimport numpy as np, byteps_like as bps\n"
+            "bps.init(); bps.push_pull(np.ones(4, np.float32), name='x'); bps.shutdown()\n")
+    run = bpslaunch(["-c", code], workers=2, servers=1, timeout=WATCHDOG_S,
+                    env={"BYTEPS_PARTITON_BYTES": "4M"})
+    assert run.rc == 0, run.log
+    text = run.out + run.err
+    assert "WARNING" not in text and "Warning" not in text, run.log
+    said = [ln for ln in text.splitlines() if "BYTEPS_PARTITON_BYTES" in ln]
+    assert said == ["bpslaunch: warning: unknown environment variable(s) ignored: "
+                    "BYTEPS_PARTITON_BYTES (did you mean BYTEPS_PARTITION_BYTES?); `python -m "
+                    "byteps_like.config --describe` lists the settings"], run.log

@@ -6,12 +6,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
 import zmq
 
 from byteps_like.config import load
+from byteps_like.errors import ConfigError
 from byteps_like.scheduler import Scheduler
 from byteps_like.server import Server
 from byteps_like.wire import Header, MsgType, Role, decode, encode, job_hash
@@ -115,3 +117,29 @@ def test_server_survives_hostile_frames(cluster):
     for t in ts:
         t.join(30)
     assert all(np.array_equal(o, np.full(5, 3)) for o in outs)
+
+
+@pytest.mark.parametrize("setting, value", [("DMLC_NUM_WORKER", "3"), ("DMLC_NUM_SERVER", "2")])
+def test_a_node_told_another_job_size_is_refused_at_registration(setting, value):
+    """A scheduler of 2 workers and 1 server, a worker told otherwise: its init() fails at once
+    with a ConfigError naming both values and the worker (issue 30: it waited, and the job
+    ran on, or hung, without complaint)."""
+    port = free_port()
+    env = {k: v for k, v in role_env(port).items() if k.startswith(("DMLC_", "BYTEPS_"))}
+    env["BYTEPS_REGISTER_TIMEOUT_SECONDS"] = "20"
+    sched = Scheduler(load(env={**env, "DMLC_ROLE": "scheduler"}))
+    sched.start()
+    try:
+        w = Runtime(load(env={**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": "1",
+                              setting: value}))
+        t0 = time.monotonic()
+        with pytest.raises(ConfigError) as err:
+            w.init()
+        assert time.monotonic() - t0 < 10, "refused at registration, not at its timeout"
+        mine = "2" if setting == "DMLC_NUM_WORKER" else "1"
+        text = str(err.value)
+        assert f"{setting}={value} but the scheduler has {setting}={mine}" in text, text
+        assert "worker on 127.0.0.1 (pid" in text and "DMLC_WORKER_ID=1" in text, text
+        assert sched.rejections.counts == {"registration refused": 1}, sched.rejections.counts
+    finally:
+        sched.close()

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from byteps_like import config as C
-from byteps_like.config import Config, ConfigWarning, load
+from byteps_like.config import Config, load
 from byteps_like.errors import BytePSError, ConfigError
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -270,17 +270,29 @@ def test_heartbeat_timeout_must_exceed_twice_interval():
 
 
 # ------------------------------------------------------------------------------- env names
-def test_unknown_name_warns_once_with_suggestion():
-    with pytest.warns(ConfigWarning) as record:
-        cfg = env_load(BYTEPS_PARTITON_BYTES="4M", DMLC_NUM_WORKER="2")
-    assert len(record) == 1
-    assert "BYTEPS_PARTITON_BYTES (did you mean BYTEPS_PARTITION_BYTES?)" in str(record[0].message)
-    assert record[0].filename == __file__
+def test_unknown_names_are_kept_for_one_report_with_suggestions(caplog):
+    """No warnings.warn (issue 30: every process printed it, with a Python source line): the
+    names are kept on the Config, and the process's entry point logs one line (bpslaunch once
+    for the processes it starts, BYTEPS_REPORT_UNKNOWN_SETTINGS=0 for them)."""
+    cfg = env_load(BYTEPS_PARTITON_BYTES="4M", DMLC_NUM_WORKER="2")  # -W error: no warning
+    assert cfg.unknown_settings == (
+        "BYTEPS_PARTITON_BYTES (did you mean BYTEPS_PARTITION_BYTES?)",)
     assert cfg.partition.partition_bytes == 4096000 and cfg.cluster.num_worker == 2
-    with pytest.warns(ConfigWarning, match="BYTEPS_ZZZ_QQQ \\(not a byteps_like setting\\)"):
-        env_load(BYTEPS_ZZZ_QQQ="1")
-    with pytest.warns(ConfigWarning):  # again on the next load
-        env_load(BYTEPS_PARTITON_BYTES="4M")
+    assert env_load(BYTEPS_ZZZ_QQQ="1").unknown_settings == (
+        "BYTEPS_ZZZ_QQQ (not a byteps_like setting)",)
+    with caplog.at_level(logging.WARNING, logger="byteps_like.config"):
+        assert C.report_unknown_settings(cfg)
+        assert not C.report_unknown_settings(env_load(BYTEPS_PARTITON_BYTES="4M",
+                                                      BYTEPS_REPORT_UNKNOWN_SETTINGS="0"))
+        assert not C.report_unknown_settings(load(env={}))
+    assert [r.getMessage() for r in caplog.records] == [
+        "unknown environment variable(s) ignored: BYTEPS_PARTITON_BYTES (did you mean "
+        "BYTEPS_PARTITION_BYTES?); `python -m byteps_like.config --describe` lists the settings"]
+    # a misspelt name is a likely cause of a later error: the error says it
+    with pytest.raises(ConfigError, match=r"^DMLC_WORKER_ID=1 \(environment\) must be < "
+                       r"DMLC_NUM_WORKER=1 \(default\); unknown environment variable\(s\) "
+                       r"ignored: DMLC_NUM_WORKERS \(did you mean DMLC_NUM_WORKER\?\)"):
+        env_load(DMLC_NUM_WORKERS="2", DMLC_WORKER_ID="1")
 
 
 def test_other_prefixes_are_not_inspected():

@@ -1,6 +1,10 @@
 """Unit tests of the reliability pieces: settings, CURVE key derivation, the scheduler's
-stall-report handling and the wire type."""
+stall-report handling and the wire type, the job size a node registers with, the levels of
+the registration wait reports."""
 from __future__ import annotations
+
+import logging
+import time
 
 import pytest
 
@@ -76,3 +80,60 @@ def test_scheduler_fails_the_job_past_the_stall_shutdown_limit(sched):
     lost = [(n, m) for n, t, m in sent if t is MsgType.PEER_LOST]
     assert len(lost) == 5  # every node, the stalled workers included
     assert all(m["role"] == "worker" and m["rank"] == 2 for _n, m in lost)
+
+
+# ---- issue 30: the job size a node registers with ------------------------------------------
+@pytest.mark.parametrize("field, value, text", [
+    ("num_worker", 3, "DMLC_NUM_WORKER=3 but the scheduler has DMLC_NUM_WORKER=2"),
+    ("num_server", 2, "DMLC_NUM_SERVER=2 but the scheduler has DMLC_NUM_SERVER=1")])
+def test_a_node_told_another_job_size_is_refused(sched, field, value, text):
+    s, srv, sent = sched
+    s.phase, s.nodes = "register", {}
+    meta = {"role": "worker", "host": "10.0.0.7", "pid": 42, "worker_id": 1, "local_rank": 0,
+            "local_size": 2, "num_worker": 2, "num_server": 1}
+    s._register(Route(ident=b"w"), {**meta, field: value}, Header(MsgType.REGISTER))
+    (_route, mtype, err), = sent
+    assert mtype is MsgType.ERROR and err["kind"] == "register" and not s.nodes
+    assert err["message"].startswith("worker on 10.0.0.7 (pid 42, DMLC_WORKER_ID=1) has " + text)
+    s._register(Route(ident=b"w"), meta, Header(MsgType.REGISTER))   # the right sizes: in
+    assert list(s.nodes) == [b"w"]
+
+
+# ---- issue 30: quiet start-ups ------------------------------------------------------------
+def test_scheduler_waits_at_info_until_the_startup_warning_time(sched, caplog):
+    s, srv, sent = sched
+    s.phase, s.nodes = "register", {}
+    levels = []
+    for waited in (5, 25, 30, 35):   # BYTEPS_STARTUP_WARN_SECONDS: 30 by default
+        s.started = time.monotonic() - waited - 0.1
+        s._next_wait_report = s.started + waited
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="byteps_like.scheduler"):
+            s._tick()
+        (rec,) = [r for r in caplog.records if "waiting for nodes to register" in r.message]
+        levels.append(rec.levelname)
+    assert levels == ["INFO", "INFO", "WARNING", "WARNING"]
+
+
+def test_a_node_waits_for_the_table_at_info_until_the_startup_warning_time(
+        zmq_context, monkeypatch, caplog):
+    import byteps_like.control as control
+    from byteps_like.control import ControlClient
+    from byteps_like.errors import CommTimeoutError
+    from byteps_like.transport import ZmqEndpoint
+    monkeypatch.setattr(control, "WAIT_REPORT_INTERVAL_S", 0.2)
+    cfg = load(env={"BYTEPS_REGISTER_TIMEOUT_SECONDS": "1.1",
+                    "BYTEPS_STARTUP_WARN_SECONDS": "0.5"})
+    ep = ZmqEndpoint("waiting-server", context=zmq_context)
+    ep.start()
+    try:
+        client = ControlClient(cfg, ep, Role.SERVER)
+        with caplog.at_level(logging.INFO, logger="byteps_like.control"), \
+                pytest.raises(CommTimeoutError):
+            client.connect_and_register("inproc://no-scheduler-here")
+    finally:
+        ep.close(linger=0)
+    reports = [(r.levelname, r.message) for r in caplog.records if "server on" in r.message]
+    assert [lv for lv, _m in reports] == ["INFO", "INFO", "WARNING", "WARNING", "WARNING"]
+    assert all("may still be starting" in m for lv, m in reports if lv == "INFO"), reports
+    assert all("not running or not reachable" in m for lv, m in reports if lv == "WARNING")
