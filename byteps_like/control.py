@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .config import Config, resolve_root
 from .errors import (
@@ -25,6 +26,9 @@ from .errors import (
 )
 from .transport import Endpoint, Route
 from .wire import ERR_TOO_FEW, Header, Message, MsgType, Role, encode, job_hash
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 log = logging.getLogger("byteps_like.control")
 SCHEDULER = Route(peer="scheduler")
@@ -121,9 +125,11 @@ class ControlClient:
             resolve_root(self.cfg)  # an unresolvable host fails now, not after the timeout
             address = f"tcp://{c.root_uri}:{c.root_port}"
         self.ep.connect("scheduler", address)
+        # pgid: bpslaunch starts every process in a session of its own, so a process whose
+        # launcher saw it exit is found by it even behind a wrapper script (tell_exited);
         # num_worker/num_server: the scheduler refuses a node told another job size
         meta = {"role": self.role.label, "host": self.host, "port": self.port,
-                "data_port": self.data_port, "pid": os.getpid(),
+                "data_port": self.data_port, "pid": os.getpid(), "pgid": os.getpgid(0),
                 "worker_id": c.worker_id, "local_rank": c.local_rank, "local_size": c.local_size,
                 "num_worker": c.num_worker, "num_server": c.num_server}
         self._send(MsgType.REGISTER, meta)
@@ -281,9 +287,11 @@ class ControlClient:
             if ev is not None:
                 ev.set()
         elif h.type is MsgType.PEER_LOST:
-            self._fail(PeerLostError(
-                f"{self.role.label} {self.rank}: {meta.get('reason', 'a peer was lost')}",
-                role=meta.get("role"), rank=meta.get("rank"), host=meta.get("host")))
+            me = (f"{self.role.label} {self.rank}" if self.rank >= 0  # no rank before the table
+                  else f"{self.role.label} on {self.host}")
+            self._fail(PeerLostError(f"{me}: {meta.get('reason', 'a peer was lost')}",
+                                     role=meta.get("role"), rank=meta.get("rank"),
+                                     host=meta.get("host")))
         elif h.type is MsgType.JOIN_DONE:
             self._join_result = dict(meta)
             self._join_done.set()
@@ -333,3 +341,32 @@ class ControlClient:
                 f"no heartbeat for {silent:.1f} s (BYTEPS_HEARTBEAT_TIMEOUT_SECONDS={limit:g})",
                 role="scheduler", rank=0, host=c.root_uri))
 
+
+def tell_exited(cfg: Config, exited: Mapping[str, object], *, linger: float = 2.0) -> None:
+    """Tell the job's scheduler that a process of the job has exited: what bpslaunch does the
+    moment a worker or server it started exits non-zero (launcher/notify.py), so that the
+    scheduler declares it lost at once instead of after ``BYTEPS_HEARTBEAT_TIMEOUT_SECONDS``.
+
+    ``exited``: ``role``, ``pid`` (the process bpslaunch started: the node's pid or its process
+    group), ``host`` (the address that node advertises, :func:`node_host` of its
+    configuration), ``how`` (``killed by SIGKILL``, ``exit status 3``) and ``name`` (the
+    launcher's name for it). The notice travels like every control message: from a ZeroMQ
+    endpoint with the job's CURVE keys when it has a secret, with the job's tag, and is
+    validated field by field by the scheduler. Fire and forget: flushed for at most ``linger``
+    seconds (a scheduler that is gone already is no error)."""
+    import zmq
+
+    from .transport import make_endpoint
+    c = cfg.cluster
+    ctx = zmq.Context()
+    ep = make_endpoint("launcher", cfg, context=ctx, data_plane=False)
+    try:
+        ep.start()
+        ep.connect("scheduler", f"tcp://{c.root_uri}:{c.root_port}")
+        role = Role.SERVER if exited.get("role") == "server" else Role.WORKER
+        ep.send(SCHEDULER, encode(Header(MsgType.EXITED, role=role, rank=-1,
+                                         job=job_hash(c.job_id)), meta=dict(exited)))
+    finally:
+        stopped = ep.close(linger=linger)
+        if stopped:
+            ctx.term()

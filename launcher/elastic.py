@@ -1,8 +1,9 @@
 """``bpslaunch --local --elastic``: supervise an elastic job (docs/elastic.md, docs/launcher.md).
 
 Unlike the all-or-nothing policy of launcher/job.py, a worker that exits non-zero or is killed
-is *lost*, not a failure of the job: the scheduler forms a new membership epoch of the workers
-left, and bpslaunch starts a replacement (a fresh worker that registers and is admitted at the
+is *lost*, not a failure of the job: bpslaunch tells the scheduler at once (launcher/notify.py),
+which forms a new membership epoch of the workers left without waiting for the heartbeat
+timeout, and bpslaunch starts a replacement (a fresh worker that registers and is admitted at the
 next epoch) while ``--max-restarts`` allows. ``--add-workers N --add-after S`` starts N more
 workers S seconds into the run (at most ``--max-workers`` run at once). The job:
 
@@ -103,6 +104,8 @@ class _ElasticJob(_Job):
                 return self._timed_out(failure)
             for child in exited:
                 code = child.returncode or 0
+                if code != 0:  # the scheduler re-forms without it now, not after the timeout
+                    self._tell_scheduler(child)
                 if child.role == "worker":
                     if code == 0:
                         self.finished_ok += 1

@@ -6,6 +6,9 @@
   the others get ``grace`` seconds to exit on their own (so they can print their own
   PeerLostError naming the lost node), then their process groups get SIGTERM and,
   ``kill_after`` s later, SIGKILL;
+* a worker or server that fails on its own is reported to the job's scheduler at once
+  (launcher/notify.py), which then fails the job (or, elastic, re-forms it) without waiting
+  for the node's heartbeat timeout;
 * a child exiting with ``EXIT_PEER_FAILED`` only reacted to another process's failure (the
   scheduler's abort notice, a lost peer): it is reported as such and blamed only when no
   process failed on its own. The job's cause is the first *primary* failure, whatever order the
@@ -29,6 +32,7 @@ from typing import TextIO
 
 from byteps_like.errors import EXIT_PEER_FAILED
 
+from .notify import ExitNotices
 from .plan import ChildSpec, child_environment
 from .procs import (
     AffinityError,
@@ -78,12 +82,25 @@ class _Job:
         self.sup = sup
         self.settings = settings
         self.say = lambda text: sup.sink.message(f"bpslaunch: {text}")
+        self.notices = ExitNotices()
+        self.envs: dict[Child, Mapping[str, str]] = {}   # what each child was started with
 
     def _start(self, spec: ChildSpec, env: Mapping[str, str], **kw) -> Child:
         # bpslaunch reported misspelt settings already, once for all of them (cli.py, slurm.py)
         env = {**env, "BYTEPS_REPORT_UNKNOWN_SETTINGS": "0"}
-        return self.sup.start(spec.name, spec.launch_argv, env, role=spec.role, rank=spec.rank,
-                              log_name=spec.log_name, **kw)
+        child = self.sup.start(spec.name, spec.launch_argv, env, role=spec.role, rank=spec.rank,
+                               log_name=spec.log_name, **kw)
+        self.envs[child] = env
+        return child
+
+    def _tell_scheduler(self, child: Child) -> None:
+        """A worker or server failed on its own: its scheduler hears of it now, not after the
+        heartbeat timeout (launcher/notify.py); not when it is a child here that is gone."""
+        if any(c.role == "scheduler" and not c.running for c in self.sup.children):
+            return
+        env = self.envs.get(child)
+        if env is not None:
+            self.notices.child_exited(child, env)
 
     def run(self, specs: Sequence[ChildSpec], base_env: Mapping[str, str]) -> int:
         sup, settings = self.sup, self.settings
@@ -112,6 +129,7 @@ class _Job:
                 return self._timed_out(_blame(failures))
             for child in exited:
                 if child.returncode != 0:
+                    self._tell_scheduler(child)
                     self.say(f"{child.describe()} {_failed_how(child)}: "
                              f"{describe_returncode(child.returncode)}")
                     failures.append(child)

@@ -53,6 +53,7 @@ class NodeInfo:
     lost: bool = False
     data_port: int = 0
     told_removed: bool = False   # elastic: a worker declared lost that spoke again was told
+    pgid: int = 0                # its process group (bpslaunch's child: see _exited)
 
     def describe(self) -> str:
         return f"{self.role.label} rank {self.rank} on {self.host} (pid {self.pid})"
@@ -216,6 +217,8 @@ class Scheduler:
             return
         if h.type is MsgType.REGISTER:
             self._register(route, meta, h)
+        elif h.type is MsgType.EXITED:  # from a launcher, which is no node of the job
+            self._exited(route, meta)
         elif node is None:
             self._reject(route, "unregistered", f"{h.type.name} from an unregistered node",
                          ERR_REGISTER)
@@ -267,6 +270,7 @@ class Scheduler:
                             _field(meta, "pid", int, 0, lo=0, hi=(1 << 31) - 1), worker_id,
                             local_rank)
             info.data_port = _field(meta, "data_port", int, 0, lo=0, hi=65535)
+            info.pgid = _field(meta, "pgid", int, 0, lo=0, hi=(1 << 31) - 1)
             # the job size this node was told (absent from nodes of older releases)
             sizes = {"DMLC_NUM_WORKER": _field(meta, "num_worker", int, None, lo=1,
                                                hi=1 << 20, what="DMLC_NUM_WORKER"),
@@ -407,6 +411,52 @@ class Scheduler:
                 first = server
             self._lose(first, why, tell_lost=True, code=1)  # the scheduler's own verdict
 
+    def _exited(self, route: Route, meta: dict) -> None:
+        """A launcher saw a process it started exit (bpslaunch, launcher/notify.py; its parent
+        knows at once, the heartbeats only after BYTEPS_HEARTBEAT_TIMEOUT_SECONDS): lose that
+        node now. Matched by role, advertised host and pid (or process group: the process
+        bpslaunch started may be a wrapper of the node's). A node that finished, or is known
+        lost already, exited as expected."""
+        try:
+            role = _field(meta, "role", str)
+            host = _field(meta, "host", str)
+            pid = _field(meta, "pid", int, lo=1, hi=(1 << 31) - 1)
+            how = _field(meta, "how", str)[:200]
+            name = _field(meta, "name", str, "")[:100] or role
+        except _BadField as exc:
+            self._reject(route, "bad field", f"EXITED: {exc}")
+            return
+        if self.phase == "done":
+            return
+        found = [n for n in self.nodes.values()
+                 if n.role.label == role and n.host == host and pid in (n.pid, n.pgid)]
+        if len(found) != 1:  # not registered (yet), or ambiguous: the heartbeats decide
+            if not found and self.phase == "register" and not self.elastic \
+                    and role in ("worker", "server"):
+                # a process the job needs is gone before it joined: it can never form
+                why = (f"{name} (pid {pid} on {host}) exited before it registered ({how}); "
+                       "the job cannot form without it")
+                log.error("scheduler: %s", why)
+                for n in self.nodes.values():
+                    self._send(n, MsgType.PEER_LOST, {"role": role, "rank": -1, "host": host,
+                                                      "port": 0, "pid": pid, "reason": why})
+                self._finish(EXIT_PEER_FAILED, why)
+            else:
+                log.info("scheduler: %s (pid %d on %s) exited (%s); no node of the job "
+                         "matches it alone", name, pid, host, how)
+            return
+        node = found[0]
+        if node.finished or node.lost:
+            return
+        why = (f"lost {node.describe()}: its process exited ({how}; reported by its launcher "
+               "at once)")
+        if self.phase == "register" and self.elastic:
+            # no rank or epoch yet: its place is free again, for a replacement
+            del self.nodes[node.route.ident]
+            log.warning("scheduler: %s before the job formed; waiting for a replacement", why)
+            return
+        self._lose(node, why)
+
     # -- join(): ranks that run out of data -------------------------------------------------
     def _workers(self) -> list[NodeInfo]:
         return [n for n in self.nodes.values() if n.role is Role.WORKER]
@@ -478,6 +528,9 @@ class Scheduler:
         for n in list(self.joined.values()):
             self._send(n, MsgType.JOIN_DONE, {"error": why})
         self.joined = {}
+        # nothing needs it any more: it leaves now instead of waiting in shutdown() for the
+        # others (which fail with PeerLeftError naming it, or finish: it pushed their rounds)
+        self._send(node, MsgType.SHUTDOWN)
 
     def _worker_finished(self, node: NodeInfo) -> None:
         node.finished = True

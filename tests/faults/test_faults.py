@@ -31,10 +31,11 @@ def _role_cmd(role: str, point: str) -> list[str]:
 # either is named first, the scheduler's line quoting the victim's exception
 EXC_FIRST = (r"worker 1 \(pid \d+\) failed first: exit status 1|failed first: exit status 1; "
              r"last stderr: .*worker rank 1 .*unhandled RuntimeError: injected fault")
-# a rendezvous that cannot complete: the survivor's own registration timeout or the scheduler's
-# (same length) fires first
-REG_TYPE = "ConfigError|CommTimeoutError"
-REG_TEXT = "registration timed out|no node table from the scheduler"
+# a rendezvous that cannot complete: bpslaunch tells the scheduler the victim exited, which
+# fails the registered survivors at once naming it; a survivor that registers later meets its
+# own registration timeout (or the scheduler's, when the victim hung)
+REG_TYPE = "PeerLostError|ConfigError|CommTimeoutError"
+REG_TEXT = "exited before it registered|registration timed out|no node table from the scheduler"
 # target, action, point, survivor error type, text naming the lost node, who bpslaunch names
 # as the first failure (None: a hung process never exits, so the first to exit is a survivor)
 CASES = [

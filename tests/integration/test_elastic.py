@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from .harness import FAST_ENV, bpslaunch, worker
+from .harness import bpslaunch, worker
 
 pytestmark = pytest.mark.integration
 
-HEARTBEAT_TIMEOUT = float(FAST_ENV["BYTEPS_HEARTBEAT_TIMEOUT_SECONDS"])
+#: BYTEPS_HEARTBEAT_TIMEOUT_SECONDS's default: a loss found within less proves that the
+#: heartbeats did not find it
+SLOW_HEARTBEAT_TIMEOUT = 20.0
 
 
 def records(out: str) -> list[dict]:
@@ -73,11 +75,14 @@ def launch(args: list, workers: int, *, extra: list[str], plane: str = "native",
 @pytest.mark.parametrize("plane, sig", [("native", "KILL"), ("zmq", "KILL"),
                                         ("native", "TERM")])
 def test_worker_lost_mid_step(plane, sig):
-    """SIGKILL: found by the heartbeat timeout; SIGTERM (a preempted machine): the worker tells
-    the scheduler as it goes, and the others resume within a second or two."""
+    """SIGKILL: bpslaunch, the worker's parent, tells the scheduler at once (issue 30: before,
+    the survivors waited out the heartbeat timeout); SIGTERM (a preempted machine): the worker
+    tells the scheduler as it goes. Either way the others resume within 2 s, with the heartbeat
+    timeout at its default of 20 s, so only the new paths can make it."""
     steps = 8
     run, job = launch([steps, f"kill=2@1:{sig}", "slow=0.05"], 3, plane=plane,
-                      extra=["--min-workers", "2", "--max-restarts", "0"])
+                      extra=["--min-workers", "2", "--max-restarts", "0"],
+                      BYTEPS_HEARTBEAT_TIMEOUT_SECONDS=str(SLOW_HEARTBEAT_TIMEOUT))
     log = run.log
     assert run.rc == 0, log
     recs = records(run.out)
@@ -94,9 +99,9 @@ def test_worker_lost_mid_step(plane, sig):
         assert len(changed[0]["lost"]) == 1 and "rank 1" in changed[0]["lost"][0], log
         after = [r for r in mine if "step" in r and "ones" in r and r["epoch"] == 2]
         assert after and all(r["size"] == 2 for r in after), log
-        # resumed: the first step of the new epoch within the heartbeat timeout + 5 s
-        limit = HEARTBEAT_TIMEOUT + 5 if sig == "KILL" else 2.0
-        assert after[0]["t"] - killed["t"] <= limit, (after[0], killed, log)
+        # resumed: the first step of the new epoch within 2 s of the kill (was: the heartbeat
+        # timeout, 20 s by default)
+        assert after[0]["t"] - killed["t"] <= 2.0, (after[0], killed, log)
         # the plan: the step that was cut short runs again, then the rest, each once
         assert [r["step"] for r in after] == list(range(killed["killing"], steps)), log
         done = next(r for r in mine if r.get("done"))

@@ -3,8 +3,11 @@ ranks still in; a rank that ends without join() is a PeerLeftError on the others
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+
+from byteps_like.errors import EXIT_PEER_FAILED
 
 from .harness import bpslaunch, worker
 
@@ -63,3 +66,21 @@ def test_rank_that_ends_without_join_is_named(plane):
     assert "round 2 of key" in left[0]["message"], run.log
     # well within the heartbeat timeout: no waiting out BYTEPS_TIMEOUT_SECONDS (60 s here)
     assert run.elapsed < 30, run.log
+
+
+def test_rank_that_ends_without_join_leaves_at_once():
+    """Rank 1 ends after 2 steps without join(); rank 0 dies of the PeerLeftError naming it.
+    Rank 1's shutdown() returns at once (issue 30: it waited out the heartbeat timeout, 20 s
+    by default, the scheduler being gone) and the job ends within seconds, blaming no process
+    for a failure of its own (rank 0 exited because rank 1 left) and quoting the error."""
+    run = bpslaunch(worker("join_check.py", "6,2", "nojoin-uncaught"), workers=2, servers=1,
+                    env={"BYTEPS_HEARTBEAT_TIMEOUT_SECONDS": "20"}, timeout=90)
+    ended = time.time()
+    assert run.rc == EXIT_PEER_FAILED, run.log
+    left = [r for r in records(run.out) if "shutdown" in r]
+    assert [r["rank"] for r in left] == [1], run.log
+    assert left[0]["shutdown"] < 2, run.log
+    assert ended - left[0]["t"] < 5, run.log
+    last = run.err.strip().splitlines()[-1]
+    assert "no process failed on its own" in last and "PeerLeftError" in last, run.log
+    assert "worker rank 1" in last and "join()" in last, run.log

@@ -1,6 +1,6 @@
 """Unit tests of the reliability pieces: settings, CURVE key derivation, the scheduler's
-stall-report handling and the wire type, the job size a node registers with, the levels of
-the registration wait reports."""
+stall-report handling and the wire type, a launcher's exit notice, the job size a node
+registers with."""
 from __future__ import annotations
 
 import logging
@@ -82,7 +82,48 @@ def test_scheduler_fails_the_job_past_the_stall_shutdown_limit(sched):
     assert all(m["role"] == "worker" and m["rank"] == 2 for _n, m in lost)
 
 
-# ---- issue 30: the job size a node registers with ------------------------------------------
+# ---- issue 30: a launcher's EXITED notice; the job size at registration -------------------
+def exited(role="worker", host="h", pid=11, how="killed by SIGKILL", **extra):
+    return {"role": role, "host": host, "pid": pid, "how": how, "name": f"{role} 1", **extra}
+
+
+def test_a_launchers_exit_notice_fails_the_job_at_once(sched):
+    s, srv, sent = sched
+    s.nodes[b"w1"].pgid = 4000   # the launcher started a wrapper: the node is in its group
+    s._dispatch(Route(ident=b"launcher"), Header(MsgType.EXITED), exited(pid=4000))
+    assert s.exit_code == 75 and "worker rank 1 on h (pid 11)" in s.failure
+    assert "exited (killed by SIGKILL; reported by its launcher" in s.failure
+    lost = [(n.rank, m) for n, t, m in sent if t is MsgType.PEER_LOST]
+    assert len(lost) == 4 and all(m["rank"] == 1 and m["role"] == "worker" for _r, m in lost)
+    assert sorted(r for r, _m in lost) == [0, 0, 2, 3]   # the server and the other workers
+
+
+def test_exit_notices_of_nodes_that_finished_or_match_nothing_change_nothing(sched):
+    s, srv, sent = sched
+    s.nodes[b"w1"].finished = True   # sent FINISH, then exited: as expected
+    for meta in (exited(pid=11), exited(pid=99), exited(host="other", pid=10),
+                 exited(role="server", pid=10)):
+        s._exited(Route(ident=b"launcher"), meta)
+    assert s.exit_code is None and not sent and s.phase == "running"
+
+
+def test_exit_notices_are_checked_field_by_field(sched):
+    s, srv, sent = sched
+    for meta in ({}, exited(pid="11"), exited(pid=0), exited(host=7), {**exited(), "how": None}):
+        s._exited(Route(ident=b"launcher"), meta)
+    assert s.rejections.counts == {"bad field": 5} and s.exit_code is None
+    assert all(t is MsgType.ERROR for _n, t, _m in sent)
+
+
+def test_a_process_that_exits_before_it_registered_fails_the_registration(sched):
+    s, srv, sent = sched
+    s.phase = "register"
+    s._exited(Route(ident=b"launcher"), exited(pid=77, how="exit status 1"))
+    assert s.exit_code == 75
+    assert "worker 1 (pid 77 on h) exited before it registered (exit status 1)" in s.failure
+    assert len([t for _n, t, _m in sent if t is MsgType.PEER_LOST]) == 5
+
+
 @pytest.mark.parametrize("field, value, text", [
     ("num_worker", 3, "DMLC_NUM_WORKER=3 but the scheduler has DMLC_NUM_WORKER=2"),
     ("num_server", 2, "DMLC_NUM_SERVER=2 but the scheduler has DMLC_NUM_SERVER=1")])

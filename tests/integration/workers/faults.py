@@ -1,7 +1,7 @@
 """Worker for failure tests. Usage: faults.py MODE
 
 kill-server  rank 0 SIGKILLs server 0 after a few rounds; everyone keeps pushing
-kill-worker  the last rank SIGKILLs itself after a few rounds
+kill-worker  the last rank SIGKILLs itself after a few rounds (printing ``KILLING MYSELF at T``)
 mismatch     the last rank declares tensor 'w' with another shape
 async        asynchronous mode: pushes are deltas, a pull returns the current value
 Prints ``PIDS ...`` (every process of the job, from rank 0), then ``PEER_LOST <message>`` or
@@ -50,6 +50,7 @@ def main():
                 print(f"KILLING server rank 0 pid {server0.pid}", flush=True)
                 os.kill(server0.pid, signal.SIGKILL)
             if step == 5 and mode == "kill-worker" and rank == size - 1:
+                print(f"KILLING MYSELF at {time.time():.3f}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             bps.push_pull(x, name="x", timeout=60)
             time.sleep(0.01)

@@ -1,5 +1,7 @@
-"""Uneven inputs: rank r runs STEPS[r] steps of push_pull, then joins (or, with --no-join, just
-ends). Prints one JSON line per step with what it got, so the test checks every value."""
+"""Uneven inputs: rank r runs STEPS[r] steps of push_pull, then joins (or, with ``nojoin``,
+just ends; a rank that meets PeerLeftError then exits 7, or with ``nojoin-uncaught`` dies of
+it). Prints one JSON line per step with what it got, so the test checks every value, and how
+long its shutdown() took."""
 import json
 import sys
 import time
@@ -34,5 +36,9 @@ try:
 except PeerLeftError as exc:
     print(json.dumps({"rank": r, "peer_left": exc.rank, "last_round": exc.last_round,
                       "message": str(exc)}), flush=True)
+    if mode == "nojoin-uncaught":
+        raise
     sys.exit(7)
+t0 = time.monotonic()
 bps.shutdown()
+print(json.dumps({"rank": r, "shutdown": time.monotonic() - t0, "t": time.time()}), flush=True)
