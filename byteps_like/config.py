@@ -145,13 +145,15 @@ class PartitionConfig:
                          "the colocated ones the rest. `auto` and `on` do so whenever both kinds "
                          "exist; `off` spreads bytes evenly over all servers.",
                          choices=("auto", "on", "off"))
-    fusion_bytes: int = _s("BYTEPS_FUSION_BYTES", "size", 8 << 20, "Tensor fusion: the "
+    fusion_bytes: int = _s("BYTEPS_FUSION_BYTES", "size", 16 << 20, "Tensor fusion: the "
                            "gradient synchronizer of every plugin groups gradients, in the order "
                            "backward produces them, into buckets of at most this many bytes; a "
                            "bucket is one tensor on the wire (one key space, one device copy "
                            "each way on a GPU). A gradient at least this large goes alone. 0 "
                            "turns fusion off (one push_pull per gradient). Every worker must "
-                           "use the same value.", unit="bytes", min=0)
+                           "use the same value. The default is measured (docs/performance.md, "
+                           "'Real models'): smaller buckets overlap backward better, larger "
+                           "ones cost fewer operations.", unit="bytes", min=0)
 
 
 @dataclass(frozen=True)
@@ -205,8 +207,9 @@ class PlacementConfig:
     thread_share: bool = _s("BYTEPS_THREAD_SHARE", "bool", True, "When bpslaunch starts "
                             "several workers or servers on one host (`--local`, a worker "
                             "machine of several local ranks, a SLURM node, the benchmarks), "
-                            "give each its share of the cores: CPUs of its own where there are "
-                            "enough (unless `--no-bind`), and OMP_NUM_THREADS, MKL_NUM_THREADS, "
+                            "give each its share of the cores: workers CPUs of their own where "
+                            "there are enough (unless `--no-bind`; servers and the scheduler "
+                            "float over every usable CPU), and OMP_NUM_THREADS, MKL_NUM_THREADS, "
                             "OPENBLAS_NUM_THREADS and TF_NUM_INTRAOP_THREADS set to that share "
                             "(TF_NUM_INTEROP_THREADS at most 2), except those you set. Off: "
                             "only the local workers are bound, by local rank, and no thread "

@@ -220,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     bind.add_argument("--no-bind", action="store_true",
                       help="start the processes without binding them to CPUs and a NUMA node "
                            "(by default each local rank is bound, and with several workers "
-                           "or servers on this host each gets CPUs of its own; see "
+                           "or servers on this host each worker gets CPUs of its own, servers "
+                           "float over all of them; see "
                            "BYTEPS_NUMA_ON, BYTEPS_VISIBLE_CPU_CORES, BYTEPS_CPU_BLACKLIST)")
     bind.add_argument("--no-thread-share", action="store_true",
                       help="with several workers or servers on this host, do not split its "

@@ -499,10 +499,11 @@ def test_a_cpu_the_kernel_refuses_stops_the_launch(monkeypatch, capsys):
     assert err[-1].startswith("bpslaunch: error: cannot bind worker 0 to CPUs 4000,4001: "
                               "Invalid argument; bpslaunch --no-bind starts without binding "
                               "(stopped scheduler (pid "), err
-    # with thread shares the scheduler, started first, is bound too (to the server's CPUs)
+    # with thread shares the scheduler, started first, is bound too (floating over every
+    # usable CPU, as the servers)
     assert _run_python_workers("--local", "--workers", "1") == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == ("bpslaunch: error: cannot bind scheduler to CPUs 4001: Invalid "
+    assert err[-1] == ("bpslaunch: error: cannot bind scheduler to CPUs 4000,4001: Invalid "
                        "argument; bpslaunch --no-bind starts without binding"), err
 
 
