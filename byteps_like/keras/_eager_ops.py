@@ -51,7 +51,7 @@ class EagerOps:
                   compression: Compressor = Compression.none) -> Any:
         from ..worker.api import push_pull_async
         rt = default_runtime()
-        rt._check()
+        rt.check()
         a = self._numpy(tensor)
         name = f"PushPull.{name}" if name else rt.auto_name()
         out = push_pull_async(a, name=name, average=average, compression=compression).wait()
@@ -59,7 +59,7 @@ class EagerOps:
 
     def broadcast(self, tensor: Any, root_rank: int, name: str | None = None) -> Any:
         rt = default_runtime()
-        rt._check()
+        rt.check()
         a = self._numpy(tensor)
         core_broadcast.broadcast_array(rt, a, root_rank,
                                        f"Broadcast.{name}" if name else rt.auto_name())

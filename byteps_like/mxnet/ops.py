@@ -35,7 +35,7 @@ def byteps_push_pull(tensor: Any, version: int = 0, priority: int = 0, name: str
     Larger ``priority`` goes first; ``version`` is accepted for BytePS compatibility. Unlike
     BytePS (which queues on MXNet's engine) this returns once the result is in ``tensor``."""
     rt = default_runtime()
-    rt._check()
+    rt.check()
     what = f"byteps_push_pull of {name!r}" if name else "byteps_push_pull"
     _check_ndarray(tensor, what)
     arr = tensor.asnumpy()
@@ -69,7 +69,7 @@ def _named_arrays(params: Any) -> list[tuple[str, Any]]:
 def broadcast_arrays(pairs: list[tuple[str, Any]], root_rank: int, prefix: str) -> None:
     """Overwrite every NDArray with the root rank's values, in place."""
     rt = default_runtime()
-    rt._check()
+    rt.check()
     for name, t in pairs:
         _check_ndarray(t, f"broadcast_parameters: {name!r}")
         arr = t.asnumpy()

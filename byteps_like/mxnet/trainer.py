@@ -91,7 +91,7 @@ class DistributedOptimizer(_mx.optimizer.Optimizer):
         if not isinstance(optimizer, _mx.optimizer.Optimizer):
             raise TypeError("DistributedOptimizer wraps an mx.optimizer.Optimizer, not "
                             f"{type(optimizer).__name__}")
-        default_runtime()._check()
+        default_runtime().check()
         object.__setattr__(self, "_bps_opt", optimizer)
 
     def __getattr__(self, item: str) -> Any:  # only for what the wrapper itself lacks
@@ -155,7 +155,7 @@ class DistributedTrainer(_mx.gluon.Trainer):
             warnings.warn("DistributedTrainer takes a plain optimizer, not a "
                           "DistributedOptimizer: it was unwrapped", UserWarning, stacklevel=2)
         rt = default_runtime()
-        rt._check()
+        rt.check()
         if optimizer_params is not None:
             optimizer_params = dict(optimizer_params)
         self._bps_compression = _compressor(compression_params, optimizer_params)

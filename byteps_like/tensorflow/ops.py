@@ -132,7 +132,7 @@ def push_pull(tensor: Any, scope: str = "", average: bool | None = None,
     per call: pass ``name=`` for a push_pull repeated in a loop."""
     average = True if average is None else bool(average)
     rt = default_runtime()
-    rt._check()
+    rt.check()
     tensor = densify(tensor, "push_pull's tensor")
     tensor = tf.convert_to_tensor(tensor)
     wire_dtype(tensor.dtype, f"push_pull of {name or 'a tensor'}")
@@ -187,7 +187,7 @@ def broadcast(tensor: Any, root_rank: int, scope: str = "", name: str | None = N
               is_variable: bool = True) -> tf.Tensor:
     """The root rank's value of ``tensor`` on every rank (eager and in ``tf.function``)."""
     rt = default_runtime()
-    rt._check()
+    rt.check()
     tensor = tf.convert_to_tensor(tensor)
     full = _name_of(tensor, scope, name, "Broadcast")
     return broadcast_tensors([tensor], root_rank, [full])[0]
@@ -222,7 +222,7 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int, scope: str = "
     """Assign the root rank's values to ``variables`` (tf.Variable or Keras variables), all
     in flight at once. Eager and in ``tf.function``."""
     rt = default_runtime()
-    rt._check()
+    rt.check()
     variables = list(variables)
     names = [f"{prefix}{scope}{var_name(v, i)}" for i, v in enumerate(variables)]
     values = broadcast_tensors([tf.convert_to_tensor(v) for v in variables], root_rank, names)
@@ -263,7 +263,7 @@ def push_pull_gradients(grads: Sequence[Any], variables: Sequence[Any] | None,
     """Average a list of gradients (None stays None; IndexedSlices become dense, with a
     warning). Names come from the variables (index and path), so they match across workers."""
     rt = default_runtime()
-    rt._check()
+    rt.check()
     compression = resolve(compression, rt.cfg)  # BYTEPS_COMPRESSOR* when left at the default
     if compression is not Compression.none:  # the wire dtype is part of a key's declaration
         prefix = f"{prefix}{compression.name}."

@@ -25,7 +25,7 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
     """Overwrite every tensor of ``params`` (a ``state_dict()``, ``named_parameters()`` or a
     list of tensors) with the root rank's values, in place."""
     rt = default_runtime()
-    rt._check()
+    rt.check()
     handles = []
     for name, p in _pairs(params):
         if not isinstance(p, torch.Tensor):
@@ -93,7 +93,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
     tensors. It is accepted only as sent by the root rank of this job, through this job's
     servers."""
     rt = default_runtime()
-    rt._check()
+    rt.check()
     return core_broadcast.broadcast_object(rt, obj, root_rank, name, _to_array, _from_array)
 
 

@@ -52,7 +52,7 @@ def _average(average: Any, op: Any, name: str | None) -> bool:
 def _start(tensor: torch.Tensor, out: torch.Tensor, average: bool, name: str | None,
            priority: int, compression: Compressor) -> TorchHandle:
     rt = default_runtime()
-    rt._check()
+    rt.check()
     what = f"push_pull of {name!r}" if name else "push_pull"
     if name is not None and not isinstance(name, str):
         raise TypeError(f"push_pull: name must be a str, got {name!r}")

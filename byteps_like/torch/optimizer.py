@@ -70,7 +70,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer_load_state_dict_post_hooks: OrderedDict = OrderedDict()
         average = resolve_average(op, None, "DistributedOptimizer")
         rt = default_runtime()
-        rt._check()
+        rt.check()
         named = [(n, p) for n, p in _named_params(optimizer, named_parameters)
                  if p.requires_grad]  # frozen parameters have no gradient to average
         for n, p in named:

@@ -32,7 +32,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._average = resolve_average(op, None, "DistributedDataParallel")
         self.module = module
         rt = default_runtime()
-        rt._check()
+        rt.check()
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         for n, p in named:
             wire_dtype(p, f"parameter {n!r}")

@@ -294,6 +294,12 @@ class Runtime:
             self._release(task)  # a failed push must not keep its credit
         task.handle.fail(exc)
 
+    def check(self) -> None:
+        """Raise what stops this runtime from working: NotInitializedError before ``init()``
+        (or after ``shutdown()``), the job's fatal error once there is one. Plugins call it
+        before they touch a tensor, so a misuse fails at its own line."""
+        self._check()
+
     def _check(self) -> None:
         if not self.initialized:
             raise NotInitializedError("byteps_like is not initialised: call init() first")

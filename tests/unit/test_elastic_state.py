@@ -62,7 +62,7 @@ class FakeRuntime:
     def size(self):
         return self.size_
 
-    def _check(self):
+    def check(self):
         pass
 
     def _adopt(self):
