@@ -112,25 +112,6 @@ std::string describe_decl(const std::string& decl) {
   return "'" + name + "' shape " + tuple + " " + dtype + " uncompressed";
 }
 
-Header make_header(std::uint8_t type, std::uint8_t role, std::int32_t rank, std::uint32_t flags,
-                   std::uint32_t job, std::uint64_t key, std::int64_t round,
-                   std::uint8_t dtype = 0, std::uint64_t count = 0, std::uint64_t nbytes = 0) {
-  Header h;
-  std::memcpy(h.magic, kMagic, 4);
-  h.version = kVersion;
-  h.type = type;
-  h.dtype = dtype;
-  h.role = role;
-  h.rank = rank;
-  h.flags = flags;
-  h.job = job;
-  h.key = key;
-  h.round = round;
-  h.count = count;
-  h.nbytes = nbytes;
-  return h;
-}
-
 const char* type_name(int t) {
   switch (t) {
 #define BPS_TYPE_CASE(cname, pyname, value) \

@@ -467,19 +467,9 @@ py::bytes wire_pack_header(int type, int dtype, int role, std::int32_t rank, std
                            std::uint64_t count, std::uint64_t nbytes) {
   for (int v : {type, dtype, role})
     if (v < 0 || v > 255) throw py::value_error("wire_pack_header: a code out of 0..255");
-  dp::Header h;
-  std::memcpy(h.magic, dp::kMagic, sizeof h.magic);
-  h.version = dp::kVersion;
-  h.type = static_cast<std::uint8_t>(type);
-  h.dtype = static_cast<std::uint8_t>(dtype);
-  h.role = static_cast<std::uint8_t>(role);
-  h.rank = rank;
-  h.flags = flags;
-  h.job = job;
-  h.key = key;
-  h.round = round;
-  h.count = count;
-  h.nbytes = nbytes;
+  const dp::Header h = dp::make_header(static_cast<std::uint8_t>(type),
+                                       static_cast<std::uint8_t>(role), rank, flags, job, key,
+                                       round, static_cast<std::uint8_t>(dtype), count, nbytes);
   return py::bytes(reinterpret_cast<const char*>(&h), sizeof h);
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "dtype.h"
 
@@ -126,6 +127,28 @@ static_assert(sizeof(Header) == 52, "the wire header is 52 bytes");
 #define BPS_WIRE_HEADER_FIELDS(X)                                                              \
   X(magic) X(version) X(type) X(dtype) X(role) X(rank) X(flags) X(job) X(key) X(round)         \
   X(count) X(nbytes)
+
+// A header of this version: the fields the caller names, magic and version filled in (the
+// native data plane's messages, and _core.wire_pack_header for the tests).
+inline Header make_header(std::uint8_t type, std::uint8_t role, std::int32_t rank,
+                          std::uint32_t flags, std::uint32_t job, std::uint64_t key,
+                          std::int64_t round, std::uint8_t dtype = 0, std::uint64_t count = 0,
+                          std::uint64_t nbytes = 0) {
+  Header h;
+  std::memcpy(h.magic, kMagic, sizeof h.magic);
+  h.version = kVersion;
+  h.type = type;
+  h.dtype = dtype;
+  h.role = role;
+  h.rank = rank;
+  h.flags = flags;
+  h.job = job;
+  h.key = key;
+  h.round = round;
+  h.count = count;
+  h.nbytes = nbytes;
+  return h;
+}
 
 // Whether a data message's header holds count elements of itemsize isz in nbytes, checked
 // without overflow (count * isz wraps for counts near 2^64: 2^61 + 1000 float64 would pass as
