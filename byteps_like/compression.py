@@ -84,6 +84,10 @@ class Compressor:
         """Return (array to push, its wire dtype, context for decompress)."""
         return arr, dtype, None
 
+    def wire_dtype(self, dtype: str) -> str:
+        """The dtype an array of ``dtype`` travels as (what :meth:`compress` returns)."""
+        return dtype
+
     def decompress(self, wire: np.ndarray, ctx: Any, out: np.ndarray, dtype: str) -> None:
         """Write the pulled ``wire`` array into ``out`` (of the caller's ``dtype``)."""
         if wire is not out:
@@ -107,6 +111,9 @@ class FP16Compressor(Compressor):
     name = "fp16"
     kind = "cast"
     _FLOATS = ("float32", "float64", "bfloat16")
+
+    def wire_dtype(self, dtype: str) -> str:
+        return "float16" if dtype in self._FLOATS else dtype
 
     def compress(self, arr: np.ndarray, dtype: str) -> tuple[np.ndarray, str, Any]:
         if dtype not in self._FLOATS:
@@ -142,6 +149,9 @@ class BF16Compressor(Compressor):
     name = "bf16"
     kind = "cast"
     _FLOATS = ("float32", "float64")
+
+    def wire_dtype(self, dtype: str) -> str:
+        return "bfloat16" if dtype in self._FLOATS else dtype
 
     def compress(self, arr: np.ndarray, dtype: str) -> tuple[np.ndarray, str, Any]:
         if dtype not in self._FLOATS:

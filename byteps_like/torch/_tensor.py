@@ -9,6 +9,19 @@ from ..worker.sync import GradBuffer
 
 WIRE_DTYPE = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
               torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64"}
+TORCH_DTYPE = {name: dtype for dtype, name in WIRE_DTYPE.items()}
+
+_copy_streams: dict = {}
+
+
+def copy_stream(device: torch.device, purpose: str) -> torch.cuda.Stream:
+    """The copy stream of ``device`` for ``purpose`` (made once): the pipeline's partition
+    copies and the fused buckets' copies each have their own, so neither queues behind the
+    other's waits."""
+    s = _copy_streams.get((device, purpose))
+    if s is None:
+        s = _copy_streams[(device, purpose)] = torch.cuda.Stream(device)
+    return s
 
 
 def wire_dtype(t: torch.Tensor, what: str = "tensor") -> str:
@@ -53,23 +66,14 @@ class CudaCopier:
     The copy stream first waits for an event recorded on the caller's stream when the copier
     is made, so the copies see every kernel queued before the push_pull."""
 
-    _streams: dict = {}
-
     def __init__(self, src: torch.Tensor, out: torch.Tensor, host: torch.Tensor):
         self.device = src.device
         self.src = src.detach().reshape(-1).view(torch.uint8)
         self.out = out.detach().reshape(-1).view(torch.uint8)
         self.host = host.reshape(-1).view(torch.uint8)
-        self.stream = self._stream(self.device)
+        self.stream = copy_stream(self.device, "partitions")
         self.ready = torch.cuda.Event()
         self.ready.record(torch.cuda.current_stream(self.device))
-
-    @classmethod
-    def _stream(cls, device: torch.device) -> torch.cuda.Stream:
-        s = cls._streams.get(device)
-        if s is None:
-            s = cls._streams[device] = torch.cuda.Stream(device)
-        return s
 
     def d2h(self, offset: int, nbytes: int) -> None:
         with torch.cuda.stream(self.stream):

@@ -40,31 +40,26 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-from ..errors import BytePSError
+from ..compression import Compressor
 from ..worker.handle import Handle
 from ..worker.runtime import Runtime
 from ..worker.sync import Bucket, GradBuffer
 from . import nccl
-from ._tensor import WIRE_DTYPE, as_numpy
+from ._tensor import TORCH_DTYPE, WIRE_DTYPE, as_numpy, copy_stream
 
 log = logging.getLogger("byteps_like.torch")
 
-#: the wire dtype a cast compressor gives a floating-point gradient
-_CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+#: a bucket's data where there is none on the host (NCCL, one process): never read
+_NO_HOST = np.empty(0, np.uint8)
 
 
-def wire_torch_dtype(dtype: torch.dtype, compression: Any) -> torch.dtype:
-    """The dtype a gradient of ``dtype`` travels as under a cast ``compression``."""
-    target = _CAST.get(getattr(compression, "name", ""))
-    if target is None or getattr(compression, "kind", "none") != "cast":
-        return dtype
-    if compression.name == "fp16" and dtype in (torch.float32, torch.float64, torch.bfloat16):
-        return target
-    if compression.name == "bf16" and dtype in (torch.float32, torch.float64):
-        return target
-    return dtype
+def wire_torch_dtype(dtype: torch.dtype, compression: Compressor) -> torch.dtype:
+    """The dtype a gradient of ``dtype`` travels as under ``compression`` (a cast compressor
+    halves floats; the others leave it)."""
+    return TORCH_DTYPE[compression.wire_dtype(WIRE_DTYPE[dtype])]
 
 
 class DeferredHandle:
@@ -81,9 +76,6 @@ class DeferredHandle:
     def _set(self, inner: Handle | None, error: BaseException | None = None) -> None:
         self._inner, self._error = inner, error
         self._started.set()
-
-    def done(self) -> bool:
-        return self._started.is_set() and (self._inner is None or self._inner.done())
 
     def wait(self, timeout: float | None = None) -> Any:
         timeout = self.default_timeout if timeout is None else timeout
@@ -128,16 +120,6 @@ def stager() -> _Stager:
 os.register_at_fork(after_in_child=stager.cache_clear)
 
 
-_copy_streams: dict = {}
-
-
-def copy_stream(device: torch.device) -> torch.cuda.Stream:
-    s = _copy_streams.get(device)
-    if s is None:
-        s = _copy_streams[device] = torch.cuda.Stream(device)
-    return s
-
-
 class DeviceBucket:
     """The device side of one bucket of CUDA gradients (see the module docstring)."""
 
@@ -161,7 +143,7 @@ class DeviceBucket:
             self.host = torch.empty(self.flat.shape, dtype=wire_dtype, device="cpu",
                                     pin_memory=True)
             self.host_np = as_numpy(self.host)
-        self.stream = copy_stream(self.device)
+        self.stream = copy_stream(self.device, "buckets")
         self.ready = torch.cuda.Event()     # the gather is done (producing stream)
         self.copied = torch.cuda.Event()    # the D2H copy is done (copy stream)
         self.h2d_done = torch.cuda.Event()  # the sum is back on the device (copy stream)
@@ -181,14 +163,15 @@ class DeviceBucket:
     def buffer(self) -> GradBuffer:
         """What the synchronizer launches: ``start`` gathers and starts, ``writeback``
         scatters the sum back."""
-        return GradBuffer(self.host_np if self.host is not None else as_numpy_empty(),
+        return GradBuffer(self.host_np if self.host is not None else _NO_HOST,
                           WIRE_DTYPE[self.wire], self.finish, start=self.start)
 
     # -- on the training thread ---------------------------------------------------------------
     def start(self, priority: int) -> Any:
         self._grads = grads = self._gradients()
         if self.direct:
-            return _done_handle(self.bucket.name, self.rt)
+            return Handle(self.bucket.name, _NO_HOST, _NO_HOST, 0,
+                          default_timeout=self.rt.config.timeouts.op_timeout)
         torch._foreach_copy_(self.views, grads)  # gather (and cast) on the caller's stream
         if self.nccl:
             self._nccl_op = op = nccl.NcclPushPull(self.rt, self.flat, self.flat,
@@ -254,23 +237,12 @@ class DeviceBucket:
         self._grads = []
 
 
-def as_numpy_empty() -> Any:
-    import numpy as np
-    return np.empty(0, np.uint8)
-
-
-def _done_handle(name: str, rt: Runtime) -> Handle:
-    import numpy as np
-    empty = np.empty(0, np.uint8)
-    return Handle(name, empty, empty, 0, default_timeout=rt.config.timeouts.op_timeout)
-
-
 class TorchFuser:
     """The PyTorch plugin's ``fuse`` for the synchronizer: CUDA buckets as flat device buffers
     (:class:`DeviceBucket`, made once per bucket); CPU buckets are left to the synchronizer's
     host fusion (None)."""
 
-    def __init__(self, rt: Runtime, params: Sequence[torch.Tensor], compression: Any,
+    def __init__(self, rt: Runtime, params: Sequence[torch.Tensor], compression: Compressor,
                  average: bool = True):
         self.rt, self.params, self.average = rt, list(params), average
         self.compression = compression
@@ -278,7 +250,7 @@ class TorchFuser:
 
     def __call__(self, bucket: Bucket) -> GradBuffer | None:
         first = self.params[bucket.members[0]]
-        if first.device.type != "cuda" or getattr(self.compression, "kind", "") == "codec":
+        if first.device.type != "cuda" or self.compression.kind == "codec":
             return None  # host fusion; codecs compress each gradient in the pipeline
         wire = wire_torch_dtype(first.dtype, self.compression)
         if (not bucket.fused and wire == first.dtype and self.rt.device_pipeline
@@ -289,12 +261,9 @@ class TorchFuser:
             # 7.5 ms each way). The synchronizer takes the gradient's own grad_buffer.
             return None
         db = self._buckets.get(bucket.index)
-        if db is None:
-            members = [self.params[i] for i in bucket.members]
-            if any(p.device != first.device or p.dtype != first.dtype for p in members):
-                raise BytePSError(f"bucket {bucket.name!r} mixes devices or dtypes")
+        if db is None:  # its members share dtype and device (layout()'s groups)
             db = self._buckets[bucket.index] = DeviceBucket(
-                self.rt, bucket, members, wire, self.average)
+                self.rt, bucket, [self.params[i] for i in bucket.members], wire, self.average)
         return db.buffer()
 
 
