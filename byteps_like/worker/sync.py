@@ -175,7 +175,6 @@ class GradientSynchronizer:
         if layout is None or self._codec is not None:
             fusion_bytes = 0
             layout = [(0, None)] * len(self.names)
-        self.fusion_bytes = fusion_bytes
         self.buckets = self._make_buckets(prefix, layout, fusion_bytes)
         self.bucket_of = [0] * len(self.names)
         for b in self.buckets:
