@@ -21,10 +21,11 @@ partition:
 
 Pinned host buffers and flat device buffers are made once per bucket and reused every step.
 
-A gradient of at least ``BYTEPS_FUSION_BYTES`` that travels as it is (no cast compressor) is
-not a device bucket: it goes through the pipeline's partition-by-partition staging
-(:class:`._tensor.CudaCopier`), whose copies overlap its own network transfer; one copy of the
-whole would make the push wait for all of it first.
+A gradient larger than ``BYTEPS_FUSION_BYTES`` is a bucket of its own cut into chunks of at
+most that size (a key, a copy each way and a push_pull per chunk), so its copies overlap its own
+network transfer; one copy of the whole would make the push wait for all of it first. With
+fusion off (``BYTEPS_FUSION_BYTES=0``) a gradient travelling as it is goes through the
+pipeline's partition-by-partition staging (:class:`._tensor.CudaCopier`).
 
 With several local ranks (one GPU each) the flat buffer goes through the NCCL local reduction
 (:mod:`.nccl`) as one tensor. With one worker process and no server the sum is the input: no
@@ -63,17 +64,17 @@ def wire_torch_dtype(dtype: torch.dtype, compression: Compressor) -> torch.dtype
 
 
 class DeferredHandle:
-    """The handle of a bucket whose push_pull the stager starts later: ``wait`` waits for the
-    stager to start it, then for the push_pull itself."""
+    """The handle of a bucket whose push_pulls (one per chunk) the stager starts later:
+    ``wait`` waits for the stager to start them, then for each."""
 
     def __init__(self, name: str, timeout: float):
         self.name = name
         self.default_timeout = timeout
         self._started = threading.Event()
-        self._inner: Handle | None = None
+        self._inner: list[Handle] = []
         self._error: BaseException | None = None
 
-    def _set(self, inner: Handle | None, error: BaseException | None = None) -> None:
+    def _set(self, inner: list[Handle], error: BaseException | None = None) -> None:
         self._inner, self._error = inner, error
         self._started.set()
 
@@ -85,8 +86,8 @@ class DeferredHandle:
                                    f"not finish within {timeout:g} s")
         if self._error is not None:
             raise self._error
-        assert self._inner is not None
-        return self._inner.wait(timeout)
+        for h in self._inner:
+            h.wait(timeout)
 
 
 class _Stager:
@@ -121,16 +122,24 @@ os.register_at_fork(after_in_child=stager.cache_clear)
 
 
 class DeviceBucket:
-    """The device side of one bucket of CUDA gradients (see the module docstring)."""
+    """The device side of one bucket of CUDA gradients (see the module docstring).
+
+    A bucket larger than ``chunk_bytes`` (a single large gradient: VGG-16's 411 MB classifier
+    weight) travels as chunks of at most ``chunk_bytes``, each its own device-to-host copy,
+    its own push_pull (its own key: ``<bucket>.<i>``, declared when the bucket is made) and its
+    own host-to-device copy, so copies, network and the copies back overlap within the bucket.
+    Copies to the host and back run on two streams, so a bucket's copies back do not queue
+    behind the next bucket's copies out."""
 
     def __init__(self, rt: Runtime, bucket: Bucket, params: Sequence[torch.Tensor],
-                 wire_dtype: torch.dtype, average: bool):
+                 wire_dtype: torch.dtype, average: bool, chunk_bytes: int = 0):
         self.rt, self.bucket, self.average = rt, bucket, average
         self.params = list(params)
         self.device = self.params[0].device
         self.wire = wire_dtype
         counts = [p.numel() for p in self.params]
-        self.flat = torch.empty(sum(counts), dtype=wire_dtype, device=self.device)
+        total = sum(counts)
+        self.flat = torch.empty(total, dtype=wire_dtype, device=self.device)
         self.views: list[torch.Tensor] = []
         off = 0
         for p, n in zip(self.params, counts):
@@ -139,16 +148,24 @@ class DeviceBucket:
         self.nccl = nccl.available(rt, self.flat)
         self.direct = rt.alone  # one process, no server: the sum is the input
         self.host: torch.Tensor | None = None
+        self.chunks = [(0, total)]
+        self.names = [bucket.name]
         if not self.nccl and not self.direct:
             self.host = torch.empty(self.flat.shape, dtype=wire_dtype, device="cpu",
                                     pin_memory=True)
             self.host_np = as_numpy(self.host)
-        self.stream = copy_stream(self.device, "buckets")
-        self.ready = torch.cuda.Event()     # the gather is done (producing stream)
-        self.copied = torch.cuda.Event()    # the D2H copy is done (copy stream)
-        self.h2d_done = torch.cuda.Event()  # the sum is back on the device (copy stream)
+            self.chunks = chunk_ranges(total, self.flat.element_size(), chunk_bytes)
+            self.names += [f"{bucket.name}.{i}" for i in range(1, len(self.chunks))]
+            for name in self.names[1:]:  # every worker makes its buckets in the same order
+                rt.declare(name)
+        self.d2h_stream = copy_stream(self.device, "buckets")
+        self.h2d_stream = copy_stream(self.device, "buckets-h2d")
+        self.ready = torch.cuda.Event()  # the gather is done (producing stream)
+        n = len(self.chunks)
+        self.copied = [torch.cuda.Event() for _ in range(n)]    # a chunk is on the host
+        self.h2d_done = [torch.cuda.Event() for _ in range(n)]  # a chunk's sum is back
         self._h2d_lock = threading.Lock()
-        self._h2d_issued = False
+        self._h2d_issued = [False] * n
         self._nccl_op: nccl.NcclPushPull | None = None
         self._grads: list[torch.Tensor] = []
 
@@ -178,93 +195,120 @@ class DeviceBucket:
                                                    self.bucket.name, self.average, priority)
             return op.start(priority)
         assert self.host is not None
-        producer = torch.cuda.current_stream(self.device)
-        ready, copied = self.ready, self.copied  # reused: the last round is over by now
-        ready.record(producer)
-        with torch.cuda.stream(self.stream):
-            self.stream.wait_event(ready)
-            self.host.copy_(self.flat, non_blocking=True)
-            copied.record(self.stream)
+        self.ready.record(torch.cuda.current_stream(self.device))  # events are reused: the
+        with torch.cuda.stream(self.d2h_stream):                    # last round is over
+            self.d2h_stream.wait_event(self.ready)
+            for (lo, hi), copied in zip(self.chunks, self.copied):
+                self.host[lo:hi].copy_(self.flat[lo:hi], non_blocking=True)
+                copied.record(self.d2h_stream)
         with self._h2d_lock:
-            self._h2d_issued = False
+            self._h2d_issued = [False] * len(self.chunks)
         deferred = DeferredHandle(self.bucket.name, self.rt.config.timeouts.op_timeout)
-        stager().submit(lambda: self._push(copied, priority, deferred))
+        stager().submit(lambda: self._push(priority, deferred))
         return deferred
 
     # -- on the stager thread -----------------------------------------------------------------
-    def _push(self, copied: torch.cuda.Event, priority: int, deferred: DeferredHandle) -> None:
+    def _push(self, priority: int, deferred: DeferredHandle) -> None:
+        handles = []
         try:
-            copied.synchronize()
-            h = self.rt.push_pull_async(self.host_np, name=self.bucket.name,
-                                        average=self.average, priority=priority,
-                                        out=self.host_np, dtype=WIRE_DTYPE[self.wire])
+            for i, ((lo, hi), copied) in enumerate(zip(self.chunks, self.copied)):
+                copied.synchronize()  # without the GIL
+                part = self.host_np[lo:hi]
+                h = self.rt.push_pull_async(part, name=self.names[i], average=self.average,
+                                            priority=priority, out=part,
+                                            dtype=WIRE_DTYPE[self.wire])
+                h.add_done_callback(functools.partial(self._copy_back, i))
+                handles.append(h)
         except BaseException as exc:  # noqa: BLE001 - the waiter raises it
-            deferred._set(None, exc)
+            deferred._set(handles, exc)
             return
-        h.add_done_callback(self._copy_back)
-        deferred._set(h)
+        deferred._set(handles)
 
-    # -- when the sum has landed (completion thread or waiter) --------------------------------
-    def _copy_back(self, h: Handle) -> None:
-        """Queue the host-to-device copy as soon as the sum is in the pinned buffer. Runs on
-        the thread that completed the handle, which may be after the waiter returned: whoever
-        comes first (this, or :meth:`finish`) issues the copy, once a round."""
+    # -- when a chunk's sum has landed (completion thread or waiter) --------------------------
+    def _copy_back(self, i: int, h: Handle) -> None:
+        """Queue chunk ``i``'s host-to-device copy as soon as its sum is in the pinned buffer.
+        Runs on the thread that completed the handle, which may be after the waiter returned:
+        whoever comes first (this, or :meth:`finish`) issues the copy, once a round."""
         if h.exception() is not None:
             return
-        self._issue_h2d()
+        self._issue_h2d(i)
 
-    def _issue_h2d(self) -> None:
+    def _issue_h2d(self, i: int) -> None:
         with self._h2d_lock:
-            if self._h2d_issued:
+            if self._h2d_issued[i]:
                 return
-            self._h2d_issued = True
+            self._h2d_issued[i] = True
             assert self.host is not None
-            with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-                self.flat.copy_(self.host, non_blocking=True)
-                self.h2d_done.record(self.stream)
+            lo, hi = self.chunks[i]
+            with torch.cuda.device(self.device), torch.cuda.stream(self.h2d_stream):
+                self.flat[lo:hi].copy_(self.host[lo:hi], non_blocking=True)
+                self.h2d_done[i].record(self.h2d_stream)
 
     # -- step(): the synchronizer's write-back ------------------------------------------------
     def finish(self) -> None:
         if self.direct:
             return
+        consumer = torch.cuda.current_stream(self.device)
         if self._nccl_op is not None:
             self._nccl_op.finish()  # leaves the result in flat, ordered on this stream
             self._nccl_op = None
         else:
-            self._issue_h2d()  # unless the completion already did
-            torch.cuda.current_stream(self.device).wait_event(self.h2d_done)
+            for i, done in enumerate(self.h2d_done):
+                self._issue_h2d(i)  # unless the completion already did
+                consumer.wait_event(done)
         torch._foreach_copy_(self._grads, self.views)  # scatter (and cast back)
         self._grads = []
+
+
+def chunk_ranges(count: int, itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """Element ranges of at most ``chunk_bytes`` covering ``count`` elements (one range when
+    ``chunk_bytes`` is 0 or the whole fits); the ranges are near-equal, so no chunk is a
+    sliver."""
+    if chunk_bytes <= 0 or count * itemsize <= chunk_bytes:
+        return [(0, count)]
+    n = -(-count * itemsize // chunk_bytes)
+    bounds = [count * k // n for k in range(n + 1)]
+    return [(bounds[k], bounds[k + 1]) for k in range(n)]
 
 
 class TorchFuser:
     """The PyTorch plugin's ``fuse`` for the synchronizer: CUDA buckets as flat device buffers
     (:class:`DeviceBucket`, made once per bucket); CPU buckets are left to the synchronizer's
-    host fusion (None)."""
+    host fusion (None).
+
+    ``buckets`` (the synchronizer's): make every CUDA bucket now, in bucket order, so the keys
+    of large buckets' chunks are declared in the same order on every worker and no buffer is
+    allocated during the first backward pass."""
 
     def __init__(self, rt: Runtime, params: Sequence[torch.Tensor], compression: Compressor,
-                 average: bool = True):
+                 average: bool = True, buckets: Sequence[Bucket] = ()):
         self.rt, self.params, self.average = rt, list(params), average
         self.compression = compression
-        self._buckets: dict[int, DeviceBucket] = {}
+        self.chunk_bytes = rt.config.partition.fusion_bytes
+        self._buckets: dict[int, DeviceBucket | None] = {}
+        for b in buckets:
+            self._device_bucket(b)
+
+    def _device_bucket(self, bucket: Bucket) -> DeviceBucket | None:
+        if bucket.index in self._buckets:
+            return self._buckets[bucket.index]
+        first = self.params[bucket.members[0]]
+        db = None
+        if first.device.type == "cuda" and self.compression.kind != "codec":
+            # (codecs compress each gradient in the pipeline; CPU buckets fuse on the host)
+            wire = wire_torch_dtype(first.dtype, self.compression)
+            if not (self.chunk_bytes == 0 and wire == first.dtype and self.rt.device_pipeline):
+                # its members share dtype and device (layout()'s groups)
+                db = DeviceBucket(self.rt, bucket, [self.params[i] for i in bucket.members],
+                                  wire, self.average, self.chunk_bytes)
+            # else fusion is off: a gradient travelling as it is goes through the pipeline's
+            # partition-by-partition staging (the synchronizer takes its own grad_buffer)
+        self._buckets[bucket.index] = db
+        return db
 
     def __call__(self, bucket: Bucket) -> GradBuffer | None:
-        first = self.params[bucket.members[0]]
-        if first.device.type != "cuda" or self.compression.kind == "codec":
-            return None  # host fusion; codecs compress each gradient in the pipeline
-        wire = wire_torch_dtype(first.dtype, self.compression)
-        if (not bucket.fused and wire == first.dtype and self.rt.device_pipeline
-                and bucket.nbytes >= self.rt.config.partition.fusion_bytes):
-            # a gradient of at least a bucket's size, travelling as it is: the pipeline
-            # stages it partition by partition (copy, push, copy back overlap), where one
-            # copy of the whole would wait for all of it (VGG-16's 411 MB classifier weight:
-            # 7.5 ms each way). The synchronizer takes the gradient's own grad_buffer.
-            return None
-        db = self._buckets.get(bucket.index)
-        if db is None:  # its members share dtype and device (layout()'s groups)
-            db = self._buckets[bucket.index] = DeviceBucket(
-                self.rt, bucket, [self.params[i] for i in bucket.members], wire, self.average)
-        return db.buffer()
+        db = self._device_bucket(bucket)
+        return db.buffer() if db is not None else None
 
 
 def layout(params: Sequence[torch.Tensor]) -> list[tuple[int, Any]]:

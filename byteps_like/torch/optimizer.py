@@ -86,7 +86,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                    average),
             backward_passes_per_step=backward_passes_per_step, compression=compression,
             average=average, layout=fusion.layout(self._params))
-        self._sync.fuse = fusion.TorchFuser(rt, self._params, self._sync.compression, average)
+        self._sync.fuse = fusion.TorchFuser(rt, self._params, self._sync.compression, average,
+                                            self._sync.buckets)
         self._should_sync = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                        for i, p in enumerate(self._params)]

@@ -50,7 +50,7 @@ class DistributedDataParallel(torch.nn.Module):
                                           average=self._average, prefix="DDP.Gradient.",
                                           layout=fusion.layout(self._ddp_params))
         self._sync.fuse = fusion.TorchFuser(rt, self._ddp_params, self._sync.compression,
-                                            self._average)
+                                            self._average, self._sync.buckets)
         self._callback_queued = False
         self._sync_enabled = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))

@@ -128,3 +128,16 @@ def test_codec_compression_travels_unfused():
     grads = [np.ones(4, np.float32) for _ in range(3)]
     sync = make_sync(rt, grads, 1 << 20, compression=Compression.onebit())
     assert all(not b.fused for b in sync.buckets)
+
+
+def test_chunk_ranges_cover_a_large_bucket_in_near_equal_pieces():
+    from byteps_like.torch.fusion import chunk_ranges
+    assert chunk_ranges(1000, 4, 0) == [(0, 1000)]          # no chunking
+    assert chunk_ranges(1000, 4, 4000) == [(0, 1000)]       # fits exactly
+    r = chunk_ranges(1001, 4, 4000)                         # one element over: two halves
+    assert r == [(0, 500), (500, 1001)]
+    big = chunk_ranges(102_760_448, 4, 16 << 20)             # VGG-16's classifier weight
+    assert len(big) == 25 and big[0][0] == 0 and big[-1][1] == 102_760_448
+    assert all(a[1] == b[0] for a, b in zip(big, big[1:]))  # contiguous, no gap or overlap
+    sizes = [hi - lo for lo, hi in big]
+    assert max(sizes) * 4 <= 16 << 20 and max(sizes) - min(sizes) <= 1
