@@ -189,6 +189,12 @@ class ServerConfig:
                         unit="bytes", min=0)
     sum_threads: int = _s("BYTEPS_SERVER_SUM_THREADS", "int", 1, "Threads one summation kernel "
                           "call may use.", unit="threads", min=1)
+    sparse_max_ids: int = _s("BYTEPS_SPARSE_MAX_IDS", "int", 1 << 20, "Most row ids one "
+                             "request of a server-held embedding table may carry (a pull or a "
+                             "push to one server; docs/sparse.md). Workers refuse a larger "
+                             "batch before sending it, servers refuse a larger request before "
+                             "allocating anything for it. Every node must use the same value.",
+                             unit="ids", min=1, max=1 << 30)
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,12 @@ class MsgType(enum.IntEnum):
     PULL = _T["PULL"]
     PULL_RESP = _T["PULL_RESP"]
     HELLO = _T["HELLO"]              # native data plane only: a stream's first message
+    # server-held embedding tables (docs/sparse.md; server/sparse.py): key = the table's id
+    SPARSE_CREATE = _T["SPARSE_CREATE"]  # worker -> server: meta declares the table's shard
+    SPARSE_PULL = _T["SPARSE_PULL"]      # worker -> server: int64 row ids; round = the step
+    SPARSE_ROWS = _T["SPARSE_ROWS"]      # server -> worker: the float32 rows of a SPARSE_PULL
+    SPARSE_PUSH = _T["SPARSE_PUSH"]      # worker -> server: uint8 [ids int64][grads float32]
+    SPARSE_ACK = _T["SPARSE_ACK"]        # server -> worker: a create or a push was taken
     # either
     ERROR = _T["ERROR"]
     # local reduction among the worker processes of one machine (see byteps_like.local)
@@ -201,7 +207,13 @@ def _check_names() -> None:
 
 _check_names()
 
-_DATA_TYPES = {MsgType.PUSH, MsgType.PULL_RESP}
+_DATA_TYPES = {MsgType.PUSH, MsgType.PULL_RESP, MsgType.SPARSE_PULL, MsgType.SPARSE_ROWS,
+               MsgType.SPARSE_PUSH}
+#: the messages of server-held tables, worker to server and back (docs/sparse.md)
+SPARSE_REQUESTS = frozenset({MsgType.SPARSE_CREATE, MsgType.SPARSE_PULL, MsgType.SPARSE_PUSH})
+SPARSE_ANSWERS = frozenset({MsgType.SPARSE_ROWS, MsgType.SPARSE_ACK})
+#: the message types that carry a payload frame (count x dtype in nbytes)
+PAYLOAD_TYPES = frozenset(_DATA_TYPES)
 _MSG_TYPES = {int(t): t for t in MsgType}   # dict lookups: much cheaper than Enum calls
 _ROLES = {int(r): r for r in Role}
 

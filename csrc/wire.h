@@ -46,6 +46,12 @@ constexpr std::uint32_t kMaxMeta = 1u << 20;  // a JSON meta frame's bytes (wire
   X(kPull, PULL, 22)                                                                           \
   X(kPullResp, PULL_RESP, 23)                                                                  \
   X(kHello, HELLO, 24)             /* native data plane: a stream's first message */           \
+  /* server-held embedding tables (issue 31; served by server/sparse.py): key = table id */   \
+  X(kSparseCreate, SPARSE_CREATE, 25)  /* worker -> server: meta declares the table's shard */ \
+  X(kSparsePull, SPARSE_PULL, 26)      /* worker -> server: int64 row ids, round = step */     \
+  X(kSparseRows, SPARSE_ROWS, 27)      /* server -> worker: float32 rows of a SPARSE_PULL */   \
+  X(kSparsePush, SPARSE_PUSH, 28)      /* worker -> server: uint8 [ids int64][grads float32] */\
+  X(kSparseAck, SPARSE_ACK, 29)        /* server -> worker: a create or push was taken */      \
   /* either */                                                                                 \
   X(kError, ERROR, 30)                                                                         \
   /* local reduction among the worker processes of one machine (byteps_like.local) */          \

@@ -33,6 +33,7 @@ from ..config import Config
 from ..control import ControlClient
 from ..errors import EXIT_PEER_FAILED, PeerLostError, ProtocolError
 from ..transport import Route, data_scheme, make_endpoint, native
+from .sparse import SparseService
 
 if TYPE_CHECKING:
     from ..metrics import RoleMetrics
@@ -45,6 +46,7 @@ from ..wire import (
     FLAG_COMPRESSED,
     FLAG_DECLARE,
     FLAG_PULL,
+    SPARSE_REQUESTS,
     SUMMABLE,
     Header,
     Message,
@@ -559,6 +561,7 @@ class Server:
                                      on_epoch=self.on_epoch if self.elastic else None)
         self._scheduler_address = scheduler_address
         self.engines = [Engine(self, i) for i in range(cfg.server.engine_threads)]
+        self.sparse = SparseService(self)  # server-held embedding tables (server/sparse.py)
         # key -> engine, only for keys that have a store or a declaration on its way to one
         self.key_engine: dict[int, Engine] = {}
         # keys routed to an engine whose store is not made yet: [messages queued, bytes]
@@ -683,6 +686,9 @@ class Server:
         if h.job != self.job:  # neither the job's id nor its tag goes to another job's peer
             self.refuse(route, h, "wrong job", ERR_PROTOCOL, f"server {self.rank}: this peer "
                         "belongs to another job (check BYTEPS_JOB_ID)", job=h.job)
+            return
+        if h.type in SPARSE_REQUESTS and 0 <= h.rank < self.num_workers:
+            self.sparse.submit(route, msg)
             return
         if h.type not in (MsgType.PUSH, MsgType.PULL) or not 0 <= h.rank < self.num_workers:
             self.refuse(route, h, "unexpected type or rank", ERR_PROTOCOL, f"server "
@@ -862,6 +868,7 @@ class Server:
     def start(self) -> None:
         for e in self.engines:
             e.start()
+        self.sparse.start()
         if self.native is not None:
             self.native.start()
         self.ep.start()
@@ -916,6 +923,7 @@ class Server:
         for e in self.engines:
             if e.is_alive():
                 e.join(5.0)
+        self.sparse.close()
         self.closed_cleanly = self.ep.close(linger=1.0)
 
     def run(self) -> int:

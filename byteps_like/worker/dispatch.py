@@ -19,6 +19,7 @@ on_message`); :mod:`.dataplane` uses :func:`server_error` for the native plane's
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MismatchError, PeerLeftError, ProtocolError, RemoteError
@@ -27,6 +28,9 @@ from ..wire import (
     ERR_MISMATCH,
     ERR_PEER_LEFT,
     FLAG_COMPRESSED,
+    SPARSE_ANSWERS,
+    SPARSE_REQUESTS,
+    Message,
     MsgType,
     Role,
     contributors,
@@ -38,6 +42,8 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 log = logging.getLogger("byteps_like.worker")
+#: the requests whose ERROR answers go to the server-held tables (their type is in the meta)
+_SPARSE_NAMES = frozenset(t.name for t in SPARSE_REQUESTS)
 
 
 def server_error(what: str, kind: str | None, text: str, server: int,
@@ -61,6 +67,9 @@ class Dispatcher:
         self.rt = rt
         self.members = rt.members
 
+    #: where the answers of server-held tables go (the runtime's SparseTables.on_message)
+    table_answers: Callable[[Route, Message], None] | None = None
+
     def on_message(self, route: Route, frames: list) -> None:
         rt, m = self.rt, self.members
         try:
@@ -81,6 +90,13 @@ class Dispatcher:
                 m.dropped(why, f"{h.type.name} key {h.key} round {h.round} from {route}")
                 return
             rt.local.on_message(route, h)
+            return
+        if h.type in SPARSE_ANSWERS or (h.type is MsgType.ERROR and isinstance(msg.meta, dict)
+                                        and msg.meta.get("type") in _SPARSE_NAMES):
+            if self.table_answers is None:
+                m.dropped("table answer without tables", f"{h.type.name} from {route}")
+            else:  # a server-held table's answer (worker/sparse.py)
+                self.table_answers(route, msg)
             return
         # a server's answer: only on the connection the push went out on, from that server
         with rt._lock:

@@ -59,6 +59,7 @@ from .handle import Handle
 from .local_reduce import LocalReduction
 from .membership import Membership
 from .pipeline import COPY_D2H, PULL, PUSH, Phase, Pipeline, Task, itinerary
+from .sparse import SparseTables
 from .stages import StageExecutors
 from .tensors import COMPRESSIBLE, DeviceCopier, TensorRegistry, TensorState, declaration
 
@@ -102,6 +103,8 @@ class Runtime:
         self.stages = StageExecutors(self)
         self.dispatch = Dispatcher(self)
         self.elastic_m: ElasticMembership | None = None  # elastic jobs (elastic_membership.py)
+        self.sparse = SparseTables(self)  # server-held embedding tables (sparse.py)
+        self.dispatch.table_answers = self.sparse.on_message
 
     # -- the parts' state, as the rest of the code reads it ----------------------------------------
     @property

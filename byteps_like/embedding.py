@@ -1,0 +1,311 @@
+"""Server-held embedding tables: what a table is, how it is sharded, initialised and updated.
+
+Shared by the servers (``server/sparse.py`` serves the shards) and by a worker that runs alone
+(its one shard lives in the process). numpy only; every per-row step is vectorised.
+
+* **Spec.** :class:`TableSpec`: name, ``rows`` x ``dim`` of float32, an initializer (``zeros``,
+  ``uniform(low, high)``, ``normal(mean, std)``) with a seed, and a server-side optimizer
+  (``sgd``, ``adagrad``, ``adam``). It travels as JSON in the table's SPARSE_CREATE and is
+  validated field by field (:meth:`TableSpec.from_json`): a peer's declaration is untrusted.
+* **Sharding.** Cyclic by row: row ``i`` lives on server ``i % S`` at local row ``i // S``.
+  Ids drawn from a skewed (Zipf) distribution are hot at the small ids; a cyclic layout spreads
+  them over every server, where ranges would put them all on the first.
+* **Initial values** come from ``(seed, row, column)`` alone through a counter-based hash
+  (splitmix64), so a table has the same values whatever the number of servers, and a row is
+  made the first time it is read or updated (a 10M-row table is created at once, and its
+  memory is touched as its rows are).
+* **Optimizers** update only the rows a round touched (lazy): SGD ``w -= lr * g``; Adagrad
+  ``a += g*g; w -= lr * g / (sqrt(a) + eps)``; Adam with moments and a step count per row (a
+  row's bias correction counts the rounds that touched it).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: initializers and their parameters (name -> defaults)
+INITIALIZERS: dict[str, dict[str, float]] = {
+    "zeros": {},
+    "uniform": {"low": -0.05, "high": 0.05},
+    "normal": {"mean": 0.0, "std": 0.01},
+}
+#: optimizers and their parameters (name -> defaults)
+OPTIMIZERS: dict[str, dict[str, float]] = {
+    "sgd": {"lr": 0.01},
+    "adagrad": {"lr": 0.01, "eps": 1e-10, "initial_accumulator_value": 0.0},
+    "adam": {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8},
+}
+#: a table's own memory beyond its arrays, charged to the server budget with them
+TABLE_OVERHEAD = 4096
+#: rows generated at once by the initializer (bounds its temporary arrays)
+_INIT_CHUNK_ELEMS = 1 << 20
+_MAX_NAME = 200
+
+
+class TableError(ValueError):
+    """A table declaration or request that cannot be served (the text says why)."""
+
+
+def _number(what: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TableError(f"{what} must be a finite number, not {value!r}")
+    return float(value)
+
+
+def _params(kind: str, name: Any, given: Any, table: dict[str, dict[str, float]]) -> dict:
+    if not isinstance(name, str) or name not in table:
+        raise TableError(f"unknown {kind} {name!r}: use one of {', '.join(table)}")
+    if given is None:
+        given = {}
+    if not isinstance(given, dict):
+        raise TableError(f"the {kind} parameters must be a mapping, not {type(given).__name__}")
+    unknown = set(given) - set(table[name])
+    if unknown:
+        raise TableError(f"{kind} {name} takes {', '.join(table[name]) or 'no parameters'}, "
+                         f"not {', '.join(sorted(map(str, unknown)))}")
+    return {k: _number(f"{kind} {name} parameter {k}", given.get(k, v))
+            for k, v in table[name].items()}
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table, as every worker declares it and every server holds its shard."""
+    name: str
+    rows: int
+    dim: int
+    dtype: str = "float32"
+    init: str = "normal"
+    init_args: dict = field(default_factory=dict)
+    seed: int = 0
+    optimizer: str = "sgd"
+    optimizer_args: dict = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, name: str, rows: int, dim: int, *, dtype: str = "float32",
+             init: str = "normal", init_args: dict | None = None, seed: int = 0,
+             optimizer: str = "sgd", **optimizer_args: Any) -> TableSpec:
+        """A checked spec (TableError says what is wrong); optimizer parameters by keyword."""
+        return cls.from_json({"name": name, "rows": rows, "dim": dim, "dtype": dtype,
+                              "init": init, "init_args": init_args or {}, "seed": seed,
+                              "optimizer": optimizer, "optimizer_args": optimizer_args})
+
+    @classmethod
+    def from_json(cls, meta: Any) -> TableSpec:
+        """A spec from its JSON form, every field checked (a peer's declaration is untrusted)."""
+        if not isinstance(meta, dict):
+            raise TableError("a table declaration is a JSON object")
+        name = meta.get("name")
+        if not isinstance(name, str) or not 0 < len(name) <= _MAX_NAME:
+            raise TableError(f"a table name is a string of 1 to {_MAX_NAME} characters")
+
+        def count(key: str, top: int) -> int:
+            v = meta.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
+                raise TableError(f"table {name!r}: {key} must be an integer in 1..{top}, "
+                                 f"not {v!r}")
+            return v
+        rows, dim = count("rows", 1 << 40), count("dim", 1 << 16)
+        dtype = meta.get("dtype", "float32")
+        if dtype != "float32":
+            raise TableError(f"table {name!r}: dtype {dtype!r} is not supported yet; server-held "
+                             "tables are float32")
+        seed = meta.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63:
+            raise TableError(f"table {name!r}: the seed must be an integer in 0..2^63-1")
+        try:
+            init_args = _params("initializer", meta.get("init", "normal"),
+                                meta.get("init_args"), INITIALIZERS)
+            opt_args = _params("optimizer", meta.get("optimizer", "sgd"),
+                               meta.get("optimizer_args"), OPTIMIZERS)
+        except TableError as exc:
+            raise TableError(f"table {name!r}: {exc}") from None
+        if "lr" in opt_args and opt_args["lr"] < 0:
+            raise TableError(f"table {name!r}: the learning rate must not be negative")
+        return cls(name, rows, dim, dtype, meta.get("init", "normal"), init_args, seed,
+                   meta.get("optimizer", "sgd"), opt_args)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "rows": self.rows, "dim": self.dim, "dtype": self.dtype,
+                "init": self.init, "init_args": dict(self.init_args), "seed": self.seed,
+                "optimizer": self.optimizer, "optimizer_args": dict(self.optimizer_args)}
+
+    def describe(self) -> str:
+        return (f"{self.name!r} ({self.rows} x {self.dim} {self.dtype}, {self.init} "
+                f"{json.dumps(self.init_args)} seed {self.seed}, {self.optimizer} "
+                f"{json.dumps(self.optimizer_args)})")
+
+    @property
+    def row_bytes(self) -> int:
+        return 4 * self.dim
+
+
+# -- sharding -------------------------------------------------------------------------------------
+def shard_rows(rows: int, shard: int, shards: int) -> int:
+    """Rows of shard ``shard`` of ``shards`` (cyclic: rows shard, shard + S, ...)."""
+    return max(0, (rows - shard + shards - 1) // shards)
+
+
+def split_by_shard(ids: np.ndarray, shards: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """``ids`` grouped by the shard that holds them: (order, ids of each shard) where
+    ``ids[order]`` is the shards' lists concatenated (a stable order within each shard)."""
+    if shards == 1:
+        return np.arange(len(ids)), [ids]
+    owner = ids % shards
+    order = np.argsort(owner, kind="stable")
+    bounds = np.cumsum(np.bincount(owner, minlength=shards))[:-1]
+    return order, np.split(ids[order], bounds)
+
+
+def state_bytes(spec: TableSpec, nrows: int) -> int:
+    """What a shard of ``nrows`` rows holds, charged to the server's memory budget: the
+    weights, the optimizer's state, a byte per row (made yet) and the table's own overhead."""
+    per_row = spec.row_bytes + 1
+    if spec.optimizer == "adagrad":
+        per_row += spec.row_bytes
+    elif spec.optimizer == "adam":
+        per_row += 2 * spec.row_bytes + 4
+    return nrows * per_row + TABLE_OVERHEAD
+
+
+# -- initial values -------------------------------------------------------------------------------
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def initial_rows(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
+    """The initial values of the global rows ``ids`` (float32, ``len(ids) x dim``): a function
+    of (seed, row, column) only."""
+    out = np.zeros((len(ids), spec.dim), np.float32)
+    if spec.init == "zeros" or not len(ids):
+        return out
+    step = max(1, _INIT_CHUNK_ELEMS // spec.dim)
+    base = np.uint64((spec.seed * _GOLDEN + 0x632BE59BD9B4E019) & (2**64 - 1))
+    cols = np.arange(spec.dim, dtype=np.uint64)
+    for a in range(0, len(ids), step):
+        rows = ids[a:a + step].astype(np.uint64)
+        x = _splitmix((rows[:, None] * np.uint64(spec.dim) + cols[None, :]) * np.uint64(_GOLDEN)
+                      + base)
+        hi = (x >> np.uint64(40)).astype(np.float64)                     # 24 bits
+        if spec.init == "uniform":
+            lo, top = spec.init_args["low"], spec.init_args["high"]
+            out[a:a + step] = lo + (top - lo) * (hi * 2.0**-24)
+        else:  # normal: Box-Muller on two 24-bit uniforms of one hash
+            u1 = (hi + 1.0) * 2.0**-24                                      # (0, 1]
+            u2 = ((x >> np.uint64(8)) & np.uint64(0xFFFFFF)).astype(np.float64) * 2.0**-24
+            z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+            out[a:a + step] = spec.init_args["mean"] + spec.init_args["std"] * z
+    return out
+
+
+# -- summing the pushes of a round ----------------------------------------------------------------
+def sum_rows(ids: list[np.ndarray], grads: list[np.ndarray],
+             dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pushes of one round summed per row: (unique ids, float32 sums). The sums add the
+    pushes in list order (the servers pass them in worker rank order), so the result is the
+    same bits on every run."""
+    if not ids:
+        return np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
+    all_ids = np.concatenate(ids)
+    all_grads = np.concatenate(grads).reshape(-1, dim)
+    uniq, inv = np.unique(all_ids, return_inverse=True)
+    sums = np.zeros((len(uniq), dim), np.float32)
+    np.add.at(sums, inv, all_grads)
+    return uniq, sums
+
+
+# -- a shard --------------------------------------------------------------------------------------
+class TableShard:
+    """The rows of one table a server holds (shard ``shard`` of ``shards``) and their
+    optimizer state. Rows are made from the initializer the first time they are touched."""
+
+    def __init__(self, spec: TableSpec, shard: int = 0, shards: int = 1):
+        self.spec, self.shard, self.shards = spec, shard, shards
+        self.nrows = shard_rows(spec.rows, shard, shards)
+        n, d = self.nrows, spec.dim
+        # np.zeros: pages the kernel hands out when first written, so the resident memory
+        # grows with the rows touched
+        self.weights = np.zeros((n, d), np.float32)
+        self.made = np.zeros(n, np.bool_)
+        a = spec.optimizer_args
+        self.acc = self.m = self.v = self.t = None
+        if spec.optimizer == "adagrad":
+            self.acc = np.zeros((n, d), np.float32)
+        elif spec.optimizer == "adam":
+            self.m = np.zeros((n, d), np.float32)
+            self.v = np.zeros((n, d), np.float32)
+            self.t = np.zeros(n, np.int32)
+        self._lr = np.float32(a["lr"])
+        self._eps = np.float32(a.get("eps", 0.0))
+
+    @property
+    def nbytes(self) -> int:
+        return state_bytes(self.spec, self.nrows)
+
+    def local(self, ids: np.ndarray) -> np.ndarray:
+        """Local rows of global ids this shard holds (the caller checked them)."""
+        return ids // self.shards if self.shards > 1 else ids
+
+    def _make(self, local: np.ndarray) -> None:
+        """Give rows never touched their initial values (and optimizer state)."""
+        new = local[~self.made[local]]
+        if not len(new):
+            return
+        new = np.unique(new)
+        self.made[new] = True
+        if self.spec.init != "zeros":
+            self.weights[new] = initial_rows(self.spec, new * self.shards + self.shard)
+        if self.acc is not None:
+            init_acc = self.spec.optimizer_args["initial_accumulator_value"]
+            if init_acc:
+                self.acc[new] = np.float32(init_acc)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """The current rows of global ids (a new float32 array, ``len(ids) x dim``)."""
+        local = self.local(ids)
+        self._make(local)
+        return self.weights[local]
+
+    def apply(self, ids: np.ndarray, grad: np.ndarray) -> None:
+        """One optimizer step on the rows of the unique global ids ``ids`` with their summed
+        gradients ``grad`` (float32, ``len(ids) x dim``)."""
+        if not len(ids):
+            return
+        u = self.local(ids)
+        self._make(u)
+        w, lr = self.weights, self._lr
+        opt = self.spec.optimizer
+        if opt == "sgd":
+            w[u] = w[u] - lr * grad
+        elif opt == "adagrad":
+            assert self.acc is not None
+            acc = self.acc[u] + grad * grad
+            self.acc[u] = acc
+            w[u] = w[u] - lr * grad / (np.sqrt(acc) + self._eps)
+        else:  # adam, lazy: moments and step count of the touched rows only
+            assert self.m is not None and self.v is not None and self.t is not None
+            a = self.spec.optimizer_args
+            b1, b2 = np.float32(a["beta1"]), np.float32(a["beta2"])
+            # 1 - beta in float64 first: 1 - float32(0.999) is off by 1.3e-5 relative
+            c1, c2 = np.float32(1.0 - a["beta1"]), np.float32(1.0 - a["beta2"])
+            t = self.t[u] + 1
+            self.t[u] = t
+            m = b1 * self.m[u] + c1 * grad
+            v = b2 * self.v[u] + c2 * grad * grad
+            self.m[u], self.v[u] = m, v
+            bc1 = (1.0 - a["beta1"] ** t.astype(np.float64)).astype(np.float32)[:, None]
+            bc2 = (1.0 - a["beta2"] ** t.astype(np.float64)).astype(np.float32)[:, None]
+            w[u] = w[u] - lr * (m / bc1) / (np.sqrt(v / bc2) + self._eps)

@@ -1,0 +1,309 @@
+"""Server-held embedding tables, the worker's side (docs/sparse.md): framework-neutral, numpy.
+
+``runtime.sparse.create(name, rows, dim, ...)`` declares a table to every server (each holds the
+rows ``i`` with ``i % S`` equal to its rank; :mod:`byteps_like.embedding`) and returns an
+:class:`EmbeddingTable`. A training step is then ``rows = table.pull(ids)`` and, after the
+backward pass, ``table.push(ids, grads)``: the servers sum every worker's pushes per row and
+apply the table's optimizer; the next pull waits until they have (synchronous rounds, one per
+push). Framework plugins (``byteps_like.torch.SparseEmbedding``) build on these two calls.
+
+A job of one worker process and no servers keeps its table in the process (the same
+:class:`~byteps_like.embedding.TableShard` a server holds), so a script runs unchanged alone.
+Ids are checked here first (integers, in range, at most BYTEPS_SPARSE_MAX_IDS per server), and
+again by every server before it allocates anything.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..embedding import TableError, TableShard, TableSpec, split_by_shard, sum_rows
+from ..errors import BytePSError, CommTimeoutError
+from ..transport import Route
+from ..wire import HEADER_SIZE, SPARSE_ANSWERS, Header, Message, MsgType, Role, encode
+from .dispatch import server_error
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+#: the request an answer belongs to, by the request's message type
+_KIND = {"SPARSE_CREATE": "create", "SPARSE_PULL": "pull", "SPARSE_PUSH": "push"}
+#: how often a waiting call looks for the job's fatal error
+_POLL_S = 0.05
+
+
+@dataclass
+class _Call:
+    """One request sent to several servers, waiting for every answer."""
+    servers: set
+    expect: dict = field(default_factory=dict)    # pull: server index -> the rows' bytes
+    answers: dict = field(default_factory=dict)   # server index -> payload (or None)
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class TableStats:
+    """What a table moved, as a worker sees it: messages and bytes (headers included)."""
+    steps: int = 0
+    ids_pulled: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+class EmbeddingTable:
+    """One server-held table, as a worker uses it: :meth:`pull` rows, :meth:`push` gradients."""
+
+    def __init__(self, owner: SparseTables, spec: TableSpec, table_id: int,
+                 local: TableShard | None):
+        self.owner, self.spec, self.table_id = owner, spec, table_id
+        self.local = local           # a job of one process: the table itself
+        self.step = 0                # rounds pushed; the round of the next pull and push
+        self.stats = TableStats()
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def rows(self) -> int:
+        return self.spec.rows
+
+    @property
+    def dim(self) -> int:
+        return self.spec.dim
+
+    def check_ids(self, ids: Any) -> np.ndarray:
+        """``ids`` as a 1-D int64 array, every one in range; IndexError/TypeError name the
+        table, the id and this worker's rank."""
+        arr = np.asarray(ids)
+        who = f"table {self.name!r} on worker rank {self.owner.rank}"
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"{who}: row ids must be integers, not {arr.dtype}")
+        limit = self.owner.max_ids * max(1, self.owner.num_servers)
+        if arr.size > limit:  # before any copy of them
+            raise ValueError(f"{who}: {arr.size} ids in one request, more than {limit} "
+                             "(BYTEPS_SPARSE_MAX_IDS per server); split the batch")
+        arr = arr.reshape(-1).astype(np.int64, copy=False)
+        if arr.size:
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < 0:
+                raise IndexError(f"{who}: row id {lo} is negative")
+            if hi >= self.rows:
+                raise IndexError(f"{who}: row id {hi} is out of range (the table has "
+                                 f"{self.rows} rows)")
+        return arr
+
+    def pull(self, ids: Any, timeout: float | None = None) -> np.ndarray:
+        """The current rows of ``ids`` (any integer array; duplicates allowed, though each
+        travels: pass unique ids), as a new float32 array of ``len(ids) x dim``. Waits until
+        every worker's push of the previous step is applied."""
+        ids = self.check_ids(ids)
+        self.stats.ids_pulled += len(ids)
+        if self.local is not None:
+            return self.local.rows(ids)
+        order, per_server = self._split(ids)
+        answers = self.owner.call(self, MsgType.SPARSE_PULL, self.step,
+                                  [(p, None) for p in per_server], timeout)
+        out = np.empty((len(ids), self.dim), np.float32)
+        got = np.concatenate([np.frombuffer(answers[s], np.float32).reshape(-1, self.dim)
+                              for s in range(len(per_server))]) if len(ids) else out
+        out[order] = got
+        return out
+
+    def push(self, ids: Any, grads: Any, timeout: float | None = None) -> None:
+        """Push the gradients of rows ``ids`` (``len(ids) x dim`` float32) for this step; the
+        servers add every worker's and update the rows once all have pushed. Every worker pushes
+        every table once a step (an empty push when its batch had no rows)."""
+        ids = self.check_ids(ids)
+        g = np.ascontiguousarray(grads, dtype=np.float32)
+        if g.shape != (len(ids), self.dim):
+            raise ValueError(f"table {self.name!r} on worker rank {self.owner.rank}: gradients "
+                             f"of shape {g.shape} for {len(ids)} ids, expected "
+                             f"{(len(ids), self.dim)}")
+        if self.local is not None:
+            uniq, sums = sum_rows([ids], [g], self.dim)
+            self.local.apply(uniq, sums)
+        else:
+            order, per_server = self._split(ids)
+            g = g[order]
+            bounds = np.cumsum([0] + [len(p) for p in per_server])
+            payloads = [(p, g[a:b]) for p, a, b in zip(per_server, bounds[:-1], bounds[1:])]
+            self.owner.call(self, MsgType.SPARSE_PUSH, self.step, payloads, timeout)
+        self.step += 1
+        self.stats.steps += 1
+
+    def _split(self, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        order, per_server = split_by_shard(ids, self.owner.num_servers)
+        limit = self.owner.max_ids
+        for s, p in enumerate(per_server):
+            if len(p) > limit:
+                raise ValueError(f"table {self.name!r} on worker rank {self.owner.rank}: "
+                                 f"{len(p)} ids for server {s}, more than {limit} "
+                                 "(BYTEPS_SPARSE_MAX_IDS); split the batch")
+        return order, per_server
+
+
+class SparseTables:
+    """A runtime's server-held tables, and the answers of their servers."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.tables: dict[str, EmbeddingTable] = {}
+        self._calls: dict[tuple, _Call] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def rank(self) -> int:
+        return self.rt.rank_
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.rt.members.servers)
+
+    @property
+    def max_ids(self) -> int:
+        return self.rt.config.server.sparse_max_ids
+
+    def create(self, name: str, rows: int, dim: int, *, dtype: str = "float32",
+               init: str = "normal", init_args: dict | None = None, seed: int = 0,
+               optimizer: str = "sgd", timeout: float | None = None,
+               **optimizer_args: Any) -> EmbeddingTable:
+        """Declare table ``name`` (every worker creates the same tables in the same order) and
+        return it. ``init``: zeros, uniform (low, high) or normal (mean, std), from ``seed``;
+        ``optimizer``: sgd (lr), adagrad (lr, eps, initial_accumulator_value) or adam (lr,
+        beta1, beta2, eps), applied on the servers. TableError (a ValueError) names a bad
+        argument; a server that cannot hold its shard answers with a RemoteError naming
+        BYTEPS_SERVER_MAX_BYTES."""
+        rt = self.rt
+        rt.check()
+        try:
+            spec = TableSpec.make(name, rows, dim, dtype=dtype, init=init, init_args=init_args,
+                                  seed=seed, optimizer=optimizer, **optimizer_args)
+        except TableError as exc:
+            raise TableError(f"worker rank {rt.rank_}: {exc}") from None
+        with self._lock:
+            if name in self.tables:
+                raise TableError(f"worker rank {rt.rank_}: table {name!r} exists already")
+            table_id = len(self.tables)
+        m = rt.members
+        if m.control is None or rt.alone:
+            table = EmbeddingTable(self, spec, table_id, TableShard(spec))
+        else:
+            if rt.local_size_ > 1:
+                raise BytePSError(f"table {name!r}: server-held tables do not support several "
+                                  "worker processes per machine yet (BYTEPS_LOCAL_SIZE="
+                                  f"{rt.local_size_}); run one worker process per machine")
+            if m.server_ranks != list(range(len(m.server_ranks))) or not m.server_ranks:
+                raise BytePSError(f"table {name!r}: the servers' ranks {m.server_ranks} are not "
+                                  "0..S-1")
+            table = EmbeddingTable(self, spec, table_id, None)
+            metas = [{"spec": spec.to_json(), "shard": s, "shards": self.num_servers}
+                     for s in range(self.num_servers)]
+            self.call(table, MsgType.SPARSE_CREATE, 0, [(None, None)] * self.num_servers,
+                      timeout, metas)
+        with self._lock:
+            self.tables[name] = table
+        return table
+
+    # -- requests and their answers -------------------------------------------------------------
+    def call(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
+             timeout: float | None, metas: list | None = None) -> dict:
+        """Send ``mtype`` to every server (payload i: (ids, grads) or (None, None)) and wait
+        for every answer; returns the answers' payloads by server index."""
+        rt, m = self.rt, self.rt.members
+        rt.check()
+        key = (table.table_id, _KIND[mtype.name], rnd)
+        call = _Call(set(range(len(payloads))))
+        if mtype is MsgType.SPARSE_PULL:
+            call.expect = {s: len(ids) * table.spec.row_bytes
+                           for s, (ids, _g) in enumerate(payloads)}
+        with self._lock:
+            if key in self._calls:
+                raise BytePSError(f"table {table.name!r}: a {key[1]} of step {rnd} is already "
+                                  "in flight (one pull and one push per step, one thread)")
+            self._calls[key] = call
+        try:
+            for s, (ids, grads) in enumerate(payloads):
+                if mtype is MsgType.SPARSE_PULL:
+                    payload: Any = ids
+                    hdr = Header(mtype, "int64", Role.WORKER, m.push_rank, 0, m.job,
+                                 table.table_id, rnd, len(ids), ids.nbytes)
+                elif mtype is MsgType.SPARSE_PUSH:
+                    payload = np.concatenate([ids.view(np.uint8),
+                                              grads.reshape(-1).view(np.uint8)])
+                    hdr = Header(mtype, "uint8", Role.WORKER, m.push_rank, 0, m.job,
+                                 table.table_id, rnd, payload.nbytes, payload.nbytes)
+                else:
+                    payload = None
+                    hdr = Header(mtype, "none", Role.WORKER, m.push_rank, 0, m.job,
+                                 table.table_id, rnd)
+                frames = encode(hdr, payload, metas[s] if metas else None)
+                table.stats.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+                m.endpoint.send(m.routes[s][0], frames)
+            self._wait(table, call, mtype, rnd, timeout)
+        finally:
+            with self._lock:
+                self._calls.pop(key, None)
+        return call.answers
+
+    def _wait(self, table: EmbeddingTable, call: _Call, mtype: MsgType, rnd: int,
+              timeout: float | None) -> None:
+        rt = self.rt
+        limit = rt.config.timeouts.op_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while not call.done.wait(_POLL_S):
+            rt.check()   # the job's fatal error (a lost peer) ends the wait
+            if time.monotonic() > deadline:
+                missing = sorted(call.servers - set(call.answers))
+                raise CommTimeoutError(f"table {table.name!r}: {mtype.name} of step {rnd} on "
+                                       f"worker rank {rt.rank_}: no answer from server(s) "
+                                       f"{missing} within {limit:g} s (a worker that has not "
+                                       "pushed the previous step holds the round open)")
+        if call.error is not None:
+            raise call.error
+
+    def on_message(self, route: Route, msg: Message) -> None:
+        """A server's answer to a table request (the dispatcher's I/O thread)."""
+        h, m = msg.header, self.rt.members
+        if h.type in SPARSE_ANSWERS:
+            kinds = {"pull"} if h.type is MsgType.SPARSE_ROWS else {"create", "push"}
+        else:  # an ERROR: the request's type is in its meta
+            kinds = {_KIND.get(str((msg.meta or {}).get("type")), "")}
+        try:
+            s = m.server_ranks.index(h.rank)
+        except ValueError:
+            s = -1
+        with self._lock:
+            calls = [(k, c) for k, c in self._calls.items()
+                     if k[0] == h.key and k[2] == h.round and k[1] in kinds]
+        ok = (s >= 0 and route == m.routes[s][0] and h.job == m.job
+              and h.role is Role.SERVER and len(calls) == 1 and s in calls[0][1].servers)
+        if not ok or s in calls[0][1].answers:
+            m.dropped("table answer that matches no request in flight",
+                      f"{h.type.name} table {h.key} round {h.round} from {route}")
+            return
+        (tid, what, rnd), call = calls[0]
+        table = next((t for t in self.tables.values() if t.table_id == tid), None)
+        name = table.name if table is not None else f"table id {tid}"
+        if h.type is MsgType.ERROR:
+            meta = msg.meta if isinstance(msg.meta, dict) else {}
+            call.error = call.error or server_error(
+                f"{what} of table {name!r}", meta.get("kind"),
+                str(meta.get("message", "error")), h.rank, meta)
+            call.answers[s] = None
+        elif what == "pull" and (h.dtype != "float32" or h.nbytes != call.expect[s]):
+            call.error = call.error or BytePSError(
+                f"pull of table {name!r}: server {h.rank} answered with {h.nbytes} bytes of "
+                f"{h.dtype}, expected {call.expect[s]} bytes of float32")
+            call.answers[s] = None
+        else:
+            call.answers[s] = msg.payload
+            if table is not None:
+                table.stats.bytes_received += HEADER_SIZE + h.nbytes
+        if len(call.answers) == len(call.servers):
+            call.done.set()

@@ -1,0 +1,267 @@
+"""Server-held embedding tables: a server's shards, their rounds and their updates (docs/sparse.md).
+
+Every worker declares a table to every server with SPARSE_CREATE (its spec as JSON and the
+shard that server holds); the first declaration makes the shard, its memory charged to the
+server's budget (BYTEPS_SERVER_MAX_BYTES) before anything is allocated; a later one that
+differs fails the table, naming both workers. Then each training step ``t`` of each worker is
+
+* SPARSE_PULL, round ``t``: the row ids of its batch this shard holds (int64); answered with
+  SPARSE_ROWS (their float32 rows) once round ``t - 1`` is applied;
+* SPARSE_PUSH, round ``t``: the same kind of ids and their gradients; answered with SPARSE_ACK.
+  When every worker has pushed round ``t`` the server sums the pushes per row (in worker rank
+  order, so the bits do not depend on arrival) and applies the table's optimizer to those rows.
+
+Every request is checked before anything is allocated for it: the table exists, the dtype and
+the length fit the table's row size, at most BYTEPS_SPARSE_MAX_IDS ids, every id in range and
+on this shard, the round is the open one. A failed check is answered with an ERROR naming the
+table, the id and the worker rank; it changes nothing. One thread serves every table, apart
+from the I/O thread; its numpy work is vectorised over the rows.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..embedding import TableError, TableShard, TableSpec, state_bytes, sum_rows
+from ..transport import Route
+from ..wire import (
+    ERR_INTERNAL,
+    ERR_MISMATCH,
+    ERR_PROTOCOL,
+    Header,
+    Message,
+    MsgType,
+    Role,
+    as_buffer,
+    encode,
+)
+
+if TYPE_CHECKING:
+    from .core import Server
+
+log = logging.getLogger("byteps_like.server")
+
+#: tables one server holds at most (a table id is below this)
+MAX_TABLES = 4096
+
+
+@dataclass
+class Table:
+    spec: TableSpec
+    shard: TableShard
+    shards: int
+    decl_rank: int
+    charged: int
+    applied: int = 0                        # rounds applied: the open round is this one
+    pushes: dict = field(default_factory=dict)   # rank -> (ids, grads) of the open round
+    pending: list = field(default_factory=list)  # (route, header, ids) waiting for the round
+    failed: str | None = None
+
+
+class SparseService(threading.Thread):
+    """The tables of one server, served on a thread of their own."""
+
+    def __init__(self, server: Server):
+        super().__init__(name="bpsl-sparse", daemon=True)
+        self.server = server
+        self.max_ids = server.cfg.server.sparse_max_ids
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.tables: dict[int, Table] = {}
+        self.rounds_applied = 0
+        self.rows_updated = 0
+
+    def submit(self, route: Route, msg: Message) -> None:
+        self.q.put((route, msg))
+
+    def close(self) -> None:
+        if self.is_alive():
+            self.q.put(None)
+            self.join(5.0)
+
+    def held_bytes(self) -> int:
+        return sum(t.charged for t in list(self.tables.values()))
+
+    def run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            route, msg = item
+            try:
+                self.process(route, msg)
+            except Exception as exc:  # noqa: BLE001 - a bug must not kill the service silently
+                log.exception("server %d: the sparse service failed on table %d",
+                              self.server.rank, msg.header.key)
+                self.server.reply_error(route, msg.header, ERR_INTERNAL,
+                                        f"server {self.server.rank} internal error: {exc!r}")
+
+    # -- requests ---------------------------------------------------------------------------------
+    def process(self, route: Route, msg: Message) -> None:
+        h = msg.header
+        if h.type is MsgType.SPARSE_CREATE:
+            self._create(route, msg)
+            return
+        table = self.tables.get(h.key)
+        if table is None:
+            self._refuse(route, h, "request for an unknown table", f"{h.type.name} of table id "
+                         f"{h.key} from worker rank {h.rank}: no such table (create it first)")
+            return
+        if table.failed is not None:
+            self.server.reply_error(route, h, ERR_MISMATCH, table.failed)
+            return
+        if h.type is MsgType.SPARSE_PULL:
+            self._pull(table, route, msg)
+        else:
+            self._push(table, route, msg)
+
+    def _refuse(self, route: Route, h: Header, reason: str, text: str,
+                kind: str = ERR_PROTOCOL) -> None:
+        self.server.refuse(route, h, reason, kind, f"server {self.server.rank}: {text}")
+
+    def _create(self, route: Route, msg: Message) -> None:
+        h, srv, meta = msg.header, self.server, msg.meta or {}
+        try:
+            if srv.async_mode or srv.elastic:
+                raise TableError("server-held tables need a synchronous, non-elastic job "
+                                 "(BYTEPS_ENABLE_ASYNC and elastic mode are not supported yet)")
+            if not 0 <= h.key < MAX_TABLES:
+                raise TableError(f"table id {h.key} is not below {MAX_TABLES}")
+            spec = TableSpec.from_json(meta.get("spec"))
+            shard, shards = meta.get("shard"), meta.get("shards")
+            if shards != srv.cfg.cluster.num_server or shard != srv.rank:
+                raise TableError(f"table {spec.name!r}: declared as shard {shard!r} of "
+                                 f"{shards!r} to server {srv.rank} of "
+                                 f"{srv.cfg.cluster.num_server}")
+        except TableError as exc:
+            self._refuse(route, h, "bad table declaration", f"declaration of table id {h.key} "
+                         f"from worker rank {h.rank}: {exc}")
+            return
+        table = self.tables.get(h.key)
+        if table is not None:
+            if table.failed is None and spec != table.spec:
+                table.failed = (f"table mismatch on table id {h.key}: worker rank "
+                                f"{table.decl_rank} declared {table.spec.describe()} but worker "
+                                f"rank {h.rank} declared {spec.describe()}; every worker must "
+                                "create the same tables in the same order")
+                log.error("server %d: %s", srv.rank, table.failed)
+                for proute, ph, _ids in table.pending:
+                    srv.reply_error(proute, ph, ERR_MISMATCH, table.failed)
+                table.pending.clear()
+            if table.failed is not None:
+                srv.reply_error(route, h, ERR_MISMATCH, table.failed)
+                return
+            srv.reply(route, MsgType.SPARSE_ACK, h)
+            return
+        nrows = (spec.rows - shard + shards - 1) // shards
+        need = state_bytes(spec, nrows)
+        if not srv.charge(need):
+            self._refuse(route, h, "server memory budget exhausted", (
+                f"table {spec.name!r} (table id {h.key}) from worker rank {h.rank}: its shard "
+                f"of {nrows} rows x {spec.dim} needs {need} bytes with the {spec.optimizer} "
+                f"state, over the budget of {srv.budget} bytes (BYTEPS_SERVER_MAX_BYTES); "
+                f"{srv.store_bytes()} bytes are held"))
+            return
+        self.tables[h.key] = Table(spec, TableShard(spec, shard, shards), shards, h.rank, need)
+        log.info("server %d: table %s, shard %d of %d: %d rows, %d bytes charged", srv.rank,
+                 spec.describe(), shard, shards, nrows, need)
+        srv.reply(route, MsgType.SPARSE_ACK, h)
+
+    def _ids(self, table: Table, route: Route, h: Header, buf, count: int) -> np.ndarray | None:
+        """The ids of a request, checked (count, range, shard) before anything is allocated for
+        the request; None (answered with an error) when one fails."""
+        spec = table.spec
+        what = f"table {spec.name!r}: {h.type.name} from worker rank {h.rank}"
+        if count > self.max_ids:
+            self._refuse(route, h, "too many ids", f"{what} carries {count} ids, more than "
+                         f"{self.max_ids} (BYTEPS_SPARSE_MAX_IDS)")
+            return None
+        ids = np.frombuffer(buf, np.int64, count)
+        if not count:
+            return ids
+        lo, hi = int(ids.min()), int(ids.max())
+        bad = None
+        if lo < 0:
+            bad = (lo, "negative")
+        elif hi >= spec.rows:
+            bad = (hi, f"out of range (the table has {spec.rows} rows)")
+        elif table.shards > 1 and np.any(ids % table.shards != table.shard.shard):
+            first = int(ids[np.flatnonzero(ids % table.shards != table.shard.shard)[0]])
+            bad = (first, f"held by server {first % table.shards}, not this one")
+        if bad is not None:
+            self._refuse(route, h, "bad row id", f"{what}: row id {bad[0]} is {bad[1]}")
+            return None
+        return ids
+
+    def _pull(self, table: Table, route: Route, msg: Message) -> None:
+        h = msg.header
+        if h.dtype != "int64":
+            self._refuse(route, h, "wrong dtype for row ids", f"table {table.spec.name!r}: "
+                         f"SPARSE_PULL from worker rank {h.rank} carries {h.dtype}, not int64")
+            return
+        reply_bytes = h.count * table.spec.row_bytes
+        if h.count <= self.max_ids and reply_bytes > self.server.cfg.transport.max_message_bytes:
+            self._refuse(route, h, "reply too large", f"table {table.spec.name!r}: "
+                         f"{h.count} rows of {table.spec.row_bytes} bytes would be a reply of "
+                         f"{reply_bytes} bytes, over BYTEPS_MAX_MESSAGE_BYTES")
+            return
+        ids = self._ids(table, route, h, as_buffer(msg.payload), h.count)
+        if ids is None:
+            return
+        if h.round == table.applied:
+            self._answer(table, route, h, ids)
+        elif h.round == table.applied + 1 and len(table.pending) < 2 * self.server.num_workers:
+            table.pending.append((route, h, ids))
+        else:  # neither the open round nor the next: a worker out of step, or a flood
+            self._refuse(route, h, "sparse pull out of round", f"table {table.spec.name!r}: "
+                         f"pull of round {h.round} from worker rank {h.rank} is out of round")
+
+    def _answer(self, table: Table, route: Route, h: Header, ids: np.ndarray) -> None:
+        srv = self.server
+        rows = table.shard.rows(ids)
+        hdr = Header(MsgType.SPARSE_ROWS, "float32", Role.SERVER, srv.rank, 0, srv.job, h.key,
+                     h.round, rows.size, rows.nbytes)
+        srv.ep.send(route, encode(hdr, rows))
+
+    def _push(self, table: Table, route: Route, msg: Message) -> None:
+        h, spec = msg.header, table.spec
+        per = 8 + spec.row_bytes
+        if h.dtype != "uint8" or h.nbytes % per:
+            self._refuse(route, h, "malformed sparse push", f"table {spec.name!r}: SPARSE_PUSH "
+                         f"from worker rank {h.rank}: {h.nbytes} bytes of {h.dtype}, not "
+                         f"uint8 records of {per} bytes (an int64 id and {spec.dim} float32)")
+            return
+        n = h.nbytes // per
+        buf = as_buffer(msg.payload)
+        ids = self._ids(table, route, h, buf, n)
+        if ids is None:
+            return
+        if h.round != table.applied or h.rank in table.pushes:
+            self._refuse(route, h, "sparse push out of round", f"table {spec.name!r}: push of "
+                         f"round {h.round} from worker rank {h.rank}, a round that is not open "
+                         "or that this rank has pushed already")
+            return
+        grads = np.frombuffer(buf, np.float32, n * spec.dim, 8 * n).reshape(n, spec.dim)
+        table.pushes[h.rank] = (ids, grads)
+        self.server.reply(route, MsgType.SPARSE_ACK, h)
+        if len(table.pushes) >= self.server.required:
+            self._apply(table)
+
+    def _apply(self, table: Table) -> None:
+        """Every worker pushed the open round: sum per row (rank order), update, answer the
+        pulls of the next round."""
+        order = sorted(table.pushes)
+        ids, sums = sum_rows([table.pushes[r][0] for r in order],
+                             [table.pushes[r][1] for r in order], table.spec.dim)
+        table.shard.apply(ids, sums)
+        table.pushes = {}
+        table.applied += 1
+        self.rounds_applied += 1
+        self.rows_updated += len(ids)
+        waiting, table.pending = table.pending, []
+        for route, h, pids in waiting:
+            self._answer(table, route, h, pids)

@@ -1,0 +1,149 @@
+"""Server-held embedding tables (issue 31) on a real cluster: 2 workers and 2 servers over TCP
+loopback (threads of this process, tests/faults/cluster.py), against a one-process numpy
+reference that applies the summed row gradients; bad requests and a table over the budget."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from byteps_like.embedding import TableSpec, initial_rows
+from byteps_like.errors import MismatchError, RemoteError
+from byteps_like.wire import MsgType
+from tests.faults.cluster import running_cluster
+
+pytestmark = pytest.mark.integration
+
+ROWS, DIM, STEPS, BATCH = 5000, 8, 5, 300
+
+
+def batch(rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """A worker's unique ids (Zipf-skewed, so the workers share the hot rows) and gradients."""
+    rng = np.random.default_rng([rank, step])
+    ids = np.unique(np.minimum(rng.zipf(1.3, BATCH), ROWS) - 1)
+    return ids, rng.normal(size=(len(ids), DIM)).astype(np.float32)
+
+
+def reference(spec: TableSpec, workers: int) -> np.ndarray:
+    """The table after STEPS steps, in one process: summed gradients, lazy optimizer."""
+    w = initial_rows(spec, np.arange(ROWS))
+    a = spec.optimizer_args
+    acc = np.zeros_like(w)
+    m, v, t = np.zeros((ROWS, DIM), np.float64), np.zeros((ROWS, DIM), np.float64), np.zeros(ROWS)
+    for step in range(STEPS):
+        g = np.zeros((ROWS, DIM), np.float32)
+        touched = np.zeros(ROWS, bool)
+        for r in range(workers):
+            ids, grads = batch(r, step)
+            g[ids] += grads
+            touched[ids] = True
+        u, gu = np.flatnonzero(touched), g[touched]
+        if spec.optimizer == "sgd":   # float32, the formula as written: bit-exact
+            w[u] = w[u] - np.float32(a["lr"]) * gu
+        elif spec.optimizer == "adagrad":
+            acc[u] += gu.astype(np.float64) ** 2
+            w[u] = w[u] - a["lr"] * gu / (np.sqrt(acc[u]) + a["eps"])
+        else:
+            t[u] += 1
+            m[u] = a["beta1"] * m[u] + (1 - a["beta1"]) * gu
+            v[u] = a["beta2"] * v[u] + (1 - a["beta2"]) * gu.astype(np.float64) ** 2
+            tt = t[u][:, None]
+            w[u] = w[u] - a["lr"] * (m[u] / (1 - a["beta1"] ** tt)) / (
+                np.sqrt(v[u] / (1 - a["beta2"] ** tt)) + a["eps"])
+    return w
+
+
+def ok(results: list) -> list:
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with running_cluster(workers=2, servers=2,
+                         extra={"BYTEPS_SERVER_MAX_BYTES": str(64 << 20),
+                                "BYTEPS_SPARSE_MAX_IDS": "2000"}) as c:
+        yield c
+
+
+@pytest.mark.parametrize("opt,kw", [("sgd", {"lr": 0.1}), ("adagrad", {"lr": 0.05}),
+                                    ("adam", {"lr": 0.01})])
+def test_two_workers_two_servers_match_the_one_process_reference(cluster, opt, kw):
+    spec = TableSpec.make(f"emb-{opt}", ROWS, DIM, init="uniform", seed=5, optimizer=opt, **kw)
+
+    def train(w):
+        t = w.sparse.create(spec.name, ROWS, DIM, init="uniform", seed=5, optimizer=opt, **kw)
+        for step in range(STEPS):
+            ids, grads = batch(w.rank(), step)
+            rows = t.pull(ids)
+            assert rows.shape == (len(ids), DIM)
+            t.push(ids, grads)
+        # waits for the last step's update; at most BYTEPS_SPARSE_MAX_IDS per server a pull
+        return np.concatenate([t.pull(np.arange(a, a + 2500)) for a in (0, 2500)])
+    tables = ok(cluster.run_all(train))
+    want = reference(spec, 2)
+    assert np.array_equal(tables[0], tables[1])
+    if opt == "sgd":
+        assert np.array_equal(tables[0], want)
+    else:
+        np.testing.assert_allclose(tables[0], want, rtol=1e-6, atol=1e-7)
+
+
+def test_bad_ids_are_refused_by_the_server_and_change_nothing(cluster):
+    """Requests that skip the worker's own checks (sent as a hostile peer would): the server
+    names the table, the id and the rank, holds no more memory, and the table goes on."""
+    held = [s.store_bytes() for s in cluster.servers]
+
+    def bad(w):
+        t = w.sparse.create("emb-bad", 1000, 4, init="zeros")
+        out = []
+        for ids in (np.array([-5], np.int64), np.array([1000], np.int64),
+                    np.arange(0, 4002, 2, dtype=np.int64), np.array([1], np.int64)):
+            payloads = [(ids, None), (np.zeros(0, np.int64), None)]  # all to server 0
+            try:
+                t.owner.call(t, MsgType.SPARSE_PULL, 0, payloads, 10.0)
+                out.append(None)
+            except RemoteError as exc:
+                out.append(str(exc))
+        rows = t.pull(np.arange(10))  # still served
+        t.push(np.arange(10), np.ones((10, 4), np.float32))
+        return out, rows
+    results = ok(cluster.run_all(bad))
+    for rank, (texts, rows) in enumerate(results):
+        assert f"from worker rank {rank}: row id -5 is negative" in texts[0]
+        assert "table 'emb-bad'" in texts[0]
+        assert "row id 1000 is out of range (the table has 1000 rows)" in texts[1]
+        assert "carries 2001 ids, more than 2000 (BYTEPS_SPARSE_MAX_IDS)" in texts[2]
+        assert "row id 1 is held by server 1, not this one" in texts[3]
+        assert np.array_equal(rows, np.zeros((10, 4), np.float32))
+    first = next(s for s in cluster.servers if s.rank == 0)
+    assert first.rejections()["bad row id"] >= 6 and first.rejections()["too many ids"] >= 2
+    grown = [s.store_bytes() - h for s, h in zip(cluster.servers, held)]
+    assert grown == [500 * (16 + 1) + 4096] * 2   # the table's shard, nothing more
+
+
+def test_a_table_over_the_memory_budget_is_refused(cluster):
+    held = [s.store_bytes() for s in cluster.servers]
+
+    def big(w):
+        return w.sparse.create("emb-big", 10_000_000, 64, optimizer="adagrad")
+    results = cluster.run_all(big)
+    for rank, exc in enumerate(results):
+        assert isinstance(exc, RemoteError), exc
+        text = str(exc)
+        assert "table 'emb-big' (table id" in text and f"worker rank {rank}" in text
+        assert "over the budget of 67108864 bytes (BYTEPS_SERVER_MAX_BYTES)" in text
+    assert [s.store_bytes() for s in cluster.servers] == held
+    assert all("emb-big" not in {t.spec.name for t in s.sparse.tables.values()}
+               for s in cluster.servers)
+
+
+def test_workers_that_declare_different_tables_get_a_mismatch(cluster):
+    def declare(w):
+        return w.sparse.create("emb-mix", 100, 4 + w.rank())
+    results = cluster.run_all(declare)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert errors and all(isinstance(e, MismatchError) for e in errors)
+    assert "worker rank 0 declared 'emb-mix' (100 x 4" in str(errors[0])
+    assert "worker rank 1 declared 'emb-mix' (100 x 5" in str(errors[0])

@@ -1,0 +1,181 @@
+"""Server-held embedding tables (issue 31), without sockets: the spec's checks, the initial values
+(independent of the number of servers), the per-row sums and the optimizers against references
+written here from their formulas, and a one-process job's table."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from byteps_like.embedding import (
+    TableError,
+    TableShard,
+    TableSpec,
+    initial_rows,
+    shard_rows,
+    split_by_shard,
+    state_bytes,
+    sum_rows,
+)
+
+
+@pytest.mark.parametrize("kw,text", [
+    ({"dtype": "float16"}, "dtype 'float16' is not supported yet"),
+    ({"optimizer": "rmsprop"}, "unknown optimizer 'rmsprop'"),
+    ({"init": "ones"}, "unknown initializer 'ones'"),
+    ({"optimizer": "sgd", "beta1": 0.9}, "sgd takes lr, not beta1"),
+    ({"optimizer": "adam", "lr": float("nan")}, "lr must be a finite number"),
+    ({"optimizer": "sgd", "lr": -1.0}, "must not be negative"),
+    ({"seed": -1}, "seed must be an integer"),
+])
+def test_a_bad_spec_is_refused_naming_the_table(kw, text):
+    with pytest.raises(TableError, match="table 'emb'") as info:
+        TableSpec.make("emb", 10, 4, **kw)
+    assert text in str(info.value)
+
+
+@pytest.mark.parametrize("meta,text", [
+    ({"name": "e", "rows": 0, "dim": 4}, "rows must be an integer in 1.."),
+    ({"name": "e", "rows": 10, "dim": True}, "dim must be an integer"),
+    ({"name": "", "rows": 10, "dim": 4}, "a table name is a string"),
+    ({"name": "e", "rows": 10, "dim": 4, "optimizer_args": [1]}, "must be a mapping"),
+    ([1, 2], "a table declaration is a JSON object"),
+])
+def test_a_peers_declaration_is_checked_field_by_field(meta, text):
+    with pytest.raises(TableError, match=text):
+        TableSpec.from_json(meta)
+
+
+def test_the_spec_round_trips_through_json():
+    spec = TableSpec.make("emb", 1000, 16, init="uniform", init_args={"low": -1, "high": 1},
+                          seed=7, optimizer="adam", lr=0.5)
+    assert TableSpec.from_json(spec.to_json()) == spec
+    assert spec.optimizer_args == {"lr": 0.5, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
+
+
+def test_cyclic_sharding_covers_every_row_once():
+    rows, shards = 1001, 3
+    assert sum(shard_rows(rows, s, shards) for s in range(shards)) == rows
+    ids = np.array([5, 0, 7, 3, 1000, 2, 4], np.int64)
+    order, parts = split_by_shard(ids, shards)
+    assert [p.tolist() for p in parts] == [[0, 3], [7, 1000, 4], [5, 2]]
+    assert np.array_equal(ids[order], np.concatenate(parts))
+
+
+@pytest.mark.parametrize("init", ["normal", "uniform", "zeros"])
+def test_initial_rows_do_not_depend_on_the_number_of_servers(init):
+    spec = TableSpec.make("emb", 10_007, 12, init=init, seed=11)
+    ids = np.random.default_rng(0).choice(spec.rows, 500, replace=False)
+    one = TableShard(spec, 0, 1).rows(ids)
+    for shards in (2, 3):
+        got = np.empty_like(one)
+        order, parts = split_by_shard(ids, shards)
+        got[order] = np.concatenate([TableShard(spec, s, shards).rows(p)
+                                     for s, p in enumerate(parts)])
+        assert np.array_equal(got, one)
+    assert np.array_equal(one, initial_rows(spec, ids))
+    other_seed = initial_rows(TableSpec.make("emb", 10_007, 12, init=init, seed=12), ids)
+    assert (init == "zeros") == np.array_equal(one, other_seed)
+
+
+def test_initial_values_have_the_asked_distribution():
+    ids = np.arange(20_000)
+    normal = initial_rows(TableSpec.make("e", 20_000, 16, init_args={"mean": 1, "std": 2}), ids)
+    assert abs(normal.mean() - 1) < 0.02 and abs(normal.std() - 2) < 0.02
+    uni = initial_rows(TableSpec.make("e", 20_000, 16, init="uniform",
+                                      init_args={"low": -3, "high": 5}), ids)
+    assert uni.min() >= -3 and uni.max() < 5 and abs(uni.mean() - 1) < 0.05
+    assert normal.dtype == uni.dtype == np.float32
+
+
+def test_pushes_are_summed_per_row_in_list_order():
+    ids = [np.array([3, 1]), np.array([1, 9]), np.array([9, 3, 1])]
+    grads = [np.full((len(i), 2), v, np.float32) for i, v in zip(ids, (1e8, 1.0, -1e8))]
+    uniq, sums = sum_rows(ids, grads, 2)
+    assert uniq.tolist() == [1, 3, 9]
+    # (0 + 1e8) + 1 + -1e8 in float32 is 0 (the 1 is lost), in that order only
+    want = np.float32(np.float32(1e8) + np.float32(1.0)) + np.float32(-1e8)
+    assert sums[:, 0].tolist() == [want, 0.0, np.float32(1.0) + np.float32(-1e8)]
+    assert want == 0.0  # the other order, 1e8 + -1e8 + 1, would give 1
+
+
+def reference(opt: str, args: dict, w, state, ids, g):
+    """One lazy step of ``opt`` in float64 on the rows ``ids``, from the textbook formulas."""
+    w, g = w.astype(np.float64), g.astype(np.float64)
+    lr, eps = args["lr"], args.get("eps", 0.0)
+    if opt == "sgd":
+        w[ids] -= lr * g
+    elif opt == "adagrad":
+        state["a"][ids] += g * g
+        w[ids] -= lr * g / (np.sqrt(state["a"][ids]) + eps)
+    else:
+        b1, b2 = args["beta1"], args["beta2"]
+        state["t"][ids] += 1
+        t = state["t"][ids][:, None]
+        state["m"][ids] = b1 * state["m"][ids] + (1 - b1) * g
+        state["v"][ids] = b2 * state["v"][ids] + (1 - b2) * g * g
+        mhat = state["m"][ids] / (1 - b1 ** t)
+        vhat = state["v"][ids] / (1 - b2 ** t)
+        w[ids] -= lr * mhat / (np.sqrt(vhat) + eps)
+    return w
+
+
+@pytest.mark.parametrize("opt,kw", [("sgd", {"lr": 0.1}), ("adagrad", {"lr": 0.1}),
+                                    ("adam", {"lr": 0.01})])
+def test_optimizers_follow_their_formulas_on_the_touched_rows_only(opt, kw):
+    spec = TableSpec.make("emb", 300, 8, init="uniform", seed=3, optimizer=opt, **kw)
+    shard = TableShard(spec)
+    rng = np.random.default_rng(1)
+    w = initial_rows(spec, np.arange(spec.rows)).astype(np.float64)
+    state = {"a": np.zeros((300, 8)), "m": np.zeros((300, 8)), "v": np.zeros((300, 8)),
+             "t": np.zeros(300, np.int64)}
+    for _step in range(6):
+        ids = np.sort(rng.choice(100, 40, replace=False))  # rows 100.. are never touched
+        g = rng.normal(size=(40, 8)).astype(np.float32)
+        shard.apply(ids, g)
+        w = reference(opt, spec.optimizer_args, w, state, ids, g)
+    got = shard.rows(np.arange(spec.rows))
+    np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-7)
+    assert np.array_equal(got[100:], initial_rows(spec, np.arange(100, 300)))
+
+
+def test_sgd_is_bit_exact_against_float32_numpy():
+    spec = TableSpec.make("emb", 50, 4, optimizer="sgd", lr=0.3)
+    shard = TableShard(spec)
+    w = initial_rows(spec, np.arange(50))
+    g = np.random.default_rng(2).normal(size=(50, 4)).astype(np.float32)
+    shard.apply(np.arange(50), g)
+    assert np.array_equal(shard.rows(np.arange(50)), w - np.float32(0.3) * g)
+
+
+def test_state_bytes_count_the_optimizer_state():
+    sgd = TableSpec.make("e", 1000, 16)
+    assert state_bytes(sgd, 1000) - state_bytes(sgd, 0) == 1000 * (64 + 1)
+    ada = TableSpec.make("e", 1000, 16, optimizer="adagrad")
+    assert state_bytes(ada, 1000) - state_bytes(ada, 0) == 1000 * (128 + 1)
+    adam = TableSpec.make("e", 1000, 16, optimizer="adam")
+    assert state_bytes(adam, 1000) - state_bytes(adam, 0) == 1000 * (192 + 4 + 1)
+
+
+def test_a_one_process_job_holds_its_table_itself():
+    from byteps_like.worker.runtime import Runtime
+    rt = Runtime()
+    rt.init()
+    try:
+        t = rt.sparse.create("emb", 100, 4, init="zeros", optimizer="sgd", lr=1.0)
+        ids = np.array([5, 7, 5])
+        assert np.array_equal(t.pull(ids), np.zeros((3, 4), np.float32))
+        t.push(ids, np.ones((3, 4), np.float32))  # row 5 twice: its gradients add up
+        assert t.pull([5, 7, 8])[:, 0].tolist() == [-2.0, -1.0, 0.0]
+        with pytest.raises(IndexError, match=r"table 'emb' on worker rank 0: row id 100 is out "
+                                             r"of range \(the table has 100 rows\)"):
+            t.pull([1, 100])
+        with pytest.raises(IndexError, match="row id -3 is negative"):
+            t.push([-3], np.zeros((1, 4), np.float32))
+        with pytest.raises(ValueError, match="1000000000 ids in one request, more than"):
+            t.pull(np.broadcast_to(np.int64(0), (10 ** 9,)))
+        with pytest.raises(TypeError, match="row ids must be integers"):
+            t.pull([0.5])
+        with pytest.raises(TableError, match="table 'emb' exists already"):
+            rt.sparse.create("emb", 100, 4)
+    finally:
+        rt.shutdown()
