@@ -51,6 +51,7 @@ from .ops import (
 )
 from .optimizer import DistributedOptimizer
 from .parallel import DistributedDataParallel
+from .sparse import SparseEmbedding, SparseEmbeddingBag
 from .sync_batch_norm import SyncBatchNorm
 
 
@@ -138,7 +139,8 @@ __all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank"
            "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed",
            "broadcast", "broadcast_", "barrier", "join", "allgather", "is_initialized",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "Average", "Sum",
-           "ReduceOp", "SyncBatchNorm", "cross_rank", "cross_size"]
+           "ReduceOp", "SyncBatchNorm", "cross_rank", "cross_size", "SparseEmbedding",
+           "SparseEmbeddingBag"]
 
 
 def __getattr__(name: str):  # bps.elastic loads on first use (docs/elastic.md)

@@ -9,6 +9,7 @@ import numpy as np
 from ..wire import dtype_name
 from .handle import Handle
 from .runtime import Runtime, default_runtime
+from .sparse import EmbeddingTable
 
 
 def init(**overrides: Any) -> None:
@@ -170,6 +171,15 @@ def get_pushpull_speed() -> tuple[int, float]:
     return default_runtime().get_pushpull_speed()
 
 
+def embedding_table(name: str, rows: int, dim: int, **kw: Any) -> EmbeddingTable:
+    """A server-held embedding table (docs/sparse.md): ``rows x dim`` float32, sharded by row
+    over the servers, updated there by its optimizer. ``table.pull(ids)`` gives the rows,
+    ``table.push(ids, grads)`` one step's gradients. Keywords: ``init`` (zeros, uniform, normal),
+    ``init_args``, ``seed``, ``optimizer`` (sgd, adagrad, adam) and its parameters (``lr``, ...).
+    Every worker creates the same tables in the same order."""
+    return default_runtime().sparse.create(name, rows, dim, **kw)
+
+
 __all__ = ["Runtime", "Handle", "init", "shutdown", "rank", "size", "local_rank", "local_size",
            "declare", "barrier", "push_pull", "push_pull_async", "poll", "synchronize",
-           "get_pushpull_speed"]
+           "get_pushpull_speed", "embedding_table"]

@@ -9,16 +9,40 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import BytePSError, MismatchError
 from . import objcodec
-from .runtime import Runtime
+from .handle import Handle
 
+
+class Runtime(Protocol):
+    """What a broadcast needs of the worker runtime (:class:`~.runtime.Runtime` is one); a
+    protocol, so this module does not import the runtime (whose elastic membership resets
+    the names below)."""
+
+    def rank(self) -> int: ...
+
+    def size(self) -> int: ...
+
+    def push_pull_async(self, array: Any, name: str | None = None, average: bool = True,
+                        priority: int = 0, out: Any = None,
+                        dtype: str | None = None) -> Handle: ...
+
+
+# the sequences that name unnamed broadcasts and allgathers: the same on every worker
 _counter = itertools.count()
 _gather_counter = itertools.count()
+
+
+def reset_names() -> None:
+    """Restart the names of unnamed broadcasts and allgathers (an elastic job's new epoch,
+    in which every name is declared afresh, so that a joiner's names are the survivors')."""
+    global _counter, _gather_counter
+    _counter = itertools.count()
+    _gather_counter = itertools.count()
 
 
 def broadcast_array(rt: Runtime, arr: np.ndarray, root_rank: int, name: str,

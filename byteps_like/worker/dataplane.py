@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..control import PeerInfo
-    from .runtime import Runtime
+    from .inflight import InFlight
+    from .membership import Membership
 
 log = logging.getLogger("byteps_like.worker")
 _PY_SWITCH_INTERVAL = 0.005  # the interpreter's default thread switch interval
@@ -66,8 +67,9 @@ class NativeSpan:
 class NativeDataPlane:
     """The native data plane of one runtime; ``client`` is None when it is not in use."""
 
-    def __init__(self, rt: Runtime):
-        self.rt = rt
+    def __init__(self, members: Membership, flight: InFlight):
+        self.members = members
+        self.flight = flight
         self.client: _core.DataClient | None = None
         self.streams = 1                   # connections to each server
         self._ops: dict[int, Task | _TensorOp] = {}   # op id -> what it completes
@@ -78,7 +80,7 @@ class NativeDataPlane:
     def connect(self, cfg: Config, servers: list[PeerInfo], credit: int) -> None:
         """Open the native data plane's streams to every server. A failure closes what was
         opened and raises CommunicationError (the caller tears the runtime down)."""
-        m = self.rt.members
+        m = self.members
         key = native.auth_key(cfg)
         cli = _core.DataClient(m.push_rank, m.job, native.io_threads(cfg), credit,
                                cfg.transport.max_message_bytes,
@@ -106,7 +108,7 @@ class NativeDataPlane:
     def active_client(self) -> _core.DataClient:
         """The client, while the data plane is open."""
         if self.client is None:
-            raise CommunicationError(f"worker rank {self.rt.members.rank}: the native data "
+            raise CommunicationError(f"worker rank {self.members.rank}: the native data "
                                      "plane is closed")
         return self.client
 
@@ -116,7 +118,7 @@ class NativeDataPlane:
                       priority: int) -> None:
         """All partitions of a host tensor as one native operation: one call in, one
         completion out, whatever the number of partitions."""
-        rt = self.rt
+        flight = self.flight
         streams = self.streams
         parts: list[NativePart] | None
         if first_round(rnd):  # the declarations travel once per key (and epoch)
@@ -129,34 +131,34 @@ class NativeDataPlane:
                 parts = st.native_parts = [(key, server, key % streams, off, n, None)
                                            for off, n, key, server in st.parts]
         op = next(self._ids)
-        size = rt.members.size
+        size = self.members.size
         divisor = size if average and size > 1 else 1
-        with rt._lock:
+        with flight.lock:
             self._ops[op] = (h, st, rnd, priority, time.monotonic())
         h.fast_wait = lambda timeout, op=op: self._wait(op, timeout)
         try:
             cli.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, rnd, parts)
         except (RuntimeError, ValueError) as exc:
-            with rt._lock:
+            with flight.lock:
                 self._ops.pop(op, None)
             h.fail(CommunicationError(f"push_pull of {st.name!r}: {exc}"))
             return
-        rt.bytes_pushed += st.nbytes
+        flight.bytes_pushed += st.nbytes
 
     def submit_task(self, cli: _core.DataClient, task: Task) -> None:
         """One partition that reached the PUSH stage (its push credit already returned: the
         native data plane applies its own); its completion advances the task."""
-        rt = self.rt
+        flight = self.flight
         op = next(self._ids)
-        size = rt.members.size
+        size = self.members.size
         divisor = size if task.average and size > 1 and task.seg is None else 1
         decl = decl_bytes(task.decl) if task.decl else None
-        with rt._lock:
+        with flight.lock:
             self._ops[op] = task
         cli.submit(op, task.priority, task.push_src, task.pull_dst,
                    native.WIRE_CODE[task.dtype], divisor, task.round,
                    [(task.key, task.server, task.key % self.streams, 0, task.nbytes, decl)])
-        rt.bytes_pushed += task.nbytes
+        flight.bytes_pushed += task.nbytes
 
     # -- completing --------------------------------------------------------------------------------
     def _wait(self, op: int, timeout: float) -> None:
@@ -172,7 +174,7 @@ class NativeDataPlane:
 
     def _error(self, name: str, kind: str, server: int, message: bytes) -> Exception:
         text = message.decode("utf-8", "replace")
-        where = f"push_pull of {name!r} on worker rank {self.rt.members.rank}"
+        where = f"push_pull of {name!r} on worker rank {self.members.rank}"
         if kind == "remote":
             meta = native.decode_error_meta(message)
             return server_error(f"push_pull of {name!r}", meta["kind"], meta["message"],
@@ -187,25 +189,25 @@ class NativeDataPlane:
 
     def done(self, comp: _core.Completion) -> None:
         """One completed native operation (the completion thread, or a waiter)."""
-        rt = self.rt
+        flight = self.flight
         op, ok, kind, server, message, _t0, _t1, nbytes, times = comp
-        with rt._lock:
+        with flight.lock:
             entry = self._ops.pop(op, None)
         if entry is None:
             return
         if isinstance(entry, Task):
             task = entry
             if ok:
-                rt.active_pipeline.advance(task)
+                flight.active_pipeline.advance(task)
             else:
-                rt._fail_task(task, self._error(task.handle.name, kind, server, message))
+                flight.fail_task(task, self._error(task.handle.name, kind, server, message))
             return
         h, st, rnd, priority, t_sub = entry
         if not ok:
             h.fail(self._error(h.name, kind, server, message))
             return
-        rt.bytes_pulled += nbytes
-        observers = rt.pipeline.observers if rt.pipeline is not None else ()
+        flight.bytes_pulled += nbytes
+        observers = flight.pipeline.observers if flight.pipeline is not None else ()
         if observers:  # each partition's push (sent..acknowledged) and pull (..received)
             for part, ((_off, n, key, _srv), (ts, ta, td)) in enumerate(zip(st.parts, times)):
                 span = NativeSpan(h, key, part, n, priority, rnd, t_sub)
@@ -217,6 +219,18 @@ class NativeDataPlane:
         h.complete()
 
     # -- teardown ----------------------------------------------------------------------------------
+    def forget(self) -> None:
+        """Forget every operation in flight: what the client still completes is ignored (an
+        elastic epoch that ended). Called with the in-flight lock held."""
+        self._ops.clear()
+
+    def interrupt(self) -> None:
+        """Close the client so that nobody stays blocked in C++ (a fatal error, an epoch that
+        ended): what is in flight fails, and its completions still arrive."""
+        cli = self.client
+        if cli is not None:
+            cli.close()
+
     def close(self) -> None:
         """Close the client, which fails what is still in flight with the reason; finish
         those operations; give the interpreter's switch interval back if we changed it."""

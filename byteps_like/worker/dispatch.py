@@ -39,7 +39,9 @@ from ..wire import (
 from .local_reduce import LOCAL_TYPES
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .inflight import InFlight
+    from .local_reduce import LocalReduction
+    from .membership import Membership
 
 log = logging.getLogger("byteps_like.worker")
 #: the requests whose ERROR answers go to the server-held tables (their type is in the meta)
@@ -63,17 +65,18 @@ def server_error(what: str, kind: str | None, text: str, server: int,
 class Dispatcher:
     """Routes the messages of one runtime's endpoint."""
 
-    def __init__(self, rt: Runtime):
-        self.rt = rt
-        self.members = rt.members
+    def __init__(self, members: Membership, flight: InFlight, local: LocalReduction):
+        self.members = members
+        self.flight = flight
+        self.local = local
 
     #: where the answers of server-held tables go (the runtime's SparseTables.on_message)
     table_answers: Callable[[Route, Message], None] | None = None
 
     def on_message(self, route: Route, frames: list) -> None:
-        rt, m = self.rt, self.members
+        m, flight = self.members, self.flight
         try:
-            msg = decode(frames, rt.config.transport.max_message_bytes)
+            msg = decode(frames, m.config.transport.max_message_bytes)
         except ProtocolError as exc:
             m.dropped("malformed", f"from {route}: {exc}")
             return
@@ -85,11 +88,11 @@ class Dispatcher:
             m.dropped("message before the node table", f"{h.type.name} from {route}")
             return
         if h.type in LOCAL_TYPES:
-            why = rt.local.sender_problem(route, h)
+            why = self.local.sender_problem(route, h)
             if why:
                 m.dropped(why, f"{h.type.name} key {h.key} round {h.round} from {route}")
                 return
-            rt.local.on_message(route, h)
+            self.local.on_message(route, h)
             return
         if h.type in SPARSE_ANSWERS or (h.type is MsgType.ERROR and isinstance(msg.meta, dict)
                                         and msg.meta.get("type") in _SPARSE_NAMES):
@@ -99,8 +102,8 @@ class Dispatcher:
                 self.table_answers(route, msg)
             return
         # a server's answer: only on the connection the push went out on, from that server
-        with rt._lock:
-            task = rt.inflight.get(h.key)
+        with flight.lock:
+            task = flight.tasks.get(h.key)
         if task is None or task.round != h.round:
             m.dropped("answer that matches no push in flight",
                       f"{h.type.name} key {h.key} round {h.round} from {route}")
@@ -112,9 +115,9 @@ class Dispatcher:
                       f"{h.sender}")
             return
         if h.type is MsgType.PUSH_ACK:
-            rt._release(task)
+            flight.release(task)
         elif h.type is MsgType.PULL_RESP:
-            rt._release(task)
+            flight.release(task)
             codec = task.codec
             if codec is not None:
                 bad = (not h.flags & FLAG_COMPRESSED or h.dtype != "uint8"
@@ -124,19 +127,19 @@ class Dispatcher:
             if bad:
                 want = (f"a compressed payload of at most {codec.max_bytes} bytes"
                         if codec is not None else f"{task.nbytes} bytes of {task.dtype}")
-                rt._fail_task(task, ProtocolError(
+                flight.fail_task(task, ProtocolError(
                     f"server {h.rank} answered key {h.key} with {h.count} x {h.dtype}, "
                     f"expected {want}"))
                 return
-            with rt._lock:
-                rt.inflight.pop(h.key, None)
+            with flight.lock:
+                flight.tasks.pop(h.key, None)
             task.payload = msg.payload
             task.contrib = contributors(h.flags)
-            rt.active_pipeline.advance(task)
+            flight.active_pipeline.advance(task)
         elif h.type is MsgType.ERROR:
-            rt._release(task)
+            flight.release(task)
             meta = msg.meta if isinstance(msg.meta, dict) else {}
-            rt._fail_task(task, server_error(
+            flight.fail_task(task, server_error(
                 f"push_pull of {task.handle.name!r} (key {h.key})", meta.get("kind"),
                 str(meta.get("message", "error")), h.rank, meta))
         else:

@@ -20,7 +20,6 @@ push of an older epoch is out of round at every server: no sum mixes two epochs.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -29,9 +28,13 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BytePSError, MembershipChangedError, TooFewWorkersError
 from ..partition import Assigner
 from ..wire import ROUND_MASK, epoch_round_base, round_epoch
+from . import broadcast
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .dataplane import NativeDataPlane
+    from .inflight import InFlight
+    from .membership import Membership
+    from .tensors import TensorRegistry
 
 log = logging.getLogger("byteps_like.worker")
 
@@ -69,8 +72,12 @@ class ElasticAssigner(Assigner):
 class ElasticMembership:
     """One worker's membership epoch. Created by the runtime when BYTEPS_ELASTIC is on."""
 
-    def __init__(self, rt: Runtime):
-        self.rt = rt
+    def __init__(self, members: Membership, flight: InFlight, registry: TensorRegistry,
+                 plane: NativeDataPlane):
+        self.members = members
+        self.flight = flight
+        self.registry = registry
+        self.plane = plane
         self.epoch = 0                   # the epoch this worker is in (0: none yet)
         self.round_base = 0
         self._lock = threading.Lock()
@@ -119,8 +126,7 @@ class ElasticMembership:
 
     def adopt_table(self) -> None:
         """After the node table: the epoch, rank and size it names (a joiner's table too)."""
-        rt = self.rt
-        m = rt.members
+        m = self.members
         c = m.controller
         self.epoch = c.epoch or 1
         self._announced = max(self._announced, self.epoch)
@@ -131,7 +137,7 @@ class ElasticMembership:
         if m.assigner is not None and not isinstance(m.assigner, ElasticAssigner):
             m.assigner = ElasticAssigner(  # type: ignore[assignment]
                 m.assigner.num_servers, m.assigner.weights)
-        reg = rt.registry
+        reg = self.registry
         reg.key_of = name_id
         reg.round_base = self.round_base
 
@@ -148,7 +154,7 @@ class ElasticMembership:
         True: it was stale and is failed."""
         if not self.stale(task):
             return False
-        self.rt._fail_task(task, self._error())
+        self.flight.fail_task(task, self._error())
         return True
 
     def check_collective(self) -> None:
@@ -170,7 +176,7 @@ class ElasticMembership:
             self._announced = max(self._announced, epoch)
             first = self._superseded is None
             self._superseded = MembershipChangedError(
-                f"worker rank {self.rt.rank_}: the membership of the job changed (epoch "
+                f"worker rank {self.members.rank}: the membership of the job changed (epoch "
                 f"{self.epoch} -> {epoch})" + (f"; lost: {'; '.join(lost_t)}" if lost_t else "")
                 + (f"; {added} worker(s) waiting to join" if added else "")
                 + "; call rejoin() (byteps_like.elastic.run does)",
@@ -189,19 +195,16 @@ class ElasticMembership:
 
     def _error(self) -> MembershipChangedError:
         return self._superseded or MembershipChangedError(
-            f"worker rank {self.rt.rank_}: the membership epoch {self.epoch} ended",
+            f"worker rank {self.members.rank}: the membership epoch {self.epoch} ended",
             epoch=self._announced, added=self._added)
 
     def _abandon(self, exc: BaseException) -> None:
         """Fail every handle of the old epoch and wake whoever waits in the data plane."""
-        rt = self.rt
-        if rt.control is not None:
-            rt.control.interrupt = exc   # barriers and finish() waiting raise it
-        for h in list(rt._handles):
-            h.fail(exc)
-        cli = rt.plane.client
-        if cli is not None:
-            cli.close()
+        control = self.members.control
+        if control is not None:
+            control.interrupt = exc   # barriers and finish() waiting raise it
+        self.flight.fail_handles(exc)
+        self.plane.interrupt()
 
     # -- the interface (user thread) ------------------------------------------------------------
     def check_membership(self) -> None:
@@ -210,13 +213,14 @@ class ElasticMembership:
             raise exc
         if self._added:
             raise MembershipChangedError(
-                f"worker rank {self.rt.rank_}: {self._added} worker(s) wait to join the job; "
+                f"worker rank {self.members.rank}: {self._added} worker(s) wait to join the job; "
                 "call rejoin() to admit them", epoch=self.epoch + 1, added=self._added)
-        if self.rt.control is not None and self.rt.control.fatal is not None:
-            raise self.rt.control.fatal
+        control = self.members.control
+        if control is not None and control.fatal is not None:
+            raise control.fatal
 
     def rejoin(self, timeout: float | None = None) -> None:
-        rt = self.rt
+        m = self.members
         t0 = time.monotonic()
         exc = self._error()
         with self._lock:
@@ -224,9 +228,9 @@ class ElasticMembership:
                 self._superseded = exc
         self._abandon(exc)
         self._drop_inflight()
-        control = rt.members.controller
+        control = m.controller
         control.ready(self._announced)
-        limit = rt.config.timeouts.op_timeout if timeout is None else timeout
+        limit = m.config.timeouts.op_timeout if timeout is None else timeout
         deadline = t0 + limit
         while True:
             if self._started.wait(0.05):
@@ -235,13 +239,13 @@ class ElasticMembership:
                 if start is not None and start["epoch"] >= self._announced:
                     break
                 self._started.clear()
-            fatal = control.fatal or rt._fatal
+            fatal = control.fatal or self.flight.fatal
             if fatal is not None:
                 raise fatal
             if time.monotonic() > deadline:
                 raise TooFewWorkersError(
-                    f"worker rank {rt.rank_}: no new membership epoch within {limit:g} s "
-                    "(rejoin timeout)", min_workers=rt.config.elastic.min_workers)
+                    f"worker rank {m.rank}: no new membership epoch within {limit:g} s "
+                    "(rejoin timeout)", min_workers=m.config.elastic.min_workers)
         self._adopt(start)
         self.resumes.append(time.monotonic() - t0)
 
@@ -249,24 +253,23 @@ class ElasticMembership:
         """Forget every operation of the old epoch: partitions waiting for an answer give their
         push credit back (a late answer matches nothing and is dropped), native operations are
         ignored when their (closed) client completes them."""
-        rt = self.rt
-        with rt._lock:
-            tasks = list(rt.inflight.values())
-            rt.inflight.clear()
-            rt.plane._ops.clear()
-            for st in rt._tensors.values():
+        flight = self.flight
+        with flight.lock:
+            tasks = list(flight.tasks.values())
+            flight.tasks.clear()
+            self.plane.forget()
+            for st in self.registry.tensors.values():
                 st.busy = None
                 st.waiting = []
-        if rt.pipeline is not None:
+        if flight.pipeline is not None:
             for task in tasks:
-                rt._release(task)
+                flight.release(task)
 
     def _adopt(self, start: dict) -> None:
-        rt = self.rt
         epoch, rank, size = int(start["epoch"]), int(start["rank"]), int(start["size"])
         base = epoch_round_base(epoch)
-        m = rt.members
-        with rt._lock:
+        m = self.members
+        with self.flight.lock:
             self.epoch, self.round_base = epoch, base
             m.rank, m.size = rank, size
             m.machine = m.push_rank = rank   # one worker process per machine
@@ -275,38 +278,32 @@ class ElasticMembership:
             # every tensor is declared afresh in the new epoch, as in a fresh job (the servers
             # forgot their keys): a name may come back with another shape, and the unnamed
             # sequences restart, so a joiner's names are the survivors'
-            reg = rt.registry
-            reg.tensors.clear()
-            reg.round_floor = {}
-            reg.round_base = base
-            reg._noname = 0
-            from . import broadcast
-            broadcast._counter = itertools.count()
-            broadcast._gather_counter = itertools.count()
+            self.registry.reset(base)
+            broadcast.reset_names()
             self._superseded = None
             self._added = 0
             self._start = None
             self._started.clear()
         m.controller.reset_barriers()
         m.controller.interrupt = None
-        if rt.plane.client is not None:
+        if self.plane.client is not None:
             self._reopen_native()
         log.info("worker rank %d of %d: membership epoch %d", rank, size, epoch)
 
     def _reopen_native(self) -> None:
         """The native streams say the rank in their hello: open new ones under the new rank."""
-        rt = self.rt
-        with rt._lock:
-            rt.plane._ops.clear()   # what the old client still completes is ignored
-        rt.plane.close()
-        cfg = rt.config
+        plane, m = self.plane, self.members
+        with self.flight.lock:
+            plane.forget()   # what the old client still completes is ignored
+        plane.close()
+        cfg = m.config
         credit = cfg.scheduling.credit * cfg.partition.partition_bytes
         try:
-            rt.plane.connect(cfg, rt.members.servers, credit)
+            plane.connect(cfg, m.servers, credit)
         except BytePSError:
             raise
         except Exception as exc:  # noqa: BLE001 - said plainly, the job cannot go on
-            raise BytePSError(f"worker rank {rt.rank_}: cannot reopen the native data plane "
+            raise BytePSError(f"worker rank {m.rank}: cannot reopen the native data plane "
                               f"for epoch {self.epoch}: {exc}") from exc
 
     def new_tensor_round(self) -> int:
@@ -314,7 +311,7 @@ class ElasticMembership:
         return self.round_base
 
 
-def install_hooks(rt: Runtime) -> ElasticMembership | None:
+def install_hooks(rt: Any) -> ElasticMembership | None:
     """Kept for scripts written while the runtime had no hooks yet: the runtime wires elastic
     membership in itself now (``init()`` of an elastic job). Returns ``rt.elastic_m``."""
     return rt.elastic_m

@@ -29,7 +29,8 @@ from .pipeline import Phase, Task
 from .tensors import TensorState
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .inflight import InFlight
+    from .membership import Membership
 
 #: the messages of the local reduction (the dispatcher routes them here)
 LOCAL_TYPES = frozenset({MsgType.LOCAL_READY, MsgType.LOCAL_REDUCE, MsgType.LOCAL_REDUCED,
@@ -41,12 +42,11 @@ Token = tuple[int, int]   # (key, round): one partition's round
 class LocalReduction:
     """This machine's side of the local reduction of one runtime."""
 
-    def __init__(self, rt: Runtime):
-        self.rt = rt
-        self.members = rt.members
+    def __init__(self, members: Membership, flight: InFlight):
+        self.members = members
         self.segments: dict[int, local.Segment] = {}    # decl_id -> the tensor's segment
         self.routes: dict[int, Route] = {}  # local root: local rank -> the way back to it
-        self.gate = local.Gate(lambda task: rt.active_pipeline.resume(task))
+        self.gate = local.Gate(lambda task: flight.active_pipeline.resume(task))
         self.ready = local.Counter(1)       # local root: inputs in place, per token
         self.reduced = local.Counter(1)     # local root: slices summed, per token
 
@@ -60,7 +60,7 @@ class LocalReduction:
         seg = self.segments.get(st.decl_id)
         if seg is None:
             m = self.members
-            c = self.rt.config.cluster
+            c = m.config.cluster
             name = (local.segment_prefix(c.job_id, c.root_port)
                     + f"m{m.machine}-t{st.decl_id}")
             seg = local.Segment(name, st.nbytes, m.local_size,

@@ -58,6 +58,7 @@ class Membership:
         self.push_rank = 0        # the rank a push carries (the machine's index)
         self.is_local_root = True
         self.single_machine = False   # one worker machine: push_pull never leaves it
+        self.cfg: Config | None = None    # the job's configuration (configure())
         # connections
         self.ctx: zmq.Context | None = None
         self.ep: Endpoint | None = None
@@ -82,12 +83,20 @@ class Membership:
     # -- identity --------------------------------------------------------------------------------
     def configure(self, cfg: Config) -> None:
         """The identity the configuration gives (the rank comes from the scheduler)."""
+        self.cfg = cfg
         c = cfg.cluster
         self.local_rank, self.local_size = c.local_rank, c.local_size
         self.size = c.num_worker * c.local_size
         self.is_local_root = c.local_rank == 0
         if self.is_local_root:  # a misspelt setting: one line per machine, unless bpslaunch
             report_unknown_settings(cfg)   # said it already (BYTEPS_REPORT_UNKNOWN_SETTINGS)
+
+    @property
+    def config(self) -> Config:
+        """The configuration of a configured worker."""
+        if self.cfg is None:
+            raise NotInitializedError("byteps_like is not initialised: call init() first")
+        return self.cfg
 
     def divisor(self, contrib: int) -> int:
         """What an average of a round divides by: every rank, or only the ranks whose

@@ -27,6 +27,10 @@ The parts, each with one job:
   completion;
 * :class:`~.dispatch.Dispatcher` (``dispatch``): the endpoint's incoming messages.
 
+The parts never see the runtime: each takes the :class:`~.inflight.InFlight` object (the lock,
+the handles and pushes in flight, credit release, task failure, the fatal error, the byte
+counters) and the other parts it uses, so none imports this module back.
+
 This module keeps the lifecycle (``init``, ``shutdown``, teardown), the fatal-error path, the
 handles in flight and the public methods; it re-exports :class:`~.tensors.TensorState` and
 :class:`~.tensors.DeviceCopier`, which plugins and tests import from here.
@@ -56,6 +60,7 @@ from .dataplane import NativeDataPlane
 from .dispatch import Dispatcher
 from .elastic_membership import ElasticMembership
 from .handle import Handle
+from .inflight import InFlight
 from .local_reduce import LocalReduction
 from .membership import Membership
 from .pipeline import COPY_D2H, PULL, PUSH, Phase, Pipeline, Task, itinerary
@@ -83,25 +88,21 @@ class Runtime:
         self._overrides = overrides
         self.cfg: Config | None = None
         self.initialized = False
-        # one lock for the state the parts share: tensors, handles, pushes and native
-        # operations in flight
-        self._lock = threading.RLock()
-        self._handles: set[Handle] = set()
-        self._fatal: BaseException | None = None
-        self.inflight: dict[int, Task] = {}      # key -> task whose push awaits its answer
-        self.pipeline: Pipeline | None = None
-        self.bytes_pushed = 0
-        self.bytes_pulled = 0
+        # what the parts share of the operations in flight (inflight.py): the lock, the
+        # handles, the pushes awaiting their answer, the fatal error, the pipeline, the bytes
+        self.flight = InFlight(lambda: f"worker rank {self.members.rank}")
+        self._lock = self.flight.lock
+        self._handles = self.flight.handles
         self.telemetry: Telemetry | None = None  # once connected (trace, metrics, summary)
         self.steps: dict[str, int] = {}  # training steps a plugin noted, per gradient group
         # the parts
-        self.members = Membership()
+        self.members = m = Membership()
         self.registry = TensorRegistry()
         self._tensors = self.registry.tensors   # name -> TensorState (tests read it)
-        self.local = LocalReduction(self)
-        self.plane = NativeDataPlane(self)
-        self.stages = StageExecutors(self)
-        self.dispatch = Dispatcher(self)
+        self.local = LocalReduction(m, self.flight)
+        self.plane = NativeDataPlane(m, self.flight)
+        self.stages = StageExecutors(m, self.flight, self.plane, self.local)
+        self.dispatch = Dispatcher(m, self.flight, self.local)
         self.elastic_m: ElasticMembership | None = None  # elastic jobs (elastic_membership.py)
         self.sparse = SparseTables(self)  # server-held embedding tables (sparse.py)
         self.dispatch.table_answers = self.sparse.on_message
@@ -115,11 +116,33 @@ class Runtime:
         return self.cfg
 
     @property
+    def pipeline(self) -> Pipeline | None:
+        """The pipeline while connected (None before ``init()`` and after ``shutdown()``)."""
+        return self.flight.pipeline
+
+    @pipeline.setter
+    def pipeline(self, pipeline: Pipeline | None) -> None:
+        self.flight.pipeline = pipeline
+
+    @property
     def active_pipeline(self) -> Pipeline:
         """The pipeline of a connected runtime (the parts use it only while connected)."""
-        if self.pipeline is None:
-            raise NotInitializedError(f"worker rank {self.rank_}: the pipeline is closed")
-        return self.pipeline
+        return self.flight.active_pipeline
+
+    @property
+    def inflight(self) -> dict[int, Task]:
+        """key -> the partition whose push awaits its server's answer."""
+        return self.flight.tasks
+
+    @property
+    def bytes_pushed(self) -> int:
+        """Payload bytes pushed so far (the compressed size for compressed partitions)."""
+        return self.flight.bytes_pushed
+
+    @property
+    def bytes_pulled(self) -> int:
+        """Payload bytes pulled so far (the compressed size for compressed partitions)."""
+        return self.flight.bytes_pulled
 
     @property
     def rank_(self) -> int:
@@ -170,10 +193,15 @@ class Runtime:
         return self.plane.client
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def init(self) -> None:
+    def init(self, **overrides: Any) -> None:
+        """Join the job. ``overrides`` (keyword overrides of the environment, e.g.
+        ``**{"partition.partition_bytes": 1 << 20}``) replace the constructor's; an initialised
+        runtime ignores them."""
         with self._lock:
             if self.initialized:
                 return
+            if overrides:
+                self._overrides = overrides
             cfg = self._cfg_arg or load(overrides=self._overrides)
             if cfg.cluster.role != "worker":
                 raise ConfigError(f"DMLC_ROLE={cfg.cluster.role!r}: init() is for workers; run "
@@ -186,7 +214,8 @@ class Runtime:
             c = cfg.cluster
             self.members.configure(cfg)
             if cfg.elastic.enabled and not c.is_standalone:  # worker/elastic_membership.py
-                self.elastic_m = ElasticMembership(self)
+                self.elastic_m = self.stages.elastic = ElasticMembership(
+                    self.members, self.flight, self.registry, self.plane)
             if c.is_standalone:
                 self.members.rank = 0
             else:
@@ -218,7 +247,7 @@ class Runtime:
         credit = cfg.scheduling.credit * cfg.partition.partition_bytes
         self.pipeline = Pipeline(self.stages.handlers(c.local_size),
                                  queue_depth=cfg.scheduling.queue_depth, credit_bytes=credit,
-                                 on_error=lambda task, exc: self._fail_task(task, exc))
+                                 on_error=self.flight.fail_task)
         self.pipeline.on_complete = lambda task: task.handle.part_done(task.part)
         from .telemetry import attach  # observers: trace, metrics, summary line
         self.telemetry = attach(self)
@@ -231,7 +260,7 @@ class Runtime:
             except CommunicationError:
                 self._teardown()
                 raise
-        m.install_excepthook(lambda: self.initialized and self._fatal is None)
+        m.install_excepthook(lambda: self.initialized and self.flight.fatal is None)
 
     def _atexit(self) -> None:
         try:
@@ -251,7 +280,7 @@ class Runtime:
             # the control client records a fatal error before it tells this runtime: check
             # both, or a shutdown racing that hand-over would raise the known error again
             control = self.members.control
-            if control is not None and self._fatal is None and control.fatal is None:
+            if control is not None and self.flight.fatal is None and control.fatal is None:
                 for h in handles:
                     try:
                         h.wait()
@@ -277,25 +306,10 @@ class Runtime:
 
     # -- errors -----------------------------------------------------------------------------------
     def _on_fatal(self, exc: BaseException) -> None:
-        if self._fatal is None:
-            self._fatal = exc
-        for h in list(self._handles):
-            h.fail(exc)
-        cli = self.plane.client
-        if cli is not None:  # wakes waiters blocked in the data plane: the job is over
-            cli.close()
-
-    def _release(self, task: Task) -> None:
-        """Return a task's push credit once: only a task the push queue handed out holds any
-        (one that failed in an earlier stage, e.g. a device copy, never took it)."""
-        if task.credited and not task.acked:
-            task.acked = True
-            self.active_pipeline.queues[PUSH].release(task.nbytes)
-
-    def _fail_task(self, task: Task, exc: BaseException) -> None:
-        if self.pipeline is not None:
-            self._release(task)  # a failed push must not keep its credit
-        task.handle.fail(exc)
+        if self.flight.fatal is None:
+            self.flight.fatal = exc
+        self.flight.fail_handles(exc)
+        self.plane.interrupt()  # wakes waiters blocked in the data plane: the job is over
 
     def check(self) -> None:
         """Raise what stops this runtime from working: NotInitializedError before ``init()``
@@ -306,8 +320,8 @@ class Runtime:
     def _check(self) -> None:
         if not self.initialized:
             raise NotInitializedError("byteps_like is not initialised: call init() first")
-        if self._fatal is not None:
-            raise self._fatal
+        if self.flight.fatal is not None:
+            raise self.flight.fatal
 
     # -- identity ---------------------------------------------------------------------------------
     def rank(self) -> int:
@@ -531,8 +545,8 @@ class Runtime:
                prereduced: bool = False) -> None:
         """Start the next round of ``st``: one native operation for a host tensor on the
         native data plane, else one pipeline task per partition."""
-        if self._fatal is not None:
-            h.fail(self._fatal)
+        if self.flight.fatal is not None:
+            h.fail(self.flight.fatal)
             return
         m = self.members
         try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -28,7 +28,29 @@ from ..wire import HEADER_SIZE, SPARSE_ANSWERS, Header, Message, MsgType, Role, 
 from .dispatch import server_error
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..config import Config
+    from .membership import Membership
+
+
+class Runtime(Protocol):
+    """What the tables use of the worker runtime (:class:`~.runtime.Runtime` is one): public
+    members only, so this part does not import the runtime that holds it."""
+
+    members: Membership
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def rank_(self) -> int: ...
+
+    @property
+    def local_size_(self) -> int: ...
+
+    @property
+    def alone(self) -> bool: ...
+
+    def check(self) -> None: ...
 
 #: the request an answer belongs to, by the request's message type
 _KIND = {"SPARSE_CREATE": "create", "SPARSE_PULL": "pull", "SPARSE_PUSH": "push"}

@@ -53,15 +53,23 @@ from .pipeline import (
 )
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .dataplane import NativeDataPlane
+    from .elastic_membership import ElasticMembership
+    from .inflight import InFlight
+    from .local_reduce import LocalReduction
+    from .membership import Membership
 
 
 class StageExecutors:
     """The stages of one runtime that reach the servers, compress and copy."""
 
-    def __init__(self, rt: Runtime):
-        self.rt = rt
-        self.members = rt.members
+    def __init__(self, members: Membership, flight: InFlight, plane: NativeDataPlane,
+                 local: LocalReduction):
+        self.members = members
+        self.flight = flight
+        self.plane = plane
+        self.local = local
+        self.elastic: ElasticMembership | None = None  # an elastic job's (set by init())
 
     def handlers(self, local_size: int) -> dict[Stage, Callable[[Task], bool]]:
         """The stage threads a job of ``local_size`` ranks per machine needs, in order."""
@@ -71,17 +79,17 @@ class StageExecutors:
         if local_size == 1:  # device tensors stage partition by partition (DeviceCopier)
             stages = {COPY_D2H: self.d2h, **stages, COPY_H2D: self.h2d}
         if local_size > 1:
-            local = self.rt.local
+            local = self.local
             stages = {REDUCE: local.reduce, **stages, BROADCAST: local.broadcast}
         return stages
 
     def push(self, task: Task) -> bool:
-        rt, m = self.rt, self.members
-        if rt.elastic_m is not None and rt.elastic_m.fail_stale(task):
+        flight, m = self.flight, self.members
+        if self.elastic is not None and self.elastic.fail_stale(task):
             return False  # a partition of an elastic epoch that is over
         if task.native:  # the native data plane pushes and pulls; it applies its own credit
-            rt._release(task)
-            rt.plane.submit_task(rt.plane.active_client, task)
+            flight.release(task)
+            self.plane.submit_task(self.plane.active_client, task)
             return False  # the completion advances the task
         # one message pushes the partition and asks for the round's sum (FLAG_PULL)
         flags = FLAG_PULL | (FLAG_DECLARE if task.decl else 0)
@@ -100,26 +108,26 @@ class StageExecutors:
                        and device.device_slice is not None else task.push_src)
             hdr = Header(MsgType.PUSH, task.dtype, Role.WORKER, m.push_rank, flags, m.job,
                          task.key, task.round, task.nbytes // ITEMSIZE[task.dtype], task.nbytes)
-        with rt._lock:
-            rt.inflight[task.key] = task
+        with flight.lock:
+            flight.tasks[task.key] = task
         m.endpoint.send(m.routes[task.server][task.conn], encode(hdr, payload, task.decl))
-        rt.bytes_pushed += hdr.nbytes
+        flight.bytes_pushed += hdr.nbytes
         return False  # the pull response advances the task
 
     def pull(self, task: Task) -> bool:
-        rt, m = self.rt, self.members
+        flight, m = self.flight, self.members
         if task.native:  # received in place and averaged by the native data plane
-            rt.bytes_pulled += task.nbytes
+            flight.bytes_pulled += task.nbytes
             return True
         if task.codec is not None:  # the decompress stage decodes the payload
-            rt.bytes_pulled += memoryview(as_buffer(task.payload)).nbytes
+            flight.bytes_pulled += memoryview(as_buffer(task.payload)).nbytes
             return True
         payload = task.payload
         task.payload = None
         _core.copy_into(task.pull_dst, as_buffer(payload))
         if task.average and m.size > 1 and task.seg is None:
             _core.scale_into(task.dst, task.dtype, m.divisor(task.contrib))
-        rt.bytes_pulled += task.nbytes
+        flight.bytes_pulled += task.nbytes
         return True
 
     # -- compression -------------------------------------------------------------------------------

@@ -109,6 +109,15 @@ class TensorRegistry:
         self._noname += 1
         return name
 
+    def reset(self, round_base: int) -> None:
+        """Forget every declaration (an elastic job's new epoch, which the servers start with
+        no keys): names are declared afresh from ``round_base`` and the unnamed sequence
+        restarts, so a joiner's names are the survivors'."""
+        self.tensors.clear()
+        self.round_floor = {}
+        self.round_base = round_base
+        self._noname = 0
+
     def declare(self, name: str) -> TensorState:
         """The state of ``name``, declaring it (the next key) if it is new; after a join() a
         new name starts at the round the job is at."""

@@ -147,3 +147,16 @@ def test_workers_that_declare_different_tables_get_a_mismatch(cluster):
     assert errors and all(isinstance(e, MismatchError) for e in errors)
     assert "worker rank 0 declared 'emb-mix' (100 x 4" in str(errors[0])
     assert "worker rank 1 declared 'emb-mix' (100 x 5" in str(errors[0])
+
+
+@pytest.mark.parametrize("workers,servers", [(1, 0), (2, 2)])
+def test_torch_modules_train_like_dense_tables_in_one_process(workers, servers):
+    """SparseEmbedding (SGD) and SparseEmbeddingBag (Adagrad) with a dense head through
+    DistributedOptimizer, real processes through bpslaunch; one worker alone holds the tables
+    itself."""
+    pytest.importorskip("torch")
+    from .harness import bpslaunch, worker
+    run = bpslaunch(worker("sparse_torch.py"), workers=workers, servers=servers or None,
+                    timeout=120)
+    assert run.rc == 0, run.log
+    assert len(run.lines("tables and head match")) == workers, run.log

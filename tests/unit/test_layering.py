@@ -438,3 +438,124 @@ print(json.dumps(out))
         assert loaded[mod] == [], f"importing {mod} loads {loaded[mod]}"
     for mod, mods in loaded.items():
         assert not set(mods) & FRAMEWORKS, f"importing {mod} loads {mods}"
+
+
+# ------------------------------------------------------------------------------ the worker's parts
+WORKER_PKG = "byteps_like.worker"
+
+
+def _worker_imports() -> dict[str, dict[str, int]]:
+    """module of byteps_like/worker/ -> {worker module it imports: line}. Every import counts:
+    inside functions and under ``if TYPE_CHECKING:`` too, so a circle cannot hide in one."""
+    mods = {s.module: s for s in _sources("worker")}
+    graph: dict[str, dict[str, int]] = {}
+    for mod, src in mods.items():
+        deps: dict[str, int] = {}
+        for line, name in imported_names(src):
+            # ``from . import broadcast`` names the module; ``from .x import Y`` names x.Y
+            target = name if name in mods else name.rpartition(".")[0]
+            if target in mods and target != mod and target != WORKER_PKG:
+                deps.setdefault(target, line)
+        graph[mod] = deps
+    return graph
+
+
+def _circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_circle_finder_finds_a_circle():
+    assert _circles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [
+        ["a", "b", "c"]]
+    assert _circles({"a": {"b": 1}, "b": {}}) == []
+
+
+def test_no_import_circle_in_the_worker_package():
+    """The runtime imports its parts; a part takes the small in-flight object
+    (worker/inflight.py) and the other parts it uses, never the runtime, so nothing imports
+    runtime.py back. Imports under TYPE_CHECKING count as well: none is needed."""
+    graph = _worker_imports()
+    assert "byteps_like.worker.dispatch" in graph["byteps_like.worker.runtime"]  # the walk sees
+    bad = []
+    for comp in _circles(graph):
+        edges = [f"{a.rpartition('.')[2]}:{graph[a][b]} -> {b.rpartition('.')[2]}"
+                 for a in comp for b in comp if b in graph[a]]
+        bad.append(" <-> ".join(c.rpartition(".")[2] for c in comp) + f" ({'; '.join(edges)})")
+    _report(bad, "byteps_like/worker/ has no import circle")
+
+
+def _runtime_private_members() -> set[str]:
+    """The underscore methods and attributes of :class:`Runtime` (no dunders)."""
+    src = next(s for s in SOURCES if s.rel == "byteps_like/worker/runtime.py")
+    cls = next(n for n in src.tree.body if isinstance(n, ast.ClassDef) and n.name == "Runtime")
+    names = set()
+    for node in ast.walk(cls):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+              and isinstance(node.value, ast.Name) and node.value.id == "self"):
+            names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_no_private_runtime_member_is_used_outside_runtime():
+    """Nothing outside runtime.py reaches into the runtime's underscore members (its lock, its
+    handles, its fatal error, ``_check()``, ...): the parts use the in-flight object, plugins
+    and the API its public methods. Any ``x._name`` with ``_name`` one of Runtime's and ``x``
+    not ``self`` counts, whatever ``x`` is."""
+    private = _runtime_private_members()
+    assert {"_lock", "_check", "_start"} <= private  # the walk sees them
+    bad = []
+    for src in _sources("shared", "worker", "tool", "plugin:*", "bench", "server", "scheduler",
+                        "launcher"):
+        if src.rel == "byteps_like/worker/runtime.py":
+            continue
+        for node in ast.walk(src.tree):
+            if (isinstance(node, ast.Attribute) and node.attr in private
+                    and not (isinstance(node.value, ast.Name)
+                             and node.value.id in ("self", "cls"))):
+                bad.append(f"{src.rel}:{node.lineno} {ast.unparse(node)}")
+    _report(bad, "private Runtime members are used in runtime.py only")
+
+
+def test_no_worker_module_resets_another_modules_globals():
+    """A module of byteps_like/worker/ assigns no attribute of another module (the elastic
+    membership restarts broadcast's names through ``broadcast.reset_names()``)."""
+    bad = []
+    for src in _sources("worker"):
+        modules = {a.asname or a.name for n in ast.walk(src.tree)
+                   if isinstance(n, ast.ImportFrom) and n.level and not n.module
+                   for a in n.names}
+        for node in ast.walk(src.tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                    and isinstance(node.value, ast.Name) and node.value.id in modules):
+                bad.append(f"{src.rel}:{node.lineno} {ast.unparse(node)}")
+    _report(bad, "worker modules set no other module's globals")

@@ -1,0 +1,63 @@
+"""What the worker's parts share of the operations in flight: the narrow interface they get
+instead of the :class:`~byteps_like.worker.runtime.Runtime`.
+
+One :class:`InFlight` per runtime holds the lock over the state the parts share (tensors,
+handles, pushes and native operations in flight), the handles in flight, the partitions whose
+push awaits the server's answer, the job's fatal error, the pipeline while connected, and the
+byte counters; and it does the two things every part needs done to a partition: give its push
+credit back (:meth:`InFlight.release`) and fail it (:meth:`InFlight.fail_task`).
+
+The parts (:mod:`.stages`, :mod:`.dispatch`, :mod:`.dataplane`, :mod:`.local_reduce`,
+:mod:`.elastic_membership`) take this object and the other parts they use, never the runtime,
+so nothing in ``byteps_like/worker/`` imports :mod:`.runtime` back
+(``tests/unit/test_layering.py`` checks it).
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from ..errors import NotInitializedError
+from .handle import Handle
+from .pipeline import PUSH, Pipeline, Task
+
+
+class InFlight:
+    """The operations of one worker runtime in flight, and their bookkeeping."""
+
+    def __init__(self, who: Callable[[], str] = lambda: "worker") -> None:
+        self.who = who  # names this worker in errors: "worker rank 3"
+        # one lock for the state the parts share: tensors, handles, pushes and native
+        # operations in flight
+        self.lock = threading.RLock()
+        self.handles: set[Handle] = set()
+        self.tasks: dict[int, Task] = {}       # key -> task whose push awaits its answer
+        self.fatal: BaseException | None = None  # the job's fatal error, once there is one
+        self.pipeline: Pipeline | None = None  # while connected
+        self.bytes_pushed = 0                  # payload bytes on the wire (compressed size
+        self.bytes_pulled = 0                  # for compressed partitions)
+
+    @property
+    def active_pipeline(self) -> Pipeline:
+        """The pipeline of a connected runtime (the parts use it only while connected)."""
+        if self.pipeline is None:
+            raise NotInitializedError(f"{self.who()}: the pipeline is closed")
+        return self.pipeline
+
+    def release(self, task: Task) -> None:
+        """Return a task's push credit once: only a task the push queue handed out holds any
+        (one that failed in an earlier stage, e.g. a device copy, never took it)."""
+        if task.credited and not task.acked:
+            task.acked = True
+            self.active_pipeline.queues[PUSH].release(task.nbytes)
+
+    def fail_task(self, task: Task, exc: BaseException) -> None:
+        """Fail ``task``'s handle; a failed push must not keep its credit."""
+        if self.pipeline is not None:
+            self.release(task)
+        task.handle.fail(exc)
+
+    def fail_handles(self, exc: BaseException) -> None:
+        """Fail every handle in flight with ``exc`` (a fatal error, an epoch that ended)."""
+        for h in list(self.handles):
+            h.fail(exc)
