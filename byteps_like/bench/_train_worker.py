@@ -158,8 +158,12 @@ def run_bps(a: argparse.Namespace) -> int:
     comp = bps.Compression.fp16 if a.compression == "fp16" else bps.Compression.none
     opt = bps.DistributedOptimizer(tr.optimizer(model.parameters()),
                                    named_parameters=model.named_parameters(), compression=comp)
+    if a.cross_barrier:
+        from byteps_like.torch.cross_barrier import CrossBarrier
+        opt = CrossBarrier(model, opt)
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     times = tr.steps(model, opt, a.steps, a.warmup)
+    opt.flush()  # CrossBarrier: the last step's updates (nothing otherwise)
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt.zero_grad(set_to_none=True)
@@ -236,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = torch's own")
     p.add_argument("--compression", choices=("none", "fp16"), default="none")
     p.add_argument("--exchange-repeats", type=int, default=5)
+    p.add_argument("--cross-barrier", action="store_true", help="byteps_like: CrossBarrier")
     p.add_argument("--backend", choices=("nccl", "gloo"), default="gloo", help="ddp")
     p.add_argument("--rank", type=int, default=0, help="ddp")
     p.add_argument("--world", type=int, default=1, help="ddp")

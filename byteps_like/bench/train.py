@@ -82,6 +82,7 @@ class Setup:
     amp: bool
     compression: str
     exchange_repeats: int
+    cross_barrier: bool           # byteps_like through CrossBarrier
     threads_local: int            # torch threads of the local process (0: torch's default)
     threads_worker: int           # ... of each distributed worker
     timeout: float
@@ -109,6 +110,8 @@ class Setup:
             args += ["--batch", str(self.batch)]
         if not self.amp:
             args.append("--no-amp")
+        if self.cross_barrier:
+            args.append("--cross-barrier")
         return args
 
     def host_argv(self, host: str, argv: list[str]) -> list[str]:
@@ -259,6 +262,7 @@ def make_record(s: Setup, model: str, mode: str, per_worker: list[dict], wall: f
         rec["compression"] = s.compression
     if mode == "byteps_like":
         rec["extra_env"] = dict(s.extra_env)
+        rec["cross_barrier"] = s.cross_barrier
         ex, ex_reps = _slowest_median([w["exchange_s"] for w in per_worker])
         si, si_reps = _slowest_median([w["single_tensor_s"] for w in per_worker])
         rec.update({"exchange_s": ex, "exchange_repeats_s": ex_reps,
@@ -304,7 +308,8 @@ def format_table(records: list[dict]) -> str:
     for r in records:
         ms = lambda key: num(r[key] * 1e3 if r.get(key) is not None else None, ".1f")
         mode = r["mode"] + (f" ({r['backend']})" if r.get("backend") else "") + (
-            f" {r['compression']}" if r.get("compression", "none") != "none" else "")
+            f" {r['compression']}" if r.get("compression", "none") != "none" else "") + (
+            " xb" if r.get("cross_barrier") else "")
         bw = r.get("exchange_gbps"), r.get("single_tensor_gbps")
         rows.append((r["model"], mode, device_label(r), str(r["workers"]),
                      str(r["servers"]) if r["mode"] == "byteps_like" else "-", r["rate"],
@@ -397,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "measurements (default 5)")
     p.add_argument("--no-amp", action="store_true",
                    help="on CUDA: float32 forward instead of bf16 autocast")
+    p.add_argument("--cross-barrier", action="store_true",
+                   help="byteps_like through CrossBarrier (updates during the next forward "
+                        "pass; shown as 'xb')")
     p.add_argument("--compression", choices=("none", "fp16"), default="none",
                    help="DistributedOptimizer(compression=...) of byteps_like (and Horovod)")
     p.add_argument("--env", action="append", type=_env_pair, default=[], metavar="NAME=VALUE",
@@ -510,7 +518,8 @@ def plan_run(p: argparse.ArgumentParser, a: argparse.Namespace) -> Plan:
     setup = Setup(device=device, gpus=gpus if device == "cuda" else 0,
                   workers=a.workers, servers=a.servers, rate_bits=a.rate, steps=a.steps,
                   warmup=a.warmup, batch=a.batch, amp=not a.no_amp, compression=a.compression,
-                  exchange_repeats=a.exchange_repeats, threads_local=threads,
+                  exchange_repeats=a.exchange_repeats, cross_barrier=a.cross_barrier,
+                  threads_local=threads,
                   threads_worker=threads, timeout=a.timeout, extra_env=dict(a.env),
                   ddp_backend=a.ddp_backend, horovod_python=hvd_python)
     return Plan(setup, names, [m for m in modes if m not in skipped], skipped, usable)
@@ -530,6 +539,7 @@ def print_job(plan: Plan, a: argparse.Namespace) -> None:
           + ("" if s.rate_bits is None else " NIC cap per host, each host a network namespace")
           + f"; {s.warmup} warm-up + {s.steps} timed steps; exchange {s.exchange_repeats} "
           f"repeats; compression {s.compression}"
+          + ("; CrossBarrier" if s.cross_barrier else "")
           + (f"; byteps_like env {' '.join(f'{k}={v}' for k, v in a.env)}" if a.env else ""))
     for mode, why in plan.skipped.items():
         print(f"{mode}: skipped: {why}")

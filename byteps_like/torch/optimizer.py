@@ -89,6 +89,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._sync.fuse = fusion.TorchFuser(rt, self._params, self._sync.compression, average,
                                             self._sync.buckets)
         self._should_sync = True
+        self._cross: _Crossing | None = None  # CrossBarrier(model, optimizer)
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                        for i, p in enumerate(self._params)]
 
@@ -123,6 +124,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._opt.defaults = value
 
     def state_dict(self):
+        if self._cross is not None:
+            self._cross.flush()
         return self._opt.state_dict()
 
     def load_state_dict(self, state_dict) -> None:
@@ -142,7 +145,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Wait until every gradient is averaged across workers (called by step()). Each call
         is one training step for traces, metrics and the status view."""
+        if self._cross is not None:
+            self._cross.flush()
         self._sync.synchronize()
+
+    def flush(self) -> None:
+        """With :func:`~byteps_like.torch.cross_barrier.CrossBarrier`: apply every update still
+        waiting for the next forward pass now (nothing to do without it)."""
+        if self._cross is not None:
+            self._cross.flush()
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -155,13 +166,113 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._should_sync = True
 
     def step(self, closure=None):
+        if self._cross is not None and self._should_sync:
+            return self._cross.step(closure)
         if self._should_sync:
             self.synchronize()
         return self._opt.step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._cross is not None:
+            self._cross.zero_grad(set_to_none)
+            return
         if self._sync.in_flight:
             raise BytePSError("optimizer.zero_grad() was called after loss.backward() but "
                               "before optimizer.step() or optimizer.synchronize(): the "
                               "gradients are still being averaged")
         self._opt.zero_grad(set_to_none=set_to_none)
+
+
+class _Crossing:
+    """Crossing the barrier between steps (:func:`byteps_like.torch.cross_barrier.CrossBarrier`).
+
+    ``step()`` starts what backward left unstarted and returns at once. The sums land during
+    the next forward pass: before a module runs, the buckets holding its parameters are waited
+    for, their sums written back and the wrapped optimizer steps on just those parameters (a
+    bucket's parameters as their own param groups, each with its group's current
+    hyperparameters). The first layers' buckets, urgent by priority, come back first, so the
+    next forward starts while the last ones are still on the wire. Whatever a forward pass has
+    not used is applied when the model's forward returns (so before the next backward), before
+    ``state_dict()`` (model or optimizer), and by ``synchronize()``/``flush()``."""
+
+    def __init__(self, model: torch.nn.Module, dopt: DistributedOptimizer):
+        self.dopt, self.sync, self.opt = dopt, dopt._sync, dopt._opt
+        params = dopt._params
+        index = {id(p): i for i, p in enumerate(params)}
+        self.params_of = {b.index: [params[i] for i in b.members] for b in self.sync.buckets}
+        self.waiting: set[int] = set()   # buckets whose sums the next forward applies
+        self.set_to_none = True
+        self.hooks = []
+        for module in model.modules():
+            own = sorted({self.sync.bucket_of[index[id(p)]]
+                          for p in module.parameters(recurse=False) if id(p) in index})
+            if own:
+                self.hooks.append(module.register_forward_pre_hook(self._pre_hook(own)))
+        self.hooks.append(model.register_forward_hook(lambda *_: self.flush()))
+        self.hooks.append(model.register_state_dict_pre_hook(lambda *_, **__: self.flush()))
+
+    def _pre_hook(self, buckets: list[int]):
+        def hook(_module, _inputs) -> None:
+            if self.waiting:
+                for k in buckets:
+                    if k in self.waiting:
+                        self._apply(k)
+        return hook
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise BytePSError("CrossBarrier: step(closure) is not supported (the update of "
+                              "each layer happens during the next forward pass)")
+        self.flush()
+        self.sync.launch_rest()
+        self.waiting = set(self.sync.pending)
+        self.sync.restart_counts()
+        self.sync.end_step()
+
+    def _apply(self, k: int) -> None:
+        self.waiting.discard(k)
+        try:
+            self.sync.finish_bucket(k)
+        except BaseException:
+            self.waiting.clear()
+            self.sync.reset()
+            raise
+        params = self.params_of[k]
+        ids = {id(p) for p in params}
+        saved = self.opt.param_groups
+        self.opt.param_groups = [dict(g, params=[p for p in g["params"] if id(p) in ids])
+                                 for g in saved]
+        try:
+            self.opt.step()
+        finally:
+            self.opt.param_groups = saved
+        for p in params:  # the gradient is used up: the next backward starts from nothing
+            if self.set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def flush(self) -> None:
+        """Apply every bucket still waiting (in forward order)."""
+        for k in sorted(self.waiting):
+            if k in self.waiting:
+                self._apply(k)
+
+    def zero_grad(self, set_to_none: bool) -> None:
+        """The wrapped optimizer's zero_grad, except for the gradients still waiting for their
+        sums (they are cleared once applied)."""
+        if any(k not in self.waiting for k in self.sync.pending):
+            raise BytePSError("optimizer.zero_grad() was called after loss.backward() but "
+                              "before optimizer.step(): the gradients are still being averaged")
+        self.set_to_none = set_to_none
+        if not self.waiting:
+            self.opt.zero_grad(set_to_none=set_to_none)
+            return
+        busy = {id(p) for k in self.waiting for p in self.params_of[k]}
+        saved = self.opt.param_groups
+        self.opt.param_groups = [dict(g, params=[p for p in g["params"] if id(p) not in busy])
+                                 for g in saved]
+        try:
+            self.opt.zero_grad(set_to_none=set_to_none)
+        finally:
+            self.opt.param_groups = saved

@@ -291,39 +291,64 @@ class GradientSynchronizer:
         """Start every gradient not yet started, wait for all, write the sums back. Each call
         that succeeds is one training step for traces, metrics and the status view
         (``Runtime.note_step``, keyed by the group's first tensor)."""
-        for b in self.buckets:
-            if b.index not in self.pending:
-                self._launch(b)
+        self.launch_rest()
         errors = []
         for k in sorted(self.pending):
-            p = self.pending[k]
             try:
-                p.handle.wait(timeout)
+                self.finish_bucket(k, timeout, forget=False)
             except Exception as exc:  # noqa: BLE001 - first one raised after cleanup
                 errors.append(exc)
-                continue
-            if p.wire is not p.buf.array:
-                self._cast.decompress(p.wire, p.ctx, p.buf.array, p.dtype)
-            if p.members is not None:  # a host-fused bucket: the sums back to each gradient
-                for mb, off, n in p.members:
-                    _copy_bytes(p.buf.array, off, n, mb.array, into_flat=False)
-                    if mb.device is not None:
-                        mb.device.h2d(0, n)
-                    if mb.writeback is not None:
-                        mb.writeback()
-            if p.buf.writeback is not None:
-                p.buf.writeback()
         self.reset()
         if errors:
             raise errors[0]
+        self.end_step()
+
+    def launch_rest(self) -> None:
+        """Start every bucket of this step not started yet (gradients that backward did not
+        produce count as zeros)."""
+        for b in self.buckets:
+            if b.index not in self.pending:
+                self._launch(b)
+
+    def finish_bucket(self, index: int, timeout: float | None = None, *,
+                      forget: bool = True) -> None:
+        """Wait for bucket ``index``'s push_pull and write its sums back into the gradients
+        (``forget``: and drop it from the step's pending buckets)."""
+        p = self.pending[index]
+        try:
+            p.handle.wait(timeout)
+        finally:
+            if forget:
+                with self._lock:
+                    self.pending.pop(index, None)
+        if p.wire is not p.buf.array:
+            self._cast.decompress(p.wire, p.ctx, p.buf.array, p.dtype)
+        if p.members is not None:  # a host-fused bucket: the sums back to each gradient
+            for mb, off, n in p.members:
+                _copy_bytes(p.buf.array, off, n, mb.array, into_flat=False)
+                if mb.device is not None:
+                    mb.device.h2d(0, n)
+                if mb.writeback is not None:
+                    mb.writeback()
+        if p.buf.writeback is not None:
+            p.buf.writeback()
+
+    def end_step(self) -> None:
+        """One training step is over (for traces, metrics and the status view)."""
         self.rt.note_step(self.tensor_names[0] if self.names else "")
+
+    def restart_counts(self) -> None:
+        """Let the next backward pass count its gradients afresh while this step's buckets
+        are still in flight (cross-barrier: they finish during the next forward pass)."""
+        with self._lock:
+            self.counts = [0] * len(self.names)
+            self._left = [len(b.members) for b in self.buckets]
 
     def reset(self) -> None:
         """Forget the step in progress (its handles too): the next backward starts afresh."""
         with self._lock:
             self.pending.clear()
-            self.counts = [0] * len(self.names)
-            self._left = [len(b.members) for b in self.buckets]
+        self.restart_counts()
 
     @contextlib.contextmanager
     def disabled(self) -> Iterator[None]:

@@ -96,6 +96,7 @@ def test_train_ratios_and_table():
     from byteps_like.bench.train import Setup, add_ratios, format_table
     s = Setup(device="cuda", gpus=1, workers=2, servers=1, rate_bits=None,
               steps=3, warmup=1, batch=0, amp=True, compression="none", exchange_repeats=2,
+              cross_barrier=False,
               threads_local=0, threads_worker=0, timeout=60, extra_env={}, ddp_backend="auto",
               horovod_python=None)
     base = {"model": "m", "device": "cuda", "gpus_used": 1, "rate": "loopback", "batch": 4}

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 #: BYTEPS_FUSION_BYTES: off, small buckets (several fused buckets and some gradients alone), the
 #: default (everything of these models in one bucket)
 FUSION = {"off": "0", "small": "3000", "default": None}
-MODES = ["plain", "bpps2", "unused", "fp16", "ddp", "join"]
+MODES = ["plain", "bpps2", "unused", "fp16", "ddp", "cross", "join"]
 
 
 def train(tmp_path, modes: list[str], fusion: str, plane: str = "native"):
@@ -51,7 +51,7 @@ def assert_identical(a: dict, b: dict, what: str) -> None:
 
 def test_fused_training_equals_unfused_bit_for_bit(tmp_path):
     """plain, backward_passes_per_step, a parameter without gradient, fp16 compression (each
-    element rounds as it does alone), DistributedDataParallel, join."""
+    element rounds as it does alone), DistributedDataParallel, CrossBarrier, join."""
     off, off_b = train(tmp_path, MODES, "off")
     small, small_b = train(tmp_path, MODES, "small")
     one, one_b = train(tmp_path, MODES, "default")
@@ -62,6 +62,9 @@ def test_fused_training_equals_unfused_bit_for_bit(tmp_path):
         assert off_b[mode][0] > small_b[mode][0] > one_b[mode][0], (off_b, small_b, one_b)
         assert_identical(off[mode], small[mode], mode)
         assert_identical(off[mode], one[mode], mode)
+    # CrossBarrier applies the same updates, one bucket at a time during the next forward
+    for run in (off, small, one):
+        assert_identical(run["plain"], run["cross"], "cross")
 
 
 def test_zmq_plane_carries_fused_buckets(tmp_path):

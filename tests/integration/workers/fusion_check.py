@@ -3,7 +3,8 @@ other in one job, and writes each one's final parameters to OUT_DIR/MODE.rank{r}
 can compare runs with tensor fusion on and off bit for bit (BYTEPS_FUSION_BYTES decides).
 
 Modes (argv[1], comma-separated): ``plain`` (3 steps), ``bpps2`` (backward_passes_per_step=2),
-``fp16`` (the fp16 cast compressor), ``unused`` (a parameter that gets no gradient: its bucket
+``fp16`` (the fp16 cast compressor), ``cross`` (plain through CrossBarrier: updates applied
+during the next forward pass), ``unused`` (a parameter that gets no gradient: its bucket
 starts in step()), ``ddp`` (byteps_like's DistributedDataParallel), ``join`` (rank 1 runs one
 step fewer, then both join; put it last). Prints ``BUCKETS mode n fused`` on rank 0."""
 import os
@@ -17,6 +18,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import byteps_like.torch as bps  # noqa: E402
+from byteps_like.torch.cross_barrier import CrossBarrier  # noqa: E402
 
 modes, out_dir = sys.argv[1].split(","), sys.argv[2]
 bps.init()
@@ -66,6 +68,8 @@ def train(mode: str) -> None:
             opt, named_parameters=named, backward_passes_per_step=bpps,
             compression=bps.Compression.fp16 if mode == "fp16" else bps.Compression.none)
         sync = opt._sync
+        if mode == "cross":
+            opt = CrossBarrier(model, opt)
     if r == 0:
         print(f"BUCKETS {mode} {len(sync.buckets)} {sum(b.fused for b in sync.buckets)}",
               flush=True)
@@ -76,9 +80,14 @@ def train(mode: str) -> None:
             x = torch.randn(4, 3, 8, 8, generator=gen).to(dev)
             y = torch.randint(0, 10, (4,), generator=gen).to(dev)
             torch.nn.functional.cross_entropy(model(x), y).backward()
+        before = [p.detach().clone() for p in model.parameters()]
         opt.step()
+        if mode == "cross":  # step() returned without updating: the next forward does
+            assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     if mode == "join":
         bps.join()
+    if mode == "cross":
+        model.state_dict()  # applies the last step's updates, still waiting for a forward
     params = {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
     np.savez(os.path.join(out_dir, f"{mode}.rank{r}.npz"), **params)
 
