@@ -18,10 +18,7 @@ def init(**overrides: Any) -> None:
     Keyword overrides take precedence over the environment, e.g.
     ``init(**{"partition.partition_bytes": 1 << 20})``. With no environment at all this is a
     one-process job where push_pull returns its input."""
-    rt = default_runtime()
-    if overrides and not rt.initialized:
-        rt._overrides = overrides
-    rt.init()
+    default_runtime().init(**overrides)
 
 
 def shutdown() -> None:
