@@ -8,6 +8,7 @@ Subcommands:
   compress   the gradient compressors' encode/decode rate and payload ratio vs memcpy
   gil        push_pull while the main thread runs Python (GIL contention), and the loop's rate
   train      real models on synthetic data: byteps_like vs no communication vs DDP (Horovod)
+  sparse     a DLRM-shaped model: server-held embedding tables vs the same tables pushed dense
 
 Their processes run on bpslaunch's plan and supervisor (:mod:`.harness`); what they print is
 :mod:`.report`'s.
@@ -39,6 +40,8 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "gil": (_run("gil"), "push_pull with a busy Python main thread (GIL contention) vs alone"),
     "train": (_run("train"),
               "real models on synthetic data: byteps_like vs local (no communication) vs DDP"),
+    "sparse": (_run("sparse"),
+               "DLRM-shaped model: server-held embedding tables vs the same tables dense"),
 }
 
 

@@ -1,0 +1,128 @@
+"""One worker of ``python -m byteps_like.bench sparse`` (started by :mod:`.sparse`):
+
+``python -m byteps_like.bench._sparse_worker MODE [options]`` with MODE
+
+- ``sparse``: the DLRM-shaped model's tables are ``byteps_like.torch.SparseEmbedding`` (held and
+  updated on the servers: a step pulls the batch's unique rows and pushes their gradients);
+- ``dense``: the same tables as ``nn.Embedding``, every row's gradient through
+  ``DistributedOptimizer`` (push_pull), as a job without server-held tables has to.
+
+The model (:func:`table_rows`, :class:`DLRM`): ``--tables`` tables of ``--rows``, rows/10,
+rows/100, ... rows (Criteo-like skew) of ``--dim`` float32, one id per table per sample drawn
+from a Zipf distribution (``--zipf``), 13 dense features through a linear layer, an MLP on the
+concatenation, a logistic loss. The dense parameters go through ``DistributedOptimizer`` (SGD)
+in both modes. It runs ``--warmup`` untimed and ``--steps`` timed steps and prints one
+``BENCH_RESULT`` line: the step times, the wire bytes of the timed steps (tables: what the
+table requests and answers carried, headers included; push_pull: payload bytes) and the floor
+(each table's unique ids x (2 x row bytes + 8 bytes of id)).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from .report import emit, progress
+
+DENSE_FEATURES = 13
+
+
+def table_rows(rows: int, tables: int) -> list[int]:
+    """Criteo-like skew: rows, rows/10, rows/100, ... (at least 10 each)."""
+    return [max(10, rows // 10 ** i) for i in range(tables)]
+
+
+def batch_ids(rank: int, step: int, sizes: list[int], batch: int, zipf: float) -> np.ndarray:
+    """(batch, tables) int64 ids; Zipf-distributed, the hot rows spread by a fixed odd
+    multiplier so that they are not all the smallest ids."""
+    rng = np.random.default_rng([rank, step, 31])
+    cols = [((rng.zipf(zipf, batch).astype(np.int64) - 1) * 2654435761) % n for n in sizes]
+    return np.stack(cols, axis=1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m byteps_like.bench._sparse_worker")
+    p.add_argument("mode", choices=("sparse", "dense"))
+    p.add_argument("--rows", type=int, required=True)
+    p.add_argument("--tables", type=int, default=4)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--zipf", type=float, default=1.2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--lr", type=float, default=0.05)
+    a = p.parse_args(argv)
+
+    import torch
+
+    import byteps_like.torch as bps
+    from byteps_like.worker.runtime import default_runtime
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    bps.init()
+    rank, rt = bps.rank(), default_runtime()
+    sizes = table_rows(a.rows, a.tables)
+    if a.mode == "sparse":
+        embs: list[torch.nn.Module] = [
+            bps.SparseEmbedding(n, a.dim, name=f"table{i}", init="uniform", seed=i, lr=a.lr)
+            for i, n in enumerate(sizes)]
+    else:
+        embs = [torch.nn.Embedding(n, a.dim) for n in sizes]
+
+    class DLRM(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embs = torch.nn.ModuleList(embs)
+            self.bottom = torch.nn.Linear(DENSE_FEATURES, a.dim)
+            self.top = torch.nn.Sequential(torch.nn.Linear(a.dim * (len(embs) + 1), 128),
+                                           torch.nn.ReLU(), torch.nn.Linear(128, 1))
+
+        def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            parts = [self.bottom(dense)] + [e(ids[:, i]) for i, e in enumerate(self.embs)]
+            return self.top(torch.cat(parts, dim=1)).squeeze(1)
+
+    model = DLRM()
+    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr),
+                                   named_parameters=model.named_parameters())
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    dense_bytes = sum(p.numel() * 4 for p in model.parameters())
+    stats = [e.table.stats for e in embs if isinstance(e, bps.SparseEmbedding)]
+    rng = np.random.default_rng(rank)
+    steps: list[float] = []
+    floor = 0
+    base_tables = base_pp = 0
+    losses = []
+    for step in range(a.warmup + a.steps):
+        if step == a.warmup:
+            base_tables = sum(st.bytes_sent + st.bytes_received for st in stats)
+            base_pp = rt.bytes_pushed + rt.bytes_pulled
+        ids_np = batch_ids(rank, step, sizes, a.batch, a.zipf)
+        ids = torch.from_numpy(ids_np)
+        dense = torch.from_numpy(rng.normal(size=(a.batch, DENSE_FEATURES)).astype(np.float32))
+        label = torch.from_numpy((rng.random(a.batch) < 0.25).astype(np.float32))
+        t0 = time.perf_counter()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(dense, ids), label)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        dt = time.perf_counter() - t0
+        losses.append(float(loss))
+        if step >= a.warmup:
+            steps.append(dt)
+            floor += sum(len(np.unique(ids_np[:, i])) * (2 * 4 * a.dim + 8)
+                         for i in range(len(sizes)))
+        progress(f"{a.mode} step {step + 1}/{a.warmup + a.steps}: {dt * 1e3:.1f} ms")
+    tables = sum(st.bytes_sent + st.bytes_received for st in stats) - base_tables
+    pushpull = rt.bytes_pushed + rt.bytes_pulled - base_pp
+    emit({"mode": a.mode, "rank": rank, "step_times_s": steps, "table_bytes": tables,
+          "pushpull_bytes": pushpull, "floor_bytes": floor, "steps": a.steps,
+          "dense_param_bytes": dense_bytes, "table_rows": sizes, "loss": losses[-1]})
+    bps.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,293 @@
+"""Sparse models: server-held embedding tables against the same tables pushed dense.
+
+``python -m byteps_like.bench sparse [--rows 1000000] [--tables 4] [--dim 64] [--batch 4096]
+[--zipf 1.2] [--workers 2] [--servers 2] [--modes sparse,dense] [--rate 1gbit] [--quick]
+[--json PATH]``
+
+A DLRM-shaped model (:mod:`._sparse_worker`: tables of rows, rows/10, ... rows, one Zipf id per
+table per sample, an MLP on top) trained by a byteps_like job on bpslaunch's plan
+(:func:`.harness.local_job`), once per mode:
+
+- ``sparse``: the tables held and updated on the servers (``byteps_like.torch.SparseEmbedding``);
+- ``dense``: the same tables as ``nn.Embedding`` whose whole gradient goes through push_pull.
+
+It reports per step (median over the timed steps of the slowest worker): the step time,
+samples/s, the wire bytes of one worker (tables, push_pull) against the floor (each table's
+unique ids x (2 x row bytes + 8 bytes of id)), and the servers' peak resident memory against
+the bytes their tables and stores hold. With ``--rate`` (root) every worker and server is a
+network namespace with its NIC capped (:mod:`.netns`), as ``bench train`` builds them.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+
+from . import netns
+from ._sparse_worker import table_rows
+from .cluster import fmt_cap, parse_rate
+from .harness import ChildFailed, Job, Proc, base_env, collect, free_port, local_job
+from .report import exit_on_signals, machine_info, markdown_table, num, report_header
+
+PROG = "python -m byteps_like.bench sparse"
+MODES = ("sparse", "dense")
+#: --quick: 2 workers, 2 servers, a 1M-row table (+ 3 smaller), 1 Gbit/s NICs
+QUICK: dict[str, int | str] = {"rows": 1_000_000, "workers": 2, "servers": 2, "rate": "1gbit",
+                               "steps": 10, "warmup": 2, "dense_steps": 3, "dense_warmup": 1}
+COLUMNS = ("mode", "rows", "dim", "workers", "servers", "rate", "step ms", "samples/s",
+           "MB/step", "table MB/step", "floor MB/step", "tables/floor", "server peak RSS MB",
+           "dense/sparse step")
+
+
+@dataclasses.dataclass
+class Setup:
+    rows: int
+    tables: int
+    dim: int
+    batch: int
+    zipf: float
+    workers: int
+    servers: int
+    rate_bits: float | None
+    steps: int
+    warmup: int
+    dense_steps: int
+    dense_warmup: int
+    timeout: float
+    cluster: netns.NetnsCluster | None = None
+
+    @property
+    def rate(self) -> str:
+        return "loopback" if self.rate_bits is None else fmt_cap(self.rate_bits)
+
+    def worker_argv(self, mode: str) -> list[str]:
+        steps, warmup = ((self.steps, self.warmup) if mode == "sparse"
+                         else (self.dense_steps, self.dense_warmup))
+        return [sys.executable, "-m", "byteps_like.bench._sparse_worker", mode,
+                "--rows", str(self.rows), "--tables", str(self.tables), "--dim", str(self.dim),
+                "--batch", str(self.batch), "--zipf", str(self.zipf), "--steps", str(steps),
+                "--warmup", str(warmup)]
+
+
+class PeakRss:
+    """The largest resident set (VmHWM) each of some processes reached, read while they run."""
+
+    def __init__(self, procs: list[Proc]):
+        self.procs, self.peak = procs, {p.name: 0 for p in procs}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _read(self) -> None:
+        for p in self.procs:
+            try:
+                with open(f"/proc/{p.pid}/status", encoding="ascii") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            self.peak[p.name] = max(self.peak[p.name],
+                                                    int(line.split()[1]) * 1024)
+            except (OSError, ValueError):
+                pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self._read()
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_mode(s: Setup, mode: str) -> tuple[list[dict], dict[str, int]]:
+    """One job; the workers' results and the servers' peak RSS. With --rate the scheduler
+    and worker i on host w{i}, server j on host s{j}."""
+    host0 = "127.0.0.1" if s.cluster is None else s.cluster.ip("w0")
+    specs = local_job(s.worker_argv(mode), free_port(), workers=s.workers, servers=s.servers,
+                      host=host0)
+    placed = []
+    for spec in specs:
+        host = ("w0" if spec.role == "scheduler" else f"s{spec.rank}" if spec.role == "server"
+                else f"w{spec.rank}")
+        env = dict(spec.env)
+        argv = list(spec.argv)
+        if s.cluster is not None:
+            env["DMLC_NODE_HOST"] = s.cluster.ip(host)
+            argv = s.cluster.exec_argv(host, argv)
+        placed.append(dataclasses.replace(spec, argv=tuple(argv), env=env))
+    with Job(f"sparse-{mode}") as g:
+        ws = g.start(placed, base_env())
+        servers = [p for name, p in g.procs.items() if name.startswith("server")]
+        with PeakRss(servers) as rss:
+            g.wait(s.timeout, relay=ws[0], relay_prefix=f"[sparse] {mode}: ")
+        return collect(ws, mode), rss.peak
+
+
+def make_record(s: Setup, mode: str, res: list[dict], rss: dict[str, int]) -> dict:
+    steps = [max(rep) for rep in zip(*[r["step_times_s"] for r in res])]
+    step = statistics.median(steps)
+    n = res[0]["steps"]
+    tables = max(r["table_bytes"] for r in res) / n
+    pushpull = max(r["pushpull_bytes"] for r in res) / n
+    floor = max(r["floor_bytes"] for r in res) / n
+    table_rows_ = res[0]["table_rows"]
+    shard = sum(table_rows_) * s.dim * 4 * (1 + 1 / s.dim / 4) / s.servers
+    return {"mode": mode, "rows": s.rows, "tables": table_rows_, "dim": s.dim,
+            "batch": s.batch, "zipf": s.zipf, "workers": s.workers, "servers": s.servers,
+            "rate": s.rate, "rate_bits": s.rate_bits, "steps": n, "step_s": step,
+            "step_times_s": steps, "samples_per_s": s.batch * s.workers / step,
+            "bytes_per_step": tables + pushpull, "table_bytes_per_step": tables,
+            "pushpull_bytes_per_step": pushpull, "floor_bytes_per_step": floor,
+            "tables_over_floor": (tables / floor if mode == "sparse" else
+                                  (tables + pushpull) / floor),
+            "server_peak_rss_bytes": max(rss.values()) if rss else None,
+            "table_shard_bytes": shard if mode == "sparse" else None,
+            "dense_param_bytes": res[0]["dense_param_bytes"], "loss": res[0]["loss"]}
+
+
+def add_ratios(records: list[dict]) -> None:
+    """``dense_over_sparse``: a dense run's step time over the sparse run's (same rate)."""
+    sparse = {r["rate"]: r["step_s"] for r in records if r["mode"] == "sparse"}
+    for r in records:
+        r["dense_over_sparse"] = (r["step_s"] / sparse[r["rate"]]
+                                  if r["mode"] == "dense" and r["rate"] in sparse else None)
+
+
+def format_table(records: list[dict]) -> str:
+    rows = []
+    for r in records:
+        mb = lambda v: num(v / 1e6 if v is not None else None, ".2f")  # noqa: E731
+        rows.append((r["mode"], f"{r['rows']:,}", str(r["dim"]), str(r["workers"]),
+                     str(r["servers"]), r["rate"], num(r["step_s"] * 1e3, ".1f"),
+                     num(r["samples_per_s"], ".0f"), mb(r["bytes_per_step"]),
+                     mb(r["table_bytes_per_step"] if r["mode"] == "sparse" else
+                        r["pushpull_bytes_per_step"]),
+                     mb(r["floor_bytes_per_step"]), num(r["tables_over_floor"], ".3f"),
+                     mb(r["server_peak_rss_bytes"]),
+                     num(r["dense_over_sparse"], ".1f")))
+    return markdown_table(COLUMNS, rows, left=1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--rows", type=int, default=None, help="rows of the largest table "
+                   "(default 1000000); the others have rows/10, rows/100, ...")
+    p.add_argument("--tables", type=int, default=4, help="tables of the model")
+    p.add_argument("--dim", type=int, default=64, help="row width (float32)")
+    p.add_argument("--batch", type=int, default=4096, help="samples per worker per step")
+    p.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the ids (> 1)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default 2)")
+    p.add_argument("--servers", type=int, default=None, help="servers (default 2)")
+    p.add_argument("--modes", default="sparse,dense", help=f"of {', '.join(MODES)}")
+    p.add_argument("--rate", type=parse_rate, default=None,
+                   help="NIC cap of every host (e.g. 1gbit; root): each worker and server in "
+                        "its own network namespace; default: loopback")
+    p.add_argument("--queue-ms", type=float, default=20.0,
+                   help="with --rate: queue of each NIC's token bucket, milliseconds")
+    p.add_argument("--steps", type=int, default=None, help="timed sparse steps (default 20)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed sparse steps (default 3)")
+    p.add_argument("--dense-steps", type=int, default=None, help="timed dense steps (default 5)")
+    p.add_argument("--dense-warmup", type=int, default=None,
+                   help="untimed dense steps (default 1)")
+    p.add_argument("--quick", action="store_true", help="a run for a 2-core machine: " + ", ".join(
+        f"{k.replace('_', '-')} {v}" for k, v in QUICK.items()) + " (explicit options win)")
+    p.add_argument("--timeout", type=float, default=900.0, help="watchdog per run, seconds")
+    p.add_argument("--json", metavar="PATH", help="write the records (one per run) here")
+    return p
+
+
+def plan(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setup, list[str]]:
+    if a.quick:
+        for key, value in QUICK.items():
+            if getattr(a, key) is None:
+                setattr(a, key, parse_rate(str(value)) if key == "rate" else value)
+    defaults = {"rows": 1_000_000, "workers": 2, "servers": 2, "steps": 20, "warmup": 3,
+                "dense_steps": 5, "dense_warmup": 1}
+    for key, value in defaults.items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    if min(a.rows, a.tables, a.dim, a.batch, a.workers, a.servers, a.steps,
+           a.dense_steps) < 1 or a.warmup < 0 or a.dense_warmup < 0 or a.zipf <= 1:
+        p.error("sizes, counts and steps must be >= 1, warm-ups >= 0, --zipf > 1")
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if not modes or set(modes) - set(MODES):
+        p.error(f"--modes: choose from {', '.join(MODES)}")
+    if a.rate is not None:
+        why = netns.why_unavailable()
+        if why:
+            p.error(f"--rate: {why}")
+    return Setup(a.rows, a.tables, a.dim, a.batch, a.zipf, a.workers, a.servers, a.rate,
+                 a.steps, a.warmup, a.dense_steps, a.dense_warmup, a.timeout), \
+        [m for m in MODES if m in modes]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = build_parser()
+    a = p.parse_args(argv)
+    s, modes = plan(p, a)
+    command = report_header("sparse", argv, machine_info())
+    print(f"job: {s.workers} worker(s), {s.servers} server(s), {s.rate}; tables "
+          f"{table_rows(s.rows, s.tables)} x {s.dim} float32; batch {s.batch} per worker, Zipf "
+          f"{s.zipf}; sparse {s.warmup}+{s.steps} steps, dense {s.dense_warmup}+"
+          f"{s.dense_steps} steps", flush=True)
+    exit_on_signals()
+    t_all = time.monotonic()
+    records, failures = [], []
+    try:
+        with ExitStack() as stack:
+            if s.rate_bits is not None:
+                hosts = [f"w{i}" for i in range(s.workers)] + [f"s{j}" for j in range(s.servers)]
+                s.cluster = stack.enter_context(netns.NetnsCluster(
+                    hosts, s.rate_bits, latency_ms=a.queue_ms, log=sys.stderr))
+            for mode in modes:
+                print(f"[sparse] {mode}: starting", file=sys.stderr, flush=True)
+                try:
+                    res, rss = run_mode(s, mode)
+                except ChildFailed as exc:
+                    failures.append(f"{mode}: {str(exc).splitlines()[0]}")
+                    print(f"[sparse] {mode} failed:\n{exc}", file=sys.stderr, flush=True)
+                    continue
+                rec = make_record(s, mode, res, rss)
+                records.append(rec)
+                print(f"[sparse] {mode}: step {rec['step_s'] * 1e3:.1f} ms", file=sys.stderr,
+                      flush=True)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; every process it started was stopped", file=sys.stderr)
+        return 130
+    except netns.NetnsError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    print()
+    add_ratios(records)
+    if records:
+        print(format_table(records))
+    print("\nstep: median over the timed steps of the slowest worker's step (forward with the "
+          "tables' pulls, backward with their pushes, the dense push_pull); MB/step: one "
+          "worker's bytes each way together (tables: request and answer messages with their "
+          "headers; push_pull: payload); floor: each table's unique ids of the worker's batch "
+          "x (2 x row bytes + 8 bytes of id); tables/floor: table bytes / floor (dense: all "
+          "bytes / floor); server peak RSS: the largest VmHWM of the servers (a server's "
+          "Python, numpy and ZeroMQ included).")
+    print(f"total: {time.monotonic() - t_all:.1f} s")
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump([{**r, "command": command} for r in records], f, indent=1)
+        print(f"json: {a.json}")
+    if failures:
+        print(f"{PROG}: {len(failures)} run(s) failed: " + "; ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
