@@ -29,6 +29,9 @@
 #include <unordered_set>
 
 #include <sys/random.h>
+#ifdef __GLIBC__
+#include <malloc.h>  // malloc_trim
+#endif
 
 #include "dtype.h"
 #include "ops.h"
@@ -41,8 +44,17 @@ namespace {
 
 constexpr std::size_t kChunk = 512 * 1024;          // summation granule on the server
 constexpr std::size_t kReadBudget = 16u << 20;      // bytes one connection reads per wakeup
-constexpr double kHelloTimeout = 10.0;              // seconds an accepted stream may stay silent
+constexpr double kHelloTimeout = 5.0;               // seconds a stream may take to say hello
 constexpr std::size_t kStoreOverhead = 1024;        // a store's own bytes beyond its buffers
+// Replies queued unwritten, for the whole server (Counters::queued_bytes): each stream may hold
+// its share, kReplyBudget over the streams open, at least kMinShare; a stream over its share is
+// not read (its peer's next requests wait in the kernel) until it is down to half of it, and
+// one that stays over it for kUnreadTimeout without taking a byte is closed. So a peer that
+// never reads its replies costs the server at most its share, whatever it sends.
+constexpr std::size_t kReplyBudget = 32u << 20;
+constexpr std::size_t kMinShare = 16u << 10;
+constexpr double kUnreadTimeout = 10.0;
+constexpr std::size_t kMaxErrorText = 1024;         // an error reply's message, in bytes
 
 std::string json_escape(const std::string& s) {
   std::string out;
@@ -177,6 +189,8 @@ struct Out {
   std::size_t total() const {
     return sizeof(Header) + ((hdr.flags & kFlagMeta) ? 4 + meta.size() : 0) + plen;
   }
+  // the memory it holds while queued: the record and its JSON (a payload has its own owner)
+  std::size_t cost() const { return sizeof(Out) + meta.capacity(); }
 };
 
 }  // namespace
@@ -195,7 +209,7 @@ double monotonic_now() {
 }
 
 // ---- a stream --------------------------------------------------------------------------------
-constexpr std::size_t kMaxQueuedOut = 1 << 16;  // messages a stream may hold unwritten
+constexpr std::size_t kMaxQueuedOut = 1 << 16;  // messages a stream may hold unwritten, at most
 
 class Conn : public std::enable_shared_from_this<Conn> {
  public:
@@ -210,17 +224,14 @@ class Conn : public std::enable_shared_from_this<Conn> {
     {
       std::lock_guard<std::mutex> g(wmu_);
       if (!closed_ && outq_.size() >= kMaxQueuedOut) {
-        // a peer that does not read: it loses the stream, the process keeps its memory (the
-        // credit bounds what a real peer has queued to a few thousand messages)
-        if (!unread_) counters_->unread_closed++;
-        unread_ = true;
-        ::shutdown(fd_, SHUT_RDWR);  // the loop sees it and closes the connection
+        // a peer that does not read, past the share that stopped its reading (answers to
+        // pulls that waited can still come): it loses the stream
+        drop_unread_locked();
         if (o.done) finished.push_back(std::move(o.done));
       } else if (closed_) {
         if (o.done) finished.push_back(std::move(o.done));
       } else {
-        if (o.hdr.flags & kFlagMeta) o.meta_len = static_cast<std::uint32_t>(o.meta.size());
-        outq_.push_back(std::move(o));
+        enqueue_locked(std::move(o));
         flush_locked(&finished);
       }
     }
@@ -236,8 +247,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
       if (closed_) {
         dropped = std::move(o.done);
       } else {
-        if (o.hdr.flags & kFlagMeta) o.meta_len = static_cast<std::uint32_t>(o.meta.size());
-        outq_.push_back(std::move(o));
+        enqueue_locked(std::move(o));
         arm(true);  // the loop writes once the socket is writable (at once, usually)
       }
     }
@@ -254,12 +264,19 @@ class Conn : public std::enable_shared_from_this<Conn> {
     for (auto& f : finished) f(true);
   }
 
-  // Returns false when the connection must close. Reads up to kReadBudget bytes.
+  // Returns false when the connection must close. Reads up to kReadBudget bytes, and stops
+  // when the replies queued on this stream are over its share (queue_share()): the stream is
+  // not read again until they are written down to half of it.
   bool on_readable() {
+    if (!reading_.load()) {  // not read: the peer hung up or the stream was shut
+      why_ = unread_ ? "the peer left its replies unread" : "the peer closed the connection";
+      return false;
+    }
     std::size_t budget = kReadBudget;
     while (budget > 0) {
       if (rleft_ == 0) {
         if (!advance()) return false;
+        if (queued_.load() > queue_share() && pause_reading()) return true;
         continue;
       }
       const std::size_t want = std::min(rleft_, budget);
@@ -293,7 +310,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
       closed_flag_ = true;
       for (auto& o : outq_)
         if (o.done) dropped.push_back(std::move(o.done));
-      outq_.clear();
+      std::deque<Out>().swap(outq_);  // its blocks too
+      counters_->queued_bytes -= queued_.exchange(0);
+      if (!reading_.load()) counters_->paused--;
+      reading_ = true;
       ::close(fd_);
     }
     for (auto& f : dropped) f(false);
@@ -313,10 +333,22 @@ class Conn : public std::enable_shared_from_this<Conn> {
   const std::string& why() const { return why_; }
   double created = monotonic_now();
 
+  // The loop's tick: a stream not read for its unread replies that has taken no byte of them
+  // for kUnreadTimeout is closed (true: it was, counted as unread_closed).
+  bool drop_if_unread(double now) {
+    std::lock_guard<std::mutex> g(wmu_);
+    if (closed_ || reading_.load() || unread_ || now - progress_ < kUnreadTimeout) return false;
+    drop_unread_locked();
+    return true;
+  }
+
  protected:
   // Called when rleft_ reaches 0: set up the next read target (rptr_, rleft_); false closes.
   virtual bool advance() = 0;
   virtual void on_closed() {}
+  // The bytes of replies this stream may hold unwritten before it is not read (unbounded: a
+  // worker's streams, whose queue its own credit bounds).
+  virtual std::size_t queue_share() const { return SIZE_MAX; }
 
   void expect(char* p, std::size_t n) {
     rptr_ = p;
@@ -371,6 +403,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
         return;
       }
       counters_->bytes_out += static_cast<std::uint64_t>(n);
+      progress_ = monotonic_now();
       std::size_t left = static_cast<std::size_t>(n);
       while (left > 0 && !outq_.empty()) {
         Out& o = outq_.front();
@@ -379,29 +412,74 @@ class Conn : public std::enable_shared_from_this<Conn> {
           left -= rest;
           counters_->msgs_out++;
           if (o.done) finished->push_back(std::move(o.done));
+          const std::size_t c = o.cost();
+          queued_ -= c;
+          counters_->queued_bytes -= c;
           outq_.pop_front();
         } else {
           o.sent += left;
           left = 0;
         }
       }
+      if (!reading_.load() && !unread_ && queued_.load() <= queue_share() / 2) {
+        reading_ = true;  // written down to half its share: read the stream again
+        counters_->paused--;
+      }
+    }
+    if (outq_.empty() && long_) {  // a long queue's block map goes back too
+      std::deque<Out>().swap(outq_);
+      long_ = false;
     }
     arm(false);
   }
 
+  void enqueue_locked(Out&& o) {
+    if (o.hdr.flags & kFlagMeta) o.meta_len = static_cast<std::uint32_t>(o.meta.size());
+    const std::size_t c = o.cost();
+    if (outq_.empty()) progress_ = monotonic_now();  // the wait for the peer starts now
+    queued_ += c;
+    counters_->queued_bytes += c;
+    outq_.push_back(std::move(o));
+    if (outq_.size() > 256) long_ = true;
+  }
+
+  // Loop thread: stop reading this stream; false when its queue was written meanwhile.
+  bool pause_reading() {
+    std::lock_guard<std::mutex> g(wmu_);
+    if (closed_ || queued_.load() <= queue_share()) return false;
+    reading_ = false;
+    counters_->paused++;
+    arm(armed_out_);
+    return true;
+  }
+
+  // The peer does not read its replies: count it and make the loop close the stream.
+  void drop_unread_locked() {
+    if (!unread_) counters_->unread_closed++;
+    unread_ = true;
+    ::shutdown(fd_, SHUT_RDWR);  // the loop sees it and closes the connection
+  }
+
+  // epoll interest: reading unless paused (hang-ups are reported either way), writing when
+  // something waits for the socket
   void arm(bool out) {
-    if (out == armed_out_ || epfd_ < 0) return;
+    const bool in = reading_.load();
+    if ((out == armed_out_ && in == armed_in_) || epfd_ < 0) return;
     epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0);
+    ev.events = EPOLLRDHUP | (in ? EPOLLIN : 0) | (out ? EPOLLOUT : 0);
     ev.data.fd = fd_;
-    if (epoll_ctl(epfd_, EPOLL_CTL_MOD, fd_, &ev) == 0) armed_out_ = out;
+    if (epoll_ctl(epfd_, EPOLL_CTL_MOD, fd_, &ev) == 0) armed_out_ = out, armed_in_ = in;
   }
 
   std::mutex wmu_;
   std::deque<Out> outq_;
   bool closed_ = false;
-  bool unread_ = false;  // closed for leaving kMaxQueuedOut messages unread
-  bool armed_out_ = false;
+  bool unread_ = false;  // closed for leaving its replies unread
+  bool armed_out_ = false, armed_in_ = true;
+  bool long_ = false;   // outq_ held many messages since it was last empty
+  std::atomic<bool> reading_{true};   // false: over its share, not read
+  std::atomic<std::size_t> queued_{0};  // cost() of outq_
+  double progress_ = 0;  // when the queue last took a byte (or began to fill)
   int epfd_ = -1;
 };
 
@@ -415,6 +493,7 @@ class FramedConn : public Conn {
 
   bool read_header() {
     state_ = kHdr;
+    if (meta_.capacity() > 4096) std::string().swap(meta_);  // a large meta was read: freed
     expect(reinterpret_cast<char*>(&h_), sizeof h_);
     return true;
   }
@@ -438,14 +517,15 @@ class FramedConn : public Conn {
   }
 
   // Reads and drops discard_left_ bytes (a payload that was answered with an error), a chunk
-  // at a time, then the next header.
+  // at a time, then the next header. Into one buffer of the loop thread's (a stream stays on
+  // its loop), not one per stream: what is dropped may be overwritten by another stream.
   bool next_discard() {
     if (discard_left_ == 0) return read_header();
+    thread_local std::unique_ptr<char[]> sink(new char[kChunk]);
     const std::size_t len = std::min<std::size_t>(kChunk, discard_left_);
-    if (scratch_.size() < len) scratch_.resize(kChunk);
     discard_left_ -= len;
     state_ = kDiscard;
-    expect(scratch_.data(), len);
+    expect(sink.get(), len);
     return true;
   }
 
@@ -698,6 +778,7 @@ class ServerImpl {
     s["rounds"] = c_.rounds;
     s["bytes_summed"] = c_.bytes_summed;
     s["connections"] = c_.connections;
+    s["live_connections"] = static_cast<std::uint64_t>(std::max(0, live_conns_.load()));
     s["io_threads"] = loops_.size();
     {
       std::lock_guard<std::mutex> g(map_mu_);
@@ -749,8 +830,16 @@ class ServerImpl {
                   const std::string& text, const std::string& extra = std::string()) {
     Out o;
     o.hdr = make_header(kError, kRoleServer, rank_.load(), kFlagMeta, job_, h.key, h.round);
-    o.meta = std::string("{\"kind\":\"") + kind + "\",\"message\":\"" + json_escape(text) +
+    // the message capped (it may quote a peer's declaration): a reply costs its queue little
+    std::size_t cut = text.size();
+    if (cut > kMaxErrorText) {  // at a character's first byte (UTF-8)
+      cut = kMaxErrorText;
+      while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+    }
+    const std::string capped = cut < text.size() ? text.substr(0, cut) + "..." : text;
+    o.meta = std::string("{\"kind\":\"") + kind + "\",\"message\":\"" + json_escape(capped) +
              "\",\"type\":\"" + type_name(h.type) + "\"" + extra + "}";
+    o.meta.shrink_to_fit();
     conn->send(std::move(o));
   }
 
@@ -1143,18 +1232,31 @@ class ServerImpl {
         }
         continue;
       }
-      if (live_conns_.load() >= max_conns_) {
+      // Slots for streams that have said hello (and proved the secret, in a job with one):
+      // streams that have not are at most a quarter of the slots, and the oldest of them
+      // makes room for a new connection, so peers without the secret cannot hold the slots
+      // a reconnecting or joining worker needs.
+      const bool full = live_conns_.load() >= max_conns_;
+      if ((full || unproven_.load() >= std::max(1, max_conns_ / 4)) && !evict_unproven()) {
         reject("too many connections");
         ::close(fd);
         continue;
       }
       set_nodelay(fd);
       live_conns_++;
+      unproven_++;
       c_.connections++;
       auto conn = make_conn(fd);
+      {
+        std::lock_guard<std::mutex> g(slot_mu_);
+        unproven_q_.push_back(conn);
+      }
       loops_[next++ % loops_.size()]->add(conn);
     }
   }
+
+  // Closes the oldest stream that has not said hello; false when there is none.
+  bool evict_unproven();
 
   std::shared_ptr<Conn> make_conn(int fd);
 
@@ -1162,9 +1264,15 @@ class ServerImpl {
 
  public:
   std::atomic<int> live_conns_{0};
+  std::atomic<int> unproven_{0};  // open streams that have not said hello (or proved it)
+  std::atomic<int> closed_since_trim_{0};  // streams closed since memory was last given back
   std::vector<std::unique_ptr<IoLoop>> loops_;
 
  private:
+  std::mutex slot_mu_;
+  std::deque<std::weak_ptr<Conn>> unproven_q_;  // in accept order (some proven or closed)
+  std::mutex trim_mu_;
+  double trimmed_at_ = 0;
   int lfd_ = -1;
   std::thread acceptor_;
   std::atomic<bool> closing_{false};
@@ -1180,9 +1288,22 @@ class ServerConn : public FramedConn {
  public:
   ServerConn(int fd, ServerImpl* srv) : FramedConn(fd, &srv->c_), srv_(srv) { read_header(); }
   bool hello_done() const { return hello_; }
+  // Leaves the streams that have not said hello (hello, close or eviction); false if it had.
+  bool prove() {
+    if (!unproven_.exchange(false)) return false;
+    srv_->unproven_--;
+    return true;
+  }
 
  protected:
-  void on_closed() override { srv_->live_conns_--; }
+  void on_closed() override {
+    prove();
+    srv_->live_conns_--;
+    srv_->closed_since_trim_++;
+  }
+  std::size_t queue_share() const override {
+    return std::max(kMinShare, kReplyBudget / std::max(1, srv_->live_conns_.load()));
+  }
 
   bool advance() override {
     switch (state_) {
@@ -1211,6 +1332,7 @@ class ServerConn : public FramedConn {
     Out o;
     if (srv_->key_.empty()) {  // the worker has a secret, this job none: say so plainly
       hello_ = true;
+      prove();
       o.hdr = make_header(kHello, kRoleServer, srv_->rank_.load(), 0, srv_->job_, stream_, 0);
       send(std::move(o));
       return read_header();
@@ -1240,6 +1362,7 @@ class ServerConn : public FramedConn {
     }
     awaiting_mac_ = false;
     hello_ = true;
+    prove();
     return read_header();
   }
 
@@ -1288,6 +1411,7 @@ class ServerConn : public FramedConn {
         return true;
       }
       hello_ = true;
+      prove();
       Out o;
       o.hdr = make_header(kHello, kRoleServer, srv_->rank_.load(), 0, srv_->job_, h_.key, 0);
       send(std::move(o));
@@ -1351,20 +1475,50 @@ class ServerConn : public FramedConn {
   int rank_ = -1;
   std::uint64_t stream_ = 0;
   std::uint8_t peer_nonce_[kNonce] = {}, my_nonce_[kNonce] = {}, peer_mac_[32] = {};
+  std::atomic<bool> unproven_{true};   // counted in srv_->unproven_
 };
+
+bool ServerImpl::evict_unproven() {
+  std::lock_guard<std::mutex> g(slot_mu_);
+  while (!unproven_q_.empty()) {
+    std::shared_ptr<Conn> c = unproven_q_.front().lock();
+    unproven_q_.pop_front();
+    auto* sc = static_cast<ServerConn*>(c.get());
+    if (sc && sc->prove()) {  // counted out now; its loop closes it
+      reject("stream without hello evicted for a new one");
+      sc->shut();
+      return true;
+    }
+  }
+  return false;
+}
 
 std::shared_ptr<Conn> ServerImpl::make_conn(int fd) {
   return std::make_shared<ServerConn>(fd, this);
 }
 
 void ServerImpl::tick(const std::unordered_map<int, std::shared_ptr<Conn>>& conns) {
-  // streams that never said hello are closed: a connection flood holds no descriptor for long
+  // streams that never said hello are closed: a connection flood holds no descriptor for long;
+  // streams whose peer leaves its replies unread are closed too
   const double now = monotonic_now();
   for (auto& kv : conns) {
     auto* sc = static_cast<ServerConn*>(kv.second.get());
     if (!sc->hello_done() && now - sc->created > kHelloTimeout) {
       reject("no hello in time");
       sc->shut();
+    } else if (sc->drop_if_unread(now)) {
+      reject("replies left unread");
+    }
+  }
+  // the memory of closed streams (their queues, a large meta) goes back to the system, at
+  // most once a second
+  if (closed_since_trim_.load() > 0 && now - trimmed_at_ > 1.0 && trim_mu_.try_lock()) {
+    std::lock_guard<std::mutex> g(trim_mu_, std::adopt_lock);
+    if (now - trimmed_at_ > 1.0 && closed_since_trim_.exchange(0) > 0) {
+      trimmed_at_ = now;
+#ifdef __GLIBC__
+      malloc_trim(0);
+#endif
     }
   }
 }

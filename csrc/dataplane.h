@@ -36,12 +36,18 @@ std::size_t wire_itemsize(int wire_code);  // 0 for an unknown code
 struct Counters {
   std::atomic<std::uint64_t> bytes_in{0}, bytes_out{0}, msgs_in{0}, msgs_out{0};
   std::atomic<std::uint64_t> pushes{0}, rounds{0}, bytes_summed{0}, connections{0};
-  // streams closed because their peer left more than kMaxQueuedOut messages unread
+  // streams closed because their peer left its replies unread (dataplane.cc, kUnreadTimeout)
   std::atomic<std::uint64_t> unread_closed{0};
+  // memory of the messages queued unwritten on every stream (their Out records and JSON; a
+  // payload is the store's or the caller's, charged there), and the streams that stopped
+  // being read because theirs was over its share of kReplyBudget
+  std::atomic<std::uint64_t> queued_bytes{0}, paused{0};
   // the traffic counters every stream keeps, by name
   std::map<std::string, std::uint64_t> snapshot() const {
-    return {{"bytes_in", bytes_in}, {"bytes_out", bytes_out}, {"msgs_in", msgs_in},
-            {"msgs_out", msgs_out}, {"unread_closed", unread_closed}};
+    return {{"bytes_in", bytes_in},           {"bytes_out", bytes_out},
+            {"msgs_in", msgs_in},             {"msgs_out", msgs_out},
+            {"unread_closed", unread_closed}, {"queued_bytes", queued_bytes},
+            {"paused", paused}};
   }
 };
 

@@ -925,6 +925,7 @@ class Server:
                 e.join(5.0)
         self.sparse.close()
         self.closed_cleanly = self.ep.close(linger=1.0)
+        self.log_rejections()  # the last window's rejections, which no timer will write
 
     def run(self) -> int:
         try:

@@ -415,8 +415,9 @@ def test_error_replies_carry_no_open_round_native():
 
 def test_a_native_stream_that_never_reads_loses_the_stream_not_the_server_its_memory():
     """Pulls of a completed round are answered at once; a peer that sends them and never reads
-    used to grow the stream's send queue without bound. Past kMaxQueuedOut (65,536) unwritten
-    messages the server closes that stream (counted as unread_closed); the job goes on."""
+    used to grow the stream's send queue without bound. Past its share of the server's reply
+    budget the stream is not read, and after 10 s without taking a byte it is closed (counted
+    as unread_closed); the job goes on."""
     with running_cluster(workers=2) as c:
         _exact_rounds(c, 1, compressed=False)
         srv = c.server
