@@ -879,6 +879,7 @@ class Scheduler:
             self.metrics.close()
             self.metrics = None
         self.closed_cleanly = self.ep.close(linger=2.0)
+        self.rejections.flush()  # the last window's, which no later rejection will write
 
     def run(self) -> int:
         log.info("scheduler: listening on %s for %s", self.address, self._counts())

@@ -131,6 +131,17 @@ class Drops:
                          "" if n == 1 else "s", reason,
                          f" (the last: {detail})" if detail else "")
 
+    def flush(self) -> None:
+        """One line per reason with what was counted since its last line: at close, where no
+        later message would write it (a flood's last window was never logged)."""
+        with self._lock:
+            held = {r: n for r, n in self._since.items() if n}
+            for r in held:
+                self._since[r] = 0
+        for reason, n in sorted(held.items()):
+            self.log.warning("%s: %s %d message%s: %s (since the last line of it, at close)",
+                             self.who, self.verb, n, "" if n == 1 else "s", reason)
+
     @property
     def total(self) -> int:
         return sum(self.counts.values())

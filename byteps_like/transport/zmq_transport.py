@@ -465,6 +465,7 @@ class ZmqEndpoint(Endpoint):
         """Stop the I/O thread and close the sockets; False if the thread did not stop in time
         (the caller must then not terminate the context, which would block)."""
         self._linger_ms = int(linger * 1000)
+        self.drops.flush()
         if self._thread is None:
             self._close_sockets()
             return True

@@ -237,6 +237,7 @@ class Membership:
     # -- teardown ----------------------------------------------------------------------------------
     def close(self) -> None:
         """Remove the local root's token file, close the endpoint and its context."""
+        self.dropped.flush()  # what was dropped since each reason's last line
         if self.peers_token is not None:
             local_peers.remove(self.peers_token)
             self.peers_token = None
