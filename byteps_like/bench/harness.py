@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TextIO, cast
 
 from ._role import locate as _locate_role
@@ -136,6 +136,21 @@ def local_job(command: Sequence[str], port: int, *, workers: int = 1, servers: i
         command=tuple(command), port=port, workers=workers, servers=servers,
         local_size=local_size, host=host,
         role_argv={r: role_argv(r, python) for r in ("scheduler", "server")}))
+
+
+def on_hosts(specs: list[ChildSpec], cluster) -> list[ChildSpec]:
+    """A :func:`local_job` plan spread over the hosts of ``cluster`` (a
+    :class:`.netns.NetnsCluster`, or None: the plan as it is): the scheduler and worker i on host
+    ``w{i}``, server j on ``s{j}``, each process advertising its host's address."""
+    if cluster is None:
+        return specs
+    placed = []
+    for spec in specs:
+        host = ("w0" if spec.role == "scheduler" else f"s{spec.rank}" if spec.role == "server"
+                else f"w{spec.rank}")
+        placed.append(replace(spec, argv=tuple(cluster.exec_argv(host, list(spec.argv))),
+                              env={**spec.env, "DMLC_NODE_HOST": cluster.ip(host)}))
+    return placed
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:

@@ -32,7 +32,7 @@ from contextlib import ExitStack
 from . import netns
 from ._sparse_worker import table_rows
 from .cluster import fmt_cap, parse_rate
-from .harness import ChildFailed, Job, Proc, base_env, collect, free_port, local_job
+from .harness import ChildFailed, Job, Proc, base_env, collect, free_port, local_job, on_hosts
 from .report import exit_on_signals, machine_info, markdown_table, num, report_header
 
 PROG = "python -m byteps_like.bench sparse"
@@ -111,18 +111,8 @@ def run_mode(s: Setup, mode: str) -> tuple[list[dict], dict[str, int]]:
     """One job; the workers' results and the servers' peak RSS. With --rate the scheduler
     and worker i on host w{i}, server j on host s{j}."""
     host0 = "127.0.0.1" if s.cluster is None else s.cluster.ip("w0")
-    specs = local_job(s.worker_argv(mode), free_port(), workers=s.workers, servers=s.servers,
-                      host=host0)
-    placed = []
-    for spec in specs:
-        host = ("w0" if spec.role == "scheduler" else f"s{spec.rank}" if spec.role == "server"
-                else f"w{spec.rank}")
-        env = dict(spec.env)
-        argv = list(spec.argv)
-        if s.cluster is not None:
-            env["DMLC_NODE_HOST"] = s.cluster.ip(host)
-            argv = s.cluster.exec_argv(host, argv)
-        placed.append(dataclasses.replace(spec, argv=tuple(argv), env=env))
+    placed = on_hosts(local_job(s.worker_argv(mode), free_port(), workers=s.workers,
+                                servers=s.servers, host=host0), s.cluster)
     with Job(f"sparse-{mode}") as g:
         ws = g.start(placed, base_env())
         servers = [p for name, p in g.procs.items() if name.startswith("server")]

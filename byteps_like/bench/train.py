@@ -43,7 +43,16 @@ from contextlib import ExitStack
 
 from . import models, netns
 from .cluster import DEFAULT_HOROVOD_PYTHON, fmt_cap, horovod_unavailable, parse_rate
-from .harness import ChildFailed, Job, base_env, child_env, collect, free_port, local_job
+from .harness import (
+    ChildFailed,
+    Job,
+    base_env,
+    child_env,
+    collect,
+    free_port,
+    local_job,
+    on_hosts,
+)
 from .report import (
     OthersMeter,
     exit_on_signals,
@@ -143,17 +152,9 @@ def run_bps(s: Setup, model: str) -> list[dict]:
     """A byteps_like job on bpslaunch's plan; with --rate the scheduler and worker i on host
     w{i}, server j on host s{j}, each process advertising its host's address."""
     args = s.worker_args(model) + ["--threads", str(s.threads_worker)]
-    specs = local_job(worker_argv("byteps_like", *args), free_port(), workers=s.workers,
-                      servers=s.servers, host=s.ip("w0"))
-    placed = []
-    for spec in specs:
-        host = ("w0" if spec.role == "scheduler" else f"s{spec.rank}" if spec.role == "server"
-                else f"w{spec.rank}")
-        env = dict(spec.env)
-        if s.cluster is not None:
-            env["DMLC_NODE_HOST"] = s.ip(host)
-        placed.append(dataclasses.replace(spec, argv=tuple(s.host_argv(host, list(spec.argv))),
-                                          env=env))
+    placed = on_hosts(local_job(worker_argv("byteps_like", *args), free_port(),
+                                workers=s.workers, servers=s.servers, host=s.ip("w0")),
+                      s.cluster)
     with Job(f"train-{model}-bps") as g:
         ws = g.start(placed, {**base_env(), **s.extra_env})
         g.wait(s.timeout, relay=ws[0], relay_prefix=f"[train] {model} byteps_like: ")

@@ -179,3 +179,23 @@ def test_a_one_process_job_holds_its_table_itself():
             rt.sparse.create("emb", 100, 4)
     finally:
         rt.shutdown()
+
+
+def test_bench_jobs_are_spread_over_the_emulated_hosts():
+    """bench sparse and bench train place a job on network namespaces the same way
+    (harness.on_hosts): the scheduler and worker i on w{i}, server j on s{j}."""
+    from byteps_like.bench import harness
+
+    class Hosts:
+        def exec_argv(self, host, argv):
+            return ["in", host, *argv]
+
+        def ip(self, host):
+            return f"10.0.0.{host}"
+    specs = harness.local_job(["train.py"], 9000, workers=2, servers=2)
+    assert harness.on_hosts(specs, None) is specs
+    where = {(p.role, p.rank): (p.argv[1], p.env["DMLC_NODE_HOST"])
+             for p in harness.on_hosts(specs, Hosts())}
+    assert where == {("scheduler", None): ("w0", "10.0.0.w0"), ("server", 0): ("s0", "10.0.0.s0"),
+                     ("server", 1): ("s1", "10.0.0.s1"), ("worker", 0): ("w0", "10.0.0.w0"),
+                     ("worker", 1): ("w1", "10.0.0.w1")}
