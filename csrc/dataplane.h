@@ -12,6 +12,10 @@
 // FLAG_META is set, a u32 length and that many bytes of JSON, then nbytes of payload for PUSH
 // and PULL_RESP. Every length is checked against the header and the configured maximum before
 // any memory is taken. Nothing here reads the environment or includes Python.h.
+//
+// The code, by concern: dataplane_io.h and dataplane.cc (streams, their send queues and the
+// epoll loop), dataplane_auth.h/.cc (the authenticated hello), dataplane_server.cc (DataServer)
+// and dataplane_client.cc (DataClient).
 #pragma once
 
 #include <atomic>

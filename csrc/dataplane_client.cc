@@ -1,0 +1,593 @@
+// The native data plane's worker side (dataplane.h, DataClient): the priority and credit
+// scheduler of partitions, its streams and receive-into-place.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <queue>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "dataplane_auth.h"
+#include "dataplane_io.h"
+#include "dtype.h"
+#include "ops.h"
+
+namespace bps {
+namespace dp {
+
+// =============================================================================================
+// client
+// =============================================================================================
+struct Op;
+struct Part {
+  PartSpec spec;
+  bool dispatched = false, acked = false, done = false;
+  double t_sent = 0, t_acked = 0, t_done = 0;
+};
+struct Op {
+  std::uint64_t id = 0;
+  int priority = 0;
+  const char* src = nullptr;
+  char* dst = nullptr;
+  int wire_dtype = 0;
+  DType kdt = DType::kFloat32;
+  std::int64_t divisor = 1;
+  std::vector<Part> parts;
+  std::size_t remaining = 0;
+  int active = 0;                 // sends and receives touching src/dst right now
+  bool failed = false, reported = false;
+  std::string kind, message;
+  int err_server = -1;
+  double t_first = 0, t_last = 0;
+  std::uint64_t bytes = 0;
+};
+
+class ClientConn;
+
+class ClientImpl {
+ public:
+  ClientImpl(int rank, std::uint32_t job, int io_threads, std::uint64_t credit,
+             std::uint64_t max_msg, std::string key)
+      : rank_(rank), job_(job), key_(std::move(key)), credit_(credit), max_msg_(max_msg) {
+    for (int i = 0; i < std::max(1, io_threads); ++i) {
+      loops_.emplace_back(new IoLoop());
+      loops_.back()->start(nullptr);
+    }
+  }
+  ~ClientImpl() { close(); }
+
+  void connect(int server, const std::string& host, int port, int streams, double timeout);
+
+  void submit(std::uint64_t id, int priority, const char* src, char* dst, int wire_dtype,
+              std::int64_t divisor, std::vector<PartSpec> parts) {
+    auto op = std::make_shared<Op>();
+    op->id = id;
+    op->priority = priority;
+    op->src = src;
+    op->dst = dst;
+    op->wire_dtype = wire_dtype;
+    const int kdt = wire_to_kernel_dtype(wire_dtype);
+    if (kdt < 0) throw std::invalid_argument("submit: wire dtype cannot be summed");
+    op->kdt = static_cast<DType>(kdt);
+    op->divisor = divisor;
+    op->parts.resize(parts.size());
+    for (std::size_t i = 0; i < parts.size(); ++i) op->parts[i].spec = std::move(parts[i]);
+    op->remaining = parts.size();
+    std::vector<Ready> ready;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (closed_) throw std::runtime_error("the data plane is closed");
+      if (ops_.count(id)) throw std::invalid_argument("submit: operation id in use");
+      ops_[id] = op;
+      for (std::size_t i = 0; i < op->parts.size(); ++i) {
+        const PartSpec& s = op->parts[i].spec;
+        if (s.server < 0 || s.server >= static_cast<int>(servers_.size()) ||
+            servers_[s.server].conns.empty()) {
+          fail_locked(*op, "internal", -1, "no data-plane connection to server " +
+                      std::to_string(s.server));
+          break;
+        }
+        if (!servers_[s.server].lost.empty()) {
+          fail_locked(*op, "peer_lost", s.server, servers_[s.server].lost);
+          break;
+        }
+        pq_.push(QItem{priority, seq_++, op, i});
+      }
+      maybe_report_locked(op);
+      dispatch_locked(&ready);
+    }
+    send_ready(ready, true);
+  }
+
+  // The caller takes this completion itself: completions() leaves it alone meanwhile.
+  bool wait(std::uint64_t id, double timeout) {
+    std::unique_lock<std::mutex> g(mu_);
+    auto pred = [&] { return done_.count(id) || !ops_.count(id) || closed_; };
+    waited_.insert(id);
+    bool ok;
+    if (timeout < 0) {
+      cv_.wait(g, pred);
+      ok = true;
+    } else {
+      ok = cv_.wait_for(g, std::chrono::duration<double>(timeout), pred);
+    }
+    if (!ok) waited_.erase(id);  // no longer claimed: the completion thread may take it
+    return ok;
+  }
+
+  bool take(std::uint64_t id, Completion* out) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = done_.find(id);
+    if (it == done_.end()) return false;
+    *out = std::move(it->second);
+    done_.erase(it);
+    ops_.erase(id);
+    waited_.erase(id);
+    return true;
+  }
+
+  std::vector<Completion> completions(double timeout) {
+    std::unique_lock<std::mutex> g(mu_);
+    auto unclaimed = [&] {
+      if (closed_) return true;
+      for (auto& kv : done_)
+        if (!waited_.count(kv.first)) return true;
+      return false;
+    };
+    cv_.wait_for(g, std::chrono::duration<double>(timeout), unclaimed);
+    std::vector<Completion> out;
+    for (auto it = done_.begin(); it != done_.end();) {
+      if (waited_.count(it->first)) {
+        ++it;
+        continue;
+      }
+      ops_.erase(it->first);
+      out.push_back(std::move(it->second));
+      it = done_.erase(it);
+    }
+    return out;
+  }
+
+  void close() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (closed_) return;
+      closed_ = true;
+    }
+    for (auto& l : loops_) l->stop();   // closes every stream: their ops fail
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& kv : ops_) {
+      fail_locked(*kv.second, "closed", -1, "the data plane was closed");
+      kv.second->active = 0;
+      maybe_report_locked(kv.second);
+    }
+    cv_.notify_all();
+  }
+
+  // Hold every partition in the queue (paused) or let them go in priority order again.
+  void set_paused(bool paused) {
+    std::vector<Ready> ready;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      paused_ = paused;
+      dispatch_locked(&ready);
+    }
+    send_ready(ready, true);
+  }
+
+  std::vector<std::uint64_t> take_dispatch_log() {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<std::uint64_t> out;
+    out.swap(log_);
+    return out;
+  }
+
+  std::map<std::string, std::uint64_t> stats() {
+    std::map<std::string, std::uint64_t> s = c_.snapshot();
+    s["io_threads"] = loops_.size();
+    std::lock_guard<std::mutex> g(mu_);
+    s["inflight_bytes"] = inflight_bytes_;
+    s["ops"] = ops_.size();
+    std::uint64_t streams = 0;
+    for (auto& sv : servers_) streams += sv.conns.size();
+    s["streams"] = streams;
+    return s;
+  }
+
+  // ---- called by streams (loop threads) ----
+  Counters c_;
+  const int rank_;
+  const std::uint32_t job_;
+  const std::string key_;
+
+  struct Target {
+    std::shared_ptr<Op> op;
+    std::size_t idx = 0;
+    int contrib = 0;  // > 0: the round summed this many pushes (ranks had joined)
+  };
+
+  // PUSH_ACK: the push is in the server's hands; its bytes leave the credit.
+  void on_ack(int server, const Header& h) {
+    std::vector<Ready> ready;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = inflight_.find(h.key);
+      if (it == inflight_.end() || it->second.op->parts[it->second.idx].spec.round != h.round ||
+          it->second.op->parts[it->second.idx].spec.server != server)
+        return;
+      Part& p = it->second.op->parts[it->second.idx];
+      if (p.t_acked == 0) p.t_acked = monotonic_now();
+      release_locked(p);
+      dispatch_locked(&ready);
+    }
+    send_ready(ready);
+  }
+
+  // PULL_RESP header: where its payload goes (null: discard it).
+  char* on_resp(int server, const Header& h, Target* t) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = inflight_.find(h.key);
+    if (it == inflight_.end()) return nullptr;
+    Op& op = *it->second.op;
+    Part& p = op.parts[it->second.idx];
+    if (p.spec.round != h.round || p.spec.server != server || op.failed) return nullptr;
+    if (h.dtype != op.wire_dtype || h.nbytes != p.spec.nbytes) {
+      auto keep = it->second.op;
+      fail_locked(op, "protocol", server, "server " + std::to_string(server) +
+                  " answered key " + std::to_string(h.key) + " with " +
+                  std::to_string(h.nbytes) + " bytes of dtype code " +
+                  std::to_string(h.dtype) + ", expected " + std::to_string(p.spec.nbytes) +
+                  " bytes of dtype code " + std::to_string(op.wire_dtype));
+      maybe_report_locked(keep);
+      return nullptr;
+    }
+    *t = it->second;
+    t->contrib = (h.flags & kFlagContrib) ? static_cast<int>(h.flags >> kContribShift) : 0;
+    op.active++;
+    return op.dst + p.spec.offset;
+  }
+
+  void resp_done(const Target& t, bool ok) {
+    Op& op = *t.op;
+    Part& p = op.parts[t.idx];
+    // an average divides by the ranks that pushed: all of them, or those not joined (join())
+    const std::int64_t div = t.contrib > 0 && op.divisor > 1 ? t.contrib : op.divisor;
+    if (ok && div > 1 && !op.failed)
+      scale_into(op.kdt, op.dst + p.spec.offset, p.spec.nbytes / itemsize(op.kdt), div, 1);
+    std::vector<Ready> ready;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      op.active--;
+      if (ok && !p.done) {
+        release_locked(p);
+        p.done = true;
+        op.bytes += p.spec.nbytes;
+        auto it = inflight_.find(p.spec.key);
+        if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
+        op.remaining--;
+        op.t_last = p.t_done = monotonic_now();
+        if (p.t_acked == 0) p.t_acked = p.t_done;
+      }
+      maybe_report_locked(t.op);
+      dispatch_locked(&ready);
+    }
+    send_ready(ready);
+  }
+
+  void on_error(int server, const Header& h, const std::string& meta) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = inflight_.find(h.key);
+    if (it == inflight_.end()) return;
+    auto op = it->second.op;
+    if (op->parts[it->second.idx].spec.round != h.round) return;
+    fail_locked(*op, "remote", server, meta);
+    maybe_report_locked(op);
+  }
+
+  void on_stream_lost(int server, const std::string& why) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (closed_) return;
+    ServerSlot& s = servers_[server];
+    if (s.lost.empty())
+      s.lost = "lost the data-plane connection to server rank " + std::to_string(server) + " (" +
+               s.where + "): " + why;
+    std::vector<std::shared_ptr<Op>> hit;
+    for (auto& kv : ops_) {
+      Op& op = *kv.second;
+      if (op.reported) continue;
+      for (auto& p : op.parts)
+        if (p.spec.server == server && !p.done) {
+          hit.push_back(kv.second);
+          break;
+        }
+    }
+    for (auto& op : hit) {
+      fail_locked(*op, "peer_lost", server, s.lost);
+      maybe_report_locked(op);
+    }
+  }
+
+  void sent(const std::shared_ptr<Op>& op) {
+    std::lock_guard<std::mutex> g(mu_);
+    op->active--;
+    maybe_report_locked(op);
+  }
+
+ private:
+  struct QItem {
+    int priority;
+    std::uint64_t seq;
+    std::shared_ptr<Op> op;
+    std::size_t idx;
+    bool operator<(const QItem& o) const {  // std::priority_queue pops the largest
+      if (priority != o.priority) return priority < o.priority;
+      return seq > o.seq;
+    }
+  };
+  struct Ready {
+    std::shared_ptr<Op> op;
+    std::size_t idx;
+    std::shared_ptr<Conn> conn;
+  };
+  struct ServerSlot {
+    std::vector<std::shared_ptr<Conn>> conns;
+    std::string where, lost;
+  };
+
+  void release_locked(Part& p) {
+    if (p.dispatched && !p.acked) {
+      p.acked = true;
+      inflight_bytes_ -= std::min<std::uint64_t>(inflight_bytes_, p.spec.nbytes);
+    }
+  }
+
+  void fail_locked(Op& op, const std::string& kind, int server, const std::string& msg) {
+    if (op.failed) return;
+    op.failed = true;
+    op.kind = kind;
+    op.err_server = server;
+    op.message = msg;
+    for (auto& p : op.parts) {
+      release_locked(p);
+      auto it = inflight_.find(p.spec.key);
+      if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
+    }
+  }
+
+  void maybe_report_locked(const std::shared_ptr<Op>& op) {
+    if (op->reported || op->active > 0 || !(op->failed || op->remaining == 0)) return;
+    op->reported = true;
+    Completion c;
+    c.op = op->id;
+    c.ok = !op->failed;
+    c.kind = op->kind;
+    c.server = op->err_server;
+    c.message = op->message;
+    c.t_first_send = op->t_first;
+    c.t_last_done = op->t_last;
+    c.bytes = op->bytes;
+    c.times.reserve(3 * op->parts.size());
+    for (const Part& p : op->parts) {
+      c.times.push_back(p.t_sent);
+      c.times.push_back(p.t_acked);
+      c.times.push_back(p.t_done);
+    }
+    done_[op->id] = std::move(c);
+    cv_.notify_all();
+  }
+
+  void dispatch_locked(std::vector<Ready>* ready) {
+    while (!pq_.empty() && !paused_) {
+      const QItem& top = pq_.top();
+      Op& op = *top.op;
+      Part& p = op.parts[top.idx];
+      if (op.failed) {
+        pq_.pop();
+        continue;
+      }
+      if (credit_ && inflight_bytes_ > 0 && inflight_bytes_ + p.spec.nbytes > credit_) break;
+      ServerSlot& s = servers_[p.spec.server];
+      if (!s.lost.empty()) {
+        auto keep = top.op;
+        pq_.pop();
+        fail_locked(op, "peer_lost", p.spec.server, s.lost);
+        maybe_report_locked(keep);
+        continue;
+      }
+      p.dispatched = true;
+      p.t_sent = monotonic_now();
+      if (log_.size() < kDispatchLog) log_.push_back(p.spec.key);
+      inflight_bytes_ += p.spec.nbytes;
+      inflight_[p.spec.key] = Target{top.op, top.idx};
+      if (op.t_first == 0) op.t_first = monotonic_now();
+      op.active++;
+      ready->push_back(Ready{top.op, top.idx,
+                             s.conns[static_cast<std::size_t>(p.spec.conn) % s.conns.size()]});
+      pq_.pop();
+    }
+  }
+
+  // from_user: the submitting (Python) thread, which only queues; I/O threads write inline
+  void send_ready(std::vector<Ready>& ready, bool from_user = false) {
+    for (auto& r : ready) {
+      Op& op = *r.op;
+      const PartSpec& s = op.parts[r.idx].spec;
+      Out o;
+      std::uint32_t flags = kFlagPull;
+      if (!s.decl.empty()) {
+        flags |= kFlagDeclare | kFlagMeta;
+        o.meta = s.decl;
+      }
+      o.hdr = make_header(kPush, kRoleWorker, rank_, flags, job_, s.key, s.round,
+                          static_cast<std::uint8_t>(op.wire_dtype),
+                          s.nbytes / itemsize(op.kdt), s.nbytes);
+      o.payload = op.src + s.offset;
+      o.plen = s.nbytes;
+      auto keep = r.op;
+      o.done = [this, keep](bool) { sent(keep); };
+      if (from_user) {
+        r.conn->post(std::move(o));
+      } else {
+        r.conn->send(std::move(o));
+      }
+    }
+    ready.clear();
+  }
+
+  const std::uint64_t credit_, max_msg_;
+  std::vector<std::unique_ptr<IoLoop>> loops_;
+  std::size_t next_loop_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool closed_ = false;
+  std::vector<ServerSlot> servers_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<Op>> ops_;
+  std::map<std::uint64_t, Completion> done_;
+  std::unordered_set<std::uint64_t> waited_;     // completions a waiter takes itself
+  std::priority_queue<QItem> pq_;
+  std::uint64_t seq_ = 0;
+  std::uint64_t inflight_bytes_ = 0;
+  std::unordered_map<std::uint64_t, Target> inflight_;   // key -> partition in flight
+  bool paused_ = false;
+  static constexpr std::size_t kDispatchLog = 4096;
+  std::vector<std::uint64_t> log_;                        // keys in the order they went out
+
+ public:
+  std::uint64_t max_msg() const { return max_msg_; }
+};
+
+class ClientConn : public FramedConn {
+ public:
+  ClientConn(int fd, ClientImpl* cli, int server)
+      : FramedConn(fd, &cli->c_), cli_(cli), server_(server) {
+    read_header();
+  }
+
+ protected:
+  void on_closed() override {
+    if (target_.op) {
+      cli_->resp_done(target_, false);
+      target_ = {};
+    }
+    cli_->on_stream_lost(server_, why_.empty() ? "closed" : why_);
+  }
+
+  bool advance() override {
+    switch (state_) {
+      case kHdr: return on_header();
+      case kMetaLen: return read_meta("meta frame over 1 MiB from the server");
+      case kMeta:
+        if (h_.type == kError) cli_->on_error(server_, h_, meta_);
+        return read_header();
+      case kPayload: {
+        ClientImpl::Target t = target_;
+        target_ = {};
+        cli_->resp_done(t, true);
+        return read_header();
+      }
+      case kDiscard: return next_discard();
+      case kNonceIn:
+      case kMacIn: break;  // the worker's handshake runs before the stream joins a loop
+    }
+    return false;
+  }
+
+ private:
+  bool on_header() {
+    counters_->msgs_in++;
+    if (std::memcmp(h_.magic, kMagic, 4) != 0 || h_.version != kVersion ||
+        h_.job != cli_->job_ || h_.role != kRoleServer) {
+      why_ = "a malformed message or one of another job from the server";
+      return false;
+    }
+    switch (h_.type) {
+      case kPushAck:
+        cli_->on_ack(server_, h_);
+        return read_header();
+      case kPullResp: {
+        const std::size_t isz = wire_itemsize(h_.dtype);
+        if (!count_matches(h_, isz) || h_.nbytes > cli_->max_msg() || (h_.flags & kFlagMeta)) {
+          why_ = "PULL_RESP with an inconsistent or oversized length";
+          return false;
+        }
+        char* dst = cli_->on_resp(server_, h_, &target_);
+        if (!dst) {
+          discard_left_ = h_.nbytes;
+          return next_discard();
+        }
+        state_ = kPayload;
+        expect(dst, h_.nbytes);
+        return true;
+      }
+      case kError:
+        if (!(h_.flags & kFlagMeta)) {
+          why_ = "ERROR without a message";
+          return false;
+        }
+        return read_meta_len();
+      default:
+        why_ = std::string("unexpected ") + type_name(h_.type) + " from the server";
+        return false;
+    }
+  }
+
+  ClientImpl* cli_;
+  int server_;
+  ClientImpl::Target target_;
+};
+
+void ClientImpl::connect(int server, const std::string& host, int port, int streams,
+                         double timeout) {
+  if (server < 0 || streams < 1) throw std::invalid_argument("connect: bad server or streams");
+  const double deadline = monotonic_now() + timeout;
+  std::vector<std::shared_ptr<Conn>> conns;
+  for (int i = 0; i < streams; ++i) {
+    std::string err;
+    const int fd = open_stream(host, port, rank_, job_, i, deadline, key_, &err);
+    if (fd < 0) {
+      for (auto& c : conns) c->close_now();
+      throw std::runtime_error("data plane: cannot reach server " + std::to_string(server) +
+                               " at " + host + ":" + std::to_string(port) + ": " + err);
+    }
+    conns.push_back(std::make_shared<ClientConn>(fd, this, server));
+  }
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (static_cast<int>(servers_.size()) <= server) servers_.resize(server + 1);
+    servers_[server].conns = conns;
+    servers_[server].where = host + ":" + std::to_string(port);
+    servers_[server].lost.clear();
+  }
+  for (auto& c : conns) loops_[next_loop_++ % loops_.size()]->add(c);
+}
+
+DataClient::DataClient(int rank, std::uint32_t job, int io_threads, std::uint64_t credit,
+                       std::uint64_t max_msg, std::string auth_key)
+    : impl_(new ClientImpl(rank, job, io_threads, credit, max_msg, std::move(auth_key))) {}
+DataClient::~DataClient() = default;
+void DataClient::connect(int server, const std::string& host, int port, int streams,
+                         double timeout) {
+  impl_->connect(server, host, port, streams, timeout);
+}
+void DataClient::submit(std::uint64_t op, int priority, const char* src, char* dst,
+                        int wire_dtype, std::int64_t divisor, std::vector<PartSpec> parts) {
+  impl_->submit(op, priority, src, dst, wire_dtype, divisor, std::move(parts));
+}
+bool DataClient::wait(std::uint64_t op, double timeout) { return impl_->wait(op, timeout); }
+bool DataClient::take(std::uint64_t op, Completion* out) { return impl_->take(op, out); }
+std::vector<Completion> DataClient::completions(double timeout) {
+  return impl_->completions(timeout);
+}
+void DataClient::close() { impl_->close(); }
+void DataClient::set_paused(bool paused) { impl_->set_paused(paused); }
+std::vector<std::uint64_t> DataClient::take_dispatch_log() { return impl_->take_dispatch_log(); }
+std::map<std::string, std::uint64_t> DataClient::stats() { return impl_->stats(); }
+
+}  // namespace dp
+}  // namespace bps

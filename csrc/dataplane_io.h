@@ -1,0 +1,428 @@
+// The native data plane's streams (dataplane.h): an outgoing message, a stream with its send
+// queue and its share of the server's reply budget, the framing both ends read, and the epoll
+// loop that runs them (dataplane.cc). The server (dataplane_server.cc) and the worker's client
+// (dataplane_client.cc) derive their streams from FramedConn; the authenticated hello is in
+// dataplane_auth.h. Internal to the extension: nothing here is part of the module's interface.
+#pragma once
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "dataplane.h"
+
+namespace bps {
+namespace dp {
+
+constexpr std::size_t kChunk = 512 * 1024;          // summation granule on the server
+constexpr std::size_t kReadBudget = 16u << 20;      // bytes one connection reads per wakeup
+constexpr double kHelloTimeout = 5.0;               // seconds a stream may take to say hello
+constexpr std::size_t kStoreOverhead = 1024;        // a store's own bytes beyond its buffers
+// Replies queued unwritten, for the whole server (Counters::queued_bytes): each stream may hold
+// its share, kReplyBudget over the streams open, at least kMinShare; a stream over its share is
+// not read (its peer's next requests wait in the kernel) until it is down to half of it, and
+// one that stays over it for kUnreadTimeout without taking a byte is closed. So a peer that
+// never reads its replies costs the server at most its share, whatever it sends.
+constexpr std::size_t kReplyBudget = 32u << 20;
+constexpr std::size_t kMinShare = 16u << 10;
+constexpr double kUnreadTimeout = 10.0;
+constexpr std::size_t kMaxErrorText = 1024;         // an error reply's message, in bytes
+
+// helpers (dataplane.cc)
+std::string json_escape(const std::string& s);
+const char* type_name(int t);  // a message type's name, "?" for an unknown one
+void set_nonblocking(int fd);
+void set_nodelay(int fd);
+
+// ---- one outgoing message ------------------------------------------------------------------
+struct Out {
+  Header hdr;
+  std::string meta;          // sent as u32 length + bytes when hdr.flags has kFlagMeta
+  std::uint32_t meta_len = 0;
+  const char* payload = nullptr;
+  std::size_t plen = 0;
+  std::shared_ptr<void> keep;            // keeps the payload's owner alive
+  std::function<void(bool)> done;        // called once: true when fully written
+  std::size_t sent = 0;
+
+  std::size_t total() const {
+    return sizeof(Header) + ((hdr.flags & kFlagMeta) ? 4 + meta.size() : 0) + plen;
+  }
+  // the memory it holds while queued: the record and its JSON (a payload has its own owner)
+  std::size_t cost() const { return sizeof(Out) + meta.capacity(); }
+};
+
+// ---- a stream --------------------------------------------------------------------------------
+constexpr std::size_t kMaxQueuedOut = 1 << 16;  // messages a stream may hold unwritten, at most
+
+class Conn : public std::enable_shared_from_this<Conn> {
+ public:
+  explicit Conn(int fd, Counters* counters) : fd_(fd), counters_(counters) {}
+  virtual ~Conn() = default;
+
+  int fd() const { return fd_; }
+
+  // Queue a message and write what the socket takes now (any thread).
+  void send(Out&& o) {
+    std::vector<std::function<void(bool)>> finished;
+    {
+      std::lock_guard<std::mutex> g(wmu_);
+      if (!closed_ && outq_.size() >= kMaxQueuedOut) {
+        // a peer that does not read, past the share that stopped its reading (answers to
+        // pulls that waited can still come): it loses the stream
+        drop_unread_locked();
+        if (o.done) finished.push_back(std::move(o.done));
+      } else if (closed_) {
+        if (o.done) finished.push_back(std::move(o.done));
+      } else {
+        enqueue_locked(std::move(o));
+        flush_locked(&finished);
+      }
+    }
+    for (auto& f : finished) f(!closed_flag_.load());
+  }
+
+  // Queue a message for the loop thread to write: nothing is copied or written here, so a
+  // caller holding the GIL returns at once.
+  void post(Out&& o) {
+    std::function<void(bool)> dropped;
+    {
+      std::lock_guard<std::mutex> g(wmu_);
+      if (closed_) {
+        dropped = std::move(o.done);
+      } else {
+        enqueue_locked(std::move(o));
+        arm(true);  // the loop writes once the socket is writable (at once, usually)
+      }
+    }
+    if (dropped) dropped(false);
+  }
+
+  // The loop calls these.
+  void on_writable() {
+    std::vector<std::function<void(bool)>> finished;
+    {
+      std::lock_guard<std::mutex> g(wmu_);
+      if (!closed_) flush_locked(&finished);
+    }
+    for (auto& f : finished) f(true);
+  }
+
+  // Returns false when the connection must close. Reads up to kReadBudget bytes, and stops
+  // when the replies queued on this stream are over its share (queue_share()): the stream is
+  // not read again until they are written down to half of it.
+  bool on_readable() {
+    if (!reading_.load()) {  // not read: the peer hung up or the stream was shut
+      why_ = unread_ ? "the peer left its replies unread" : "the peer closed the connection";
+      return false;
+    }
+    std::size_t budget = kReadBudget;
+    while (budget > 0) {
+      if (rleft_ == 0) {
+        if (!advance()) return false;
+        if (queued_.load() > queue_share() && pause_reading()) return true;
+        continue;
+      }
+      const std::size_t want = std::min(rleft_, budget);
+      const ssize_t n = ::recv(fd_, rptr_, want, 0);
+      if (n > 0) {
+        rptr_ += n;
+        rleft_ -= static_cast<std::size_t>(n);
+        budget -= static_cast<std::size_t>(n);
+        counters_->bytes_in += static_cast<std::uint64_t>(n);
+        continue;
+      }
+      if (n == 0) {
+        why_ = "the peer closed the connection";
+        return false;
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      why_ = std::string("receive failed: ") + std::strerror(errno);
+      return false;
+    }
+    return true;
+  }
+
+  // Loop thread only: close the socket and drop what was queued.
+  void close_now() {
+    std::vector<std::function<void(bool)>> dropped;
+    {
+      std::lock_guard<std::mutex> g(wmu_);
+      if (closed_) return;
+      closed_ = true;
+      closed_flag_ = true;
+      for (auto& o : outq_)
+        if (o.done) dropped.push_back(std::move(o.done));
+      std::deque<Out>().swap(outq_);  // its blocks too
+      counters_->queued_bytes -= queued_.exchange(0);
+      if (!reading_.load()) counters_->paused--;
+      reading_ = true;
+      ::close(fd_);
+    }
+    for (auto& f : dropped) f(false);
+    on_closed();
+  }
+
+  // Any thread: make the loop close this connection soon.
+  void shut() {
+    std::lock_guard<std::mutex> g(wmu_);
+    if (!closed_) ::shutdown(fd_, SHUT_RDWR);
+  }
+
+  void set_epoll(int epfd) {
+    std::lock_guard<std::mutex> g(wmu_);
+    epfd_ = epfd;
+  }
+  const std::string& why() const { return why_; }
+  double created = monotonic_now();
+
+  // The loop's tick: a stream not read for its unread replies that has taken no byte of them
+  // for kUnreadTimeout is closed (true: it was, counted as unread_closed).
+  bool drop_if_unread(double now) {
+    std::lock_guard<std::mutex> g(wmu_);
+    if (closed_ || reading_.load() || unread_ || now - progress_ < kUnreadTimeout) return false;
+    drop_unread_locked();
+    return true;
+  }
+
+ protected:
+  // Called when rleft_ reaches 0: set up the next read target (rptr_, rleft_); false closes.
+  virtual bool advance() = 0;
+  virtual void on_closed() {}
+  // The bytes of replies this stream may hold unwritten before it is not read (unbounded: a
+  // worker's streams, whose queue its own credit bounds).
+  virtual std::size_t queue_share() const { return SIZE_MAX; }
+
+  void expect(char* p, std::size_t n) {
+    rptr_ = p;
+    rleft_ = n;
+  }
+
+  int fd_;
+  Counters* counters_;
+  char* rptr_ = nullptr;
+  std::size_t rleft_ = 0;
+  std::string why_;
+  std::atomic<bool> closed_flag_{false};
+
+ private:
+  void flush_locked(std::vector<std::function<void(bool)>>* finished) {
+    while (!outq_.empty()) {
+      iovec iov[48];
+      int niov = 0;
+      std::size_t idx = 0;
+      // a message takes up to 4 iovecs: header, meta length, meta, payload
+      for (auto it = outq_.begin(); it != outq_.end() && niov + 4 <= 48; ++it, ++idx) {
+        Out& o = *it;
+        std::size_t skip = o.sent;
+        auto add = [&](const void* p, std::size_t len) {
+          if (skip >= len) {
+            skip -= len;
+            return;
+          }
+          iov[niov].iov_base = const_cast<char*>(static_cast<const char*>(p) + skip);
+          iov[niov].iov_len = len - skip;
+          ++niov;
+          skip = 0;
+        };
+        add(&o.hdr, sizeof(Header));
+        if (o.hdr.flags & kFlagMeta) {
+          add(&o.meta_len, 4);
+          add(o.meta.data(), o.meta.size());
+        }
+        if (o.plen) add(o.payload, o.plen);
+      }
+      msghdr mh{};
+      mh.msg_iov = iov;
+      mh.msg_iovlen = niov;
+      const ssize_t n = ::sendmsg(fd_, &mh, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          arm(true);
+          return;
+        }
+        ::shutdown(fd_, SHUT_RDWR);  // the loop sees it and closes the connection
+        return;
+      }
+      counters_->bytes_out += static_cast<std::uint64_t>(n);
+      progress_ = monotonic_now();
+      std::size_t left = static_cast<std::size_t>(n);
+      while (left > 0 && !outq_.empty()) {
+        Out& o = outq_.front();
+        const std::size_t rest = o.total() - o.sent;
+        if (left >= rest) {
+          left -= rest;
+          counters_->msgs_out++;
+          if (o.done) finished->push_back(std::move(o.done));
+          const std::size_t c = o.cost();
+          queued_ -= c;
+          counters_->queued_bytes -= c;
+          outq_.pop_front();
+        } else {
+          o.sent += left;
+          left = 0;
+        }
+      }
+      if (!reading_.load() && !unread_ && queued_.load() <= queue_share() / 2) {
+        reading_ = true;  // written down to half its share: read the stream again
+        counters_->paused--;
+      }
+    }
+    if (outq_.empty() && long_) {  // a long queue's block map goes back too
+      std::deque<Out>().swap(outq_);
+      long_ = false;
+    }
+    arm(false);
+  }
+
+  void enqueue_locked(Out&& o) {
+    if (o.hdr.flags & kFlagMeta) o.meta_len = static_cast<std::uint32_t>(o.meta.size());
+    const std::size_t c = o.cost();
+    if (outq_.empty()) progress_ = monotonic_now();  // the wait for the peer starts now
+    queued_ += c;
+    counters_->queued_bytes += c;
+    outq_.push_back(std::move(o));
+    if (outq_.size() > 256) long_ = true;
+  }
+
+  // Loop thread: stop reading this stream; false when its queue was written meanwhile.
+  bool pause_reading() {
+    std::lock_guard<std::mutex> g(wmu_);
+    if (closed_ || queued_.load() <= queue_share()) return false;
+    reading_ = false;
+    counters_->paused++;
+    arm(armed_out_);
+    return true;
+  }
+
+  // The peer does not read its replies: count it and make the loop close the stream.
+  void drop_unread_locked() {
+    if (!unread_) counters_->unread_closed++;
+    unread_ = true;
+    ::shutdown(fd_, SHUT_RDWR);  // the loop sees it and closes the connection
+  }
+
+  // epoll interest: reading unless paused (hang-ups are reported either way), writing when
+  // something waits for the socket
+  void arm(bool out) {
+    const bool in = reading_.load();
+    if ((out == armed_out_ && in == armed_in_) || epfd_ < 0) return;
+    epoll_event ev{};
+    ev.events = EPOLLRDHUP | (in ? static_cast<std::uint32_t>(EPOLLIN) : 0u) |
+                (out ? static_cast<std::uint32_t>(EPOLLOUT) : 0u);
+    ev.data.fd = fd_;
+    if (epoll_ctl(epfd_, EPOLL_CTL_MOD, fd_, &ev) == 0) armed_out_ = out, armed_in_ = in;
+  }
+
+  std::mutex wmu_;
+  std::deque<Out> outq_;
+  bool closed_ = false;
+  bool unread_ = false;  // closed for leaving its replies unread
+  bool armed_out_ = false, armed_in_ = true;
+  bool long_ = false;   // outq_ held many messages since it was last empty
+  std::atomic<bool> reading_{true};   // false: over its share, not read
+  std::atomic<std::size_t> queued_{0};  // cost() of outq_
+  double progress_ = 0;  // when the queue last took a byte (or began to fill)
+  int epfd_ = -1;
+};
+
+// ---- the framing both ends read: header, optional meta (u32 length + JSON), payload --------
+class FramedConn : public Conn {
+ public:
+  using Conn::Conn;
+
+ protected:
+  enum State { kHdr, kMetaLen, kMeta, kPayload, kDiscard, kNonceIn, kMacIn };
+
+  bool read_header() {
+    state_ = kHdr;
+    if (meta_.capacity() > 4096) std::string().swap(meta_);  // a large meta was read: freed
+    expect(reinterpret_cast<char*>(&h_), sizeof h_);
+    return true;
+  }
+
+  bool read_meta_len() {
+    state_ = kMetaLen;
+    expect(reinterpret_cast<char*>(&meta_len_), 4);
+    return true;
+  }
+
+  // After the length: false (and why_) when it is over the 1 MiB bound, before any allocation.
+  bool read_meta(const char* over) {
+    if (meta_len_ > kMaxMeta) {
+      why_ = over;
+      return false;
+    }
+    meta_.resize(meta_len_);
+    state_ = kMeta;
+    expect(meta_.data(), meta_len_);
+    return true;
+  }
+
+  // Reads and drops discard_left_ bytes (a payload that was answered with an error), a chunk
+  // at a time, then the next header. Into one buffer of the loop thread's (a stream stays on
+  // its loop), not one per stream: what is dropped may be overwritten by another stream.
+  bool next_discard() {
+    if (discard_left_ == 0) return read_header();
+    thread_local std::unique_ptr<char[]> sink(new char[kChunk]);
+    const std::size_t len = std::min<std::size_t>(kChunk, discard_left_);
+    discard_left_ -= len;
+    state_ = kDiscard;
+    expect(sink.get(), len);
+    return true;
+  }
+
+  State state_ = kHdr;
+  Header h_{};
+  std::uint32_t meta_len_ = 0;
+  std::string meta_;
+  std::vector<char> scratch_;
+  std::size_t discard_left_ = 0;
+};
+
+// ---- an epoll loop (dataplane.cc) ----------------------------------------------------------
+class IoLoop {
+ public:
+  using Tick = std::function<void(const std::unordered_map<int, std::shared_ptr<Conn>>&)>;
+
+  IoLoop();
+  ~IoLoop();
+  // Runs the loop on a thread of its own; `tick` is called about twice a second with its
+  // streams (the server closes silent or unread ones).
+  void start(Tick tick);
+  void add(std::shared_ptr<Conn> c);  // any thread
+  void stop();
+  void close_conn(const std::shared_ptr<Conn>& c);  // loop thread
+
+ private:
+  void wake();
+  void run();
+
+  int epfd_ = -1, evfd_ = -1;
+  std::thread th_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::vector<std::shared_ptr<Conn>> adds_;
+  std::unordered_map<int, std::shared_ptr<Conn>> conns_;
+  Tick tick_;
+};
+
+}  // namespace dp
+}  // namespace bps
