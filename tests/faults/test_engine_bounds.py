@@ -12,6 +12,7 @@ import pytest
 from byteps_like import _core
 from byteps_like.transport.native import WIRE_CODE
 
+from ..native_stream import closed_by_peer
 from ..unit.test_native_dataplane import JOB, MAXMSG, make_client, parts_of
 from .unread_replies import measure
 
@@ -103,7 +104,7 @@ def test_a_stream_that_said_hello_keeps_its_slot():
         for r in range(2):
             clients.append(make_client(r, [port], streams=8))
         s = _raw(port)
-        assert _closed_soon(s)
+        assert closed_by_peer(s, 5.0)
         assert srv.rejected() == {"too many connections": 1}
         x = np.ones(1000, np.float32)
         ys = [np.zeros_like(x) for _ in clients]
@@ -118,15 +119,6 @@ def test_a_stream_that_said_hello_keeps_its_slot():
             c.close()
         srv.close()
 
-
-def _closed_soon(s: socket.socket, timeout: float = 5.0) -> bool:
-    s.settimeout(timeout)
-    try:
-        return s.recv(1) == b""
-    except ConnectionResetError:
-        return True
-    finally:
-        s.close()
 
 
 def test_the_last_window_of_rejections_is_summed_up_at_shutdown():
