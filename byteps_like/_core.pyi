@@ -176,7 +176,11 @@ class DataServer:
     def reserve(self, bytes: int) -> bool:
         """Charge ``bytes`` of a ZeroMQ-path store to the same budget as the native stores
         (``max_store_bytes``; negative gives back); False, charging nothing, when over it."""
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> dict[str, int]:
+        """Counters: traffic, pushes, rounds, keys, store_bytes, connections (accepted) and
+        live_connections, queued_bytes (replies queued unwritten, all streams; at most 32 MiB
+        plus one message a stream), paused (streams not read while their replies wait),
+        unread_closed (streams closed for leaving them unread), rejected (total)."""
     def rejected(self) -> dict[str, int]:
         """Rejected messages and streams by reason."""
     def stalls(self, min_age: float) -> list[tuple[int, int, float, list[int], bytes]]:
