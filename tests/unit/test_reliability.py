@@ -50,7 +50,7 @@ def sched(zmq_context):
     s = Scheduler(load(env=env), context=zmq_context, address="inproc://sched-unit")
     s.phase = "running"
     sent = []
-    s._send = lambda node, mtype, meta=None, key=0: sent.append((node, mtype, meta))
+    s.send = lambda node, mtype, meta=None, key=0: sent.append((node, mtype, meta))
     srv = NodeInfo(Route(ident=b"s"), Role.SERVER, "h", 1, 1, rank=0)
     workers = [NodeInfo(Route(ident=b"w%d" % i), Role.WORKER, "h", 0, 10 + i, rank=i)
                for i in range(4)]
