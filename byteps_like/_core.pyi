@@ -178,9 +178,10 @@ class DataServer:
         (``max_store_bytes``; negative gives back); False, charging nothing, when over it."""
     def stats(self) -> dict[str, int]:
         """Counters: traffic, pushes, rounds, keys, store_bytes, connections (accepted) and
-        live_connections, queued_bytes (replies queued unwritten, all streams; at most 32 MiB
-        plus one message a stream), paused (streams not read while their replies wait),
-        unread_closed (streams closed for leaving them unread), rejected (total)."""
+        live_connections, queued_bytes (replies queued unwritten, all streams: each stream's
+        share is 32 MiB over the streams open, at least 16 KiB), paused (streams not read while
+        their replies wait), unread_closed (streams closed for leaving them unread), rejected
+        (total)."""
     def rejected(self) -> dict[str, int]:
         """Rejected messages and streams by reason."""
     def stalls(self, min_age: float) -> list[tuple[int, int, float, list[int], bytes]]:
