@@ -15,7 +15,7 @@ Completions come back on the completion thread (:class:`byteps_like.transport.na
 Completions`), or on the thread that waits for a handle (``Handle.fast_wait``, which waits in
 C++ without the GIL and then finishes the handle itself).
 
-Who calls it: ``Runtime._connect`` (:meth:`NativeDataPlane.connect`), ``Runtime._start`` (a
+Who calls it: ``Runtime._connect`` (:meth:`NativeDataPlane.connect`), ``Rounds.start`` (a
 whole tensor), the PUSH stage (:mod:`.stages`), and the runtime's teardown and fatal errors
 (:meth:`NativeDataPlane.close`).
 """
@@ -76,6 +76,13 @@ class NativeDataPlane:
         self._ids = itertools.count(1)
         self._completions: native.Completions | None = None
         self._switch_interval: float | None = None  # what we set sys.setswitchinterval to
+
+    def serves(self, cfg: Config) -> bool:
+        """Whether this worker's push_pulls go through the native data plane: a local root of
+        a job of several machines whose servers all offer a data port, the plane enabled."""
+        m = self.members
+        return (m.is_local_root and bool(m.servers) and not m.single_machine
+                and all(p.data_port for p in m.servers) and native.native_enabled(cfg))
 
     def connect(self, cfg: Config, servers: list[PeerInfo], credit: int) -> None:
         """Open the native data plane's streams to every server. A failure closes what was

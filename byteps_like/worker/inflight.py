@@ -61,3 +61,12 @@ class InFlight:
         """Fail every handle in flight with ``exc`` (a fatal error, an epoch that ended)."""
         for h in list(self.handles):
             h.fail(exc)
+
+    @staticmethod
+    def wait(handles: list[Handle]) -> None:
+        """Wait for each of ``handles``; their errors are for whoever waits for them."""
+        for h in handles:
+            try:
+                h.wait()
+            except Exception:  # noqa: BLE001 - reported by whoever waits for it
+                pass

@@ -15,7 +15,7 @@ local.Gate` and carries its progress in ``Task.phase`` (:class:`~.pipeline.Phase
 
 Who calls it: the pipeline's REDUCE and BROADCAST threads (:meth:`LocalReduction.reduce`,
 :meth:`LocalReduction.broadcast`); :mod:`.dispatch` with a checked local message
-(:meth:`LocalReduction.on_message`); ``Runtime._start`` and ``Runtime.local_out`` for a tensor's
+(:meth:`LocalReduction.on_message`); ``Rounds.start`` and ``Runtime.local_out`` for a tensor's
 segment; the runtime's teardown (:meth:`LocalReduction.close`).
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ observers (tracing, metrics) subscribe to stage start and end without living ins
 Who calls it: :class:`~byteps_like.worker.runtime.Runtime` builds one :class:`Pipeline` when it
 connects, with the stage executors of :mod:`~byteps_like.worker.stages` and
 :mod:`~byteps_like.worker.local_reduce` as its handlers, and submits the tasks of each
-push_pull (``Runtime._start``). Network replies (:mod:`~byteps_like.worker.dispatch`) and native
+push_pull (``Rounds.start``). Network replies (:mod:`~byteps_like.worker.dispatch`) and native
 completions (:mod:`~byteps_like.worker.dataplane`) move a waiting task on with
 :meth:`Pipeline.advance`; the local reduction's gate with :meth:`Pipeline.resume`.
 """
@@ -114,7 +114,7 @@ class Task:
     """One partition of one push_pull on its way through the pipeline.
 
     The first fields say what it is and where it goes (every task has them); the rest are
-    filled in by ``Runtime._start`` for the stages it meets, and by the stages themselves.
+    filled in by ``Rounds.start`` for the stages it meets, and by the stages themselves.
     Slots: a field not declared here cannot be set on a task."""
     handle: Handle
     key: int
@@ -134,7 +134,7 @@ class Task:
     native: bool = False     # pushed and pulled by the native data plane (transport/native.py)
     contrib: int = 0         # pushes the server's round summed when fewer than all (join())
     enqueued_at: float = field(default_factory=time.monotonic)
-    # -- what the runtime sets when it cuts a push_pull into tasks (Runtime._start) --
+    # -- what the runtime sets when it cuts a push_pull into tasks (Rounds.start) --
     dtype: str = "uint8"     # the wire dtype of the tensor
     average: bool = False    # divide the sum by the ranks that contributed
     src: np.ndarray = field(default_factory=_no_bytes)   # this partition of the input, as bytes

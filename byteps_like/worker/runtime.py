@@ -7,7 +7,7 @@ The walk of one gradient, top to bottom: a plugin's optimizer (e.g. ``byteps_lik
 DistributedOptimizer.step``) hands each gradient to a :class:`~.sync.GradientSynchronizer`,
 which calls :meth:`Runtime.push_pull_async`. That binds the tensor's name in the registry
 (:mod:`.tensors`: its key, partitions and servers, its compressor) and starts a round
-(``_start``): a host tensor on the native data plane goes to C++ whole
+(:mod:`.rounds`): a host tensor on the native data plane goes to C++ whole
 (:mod:`.dataplane`); otherwise each partition becomes a :class:`~.pipeline.Task` whose
 itinerary the :class:`~.pipeline.Pipeline` walks through the stage executors
 (:mod:`.stages`, and :mod:`.local_reduce` with several ranks per machine). The PUSH stage
@@ -25,14 +25,16 @@ The parts, each with one job:
   (``local``): what each pipeline stage does;
 * :class:`~.dataplane.NativeDataPlane` (``plane``): the native data plane's submit, wait and
   completion;
-* :class:`~.dispatch.Dispatcher` (``dispatch``): the endpoint's incoming messages.
+* :class:`~.dispatch.Dispatcher` (``dispatch``): the endpoint's incoming messages;
+* :class:`~.rounds.Rounds` (``rounds``): a push_pull's rounds, one at a time per name, cut
+  into one native operation or one pipeline task per partition; ``join``'s rounds.
 
 The parts never see the runtime: each takes the :class:`~.inflight.InFlight` object (the lock,
 the handles and pushes in flight, credit release, task failure, the fatal error, the byte
 counters) and the other parts it uses, so none imports this module back.
 
-This module keeps the lifecycle (``init``, ``shutdown``, teardown), the fatal-error path, the
-handles in flight and the public methods; it re-exports :class:`~.tensors.TensorState` and
+This module keeps the lifecycle (``init``, ``shutdown``, teardown), the fatal-error path and
+the public methods; it re-exports :class:`~.tensors.TensorState` and
 :class:`~.tensors.DeviceCopier`, which plugins and tests import from here.
 """
 from __future__ import annotations
@@ -53,9 +55,7 @@ from ..errors import (
     ConfigError,
     NotInitializedError,
 )
-from ..transport import native
 from ..transport.base import Drops, Endpoint
-from ..wire import ITEMSIZE, SUMMABLE, dtype_name, first_round
 from .dataplane import NativeDataPlane
 from .dispatch import Dispatcher
 from .elastic_membership import ElasticMembership
@@ -63,10 +63,11 @@ from .handle import Handle
 from .inflight import InFlight
 from .local_reduce import LocalReduction
 from .membership import Membership
-from .pipeline import COPY_D2H, PULL, PUSH, Phase, Pipeline, Task, itinerary
+from .pipeline import Pipeline
+from .rounds import Rounds, host_arrays
 from .sparse import SparseTables
 from .stages import StageExecutors
-from .tensors import COMPRESSIBLE, DeviceCopier, TensorRegistry, TensorState, declaration
+from .tensors import COMPRESSIBLE, DeviceCopier, TensorRegistry, TensorState
 
 if TYPE_CHECKING:
     from ..control import ControlClient
@@ -103,6 +104,7 @@ class Runtime:
         self.plane = NativeDataPlane(m, self.flight)
         self.stages = StageExecutors(m, self.flight, self.plane, self.local)
         self.dispatch = Dispatcher(m, self.flight, self.local)
+        self.rounds = Rounds(m, self.flight, self.registry, self.local, self.plane)
         self.elastic_m: ElasticMembership | None = None  # elastic jobs (elastic_membership.py)
         self.sparse = SparseTables(self)  # server-held embedding tables (sparse.py)
         self.dispatch.table_answers = self.sparse.on_message
@@ -123,16 +125,6 @@ class Runtime:
     @pipeline.setter
     def pipeline(self, pipeline: Pipeline | None) -> None:
         self.flight.pipeline = pipeline
-
-    @property
-    def active_pipeline(self) -> Pipeline:
-        """The pipeline of a connected runtime (the parts use it only while connected)."""
-        return self.flight.active_pipeline
-
-    @property
-    def inflight(self) -> dict[int, Task]:
-        """key -> the partition whose push awaits its server's answer."""
-        return self.flight.tasks
 
     @property
     def bytes_pushed(self) -> int:
@@ -252,11 +244,9 @@ class Runtime:
         from .telemetry import attach  # observers: trace, metrics, summary line
         self.telemetry = attach(self)
         self.pipeline.start()
-        servers = m.servers
-        if m.is_local_root and servers and not m.single_machine \
-                and all(p.data_port for p in servers) and native.native_enabled(cfg):
+        if self.plane.serves(cfg):
             try:
-                self.plane.connect(cfg, servers, credit)
+                self.plane.connect(cfg, m.servers, credit)
             except CommunicationError:
                 self._teardown()
                 raise
@@ -281,11 +271,7 @@ class Runtime:
             # both, or a shutdown racing that hand-over would raise the known error again
             control = self.members.control
             if control is not None and self.flight.fatal is None and control.fatal is None:
-                for h in handles:
-                    try:
-                        h.wait()
-                    except Exception:  # noqa: BLE001 - reported by whoever waits for it
-                        pass
+                self.flight.wait(handles)
                 timeout = self.config.timeouts.shutdown_timeout
                 if not control.finish(timeout):
                     log.warning("worker %d: no shutdown confirmation from the scheduler "
@@ -315,13 +301,12 @@ class Runtime:
         """Raise what stops this runtime from working: NotInitializedError before ``init()``
         (or after ``shutdown()``), the job's fatal error once there is one. Plugins call it
         before they touch a tensor, so a misuse fails at its own line."""
-        self._check()
-
-    def _check(self) -> None:
         if not self.initialized:
             raise NotInitializedError("byteps_like is not initialised: call init() first")
         if self.flight.fatal is not None:
             raise self.flight.fatal
+
+    _check = check  # what the methods below call first
 
     # -- identity ---------------------------------------------------------------------------------
     def rank(self) -> int:
@@ -408,19 +393,7 @@ class Runtime:
                 f"join() on worker rank {self.rank_}: not supported with several worker "
                 f"processes per machine (BYTEPS_LOCAL_SIZE={self.local_size_}) yet; give "
                 "every rank the same number of steps (e.g. drop the last uneven batches)")
-        for h in list(self._handles):
-            h.wait()
-        control = self.members.control
-        if control is None or self.size_ == 1:
-            return self.rank_
-        with self._lock:
-            rounds = self.registry.rounds()
-        last, rounds = control.join(rounds)
-        # every rank is back in: each tensor continues at the round the job is at (the ranks
-        # that ran more steps pushed more rounds)
-        with self._lock:
-            self.registry.catch_up(rounds)
-        return last
+        return self.rounds.join()
 
     # -- declaration -------------------------------------------------------------------------------
     def auto_name(self) -> str:
@@ -435,24 +408,13 @@ class Runtime:
         self._check()
         if self.members.control is None or self.local_size_ < 2:
             raise ValueError("local_out needs a distributed job with several local ranks")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * ITEMSIZE[dtype]
-        with self._lock:
-            st = self.registry.declare(name)
-            self._bind(st, tuple(shape), dtype, nbytes)
-            return self.local.segment(st).out
+        return self.rounds.local_out(name, tuple(shape), dtype)
 
     def declare(self, name: str) -> int:
         """Reserve the next key for ``name``. Every worker must declare in the same order."""
         self._check()
         with self._lock:
             return self.registry.declare(name).decl_id
-
-    def _bind(self, st: TensorState, shape: tuple, dtype: str, nbytes: int) -> None:
-        """Bind ``st`` at its use (lock held): partitions only in a distributed job."""
-        self.registry.bind(st, shape, dtype, nbytes, rank=self.rank_,
-                           partition_bytes=self.config.partition.partition_bytes,
-                           assigner=self.members.assigner
-                           if self.members.control is not None else None)
 
     # -- push_pull ---------------------------------------------------------------------------------
     def push_pull_async(self, array: Any, name: str | None = None, average: bool = True,
@@ -488,143 +450,14 @@ class Runtime:
         if device is not None and not self.device_pipeline:
             raise ValueError("device staging through the pipeline needs a distributed job "
                              "with one local rank; stage the tensor on the host instead")
-        arr = np.asarray(array)
-        wire_dtype = dtype or dtype_name(arr.dtype)
-        if wire_dtype not in SUMMABLE:
-            raise TypeError(f"push_pull of {name or 'a tensor'}: dtype {wire_dtype} cannot be "
-                            f"summed; use one of {', '.join(sorted(SUMMABLE))}")
-        if ITEMSIZE[wire_dtype] != arr.dtype.itemsize:
-            raise TypeError(f"dtype={wire_dtype!r} needs {ITEMSIZE[wire_dtype]}-byte elements, "
-                            f"the array has {arr.dtype.itemsize}-byte {arr.dtype}")
-        if not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr)
-        if out is None:
-            out = np.empty_like(arr)
-        elif out.shape != arr.shape or out.dtype != arr.dtype or not out.flags.c_contiguous:
-            raise ValueError(f"push_pull of {name!r}: out must be a C-contiguous {arr.dtype} "
-                             f"array of shape {arr.shape}")
-        distributed = self.members.control is not None
-        with self._lock:
-            if name is None:
-                name = self.registry.auto_name()
-            st = self.registry.declare(name)
-            self._bind(st, tuple(arr.shape), wire_dtype, arr.nbytes)
-            if distributed:
-                self.registry.bind_compressor(
-                    st, compression, rank=self.rank_,
-                    min_bytes=self.config.compression.min_compress_bytes,
-                    makes_codecs=self.members.is_local_root)  # only the local root pushes
-            nparts = len(st.parts) if distributed and not self.alone else 0
-            h = Handle(name, arr, out, nparts, default_timeout=self.config.timeouts.op_timeout,
-                       describe_pending=self._describe_pending)
-            if not distributed or self.alone:  # the sum over one worker is the input
-                if out is not arr:
-                    np.copyto(out, arr)
-                return h
-            self._handles.add(h)
-            def start(block: bool) -> None:
-                self._start(st, h, arr, out, wire_dtype, average, priority, block, device,
-                            prereduced)
-            idle = st.busy is None
-            if idle:
-                st.busy = h
-            else:
-                st.waiting.append((h, start))  # one round of a key in flight at a time
-            # registered last: a handle of no partitions is already done and frees the name now
-            h.add_done_callback(lambda hh: self._on_handle_done(st, hh))
-        if idle:
-            try:
-                start(True)  # outside the lock: may block on a full queue (back-pressure)
-            except BaseException as exc:  # failed before it started: shutdown must not wait
-                h.fail(exc)
-                raise
-        return h
-
-    def _start(self, st: TensorState, h: Handle, arr: np.ndarray, out: np.ndarray, dtype: str,
-               average: bool, priority: int, block: bool, device: DeviceCopier | None = None,
-               prereduced: bool = False) -> None:
-        """Start the next round of ``st``: one native operation for a host tensor on the
-        native data plane, else one pipeline task per partition."""
-        if self.flight.fatal is not None:
-            h.fail(self.flight.fatal)
-            return
-        m = self.members
-        try:
-            seg = self.local.segment(st) if m.local_size > 1 else None
-        except BaseException as exc:  # failed before it started: nobody (shutdown) waits on it
-            h.fail(exc)
-            if block:
-                raise
-            return
-        rnd = st.round
-        st.round += 1
-        src = arr.reshape(-1).view(np.uint8)
-        dst = out.reshape(-1).view(np.uint8)
-        device_push = (device is not None and self.device_push
-                       and getattr(device, "device_slice", None) is not None)
-        route = itinerary(distributed=not m.single_machine, local_size=m.local_size,
-                          local_root=m.is_local_root, on_device=device is not None,
-                          compressed=bool(st.codecs), device_push=device_push)
-        cli = self.plane.client
-        on_native = cli is not None and not st.codecs and not device_push
-        if cli is not None and on_native and route == (PUSH, PULL):
-            # a host tensor: one native operation
-            self.plane.submit_tensor(cli, st, h, rnd, src, dst, dtype, average, priority)
-            return
-        pipeline = self.active_pipeline
-        phase = Phase.SUM_SLICE if prereduced else Phase.COPY_IN
-        device_direct = device_push and COPY_D2H not in route
-        for part, (off, n, key, server) in enumerate(st.parts):
-            # the declared fields one by one, as cheap as it gets (a keyword per field to the
-            # dataclass costs about a microsecond more per partition)
-            task = Task(h, key, part, off, n, priority, server, key % m.conns, rnd, route)
-            task.src = src[off:off + n]
-            task.dst = dst[off:off + n]
-            # what goes to the servers and where their sum lands: the machine's reduced
-            # partition in shared memory with local ranks, the caller's arrays otherwise
-            task.seg = seg
-            task.push_src = seg.out[off:off + n] if seg is not None else task.src
-            task.pull_dst = seg.out[off:off + n] if seg is not None else task.dst
-            task.phase = phase
-            task.prereduced = prereduced
-            task.device = device
-            task.device_direct = device_direct
-            task.dtype = dtype
-            task.average = average
-            task.decl = declaration(st, dtype, part) if first_round(rnd) else None
-            task.codec = st.codecs[part] if st.codecs else None
-            task.native = on_native
-            if task.codec is not None:
-                task.scratch = st.scratch[part]
-                if task.decl is not None:  # the compressor travels once per key, typed JSON
-                    task.decl["compressor"] = st.spec
-                    task.decl["count"] = n // ITEMSIZE[dtype]
-            pipeline.submit(task, block=block)
-
-    def _on_handle_done(self, st: TensorState, h: Handle) -> None:
-        with self._lock:
-            self._handles.discard(h)
-            for t in [t for t in self.inflight.values() if t.handle is h]:
-                self.inflight.pop(t.key, None)
-            nxt = st.waiting.pop(0) if st.waiting else None
-            st.busy = nxt[0] if nxt else None
-        if nxt is not None:
-            nxt[1](False)  # on a pipeline thread: must not block
-
-    def _describe_pending(self, h: Handle) -> str:
-        st = self._tensors.get(h.name)
-        if st is None or not st.parts:
-            return ""
-        servers = sorted({st.parts[p][3] for p in h.pending_parts})
-        return (f" (waiting on server(s) {servers}; a worker that has not pushed this tensor, "
-                f"or a slow or stuck peer, holds the round open)")
+        arr, out, wire_dtype = host_arrays(array, out, name, dtype)
+        return self.rounds.push_pull(arr, out, name, wire_dtype, average, priority, device,
+                                     prereduced, compression, alone=self.alone)
 
     @property
     def device_push(self) -> bool:
-        """Whether the transport sends device memory itself (UCX with CUDA support and
-        BYTEPS_UCX_DEVICE_MEMORY=1): device tensors then skip the copy to the host before the
-        push (their sums still arrive in host memory and are copied back)."""
-        return bool(getattr(getattr(self.members.ep, "ucx", None), "device_memory", False))
+        """Whether the transport sends device memory itself (see :class:`~.rounds.Rounds`)."""
+        return self.rounds.device_push
 
     @property
     def device_pipeline(self) -> bool:

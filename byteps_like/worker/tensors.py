@@ -7,7 +7,7 @@ server; :meth:`TensorRegistry.bind_compressor`: a codec compressor, one codec pe
 The registry also holds the rounds a ``join()`` handed back for names not declared yet.
 
 Who calls it: the :class:`~byteps_like.worker.runtime.Runtime` facade (``declare``,
-``local_out``, ``push_pull_async``), always holding the runtime's lock. ``Runtime._start``
+``local_out``, ``push_pull_async``), always holding the runtime's lock. ``Rounds.start``
 reads the bound partitions to cut a push_pull into pipeline tasks, and the native data plane
 (:mod:`.dataplane`) to submit a whole tensor at once.
 """
