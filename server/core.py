@@ -34,6 +34,7 @@ from ..control import ControlClient
 from ..errors import EXIT_PEER_FAILED, PeerLostError, ProtocolError
 from ..transport import Route, data_scheme, make_endpoint, native
 from .sparse import SparseService
+from .stalls import stalled_rounds
 
 if TYPE_CHECKING:
     from ..metrics import RoleMetrics
@@ -822,40 +823,12 @@ class Server:
     # -- the stall inspector ----------------------------------------------------------------
     def stalled_rounds(self, now: float | None = None) -> list[dict]:
         """Synchronous rounds open longer than BYTEPS_STALL_CHECK_TIME_SECONDS: some workers
-        have pushed, others have not. Read from the I/O thread while engines run, so every
-        field is read once into a local (a round may complete meanwhile; then it is skipped)."""
+        have pushed, others have not (stalls.py)."""
         if self.async_mode:
             return []
-        now = time.monotonic() if now is None else now
-        limit = self.cfg.timeouts.stall_check_time
-        out = []
-        for eng in self.engines:
-            for store in list(eng.stores.values()):
-                started, rnd = store.round_started, store.round
-                if started is None or now - started < limit or store.failed is not None:
-                    continue
-                try:
-                    pushed = sorted(store.pushed)
-                except RuntimeError:  # changed size while copying: the round is moving
-                    continue
-                if not pushed or store.round != rnd:
-                    continue
-                out.append(self._stall_entry(store.decl, store.key, rnd, now - started, pushed))
-        if self.native is not None:
-            for key, rnd, age, pushed, decl in self.native.stalls(limit):
-                try:
-                    meta = json.loads(decl.decode("utf-8"))
-                except (UnicodeDecodeError, ValueError):
-                    meta = {}
-                out.append(self._stall_entry(meta if isinstance(meta, dict) else {}, key, rnd,
-                                             age, pushed))
-        return out
-
-    def _stall_entry(self, decl: dict, key: int, rnd: int, age: float, pushed: list) -> dict:
-        """One stalled round as the scheduler's stall report reads it."""
-        return {"name": str(decl.get("name")), "key": key, "round": rnd,
-                "part": decl.get("part"), "age": round(age, 3), "pushed": pushed,
-                "missing": sorted(set(range(self.required)) - set(pushed) - self.joined)}
+        return stalled_rounds(self.engines, self.native,
+                              time.monotonic() if now is None else now,
+                              self.cfg.timeouts.stall_check_time, self.required, self.joined)
 
     def _stall_tick(self) -> None:
         if self.control.rank < 0 or self.control.fatal is not None or self.control.shutting_down:

@@ -1,0 +1,49 @@
+"""The server's stall inspector: synchronous rounds some workers pushed and others did not,
+open longer than BYTEPS_STALL_CHECK_TIME_SECONDS, as the scheduler's stall report reads them
+(docs/reliability.md). Both data paths are read: the ZeroMQ path's engines and the native
+data plane."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
+from typing import Any
+
+
+def stall_entry(decl: dict, key: int, rnd: int, age: float, pushed: list, required: int,
+                joined: AbstractSet[int]) -> dict:
+    """One stalled round as the scheduler's stall report reads it."""
+    return {"name": str(decl.get("name")), "key": key, "round": rnd,
+            "part": decl.get("part"), "age": round(age, 3), "pushed": pushed,
+            "missing": sorted(set(range(required)) - set(pushed) - joined)}
+
+
+def stalled_rounds(engines: Iterable[Any], native: Any, now: float, limit: float,
+                   required: int, joined: AbstractSet[int]) -> list[dict]:
+    """The rounds of ``engines`` (and of the ``native`` data server, if any) open for at least
+    ``limit`` seconds with some pushes in. Read from the I/O thread while engines run, so
+    every field is read once into a local (a round may complete meanwhile; then it is
+    skipped)."""
+    out = []
+    for eng in engines:
+        for store in list(eng.stores.values()):
+            started, rnd = store.round_started, store.round
+            if started is None or now - started < limit or store.failed is not None:
+                continue
+            try:
+                pushed = sorted(store.pushed)
+            except RuntimeError:  # changed size while copying: the round is moving
+                continue
+            if not pushed or store.round != rnd:
+                continue
+            out.append(stall_entry(store.decl, store.key, rnd, now - started, pushed, required,
+                                   joined))
+    if native is not None:
+        for key, rnd, age, pushed, decl in native.stalls(limit):
+            try:
+                meta = json.loads(decl.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                meta = {}
+            out.append(stall_entry(meta if isinstance(meta, dict) else {}, key, rnd, age,
+                                   pushed, required, joined))
+    return out
