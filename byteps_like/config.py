@@ -195,6 +195,14 @@ class ServerConfig:
                              "batch before sending it, servers refuse a larger request before "
                              "allocating anything for it. Every node must use the same value.",
                              unit="ids", min=1, max=1 << 30)
+    sparse_checkpoint_dir: str = _s("BYTEPS_SPARSE_CHECKPOINT_DIR", "str", "", "Directory "
+                                    "where servers write and read the checkpoints of "
+                                    "server-held embedding tables (table.save(tag) / "
+                                    "table.load(tag); docs/sparse.md): one folder per tag, a "
+                                    "file per table and shard. Every server must see the same "
+                                    "directory (a shared file system across machines) for a "
+                                    "restore onto another number of servers. Empty: saving and "
+                                    "loading are refused.")
 
 
 @dataclass(frozen=True)

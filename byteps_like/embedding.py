@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,6 +230,10 @@ def sum_rows(ids: list[np.ndarray], grads: list[np.ndarray],
 
 
 # -- a shard --------------------------------------------------------------------------------------
+#: the optimizer state a shard may hold, by attribute (and checkpoint array) name
+_STATE = ("acc", "m", "v", "t")
+
+
 class TableShard:
     """The rows of one table a server holds (shard ``shard`` of ``shards``) and their
     optimizer state. Rows are made from the initializer the first time they are touched."""
@@ -260,18 +266,50 @@ class TableShard:
         return ids // self.shards if self.shards > 1 else ids
 
     def _make(self, local: np.ndarray) -> None:
-        """Give rows never touched their initial values (and optimizer state)."""
+        """Give rows never touched (or forgotten by a restore) their initial values and fresh
+        optimizer state."""
         new = local[~self.made[local]]
         if not len(new):
             return
         new = np.unique(new)
         self.made[new] = True
-        if self.spec.init != "zeros":
-            self.weights[new] = initial_rows(self.spec, new * self.shards + self.shard)
+        self.weights[new] = initial_rows(self.spec, new * self.shards + self.shard)
         if self.acc is not None:
-            init_acc = self.spec.optimizer_args["initial_accumulator_value"]
-            if init_acc:
-                self.acc[new] = np.float32(init_acc)
+            self.acc[new] = np.float32(self.spec.optimizer_args["initial_accumulator_value"])
+        for state in (self.m, self.v, self.t):
+            if state is not None:
+                state[new] = 0
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        """The rows made so far, by global id, and their optimizer state (what a checkpoint
+        holds; rows never touched are their initial values, made again on a restore)."""
+        local = np.flatnonzero(self.made)
+        out: dict[str, np.ndarray] = {"ids": local * self.shards + self.shard,
+                                      "weights": self.weights[local]}
+        for name in _STATE:
+            arr = getattr(self, name)
+            if arr is not None:
+                out[name] = arr[local]
+        return out
+
+    def restore(self, state: dict[str, np.ndarray]) -> int:
+        """Take the rows of ``state`` (written by any number of servers) that this shard holds;
+        returns how many. Call :meth:`forget` first to drop what the shard holds."""
+        ids = state["ids"]
+        mine = ids % self.shards == self.shard if self.shards > 1 else slice(None)
+        local = ids[mine] // self.shards
+        self.made[local] = True
+        self.weights[local] = state["weights"][mine]
+        for name in _STATE:
+            arr = getattr(self, name)
+            if arr is not None:
+                arr[local] = state[name][mine]
+        return len(local)
+
+    def forget(self) -> None:
+        """Every row back to its initial value (made again when next touched)."""
+        self.made[:] = False
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """The current rows of global ids (a new float32 array, ``len(ids) x dim``)."""
@@ -309,3 +347,98 @@ class TableShard:
             bc1 = (1.0 - a["beta1"] ** t.astype(np.float64)).astype(np.float32)[:, None]
             bc2 = (1.0 - a["beta2"] ** t.astype(np.float64)).astype(np.float32)[:, None]
             w[u] = w[u] - lr * (m / bc1) / (np.sqrt(v / bc2) + self._eps)
+
+
+# -- checkpoint files -----------------------------------------------------------------------------
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+
+def checkpoint_path(directory: str, tag: str, spec: TableSpec, shard: int, shards: int) -> str:
+    """Where shard ``shard`` of ``shards`` of a table is written for checkpoint ``tag``:
+    ``directory/tag/<table>.shard<s>of<S>.npz`` (the table's name with every character but
+    letters, digits, ``_``, ``.`` and ``-`` written as ``%xx``)."""
+    if not directory:
+        raise TableError("no checkpoint directory: set BYTEPS_SPARSE_CHECKPOINT_DIR on the "
+                         "servers (on the worker for a job without servers)")
+    if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+        raise TableError(f"checkpoint tag {tag!r}: use 1 to 100 letters, digits, '_', '.' or "
+                         "'-', not starting with '.' or '-'")
+    name = re.sub(r"[^A-Za-z0-9_.-]", lambda m: "".join(f"%{b:02x}" for b in
+                                                         m.group().encode()), spec.name)
+    return os.path.join(directory, tag, f"{name}.shard{shard}of{shards}.npz")
+
+
+def save_shard(shard: TableShard, directory: str, tag: str) -> str:
+    """Write ``shard`` (its spec, rows made and optimizer state) for checkpoint ``tag``; the
+    file appears whole or not at all. Returns its path."""
+    path = checkpoint_path(directory, tag, shard.spec, shard.shard, shard.shards)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    spec = np.frombuffer(json.dumps(shard.spec.to_json()).encode(), np.uint8)
+    tmp = path + ".tmp.npz"
+    arrays: dict[str, Any] = {"spec": spec, **shard.state()}
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+    return path
+
+
+def load_shard(shard: TableShard, directory: str, tag: str) -> int:
+    """Restore ``shard`` from checkpoint ``tag``, whatever the number of servers that wrote it
+    (every one of their files is read, the rows this shard holds taken); returns the rows
+    taken. TableError when the checkpoint is missing, incomplete or of another table (its
+    rows, dim, initial values or optimizer; the optimizer's parameters may change)."""
+    path = checkpoint_path(directory, tag, shard.spec, 0, 1)
+    folder, base = os.path.split(path)
+    stem = base[:-len(".shard0of1.npz")]
+    found: dict[int, set[int]] = {}
+    try:
+        names = os.listdir(folder)
+    except OSError as exc:
+        raise TableError(f"table {shard.spec.name!r}: checkpoint {tag!r} not found in "
+                         f"{directory!r} ({exc.strerror})") from None
+    for n in names:
+        m = re.fullmatch(re.escape(stem) + r"\.shard(\d+)of(\d+)\.npz", n)
+        if m:
+            found.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
+    complete = [k for k, v in found.items() if v == set(range(k))]
+    if len(complete) != 1:
+        raise TableError(f"table {shard.spec.name!r}: checkpoint {tag!r} in {directory!r} has "
+                         + ("no complete set of shard files" if not complete else
+                            f"complete sets of shards for {sorted(complete)} servers")
+                         + f" (found {sorted((k, sorted(v)) for k, v in found.items())})")
+    old = complete[0]
+    want = {k: v for k, v in shard.spec.to_json().items() if k != "optimizer_args"}
+    arrays = []
+    for s in range(old):
+        p = os.path.join(folder, f"{stem}.shard{s}of{old}.npz")
+        with np.load(p, allow_pickle=False) as f:
+            data = {k: f[k] for k in f.files}
+        try:
+            spec = json.loads(data.pop("spec").tobytes().decode())
+        except (KeyError, ValueError, UnicodeDecodeError):
+            raise TableError(f"{p}: not a table checkpoint (no readable spec)") from None
+        got = {k: v for k, v in spec.items() if k != "optimizer_args"}
+        if got != want:
+            raise TableError(f"table {shard.spec.name!r}: checkpoint {p} holds {got}, the "
+                             f"table is {want}")
+        _check_state(p, data, shard)
+        arrays.append(data)
+    shard.forget()
+    return sum(shard.restore(a) for a in arrays)
+
+
+def _check_state(path: str, data: dict, shard: TableShard) -> None:
+    """A checkpoint file's arrays have the shapes and dtypes of the table."""
+    ids = data.get("ids")
+    n = len(ids) if isinstance(ids, np.ndarray) and ids.ndim == 1 else -1
+    d = shard.spec.dim
+    want = {"ids": ((n,), np.int64), "weights": ((n, d), np.float32)}
+    for name in _STATE:
+        if getattr(shard, name) is not None:
+            want[name] = ((n,), np.int32) if name == "t" else ((n, d), np.float32)
+    for name, (shape, dtype) in want.items():
+        arr = data.get(name)
+        if n < 0 or arr is None or arr.shape != shape or arr.dtype != dtype:
+            raise TableError(f"{path}: array {name!r} is missing or not {dtype.__name__} of "
+                             f"shape {shape}")
+    if n and ids is not None and (int(ids.min()) < 0 or int(ids.max()) >= shard.spec.rows):
+        raise TableError(f"{path}: a row id out of the table's range")

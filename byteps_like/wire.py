@@ -102,7 +102,9 @@ class MsgType(enum.IntEnum):
     SPARSE_PULL = _T["SPARSE_PULL"]      # worker -> server: int64 row ids; round = the step
     SPARSE_ROWS = _T["SPARSE_ROWS"]      # server -> worker: the float32 rows of a SPARSE_PULL
     SPARSE_PUSH = _T["SPARSE_PUSH"]      # worker -> server: uint8 [ids int64][grads float32]
-    SPARSE_ACK = _T["SPARSE_ACK"]        # server -> worker: a create or a push was taken
+    SPARSE_ACK = _T["SPARSE_ACK"]        # server -> worker: a create, push, save or load done
+    SPARSE_SAVE = _T["SPARSE_SAVE"]      # worker -> server: meta names a checkpoint to write
+    SPARSE_LOAD = _T["SPARSE_LOAD"]      # worker -> server: meta names a checkpoint to read
     # either
     ERROR = _T["ERROR"]
     # local reduction among the worker processes of one machine (see byteps_like.local)
@@ -210,7 +212,8 @@ _check_names()
 _DATA_TYPES = {MsgType.PUSH, MsgType.PULL_RESP, MsgType.SPARSE_PULL, MsgType.SPARSE_ROWS,
                MsgType.SPARSE_PUSH}
 #: the messages of server-held tables, worker to server and back (docs/sparse.md)
-SPARSE_REQUESTS = frozenset({MsgType.SPARSE_CREATE, MsgType.SPARSE_PULL, MsgType.SPARSE_PUSH})
+SPARSE_REQUESTS = frozenset({MsgType.SPARSE_CREATE, MsgType.SPARSE_PULL, MsgType.SPARSE_PUSH,
+                             MsgType.SPARSE_SAVE, MsgType.SPARSE_LOAD})
 SPARSE_ANSWERS = frozenset({MsgType.SPARSE_ROWS, MsgType.SPARSE_ACK})
 #: the message types that carry a payload frame (count x dtype in nbytes)
 PAYLOAD_TYPES = frozenset(_DATA_TYPES)

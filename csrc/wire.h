@@ -52,6 +52,8 @@ constexpr std::uint32_t kMaxMeta = 1u << 20;  // a JSON meta frame's bytes (wire
   X(kSparseRows, SPARSE_ROWS, 27)      /* server -> worker: float32 rows of a SPARSE_PULL */   \
   X(kSparsePush, SPARSE_PUSH, 28)      /* worker -> server: uint8 [ids int64][grads float32] */\
   X(kSparseAck, SPARSE_ACK, 29)        /* server -> worker: a create or push was taken */      \
+  X(kSparseSave, SPARSE_SAVE, 31)      /* worker -> server: meta names a checkpoint to write */ \
+  X(kSparseLoad, SPARSE_LOAD, 32)      /* worker -> server: meta names a checkpoint to read */  \
   /* either */                                                                                 \
   X(kError, ERROR, 30)                                                                         \
   /* local reduction among the worker processes of one machine (byteps_like.local) */          \

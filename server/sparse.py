@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..embedding import TableError, TableShard, TableSpec, state_bytes, sum_rows
+from ..embedding import (
+    TableError,
+    TableShard,
+    TableSpec,
+    load_shard,
+    save_shard,
+    state_bytes,
+    sum_rows,
+)
 from ..transport import Route
 from ..wire import (
     ERR_INTERNAL,
@@ -59,8 +67,9 @@ class Table:
     charged: int
     applied: int = 0                        # rounds applied: the open round is this one
     pushes: dict = field(default_factory=dict)   # rank -> (ids, grads) of the open round
-    pending: list = field(default_factory=list)  # (route, header, ids) waiting for the round
+    pending: list = field(default_factory=list)  # (route, msg, ids) waiting for the round
     failed: str | None = None
+    done: dict = field(default_factory=dict)     # (type, tag) -> round of a save/load done
 
 
 class SparseService(threading.Thread):
@@ -116,8 +125,10 @@ class SparseService(threading.Thread):
             return
         if h.type is MsgType.SPARSE_PULL:
             self._pull(table, route, msg)
-        else:
+        elif h.type is MsgType.SPARSE_PUSH:
             self._push(table, route, msg)
+        else:
+            self._at_round(table, route, msg, None)
 
     def _refuse(self, route: Route, h: Header, reason: str, text: str,
                 kind: str = ERR_PROTOCOL) -> None:
@@ -149,8 +160,8 @@ class SparseService(threading.Thread):
                                 f"rank {h.rank} declared {spec.describe()}; every worker must "
                                 "create the same tables in the same order")
                 log.error("server %d: %s", srv.rank, table.failed)
-                for proute, ph, _ids in table.pending:
-                    srv.reply_error(proute, ph, ERR_MISMATCH, table.failed)
+                for proute, pmsg, _ids in table.pending:
+                    srv.reply_error(proute, pmsg.header, ERR_MISMATCH, table.failed)
                 table.pending.clear()
             if table.failed is not None:
                 srv.reply_error(route, h, ERR_MISMATCH, table.failed)
@@ -210,15 +221,61 @@ class SparseService(threading.Thread):
                          f"{reply_bytes} bytes, over BYTEPS_MAX_MESSAGE_BYTES")
             return
         ids = self._ids(table, route, h, as_buffer(msg.payload), h.count)
-        if ids is None:
-            return
+        if ids is not None:
+            self._at_round(table, route, msg, ids)
+
+    def _at_round(self, table: Table, route: Route, msg: Message, ids) -> None:
+        """Serve a pull, save or load of round ``r`` once round ``r - 1`` is applied (now, or
+        when the round completes)."""
+        h = msg.header
         if h.round == table.applied:
-            self._answer(table, route, h, ids)
+            self._serve(table, route, msg, ids)
         elif h.round == table.applied + 1 and len(table.pending) < 2 * self.server.num_workers:
-            table.pending.append((route, h, ids))
+            table.pending.append((route, msg, ids))
         else:  # neither the open round nor the next: a worker out of step, or a flood
-            self._refuse(route, h, "sparse pull out of round", f"table {table.spec.name!r}: "
-                         f"pull of round {h.round} from worker rank {h.rank} is out of round")
+            self._refuse(route, h, "sparse request out of round", f"table {table.spec.name!r}:"
+                         f" {h.type.name} of round {h.round} from worker rank {h.rank} is out "
+                         "of round")
+
+    def _serve(self, table: Table, route: Route, msg: Message, ids) -> None:
+        if msg.header.type is MsgType.SPARSE_PULL:
+            self._answer(table, route, msg.header, ids)
+        else:
+            self._checkpoint(table, route, msg)
+
+    def _checkpoint(self, table: Table, route: Route, msg: Message) -> None:
+        """Save or load the shard for the tag in the meta, once per (tag, round): every worker
+        may ask, the first one does it. A load needs the round not yet pushed by anyone."""
+        h, srv = msg.header, self.server
+        tag = (msg.meta or {}).get("tag")
+        tag = tag if isinstance(tag, str) else ""   # refused by the tag's check
+        key = (h.type, tag)
+        what = "save" if h.type is MsgType.SPARSE_SAVE else "load"
+        if table.done.get(key) == h.round:
+            srv.reply(route, MsgType.SPARSE_ACK, h)
+            return
+        if what == "load" and table.pushes:
+            self._refuse(route, h, "load during an open round", f"table {table.spec.name!r}: "
+                         f"load of {tag!r} from worker rank {h.rank} while round {h.round} is "
+                         "being pushed; load before the step's pushes")
+            return
+        directory = srv.cfg.server.sparse_checkpoint_dir
+        try:
+            if what == "save":
+                path = save_shard(table.shard, directory, tag)
+                log.info("server %d: table %r saved as %s", srv.rank, table.spec.name, path)
+            else:
+                n = load_shard(table.shard, directory, tag)
+                log.info("server %d: table %r loaded from checkpoint %r: %d rows", srv.rank,
+                         table.spec.name, tag, n)
+        except (TableError, OSError, ValueError) as exc:
+            self._refuse(route, h, f"sparse {what} failed", f"table {table.spec.name!r}: "
+                         f"{what} of checkpoint {tag!r} from worker rank {h.rank}: {exc}")
+            return
+        if len(table.done) > 64:
+            table.done.clear()
+        table.done[key] = h.round
+        srv.reply(route, MsgType.SPARSE_ACK, h)
 
     def _answer(self, table: Table, route: Route, h: Header, ids: np.ndarray) -> None:
         srv = self.server
@@ -263,5 +320,5 @@ class SparseService(threading.Thread):
         self.rounds_applied += 1
         self.rows_updated += len(ids)
         waiting, table.pending = table.pending, []
-        for route, h, pids in waiting:
-            self._answer(table, route, h, pids)
+        for route, msg, pids in waiting:
+            self._serve(table, route, msg, pids)

@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..embedding import TableError, TableShard, TableSpec, split_by_shard, sum_rows
+from ..embedding import (
+    TableError,
+    TableShard,
+    TableSpec,
+    load_shard,
+    save_shard,
+    split_by_shard,
+    sum_rows,
+)
 from ..errors import BytePSError, CommTimeoutError
 from ..transport import Route
 from ..wire import HEADER_SIZE, SPARSE_ANSWERS, Header, Message, MsgType, Role, encode
@@ -53,7 +61,8 @@ class Runtime(Protocol):
     def check(self) -> None: ...
 
 #: the request an answer belongs to, by the request's message type
-_KIND = {"SPARSE_CREATE": "create", "SPARSE_PULL": "pull", "SPARSE_PUSH": "push"}
+_KIND = {"SPARSE_CREATE": "create", "SPARSE_PULL": "pull", "SPARSE_PUSH": "push",
+         "SPARSE_SAVE": "save", "SPARSE_LOAD": "load"}
 #: how often a waiting call looks for the job's fatal error
 _POLL_S = 0.05
 
@@ -158,6 +167,35 @@ class EmbeddingTable:
             self.owner.call(self, MsgType.SPARSE_PUSH, self.step, payloads, timeout)
         self.step += 1
         self.stats.steps += 1
+
+    def save(self, tag: str, timeout: float | None = None) -> None:
+        """Checkpoint the table as ``tag``: each server writes its shard (rows touched so far,
+        optimizer state) under BYTEPS_SPARSE_CHECKPOINT_DIR, once every worker's push of the
+        last step is applied. Any worker may call it, or all of them: a server writes once per
+        (tag, step)."""
+        self._checkpoint(MsgType.SPARSE_SAVE, tag, timeout)
+
+    def load(self, tag: str, timeout: float | None = None) -> None:
+        """Restore checkpoint ``tag``, written by any number of servers: every server reads
+        every shard file and keeps the rows it holds. Call it on every worker (or on one,
+        before any worker pushes the step) between a step's push and the next pull."""
+        self._checkpoint(MsgType.SPARSE_LOAD, tag, timeout)
+
+    def _checkpoint(self, mtype: MsgType, tag: str, timeout: float | None) -> None:
+        if self.local is not None:
+            directory = self.owner.rt.config.server.sparse_checkpoint_dir
+            try:
+                if mtype is MsgType.SPARSE_SAVE:
+                    save_shard(self.local, directory, tag)
+                else:
+                    load_shard(self.local, directory, tag)
+            except (TableError, OSError, ValueError) as exc:
+                raise TableError(f"table {self.name!r} on worker rank {self.owner.rank}: "
+                                 f"{exc}") from None
+            return
+        n = self.owner.num_servers
+        self.owner.call(self, mtype, self.step, [(None, None)] * n, timeout,
+                        [{"tag": tag}] * n)
 
     def _split(self, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         order, per_server = split_by_shard(ids, self.owner.num_servers)
@@ -293,7 +331,8 @@ class SparseTables:
         """A server's answer to a table request (the dispatcher's I/O thread)."""
         h, m = msg.header, self.rt.members
         if h.type in SPARSE_ANSWERS:
-            kinds = {"pull"} if h.type is MsgType.SPARSE_ROWS else {"create", "push"}
+            kinds = ({"pull"} if h.type is MsgType.SPARSE_ROWS
+                     else {"create", "push", "save", "load"})
         else:  # an ERROR: the request's type is in its meta
             kinds = {_KIND.get(str((msg.meta or {}).get("type")), "")}
         try:

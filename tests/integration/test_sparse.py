@@ -186,3 +186,36 @@ def test_bench_sparse_reports_both_modes_against_the_floor(tmp_path):
     rows_bytes = sum(sparse["tables"]) * 64 * 4
     assert dense["pushpull_bytes_per_step"] >= 2 * rows_bytes, dense
     assert "| dense/sparse step |" in r.stdout and dense["dense_over_sparse"] > 0, r.stdout
+
+
+@pytest.mark.parametrize("opt,kw", [("sgd", {"lr": 0.1}), ("adam", {"lr": 0.01})])
+def test_a_checkpoint_restores_onto_another_number_of_servers(tmp_path, opt, kw):
+    """Train 3 steps on 2 servers, save, train 2 more; a new job of 3 servers loads the
+    checkpoint and trains the same 2 steps: the same table, bit for bit (rows and optimizer
+    state restored, re-sharded)."""
+    def steps(w, t, a: int, b: int) -> None:
+        for step in range(a, b):
+            ids, grads = batch(w.rank(), step)
+            t.pull(ids)
+            t.push(ids, grads)
+
+    def first(w):
+        t = w.sparse.create("emb", ROWS, DIM, init="uniform", seed=5, optimizer=opt, **kw)
+        steps(w, t, 0, 3)
+        t.save("step3")
+        steps(w, t, 3, 5)
+        return t.pull(np.arange(ROWS))
+
+    def second(w):
+        t = w.sparse.create("emb", ROWS, DIM, init="uniform", seed=5, optimizer=opt, **kw)
+        t.load("step3")
+        steps(w, t, 3, 5)
+        return t.pull(np.arange(ROWS))
+    extra = {"BYTEPS_SPARSE_CHECKPOINT_DIR": str(tmp_path)}
+    with running_cluster(workers=2, servers=2, extra=extra) as c:
+        want = ok(c.run_all(first))[0]
+    assert sorted(p.name for p in (tmp_path / "step3").iterdir()) == [
+        "emb.shard0of2.npz", "emb.shard1of2.npz"]
+    with running_cluster(workers=2, servers=3, extra=extra) as c:
+        got = ok(c.run_all(second))
+    assert np.array_equal(got[0], want) and np.array_equal(got[1], want)

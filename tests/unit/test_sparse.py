@@ -199,3 +199,37 @@ def test_bench_jobs_are_spread_over_the_emulated_hosts():
     assert where == {("scheduler", None): ("w0", "10.0.0.w0"), ("server", 0): ("s0", "10.0.0.s0"),
                      ("server", 1): ("s1", "10.0.0.s1"), ("worker", 0): ("w0", "10.0.0.w0"),
                      ("worker", 1): ("w1", "10.0.0.w1")}
+
+
+def test_checkpoint_files_restore_onto_any_number_of_shards_and_are_checked(tmp_path):
+    from byteps_like.embedding import load_shard, save_shard
+    spec = TableSpec.make("user/emb", 1000, 4, optimizer="adagrad", lr=0.5)
+    old = [TableShard(spec, s, 2) for s in range(2)]
+    rng = np.random.default_rng(0)
+    for s, shard in enumerate(old):
+        ids = np.arange(s, 1000, 2)[:100]
+        shard.apply(ids, rng.normal(size=(100, 4)).astype(np.float32))
+    paths = [save_shard(shard, str(tmp_path), "t1") for shard in old]
+    assert [p.rsplit("/", 2)[1:] for p in paths] == [["t1", "user%2femb.shard0of2.npz"],
+                                                     ["t1", "user%2femb.shard1of2.npz"]]
+    new = [TableShard(spec, s, 3) for s in range(3)]
+    assert sum(load_shard(shard, str(tmp_path), "t1") for shard in new) == 200
+    rows, acc = np.empty((1000, 4), np.float32), np.empty((1000, 4), np.float32)
+    for s, o in enumerate(old):
+        rows[s::2], acc[s::2] = o.rows(np.arange(s, 1000, 2)), o.acc
+    for shard in new:   # the same rows and accumulators, whatever the sharding
+        mine = np.arange(shard.shard, 1000, 3)
+        assert np.array_equal(shard.rows(mine), rows[mine])
+        assert np.array_equal(shard.acc, acc[mine])
+    with pytest.raises(TableError, match="checkpoint 'nope' not found"):
+        load_shard(new[0], str(tmp_path), "nope")
+    with pytest.raises(TableError, match="checkpoint tag '../x'"):
+        save_shard(new[0], str(tmp_path), "../x")
+    with pytest.raises(TableError, match="BYTEPS_SPARSE_CHECKPOINT_DIR"):
+        save_shard(new[0], "", "t1")
+    other = TableShard(TableSpec.make("user/emb", 1000, 8, optimizer="adagrad"), 0, 1)
+    with pytest.raises(TableError, match="the table is"):
+        load_shard(other, str(tmp_path), "t1")
+    (tmp_path / "t1" / "user%2femb.shard1of2.npz").unlink()
+    with pytest.raises(TableError, match="no complete set of shard files"):
+        load_shard(new[0], str(tmp_path), "t1")
