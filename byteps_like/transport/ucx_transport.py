@@ -21,6 +21,11 @@ land, zero-copy (UCX rendezvous), in staging buffers taken from a pool that reus
 after round; a buffer goes back to the pool only once nothing refers to it any more (a server
 may hold a push payload until an engine thread has summed it). Malformed input closes that
 connection with a logged error; the I/O thread carries on.
+
+The code: :func:`pack_frames` and :func:`parse_head` write and read a HEAD; :class:`UcxEndpoint`
+runs the I/O thread and sends; its connections (opening, retrying, accepting, the handshake,
+closing) are :class:`_Connections` and what it receives is :class:`_Receiver`, both used by
+the I/O thread only.
 """
 from __future__ import annotations
 
@@ -160,7 +165,50 @@ class StagingPool:
             self.free_bytes = 0
 
 
-# --------------------------------------------------------------------------- connections
+# --------------------------------------------------------------------------- the wire format
+def pack_frames(frames: Sequence[Any], name: str, cuda_support: bool,
+                array: Callable[[Any], Any]) -> tuple[bytes, list]:
+    """A multipart message as its HEAD (frame kinds and lengths, the small frames inline) and
+    the large frames that follow it as DATA messages (``array`` wraps them for ucxx)."""
+    n = len(frames)
+    if not 0 < n <= MAX_FRAMES:
+        raise ValueError(f"{name}: a message has 1 to {MAX_FRAMES} frames, not {n}")
+    kinds = bytearray(n)
+    lengths = []
+    inline: list = []
+    bigs: list = []
+    inline_total = 0
+    for i, f in enumerate(frames):
+        if hasattr(f, "__cuda_array_interface__"):
+            if not cuda_support:
+                raise ConfigError(f"{name}: a CUDA buffer was given to send, but this "
+                                  "UCX has no CUDA support (ucxx-cu12 with a CUDA driver "
+                                  "and UCX_TLS including cuda_copy is needed); copy it to "
+                                  "host memory first")
+            arr = array(f)
+            if not arr.c_contiguous:
+                raise ValueError(f"{name}: frame {i} is not a contiguous buffer")
+            kinds[i] = K_DEVICE
+            lengths.append(arr.nbytes)
+            bigs.append(arr)
+            continue
+        mv = f if isinstance(f, memoryview) else memoryview(f)
+        nb = mv.nbytes
+        if nb <= INLINE_MAX and inline_total + nb <= _INLINE_TOTAL:
+            kinds[i] = K_INLINE
+            inline.append(mv)
+            inline_total += nb
+        else:
+            if not mv.c_contiguous:
+                raise ValueError(f"{name}: frame {i} is not a contiguous buffer")
+            kinds[i] = K_HOST
+            bigs.append(array(mv))
+        lengths.append(nb)
+    head = b"".join([_HEAD.pack(_HEAD_MAGIC, _VERSION, 0, n), bytes(kinds),
+                     struct.pack(f"<{n}Q", *lengths), *inline])
+    return head, bigs
+
+
 class _InMsg:
     __slots__ = ("frames", "missing", "head", "head_ready", "parsed")
 
@@ -172,6 +220,49 @@ class _InMsg:
         self.parsed = False
 
 
+def parse_head(msg: _InMsg, max_message_bytes: int) -> list | str:
+    """Parse the HEAD of ``msg``: its inline frames go into ``msg.frames``; returns the DATA
+    frames still to come, ``(msg, index, nbytes, kind)`` each, or why the HEAD is bad."""
+    raw = msg.head
+    assert raw is not None, "parsed before the head arrived"
+    magic, version, _flags, n = _HEAD.unpack_from(raw)
+    if magic != _HEAD_MAGIC or version != _VERSION:
+        return f"bad message header (magic {bytes(magic)!r}, version {version})"
+    if not 0 < n <= MAX_FRAMES:
+        return f"message of {n} frames (1 to {MAX_FRAMES})"
+    off = _HEAD.size
+    if len(raw) < off + 9 * n:
+        return "truncated message header"
+    kinds = raw[off:off + n]
+    lengths = struct.unpack_from(f"<{n}Q", raw, off + n)
+    off += 9 * n
+    total = 0
+    frames: list = [None] * n
+    expect = []
+    for i, (k, nb) in enumerate(zip(kinds, lengths)):
+        total += nb
+        if nb > max_message_bytes or total > max_message_bytes:
+            return (f"message of at least {total} bytes exceeds the limit of "
+                    f"{max_message_bytes} (BYTEPS_MAX_MESSAGE_BYTES)")
+        if k == K_INLINE:
+            if nb > INLINE_MAX or off + nb > len(raw):
+                return f"inline frame {i} of {nb} bytes overruns the header"
+            frames[i] = bytes(raw[off:off + nb])
+            off += nb
+        elif k in (K_HOST, K_DEVICE):
+            expect.append((msg, i, nb, k))
+        else:
+            return f"unknown frame kind {k}"
+    if off != len(raw):
+        return f"{len(raw) - off} stray bytes after the inline frames"
+    msg.frames = frames
+    msg.missing = len(expect)
+    msg.head = None
+    msg.parsed = True
+    return expect
+
+
+# --------------------------------------------------------------------------- connections
 class _Conn:
     __slots__ = ("cid", "peer_cid", "ep", "route", "ident", "ready", "pending", "inq", "expect",
                  "closed", "address", "hello_buf", "deadline", "attempt", "label")
@@ -194,25 +285,380 @@ class _Conn:
         self.label = label
 
 
+class _Connections:
+    """The connections of one :class:`UcxEndpoint` (its I/O thread only): opening one (and
+    retrying), accepting one, the handshake that learns the peer's connection id, closing
+    one. A closed connection's id stays ``dead`` a while, so its leftovers are purged."""
+
+    def __init__(self, ep: UcxEndpoint):
+        self.ep = ep
+        self.conns: dict[int, _Conn] = {}             # by local conn id
+        self.by_route: dict[tuple[str | None, int], _Conn] = {}
+        self.by_ident: dict[bytes, _Conn] = {}
+        self.cids = itertools.count(1)
+        self.dead: dict[int, float] = {}              # closed cid -> purge until
+        self.handshakes: list = []                     # (request, conn, what, buffer, attempt)
+        self.retry: list = []                          # (when, conn) reconnects due
+
+    def find(self, route: Route) -> _Conn | None:
+        """The open connection a message to ``route`` goes on (None: dropped, logged)."""
+        name = self.ep.name
+        if route.ident is not None:
+            conn = self.by_ident.get(route.ident)
+            if conn is None or conn.closed:
+                log.debug("%s: reply to vanished UCX client %r dropped", name, route.ident)
+                return None
+            return conn
+        conn = self.by_route.get((route.peer, route.conn))
+        if conn is None:
+            log.error("%s: no connection %d to peer %r; message dropped", name, route.conn,
+                      route.peer)
+            return None
+        if conn.closed:
+            log.warning("%s: connection to %s is closed; message dropped", name, conn.label)
+            return None
+        return conn
+
+    def connect(self, peer: str, host: str, port: int, address: str, connections: int) -> None:
+        for i in range(connections):
+            route = Route(peer=peer, conn=i)
+            conn = _Conn(next(self.cids), route, f"{peer} ({address}) connection {i}",
+                         (host, port))
+            self.conns[conn.cid] = conn
+            self.by_route[(peer, i)] = conn
+            self.open(conn)
+
+    def open(self, conn: _Conn) -> None:
+        """Create (or re-create) the UCX endpoint of a connecting-side conn and say hello."""
+        assert conn.address is not None, "only connecting-side conns are (re)opened"
+        ep = self.ep
+        host, port = conn.address
+        conn.attempt += 1
+        conn.deadline = time.monotonic() + _HANDSHAKE_TIMEOUT
+        try:
+            conn.ep = ep.L.UCXEndpoint.create(ep.worker, host, port, True)
+        except Exception as exc:  # noqa: BLE001
+            self.connect_failed(conn, exc)
+            return
+        conn.ep.set_close_callback(self.on_ep_closed, cb_args=(conn.cid, conn.attempt))
+        hello = _HELLO.pack(_MAGIC, _VERSION, 0, conn.cid, 0)
+        harr = ep.Array(hello)
+        self.handshakes.append((conn.ep.stream_send(harr), conn, "hello-out", harr,
+                                conn.attempt))
+        rarr = ep.Array(conn.hello_buf)
+        self.handshakes.append((conn.ep.stream_recv(rarr), conn, "hello-in", rarr,
+                                conn.attempt))
+
+    def connect_failed(self, conn: _Conn, exc: BaseException | str) -> None:
+        ep = self.ep
+        if conn.closed or ep.stopping:
+            return
+        if conn.address is not None and conn.attempt < _CONNECT_RETRIES and not conn.ready:
+            log.debug("%s: connecting to %s failed (%s); retrying", ep.name, conn.label, exc)
+            self.drop_ep(conn)
+            self.retry.append((time.monotonic() + _CONNECT_BACKOFF, conn))
+            return
+        msg = (f"{ep.name}: cannot connect to {conn.label} over UCX after {conn.attempt} "
+               f"attempts ({exc}) with {_ucx_settings(ep.ucx_env)}; check that the peer is "
+               "up, that a firewall lets the port through, and that UCX_NET_DEVICES names an "
+               "interface that reaches it")
+        log.error("%s", msg)
+        self.close(conn, None)
+        if ep.on_error is not None:
+            ep.on_error(CommunicationError(msg))
+
+    @staticmethod
+    def drop_ep(conn: _Conn) -> None:
+        ep, conn.ep = conn.ep, None
+        if ep is not None:
+            try:
+                ep.remove_close_callback()
+                if ep.alive:   # closing an endpoint UCX already failed crashes ucxx
+                    ep.close()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    def on_conn_request(self, conn_request: Any) -> None:
+        ep = self.ep
+        cid = next(self.cids)
+        ident = b"U" + struct.pack("<I", cid)
+        conn = _Conn(cid, Route(ident=ident), f"UCX client {cid}")
+        try:
+            conn.ep = ep.listener.create_endpoint_from_conn_request(conn_request, True)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("%s: could not accept a UCX connection: %s", ep.name, exc)
+            return
+        self.conns[cid] = conn
+        self.by_ident[ident] = conn
+        conn.ep.set_close_callback(self.on_ep_closed, cb_args=(cid, 0))
+        rarr = ep.Array(conn.hello_buf)
+        self.handshakes.append((conn.ep.stream_recv(rarr), conn, "hello-in", rarr, 0))
+
+    def on_ep_closed(self, cid: int, attempt: int, *args: Any) -> None:
+        # runs inside UCX progress: closing the endpoint here would deadlock, so defer
+        self.ep.defer(lambda: self.ep_closed(cid, attempt))
+
+    def ep_closed(self, cid: int, attempt: int) -> None:
+        conn = self.conns.get(cid)
+        if conn is None or conn.closed or attempt != conn.attempt or conn.ep is None:
+            return
+        if not conn.ready and conn.address is not None:
+            self.connect_failed(conn, "endpoint closed during connection setup")
+            return
+        level = (logging.INFO if self.ep.stopping or conn.ident is not None
+                 else logging.WARNING)
+        log.log(level, "%s: UCX connection to %s closed by the peer", self.ep.name, conn.label)
+        self.close(conn, None)
+
+    def close(self, conn: _Conn, error: str | None) -> None:
+        if conn.closed:
+            return
+        if error:
+            self.ep.stats["rejected"] += 1
+            log.error("%s: closing UCX connection %s: %s", self.ep.name, conn.label, error)
+        conn.closed = True
+        conn.ready = False
+        conn.pending.clear()
+        conn.inq.clear()
+        conn.expect.clear()
+        self.ep.receiver.awaiting.discard(conn)
+        self.drop_ep(conn)
+        self.conns.pop(conn.cid, None)
+        if conn.ident is not None:
+            self.by_ident.pop(conn.ident, None)
+        self.dead[conn.cid] = time.monotonic() + _DEAD_TTL
+
+    def poll_handshakes(self) -> bool:
+        """Finish the handshakes that completed; fail those past their deadline."""
+        busy = False
+        hs, self.handshakes = self.handshakes, []
+        now = time.monotonic()
+        for item in hs:
+            req, conn = item[0], item[1]
+            if item[4] != conn.attempt or conn.ep is None:
+                continue   # a failed attempt's leftovers
+            if req.completed:
+                busy = True
+                self.handshake_done(req, conn, item[2])
+            elif conn.closed:
+                continue
+            elif now > conn.deadline and not conn.ready:
+                if conn.address is not None:
+                    self.connect_failed(conn, "no handshake answer in "
+                                        f"{_HANDSHAKE_TIMEOUT:.0f} s")
+                else:
+                    self.close(conn, "no handshake in time")
+            else:
+                self.handshakes.append(item)
+        return busy
+
+    def handshake_done(self, req: Any, conn: _Conn, what: str) -> None:
+        if conn.closed:
+            return
+        try:
+            req.check_error()
+        except Exception as exc:  # noqa: BLE001
+            if conn.address is not None:
+                self.connect_failed(conn, exc)
+            else:
+                log.debug("%s: handshake with %s failed: %s", self.ep.name, conn.label, exc)
+                self.close(conn, None)
+            return
+        if what != "hello-in":
+            return
+        try:
+            magic, version, _flags, peer_cid, _r = _HELLO.unpack(conn.hello_buf)
+        except struct.error:
+            magic, version, peer_cid = b"", 0, 0
+        if magic != _MAGIC or version != _VERSION or not 0 < peer_cid < 1 << 32:
+            self.close(conn, f"bad handshake (magic {magic!r}, version {version}): not a "
+                       f"byteps_like UCX peer of this release")
+            return
+        conn.peer_cid = peer_cid
+        if conn.address is None:   # accepting side: answer with our id
+            reply = _HELLO.pack(_MAGIC, _VERSION, 0, conn.cid, 0)
+            arr = self.ep.Array(reply)
+            self.handshakes.append((conn.ep.stream_send(arr), conn, "hello-out", arr,
+                                    conn.attempt))
+        conn.ready = True
+        pending, conn.pending = conn.pending, []
+        for head, bigs in pending:
+            self.ep.post_send(conn, head, bigs)
+
+    def reopen_due(self, now: float) -> None:
+        """Retry the connections whose backoff has passed."""
+        due = [r for r in self.retry if r[0] <= now]
+        if due:
+            self.retry = [r for r in self.retry if r[0] > now]
+            for _t, conn in due:
+                if not conn.closed:
+                    self.open(conn)
+
+    def clear(self) -> None:
+        self.handshakes.clear()
+        self.conns.clear()
+        self.by_route.clear()
+        self.by_ident.clear()
+
+
+# --------------------------------------------------------------------------- receiving
+class _Receiver:
+    """What one :class:`UcxEndpoint` receives (its I/O thread only): every HEAD and DATA
+    message is probed before any memory is taken for it, HEADs are parsed in arrival order,
+    DATA frames land in staging buffers from the pool, and a message whose frames are all in
+    is delivered."""
+
+    def __init__(self, ep: UcxEndpoint):
+        self.ep = ep
+        self.recving: list = []                        # (request, keepalive, conn, msg, idx)
+        self.awaiting: set[_Conn] = set()              # conns with DATA frames to probe for
+
+    def discard(self, probe: Any) -> None:
+        """Consume a probed message without taking its memory (UCX truncates it)."""
+        sink = bytearray(1)
+        req = self.ep.worker.tag_recv_with_handle(self.ep.Array(sink), probe)
+        self.recving.append((req, sink, None, None, -1))
+
+    def probe(self) -> bool:
+        ep, cs = self.ep, self.ep.conns
+        L, w = ep.L, ep.worker
+        busy = False
+        head_tag, mask = L.UCXXTag(KIND_HEAD), L.UCXXTagMask(_KIND_MASK)
+        while True:
+            p = w.tag_probe(head_tag, mask, remove=True)
+            if not p.matched:
+                break
+            busy = True
+            cid = p.sender_tag.value >> 32
+            conn = cs.conns.get(cid)
+            if conn is None or conn.closed or not conn.ready:
+                self.discard(p)
+                if cid not in cs.dead:
+                    ep.stats["rejected"] += 1
+                    log.warning("%s: UCX message for unknown connection %d dropped", ep.name,
+                                cid)
+                continue
+            n = p.length
+            if not _HEAD.size < n <= HEAD_MAX:
+                self.discard(p)
+                cs.close(conn, f"message header of {n} bytes (at most {HEAD_MAX})")
+                continue
+            msg = _InMsg()
+            msg.head = bytearray(n)
+            conn.inq.append(msg)
+            req = w.tag_recv_with_handle(ep.Array(msg.head), p)
+            self.recving.append((req, msg.head, conn, msg, -1))
+        for conn in list(self.awaiting):
+            tag = L.UCXXTag((conn.cid << 32) | KIND_DATA)
+            while conn.expect and not conn.closed:
+                p = w.tag_probe(tag, remove=True)
+                if not p.matched:
+                    break
+                busy = True
+                msg, idx, nbytes, kind = conn.expect.popleft()
+                if p.length != nbytes:
+                    self.discard(p)
+                    cs.close(conn, f"frame {idx} is {p.length} bytes, its header declared "
+                             f"{nbytes}")
+                    break
+                base = ep.pool.take(nbytes)
+                view = memoryview(base)[:nbytes]
+                req = w.tag_recv_with_handle(ep.Array(view), p)
+                self.recving.append((req, view, conn, msg, idx))
+            if not conn.expect:
+                self.awaiting.discard(conn)
+        if cs.dead:
+            now = time.monotonic()
+            for cid, until in list(cs.dead.items()):
+                if until < now:
+                    del cs.dead[cid]
+                    continue
+                while True:   # leftovers of a closed connection
+                    p = w.tag_probe(L.UCXXTag(cid << 32), L.UCXXTagMask(_CONN_MASK), remove=True)
+                    if not p.matched:
+                        break
+                    self.discard(p)
+        return busy
+
+    def parse_heads(self, conn: _Conn) -> None:
+        """Parse the HEADs of ``conn`` in arrival order (so DATA frames match in order)."""
+        for msg in conn.inq:
+            if msg.parsed:
+                continue
+            if not msg.head_ready:
+                return
+            expect = parse_head(msg, self.ep.max_message_bytes)
+            if isinstance(expect, str):
+                self.ep.conns.close(conn, expect)
+                return
+            if expect:
+                conn.expect.extend(expect)
+                self.awaiting.add(conn)
+
+    def poll(self) -> bool:
+        """Account for the receives that completed; parse and deliver what they finish."""
+        busy = False
+        touched = set()
+        done, self.recving = _split_completed(self.recving)
+        for item in done:
+            busy = True
+            req, _keep, conn, msg, idx = item
+            try:
+                req.check_error()
+            except Exception as exc:  # noqa: BLE001
+                if conn is not None and not conn.closed:
+                    self.ep.conns.close(conn, f"receive failed ({exc})")
+                continue
+            if conn is None or conn.closed:
+                continue
+            if idx < 0:
+                msg.head_ready = True   # parsed below, in arrival order
+            else:
+                msg.frames[idx] = item[1]
+                msg.missing -= 1
+            touched.add(conn)
+        for conn in touched:
+            if not conn.closed:
+                self.parse_heads(conn)
+            if not conn.closed:
+                self.deliver_ready(conn)
+        return busy
+
+    def deliver_ready(self, conn: _Conn) -> None:
+        q = conn.inq
+        ep = self.ep
+        while q and q[0].parsed and q[0].missing == 0 and not conn.closed:
+            msg = q.popleft()
+            ep.stats["received"] += 1
+            if ep.on_message is not None:
+                ep.on_message(conn.route, msg.frames)
+
+    def clear(self) -> None:
+        self.recving.clear()
+        self.awaiting.clear()
+
+
 class UcxEndpoint(Endpoint):
-    """An :class:`Endpoint` over UCX (``ucx://host:port`` addresses)."""
+    """An :class:`Endpoint` over UCX (``ucx://host:port`` addresses): the I/O thread, sending,
+    and the lifecycle; its connections (:class:`_Connections`, ``conns``) and what it
+    receives (:class:`_Receiver`, ``receiver``) are parts of their own."""
 
     def __init__(self, name: str, *, max_message_bytes: int = 1 << 30,
                  ucx_env: dict[str, str] | None = None, device_memory: bool = False):
         self.name = name
         self.max_message_bytes = int(max_message_bytes)
-        self._ucx_env = dict(ucx_env or {})
+        self.ucx_env = dict(ucx_env or {})
         self.L, self.Array = import_ucxx()
         L = self.L
         try:
             self._ctx = L.UCXContext(feature_flags=(L.Feature.TAG, L.Feature.WAKEUP,
                                                     L.Feature.STREAM))
-            self._worker = L.UCXWorker(self._ctx)
-            self._worker.init_blocking_progress_mode()
+            self.worker = L.UCXWorker(self._ctx)
+            self.worker.init_blocking_progress_mode()
         except Exception as exc:  # noqa: BLE001 - ucxx raises its own UCXXError tree
             raise ConfigError(
                 f"{name}: UCX found no usable transport ({type(exc).__name__}: {exc}) with "
-                f"{_ucx_settings(self._ucx_env)}. Check that UCX_TLS names transports this "
+                f"{_ucx_settings(self.ucx_env)}. Check that UCX_TLS names transports this "
                 "machine has (`ucx_info -d` lists them; `tcp` works everywhere), that "
                 "UCX_NET_DEVICES names an existing interface or HCA (e.g. `lo`, `eth0`, "
                 "`mlx5_0:1`), and inside containers that the RDMA devices (/dev/infiniband) are "
@@ -223,23 +669,16 @@ class UcxEndpoint(Endpoint):
                         "device tensors will be staged through host memory", name)
         self.device_memory = device_memory and self.cuda_support
         self.pool = StagingPool()
-        self._listener: Any = None  # ucxx objects (untyped library)
+        self.listener: Any = None  # ucxx objects (untyped library)
         self._bound: str | None = None
-        self._conns: dict[int, _Conn] = {}             # by local conn id
-        self._by_route: dict[tuple[str | None, int], _Conn] = {}
-        self._by_ident: dict[bytes, _Conn] = {}
-        self._cids = itertools.count(1)
-        self._dead: dict[int, float] = {}              # closed cid -> purge until
+        self.conns = _Connections(self)
+        self.receiver = _Receiver(self)
         self._sending: list = []                        # (request, keepalive, conn)
-        self._recving: list = []                        # (request, keepalive, conn, msg, idx)
-        self._handshakes: list = []                     # (request, conn, what)
-        self._awaiting: set[_Conn] = set()              # conns with DATA frames to probe for
-        self._retry: list = []                          # (when, conn) reconnects due
         self._inbox: collections.deque = collections.deque()
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._poll = select.epoll()
         self._poll.register(self._efd, select.EPOLLIN)
-        self._poll.register(self._worker.epoll_file_descriptor, select.EPOLLIN)
+        self._poll.register(self.worker.epoll_file_descriptor, select.EPOLLIN)
         self._timers = Timers()
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -249,6 +688,11 @@ class UcxEndpoint(Endpoint):
         self.on_message = None
         self.on_error = None
         self.stats: collections.Counter[str] = collections.Counter()
+
+    @property
+    def stopping(self) -> bool:
+        """The I/O thread is stopping (or has stopped)."""
+        return self._stop
 
     # -- setup ---------------------------------------------------------------------------
     @staticmethod
@@ -266,11 +710,11 @@ class UcxEndpoint(Endpoint):
 
         def do() -> None:
             try:
-                if self._listener is not None:
+                if self.listener is not None:
                     raise RuntimeError(f"{self.name}: already bound")
-                self._listener = self.L.UCXListener.create(self._worker, port,
-                                                           self._on_conn_request)
-                self._bound = f"{SCHEME}{host}:{self._listener.port}"
+                self.listener = self.L.UCXListener.create(self.worker, port,
+                                                          self.conns.on_conn_request)
+                self._bound = f"{SCHEME}{host}:{self.listener.port}"
                 result.append(self._bound)
             except Exception as exc:  # noqa: BLE001
                 result.append(exc)
@@ -280,7 +724,7 @@ class UcxEndpoint(Endpoint):
         if isinstance(result[0], BaseException):
             raise CommunicationError(
                 f"{self.name}: cannot listen on {address} over UCX ({result[0]}) with "
-                f"{_ucx_settings(self._ucx_env)}; the port may be taken, or UCX_TLS lacks a "
+                f"{_ucx_settings(self.ucx_env)}; the port may be taken, or UCX_TLS lacks a "
                 "transport that can accept connections (it needs `tcp` or an RDMA transport "
                 "with rdmacm)") from None
         return result[0]
@@ -290,19 +734,10 @@ class UcxEndpoint(Endpoint):
         # UCX carries the data plane only (worker -> server); routing ids are for the local
         # root's ZeroMQ socket, which UcxZmqEndpoint hands to ZeroMQ
         host, port = self.parse(address)
-
-        def do() -> None:
-            for i in range(connections):
-                route = Route(peer=peer, conn=i)
-                conn = _Conn(next(self._cids), route, f"{peer} ({address}) connection {i}",
-                             (host, port))
-                self._conns[conn.cid] = conn
-                self._by_route[(peer, i)] = conn
-                self._open(conn)
-        self._on_io_thread(do)
+        self._on_io_thread(lambda: self.conns.connect(peer, host, port, address, connections))
 
     def connections(self, peer: str) -> int:
-        return sum(1 for (p, _i) in self._by_route if p == peer)
+        return sum(1 for (p, _i) in self.conns.by_route if p == peer)
 
     def add_timer(self, interval: float, fn: Callable[[], None]) -> None:
         entry = self._timers.entry(interval, fn)
@@ -345,51 +780,16 @@ class UcxEndpoint(Endpoint):
         self._inbox.append(("F", fn))
         self._wake()
 
-    # -- sending ---------------------------------------------------------------------------
-    def _pack(self, frames: Sequence[Any]) -> tuple[bytes, list]:
-        n = len(frames)
-        if not 0 < n <= MAX_FRAMES:
-            raise ValueError(f"{self.name}: a message has 1 to {MAX_FRAMES} frames, not {n}")
-        kinds = bytearray(n)
-        lengths = []
-        inline: list = []
-        bigs: list = []
-        inline_total = 0
-        for i, f in enumerate(frames):
-            if hasattr(f, "__cuda_array_interface__"):
-                if not self.cuda_support:
-                    raise ConfigError(f"{self.name}: a CUDA buffer was given to send, but this "
-                                      "UCX has no CUDA support (ucxx-cu12 with a CUDA driver "
-                                      "and UCX_TLS including cuda_copy is needed); copy it to "
-                                      "host memory first")
-                arr = self.Array(f)
-                if not arr.c_contiguous:
-                    raise ValueError(f"{self.name}: frame {i} is not a contiguous buffer")
-                kinds[i] = K_DEVICE
-                lengths.append(arr.nbytes)
-                bigs.append(arr)
-                continue
-            mv = f if isinstance(f, memoryview) else memoryview(f)
-            nb = mv.nbytes
-            if nb <= INLINE_MAX and inline_total + nb <= _INLINE_TOTAL:
-                kinds[i] = K_INLINE
-                inline.append(mv)
-                inline_total += nb
-            else:
-                if not mv.c_contiguous:
-                    raise ValueError(f"{self.name}: frame {i} is not a contiguous buffer")
-                kinds[i] = K_HOST
-                bigs.append(self.Array(mv))
-            lengths.append(nb)
-        head = b"".join([_HEAD.pack(_HEAD_MAGIC, _VERSION, 0, n), bytes(kinds),
-                         struct.pack(f"<{n}Q", *lengths), *inline])
-        return head, bigs
+    def defer(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread after the current UCX progress (called from it)."""
+        self._inbox.append(("F", fn))
 
+    # -- sending ---------------------------------------------------------------------------
     def send(self, route: Route, frames: Sequence[Any]) -> None:
         if self._closed:
             log.debug("%s: send after close dropped", self.name)
             return
-        head, bigs = self._pack(frames)
+        head, bigs = pack_frames(frames, self.name, self.cuda_support, self.Array)
         if self._thread is None or threading.current_thread() is self._thread:
             self._send_now(route, head, bigs)
             return
@@ -399,27 +799,16 @@ class UcxEndpoint(Endpoint):
     def _send_now(self, route: Route, head: bytes, bigs: list) -> None:
         if self._stop:
             return
-        if route.ident is not None:
-            conn = self._by_ident.get(route.ident)
-            if conn is None or conn.closed:
-                log.debug("%s: reply to vanished UCX client %r dropped", self.name, route.ident)
-                return
-        else:
-            conn = self._by_route.get((route.peer, route.conn))
-            if conn is None:
-                log.error("%s: no connection %d to peer %r; message dropped", self.name,
-                          route.conn, route.peer)
-                return
-            if conn.closed:
-                log.warning("%s: connection to %s is closed; message dropped", self.name,
-                            conn.label)
-                return
+        conn = self.conns.find(route)
+        if conn is None:
+            return
         if not conn.ready:
             conn.pending.append((head, bigs))
             return
-        self._post_send(conn, head, bigs)
+        self.post_send(conn, head, bigs)
 
-    def _post_send(self, conn: _Conn, head: bytes, bigs: list) -> None:
+    def post_send(self, conn: _Conn, head: bytes, bigs: list) -> None:
+        """Send one message on a connection whose handshake is done."""
         L = self.L
         assert conn.peer_cid is not None, "sent on a connection before its handshake"
         base = conn.peer_cid << 32
@@ -428,256 +817,6 @@ class UcxEndpoint(Endpoint):
         for arr in bigs:
             self._sending.append((conn.ep.tag_send(arr, L.UCXXTag(base | KIND_DATA)), arr, conn))
         self.stats["sent"] += 1
-
-    # -- connections -----------------------------------------------------------------------
-    def _open(self, conn: _Conn) -> None:
-        """Create (or re-create) the UCX endpoint of a connecting-side conn and say hello."""
-        assert conn.address is not None, "only connecting-side conns are (re)opened"
-        host, port = conn.address
-        conn.attempt += 1
-        conn.deadline = time.monotonic() + _HANDSHAKE_TIMEOUT
-        try:
-            conn.ep = self.L.UCXEndpoint.create(self._worker, host, port, True)
-        except Exception as exc:  # noqa: BLE001
-            self._connect_failed(conn, exc)
-            return
-        conn.ep.set_close_callback(self._on_ep_closed, cb_args=(conn.cid, conn.attempt))
-        hello = _HELLO.pack(_MAGIC, _VERSION, 0, conn.cid, 0)
-        harr = self.Array(hello)
-        self._handshakes.append((conn.ep.stream_send(harr), conn, "hello-out", harr,
-                                 conn.attempt))
-        rarr = self.Array(conn.hello_buf)
-        self._handshakes.append((conn.ep.stream_recv(rarr), conn, "hello-in", rarr,
-                                 conn.attempt))
-
-    def _connect_failed(self, conn: _Conn, exc: BaseException | str) -> None:
-        if conn.closed or self._stop:
-            return
-        if conn.address is not None and conn.attempt < _CONNECT_RETRIES and not conn.ready:
-            log.debug("%s: connecting to %s failed (%s); retrying", self.name, conn.label, exc)
-            self._drop_ep(conn)
-            self._retry.append((time.monotonic() + _CONNECT_BACKOFF, conn))
-            return
-        msg = (f"{self.name}: cannot connect to {conn.label} over UCX after {conn.attempt} "
-               f"attempts ({exc}) with {_ucx_settings(self._ucx_env)}; check that the peer is "
-               "up, that a firewall lets the port through, and that UCX_NET_DEVICES names an "
-               "interface that reaches it")
-        log.error("%s", msg)
-        self._close_conn(conn, None)
-        if self.on_error is not None:
-            self.on_error(CommunicationError(msg))
-
-    def _drop_ep(self, conn: _Conn) -> None:
-        ep, conn.ep = conn.ep, None
-        if ep is not None:
-            try:
-                ep.remove_close_callback()
-                if ep.alive:   # closing an endpoint UCX already failed crashes ucxx
-                    ep.close()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-
-    def _on_conn_request(self, conn_request) -> None:
-        cid = next(self._cids)
-        ident = b"U" + struct.pack("<I", cid)
-        conn = _Conn(cid, Route(ident=ident), f"UCX client {cid}")
-        try:
-            conn.ep = self._listener.create_endpoint_from_conn_request(conn_request, True)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("%s: could not accept a UCX connection: %s", self.name, exc)
-            return
-        self._conns[cid] = conn
-        self._by_ident[ident] = conn
-        conn.ep.set_close_callback(self._on_ep_closed, cb_args=(cid, 0))
-        rarr = self.Array(conn.hello_buf)
-        self._handshakes.append((conn.ep.stream_recv(rarr), conn, "hello-in", rarr, 0))
-
-    def _on_ep_closed(self, cid: int, attempt: int, *args) -> None:
-        # runs inside UCX progress: closing the endpoint here would deadlock, so defer
-        self._inbox.append(("F", lambda: self._ep_closed(cid, attempt)))
-
-    def _ep_closed(self, cid: int, attempt: int) -> None:
-        conn = self._conns.get(cid)
-        if conn is None or conn.closed or attempt != conn.attempt or conn.ep is None:
-            return
-        if not conn.ready and conn.address is not None:
-            self._connect_failed(conn, "endpoint closed during connection setup")
-            return
-        level = logging.INFO if self._stop or conn.ident is not None else logging.WARNING
-        log.log(level, "%s: UCX connection to %s closed by the peer", self.name, conn.label)
-        self._close_conn(conn, None)
-
-    def _close_conn(self, conn: _Conn, error: str | None) -> None:
-        if conn.closed:
-            return
-        if error:
-            self.stats["rejected"] += 1
-            log.error("%s: closing UCX connection %s: %s", self.name, conn.label, error)
-        conn.closed = True
-        conn.ready = False
-        conn.pending.clear()
-        conn.inq.clear()
-        conn.expect.clear()
-        self._awaiting.discard(conn)
-        self._drop_ep(conn)
-        self._conns.pop(conn.cid, None)
-        if conn.ident is not None:
-            self._by_ident.pop(conn.ident, None)
-        self._dead[conn.cid] = time.monotonic() + _DEAD_TTL
-
-    def _handshake_done(self, req, conn: _Conn, what: str) -> None:
-        if conn.closed:
-            return
-        try:
-            req.check_error()
-        except Exception as exc:  # noqa: BLE001
-            if conn.address is not None:
-                self._connect_failed(conn, exc)
-            else:
-                log.debug("%s: handshake with %s failed: %s", self.name, conn.label, exc)
-                self._close_conn(conn, None)
-            return
-        if what != "hello-in":
-            return
-        try:
-            magic, version, _flags, peer_cid, _r = _HELLO.unpack(conn.hello_buf)
-        except struct.error:
-            magic, version, peer_cid = b"", 0, 0
-        if magic != _MAGIC or version != _VERSION or not 0 < peer_cid < 1 << 32:
-            self._close_conn(conn, f"bad handshake (magic {magic!r}, version {version}): not a "
-                             f"byteps_like UCX peer of this release")
-            return
-        conn.peer_cid = peer_cid
-        if conn.address is None:   # accepting side: answer with our id
-            reply = _HELLO.pack(_MAGIC, _VERSION, 0, conn.cid, 0)
-            arr = self.Array(reply)
-            self._handshakes.append((conn.ep.stream_send(arr), conn, "hello-out", arr,
-                                     conn.attempt))
-        conn.ready = True
-        pending, conn.pending = conn.pending, []
-        for head, bigs in pending:
-            self._post_send(conn, head, bigs)
-
-    # -- receiving -------------------------------------------------------------------------
-    def _discard(self, probe) -> None:
-        """Consume a probed message without taking its memory (UCX truncates it)."""
-        sink = bytearray(1)
-        req = self._worker.tag_recv_with_handle(self.Array(sink), probe)
-        self._recving.append((req, sink, None, None, -1))
-
-    def _probe(self) -> bool:
-        L, w = self.L, self._worker
-        busy = False
-        head_tag, mask = L.UCXXTag(KIND_HEAD), L.UCXXTagMask(_KIND_MASK)
-        while True:
-            p = w.tag_probe(head_tag, mask, remove=True)
-            if not p.matched:
-                break
-            busy = True
-            cid = p.sender_tag.value >> 32
-            conn = self._conns.get(cid)
-            if conn is None or conn.closed or not conn.ready:
-                self._discard(p)
-                if cid not in self._dead:
-                    self.stats["rejected"] += 1
-                    log.warning("%s: UCX message for unknown connection %d dropped", self.name,
-                                cid)
-                continue
-            n = p.length
-            if not _HEAD.size < n <= HEAD_MAX:
-                self._discard(p)
-                self._close_conn(conn, f"message header of {n} bytes (at most {HEAD_MAX})")
-                continue
-            msg = _InMsg()
-            msg.head = bytearray(n)
-            conn.inq.append(msg)
-            req = w.tag_recv_with_handle(self.Array(msg.head), p)
-            self._recving.append((req, msg.head, conn, msg, -1))
-        for conn in list(self._awaiting):
-            tag = L.UCXXTag((conn.cid << 32) | KIND_DATA)
-            while conn.expect and not conn.closed:
-                p = w.tag_probe(tag, remove=True)
-                if not p.matched:
-                    break
-                busy = True
-                msg, idx, nbytes, kind = conn.expect.popleft()
-                if p.length != nbytes:
-                    self._discard(p)
-                    self._close_conn(conn, f"frame {idx} is {p.length} bytes, its header "
-                                     f"declared {nbytes}")
-                    break
-                base = self.pool.take(nbytes)
-                view = memoryview(base)[:nbytes]
-                req = w.tag_recv_with_handle(self.Array(view), p)
-                self._recving.append((req, view, conn, msg, idx))
-            if not conn.expect:
-                self._awaiting.discard(conn)
-        if self._dead:
-            now = time.monotonic()
-            for cid, until in list(self._dead.items()):
-                if until < now:
-                    del self._dead[cid]
-                    continue
-                while True:   # leftovers of a closed connection
-                    p = w.tag_probe(L.UCXXTag(cid << 32), L.UCXXTagMask(_CONN_MASK), remove=True)
-                    if not p.matched:
-                        break
-                    self._discard(p)
-        return busy
-
-    def _parse_heads(self, conn: _Conn) -> None:
-        """Parse the HEADs of ``conn`` in arrival order (so DATA frames match in order)."""
-        for msg in conn.inq:
-            if msg.parsed:
-                continue
-            if not msg.head_ready:
-                return
-            err = self._parse(conn, msg)
-            if err:
-                self._close_conn(conn, err)
-                return
-
-    def _parse(self, conn: _Conn, msg: _InMsg) -> str | None:
-        raw = msg.head
-        assert raw is not None, "parsed before the head arrived"
-        magic, version, _flags, n = _HEAD.unpack_from(raw)
-        if magic != _HEAD_MAGIC or version != _VERSION:
-            return f"bad message header (magic {bytes(magic)!r}, version {version})"
-        if not 0 < n <= MAX_FRAMES:
-            return f"message of {n} frames (1 to {MAX_FRAMES})"
-        off = _HEAD.size
-        if len(raw) < off + 9 * n:
-            return "truncated message header"
-        kinds = raw[off:off + n]
-        lengths = struct.unpack_from(f"<{n}Q", raw, off + n)
-        off += 9 * n
-        total = 0
-        frames: list = [None] * n
-        expect = []
-        for i, (k, nb) in enumerate(zip(kinds, lengths)):
-            total += nb
-            if nb > self.max_message_bytes or total > self.max_message_bytes:
-                return (f"message of at least {total} bytes exceeds the limit of "
-                        f"{self.max_message_bytes} (BYTEPS_MAX_MESSAGE_BYTES)")
-            if k == K_INLINE:
-                if nb > INLINE_MAX or off + nb > len(raw):
-                    return f"inline frame {i} of {nb} bytes overruns the header"
-                frames[i] = bytes(raw[off:off + nb])
-                off += nb
-            elif k in (K_HOST, K_DEVICE):
-                expect.append((msg, i, nb, k))
-            else:
-                return f"unknown frame kind {k}"
-        if off != len(raw):
-            return f"{len(raw) - off} stray bytes after the inline frames"
-        msg.frames = frames
-        msg.missing = len(expect)
-        msg.head = None
-        msg.parsed = True
-        if expect:
-            conn.expect.extend(expect)
-            self._awaiting.add(conn)
-        return None
 
     def _poll_requests(self) -> bool:
         busy = False
@@ -691,60 +830,11 @@ class UcxEndpoint(Endpoint):
                     conn = item[2]
                     if not conn.closed and not self._stop:
                         log.warning("%s: send to %s failed: %s", self.name, conn.label, exc)
-        if self._handshakes:
-            hs, self._handshakes = self._handshakes, []
-            now = time.monotonic()
-            for item in hs:
-                req, conn = item[0], item[1]
-                if item[4] != conn.attempt or conn.ep is None:
-                    continue   # a failed attempt's leftovers
-                if req.completed:
-                    busy = True
-                    self._handshake_done(req, conn, item[2])
-                elif conn.closed:
-                    continue
-                elif now > conn.deadline and not conn.ready:
-                    if conn.address is not None:
-                        self._connect_failed(conn, "no handshake answer in "
-                                             f"{_HANDSHAKE_TIMEOUT:.0f} s")
-                    else:
-                        self._close_conn(conn, "no handshake in time")
-                else:
-                    self._handshakes.append(item)
-        if self._recving:
-            touched = set()
-            done, self._recving = _split_completed(self._recving)
-            for item in done:
-                busy = True
-                req, _keep, conn, msg, idx = item
-                try:
-                    req.check_error()
-                except Exception as exc:  # noqa: BLE001
-                    if conn is not None and not conn.closed:
-                        self._close_conn(conn, f"receive failed ({exc})")
-                    continue
-                if conn is None or conn.closed:
-                    continue
-                if idx < 0:
-                    msg.head_ready = True   # parsed below, in arrival order
-                else:
-                    msg.frames[idx] = item[1]
-                    msg.missing -= 1
-                touched.add(conn)
-            for conn in touched:
-                if not conn.closed:
-                    self._parse_heads(conn)
-                if not conn.closed:
-                    self._deliver_ready(conn)
+        if self.conns.handshakes:
+            busy |= self.conns.poll_handshakes()
+        if self.receiver.recving:
+            busy |= self.receiver.poll()
         return busy
-
-    def _deliver_ready(self, conn: _Conn) -> None:
-        q = conn.inq
-        while q and q[0].parsed and q[0].missing == 0 and not conn.closed:
-            msg = q.popleft()
-            self.stats["received"] += 1
-            if self.on_message is not None:
-                self.on_message(conn.route, msg.frames)
 
     # -- the I/O loop ------------------------------------------------------------------------
     def _drain_inbox(self) -> bool:
@@ -765,29 +855,26 @@ class UcxEndpoint(Endpoint):
     def _run_timers(self) -> float | None:
         self._timers.run_due()
         now = time.monotonic()
-        if self._retry:
-            due = [r for r in self._retry if r[0] <= now]
-            if due:
-                self._retry = [r for r in self._retry if r[0] > now]
-                for _t, conn in due:
-                    if not conn.closed:
-                        self._open(conn)
+        cs = self.conns
+        if cs.retry:
+            cs.reopen_due(now)
         nxt = [t for t in (self._timers.next_due(),) if t is not None]
-        nxt += [r[0] for r in self._retry]
-        if self._handshakes:
+        nxt += [r[0] for r in cs.retry]
+        if cs.handshakes:
             nxt.append(now + 0.5)  # handshake deadlines
         if not nxt:
             return None
         return max(0.0, min(nxt) - time.monotonic())
 
     def _progress(self) -> bool:
-        w = self._worker
+        w = self.worker
         busy = False
         while w.progress_once():
             busy = True
         return busy
 
     def _run(self) -> None:
+        rx = self.receiver
         try:
             while not self._stop:
                 busy = self._drain_inbox()
@@ -795,13 +882,13 @@ class UcxEndpoint(Endpoint):
                     break
                 busy |= self._progress()
                 busy |= self._poll_requests()
-                busy |= self._probe()
-                if self._awaiting or self._recving:
+                busy |= rx.probe()
+                if rx.awaiting or rx.recving:
                     busy |= self._poll_requests()
                 wait = self._run_timers()
                 if busy or self._inbox:
                     continue
-                if not self._worker.arm():
+                if not self.worker.arm():
                     continue   # events pending: progress again
                 timeout = 1.0 if wait is None else min(wait, 1.0)
                 for fd, _ev in self._poll.poll(timeout):
@@ -826,14 +913,14 @@ class UcxEndpoint(Endpoint):
             while self._sending and time.monotonic() < deadline:
                 self._progress()
                 self._sending = [s for s in self._sending if not s[0].completed]
-                if self._sending and self._worker.arm():
+                if self._sending and self.worker.arm():
                     self._poll.poll(0.05)
-            for conn in list(self._conns.values()):
-                self._close_conn(conn, None)
-            if self._listener is not None:
-                self._listener = None
+            for conn in list(self.conns.conns.values()):
+                self.conns.close(conn, None)
+            if self.listener is not None:
+                self.listener = None
             try:
-                self._worker.cancel_inflight_requests()
+                self.worker.cancel_inflight_requests()
             except Exception:  # noqa: BLE001
                 pass
             end = time.monotonic() + 0.2
@@ -849,22 +936,18 @@ class UcxEndpoint(Endpoint):
                 return
             self._closed = True
         self._sending.clear()
-        self._recving.clear()
-        self._handshakes.clear()
-        self._awaiting.clear()
-        self._conns.clear()
-        self._by_route.clear()
-        self._by_ident.clear()
+        self.receiver.clear()
+        self.conns.clear()
         self._inbox.clear()
         self._timers.clear()
         self.pool.clear()
-        self._listener = None
+        self.listener = None
         try:
             self._poll.close()
         finally:
             os.close(self._efd)
             self._efd = -1
-        self._worker = None
+        self.worker = None
         self._ctx = None
 
     @property

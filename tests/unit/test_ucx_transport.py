@@ -173,7 +173,7 @@ def test_malformed_header_closes_the_connection_not_the_endpoint(pair, head):
     cli_box.wait(1)
 
     def inject():   # a raw HEAD message, as a broken or hostile peer would send it
-        conn = cli._by_route[("s", 0)]
+        conn = cli.conns.by_route[("s", 0)]
         arr = cli.Array(head)
         req = conn.ep.tag_send(arr, cli.L.UCXXTag((conn.peer_cid << 32) | 1))
         cli._sending.append((req, arr, conn))
@@ -227,7 +227,7 @@ def test_close_releases_everything(pair):
     thread = cli._thread
     assert cli.close(0.5)
     assert not thread.is_alive() and cli.closed
-    assert cli._efd == -1 and cli._worker is None and not cli._conns
+    assert cli._efd == -1 and cli.worker is None and not cli.conns.conns
     assert cli.pool.stats() == {"allocated": 1, "reused": 0, "lent": 0, "free": 0,
                                 "free_bytes": 0}
     cli.send(Route(peer="s"), [b"after close"])   # dropped, no crash
