@@ -562,3 +562,22 @@ def test_no_worker_module_resets_another_modules_globals():
                     and isinstance(node.value, ast.Name) and node.value.id in modules):
                 bad.append(f"{src.rel}:{node.lineno} {ast.unparse(node)}")
     _report(bad, "worker modules set no other module's globals")
+
+
+# ------------------------------------------------------------------------------ rooms of a size one reads
+MAX_CLASS_LINES = 400
+
+
+def test_no_class_is_over_400_lines():
+    """A class one reads whole: none of the package (byteps_like/, server/, scheduler/,
+    launcher/) is over 400 lines. A class that grows past it is split by concern, as the
+    worker's Runtime, the Scheduler and UcxEndpoint were (a facade over parts of one job
+    each)."""
+    bad = []
+    for src in SOURCES:
+        for node in ast.walk(src.tree):
+            if isinstance(node, ast.ClassDef):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > MAX_CLASS_LINES:
+                    bad.append(f"{src.rel}:{node.lineno} class {node.name}: {n} lines")
+    _report(bad, f"no class is over {MAX_CLASS_LINES} lines")
