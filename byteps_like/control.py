@@ -259,7 +259,10 @@ class ControlClient:
         return self._shutdown.is_set()
 
     # -- receiving (I/O thread) ---------------------------------------------------------------
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """Record the job's fatal error (the first one only) and tell the owner: what the I/O
+        thread does on a lost peer or the scheduler's abort notice, and what the owner's parts
+        do when they see the job cannot go on (a failed service, a crashed engine)."""
         if self.fatal is None:
             self.fatal = exc
             log.error("%s", exc)
@@ -289,7 +292,7 @@ class ControlClient:
         elif h.type is MsgType.PEER_LOST:
             me = (f"{self.role.label} {self.rank}" if self.rank >= 0  # no rank before the table
                   else f"{self.role.label} on {self.host}")
-            self._fail(PeerLostError(f"{me}: {meta.get('reason', 'a peer was lost')}",
+            self.fail(PeerLostError(f"{me}: {meta.get('reason', 'a peer was lost')}",
                                      role=meta.get("role"), rank=meta.get("rank"),
                                      host=meta.get("host")))
         elif h.type is MsgType.JOIN_DONE:
@@ -322,7 +325,7 @@ class ControlClient:
                     min_workers=mw if type(mw) is int else 0)
             else:
                 exc = RemoteError(f"scheduler: {text}", role="scheduler", rank=0)
-            self._fail(exc)
+            self.fail(exc)
         else:
             log.warning("%s: unexpected %s from the scheduler", self.role.label, h.type.name)
 
@@ -336,7 +339,7 @@ class ControlClient:
         limit = self.cfg.timeouts.heartbeat_timeout
         if silent > limit:
             c = self.cfg.cluster
-            self._fail(PeerLostError(
+            self.fail(PeerLostError(
                 f"{self.role.label} {self.rank}: lost the scheduler at {c.root_uri}:{c.root_port}: "
                 f"no heartbeat for {silent:.1f} s (BYTEPS_HEARTBEAT_TIMEOUT_SECONDS={limit:g})",
                 role="scheduler", rank=0, host=c.root_uri))

@@ -592,7 +592,7 @@ class Server:
     def _io_failed(self, exc: BaseException) -> None:
         """The I/O thread died (a bug): exit non-zero instead of hanging; the scheduler sees the
         heartbeats stop and tells every other node which server was lost."""
-        self.control._fail(RuntimeError(f"server {self.rank} internal error: {exc!r}"))
+        self.control.fail(RuntimeError(f"server {self.rank} internal error: {exc!r}"))
         self._done.set()
 
     @property

@@ -151,7 +151,7 @@ class Membership:
                 self._token = local_peers.create_token(self.peers_token)
         self.control = ControlClient(cfg, ep, Role.WORKER, port=port, on_fatal=on_fatal)
         if self._service_failure is not None:  # a service failed before there was a client
-            self.control._fail(self._service_failure)
+            self.control.fail(self._service_failure)
         ep.on_message = on_message
         ep.on_error = on_fatal
         ep.start()
@@ -211,7 +211,7 @@ class Membership:
         exc = CommunicationError(f"worker rank {self.rank}: {message}")
         self._service_failure = exc
         if self.control is not None:
-            self.control._fail(exc)  # what the I/O thread does on the scheduler's abort notice
+            self.control.fail(exc)  # what the I/O thread does on the scheduler's abort notice
 
     def _done_with_job(self) -> bool:
         """At exit: whether this worker is done with the job (so the services it started may be
