@@ -444,17 +444,19 @@ print(json.dumps(out))
 WORKER_PKG = "byteps_like.worker"
 
 
-def _worker_imports() -> dict[str, dict[str, int]]:
-    """module of byteps_like/worker/ -> {worker module it imports: line}. Every import counts:
-    inside functions and under ``if TYPE_CHECKING:`` too, so a circle cannot hide in one."""
-    mods = {s.module: s for s in _sources("worker")}
+def _package_imports(area: str, package: str) -> dict[str, dict[str, int]]:
+    """module of ``package`` -> {module of the package it imports: line}. Every import
+    counts: inside functions and under ``if TYPE_CHECKING:`` too, so a circle cannot hide in
+    one."""
+    mods = {s.module: s for s in _sources(area)
+            if s.module == package or s.module.startswith(package + ".")}
     graph: dict[str, dict[str, int]] = {}
     for mod, src in mods.items():
         deps: dict[str, int] = {}
         for line, name in imported_names(src):
             # ``from . import broadcast`` names the module; ``from .x import Y`` names x.Y
             target = name if name in mods else name.rpartition(".")[0]
-            if target in mods and target != mod and target != WORKER_PKG:
+            if target in mods and target != mod and target != package:
                 deps.setdefault(target, line)
         graph[mod] = deps
     return graph
@@ -498,18 +500,22 @@ def test_circle_finder_finds_a_circle():
     assert _circles({"a": {"b": 1}, "b": {}}) == []
 
 
-def test_no_import_circle_in_the_worker_package():
-    """The runtime imports its parts; a part takes the small in-flight object
-    (worker/inflight.py) and the other parts it uses, never the runtime, so nothing imports
-    runtime.py back. Imports under TYPE_CHECKING count as well: none is needed."""
-    graph = _worker_imports()
-    assert "byteps_like.worker.dispatch" in graph["byteps_like.worker.runtime"]  # the walk sees
+@pytest.mark.parametrize("area,package,facade,part", [
+    ("worker", WORKER_PKG, "runtime", "dispatch"),
+    ("scheduler", "byteps_like.scheduler", "core", "elastic")])
+def test_no_import_circle_in_the_worker_and_scheduler_packages(area, package, facade, part):
+    """The facade (the worker's runtime, the scheduler's core) imports its parts; a part takes
+    a narrow object (worker/inflight.py's InFlight, scheduler/nodes.py's Host) and the other
+    parts it uses, never the facade, so nothing imports the facade back. Imports under
+    TYPE_CHECKING count as well: none is needed."""
+    graph = _package_imports(area, package)
+    assert f"{package}.{part}" in graph[f"{package}.{facade}"]  # the walk sees the imports
     bad = []
     for comp in _circles(graph):
         edges = [f"{a.rpartition('.')[2]}:{graph[a][b]} -> {b.rpartition('.')[2]}"
                  for a in comp for b in comp if b in graph[a]]
         bad.append(" <-> ".join(c.rpartition(".")[2] for c in comp) + f" ({'; '.join(edges)})")
-    _report(bad, "byteps_like/worker/ has no import circle")
+    _report(bad, f"{package} has no import circle")
 
 
 def _runtime_private_members() -> set[str]:
