@@ -78,6 +78,10 @@ class DeferredHandle:
         self._inner, self._error = inner, error
         self._started.set()
 
+    def done(self) -> bool:
+        return self._started.is_set() and (self._error is not None
+                                           or all(h.done() for h in self._inner))
+
     def wait(self, timeout: float | None = None) -> Any:
         timeout = self.default_timeout if timeout is None else timeout
         if not self._started.wait(timeout):

@@ -187,10 +187,10 @@ class _Crossing:
     """Crossing the barrier between steps (:func:`byteps_like.torch.cross_barrier.CrossBarrier`).
 
     ``step()`` starts what backward left unstarted and returns at once. The sums land during
-    the next forward pass: before a module runs, the buckets holding its parameters are waited
-    for, their sums written back and the wrapped optimizer steps on just those parameters (a
-    bucket's parameters as their own param groups, each with its group's current
-    hyperparameters). The first layers' buckets, urgent by priority, come back first, so the
+    the next forward pass: before a module runs, the buckets holding its parameters (and every
+    other bucket already back) are waited for, their sums written back and the wrapped optimizer
+    steps on just those parameters (as param groups of their own, each with its group's
+    current hyperparameters). The first layers' buckets, urgent by priority, come back first, so the
     next forward starts while the last ones are still on the wire. Whatever a forward pass has
     not used is applied when the model's forward returns (so before the next backward), before
     ``state_dict()`` (model or optimizer), and by ``synchronize()``/``flush()``."""
@@ -212,11 +212,14 @@ class _Crossing:
         self.hooks.append(model.register_state_dict_pre_hook(lambda *_, **__: self.flush()))
 
     def _pre_hook(self, buckets: list[int]):
+        needed = set(buckets)
+
         def hook(_module, _inputs) -> None:
-            if self.waiting:
-                for k in buckets:
-                    if k in self.waiting:
-                        self._apply(k)
+            if self.waiting and not needed.isdisjoint(self.waiting):
+                # with them, every bucket already back: one optimizer step for all of them
+                pending = self.sync.pending
+                self._apply(sorted(k for k in self.waiting
+                                   if k in needed or _done(pending[k].handle)))
         return hook
 
     def step(self, closure=None):
@@ -229,15 +232,17 @@ class _Crossing:
         self.sync.restart_counts()
         self.sync.end_step()
 
-    def _apply(self, k: int) -> None:
-        self.waiting.discard(k)
+    def _apply(self, buckets: list[int]) -> None:
+        """Wait for ``buckets``, write their sums back and step on their parameters."""
+        self.waiting.difference_update(buckets)
         try:
-            self.sync.finish_bucket(k)
+            for k in buckets:
+                self.sync.finish_bucket(k)
         except BaseException:
             self.waiting.clear()
             self.sync.reset()
             raise
-        params = self.params_of[k]
+        params = [p for k in buckets for p in self.params_of[k]]
         ids = {id(p) for p in params}
         saved = self.opt.param_groups
         self.opt.param_groups = [dict(g, params=[p for p in g["params"] if id(p) in ids])
@@ -253,10 +258,9 @@ class _Crossing:
                 p.grad.zero_()
 
     def flush(self) -> None:
-        """Apply every bucket still waiting (in forward order)."""
-        for k in sorted(self.waiting):
-            if k in self.waiting:
-                self._apply(k)
+        """Apply every bucket still waiting."""
+        if self.waiting:
+            self._apply(sorted(self.waiting))
 
     def zero_grad(self, set_to_none: bool) -> None:
         """The wrapped optimizer's zero_grad, except for the gradients still waiting for their
@@ -276,3 +280,8 @@ class _Crossing:
             self.opt.zero_grad(set_to_none=set_to_none)
         finally:
             self.opt.param_groups = saved
+
+
+def _done(handle: Any) -> bool:
+    done = getattr(handle, "done", None)
+    return bool(done()) if done is not None else False
