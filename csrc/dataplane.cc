@@ -38,6 +38,55 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
+namespace {
+
+// The value of "field" in one of our declarations (flat JSON written by the runtime): a
+// string's raw text, or an array's or number's text; empty when absent.
+std::string json_field(const std::string& j, const char* field, char* kind) {
+  const std::string pat = std::string("\"") + field + "\":";
+  const std::size_t at = j.find(pat);
+  if (at == std::string::npos) return "";
+  std::size_t i = at + pat.size();
+  if (i >= j.size()) return "";
+  *kind = j[i];
+  if (j[i] == '"') {
+    std::string out;
+    for (++i; i < j.size() && j[i] != '"'; ++i) {
+      if (j[i] == '\\' && i + 1 < j.size()) ++i;
+      out += j[i];
+    }
+    return out;
+  }
+  const char close = j[i] == '[' ? ']' : ',';
+  const std::size_t end = j.find(j[i] == '[' ? close : ',', i);
+  if (end == std::string::npos) return j.substr(i, j.find('}', i) - i);
+  return j.substr(i, end - i + (close == ']' ? 1 : 0));
+}
+
+}  // namespace
+
+// A declaration as people read it, as the ZeroMQ path prints it: 'w' shape (7, 3) float32.
+std::string describe_decl(const std::string& decl) {
+  char k1 = 0, k2 = 0, k3 = 0;
+  const std::string name = json_field(decl, "name", &k1);
+  std::string shape = json_field(decl, "shape", &k2);
+  const std::string dtype = json_field(decl, "dtype", &k3);
+  if (k1 != '"' || k2 != '[' || k3 != '"' || shape.size() < 2) {
+    return decl.size() > 300 ? decl.substr(0, 300) + "..." : decl;  // not ours: as it came
+  }
+  std::string dims = shape.substr(1, shape.size() - 2), tuple = "(";
+  std::size_t n = 0, start = 0;
+  while (start <= dims.size() && !dims.empty()) {
+    std::size_t comma = dims.find(',', start);
+    if (comma == std::string::npos) comma = dims.size();
+    if (n++) tuple += ", ";
+    tuple += dims.substr(start, comma - start);
+    start = comma + 1;
+  }
+  tuple += n == 1 ? ",)" : ")";
+  return "'" + name + "' shape " + tuple + " " + dtype + " uncompressed";
+}
+
 const char* type_name(int t) {
   switch (t) {
 #define BPS_TYPE_CASE(cname, pyname, value) \

@@ -75,6 +75,30 @@ bool io_full(int fd, char* p, std::size_t n, bool out, double deadline, std::str
   return true;
 }
 
+// The rest of an authenticated hello, after the server's HELLO header `r`: its nonce and
+// proof checked, the worker's proof sent. False and *err when it fails.
+bool prove_to_server(int fd, const Header& r, int rank, std::uint32_t job, std::uint64_t sid,
+                     const std::uint8_t* nonce, double deadline, const std::string& key,
+                     std::string* err) {
+  if (!(r.flags & kFlagAuth) || r.nbytes != 64) {
+    *err = "the server does not authenticate its streams: give every node the same "
+           "BYTEPS_AUTH_SECRET";
+    return false;
+  }
+  std::uint8_t got[64], want[32], proof[32];
+  if (!io_full(fd, reinterpret_cast<char*>(got), 64, false, deadline, err)) return false;
+  hello_mac(key, "bpsl-srv", job, rank, sid, nonce, got, want);
+  if (!equal_ct(want, got + kNonce, 32)) {
+    *err = "authentication failed: the server's proof does not match this job's secret "
+           "(BYTEPS_AUTH_SECRET differs between nodes)";
+    return false;
+  }
+  hello_mac(key, "bpsl-cli", job, rank, sid, got, nonce, proof);
+  Header a = make_header(kHello, kRoleWorker, rank, kFlagAuth, job, sid, 0, 0, 0, 32);
+  return io_full(fd, reinterpret_cast<char*>(&a), sizeof a, true, deadline, err) &&
+         io_full(fd, reinterpret_cast<char*>(proof), 32, true, deadline, err);
+}
+
 }  // namespace
 
 int open_stream(const std::string& host, int port, int rank, std::uint32_t job, int stream,
@@ -129,32 +153,9 @@ int open_stream(const std::string& host, int port, int rank, std::uint32_t job, 
     ::close(fd);
     return -1;
   }
-  if (auth) {
-    if (!(r.flags & kFlagAuth) || r.nbytes != 64) {
-      *err = "the server does not authenticate its streams: give every node the same "
-             "BYTEPS_AUTH_SECRET";
-      ::close(fd);
-      return -1;
-    }
-    std::uint8_t got[64], want[32], proof[32];
-    if (!io_full(fd, reinterpret_cast<char*>(got), 64, false, deadline, err)) {
-      ::close(fd);
-      return -1;
-    }
-    hello_mac(key, "bpsl-srv", job, rank, sid, nonce, got, want);
-    if (!equal_ct(want, got + kNonce, 32)) {
-      *err = "authentication failed: the server's proof does not match this job's secret "
-             "(BYTEPS_AUTH_SECRET differs between nodes)";
-      ::close(fd);
-      return -1;
-    }
-    hello_mac(key, "bpsl-cli", job, rank, sid, got, nonce, proof);
-    Header a = make_header(kHello, kRoleWorker, rank, kFlagAuth, job, sid, 0, 0, 0, 32);
-    if (!io_full(fd, reinterpret_cast<char*>(&a), sizeof a, true, deadline, err) ||
-        !io_full(fd, reinterpret_cast<char*>(proof), 32, true, deadline, err)) {
-      ::close(fd);
-      return -1;
-    }
+  if (auth && !prove_to_server(fd, r, rank, job, sid, nonce, deadline, key, err)) {
+    ::close(fd);
+    return -1;
   }
   return fd;
 }

@@ -45,6 +45,8 @@ constexpr std::size_t kMaxErrorText = 1024;         // an error reply's message,
 
 // helpers (dataplane.cc)
 std::string json_escape(const std::string& s);
+// A declaration as people read it, as the ZeroMQ path prints it: 'w' shape (7, 3) float32.
+std::string describe_decl(const std::string& decl);
 const char* type_name(int t);  // a message type's name, "?" for an unknown one
 void set_nonblocking(int fd);
 void set_nodelay(int fd);

@@ -30,55 +30,6 @@
 namespace bps {
 namespace dp {
 
-namespace {
-
-// The value of "field" in one of our declarations (flat JSON written by the runtime): a
-// string's raw text, or an array's or number's text; empty when absent.
-std::string json_field(const std::string& j, const char* field, char* kind) {
-  const std::string pat = std::string("\"") + field + "\":";
-  const std::size_t at = j.find(pat);
-  if (at == std::string::npos) return "";
-  std::size_t i = at + pat.size();
-  if (i >= j.size()) return "";
-  *kind = j[i];
-  if (j[i] == '"') {
-    std::string out;
-    for (++i; i < j.size() && j[i] != '"'; ++i) {
-      if (j[i] == '\\' && i + 1 < j.size()) ++i;
-      out += j[i];
-    }
-    return out;
-  }
-  const char close = j[i] == '[' ? ']' : ',';
-  const std::size_t end = j.find(j[i] == '[' ? close : ',', i);
-  if (end == std::string::npos) return j.substr(i, j.find('}', i) - i);
-  return j.substr(i, end - i + (close == ']' ? 1 : 0));
-}
-
-// A declaration as people read it, as the ZeroMQ path prints it: 'w' shape (7, 3) float32.
-std::string describe_decl(const std::string& decl) {
-  char k1 = 0, k2 = 0, k3 = 0;
-  const std::string name = json_field(decl, "name", &k1);
-  std::string shape = json_field(decl, "shape", &k2);
-  const std::string dtype = json_field(decl, "dtype", &k3);
-  if (k1 != '"' || k2 != '[' || k3 != '"' || shape.size() < 2) {
-    return decl.size() > 300 ? decl.substr(0, 300) + "..." : decl;  // not ours: as it came
-  }
-  std::string dims = shape.substr(1, shape.size() - 2), tuple = "(";
-  std::size_t n = 0, start = 0;
-  while (start <= dims.size() && !dims.empty()) {
-    std::size_t comma = dims.find(',', start);
-    if (comma == std::string::npos) comma = dims.size();
-    if (n++) tuple += ", ";
-    tuple += dims.substr(start, comma - start);
-    start = comma + 1;
-  }
-  tuple += n == 1 ? ",)" : ")";
-  return "'" + name + "' shape " + tuple + " " + dtype + " uncompressed";
-}
-
-}  // namespace
-
 // =============================================================================================
 // server
 // =============================================================================================
@@ -304,124 +255,11 @@ class ServerImpl {
                  "plane");
       return nullptr;
     }
-    std::shared_ptr<Store> st;
-    {
-      std::lock_guard<std::mutex> g(map_mu_);
-      auto it = stores_.find(h.key);
-      if (it != stores_.end()) {
-        st = it->second;
-      } else {
-        const std::int64_t base = round_base_.load();
-        if (base > 0 && h.round < base) {  // an elastic epoch that is over: no new key
-          reject("push of a superseded epoch");
-          send_error(conn, h, "epoch", "key " + std::to_string(h.key) + ": push from worker "
-                     "rank " + std::to_string(h.rank) + " belongs to a membership epoch that "
-                     "has ended");
-          return nullptr;
-        }
-        if (!(h.flags & kFlagDeclare) || meta.empty()) {
-          reject("push of an undeclared key");
-          send_error(conn, h, "protocol", "first push of key " + std::to_string(h.key) +
-                     " from worker rank " + std::to_string(h.rank) + " carries no declaration");
-          return nullptr;
-        }
-        if (zmq_keys_.count(h.key)) {
-          reject("key served over ZeroMQ");
-          send_error(conn, h, "mismatch", "key " + std::to_string(h.key) + " (" + meta +
-                     ") is served over ZeroMQ by another worker (compressed, or sent from "
-                     "device memory) but worker rank " + std::to_string(h.rank) + " pushed it "
-                     "over the native data plane; every worker must use the same "
-                     "BYTEPS_DATA_PLANE, compressor and transport settings");
-          return nullptr;
-        }
-        if (h.nbytes == 0) {
-          reject("empty partition");
-          send_error(conn, h, "protocol", "push of key " + std::to_string(h.key) +
-                     " with no bytes");
-          return nullptr;
-        }
-        // two buffers, the declaration kept for comparisons and the per-chunk bookkeeping
-        const std::size_t nchunks = (h.nbytes + kChunk - 1) / kChunk;
-        const std::uint64_t need = 2 * h.nbytes + meta.size() + kStoreOverhead +
-                                   nchunks * (2 * sizeof(std::uint32_t) + sizeof(std::mutex));
-        if (store_bytes_ + need > max_store_) {
-          reject("server memory budget exhausted");
-          send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": key " +
-                     std::to_string(h.key) + " needs " + std::to_string(need) +
-                     " bytes, over the budget of " + std::to_string(max_store_) +
-                     " (BYTEPS_SERVER_MAX_BYTES); " + std::to_string(store_bytes_) +
-                     " bytes are held");
-          return nullptr;
-        }
-        st = std::make_shared<Store>();
-        st->key = h.key;
-        st->wire_dtype = h.dtype;
-        st->kdt = static_cast<DType>(kdt);
-        st->nbytes = h.nbytes;
-        st->count = h.count;
-        st->nchunks = nchunks;
-        st->decl = meta;
-        st->decl_rank = h.rank;
-        for (int b = 0; b < 2; ++b) {
-          st->buf[b].reset(new char[h.nbytes]);
-          st->fill[b].reset(new std::uint32_t[st->nchunks]());
-        }
-        st->chunk_mu.reset(new std::mutex[st->nchunks]);
-        st->pushed.assign(num_workers_, 0);
-        st->round = round_base_.load();  // a key first declared in a later elastic epoch
-        st->charged = need;
-        stores_[h.key] = st;
-        store_bytes_ += need;
-      }
-    }
+    std::shared_ptr<Store> st = store_for_push(conn, h, meta, kdt);
+    if (!st) return nullptr;
     std::lock_guard<std::mutex> g(st->mu);
-    // Checked in this order, as on the ZeroMQ path (server/core.py, _check): a push that
-    // declares another tensor than the key's is a worker disagreeing, whatever its size; its
-    // dtype and size otherwise (rejected alone); its round (rejected alone, whatever it
-    // declares); then a real mismatch fails the key, naming both sides.
-    const bool mismatch = (h.flags & kFlagDeclare) && meta != st->decl;
-    if (!mismatch && (h.dtype != st->wire_dtype || h.nbytes != st->nbytes)) {
-      reject("wrong dtype or size for a declared key");
-      send_error(conn, h, "protocol", "push to key " + std::to_string(h.key) + " from worker "
-                 "rank " + std::to_string(h.rank) + ": " + std::to_string(h.nbytes) +
-                 " bytes of dtype code " + std::to_string(h.dtype) + ", but the key holds " +
-                 std::to_string(st->nbytes) + " bytes of dtype code " +
-                 std::to_string(st->wire_dtype));
-      return nullptr;
-    }
-    // a push for another round is rejected alone, whatever it declares
-    if (h.round != st->round || st->pushed[h.rank]) {
-      reject("push out of round");
-      // one text for both causes and no round number: the reply tells nobody the open round
-      send_error(conn, h, "protocol", "key " + std::to_string(h.key) + ": push from worker "
-                 "rank " + std::to_string(h.rank) + " for round " + std::to_string(h.round) +
-                 ", a round that is not open or that this rank has pushed already");
-      return nullptr;
-    }
-    if (mismatch && st->failed.empty()) {
-      fail_key_locked(*st, "tensor mismatch on key " + std::to_string(h.key) + ": worker rank " +
-                      std::to_string(st->decl_rank) + " declared " + describe_decl(st->decl) +
-                      " but worker rank " + std::to_string(h.rank) + " declared " +
-                      describe_decl(meta) +
-                      "; every worker must declare the same tensors, in the same order, with "
-                      "the same shape, dtype and compressor");
-    }
-    if (!st->failed.empty()) {
-      send_error(conn, h, st->failed_kind.c_str(), st->failed, st->failed_extra);
-      return nullptr;
-    }
     std::map<int, std::string> left;
-    {
-      std::lock_guard<std::mutex> m(mem_mu_);
-      if (joined_[h.rank]) {
-        reject("push after join()");
-        send_error(conn, h, "protocol", "key " + std::to_string(h.key) + ": push from worker "
-                   "rank " + std::to_string(h.rank) + ", which has called join(); a joined "
-                   "rank pushes again only after every rank has joined");
-        return nullptr;
-      }
-      left = left_;
-    }
+    if (!admit_push_locked(conn, h, meta, *st, &left)) return nullptr;
     st->pushed[h.rank] = 1;
     *gen = st->gen.load();
     if (st->started++ == 0) st->round_started = monotonic_now();
@@ -430,6 +268,135 @@ class ServerImpl {
       return nullptr;
     }
     return st;
+  }
+
+  // The key's store; made on the key's first push, which must declare it and fit the memory
+  // budget. Null after an error reply.
+  std::shared_ptr<Store> store_for_push(const std::shared_ptr<Conn>& conn, const Header& h,
+                                        const std::string& meta, int kdt) {
+    std::lock_guard<std::mutex> g(map_mu_);
+    auto it = stores_.find(h.key);
+    if (it != stores_.end()) return it->second;
+    const std::int64_t base = round_base_.load();
+    if (base > 0 && h.round < base) {  // an elastic epoch that is over: no new key
+      reject("push of a superseded epoch");
+      send_error(conn, h, "epoch", "key " + std::to_string(h.key) + ": push from worker "
+                 "rank " + std::to_string(h.rank) + " belongs to a membership epoch that "
+                 "has ended");
+      return nullptr;
+    }
+    if (!(h.flags & kFlagDeclare) || meta.empty()) {
+      reject("push of an undeclared key");
+      send_error(conn, h, "protocol", "first push of key " + std::to_string(h.key) +
+                 " from worker rank " + std::to_string(h.rank) + " carries no declaration");
+      return nullptr;
+    }
+    if (zmq_keys_.count(h.key)) {
+      reject("key served over ZeroMQ");
+      send_error(conn, h, "mismatch", "key " + std::to_string(h.key) + " (" + meta +
+                 ") is served over ZeroMQ by another worker (compressed, or sent from "
+                 "device memory) but worker rank " + std::to_string(h.rank) + " pushed it "
+                 "over the native data plane; every worker must use the same "
+                 "BYTEPS_DATA_PLANE, compressor and transport settings");
+      return nullptr;
+    }
+    if (h.nbytes == 0) {
+      reject("empty partition");
+      send_error(conn, h, "protocol", "push of key " + std::to_string(h.key) +
+                 " with no bytes");
+      return nullptr;
+    }
+    // two buffers, the declaration kept for comparisons and the per-chunk bookkeeping
+    const std::size_t nchunks = (h.nbytes + kChunk - 1) / kChunk;
+    const std::uint64_t need = 2 * h.nbytes + meta.size() + kStoreOverhead +
+                               nchunks * (2 * sizeof(std::uint32_t) + sizeof(std::mutex));
+    if (store_bytes_ + need > max_store_) {
+      reject("server memory budget exhausted");
+      send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": key " +
+                 std::to_string(h.key) + " needs " + std::to_string(need) +
+                 " bytes, over the budget of " + std::to_string(max_store_) +
+                 " (BYTEPS_SERVER_MAX_BYTES); " + std::to_string(store_bytes_) +
+                 " bytes are held");
+      return nullptr;
+    }
+    return make_store_locked(h, meta, kdt, nchunks, need);
+  }
+
+  std::shared_ptr<Store> make_store_locked(const Header& h, const std::string& meta, int kdt,
+                                           std::size_t nchunks, std::uint64_t need) {
+    auto st = std::make_shared<Store>();
+    st->key = h.key;
+    st->wire_dtype = h.dtype;
+    st->kdt = static_cast<DType>(kdt);
+    st->nbytes = h.nbytes;
+    st->count = h.count;
+    st->nchunks = nchunks;
+    st->decl = meta;
+    st->decl_rank = h.rank;
+    for (int b = 0; b < 2; ++b) {
+      st->buf[b].reset(new char[h.nbytes]);
+      st->fill[b].reset(new std::uint32_t[st->nchunks]());
+    }
+    st->chunk_mu.reset(new std::mutex[st->nchunks]);
+    st->pushed.assign(num_workers_, 0);
+    st->round = round_base_.load();  // a key first declared in a later elastic epoch
+    st->charged = need;
+    stores_[h.key] = st;
+    store_bytes_ += need;
+    return st;
+  }
+
+  // Whether a push may sum into the key's store (st.mu held); false after an error reply.
+  // *left: the ranks that left the job (join()), for the caller.
+  bool admit_push_locked(const std::shared_ptr<Conn>& conn, const Header& h,
+                         const std::string& meta, Store& st, std::map<int, std::string>* left) {
+    // Checked in this order, as on the ZeroMQ path (server/core.py, _check): a push that
+    // declares another tensor than the key's is a worker disagreeing, whatever its size; its
+    // dtype and size otherwise (rejected alone); its round (rejected alone, whatever it
+    // declares); then a real mismatch fails the key, naming both sides.
+    const bool mismatch = (h.flags & kFlagDeclare) && meta != st.decl;
+    if (!mismatch && (h.dtype != st.wire_dtype || h.nbytes != st.nbytes)) {
+      reject("wrong dtype or size for a declared key");
+      send_error(conn, h, "protocol", "push to key " + std::to_string(h.key) + " from worker "
+                 "rank " + std::to_string(h.rank) + ": " + std::to_string(h.nbytes) +
+                 " bytes of dtype code " + std::to_string(h.dtype) + ", but the key holds " +
+                 std::to_string(st.nbytes) + " bytes of dtype code " +
+                 std::to_string(st.wire_dtype));
+      return false;
+    }
+    // a push for another round is rejected alone, whatever it declares
+    if (h.round != st.round || st.pushed[h.rank]) {
+      reject("push out of round");
+      // one text for both causes and no round number: the reply tells nobody the open round
+      send_error(conn, h, "protocol", "key " + std::to_string(h.key) + ": push from worker "
+                 "rank " + std::to_string(h.rank) + " for round " + std::to_string(h.round) +
+                 ", a round that is not open or that this rank has pushed already");
+      return false;
+    }
+    if (mismatch && st.failed.empty()) {
+      fail_key_locked(st, "tensor mismatch on key " + std::to_string(h.key) + ": worker rank " +
+                      std::to_string(st.decl_rank) + " declared " + describe_decl(st.decl) +
+                      " but worker rank " + std::to_string(h.rank) + " declared " +
+                      describe_decl(meta) +
+                      "; every worker must declare the same tensors, in the same order, with "
+                      "the same shape, dtype and compressor");
+    }
+    if (!st.failed.empty()) {
+      send_error(conn, h, st.failed_kind.c_str(), st.failed, st.failed_extra);
+      return false;
+    }
+    {
+      std::lock_guard<std::mutex> m(mem_mu_);
+      if (joined_[h.rank]) {
+        reject("push after join()");
+        send_error(conn, h, "protocol", "key " + std::to_string(h.key) + ": push from worker "
+                   "rank " + std::to_string(h.rank) + ", which has called join(); a joined "
+                   "rank pushes again only after every rank has joined");
+        return false;
+      }
+      *left = left_;
+    }
+    return true;
   }
 
   void sum_chunk(Store& st, std::int64_t round, std::size_t offset, const char* data,
