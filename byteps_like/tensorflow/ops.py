@@ -257,11 +257,38 @@ class GradientGroup:
 _groups: dict = {}
 
 
+def push_pull_rows(grad: tf.IndexedSlices, name: str, average: bool = True) -> tf.IndexedSlices:
+    """A sparse gradient (of an embedding lookup) averaged as rows, never made dense: each
+    worker sums its rows per unique index, pads them to a power of two (at least 64; so a
+    server keeps a few sizes, not one per step), and every worker gathers every worker's rows
+    (:func:`allgather`, through the servers); the values are divided by the number of workers.
+    The result's indices may repeat (rows several workers touched): optimizers add them up.
+    Eager and in ``tf.function``."""
+    rt = default_runtime()
+    uniq, pos = tf.unique(tf.cast(grad.indices, tf.int64))
+    n = tf.shape(uniq)[0]
+    values = tf.math.unsorted_segment_sum(grad.values, pos, n)
+    padded = tf.maximum(64, tf.cast(2.0 ** tf.math.ceil(
+        tf.math.log(tf.cast(tf.maximum(n, 1), tf.float64)) / np.log(2.0)), tf.int32))
+    extra = padded - n
+    ids = tf.concat([uniq, -tf.ones([extra], tf.int64)], 0)
+    rows = tf.pad(values, tf.concat([[[0, extra]], tf.zeros([tf.rank(values) - 1, 2],
+                                                            tf.int32)], 0))
+    all_ids = allgather(ids, name=f"{name}.ids")
+    all_rows = allgather(rows, name=f"{name}.rows")
+    keep = all_ids >= 0
+    all_rows = tf.boolean_mask(all_rows, keep)
+    if average:
+        all_rows = all_rows / tf.cast(rt.size(), all_rows.dtype)
+    return tf.IndexedSlices(all_rows, tf.boolean_mask(all_ids, keep), grad.dense_shape)
+
+
 def push_pull_gradients(grads: Sequence[Any], variables: Sequence[Any] | None,
                         compression: Compressor = Compression.none, average: bool = True,
-                        prefix: str = "Gradient.") -> list:
-    """Average a list of gradients (None stays None; IndexedSlices become dense, with a
-    warning). Names come from the variables (index and path), so they match across workers."""
+                        prefix: str = "Gradient.", sparse_as_dense: bool = True) -> list:
+    """Average a list of gradients (None stays None). IndexedSlices become dense, with a
+    warning; with ``sparse_as_dense=False`` they travel as rows (:func:`push_pull_rows`).
+    Names come from the variables (index and path), so they match across workers."""
     rt = default_runtime()
     rt.check()
     compression = resolve(compression, rt.cfg)  # BYTEPS_COMPRESSOR* when left at the default
@@ -271,6 +298,13 @@ def push_pull_gradients(grads: Sequence[Any], variables: Sequence[Any] | None,
     variables = list(variables) if variables is not None else [None] * len(grads)
     names = [var_name(v, i) for i, v in enumerate(variables)]
     idx = [i for i, g in enumerate(grads) if g is not None]
+    rows = [] if sparse_as_dense else [i for i in idx if isinstance(grads[i], tf.IndexedSlices)]
+    idx = [i for i in idx if i not in rows]
+    result: list = list(grads)
+    for i in rows:
+        result[i] = push_pull_rows(grads[i], f"{prefix}{names[i]}", average)
+    if not idx:
+        return result
     dense = [tf.convert_to_tensor(densify(grads[i], f"the gradient of {names[i]!r}"))
              for i in idx]
     for i, g in zip(idx, dense):
@@ -285,7 +319,6 @@ def push_pull_gradients(grads: Sequence[Any], variables: Sequence[Any] | None,
         layout = [(g.shape.num_elements() * g.dtype.size, g.dtype.name) for g in dense]
         group = _groups[key] = GradientGroup(key[1], prefix, compression, average, layout)
     outs = run_on_arrays(dense, group.run)
-    result: list = list(grads)
     for i, o in zip(idx, outs):
         result[i] = o
     return result

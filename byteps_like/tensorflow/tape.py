@@ -15,7 +15,9 @@ class DistributedGradientTape:
     Wraps (composition) the user's ``tf.GradientTape``: everything but ``gradient`` is the
     tape's own. ``gradient`` computes the local gradients, then averages them across workers:
     all start at once through the core's GradientSynchronizer, first source first. Works in
-    eager mode and inside ``tf.function``."""
+    eager mode and inside ``tf.function``. ``sparse_as_dense=False``: a ``tf.IndexedSlices``
+    gradient (an embedding lookup's) travels as its rows, not as the whole variable
+    (:func:`~byteps_like.tensorflow.ops.push_pull_rows`)."""
 
     def __init__(self, gradtape: tf.GradientTape, device_dense: str = "",
                  device_sparse: str = "", compression: Compressor = Compression.none,
@@ -25,6 +27,7 @@ class DistributedGradientTape:
         self._compression = compression
         self._average = average
         self._prefix = prefix
+        self._sparse_as_dense = sparse_as_dense
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self.__dict__["_tape"], item)
@@ -42,5 +45,5 @@ class DistributedGradientTape:
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads)
         averaged = push_pull_gradients(flat_grads, flat_sources, self._compression,
-                                       self._average, self._prefix)
+                                       self._average, self._prefix, self._sparse_as_dense)
         return tf.nest.pack_sequence_as(grads, averaged)

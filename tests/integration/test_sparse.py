@@ -219,3 +219,13 @@ def test_a_checkpoint_restores_onto_another_number_of_servers(tmp_path, opt, kw)
     with running_cluster(workers=2, servers=3, extra=extra) as c:
         got = ok(c.run_all(second))
     assert np.array_equal(got[0], want) and np.array_equal(got[1], want)
+
+
+def test_tensorflow_indexed_slices_travel_as_rows():
+    """DistributedGradientTape(sparse_as_dense=False): a tf.Variable table's gradient is
+    averaged as rows (2 workers, 2 servers), eager and in tf.function."""
+    pytest.importorskip("tensorflow")
+    from .harness import bpslaunch, worker
+    run = bpslaunch(worker("sparse_tf.py"), workers=2, servers=2, timeout=180)
+    assert run.rc == 0, run.log
+    assert len(run.lines("OK rank")) == 2, run.log
