@@ -229,3 +229,27 @@ def test_tensorflow_indexed_slices_travel_as_rows():
     run = bpslaunch(worker("sparse_tf.py"), workers=2, servers=2, timeout=180)
     assert run.rc == 0, run.log
     assert len(run.lines("OK rank")) == 2, run.log
+
+
+def test_the_click_through_example_reaches_the_one_process_auc():
+    """examples/pytorch/train_ctr_sparse.py on 2 workers and 2 servers reaches the AUC of the
+    same script in one process (within 0.005), near the true model's."""
+    pytest.importorskip("torch")
+    import re
+    import sys
+    from pathlib import Path
+
+    from tests.support import FAST_ENV, clean_env, run
+
+    from .harness import bpslaunch
+    example = Path(__file__).resolve().parents[2] / "examples" / "pytorch" / "train_ctr_sparse.py"
+    pattern = r"final test AUC: ([0-9.]+) \((\d) workers; the true model's ([0-9.]+)\)"
+    alone = run([sys.executable, str(example)], 120, clean_env(**FAST_ENV))
+    assert alone.rc == 0, alone.log
+    dist = bpslaunch([str(example)], workers=2, servers=2, timeout=180)
+    assert dist.rc == 0, dist.log
+    (one, n1, best), = re.findall(pattern, alone.out)
+    (two, n2, _), = re.findall(pattern, dist.out)
+    assert (n1, n2) == ("1", "2")
+    assert abs(float(one) - float(two)) <= 0.005, (one, two)
+    assert float(two) >= float(best) - 0.02, (two, best)
