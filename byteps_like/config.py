@@ -145,15 +145,16 @@ class PartitionConfig:
                          "the colocated ones the rest. `auto` and `on` do so whenever both kinds "
                          "exist; `off` spreads bytes evenly over all servers.",
                          choices=("auto", "on", "off"))
-    fusion_bytes: int = _s("BYTEPS_FUSION_BYTES", "size", 16 << 20, "Tensor fusion: the "
+    fusion_bytes: int = _s("BYTEPS_FUSION_BYTES", "size", 32 << 20, "Tensor fusion: the "
                            "gradient synchronizer of every plugin groups gradients, in the order "
                            "backward produces them, into buckets of at most this many bytes; a "
                            "bucket is one tensor on the wire (one key space, one device copy "
-                           "each way on a GPU). A gradient at least this large goes alone. 0 "
-                           "turns fusion off (one push_pull per gradient). Every worker must "
-                           "use the same value. The default is measured (docs/performance.md, "
-                           "'Real models'): smaller buckets overlap backward better, larger "
-                           "ones cost fewer operations.", unit="bytes", min=0)
+                           "each way on a GPU). A larger gradient goes alone (on a GPU cut into "
+                           "chunks of this size, each its own copy and key). 0 turns fusion off "
+                           "(one push_pull per gradient). Every worker must use the same value. "
+                           "The default is measured (docs/performance.md, 'Real models'): "
+                           "smaller buckets overlap backward better, larger ones cost fewer "
+                           "operations.", unit="bytes", min=0)
 
 
 @dataclass(frozen=True)

@@ -345,7 +345,7 @@ def write_plot(records: list[dict], path: str) -> str | None:
                   + (f"\n{r['workers']}w {r['servers']}s b{r['batch']}"
                      if mixed and r["mode"] != "local" else "")
                   + (f" {r['compression']}" if r.get("compression") not in (None, "none")
-                     else "") for r in mine]
+                     else "") + (" xb" if r.get("cross_barrier") else "") for r in mine]
         vals = [r["samples_per_s"] for r in mine]
         bars = ax.bar(range(len(mine)), vals, color=["0.6" if r["mode"] == "local" else "C0"
                                                       for r in mine])
