@@ -5,7 +5,10 @@
 - ``sparse``: the DLRM-shaped model's tables are ``byteps_like.torch.SparseEmbedding`` (held and
   updated on the servers: a step pulls the batch's unique rows and pushes their gradients);
 - ``dense``: the same tables as ``nn.Embedding``, every row's gradient through
-  ``DistributedOptimizer`` (push_pull), as a job without server-held tables has to.
+  ``DistributedOptimizer`` (push_pull), as a job without server-held tables has to;
+- ``ddp``: the dense model under ``torch.nn.parallel.DistributedDataParallel`` with gloo
+  (rendezvous through MASTER_ADDR/MASTER_PORT; its bytes are the ring all-reduce's,
+  computed: 2 (W-1)/W of the gradient bytes each way).
 
 The model (:func:`table_rows`, :class:`DLRM`): ``--tables`` tables of ``--rows``, rows/10,
 rows/100, ... rows (Criteo-like skew) of ``--dim`` float32, one id per table per sample drawn
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +48,9 @@ def batch_ids(rank: int, step: int, sizes: list[int], batch: int, zipf: float) -
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m byteps_like.bench._sparse_worker")
-    p.add_argument("mode", choices=("sparse", "dense"))
+    p.add_argument("mode", choices=("sparse", "dense", "ddp"))
+    p.add_argument("--rank", type=int, default=0, help="ddp")
+    p.add_argument("--world", type=int, default=1, help="ddp")
     p.add_argument("--rows", type=int, required=True)
     p.add_argument("--tables", type=int, default=4)
     p.add_argument("--dim", type=int, default=64)
@@ -62,8 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from byteps_like.worker.runtime import default_runtime
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    bps.init()
-    rank, rt = bps.rank(), default_runtime()
+    if a.mode == "ddp":
+        import torch.distributed as dist
+        dist.init_process_group("gloo", rank=a.rank, world_size=a.world)
+        rank, rt = a.rank, None
+    else:
+        bps.init()
+        rank, rt = bps.rank(), default_runtime()
     sizes = table_rows(a.rows, a.tables)
     if a.mode == "sparse":
         embs: list[torch.nn.Module] = [
@@ -84,11 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             parts = [self.bottom(dense)] + [e(ids[:, i]) for i, e in enumerate(self.embs)]
             return self.top(torch.cat(parts, dim=1)).squeeze(1)
 
-    model = DLRM()
-    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr),
-                                   named_parameters=model.named_parameters())
-    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    model: torch.nn.Module = DLRM()
     dense_bytes = sum(p.numel() * 4 for p in model.parameters())
+    if rt is None:   # ddp: the ring all-reduce's bytes, both ways, computed
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        opt: Any = torch.optim.SGD(model.parameters(), lr=a.lr)
+        ring = 4 * (a.world - 1) * dense_bytes // a.world
+    else:
+        opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr),
+                                       named_parameters=model.named_parameters())
+        bps.broadcast_parameters(model.state_dict(), root_rank=0)
     stats = [e.table.stats for e in embs if isinstance(e, bps.SparseEmbedding)]
     rng = np.random.default_rng(rank)
     steps: list[float] = []
@@ -98,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for step in range(a.warmup + a.steps):
         if step == a.warmup:
             base_tables = sum(st.bytes_sent + st.bytes_received for st in stats)
-            base_pp = rt.bytes_pushed + rt.bytes_pulled
+            base_pp = 0 if rt is None else rt.bytes_pushed + rt.bytes_pulled
         ids_np = batch_ids(rank, step, sizes, a.batch, a.zipf)
         ids = torch.from_numpy(ids_np)
         dense = torch.from_numpy(rng.normal(size=(a.batch, DENSE_FEATURES)).astype(np.float32))
@@ -116,11 +132,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                          for i in range(len(sizes)))
         progress(f"{a.mode} step {step + 1}/{a.warmup + a.steps}: {dt * 1e3:.1f} ms")
     tables = sum(st.bytes_sent + st.bytes_received for st in stats) - base_tables
-    pushpull = rt.bytes_pushed + rt.bytes_pulled - base_pp
+    pushpull = (ring * a.steps if rt is None
+                else rt.bytes_pushed + rt.bytes_pulled - base_pp)
     emit({"mode": a.mode, "rank": rank, "step_times_s": steps, "table_bytes": tables,
           "pushpull_bytes": pushpull, "floor_bytes": floor, "steps": a.steps,
           "dense_param_bytes": dense_bytes, "table_rows": sizes, "loss": losses[-1]})
-    bps.shutdown()
+    if rt is None:
+        torch.distributed.destroy_process_group()
+    else:
+        bps.shutdown()
     return 0
 
 

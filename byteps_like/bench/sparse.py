@@ -9,7 +9,9 @@ table per sample, an MLP on top) trained by a byteps_like job on bpslaunch's pla
 (:func:`.harness.local_job`), once per mode:
 
 - ``sparse``: the tables held and updated on the servers (``byteps_like.torch.SparseEmbedding``);
-- ``dense``: the same tables as ``nn.Embedding`` whose whole gradient goes through push_pull.
+- ``dense``: the same tables as ``nn.Embedding`` whose whole gradient goes through push_pull;
+- ``ddp``: the dense model under DistributedDataParallel with gloo (no servers; its bytes are
+  the ring all-reduce's, computed).
 
 It reports per step (median over the timed steps of the slowest worker): the step time,
 samples/s, the wire bytes of one worker (tables, push_pull) against the floor (each table's
@@ -36,13 +38,13 @@ from .harness import ChildFailed, Job, Proc, base_env, collect, free_port, local
 from .report import exit_on_signals, machine_info, markdown_table, num, report_header
 
 PROG = "python -m byteps_like.bench sparse"
-MODES = ("sparse", "dense")
+MODES = ("sparse", "dense", "ddp")
 #: --quick: 2 workers, 2 servers, a 1M-row table (+ 3 smaller), 1 Gbit/s NICs
 QUICK: dict[str, int | str] = {"rows": 1_000_000, "workers": 2, "servers": 2, "rate": "1gbit",
                                "steps": 10, "warmup": 2, "dense_steps": 3, "dense_warmup": 1}
 COLUMNS = ("mode", "rows", "dim", "workers", "servers", "rate", "step ms", "samples/s",
            "MB/step", "table MB/step", "floor MB/step", "tables/floor", "server peak RSS MB",
-           "dense/sparse step")
+           "step / sparse step")
 
 
 @dataclasses.dataclass
@@ -68,7 +70,7 @@ class Setup:
 
     def worker_argv(self, mode: str) -> list[str]:
         steps, warmup = ((self.steps, self.warmup) if mode == "sparse"
-                         else (self.dense_steps, self.dense_warmup))
+                         else (self.dense_steps, self.dense_warmup))   # dense and ddp
         return [sys.executable, "-m", "byteps_like.bench._sparse_worker", mode,
                 "--rows", str(self.rows), "--tables", str(self.tables), "--dim", str(self.dim),
                 "--batch", str(self.batch), "--zipf", str(self.zipf), "--steps", str(steps),
@@ -107,6 +109,23 @@ class PeakRss:
         self._thread.join()
 
 
+def run_ddp(s: Setup) -> tuple[list[dict], dict[str, int]]:
+    """DDP-gloo, one process per worker host (with --rate), rendezvous on w0's address."""
+    ip = (lambda h: "127.0.0.1") if s.cluster is None else s.cluster.ip
+    env = {**base_env(force_distributed=False), "MASTER_ADDR": ip("w0"),
+           "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(s.workers),
+           "GLOO_SOCKET_IFNAME": "lo" if s.cluster is None else "eth0"}
+    with Job("sparse-ddp") as g:
+        ws = []
+        for r in range(s.workers):
+            argv = s.worker_argv("ddp") + ["--rank", str(r), "--world", str(s.workers)]
+            if s.cluster is not None:
+                argv = s.cluster.exec_argv(f"w{r}", argv)
+            ws.append(g.spawn(f"ddp {r}", argv, {**env, "RANK": str(r)}))
+        g.wait(s.timeout, relay=ws[0], relay_prefix="[sparse] ddp: ")
+        return collect(ws, "ddp"), {}
+
+
 def run_mode(s: Setup, mode: str) -> tuple[list[dict], dict[str, int]]:
     """One job; the workers' results and the servers' peak RSS. With --rate the scheduler
     and worker i on host w{i}, server j on host s{j}."""
@@ -121,6 +140,9 @@ def run_mode(s: Setup, mode: str) -> tuple[list[dict], dict[str, int]]:
         return collect(ws, mode), rss.peak
 
 
+RUNNERS = {"sparse": run_mode, "dense": run_mode, "ddp": lambda s, _mode: run_ddp(s)}
+
+
 def make_record(s: Setup, mode: str, res: list[dict], rss: dict[str, int]) -> dict:
     steps = [max(rep) for rep in zip(*[r["step_times_s"] for r in res])]
     step = statistics.median(steps)
@@ -131,7 +153,9 @@ def make_record(s: Setup, mode: str, res: list[dict], rss: dict[str, int]) -> di
     table_rows_ = res[0]["table_rows"]
     shard = sum(table_rows_) * s.dim * 4 * (1 + 1 / s.dim / 4) / s.servers
     return {"mode": mode, "rows": s.rows, "tables": table_rows_, "dim": s.dim,
-            "batch": s.batch, "zipf": s.zipf, "workers": s.workers, "servers": s.servers,
+            "batch": s.batch, "zipf": s.zipf, "workers": s.workers,
+            "servers": 0 if mode == "ddp" else s.servers,
+            "bytes_computed": mode == "ddp",   # the ring all-reduce's, not measured
             "rate": s.rate, "rate_bits": s.rate_bits, "steps": n, "step_s": step,
             "step_times_s": steps, "samples_per_s": s.batch * s.workers / step,
             "bytes_per_step": tables + pushpull, "table_bytes_per_step": tables,
@@ -148,7 +172,7 @@ def add_ratios(records: list[dict]) -> None:
     sparse = {r["rate"]: r["step_s"] for r in records if r["mode"] == "sparse"}
     for r in records:
         r["dense_over_sparse"] = (r["step_s"] / sparse[r["rate"]]
-                                  if r["mode"] == "dense" and r["rate"] in sparse else None)
+                                  if r["mode"] != "sparse" and r["rate"] in sparse else None)
 
 
 def format_table(records: list[dict]) -> str:
@@ -177,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the ids (> 1)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=None, help="servers (default 2)")
-    p.add_argument("--modes", default="sparse,dense", help=f"of {', '.join(MODES)}")
+    p.add_argument("--modes", default="sparse,dense,ddp", help=f"of {', '.join(MODES)}")
     p.add_argument("--rate", type=parse_rate, default=None,
                    help="NIC cap of every host (e.g. 1gbit; root): each worker and server in "
                         "its own network namespace; default: loopback")
@@ -242,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for mode in modes:
                 print(f"[sparse] {mode}: starting", file=sys.stderr, flush=True)
                 try:
-                    res, rss = run_mode(s, mode)
+                    res, rss = RUNNERS[mode](s, mode)
                 except ChildFailed as exc:
                     failures.append(f"{mode}: {str(exc).splitlines()[0]}")
                     print(f"[sparse] {mode} failed:\n{exc}", file=sys.stderr, flush=True)
