@@ -826,9 +826,11 @@ class Server:
         have pushed, others have not (stalls.py)."""
         if self.async_mode:
             return []
-        return stalled_rounds(self.engines, self.native,
-                              time.monotonic() if now is None else now,
-                              self.cfg.timeouts.stall_check_time, self.required, self.joined)
+        now = time.monotonic() if now is None else now
+        limit = self.cfg.timeouts.stall_check_time
+        return (stalled_rounds(self.engines, self.native, now, limit, self.required,
+                               self.joined)
+                + self.sparse.stalled(now, limit, self.required, self.joined))
 
     def _stall_tick(self) -> None:
         if self.control.rank < 0 or self.control.fatal is not None or self.control.shutting_down:

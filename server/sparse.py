@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,6 +50,7 @@ from ..wire import (
     as_buffer,
     encode,
 )
+from .stalls import stall_entry
 
 if TYPE_CHECKING:
     from .core import Server
@@ -70,6 +73,7 @@ class Table:
     pending: list = field(default_factory=list)  # (route, msg, ids) waiting for the round
     failed: str | None = None
     done: dict = field(default_factory=dict)     # (type, tag) -> round of a save/load done
+    round_started: float | None = None           # monotonic time of the open round's 1st push
 
 
 class SparseService(threading.Thread):
@@ -91,6 +95,25 @@ class SparseService(threading.Thread):
         if self.is_alive():
             self.q.put(None)
             self.join(5.0)
+
+    def stalled(self, now: float, limit: float, required: int,
+                joined: AbstractSet[int]) -> list[dict]:
+        """The tables' rounds some workers pushed and others did not, open for at least
+        ``limit`` seconds, as the stall report reads them (read from the I/O thread: each field
+        once; a round that moves meanwhile is skipped)."""
+        out = []
+        for tid, table in list(self.tables.items()):
+            started, rnd = table.round_started, table.applied
+            if started is None or now - started < limit or table.failed is not None:
+                continue
+            try:
+                pushed = sorted(table.pushes)
+            except RuntimeError:  # changed size while copying: the round is moving
+                continue
+            if pushed and table.applied == rnd:
+                out.append(stall_entry({"name": f"table {table.spec.name}"}, tid, rnd,
+                                       now - started, pushed, required, joined))
+        return out
 
     def held_bytes(self) -> int:
         return sum(t.charged for t in list(self.tables.values()))
@@ -303,6 +326,8 @@ class SparseService(threading.Thread):
                          "or that this rank has pushed already")
             return
         grads = np.frombuffer(buf, np.float32, n * spec.dim, 8 * n).reshape(n, spec.dim)
+        if not table.pushes:
+            table.round_started = time.monotonic()
         table.pushes[h.rank] = (ids, grads)
         self.server.reply(route, MsgType.SPARSE_ACK, h)
         if len(table.pushes) >= self.server.required:
@@ -316,6 +341,7 @@ class SparseService(threading.Thread):
                              [table.pushes[r][1] for r in order], table.spec.dim)
         table.shard.apply(ids, sums)
         table.pushes = {}
+        table.round_started = None
         table.applied += 1
         self.rounds_applied += 1
         self.rows_updated += len(ids)

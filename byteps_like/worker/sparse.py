@@ -113,6 +113,8 @@ class EmbeddingTable:
         table, the id and this worker's rank."""
         arr = np.asarray(ids)
         who = f"table {self.name!r} on worker rank {self.owner.rank}"
+        if arr.size == 0:   # an empty list is float64 to numpy
+            arr = arr.astype(np.int64)
         if arr.dtype.kind not in "iu":
             raise TypeError(f"{who}: row ids must be integers, not {arr.dtype}")
         limit = self.owner.max_ids * max(1, self.owner.num_servers)

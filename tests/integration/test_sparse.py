@@ -254,3 +254,22 @@ def test_the_click_through_example_reaches_the_one_process_auc():
     assert (n1, n2) == ("1", "2")
     assert abs(float(one) - float(two)) <= 0.005, (one, two)
     assert float(two) >= float(best) - 0.02, (two, best)
+
+
+def test_a_table_round_some_workers_did_not_push_is_reported_as_stalled():
+    """The stall inspector sees the tables' rounds too: worker 0 pushed, worker 1 did not."""
+    from tests.support import wait_until
+    with running_cluster(workers=2, servers=1,
+                         extra={"BYTEPS_STALL_CHECK_TIME_SECONDS": "0.2"}) as c:
+        tables = ok(c.run_all(lambda w: w.sparse.create("emb-stall", 100, 4)))
+        w0 = next(w for w in c.workers if w.rank() == 0)
+        t0 = next(t for w, t in zip(c.workers, tables) if w is w0)
+        t0.push([1, 2], np.ones((2, 4), np.float32))
+        srv = c.servers[0]
+        assert wait_until(lambda: srv.stalled_rounds(), 10)
+        (entry,) = srv.stalled_rounds()
+        assert entry["name"] == "table emb-stall" and entry["round"] == 0
+        assert entry["pushed"] == [0] and entry["missing"] == [1]
+        t1 = next(t for w, t in zip(c.workers, tables) if w is not w0)
+        t1.push([], np.zeros((0, 4), np.float32))
+        assert wait_until(lambda: not srv.stalled_rounds(), 10)
