@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..compression import Compressor
+from ..compression import Compression, Compressor, resolve
 from ..worker.handle import Handle
 from ..worker.runtime import Runtime
 from ..worker.sync import Bucket, GradBuffer
@@ -315,7 +315,17 @@ class TorchFuser:
         return db.buffer() if db is not None else None
 
 
-def layout(params: Sequence[torch.Tensor]) -> list[tuple[int, Any]]:
-    """The synchronizer's ``layout``: each parameter's bytes, and what must match to share a
-    bucket (dtype and device)."""
-    return [(p.numel() * p.element_size(), (str(p.dtype), str(p.device))) for p in params]
+def layout(params: Sequence[torch.Tensor], compression: Compressor | None = None,
+           cfg: Any = None) -> list[tuple[int, Any, int]]:
+    """The synchronizer's ``layout``: each parameter's bytes, what must match to share a bucket
+    (dtype and device), and its bytes on the wire (half for float32 under a cast compressor, so
+    a bucket is ``BYTEPS_FUSION_BYTES`` of wire bytes either way). ``compression`` is resolved
+    with ``cfg`` (``BYTEPS_COMPRESSOR``) as the synchronizer resolves it."""
+    comp = resolve(compression, cfg) if cfg is not None else (compression or Compression.none)
+    out = []
+    for p in params:
+        wire = p.dtype if comp.kind == "codec" else wire_torch_dtype(p.dtype, comp)
+        itemsize = torch.empty((), dtype=wire).element_size()
+        out.append((p.numel() * p.element_size(), (str(p.dtype), str(p.device)),
+                    p.numel() * itemsize))
+    return out

@@ -85,7 +85,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             lambda i: _grad_buffer(self._params[i], self._names[i], self._sync.compression,
                                    average),
             backward_passes_per_step=backward_passes_per_step, compression=compression,
-            average=average, layout=fusion.layout(self._params))
+            average=average,
+            layout=fusion.layout(self._params, compression, rt.cfg))
         self._sync.fuse = fusion.TorchFuser(rt, self._params, self._sync.compression, average,
                                             self._sync.buckets)
         self._should_sync = True

@@ -48,7 +48,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._sync = GradientSynchronizer(rt, [n for n, _ in named], self._grad_buffer,
                                           compression=compression or Compression.none,
                                           average=self._average, prefix="DDP.Gradient.",
-                                          layout=fusion.layout(self._ddp_params))
+                                          layout=fusion.layout(self._ddp_params, compression,
+                                                               rt.cfg))
         self._sync.fuse = fusion.TorchFuser(rt, self._ddp_params, self._sync.compression,
                                             self._average, self._sync.buckets)
         self._callback_queued = False

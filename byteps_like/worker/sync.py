@@ -137,8 +137,9 @@ FuseFn = Callable[[Bucket], "GradBuffer | None"]
 class GradientSynchronizer:
     """The gradient bookkeeping of one model (or gradient list), shared by every plugin.
 
-    ``layout`` (optional): per parameter, ``(nbytes, group)``; it turns tensor fusion on
-    (``BYTEPS_FUSION_BYTES``, or ``fusion_bytes``): gradients of the same ``group`` (dtype and
+    ``layout`` (optional): per parameter, ``(nbytes, group)`` or ``(nbytes, group, wire
+    bytes)`` (what counts against a bucket's cap; default ``nbytes``); it turns tensor fusion
+    on (``BYTEPS_FUSION_BYTES``, or ``fusion_bytes``): gradients of the same ``group`` (dtype and
     device) are fused, in backward order, into buckets (:func:`plan_buckets`), and a bucket's
     push_pull starts as soon as its last gradient is ready. Without a layout, or with codec
     compression (onebit, top-k, ...: their state and scale are per tensor), each gradient
@@ -149,7 +150,8 @@ class GradientSynchronizer:
                  grad_buffer: Callable[[int], GradBuffer], *, backward_passes_per_step: int = 1,
                  compression: Compressor = Compression.none, average: bool = True,
                  prefix: str = "Gradient.",
-                 layout: Sequence[tuple[int, Hashable]] | None = None,
+                 layout: Sequence[tuple[int, Hashable] | tuple[int, Hashable, int]]
+                 | None = None,
                  fuse: FuseFn | None = None, fusion_bytes: int | None = None):
         check_names(names)
         if backward_passes_per_step < 1:
@@ -189,14 +191,19 @@ class GradientSynchronizer:
         for b in self.buckets:
             rt.declare(b.name)
 
-    def _make_buckets(self, prefix: str, layout: Sequence[tuple[int, Hashable]],
+    def _make_buckets(self, prefix: str,
+                      layout: Sequence[tuple[int, Hashable] | tuple[int, Hashable, int]],
                       fusion_bytes: int) -> list[Bucket]:
-        sizes = [int(n) for n, _ in layout]
-        groups = [g for _, g in layout]
+        sizes = [int(e[0]) for e in layout]
+        groups = [e[1] for e in layout]
+        # a bucket's cap counts wire bytes where the plugin gives them (a cast compressor
+        # halves float32): the same operations on the wire, whatever the compressor
+        wire = [int(e[2]) if len(e) > 2 else n
+                for e, n in zip(layout, sizes)]
         out = []
         # declared and started first layer first (the order of the unfused gradients): the
         # keys, and the order of the pushes of a step's leftovers, are those of the forward pass
-        planned = sorted(plan_buckets(sizes, groups, fusion_bytes), key=min)
+        planned = sorted(plan_buckets(wire, groups, fusion_bytes), key=min)
         for k, members in enumerate(planned):
             offsets, off = [], 0
             for i in members:

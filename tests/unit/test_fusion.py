@@ -141,3 +141,19 @@ def test_chunk_ranges_cover_a_large_bucket_in_near_equal_pieces():
     assert all(a[1] == b[0] for a, b in zip(big, big[1:]))  # contiguous, no gap or overlap
     sizes = [hi - lo for lo, hi in big]
     assert max(sizes) * 4 <= 16 << 20 and max(sizes) - min(sizes) <= 1
+
+
+def test_torch_layout_counts_wire_bytes():
+    """A bucket holds BYTEPS_FUSION_BYTES of wire bytes: under a cast compressor a float32
+    gradient counts half (else fp16 buckets would be half the size on the wire, twice as many
+    operations); codecs and integer tensors count as they are."""
+    import torch
+
+    from byteps_like.compression import Compression
+    from byteps_like.torch.fusion import layout
+    ps = [torch.zeros(10), torch.zeros(3, dtype=torch.float64), torch.zeros(4, dtype=torch.int64)]
+    assert [(n, w) for n, _, w in layout(ps)] == [(40, 40), (24, 24), (32, 32)]
+    assert [w for _, _, w in layout(ps, Compression.fp16)] == [20, 6, 32]
+    assert [w for _, _, w in layout(ps, Compression.bf16)] == [20, 6, 32]
+    assert [w for _, _, w in layout(ps, Compression.topk(0.01))] == [40, 24, 32]
+    assert layout(ps)[0][1] == ("torch.float32", "cpu")
