@@ -180,7 +180,8 @@ class DataServer:
         """Counters: traffic, pushes, rounds, keys, store_bytes, connections (accepted) and
         live_connections, queued_bytes (replies queued unwritten, all streams: each stream's
         share is 32 MiB over the streams open, at least 16 KiB), paused (streams not read while
-        their replies wait), unread_closed (streams closed for leaving them unread), rejected
+        their replies wait), unread_closed (streams closed for leaving them unread),
+        meta_bytes (large meta frames being read, all streams: at most 16 MiB), rejected
         (total)."""
     def rejected(self) -> dict[str, int]:
         """Rejected messages and streams by reason."""

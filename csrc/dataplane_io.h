@@ -42,6 +42,11 @@ constexpr std::size_t kReplyBudget = 32u << 20;
 constexpr std::size_t kMinShare = 16u << 10;
 constexpr double kUnreadTimeout = 10.0;
 constexpr std::size_t kMaxErrorText = 1024;         // an error reply's message, in bytes
+// Meta frames (declarations, <= 1 MiB each) being read: one of up to kFreeMeta bytes costs a
+// stream nothing more, larger ones share kMetaBudget for the whole server, so streams that
+// announce 1 MiB frames and send them slowly cannot make a server hold 1 MiB each.
+constexpr std::size_t kFreeMeta = 4096;
+constexpr std::size_t kMetaBudget = 16u << 20;
 
 // helpers (dataplane.cc)
 std::string json_escape(const std::string& s);

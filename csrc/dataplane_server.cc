@@ -158,6 +158,7 @@ class ServerImpl {
     s["bytes_summed"] = c_.bytes_summed;
     s["connections"] = c_.connections;
     s["live_connections"] = static_cast<std::uint64_t>(std::max(0, live_conns_.load()));
+    s["meta_bytes"] = meta_bytes_.load();
     s["io_threads"] = loops_.size();
     {
       std::lock_guard<std::mutex> g(map_mu_);
@@ -660,7 +661,8 @@ class ServerImpl {
  public:
   std::atomic<int> live_conns_{0};
   std::atomic<int> unproven_{0};  // open streams that have not said hello (or proved it)
-  std::atomic<int> closed_since_trim_{0};  // streams closed since memory was last given back
+  std::atomic<int> closed_since_trim_{0};
+  std::atomic<std::uint64_t> meta_bytes_{0};  // large meta frames being read (kMetaBudget)  // streams closed since memory was last given back
   std::vector<std::unique_ptr<IoLoop>> loops_;
 
  private:
@@ -692,6 +694,7 @@ class ServerConn : public FramedConn {
 
  protected:
   void on_closed() override {
+    give_meta();
     prove();
     srv_->live_conns_--;
     srv_->closed_since_trim_++;
@@ -703,11 +706,10 @@ class ServerConn : public FramedConn {
   bool advance() override {
     switch (state_) {
       case kHdr: return on_header();
-      case kMetaLen:
-        if (read_meta("meta frame over 1 MiB")) return true;
-        srv_->reject("oversized meta");
-        return false;
-      case kMeta: return after_meta();
+      case kMetaLen: return on_meta_len();
+      case kMeta:
+        give_meta();
+        return after_meta();
       case kPayload: {
         const std::size_t len = static_cast<std::size_t>(rptr_ - scratch_.data());
         srv_->sum_chunk(*store_, h_.round, off_, scratch_.data(), len, gen_);
@@ -834,6 +836,31 @@ class ServerConn : public FramedConn {
     return after_meta();
   }
 
+  // A meta frame's length: within the 1 MiB bound, and a large one within what the server's
+  // streams may hold of meta frames being read (kMetaBudget), else the stream is closed.
+  bool on_meta_len() {
+    if (meta_len_ > kMaxMeta) {
+      srv_->reject("oversized meta");
+      why_ = "meta frame over 1 MiB";
+      return false;
+    }
+    if (meta_len_ > kFreeMeta) {
+      if (srv_->meta_bytes_.fetch_add(meta_len_) + meta_len_ > kMetaBudget) {
+        srv_->meta_bytes_ -= meta_len_;
+        srv_->reject("meta frames over the server's budget");
+        why_ = "the server holds too many large meta frames being read";
+        return false;
+      }
+      meta_charged_ = meta_len_;
+    }
+    return read_meta("meta frame over 1 MiB");
+  }
+
+  void give_meta() {
+    srv_->meta_bytes_ -= meta_charged_;
+    meta_charged_ = 0;
+  }
+
   bool after_meta() {
     auto self = shared_from_this();
     if (h_.type == kPull) {
@@ -871,6 +898,7 @@ class ServerConn : public FramedConn {
   std::uint64_t stream_ = 0;
   std::uint8_t peer_nonce_[kNonce] = {}, my_nonce_[kNonce] = {}, peer_mac_[32] = {};
   std::atomic<bool> unproven_{true};   // counted in srv_->unproven_
+  std::uint32_t meta_charged_ = 0;     // of srv_->meta_bytes_
 };
 
 bool ServerImpl::evict_unproven() {

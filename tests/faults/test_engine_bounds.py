@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import struct
 import time
 
 import numpy as np
@@ -152,3 +153,39 @@ def test_the_last_window_of_rejections_is_summed_up_at_shutdown():
     finally:
         logger.removeHandler(got)
     assert len(got.lines) == 1 and "pull of an undeclared key: 25" in got.lines[0], got.lines
+
+
+def test_large_meta_frames_being_read_share_one_budget():
+    """Streams that said hello announce 1 MiB declarations and send 10 bytes of each: every one
+    made the server hold 1 MiB for as long as it liked (4 GB with 4,096 streams). Large meta
+    frames being read now share 16 MiB for the whole server; a stream past it is closed and
+    counted, and what closed streams held is given back."""
+    from .hostile import NATIVE_PUSH, native_msg, native_stream
+
+    srv = _core.DataServer(1, 0, JOB, 2, MAXMSG, 1 << 30, 64)
+    port = srv.listen("127.0.0.1", 0)
+    srv.start()
+    streams = []
+    try:
+        head = native_msg(NATIVE_PUSH, 0, JOB, key=1, dtype=WIRE_CODE["float32"], count=1,
+                          nbytes=4, flags=1 | 2)  # META | DECLARE: the length follows
+        for _ in range(20):
+            s = native_stream(port, JOB)
+            s.sendall(head + struct.pack("<I", 1 << 20) + b"{" * 10)
+            streams.append(s)
+        deadline = time.monotonic() + 5
+        while ((srv.stats()["msgs_in"] < 40 or srv.stats()["live_connections"] > 16)
+               and time.monotonic() < deadline):
+            time.sleep(0.02)
+        assert srv.stats()["meta_bytes"] == 16 << 20
+        assert srv.rejected() == {"meta frames over the server's budget": 4}
+        assert sum(_closed(s) for s in streams) == 4
+        for s in streams:
+            s.close()
+        while srv.stats()["live_connections"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.stats()["meta_bytes"] == 0
+    finally:
+        for s in streams:
+            s.close()
+        srv.close()
