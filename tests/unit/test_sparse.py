@@ -233,3 +233,35 @@ def test_checkpoint_files_restore_onto_any_number_of_shards_and_are_checked(tmp_
     (tmp_path / "t1" / "user%2femb.shard1of2.npz").unlink()
     with pytest.raises(TableError, match="no complete set of shard files"):
         load_shard(new[0], str(tmp_path), "t1")
+
+
+def test_sparse_embedding_alone_is_nn_embedding_with_sgd_and_one_forward_per_step():
+    torch = pytest.importorskip("torch")
+    import byteps_like.torch as bt
+    from byteps_like.errors import BytePSError
+    from byteps_like.worker.runtime import default_runtime, reset_default_runtime
+    reset_default_runtime()
+    bt.init()
+    try:
+        emb = bt.SparseEmbedding(50, 3, init="uniform", seed=4, lr=0.5)
+        ref = torch.nn.Embedding(50, 3)
+        with torch.no_grad():
+            ref.weight.copy_(torch.from_numpy(initial_rows(emb.table.spec, np.arange(50))))
+        ids = torch.tensor([[1, 2, 2], [7, 1, 0]])
+        out = emb(ids)
+        assert out.shape == (2, 3, 3) and torch.equal(out, ref(ids))
+        (out ** 2).sum().backward()
+        (ref(ids) ** 2).sum().backward()
+        torch.optim.SGD(ref.parameters(), lr=0.5).step()
+        np.testing.assert_allclose(emb.table.pull(np.arange(50)), ref.weight.detach().numpy(),
+                                   rtol=1e-6, atol=1e-7)
+        emb(ids)   # a training forward whose backward never runs
+        with pytest.raises(BytePSError, match="before the previous one's backward"):
+            emb(ids)
+        with torch.no_grad():
+            emb(ids)   # evaluation only reads
+        with pytest.raises(TypeError, match="ids must be int32 or int64"):
+            emb(torch.tensor([0.5]))
+    finally:
+        default_runtime().shutdown()
+        reset_default_runtime()
