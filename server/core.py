@@ -828,9 +828,8 @@ class Server:
             return []
         now = time.monotonic() if now is None else now
         limit = self.cfg.timeouts.stall_check_time
-        return (stalled_rounds(self.engines, self.native, now, limit, self.required,
-                               self.joined)
-                + self.sparse.stalled(now, limit, self.required, self.joined))
+        return stalled_rounds(self.engines, self.native, now, limit, self.required,
+                              self.joined, list(self.sparse.tables.values()))
 
     def _stall_tick(self) -> None:
         if self.control.rank < 0 or self.control.fatal is not None or self.control.shutting_down:

@@ -23,7 +23,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -50,7 +49,6 @@ from ..wire import (
     as_buffer,
     encode,
 )
-from .stalls import stall_entry
 
 if TYPE_CHECKING:
     from .core import Server
@@ -74,6 +72,20 @@ class Table:
     failed: str | None = None
     done: dict = field(default_factory=dict)     # (type, tag) -> round of a save/load done
     round_started: float | None = None           # monotonic time of the open round's 1st push
+    key: int = -1                                # the table's id
+
+    # what the stall inspector reads of a store (server/stalls.py)
+    @property
+    def round(self) -> int:
+        return self.applied
+
+    @property
+    def pushed(self) -> dict:
+        return self.pushes
+
+    @property
+    def decl(self) -> dict:
+        return {"name": f"table {self.spec.name}"}
 
 
 class SparseService(threading.Thread):
@@ -95,25 +107,6 @@ class SparseService(threading.Thread):
         if self.is_alive():
             self.q.put(None)
             self.join(5.0)
-
-    def stalled(self, now: float, limit: float, required: int,
-                joined: AbstractSet[int]) -> list[dict]:
-        """The tables' rounds some workers pushed and others did not, open for at least
-        ``limit`` seconds, as the stall report reads them (read from the I/O thread: each field
-        once; a round that moves meanwhile is skipped)."""
-        out = []
-        for tid, table in list(self.tables.items()):
-            started, rnd = table.round_started, table.applied
-            if started is None or now - started < limit or table.failed is not None:
-                continue
-            try:
-                pushed = sorted(table.pushes)
-            except RuntimeError:  # changed size while copying: the round is moving
-                continue
-            if pushed and table.applied == rnd:
-                out.append(stall_entry({"name": f"table {table.spec.name}"}, tid, rnd,
-                                       now - started, pushed, required, joined))
-        return out
 
     def held_bytes(self) -> int:
         return sum(t.charged for t in list(self.tables.values()))
@@ -200,7 +193,8 @@ class SparseService(threading.Thread):
                 f"state, over the budget of {srv.budget} bytes (BYTEPS_SERVER_MAX_BYTES); "
                 f"{srv.store_bytes()} bytes are held"))
             return
-        self.tables[h.key] = Table(spec, TableShard(spec, shard, shards), shards, h.rank, need)
+        self.tables[h.key] = Table(spec, TableShard(spec, shard, shards), shards, h.rank, need,
+                                   key=h.key)
         log.info("server %d: table %s, shard %d of %d: %d rows, %d bytes charged", srv.rank,
                  spec.describe(), shard, shards, nrows, need)
         srv.reply(route, MsgType.SPARSE_ACK, h)

@@ -19,25 +19,26 @@ def stall_entry(decl: dict, key: int, rnd: int, age: float, pushed: list, requir
 
 
 def stalled_rounds(engines: Iterable[Any], native: Any, now: float, limit: float,
-                   required: int, joined: AbstractSet[int]) -> list[dict]:
-    """The rounds of ``engines`` (and of the ``native`` data server, if any) open for at least
-    ``limit`` seconds with some pushes in. Read from the I/O thread while engines run, so
-    every field is read once into a local (a round may complete meanwhile; then it is
-    skipped)."""
+                   required: int, joined: AbstractSet[int], more: Iterable[Any] = ()
+                   ) -> list[dict]:
+    """The rounds of ``engines`` (and of the ``native`` data server, if any; ``more``: other
+    stores of the same fields, the server-held tables) open for at least ``limit`` seconds
+    with some pushes in. Read from the I/O thread while engines run, so every field is read
+    once into a local (a round may complete meanwhile; then it is skipped)."""
     out = []
-    for eng in engines:
-        for store in list(eng.stores.values()):
-            started, rnd = store.round_started, store.round
-            if started is None or now - started < limit or store.failed is not None:
-                continue
-            try:
-                pushed = sorted(store.pushed)
-            except RuntimeError:  # changed size while copying: the round is moving
-                continue
-            if not pushed or store.round != rnd:
-                continue
-            out.append(stall_entry(store.decl, store.key, rnd, now - started, pushed, required,
-                                   joined))
+    stores = [st for eng in engines for st in list(eng.stores.values())] + list(more)
+    for store in stores:
+        started, rnd = store.round_started, store.round
+        if started is None or now - started < limit or store.failed is not None:
+            continue
+        try:
+            pushed = sorted(store.pushed)
+        except RuntimeError:  # changed size while copying: the round is moving
+            continue
+        if not pushed or store.round != rnd:
+            continue
+        out.append(stall_entry(store.decl, store.key, rnd, now - started, pushed, required,
+                               joined))
     if native is not None:
         for key, rnd, age, pushed, decl in native.stalls(limit):
             try:
