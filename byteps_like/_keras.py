@@ -37,9 +37,12 @@ def distributed_optimizer_class(keras: Any, base: type[Any], ops: Any) -> type[A
             grads = list(grads)
             variables = (list(trainable_variables) if trainable_variables is not None
                          else list(self._trainable_variables))
+            # sparse_as_dense=False: IndexedSlices travel as rows (TensorFlow backend only)
+            rows = {} if getattr(self, "_bps_sparse_as_dense", True) else {
+                "sparse_as_dense": False}
             grads = self._bps_ops.push_pull_gradients(
                 grads, variables, getattr(self, "_bps_compression", Compression.none),
-                True, getattr(self, "_bps_prefix", "DistributedOptimizer."))
+                True, getattr(self, "_bps_prefix", "DistributedOptimizer."), **rows)
             return super().apply(grads, trainable_variables)
 
     # A saved model names the plain optimizer, so any Keras loads it, byteps_like or not (a
@@ -62,8 +65,11 @@ def distributed_optimizer_class(keras: Any, base: type[Any], ops: Any) -> type[A
 
 def create_distributed_optimizer(keras: Any, optimizer: Any, ops: Any, name: str | None = None,
                                  compression: Compressor = Compression.none,
-                                 backward_passes_per_step: int = 1) -> Any:
-    """A new optimizer of ``optimizer``'s class and configuration that averages gradients."""
+                                 backward_passes_per_step: int = 1,
+                                 sparse_as_dense: bool = True) -> Any:
+    """A new optimizer of ``optimizer``'s class and configuration that averages gradients
+    (``sparse_as_dense=False``: ``tf.IndexedSlices`` ones as rows, on the TensorFlow
+    backend)."""
     if backward_passes_per_step != 1:
         raise ValueError("backward_passes_per_step > 1 is not supported by the Keras "
                          "DistributedOptimizer; use Keras 3's gradient_accumulation_steps "
@@ -77,6 +83,11 @@ def create_distributed_optimizer(keras: Any, optimizer: Any, ops: Any, name: str
         config["name"] = name
     opt = cls.from_config(config)
     opt._bps_compression = compression
+    if not sparse_as_dense:
+        if not hasattr(ops, "push_pull_rows"):
+            raise ValueError("sparse_as_dense=False needs the TensorFlow backend (its "
+                             "IndexedSlices gradients travel as rows)")
+        opt._bps_sparse_as_dense = False
     opt._bps_prefix = f"DistributedOptimizer.{config.get('name', 'optimizer')}."
     return opt
 

@@ -53,9 +53,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          compression=Compression.none, sparse_as_dense=True,
                          backward_passes_per_step=1):
     """A new optimizer of ``optimizer``'s class and configuration whose ``apply`` /
-    ``apply_gradients`` average the gradients across workers first."""
+    ``apply_gradients`` average the gradients across workers first. ``sparse_as_dense=False``
+    (TensorFlow backend): ``tf.IndexedSlices`` gradients (embedding lookups) travel as rows,
+    not as the whole variable."""
     return _impl.create_distributed_optimizer(keras, optimizer, _ops, name, compression,
-                                              backward_passes_per_step)
+                                              backward_passes_per_step, sparse_as_dense)
 
 
 def broadcast_global_variables(root_rank: int, model=None, optimizer=None, variables=None):

@@ -38,7 +38,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     across workers; see :mod:`byteps_like.tensorflow.keras`."""
     from .keras import DistributedOptimizer as _dist
     return _dist(optimizer, name=name, compression=compression,
-                 backward_passes_per_step=backward_passes_per_step)
+                 backward_passes_per_step=backward_passes_per_step,
+                 sparse_as_dense=sparse_as_dense)
 
 
 __all__ = ["init", "shutdown", "join", "allgather", "rank", "size", "local_rank", "local_size",

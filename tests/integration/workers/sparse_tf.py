@@ -1,7 +1,8 @@
 """Worker: a tf.Variable table's IndexedSlices gradient through DistributedGradientTape with
 sparse_as_dense=False travels as rows (no densify warning, an IndexedSlices comes back) and
 equals the average of every worker's dense gradient; applied by a Keras SGD it keeps every
-worker's table equal to a one-process reference. Eager and in tf.function.
+worker's table equal to a one-process reference. Eager and in tf.function; then the same
+through the Keras DistributedOptimizer(sparse_as_dense=False) on local gradients.
 Prints ``OK rank R of N: rows`` on success."""
 import warnings
 
@@ -53,6 +54,22 @@ def main():
             opt.apply_gradients([(g, emb)])
             ref -= LR * want
             np.testing.assert_allclose(emb.numpy(), ref, rtol=1e-6, atol=1e-6)
+    # the Keras DistributedOptimizer averages the local IndexedSlices as rows
+    emb = tf.Variable(start)
+    ref = start.copy()
+    opt = bps.DistributedOptimizer(tf.keras.optimizers.SGD(LR), sparse_as_dense=False)
+    for step in range(3):
+        ids = tf.constant(ids_of(rank, step))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(emb, ids) ** 2)
+        g = tape.gradient(loss, [emb])[0]
+        assert isinstance(g, tf.IndexedSlices), type(g)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.apply_gradients([(g, emb)])
+        assert not any("IndexedSlices" in str(c.message) for c in caught)
+        ref -= LR * sum(local_grad(ref, ids_of(r, step)) for r in range(size)) / size
+        np.testing.assert_allclose(emb.numpy(), ref, rtol=1e-6, atol=1e-6)
     print(f"OK rank {rank} of {size}: rows", flush=True)
     bps.shutdown()
 
