@@ -135,6 +135,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // not read again until they are written down to half of it.
   bool on_readable() {
     if (!reading_.load()) {  // not read: the peer hung up or the stream was shut
+      std::lock_guard<std::mutex> g(wmu_);
       why_ = unread_ ? "the peer left its replies unread" : "the peer closed the connection";
       return false;
     }

@@ -645,6 +645,7 @@ class ServerImpl {
       auto conn = make_conn(fd);
       {
         std::lock_guard<std::mutex> g(slot_mu_);
+        prune_unproven_locked();
         unproven_q_.push_back(conn);
       }
       loops_[next++ % loops_.size()]->add(conn);
@@ -653,6 +654,9 @@ class ServerImpl {
 
   // Closes the oldest stream that has not said hello; false when there is none.
   bool evict_unproven();
+  // Drops the streams at the queue's front that have said hello or closed, so the queue holds
+  // about the streams accepted within a hello timeout, not every stream ever accepted.
+  void prune_unproven_locked();
 
   std::shared_ptr<Conn> make_conn(int fd);
 
@@ -685,6 +689,7 @@ class ServerConn : public FramedConn {
  public:
   ServerConn(int fd, ServerImpl* srv) : FramedConn(fd, &srv->c_), srv_(srv) { read_header(); }
   bool hello_done() const { return hello_; }
+  bool unproven() const { return unproven_.load(); }
   // Leaves the streams that have not said hello (hello, close or eviction); false if it had.
   bool prove() {
     if (!unproven_.exchange(false)) return false;
@@ -900,6 +905,14 @@ class ServerConn : public FramedConn {
   std::atomic<bool> unproven_{true};   // counted in srv_->unproven_
   std::uint32_t meta_charged_ = 0;     // of srv_->meta_bytes_
 };
+
+void ServerImpl::prune_unproven_locked() {
+  while (!unproven_q_.empty()) {
+    std::shared_ptr<Conn> c = unproven_q_.front().lock();
+    if (c && static_cast<ServerConn*>(c.get())->unproven()) return;
+    unproven_q_.pop_front();
+  }
+}
 
 bool ServerImpl::evict_unproven() {
   std::lock_guard<std::mutex> g(slot_mu_);
