@@ -273,3 +273,12 @@ def test_a_table_round_some_workers_did_not_push_is_reported_as_stalled():
         t1 = next(t for w, t in zip(c.workers, tables) if w is not w0)
         t1.push([], np.zeros((0, 4), np.float32))
         assert wait_until(lambda: not srv.stalled_rounds(), 10)
+
+
+def test_join_is_refused_while_tables_are_held_on_the_servers():
+    from byteps_like.errors import BytePSError
+    with running_cluster(workers=2, servers=1) as c:
+        ok(c.run_all(lambda w: w.sparse.create("emb-join", 100, 4)))
+        for exc in c.run_all(lambda w: w.join()):
+            assert isinstance(exc, BytePSError), exc
+            assert "not supported with server-held embedding tables ('emb-join')" in str(exc)
