@@ -18,6 +18,7 @@ from ..compression import Compression
 from ..worker.api import declare, join, local_rank, local_size, rank, size  # same as the core's
 from ..worker.runtime import default_runtime
 from .ops import allgather, broadcast, broadcast_variables, push_pull, push_pull_gradients
+from .sparse import SparseEmbedding
 from .tape import DistributedGradientTape
 
 
@@ -45,7 +46,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
 __all__ = ["init", "shutdown", "join", "allgather", "rank", "size", "local_rank", "local_size",
            "declare",
            "push_pull", "push_pull_gradients", "broadcast", "broadcast_variables",
-           "DistributedGradientTape", "DistributedOptimizer", "Compression"]
+           "DistributedGradientTape", "DistributedOptimizer", "Compression",
+           "SparseEmbedding"]
 
 
 def __getattr__(name: str):  # bps.elastic loads on first use (docs/elastic.md)

@@ -70,6 +70,34 @@ def main():
         assert not any("IndexedSlices" in str(c.message) for c in caught)
         ref -= LR * sum(local_grad(ref, ids_of(r, step)) for r in range(size)) / size
         np.testing.assert_allclose(emb.numpy(), ref, rtol=1e-6, atol=1e-6)
+    # a server-held table: bps.SparseEmbedding, in tf.function
+    layer = bps.SparseEmbedding(ROWS, DIM, table="layer", init="uniform", seed=3, lr=LR)
+    ref = layer.table.pull(np.arange(ROWS))
+
+    @tf.function
+    def train(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(ids) ** 2)
+        return tape.gradient(loss, layer.trainable_variables)
+    for step in range(3):
+        (g,) = train(tf.constant(ids_of(rank, step).reshape(4, 10)))
+        assert float(g) == 0.0   # the anchor's
+        ref -= LR * sum(local_grad(ref, ids_of(r, step)) for r in range(size)) / size
+    np.testing.assert_allclose(layer.table.pull(np.arange(ROWS)), ref, rtol=1e-6, atol=1e-6)
+    assert layer(tf.constant([[1, 2]])).shape == (1, 2, DIM)   # no tape: reads only
+    # and in a Keras model trained by fit (jit_compile=False: XLA cannot compile the pull)
+    inp = tf.keras.Input((3,), dtype="int64")
+    fit_layer = bps.SparseEmbedding(ROWS, DIM, table="fit", lr=0.1)
+    model = tf.keras.Model(inp, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(
+        fit_layer(inp))))
+    model.compile(optimizer=bps.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)), loss="mse",
+                  jit_compile=False)
+    bps.broadcast_variables(model.variables, root_rank=0)
+    before = fit_layer.table.pull(np.arange(ROWS))
+    x = np.random.default_rng(rank).integers(0, ROWS, (64, 3))
+    model.fit(x, np.ones((64, 1), np.float32), batch_size=16, epochs=1, verbose=0)
+    assert fit_layer.table.step == 4
+    assert not np.array_equal(fit_layer.table.pull(np.arange(ROWS)), before)
     print(f"OK rank {rank} of {size}: rows", flush=True)
     bps.shutdown()
 
