@@ -393,12 +393,7 @@ class Runtime:
                 f"join() on worker rank {self.rank_}: not supported with several worker "
                 f"processes per machine (BYTEPS_LOCAL_SIZE={self.local_size_}) yet; give "
                 "every rank the same number of steps (e.g. drop the last uneven batches)")
-        held = sorted(n for n, t in self.sparse.tables.items() if t.local is None)
-        if held:  # their rounds need every worker: the others would wait out their timeout
-            raise BytePSError(
-                f"join() on worker rank {self.rank_}: not supported with server-held embedding "
-                f"tables ({', '.join(map(repr, held))}) yet; give every rank the same number of "
-                "steps (e.g. drop the last uneven batches)")
+        self.sparse.check_join()
         return self.rounds.join()
 
     # -- declaration -------------------------------------------------------------------------------

@@ -272,6 +272,16 @@ class SparseTables:
             self.tables[name] = table
         return table
 
+    def check_join(self) -> None:
+        """join() is refused while this worker holds server-held tables: their rounds need
+        every worker, so the others would wait out their timeout."""
+        held = sorted(n for n, t in self.tables.items() if t.local is None)
+        if held:
+            raise BytePSError(
+                f"join() on worker rank {self.rank}: not supported with server-held embedding "
+                f"tables ({', '.join(map(repr, held))}) yet; give every rank the same number of "
+                "steps (e.g. drop the last uneven batches)")
+
     # -- requests and their answers -------------------------------------------------------------
     def call(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
              timeout: float | None, metas: list | None = None) -> dict:
