@@ -12,7 +12,7 @@ from ..compression import Compression, Compressor
 from ..wire import dtype_name
 from ..worker import broadcast as core_broadcast
 from ..worker.runtime import default_runtime
-from ..worker.sync import GradBuffer, GradientSynchronizer
+from ..worker.sync import GradBuffer, GradientSynchronizer, dtype_layout
 
 
 class EagerOps:
@@ -34,7 +34,8 @@ class EagerOps:
             sync = self._syncs[key] = GradientSynchronizer(
                 rt, names, lambda j: GradBuffer(self._cur[j], dtype_name(self._cur[j].dtype)),
                 compression=compression, average=average, prefix=prefix,
-                layout=[(a.nbytes, a.dtype.str) for a in arrays])  # tensor fusion
+                layout=dtype_layout([(a.nbytes, dtype_name(a.dtype)) for a in arrays],
+                                    compression, rt.cfg))  # tensor fusion
         self._cur = arrays
         sync.synchronize()  # one training step
         out = list(grads)

@@ -13,7 +13,13 @@ import numpy as np
 
 from ..compression import Compression, Compressor
 from ..worker.runtime import default_runtime
-from ..worker.sync import GradBuffer, GradientSynchronizer, check_names, model_signature_check
+from ..worker.sync import (
+    GradBuffer,
+    GradientSynchronizer,
+    check_names,
+    dtype_layout,
+    model_signature_check,
+)
 from ._mx import mx
 from .ops import broadcast_arrays, byteps_push_pull
 
@@ -199,8 +205,10 @@ class DistributedTrainer(_mx.gluon.Trainer):
                 return GradBuffer(arr, writeback=writeback)
 
             # tensor fusion: the gradients' bytes and dtypes (every shape is known by now)
-            layout = [(int(np.prod(self._params[i].shape)) * np.dtype(self._params[i].dtype)
-                       .itemsize, str(np.dtype(self._params[i].dtype))) for i in idx]
+            layout = dtype_layout(
+                [(int(np.prod(self._params[i].shape)) * np.dtype(self._params[i].dtype)
+                  .itemsize, str(np.dtype(self._params[i].dtype))) for i in idx],
+                self._bps_compression, rt.cfg)
             self._bps_sync = GradientSynchronizer(rt, names, grad_buffer,
                                                   compression=self._bps_compression,
                                                   layout=layout)

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from ..compression import Compression, Compressor, resolve, split
 from ..worker.runtime import default_runtime
-from ..worker.sync import GradBuffer, GradientSynchronizer, model_signature_check
+from ..worker.sync import GradBuffer, GradientSynchronizer, dtype_layout, model_signature_check
 
 WIRE_DTYPE = {tf.float32: "float32", tf.float64: "float64", tf.float16: "float16",
               tf.bfloat16: "bfloat16", tf.int32: "int32", tf.int64: "int64"}
@@ -236,7 +236,7 @@ class GradientGroup:
     once, first variable first (highest priority), and the step waits for all of them."""
 
     def __init__(self, names: Sequence[str], prefix: str, compression: Compressor,
-                 average: bool, layout: Sequence[tuple[int, str]] | None = None):
+                 average: bool, layout: Sequence[tuple[int, Any, int]] | None = None):
         self._arrays: list = []
         self._dtypes: list = []
         self.sync = GradientSynchronizer(default_runtime(), names, self._buffer,
@@ -316,7 +316,8 @@ def push_pull_gradients(grads: Sequence[Any], variables: Sequence[Any] | None,
             model_signature_check(rt, [(names[i], tuple(g.shape.as_list()), g.dtype.name)
                                        for i, g in zip(idx, dense)], "model")
         # tensor fusion: each gradient's bytes, and its dtype (only one dtype shares a bucket)
-        layout = [(g.shape.num_elements() * g.dtype.size, g.dtype.name) for g in dense]
+        layout = dtype_layout([(g.shape.num_elements() * g.dtype.size, g.dtype.name)
+                               for g in dense], compression, rt.cfg)
         group = _groups[key] = GradientGroup(key[1], prefix, compression, average, layout)
     outs = run_on_arrays(dense, group.run)
     for i, o in zip(idx, outs):

@@ -81,6 +81,23 @@ class Bucket:
         return len(self.members) > 1
 
 
+def dtype_layout(entries: Sequence[tuple[int, str]], compression: Compressor | None,
+                 cfg: Any) -> list[tuple[int, Hashable, int]]:
+    """The synchronizer's ``layout`` from each gradient's ``(bytes, dtype name)``: grouped by
+    dtype, each with its bytes on the wire under ``compression`` (resolved with ``cfg``'s
+    ``BYTEPS_COMPRESSOR`` as the synchronizer resolves it): a cast compressor halves float32,
+    so a bucket holds ``BYTEPS_FUSION_BYTES`` of wire bytes whatever the compressor."""
+    from ..wire import ITEMSIZE
+    comp = resolve(compression, cfg) if cfg is not None else (compression or Compression.none)
+    out: list[tuple[int, Hashable, int]] = []
+    for nbytes, dtype in entries:
+        wire = nbytes
+        if comp.kind == "cast" and dtype in ITEMSIZE:
+            wire = nbytes // ITEMSIZE[dtype] * ITEMSIZE[comp.wire_dtype(dtype)]
+        out.append((nbytes, dtype, wire))
+    return out
+
+
 def plan_buckets(sizes: Sequence[int], groups: Sequence[Hashable],
                  fusion_bytes: int) -> list[list[int]]:
     """Group parameters ``0..n-1`` (forward order) into buckets, in the order backward produces

@@ -157,3 +157,18 @@ def test_torch_layout_counts_wire_bytes():
     assert [w for _, _, w in layout(ps, Compression.bf16)] == [20, 6, 32]
     assert [w for _, _, w in layout(ps, Compression.topk(0.01))] == [40, 24, 32]
     assert layout(ps)[0][1] == ("torch.float32", "cpu")
+
+
+def test_dtype_layout_counts_wire_bytes_under_a_cast_compressor():
+    """TensorFlow, Keras and MXNet describe gradients as (bytes, dtype): the cap of a bucket
+    counts their wire bytes, as the PyTorch layout does."""
+    from byteps_like.compression import Compression
+    from byteps_like.worker.sync import dtype_layout
+    entries = [(40, "float32"), (24, "float64"), (32, "int64"), (20, "bfloat16")]
+    assert dtype_layout(entries, None, None) == [(40, "float32", 40), (24, "float64", 24),
+                                                 (32, "int64", 32), (20, "bfloat16", 20)]
+    assert [w for _, _, w in dtype_layout(entries, Compression.fp16, None)] == [20, 6, 32, 20]
+    assert [w for _, _, w in dtype_layout(entries, Compression.bf16, None)] == [20, 6, 32, 20]
+    cfg = Config()  # no BYTEPS_COMPRESSOR: the code's choice stands
+    assert [w for _, _, w in dtype_layout(entries, Compression.topk(0.01), cfg)] == [40, 24, 32,
+                                                                                     20]
