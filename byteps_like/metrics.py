@@ -39,6 +39,11 @@ METRIC_NAMES = {
                                              "rate(bytes_summed) / rate(sum_seconds))."),
     "byteps_server_pushes": ("counter", "Push messages a server received."),
     "byteps_server_rounds": ("counter", "Rounds a server completed (all pushes summed)."),
+    "byteps_server_table_rounds": ("counter", "Rounds of server-held embedding tables a "
+                                              "server applied (docs/sparse.md)."),
+    "byteps_server_table_rows_updated": ("counter", "Table rows a server's optimizers updated."),
+    "byteps_server_table_bytes": ("gauge", "Bytes a server's tables hold (as charged to "
+                                           "BYTEPS_SERVER_MAX_BYTES)."),
     # scheduler
     "byteps_scheduler_nodes": ("gauge", "Registered nodes (label node_role)."),
     "byteps_scheduler_heartbeats_missed": ("counter", "Heartbeat deadlines nodes missed."),

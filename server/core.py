@@ -866,7 +866,10 @@ class Server:
         m = self.sum_meter
         rounds = sum(st.round for e in self.engines for st in list(e.stores.values()))
         out = {"byteps_server_bytes_summed": m.bytes, "byteps_server_sum_seconds": m.seconds,
-               "byteps_server_pushes": m.pushes, "byteps_server_rounds": rounds}
+               "byteps_server_pushes": m.pushes, "byteps_server_rounds": rounds,
+               "byteps_server_table_rounds": self.sparse.rounds_applied,
+               "byteps_server_table_rows_updated": self.sparse.rows_updated,
+               "byteps_server_table_bytes": self.sparse.held_bytes()}
         if self.native is not None:
             ns = self.native.stats()
             out["byteps_server_bytes_summed"] += ns["bytes_summed"]

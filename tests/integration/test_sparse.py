@@ -90,6 +90,25 @@ def test_two_workers_two_servers_match_the_one_process_reference(cluster, opt, k
         np.testing.assert_allclose(tables[0], want, rtol=1e-6, atol=1e-7)
 
 
+def test_the_servers_metrics_count_the_tables(cluster):
+    """A step of a new table: every server counts its round and the rows it updated, and its
+    tables' bytes are what it holds for them."""
+    before = [srv._metrics_sample() for srv in cluster.servers]
+
+    def step(w):
+        t = w.sparse.create("emb-metrics", 1000, 4)
+        t.pull(np.arange(10))
+        t.push(np.arange(10), np.ones((10, 4), np.float32))
+        t.pull([0])   # waits for the update
+    ok(cluster.run_all(step))
+    for srv, b in zip(cluster.servers, before):
+        m = srv._metrics_sample()
+        assert m["byteps_server_table_rounds"] == b["byteps_server_table_rounds"] + 1, m
+        assert m["byteps_server_table_rows_updated"] == b["byteps_server_table_rows_updated"] + 5
+        assert m["byteps_server_table_bytes"] == sum(t.charged
+                                                     for t in srv.sparse.tables.values())
+
+
 def test_bad_ids_are_refused_by_the_server_and_change_nothing(cluster):
     """Requests that skip the worker's own checks (sent as a hostile peer would): the server
     names the table, the id and the rank, holds no more memory, and the table goes on."""
