@@ -96,6 +96,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, index: int):
         def hook(_param: torch.Tensor) -> None:
+            if self._cross is not None and self._cross.waiting:
+                self._cross.check_not_waiting(index)
             self._sync.ready(index)
         return hook
 
@@ -257,6 +259,18 @@ class _Crossing:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
+
+    def check_not_waiting(self, index: int) -> None:
+        """A gradient backward accumulated must not belong to a bucket whose sum from the last
+        step is still to be applied (its gradient would mix with the new one)."""
+        if self.sync.bucket_of[index] in self.waiting:
+            self.waiting.clear()
+            self.sync.reset()
+            raise BytePSError(
+                f"CrossBarrier: parameter {self.dopt._names[index]!r} got a gradient before "
+                "its update from the last step was applied: the forward pass must go through "
+                "the model given to CrossBarrier (model(...), not one of its submodules or "
+                "its parameters directly), or call optimizer.flush() before it")
 
     def flush(self) -> None:
         """Apply every bucket still waiting."""
