@@ -17,40 +17,28 @@ Only the root talks to the servers; ``size()`` still counts every process. Segme
 reserved in full when created (``posix_fallocate``), so a full tmpfs is a BytePSError naming it
 and never a SIGBUS on a later write. Every rank unlinks them at exit, a local root sweeps
 leftovers of a crashed run of the same job at start, and bpslaunch sweeps its job's at exit
-(launcher/shm.py, which must name them alike).
+(launcher/shm.py; both name them through shm_names.py).
 """
 from __future__ import annotations
 
-import glob
 import mmap
 import os
-import re
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from . import shm_names
 from .errors import BytePSError
+from .shm_names import segment_prefix as segment_prefix  # the runtime names segments by it
 
 SHM_DIR = "/dev/shm"
 
 
-def segment_prefix(job_id: str, port: int) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)
-    return f"bpsl-{safe}-{port}-"
-
-
 def sweep(prefix: str, shm_dir: str = SHM_DIR) -> list[str]:
     """Remove every segment whose name starts with ``prefix``; returns the names removed."""
-    removed = []
-    for path in glob.glob(os.path.join(shm_dir, glob.escape(prefix) + "*")):
-        try:
-            os.unlink(path)
-            removed.append(os.path.basename(path))
-        except FileNotFoundError:
-            pass
-    return removed
+    return shm_names.sweep(shm_dir, prefix)
 
 
 class Segment:

@@ -2,30 +2,27 @@
 sweeping what a job left behind (standard library only).
 
 The worker runtime names a machine's segments ``bpsl-<job>-<scheduler port>-m<machine>-...``
-in BYTEPS_SHM_DIR (byteps_like/local.py; :func:`segment_prefix` must agree with it, a unit test
-checks that) and unlinks them at exit. A worker killed by a signal cannot, so bpslaunch removes
-its job's segments when the job ends, however it ends. When bpslaunch itself is killed
+in BYTEPS_SHM_DIR (byteps_like/shm_names.py names and sweeps them for both) and unlinks them
+at exit. A worker killed by a signal cannot, so bpslaunch removes its job's segments when the
+job ends, however it ends. When bpslaunch itself is killed
 (SIGKILL), its children follow it (procs.py, PR_SET_PDEATHSIG) and the segments stay; a job id
 that ``bpslaunch --local`` generates carries the launcher's pid (:func:`local_job_id`), so the
 next ``bpslaunch --local`` removes the segments of such jobs whose launcher is gone.
 """
 from __future__ import annotations
 
-import glob
 import os
 import re
 import secrets
 
+from byteps_like.shm_names import matching, segment_prefix, sweep, unlink_all
+
 from .procs import pid_alive
+
+__all__ = ["local_job_id", "segment_prefix", "sweep", "sweep_dead_local_jobs"]
 
 LOCAL_JOB_PREFIX = "local-"
 _DEAD_LOCAL = re.compile(r"^bpsl-local-(\d+)-(\d+)-[0-9a-f]+-")
-
-
-def segment_prefix(job_id: str, port: int) -> str:
-    """What every segment name of a job starts with (as byteps_like.local names them)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)
-    return f"bpsl-{safe}-{port}-"
 
 
 def _pid_namespace() -> int:
@@ -43,24 +40,11 @@ def local_job_id() -> str:
     return f"{LOCAL_JOB_PREFIX}{_pid_namespace()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def sweep(shm_dir: str, prefix: str) -> list[str]:
-    """Remove every segment in ``shm_dir`` whose name starts with ``prefix``; the names removed.
-    Files of other users are left (a sticky /dev/shm refuses, and that is right)."""
-    removed = []
-    for path in glob.glob(os.path.join(glob.escape(shm_dir), glob.escape(prefix) + "*")):
-        try:
-            os.unlink(path)
-            removed.append(os.path.basename(path))
-        except OSError:
-            pass
-    return removed
-
-
 def sweep_dead_local_jobs(shm_dir: str) -> list[str]:
     """Remove the segments of ``bpslaunch --local`` jobs whose launcher is gone (it was killed
     with SIGKILL, so it could not sweep them itself); only jobs of this pid namespace."""
-    namespace, removed, verdict = _pid_namespace(), [], {}
-    for path in glob.glob(os.path.join(glob.escape(shm_dir), "bpsl-local-*")):
+    namespace, dead, verdict = _pid_namespace(), [], {}
+    for path in matching(shm_dir, "bpsl-local-*"):
         m = _DEAD_LOCAL.match(os.path.basename(path))
         if m is None or int(m.group(1)) != namespace:
             continue
@@ -68,9 +52,5 @@ def sweep_dead_local_jobs(shm_dir: str) -> list[str]:
         if pid not in verdict:
             verdict[pid] = pid != os.getpid() and not pid_alive(pid)
         if verdict[pid]:
-            try:
-                os.unlink(path)
-                removed.append(os.path.basename(path))
-            except OSError:
-                pass
-    return removed
+            dead.append(path)
+    return unlink_all(dead)

@@ -211,9 +211,11 @@ def test_the_worker_package_holds_what_only_workers_run():
             "byteps_like.worker.sync", "byteps_like.worker.api"} <= worker
 
 
-# What the launcher may import besides the standard library. byteps_like.topology is allowed
-# because it is itself held to the same rule (the next test): standard library, config, errors.
-LAUNCHER_DEPS = ("byteps_like.config", "byteps_like.errors", "byteps_like.topology")
+# What the launcher may import besides the standard library. byteps_like.topology and
+# byteps_like.shm_names are allowed because they are themselves held to the same rule (the next
+# test): standard library, config, errors.
+LAUNCHER_DEPS = ("byteps_like.config", "byteps_like.errors", "byteps_like.topology",
+                 "byteps_like.shm_names")
 
 
 def _imports_outside(src: Source, allowed_prefixes: tuple[str, ...]) -> list[str]:
@@ -253,7 +255,8 @@ def test_launcher_imports_only_stdlib_config_errors_topology_and_itself():
                                                     for p in ok):
                 bad.append(f"{src.rel}:{line} imports {name}")
     _report(bad, "launcher imports the standard library, byteps_like.config, "
-                 "byteps_like.errors and byteps_like.topology only (and, lazily, "
+                 "byteps_like.errors, byteps_like.topology and byteps_like.shm_names only "
+                 "(and, lazily, "
                  "LAUNCHER_LAZY)")
 
 
@@ -262,7 +265,8 @@ def test_what_the_launcher_imports_imports_only_stdlib_config_and_errors():
     for src in SOURCES:
         if src.module in LAUNCHER_DEPS:  # tomli: tomllib's backport, on Python 3.10 only
             bad += _imports_outside(src, (*LAUNCHER_DEPS, "tomli"))
-    _report(bad, "byteps_like.config, .errors and .topology (the launcher's dependencies) "
+    _report(bad, "byteps_like.config, .errors, .topology and .shm_names (the launcher's "
+                 "dependencies) "
                  "import the standard library and each other only")
 
 
