@@ -20,3 +20,14 @@ def closed_by_peer(s: socket.socket, timeout: float = 10.0) -> bool:
         return True
     finally:
         s.close()
+
+
+def recv_exact(s: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from a socket (MSG_WAITALL may return less on a socket with a
+    timeout); AssertionError when the peer closes first."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        assert chunk, f"stream closed after {len(buf)} of {n} bytes"
+        buf += chunk
+    return bytes(buf)

@@ -8,6 +8,7 @@ import zmq
 
 from byteps_like.wire import FLAG_COMPRESSED, FLAG_DECLARE, Header, MsgType, Role, encode, job_hash
 
+from ..native_stream import recv_exact
 from .cluster import WorkerGroup
 
 JOB = job_hash("default")
@@ -233,17 +234,6 @@ def native_stream(port: int, job: int, rank: int = 0):
     reply = recv_exact(s, HDR.size)
     assert HDR.unpack(reply)[2] == NATIVE_HELLO, reply
     return s
-
-
-def recv_exact(s, n: int) -> bytes:
-    """Exactly ``n`` bytes from a socket (MSG_WAITALL may return less on a socket with a
-    timeout); AssertionError when the peer closes first."""
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        assert chunk, f"stream closed after {len(buf)} of {n} bytes"
-        buf += chunk
-    return bytes(buf)
 
 
 def native_reply(s) -> tuple:

@@ -3,10 +3,9 @@ rejected (answered with an ERROR, or dropped by ZeroMQ), counted, and the real j
 exact results while it happens. Plus bounded fuzzing of the decoder (hypothesis, atheris)."""
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -20,9 +19,16 @@ from hypothesis import strategies as st
 from byteps_like.errors import ProtocolError
 from byteps_like.wire import HEADER_SIZE, MsgType, decode
 
-from ..native_stream import HDR, closed_by_peer
+from ..native_stream import closed_by_peer
 from .cluster import running_cluster
-from .hostile import HostileClient, scheduler_cases, server_cases
+from .hostile import (
+    HostileClient,
+    native_msg,
+    native_reply,
+    native_stream,
+    scheduler_cases,
+    server_cases,
+)
 
 pytestmark = pytest.mark.integration
 MAX_MSG = 64 * 1024
@@ -41,6 +47,28 @@ def _real_rounds(c, rounds: int, n: int = 10000) -> None:
         assert all(np.array_equal(o, np.full(7, 2 * 10 ** 12 + 1)) for o in outs), outs
 
 
+@contextlib.contextmanager
+def _job_running(c):
+    """The real job's rounds go on in a thread while the body plays a hostile peer; at the end
+    (0.5 s later) the thread stops, and none of its rounds may have failed."""
+    stop = threading.Event()
+    errors: list = []
+
+    def job():
+        try:
+            while not stop.is_set():
+                _real_rounds(c, 1)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+    t = threading.Thread(target=job, daemon=True)
+    t.start()
+    yield
+    time.sleep(0.5)
+    stop.set()
+    t.join(60)
+    assert not errors, errors
+
+
 def test_server_and_scheduler_reject_and_count_hostile_input_while_the_job_runs():
     # the ZeroMQ path of the server (compressed tensors, asynchronous mode, auth secrets); the
     # native data plane has its own test below
@@ -49,79 +77,40 @@ def test_server_and_scheduler_reject_and_count_hostile_input_while_the_job_runs(
         srv = c.server
         real_key = next(iter(next(e for e in srv.engines if e.stores).stores))
         cases = server_cases(real_key, MAX_MSG)
-        stop = threading.Event()
-        errors: list = []
-
-        def job():
-            try:
-                while not stop.is_set():
-                    _real_rounds(c, 1)
-            except BaseException as exc:  # noqa: BLE001
-                errors.append(exc)
-        t = threading.Thread(target=job, daemon=True)
-        t.start()
-        before = srv.rejected
-        hc = HostileClient(srv.address)
-        outcomes = {}
-        for _ in range(3):
-            for label, frames, expect in cases:
-                reply = hc.send(frames, expect)
-                if expect:
-                    assert reply is not None, f"{label}: no reply"
-                    msg = decode(reply)
-                    assert msg.header.type is MsgType.ERROR, label
-                    outcomes[label] = msg.meta["message"]
-                else:
-                    assert reply is None, label
-        hc.close()
-        for label, text in outcomes.items():  # the compressed cases say what was wrong
-            if label.startswith("compressed push"):
-                assert "compress" in text.lower(), (label, text)
-        print("\n".join(f"{k}: {v}" for k, v in outcomes.items() if k.startswith("compressed")))
-        replied = sum(e for _l, _f, e in cases)
-        assert srv.rejected - before == 3 * replied, (srv.rejected_by_reason, outcomes)
-        # the scheduler
-        sb = c.sched.rejected
-        hs = HostileClient(c.sched.address)
-        for label, frames, expect in scheduler_cases():
-            reply = hs.send(frames, expect)
-            assert reply is not None and decode(reply).header.type is MsgType.ERROR, label
-        hs.close()
-        assert c.sched.rejected - sb == len(scheduler_cases())
-        time.sleep(0.5)
-        stop.set()
-        t.join(60)
-        assert not errors, errors
+        with _job_running(c):
+            before = srv.rejected
+            hc = HostileClient(srv.address)
+            outcomes = {}
+            for _ in range(3):
+                for label, frames, expect in cases:
+                    reply = hc.send(frames, expect)
+                    if expect:
+                        assert reply is not None, f"{label}: no reply"
+                        msg = decode(reply)
+                        assert msg.header.type is MsgType.ERROR, label
+                        outcomes[label] = msg.meta["message"]
+                    else:
+                        assert reply is None, label
+            hc.close()
+            for label, text in outcomes.items():  # the compressed cases say what was wrong
+                if label.startswith("compressed push"):
+                    assert "compress" in text.lower(), (label, text)
+            print("\n".join(f"{k}: {v}" for k, v in outcomes.items() if k.startswith("compressed")))
+            replied = sum(e for _l, _f, e in cases)
+            assert srv.rejected - before == 3 * replied, (srv.rejected_by_reason, outcomes)
+            # the scheduler
+            sb = c.sched.rejected
+            hs = HostileClient(c.sched.address)
+            for label, frames, expect in scheduler_cases():
+                reply = hs.send(frames, expect)
+                assert reply is not None and decode(reply).header.type is MsgType.ERROR, label
+            hs.close()
+            assert c.sched.rejected - sb == len(scheduler_cases())
         _real_rounds(c, 2)
         assert c.sched.exit_code is None
         assert not any(s.failed for e in srv.engines for s in e.stores.values())
 
 
-
-
-def _native_msg(mtype, rank, job, key=0, rnd=0, dtype=0, count=0, nbytes=0, flags=0,
-                meta=b"", payload=b"") -> bytes:
-    head = HDR.pack(b"BPSL", 1, mtype, dtype, 2, rank, flags | (1 if meta else 0), job, key,
-                     rnd, count, nbytes)
-    return head + (struct.pack("<I", len(meta)) + meta if meta else b"") + payload
-
-
-def _native_stream(port: int, job: int, rank: int = 0) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.sendall(_native_msg(24, rank, job))
-    reply = s.recv(HDR.size, socket.MSG_WAITALL)
-    assert HDR.unpack(reply)[2] == 24, reply
-    return s
-
-
-def _native_reply(s: socket.socket) -> tuple:
-    """The next message on a stream: (header fields, meta JSON or None)."""
-    h = HDR.unpack(s.recv(HDR.size, socket.MSG_WAITALL))
-    meta = None
-    if h[6] & 1:
-        (n,) = struct.unpack("<I", s.recv(4, socket.MSG_WAITALL))
-        meta = json.loads(s.recv(n, socket.MSG_WAITALL))
-    return h, meta
 
 
 def test_native_data_plane_rejects_hostile_streams_while_the_job_runs():
@@ -130,53 +119,39 @@ def test_native_data_plane_rejects_hostile_streams_while_the_job_runs():
         srv = c.server
         assert srv.native is not None and srv.control.data_port > 0
         port, job = srv.control.data_port, srv.job
-        stop = threading.Event()
-        errors: list = []
-
-        def job_thread():
-            try:
-                while not stop.is_set():
-                    _real_rounds(c, 1)
-            except BaseException as exc:  # noqa: BLE001
-                errors.append(exc)
-        t = threading.Thread(target=job_thread, daemon=True)
-        t.start()
-        for _ in range(3):
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)   # not a peer at all
-            s.sendall(b"\x16\x03\x01" + os.urandom(200))
-            assert closed_by_peer(s)
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)   # another job
-            s.sendall(_native_msg(24, 0, job ^ 1))
-            assert closed_by_peer(s)
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)   # no such rank
-            s.sendall(_native_msg(24, 7, job))
-            assert closed_by_peer(s)
-            # a push to the real key 0 for a far round, with a declaration that does not match:
-            # rejected alone (the round is checked first), the key keeps serving
-            s = _native_stream(port, job)
-            s.sendall(_native_msg(20, 0, job, key=0, rnd=10 ** 6, dtype=1, count=4096,
-                                  nbytes=16384, flags=2 | 8, meta=b'{"name":"evil"}',
-                                  payload=b"\0" * 16384))
-            h, meta = _native_reply(s)
-            assert h[2] == 30 and meta["kind"] == "protocol" and "not open" in meta["message"]
-            # the wrong dtype for the real key, then a pull of a key nobody declared
-            s.sendall(_native_msg(20, 0, job, key=0, rnd=0, dtype=6, count=2, nbytes=16,
-                                  payload=b"\0" * 16))
-            h, meta = _native_reply(s)
-            assert h[2] == 30 and "bytes of dtype code" in meta["message"]
-            s.sendall(_native_msg(22, 0, job, key=987654, rnd=0))
-            h, meta = _native_reply(s)
-            assert h[2] == 30 and "before any push" in meta["message"]
-            # a length past BYTEPS_MAX_MESSAGE_BYTES: the stream is closed before any allocation
-            s.sendall(_native_msg(20, 0, job, key=5, dtype=1, count=MAX_MSG, nbytes=4 * MAX_MSG))
-            assert closed_by_peer(s)
-            s = _native_stream(port, job, rank=1)  # a message claiming another rank than hello
-            s.sendall(_native_msg(22, 0, job, key=0))
-            assert closed_by_peer(s)
-        time.sleep(0.5)
-        stop.set()
-        t.join(60)
-        assert not errors, errors
+        with _job_running(c):
+            for _ in range(3):
+                s = socket.create_connection(("127.0.0.1", port), timeout=10)   # not a peer at all
+                s.sendall(b"\x16\x03\x01" + os.urandom(200))
+                assert closed_by_peer(s)
+                s = socket.create_connection(("127.0.0.1", port), timeout=10)   # another job
+                s.sendall(native_msg(24, 0, job ^ 1))
+                assert closed_by_peer(s)
+                s = socket.create_connection(("127.0.0.1", port), timeout=10)   # no such rank
+                s.sendall(native_msg(24, 7, job))
+                assert closed_by_peer(s)
+                # a push to the real key 0 for a far round, with a declaration that does not match:
+                # rejected alone (the round is checked first), the key keeps serving
+                s = native_stream(port, job)
+                s.sendall(native_msg(20, 0, job, key=0, rnd=10 ** 6, dtype=1, count=4096,
+                                      nbytes=16384, flags=2 | 8, meta=b'{"name":"evil"}',
+                                      payload=b"\0" * 16384))
+                h, meta, _ = native_reply(s)
+                assert h[2] == 30 and meta["kind"] == "protocol" and "not open" in meta["message"]
+                # the wrong dtype for the real key, then a pull of a key nobody declared
+                s.sendall(native_msg(20, 0, job, key=0, rnd=0, dtype=6, count=2, nbytes=16,
+                                      payload=b"\0" * 16))
+                h, meta, _ = native_reply(s)
+                assert h[2] == 30 and "bytes of dtype code" in meta["message"]
+                s.sendall(native_msg(22, 0, job, key=987654, rnd=0))
+                h, meta, _ = native_reply(s)
+                assert h[2] == 30 and "before any push" in meta["message"]
+                # a length past BYTEPS_MAX_MESSAGE_BYTES: the stream is closed before any allocation
+                s.sendall(native_msg(20, 0, job, key=5, dtype=1, count=MAX_MSG, nbytes=4 * MAX_MSG))
+                assert closed_by_peer(s)
+                s = native_stream(port, job, rank=1)  # a message claiming another rank than hello
+                s.sendall(native_msg(22, 0, job, key=0))
+                assert closed_by_peer(s)
         _real_rounds(c, 2)
         rej = srv.rejections()
         assert rej.get("malformed", 0) >= 6 and rej.get("bad hello", 0) >= 6, rej

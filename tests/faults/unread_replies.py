@@ -20,7 +20,8 @@ import subprocess
 import sys
 import time
 
-from .hostile import NATIVE_HELLO, NATIVE_PULL, native_msg, proc_rss_bytes, recv_exact
+from ..native_stream import recv_exact
+from .hostile import NATIVE_HELLO, NATIVE_PULL, native_msg, proc_rss_bytes
 
 JOB = 0xC0FFEE
 
