@@ -102,7 +102,7 @@ def _reserve(fd: int, size: int, what: str, shm_dir: str) -> None:
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
-            raise _no_space(what, size, _free_bytes(shm_dir), shm_dir) from None
+            raise _no_space(what, size, _fs_bytes(shm_dir, "f_bavail"), shm_dir) from None
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise BytePSError(f"local reduction of {what}: cannot reserve {_mib(size)} of "
                               f"shared memory in {shm_dir}: {exc.strerror}") from None
@@ -110,7 +110,7 @@ def _reserve(fd: int, size: int, what: str, shm_dir: str) -> None:
 
 
 def _no_space(what: str, size: int, free: int | None, shm_dir: str) -> BytePSError:
-    total = _total_bytes(shm_dir)
+    total = _fs_bytes(shm_dir, "f_blocks")
     return BytePSError(
         f"local reduction of {what} needs {_mib(size)} of shared memory in {shm_dir} "
         f"(size {_mib(total) if total is not None else 'unknown'}, "
@@ -119,20 +119,14 @@ def _no_space(what: str, size: int, free: int | None, shm_dir: str) -> BytePSErr
         "with medium Memory), point BYTEPS_SHM_DIR at a larger tmpfs, or use fewer local ranks")
 
 
-def _total_bytes(path: str) -> int | None:
+def _fs_bytes(path: str, blocks: str) -> int | None:
+    """``blocks`` (a ``statvfs`` field: f_blocks, the size; f_bavail, free to us) of the file
+    system holding ``path``, in bytes; None where it cannot be read."""
     try:
         st = os.statvfs(path)
     except OSError:
         return None
-    return st.f_blocks * st.f_frsize
-
-
-def _free_bytes(path: str) -> int | None:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
+    return getattr(st, blocks) * st.f_frsize
 
 
 def _mib(n: int) -> str:

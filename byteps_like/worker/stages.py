@@ -176,15 +176,17 @@ class StageExecutors:
 
     # -- device copies -----------------------------------------------------------------------------
     @staticmethod
-    def d2h(task: Task) -> bool:
+    def _copy(task: Task, way: str) -> bool:
+        """The task's bytes through its device buffer's ``d2h`` or ``h2d`` (``way``)."""
         device = task.device
         assert device is not None
-        device.d2h(task.offset, task.nbytes)
+        getattr(device, way)(task.offset, task.nbytes)
         return True
 
     @staticmethod
+    def d2h(task: Task) -> bool:
+        return StageExecutors._copy(task, "d2h")
+
+    @staticmethod
     def h2d(task: Task) -> bool:
-        device = task.device
-        assert device is not None
-        device.h2d(task.offset, task.nbytes)
-        return True
+        return StageExecutors._copy(task, "h2d")
