@@ -284,6 +284,16 @@ class _FramedCodec(Codec):
         except (ValueError, IndexError) as exc:
             raise CompressionError(f"{_ID_NAMES[self._ID]} payload: {exc}") from None
 
+    def _decode(self, payload: Any, out: np.ndarray, add: bool) -> int:
+        """Decode into ``out``, or add to it (``add``); the payload's step."""
+        raise NotImplementedError
+
+    def decode(self, payload: Any, out: np.ndarray) -> int:
+        return self._decode(payload, out, False)
+
+    def decode_add(self, payload: Any, acc: np.ndarray) -> int:
+        return self._decode(payload, acc, True)
+
 
 class _OneBitCodec(_FramedCodec):
     _ID, _HDR = 1, _HDR_F
@@ -300,12 +310,6 @@ class _OneBitCodec(_FramedCodec):
         body, step, scale = self._open(payload)
         self._kernel(_core.onebit_decode, body, scale, _check_out(out, self.n), add)
         return step
-
-    def decode(self, payload: Any, out: np.ndarray) -> int:
-        return self._decode(payload, out, False)
-
-    def decode_add(self, payload: Any, acc: np.ndarray) -> int:
-        return self._decode(payload, acc, True)
 
 
 class _SparseCodec(_FramedCodec):
@@ -342,12 +346,6 @@ class _TopKCodec(_SparseCodec):
         self._kernel(_core.scatter, body[:4 * k], body[4 * k:], _check_out(out, self.n), add)
         return step
 
-    def decode(self, payload: Any, out: np.ndarray) -> int:
-        return self._decode(payload, out, False)
-
-    def decode_add(self, payload: Any, acc: np.ndarray) -> int:
-        return self._decode(payload, acc, True)
-
 
 class _RandomKCodec(_SparseCodec):
     """Payload body: the k float32 values at the indices drawn from (seed, key, step)."""
@@ -378,12 +376,6 @@ class _RandomKCodec(_SparseCodec):
         self._kernel(_core.scatter, self.indices(step), body, _check_out(out, self.n), add)
         return step
 
-    def decode(self, payload: Any, out: np.ndarray) -> int:
-        return self._decode(payload, out, False)
-
-    def decode_add(self, payload: Any, acc: np.ndarray) -> int:
-        return self._decode(payload, acc, True)
-
 
 class _DitheringCodec(_FramedCodec):
     _ID, _HDR = 4, _HDR_F
@@ -403,12 +395,6 @@ class _DitheringCodec(_FramedCodec):
         self._kernel(_core.dither_decode, body, norm, _check_out(out, self.n), self.levels,
                      self.natural, add)
         return step
-
-    def decode(self, payload: Any, out: np.ndarray) -> int:
-        return self._decode(payload, out, False)
-
-    def decode_add(self, payload: Any, acc: np.ndarray) -> int:
-        return self._decode(payload, acc, True)
 
 
 class _ErrorFeedbackCodec(Codec):

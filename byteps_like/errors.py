@@ -29,13 +29,18 @@ class CommunicationError(BytePSError):
     """Talking to another node of the job failed."""
 
 
-class PeerLostError(CommunicationError):
-    """A node of the job stopped answering (crashed, killed, hung or partitioned away)."""
+class _FromNode(Exception):
+    """An error about one node of the job: its ``role``, ``rank`` and ``host`` (None where not
+    known) besides the message."""
 
     def __init__(self, message: str, *, role: str | None = None, rank: int | None = None,
                  host: str | None = None):
         super().__init__(message)
         self.role, self.rank, self.host = role, rank, host
+
+
+class PeerLostError(_FromNode, CommunicationError):
+    """A node of the job stopped answering (crashed, killed, hung or partitioned away)."""
 
 
 class PeerLeftError(PeerLostError):
@@ -83,13 +88,8 @@ class MismatchError(BytePSError):
     """Workers disagree about a tensor (name, shape, dtype or declaration order)."""
 
 
-class RemoteError(BytePSError):
+class RemoteError(_FromNode, BytePSError):
     """Another node reported an error; carries its role, rank, host and text."""
-
-    def __init__(self, message: str, *, role: str | None = None, rank: int | None = None,
-                 host: str | None = None):
-        super().__init__(message)
-        self.role, self.rank, self.host = role, rank, host
 
 
 __all__ = [
