@@ -22,7 +22,7 @@ import json
 import socket
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .report import emit, progress
 
@@ -229,46 +229,15 @@ def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = ""
     return 0
 
 
-def gloo_worker(sizes: list[int], repeats: int, warmup: int, rank: int, world: int,
-                master: str, port: int) -> int:
+def _timed_sums(what: str, op: str, sizes: list[int], repeats: int, warmup: int, rank: int,
+                world: int, barrier: Callable[[], object],
+                sum_all: Callable[[int, list, list], object]) -> dict[str, list[float]]:
+    """The baselines' measurement: for each total size, the model's float32 tensors, every
+    element ``rank + 1``, summed over the ``world`` ranks by ``sum_all(total, specs, tensors)``
+    (in place; it returns once all are done) ``warmup + repeats`` times, each timed from a
+    barrier; the results checked exactly (else "``what`` rank r: wrong ``op`` result"). The
+    seconds of the timed repetitions, by size."""
     import torch
-    import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank,
-                            world_size=world)
-    expect = world * (world + 1) / 2
-    result: dict[str, list[float]] = {}
-    try:
-        for total in sizes:
-            ts = [torch.empty(cnt, dtype=torch.float32) for _nm, cnt, _l in model_tensors(total)]
-            times = []
-            for rep in range(warmup + repeats):
-                for t in ts:
-                    t.fill_(rank + 1)
-                dist.barrier()
-                t0 = time.perf_counter()
-                works = [dist.all_reduce(t, async_op=True) for t in ts]
-                for w in works:
-                    w.wait()
-                dt = time.perf_counter() - t0
-                if rep >= warmup:
-                    times.append(dt)
-            if not all(bool((t == expect).all()) for t in ts):
-                raise AssertionError(f"gloo rank {rank}: wrong all_reduce result")
-            result[str(total)] = times
-            if rank == 0:
-                progress(f"{total >> 20} MiB: {_times_summary(times)} on rank 0")
-            del ts
-    finally:
-        dist.destroy_process_group()
-    emit({"rank": rank, "times": result})
-    return 0
-
-
-def horovod_worker(sizes: list[int], repeats: int, warmup: int) -> int:
-    import horovod.torch as hvd
-    import torch
-    hvd.init()
-    rank, world = hvd.rank(), hvd.size()
     expect = world * (world + 1) / 2
     result: dict[str, list[float]] = {}
     for total in sizes:
@@ -278,21 +247,51 @@ def horovod_worker(sizes: list[int], repeats: int, warmup: int) -> int:
         for rep in range(warmup + repeats):
             for t in ts:
                 t.fill_(rank + 1)
-            hvd.barrier()
+            barrier()
             t0 = time.perf_counter()
-            hs = [hvd.allreduce_async_(t, name=f"{total}.{nm}", op=hvd.Sum)
-                  for t, (nm, _c, _l) in zip(ts, specs)]
-            for h in hs:
-                hvd.synchronize(h)
+            sum_all(total, specs, ts)
             dt = time.perf_counter() - t0
             if rep >= warmup:
                 times.append(dt)
         if not all(bool((t == expect).all()) for t in ts):
-            raise AssertionError(f"horovod rank {rank}: wrong allreduce result")
+            raise AssertionError(f"{what} rank {rank}: wrong {op} result")
         result[str(total)] = times
         if rank == 0:
             progress(f"{total >> 20} MiB: {_times_summary(times)} on rank 0")
         del ts
+    return result
+
+
+def gloo_worker(sizes: list[int], repeats: int, warmup: int, rank: int, world: int,
+                master: str, port: int) -> int:
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank,
+                            world_size=world)
+
+    def sum_all(_total, _specs, ts):
+        for w in [dist.all_reduce(t, async_op=True) for t in ts]:
+            w.wait()
+    try:
+        result = _timed_sums("gloo", "all_reduce", sizes, repeats, warmup, rank, world,
+                             dist.barrier, sum_all)
+    finally:
+        dist.destroy_process_group()
+    emit({"rank": rank, "times": result})
+    return 0
+
+
+def horovod_worker(sizes: list[int], repeats: int, warmup: int) -> int:
+    import horovod.torch as hvd
+    hvd.init()
+    rank, world = hvd.rank(), hvd.size()
+
+    def sum_all(total, specs, ts):
+        hs = [hvd.allreduce_async_(t, name=f"{total}.{nm}", op=hvd.Sum)
+              for t, (nm, _c, _l) in zip(ts, specs)]
+        for h in hs:
+            hvd.synchronize(h)
+    result = _timed_sums("horovod", "allreduce", sizes, repeats, warmup, rank, world,
+                         hvd.barrier, sum_all)
     hvd.shutdown()
     emit({"rank": rank, "times": result})
     return 0

@@ -16,18 +16,27 @@ def _random_f32(n: int, rng: np.random.Generator) -> np.ndarray:
     return np.where(rng.random(n) < 0.5, bits, near).astype(np.float32)
 
 
-@pytest.mark.parametrize("nthreads", [1, 2])
-def test_float32_to_float16(nthreads, isa, make_unaligned, same_bits):
-    rng = np.random.default_rng(1)
+def _narrowing(make_unaligned, seed: int, src_skew: int, dst_np, dst_dtype: str, nthreads: int,
+               check) -> None:
+    """float32 -> ``dst_dtype`` over SIZES and every alignment of source (``src_skew`` elements
+    from the destination's) and destination; ``check(dst, x)`` against numpy."""
+    rng = np.random.default_rng(seed)
     for n in SIZES:
         for off in range(8) if n < 10_000 else (0, 5):
             x = _random_f32(n, rng)
-            src = make_unaligned(n, np.float32, (off + 3) % 8)
+            src = make_unaligned(n, np.float32, (off + src_skew) % 8)
             src[...] = x
-            dst = make_unaligned(n, np.float16, off)
-            _core.convert(dst, "float16", src, "float32", nthreads=nthreads)
-            with np.errstate(all="ignore"):
-                same_bits(dst, x.astype(np.float16))
+            dst = make_unaligned(n, dst_np, off)
+            _core.convert(dst, dst_dtype, src, "float32", nthreads=nthreads)
+            check(dst, x)
+
+
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_float32_to_float16(nthreads, isa, make_unaligned, same_bits):
+    def check(dst, x):
+        with np.errstate(all="ignore"):
+            same_bits(dst, x.astype(np.float16))
+    _narrowing(make_unaligned, 1, 3, np.float16, "float16", nthreads, check)
 
 
 @pytest.mark.parametrize("nthreads", [1, 2])
@@ -43,15 +52,9 @@ def test_float16_to_float32_all_patterns(nthreads, isa, make_unaligned, same_bit
 
 @pytest.mark.parametrize("nthreads", [1, 2])
 def test_float32_to_bfloat16(nthreads, isa, make_unaligned, bf16_round):
-    rng = np.random.default_rng(2)
-    for n in SIZES:
-        for off in range(8) if n < 10_000 else (0, 5):
-            x = _random_f32(n, rng)
-            src = make_unaligned(n, np.float32, (off + 1) % 8)
-            src[...] = x
-            dst = make_unaligned(n, np.uint16, off)
-            _core.convert(dst, "bfloat16", src, "float32", nthreads=nthreads)
-            np.testing.assert_array_equal(dst, bf16_round(x))  # NaN: quietened, payload kept
+    def check(dst, x):
+        np.testing.assert_array_equal(dst, bf16_round(x))  # NaN: quietened, payload kept
+    _narrowing(make_unaligned, 2, 1, np.uint16, "bfloat16", nthreads, check)
 
 
 @pytest.mark.parametrize("nthreads", [1, 2])
