@@ -6,6 +6,7 @@ checked exactly before and after the attack, on the ZeroMQ path (BYTEPS_DATA_PLA
 compressed keys always take it) and on the native data plane (csrc/dataplane.cc)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -61,6 +62,15 @@ def _exact_rounds(c, rounds: int, compressed: bool = True) -> None:
                 compression=topk).wait(30))
             want = np.arange(N, dtype=np.float32) * 2 - 3 + 2 * r
             assert all(isinstance(o, np.ndarray) and np.array_equal(o, want) for o in outs), outs
+
+
+@contextlib.contextmanager
+def _native_job(rounds: int):
+    """A job of two workers on the native data plane (the default) after ``rounds`` exact
+    rounds: ``(cluster, its server)``."""
+    with running_cluster(workers=2) as c:
+        _exact_rounds(c, rounds, compressed=False)
+        yield c, c.server
 
 
 def _wait_for(pred, timeout: float = 20.0) -> None:
@@ -209,9 +219,7 @@ def test_far_round_push_with_a_false_declaration_fails_nothing_zmq():
 
 
 def test_far_round_push_with_a_false_declaration_fails_nothing_native():
-    with running_cluster(workers=2) as c:
-        _exact_rounds(c, 1, compressed=False)
-        srv = c.server
+    with _native_job(1) as (c, srv):
         key = _keys_of(c, "real.w")[0]
         with native_stream(srv.control.data_port, srv.job) as s:
             s.sendall(native_msg(NATIVE_PUSH, 0, srv.job, key=key, rnd=10 ** 6, dtype=1,
@@ -257,9 +265,7 @@ def test_rejected_keys_leave_no_state_zmq():
 
 
 def test_rejected_keys_leave_no_state_native():
-    with running_cluster(workers=2) as c:
-        _exact_rounds(c, 1, compressed=False)
-        srv = c.server
+    with _native_job(1) as (c, srv):
         keys = srv.native.stats()["keys"]
         n = 50_000
         with native_stream(srv.control.data_port, srv.job) as s:
@@ -395,9 +401,7 @@ def test_error_replies_carry_no_job_id_or_open_round_zmq():
 
 
 def test_error_replies_carry_no_open_round_native():
-    with running_cluster(workers=2) as c:
-        _exact_rounds(c, 5, compressed=False)
-        srv = c.server
+    with _native_job(5) as (c, srv):
         key = _keys_of(c, "real.w")[0]
         with native_stream(srv.control.data_port, srv.job) as s:
             s.sendall(native_msg(NATIVE_PUSH, 0, srv.job, key=key, rnd=77, dtype=1, count=N,
@@ -418,9 +422,7 @@ def test_a_native_stream_that_never_reads_loses_the_stream_not_the_server_its_me
     used to grow the stream's send queue without bound. Past its share of the server's reply
     budget the stream is not read, and after 10 s without taking a byte it is closed (counted
     as unread_closed); the job goes on."""
-    with running_cluster(workers=2) as c:
-        _exact_rounds(c, 1, compressed=False)
-        srv = c.server
+    with _native_job(1) as (c, srv):
         (key,) = _keys_of(c, "real.i")
         rnd = c.workers[0]._tensors["real.i"].round - 1   # the last completed round
         burst = native_msg(NATIVE_PULL, 0, srv.job, key=key, rnd=rnd) * 10_000
