@@ -13,29 +13,18 @@ broadcast at the start and the epoch metrics averaged over the workers. Rank 0 p
 """
 from __future__ import annotations
 
-import argparse
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-
-
-def load_data(seed: int = 0):
-    from sklearn.datasets import load_digits  # ships with scikit-learn: no download
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = x[order], y[order]
-    n_test = len(x) // 5
-    return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # examples/: digits_data
+from digits_data import load_data, parser  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=32, help="per worker")
-    p.add_argument("--lr", type=float, default=0.05, help="per worker; scaled by size()")
+    p = parser(__doc__)
     p.add_argument("--warmup-epochs", type=int, default=2)
     p.add_argument("--tf-keras", action="store_true",
                    help="use tf.keras and byteps_like.tensorflow.keras")

@@ -21,29 +21,23 @@ Rank 0 prints progress and, at the end, ``final test accuracy: 0.XXXX (N workers
 """
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 
 import byteps_like.mxnet as bps
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # examples/: digits_data
+from digits_data import load_data, parser, print_final  # noqa: E402
+
 with warnings.catch_warnings():  # MXNet 1.9.1 touches numpy's deprecated aliases
     warnings.simplefilter("ignore", DeprecationWarning)
     import mxnet as mx
 from mxnet import autograd, gluon
-
-
-def load_data(seed: int):
-    from sklearn.datasets import load_digits  # ships with scikit-learn: no download
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = x[order], y[order].astype(np.float32)
-    n_test = len(x) // 5
-    return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
 
 
 def make_net(hidden: int) -> gluon.nn.HybridSequential:
@@ -60,10 +54,7 @@ def accuracy(net, x: np.ndarray, y: np.ndarray) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--batch-size", type=int, default=32, help="per worker")
-    ap.add_argument("--lr", type=float, default=0.05, help="per-worker learning rate")
+    ap = parser(__doc__, lr_help="per-worker learning rate")
     ap.add_argument("--no-scale-lr", action="store_true",
                     help="do not multiply the learning rate by bps.size()")
     ap.add_argument("--momentum", type=float, default=0.9)
@@ -80,6 +71,7 @@ def main() -> None:
     bps.init()
     rank, size = bps.rank(), bps.size()
     xtr, ytr, xte, yte = load_data(seed=0)
+    ytr, yte = ytr.astype(np.float32), yte.astype(np.float32)
     xs, ys = xtr[rank::size], ytr[rank::size]          # this worker's shard
 
     mx.random.seed(args.seed + rank)                   # differs per rank; the trainer's broadcast
@@ -125,11 +117,7 @@ def main() -> None:
     bps.byteps_push_pull(avg, name="check.parameters", is_average=True)
     assert np.allclose(avg.asnumpy(), flat, atol=1e-5), "workers diverged"
     if rank == 0:
-        print(f"final test accuracy: {accuracy(net, xte, yte):.4f} "
-              f"({size} workers, {steps * args.epochs} steps)", flush=True)
-        if size > 1:  # what this worker's push_pulls put on the network
-            from byteps_like.worker.runtime import default_runtime
-            print(default_runtime().wire_report(), flush=True)
+        print_final(accuracy(net, xte, yte), size, steps * args.epochs)
     bps.shutdown()
 
 

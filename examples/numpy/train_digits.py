@@ -10,23 +10,16 @@ and every worker applies the same update. The script prints progress and, at the
 """
 from __future__ import annotations
 
-import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 import byteps_like as bps
 
-
-def load_data(seed: int):
-    from sklearn.datasets import load_digits  # ships with scikit-learn: no download
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(x))
-    x, y = x[order], y[order]
-    n_test = len(x) // 5
-    return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # examples/: digits_data
+from digits_data import load_data, parser, print_final  # noqa: E402
 
 
 def init_params(seed: int, hidden: int) -> dict[str, np.ndarray]:
@@ -60,10 +53,7 @@ def accuracy(p, x, y) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=int, default=30)
-    ap.add_argument("--batch-size", type=int, default=32, help="per worker")
-    ap.add_argument("--lr", type=float, default=0.1)
+    ap = parser(__doc__, epochs=30, lr=0.1, lr_help=None)
     ap.add_argument("--hidden", type=int, default=64)
     args = ap.parse_args()
 
@@ -98,8 +88,7 @@ def main() -> None:
     check = bps.push_pull(params["w1"], name="check.w1", average=True)
     assert np.allclose(check, params["w1"], atol=1e-6), "workers diverged"
     if rank == 0:
-        print(f"final test accuracy: {accuracy(params, xte, yte):.4f} "
-              f"({size} workers, {steps * args.epochs} steps)", flush=True)
+        print_final(accuracy(params, xte, yte), size, steps * args.epochs, wire_report=False)
     bps.shutdown()
 
 

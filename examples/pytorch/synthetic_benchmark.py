@@ -32,10 +32,13 @@ import signal
 import subprocess
 import sys
 import time
-import timeit
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # examples/: synthetic_loop
+from synthetic_loop import timed_iters  # noqa: E402
 
 # Defaults of a single measurement, and the smaller ones --compare uses unless told otherwise
 # (a whole comparison must stay within a few minutes on a 2-core machine).
@@ -196,15 +199,7 @@ def run_benchmark(args) -> int:
     log(f"Gradient compression: {'fp16' if args.fp16_pushpull else 'none'}")
     log(f"Torch threads per worker: {torch.get_num_threads()}")
     log(f"Number of workers: {size}")
-    log("Running warmup...")
-    timeit.timeit(benchmark_step, number=args.num_warmup_batches)
-    log("Running benchmark...")
-    img_secs = []
-    for i in range(args.num_iters):
-        t = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
-        img_sec = args.batch_size * args.num_batches_per_iter / t
-        log(f"Iter #{i}: {img_sec:.1f} img/sec per worker")
-        img_secs.append(img_sec)
+    img_secs = timed_iters(benchmark_step, args, log, announce=True)
 
     # each iteration's rate summed over the workers (BytePS multiplies rank 0's by size())
     totals = np.array(comm.sum(img_secs, name="benchmark.img_secs"))
@@ -292,31 +287,12 @@ def run_ddp(args, n: int, threads: int) -> tuple[float, float]:
         return _parse_total(children[0].stdout(), f"ddp-gloo with {n} process(es)")
 
 
-def _machine_busy_s() -> float | None:
-    """Busy CPU-seconds of the whole machine since boot, from /proc/stat (Linux)."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_s() -> float:
-    """CPU-seconds of this process and every descendant reaped so far."""
-    import resource
-    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def measured(fn, *a):
     """(fn's result, share of the machine that other processes took while it ran, or None)."""
-    b0, o0, t0 = _machine_busy_s(), _own_cpu_s(), time.monotonic()
-    result = fn(*a)
-    b1, o1, wall = _machine_busy_s(), _own_cpu_s(), time.monotonic() - t0
-    if b0 is None or b1 is None or wall <= 0:
-        return result, None
-    return result, max(0.0, ((b1 - b0) - (o1 - o0)) / wall / (os.cpu_count() or 1))
+    from byteps_like.bench.report import OthersMeter
+    with OthersMeter() as m:
+        result = fn(*a)
+    return result, m.others
 
 
 def compare(args) -> int:

@@ -21,43 +21,18 @@ Rank 0 prints progress and, at the end, ``final test accuracy: 0.XXXX (N workers
 """
 from __future__ import annotations
 
-import argparse
+import sys
 import time
+from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 import byteps_like.torch as bps
 
-
-def load_data(seed: int):
-    from sklearn.datasets import load_digits  # ships with scikit-learn: no download
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = torch.from_numpy(x[order]), torch.from_numpy(y[order]).long()
-    n_test = len(x) // 5
-    return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
-
-
-class Net(torch.nn.Module):
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(64, hidden)
-        self.fc2 = torch.nn.Linear(hidden, hidden)
-        self.fc3 = torch.nn.Linear(hidden, 10)
-
-    def forward(self, x):
-        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
-
-
-@torch.no_grad()
-def accuracy(model, x, y) -> float:
-    model.eval()
-    acc = (model(x).argmax(1) == y).float().mean().item()
-    model.train()
-    return acc
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # examples/: digits_data
+from digits_data import parser, print_final  # noqa: E402
+from digits_torch import Net, accuracy, load_data  # noqa: E402
 
 
 def make_compression(args):
@@ -77,10 +52,7 @@ def make_compression(args):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--batch-size", type=int, default=32, help="per worker")
-    ap.add_argument("--lr", type=float, default=0.05, help="per-worker learning rate")
+    ap = parser(__doc__, lr_help="per-worker learning rate")
     ap.add_argument("--no-scale-lr", action="store_true",
                     help="do not multiply the learning rate by bps.size()")
     ap.add_argument("--momentum", type=float, default=0.9)
@@ -165,11 +137,7 @@ def main() -> None:
     avg = bps.push_pull(flat.clone(), average=True, name="check.parameters")
     assert torch.allclose(avg, flat, atol=1e-5), "workers diverged"
     if rank == 0:
-        print(f"final test accuracy: {accuracy(model, xte, yte):.4f} "
-              f"({size} workers, {steps * args.epochs} steps)", flush=True)
-        if size > 1:  # what this worker's push_pulls put on the network
-            from byteps_like.worker.runtime import default_runtime
-            print(default_runtime().wire_report(), flush=True)
+        print_final(accuracy(model, xte, yte), size, steps * args.epochs)
     bps.shutdown()
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import timeit
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -21,6 +22,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import byteps_like.tensorflow as bps  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # examples/: synthetic_loop
+from synthetic_loop import timed_iters  # noqa: E402
 
 
 def build_model(args):
@@ -81,13 +85,7 @@ def main() -> None:
     nparams = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     log(f"Model: {args.model} ({nparams / 1e6:.2f} M parameters), batch size: "
         f"{args.batch_size}, workers: {size}, {'eager' if args.eager else 'tf.function'}")
-    timeit.timeit(step, number=args.num_warmup_batches)
-    img_secs = []
-    for x in range(args.num_iters):
-        t = timeit.timeit(step, number=args.num_batches_per_iter)
-        img_sec = args.batch_size * args.num_batches_per_iter / t
-        log(f"Iter #{x}: {img_sec:.1f} img/sec per worker")
-        img_secs.append(img_sec)
+    img_secs = timed_iters(step, args, log)
     mean, conf = np.mean(img_secs), 1.96 * np.std(img_secs)
     log(f"Img/sec per worker: {mean:.1f} +-{conf:.1f}")
     log(f"Total img/sec on {size} worker(s): {size * mean:.1f} +-{size * conf:.1f}")

@@ -9,8 +9,9 @@ Rank 0 prints ``final test accuracy: 0.XXXX (N workers, S steps)``.
 """
 from __future__ import annotations
 
-import argparse
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -19,22 +20,12 @@ import tensorflow as tf  # noqa: E402
 
 import byteps_like.tensorflow as bps  # noqa: E402
 
-
-def load_data(seed: int = 0):
-    from sklearn.datasets import load_digits  # ships with scikit-learn: no download
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = x[order], y[order].astype(np.int64)
-    n_test = len(x) // 5
-    return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # examples/: digits_data
+from digits_data import load_data, parser, print_final  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=32, help="per worker")
-    p.add_argument("--lr", type=float, default=0.05, help="per worker; scaled by size()")
+    p = parser(__doc__)
     p.add_argument("--momentum", type=float, default=0.9,
                    help="SGD momentum; 0 when BYTEPS_COMPRESSOR_MOMENTUM applies it before "
                         "compression instead (docs/compression.md)")
@@ -84,10 +75,7 @@ def main() -> None:
             print(f"epoch {epoch + 1}: loss {float(loss):.4f}", flush=True)
     acc = float(np.mean(np.argmax(model(x_test).numpy(), 1) == y_test))
     if rank == 0:
-        print(f"final test accuracy: {acc:.4f} ({size} workers, {steps} steps)", flush=True)
-        if size > 1:  # what this worker's push_pulls put on the network
-            from byteps_like.worker.runtime import default_runtime
-            print(default_runtime().wire_report(), flush=True)
+        print_final(acc, size, steps)
     bps.shutdown()
 
 
