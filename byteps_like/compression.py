@@ -105,20 +105,46 @@ class Compressor:
         return f"Compression.{self.name}"
 
 
-class FP16Compressor(Compressor):
-    """Floating-point gradients travel as IEEE half precision (half the bytes); other dtypes are
-    left alone. Sums are formed in float16 on the servers, so this trades precision for bytes."""
-    name = "fp16"
+class _CastCompressor(Compressor):
+    """Floating-point dtypes of ``_FLOATS`` travel as ``_WIRE`` (held in numpy as ``_WIRE_NP``);
+    other dtypes are left alone. A subclass converts: ``_narrow`` into the wire array,
+    ``_widen`` back into the caller's."""
     kind = "cast"
-    _FLOATS = ("float32", "float64", "bfloat16")
+    _FLOATS: ClassVar[tuple[str, ...]]
+    _WIRE: ClassVar[str]
+    _WIRE_NP: ClassVar[type]
 
     def wire_dtype(self, dtype: str) -> str:
-        return "float16" if dtype in self._FLOATS else dtype
+        return self._WIRE if dtype in self._FLOATS else dtype
 
     def compress(self, arr: np.ndarray, dtype: str) -> tuple[np.ndarray, str, Any]:
         if dtype not in self._FLOATS:
             return arr, dtype, None
-        wire = np.empty(arr.shape, np.float16)
+        wire: np.ndarray = np.empty(arr.shape, self._WIRE_NP)
+        self._narrow(wire, arr, dtype)
+        return wire, self._WIRE, dtype
+
+    def decompress(self, wire: np.ndarray, ctx: Any, out: np.ndarray, dtype: str) -> None:
+        if ctx is None:
+            super().decompress(wire, ctx, out, dtype)
+        else:
+            self._widen(out, wire, ctx)
+
+    def _narrow(self, wire: np.ndarray, arr: np.ndarray, dtype: str) -> None:
+        raise NotImplementedError
+
+    def _widen(self, out: np.ndarray, wire: np.ndarray, dtype: str) -> None:
+        raise NotImplementedError
+
+
+class FP16Compressor(_CastCompressor):
+    """Floating-point gradients travel as IEEE half precision (half the bytes); other dtypes are
+    left alone. Sums are formed in float16 on the servers, so this trades precision for bytes."""
+    name = "fp16"
+    _FLOATS = ("float32", "float64", "bfloat16")
+    _WIRE, _WIRE_NP = "float16", np.float16
+
+    def _narrow(self, wire: np.ndarray, arr: np.ndarray, dtype: str) -> None:
         if dtype == "float64":
             np.copyto(wire, arr, casting="same_kind")
         elif dtype == "bfloat16":  # no direct kernel: through float32 (exact widening)
@@ -127,44 +153,32 @@ class FP16Compressor(Compressor):
             _core.convert(wire, "float16", wide, "float32")
         else:
             _core.convert(wire, "float16", arr, dtype)
-        return wire, "float16", dtype
 
-    def decompress(self, wire: np.ndarray, ctx: Any, out: np.ndarray, dtype: str) -> None:
-        if ctx is None:
-            super().decompress(wire, ctx, out, dtype)
-        elif ctx == "float64":
+    def _widen(self, out: np.ndarray, wire: np.ndarray, dtype: str) -> None:
+        if dtype == "float64":
             np.copyto(out, wire, casting="unsafe")
-        elif ctx == "bfloat16":
+        elif dtype == "bfloat16":
             wide = np.empty(wire.shape, np.float32)
             _core.convert(wide, "float32", wire, "float16")
             _core.convert(out, "bfloat16", wide, "float32")
         else:
-            _core.convert(out, ctx, wire, "float16")
+            _core.convert(out, dtype, wire, "float16")
 
 
-class BF16Compressor(Compressor):
+class BF16Compressor(_CastCompressor):
     """float32/float64 gradients travel as bfloat16 (held as uint16; half the bytes of float32,
     float32's range); the servers sum bfloat16 natively. float64 goes through float32 first
     (two roundings). Other dtypes, bfloat16 included, travel as they are."""
     name = "bf16"
-    kind = "cast"
     _FLOATS = ("float32", "float64")
+    _WIRE, _WIRE_NP = "bfloat16", np.uint16
 
-    def wire_dtype(self, dtype: str) -> str:
-        return "bfloat16" if dtype in self._FLOATS else dtype
-
-    def compress(self, arr: np.ndarray, dtype: str) -> tuple[np.ndarray, str, Any]:
-        if dtype not in self._FLOATS:
-            return arr, dtype, None
-        wire = np.empty(arr.shape, np.uint16)
+    def _narrow(self, wire: np.ndarray, arr: np.ndarray, dtype: str) -> None:
         src = arr if dtype == "float32" else np.asarray(arr, dtype=np.float32)
         _core.convert(wire, "bfloat16", np.ascontiguousarray(src), "float32")
-        return wire, "bfloat16", dtype
 
-    def decompress(self, wire: np.ndarray, ctx: Any, out: np.ndarray, dtype: str) -> None:
-        if ctx is None:
-            super().decompress(wire, ctx, out, dtype)
-        elif ctx == "float32":
+    def _widen(self, out: np.ndarray, wire: np.ndarray, dtype: str) -> None:
+        if dtype == "float32":
             _core.convert(out, "float32", wire, "bfloat16")
         else:
             tmp = np.empty(np.shape(wire), np.float32)
