@@ -33,13 +33,13 @@ import importlib
 import os
 import sys
 import threading
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: tests.*
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+from case_common import run_reported  # noqa: E402
 
 from byteps_like.errors import MismatchError, NotInitializedError  # noqa: E402
 from tests.support import expect  # noqa: E402
@@ -231,17 +231,9 @@ CASES = {name: globals()[name] for name in COMMON + ALONE}
 
 # -- the runner ---------------------------------------------------------------------------------
 def run_case(fw, case: str, fn, rank: int, size: int) -> None:
-    try:
-        fn(fw, rank, size) if case in CASES else fn(rank, size)
-    except NotImplementedError as exc:
-        print(f"CASE {fw.name} {case} MISSING rank {rank}: {exc}", flush=True)
-        return
-    except BaseException as exc:  # noqa: BLE001 - reported, then the job ends
-        print(f"CASE {fw.name} {case} FAIL rank {rank}: {type(exc).__name__}: {exc}", flush=True)
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    print(f"CASE {fw.name} {case} OK rank {rank}", flush=True)
+    run_reported(fw.name, case, rank,
+                 lambda: fn(fw, rank, size) if case in CASES else fn(rank, size),
+                 missing_ok=True)
 
 
 def main() -> None:

@@ -24,33 +24,21 @@ from __future__ import annotations
 import keras
 import numpy as np
 import tensorflow as tf
+from case_common import NumpyTensors
 
 import byteps_like.keras as bps
 import byteps_like.tensorflow.keras as tfbps
 
 
-class Adapter:
+class Adapter(NumpyTensors):
     name = "keras"
     bps = bps
     dtypes = ["float32", "float64", "float16", "int32", "int64"]
     broadcast_dtypes = ["float32", "int64"]
     gather_dtypes = ["float32", "float64", "int32", "int64"]
-    default_average = True
-    in_place = False
 
-    def __init__(self):
-        self.EXTRAS = {name: globals()[name] for name in (
-            "optimizer_dtypes", "fit_eager", "fit_graph", "metric_average", "lr_warmup",
-            "lr_schedule", "broadcast_global_variables", "horovod_api")}
-
-    def tensor(self, values, dtype: str):
-        return np.asarray(values).astype(dtype)
-
-    def numpy(self, t) -> np.ndarray:
-        return np.asarray(t, dtype=np.float64)
-
-    def dtype_name(self, t) -> str:
-        return np.asarray(t).dtype.name
+    EXTRA_CASES = ("optimizer_dtypes", "fit_eager", "fit_graph", "metric_average", "lr_warmup",
+                   "lr_schedule", "broadcast_global_variables", "horovod_api")
 
     # names of their own: byteps_like.tensorflow's adapter runs the same cases in this process
     def push_pull(self, t, name: str, average: bool | None):

@@ -15,23 +15,22 @@ with warnings.catch_warnings():  # MXNet 1.9.1 touches numpy's deprecated aliase
     warnings.simplefilter("ignore", DeprecationWarning)
     import mxnet as mx
 
+from case_common import AdapterBase
+
 import byteps_like.mxnet as bps  # noqa: E402
 from byteps_like.errors import MismatchError, NotInitializedError  # noqa: E402
 from tests.support import expect  # noqa: E402
 
 
-class Adapter:
+class Adapter(AdapterBase):
     name = "mxnet"
     bps = bps
     dtypes = ["float32", "float64", "float16", "int32", "int64"]
     broadcast_dtypes = ["float32", "float16", "int64", "uint8"]
     gather_dtypes: list = []
-    default_average = True
     in_place = True
 
-    def __init__(self):
-        self.EXTRAS = {name: globals()[name] for name in (
-            "errors", "broadcast_parameters", "push_pull_forms")}
+    EXTRA_CASES = ("errors", "broadcast_parameters", "push_pull_forms")
 
     def before_init(self):
         expect(NotInitializedError, lambda: bps.rank(), "init()")

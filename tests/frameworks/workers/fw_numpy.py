@@ -2,28 +2,17 @@
 from __future__ import annotations
 
 import numpy as np
+from case_common import NumpyTensors
 
 import byteps_like as bps
 
 
-class Adapter:
+class Adapter(NumpyTensors):
     name = "numpy"
     bps = bps
     dtypes = ["float32", "float64", "float16", "int32", "int64"]   # numpy has no bfloat16
     broadcast_dtypes = ["float32", "int64"]
     gather_dtypes = ["float32", "float16", "int64"]
-    default_average = True
-    in_place = False
-    EXTRAS: dict = {}
-
-    def tensor(self, values, dtype: str):
-        return np.asarray(values).astype(dtype)
-
-    def numpy(self, t) -> np.ndarray:
-        return np.asarray(t, dtype=np.float64)
-
-    def dtype_name(self, t) -> str:
-        return np.asarray(t).dtype.name
 
     def push_pull(self, t, name: str, average: bool | None):
         if average is None:

@@ -8,25 +8,22 @@ import warnings
 
 import numpy as np
 import tensorflow as tf
+from case_common import AdapterBase
 
 import byteps_like.tensorflow as bps
 from byteps_like.errors import MismatchError
 from tests.support import expect
 
 
-class Adapter:
+class Adapter(AdapterBase):
     name = "tensorflow"
     bps = bps
     dtypes = ["float32", "float64", "float16", "bfloat16", "int32", "int64"]
     broadcast_dtypes = ["float32", "bfloat16", "int64"]
     gather_dtypes = ["float32", "bfloat16", "int64"]
-    default_average = True
-    in_place = False
 
-    def __init__(self):
-        self.EXTRAS = {name: globals()[name] for name in (
-            "tf_function", "gradient", "broadcast_variables", "tape", "tape_join",
-            "model_differs")}
+    EXTRA_CASES = ("tf_function", "gradient", "broadcast_variables", "tape", "tape_join",
+                   "model_differs")
 
     def tensor(self, values, dtype: str):
         return tf.cast(tf.constant(np.asarray(values, np.float64)), dtype)

@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import torch
+from case_common import AdapterBase
 
 import byteps_like.torch as bps
 from byteps_like.errors import BytePSError, MismatchError, NotInitializedError
@@ -27,20 +28,19 @@ def device() -> str:
     return "cpu"
 
 
-class Adapter:
+class Adapter(AdapterBase):
     name = "torch"
     bps = bps
     dtypes = list(DTYPES)
     broadcast_dtypes = ["float32", "bfloat16", "int64"]
     gather_dtypes = ["float32", "bfloat16", "int64"]
-    default_average = True
-    in_place = False
+
+    EXTRA_CASES = ("horovod_names", "optimizer_errors", "broadcast_state", "broadcast_object",
+                   "async_forms", "differentiable", "allgather_unnamed", "optimizer_join",
+                   "reduce_op", "sync_batchnorm", "cross_rank")
 
     def __init__(self):
-        self.EXTRAS = {name: globals()[name] for name in (
-            "horovod_names", "optimizer_errors", "broadcast_state", "broadcast_object",
-            "async_forms", "differentiable", "allgather_unnamed", "optimizer_join", "reduce_op",
-            "sync_batchnorm", "cross_rank")}
+        super().__init__()
         self.dev = None
 
     def before_init(self):

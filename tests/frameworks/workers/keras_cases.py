@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: tests.*
@@ -33,6 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from case_common import run_reported  # noqa: E402
 
 import byteps_like.keras as bps  # noqa: E402
 from byteps_like.worker.api import barrier  # noqa: E402
@@ -198,14 +198,7 @@ def main() -> None:
     rank, size = bps.rank(), bps.size()
     print(f"backend {keras.backend.backend()} rank {rank}", flush=True)
     for case in sys.argv[2:]:
-        try:
-            CASES[case](d, rank, size)
-        except BaseException as exc:  # noqa: BLE001 - reported, then the job ends
-            print(f"CASE keras {case} FAIL rank {rank}: {type(exc).__name__}: {exc}", flush=True)
-            traceback.print_exc()
-            sys.stderr.flush()
-            os._exit(1)
-        print(f"CASE keras {case} OK rank {rank}", flush=True)
+        run_reported("keras", case, rank, lambda: CASES[case](d, rank, size))
     bps.shutdown()
 
 
