@@ -156,10 +156,12 @@ Completion: TypeAlias = tuple[int, bool, str, int, bytes, float, float, int,
 class DataServer:
     """A server's half: an acceptor and ``io_threads`` epoll threads; pushes are summed into
     each key's store in 512 KiB chunks as they arrive, pulls answered zero-copy. Every length
-    is checked before memory is taken; bad streams are closed and counted by reason."""
+    is checked before memory is taken; bad streams are closed and counted by reason.
+    ``async_mode`` (BYTEPS_ENABLE_ASYNC): one buffer per key holding the value, every push
+    added at once, a pull answered with the value once no push of the key is in flight."""
     def __init__(self, num_workers: int, server_rank: int, job: int, io_threads: int,
                  max_message_bytes: int, max_store_bytes: int, max_connections: int,
-                 auth_key: bytes = b"") -> None: ...
+                 auth_key: bytes = b"", async_mode: bool = False) -> None: ...
     def listen(self, host: str, port: int) -> int:
         """Bind (port 0: ephemeral); returns the port. RuntimeError naming host:port."""
     def start(self) -> None: ...

@@ -266,7 +266,7 @@ class TransportConfig:
                          "land in place; with an auth secret every stream is authenticated, "
                          "not encrypted), `zmq` (the Python I/O thread of the ZeroMQ endpoint; "
                          "with a secret, CURVE-encrypted), or `auto`: native unless "
-                         "BYTEPS_TRANSPORT=ucx or BYTEPS_ENABLE_ASYNC is set (with a secret: "
+                         "BYTEPS_TRANSPORT=ucx is set (with a secret: "
                          "authenticated native streams; `zmq` to encrypt the data too). "
                          "Compressed tensors always travel over ZeroMQ. See "
                          "docs/architecture.md.", choices=("auto", "native", "zmq"))

@@ -1,13 +1,17 @@
 // The native data plane (dataplane.h): the helpers both ends use and the epoll I/O loop that
 // runs their streams (dataplane_io.h). The server is in dataplane_server.cc, the worker's
 // client in dataplane_client.cc, the authenticated hello in dataplane_auth.cc.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/eventfd.h>
 #include <time.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 
 #include "dataplane_io.h"
@@ -105,6 +109,56 @@ void set_nonblocking(int fd) {
 void set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+std::string error_meta(const char* kind, const std::string& text, int type,
+                       const std::string& extra) {
+  // the message capped (it may quote a peer's declaration): a reply costs its queue little
+  std::size_t cut = text.size();
+  if (cut > kMaxErrorText) {  // at a character's first byte (UTF-8)
+    cut = kMaxErrorText;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  }
+  const std::string capped = cut < text.size() ? text.substr(0, cut) + "..." : text;
+  std::string meta = std::string("{\"kind\":\"") + kind + "\",\"message\":\"" +
+                     json_escape(capped) + "\",\"type\":\"" + type_name(type) + "\"" + extra + "}";
+  meta.shrink_to_fit();
+  return meta;
+}
+
+int listen_tcp(const std::string& host, int port, int* fd_out) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  const std::string ps = std::to_string(port);
+  const int rc = getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), ps.c_str(),
+                             &hints, &res);
+  if (rc != 0) throw std::runtime_error("data plane: cannot resolve " + host + ": " +
+                                        gai_strerror(rc));
+  std::string err = "no address";
+  int lfd = -1;
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) {
+      lfd = fd;
+      break;
+    }
+    err = std::strerror(errno);
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  if (lfd < 0) throw std::runtime_error("data plane: cannot listen on " + host + ":" + ps +
+                                        ": " + err);
+  *fd_out = lfd;
+  sockaddr_storage ss{};
+  socklen_t sl = sizeof ss;
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&ss), &sl);
+  return ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                  : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
 }
 
 int wire_to_kernel_dtype(int code) {

@@ -70,10 +70,12 @@ struct StallInfo {
 class ServerImpl;
 class DataServer {
  public:
-  // auth_key: the key derived from the job's secret; empty turns authentication off
+  // auth_key: the key derived from the job's secret; empty turns authentication off.
+  // async_mode (BYTEPS_ENABLE_ASYNC): no rounds across workers; every push is added to the
+  // key's value at once, a pull answers the value once no push of the key is in flight.
   DataServer(int num_workers, int server_rank, std::uint32_t job, int io_threads,
              std::uint64_t max_message_bytes, std::uint64_t max_store_bytes, int max_conns,
-             std::string auth_key);
+             std::string auth_key, bool async_mode = false);
   ~DataServer();
   int listen(const std::string& host, int port);  // returns the bound port
   void start();

@@ -53,8 +53,15 @@ std::string json_escape(const std::string& s);
 // A declaration as people read it, as the ZeroMQ path prints it: 'w' shape (7, 3) float32.
 std::string describe_decl(const std::string& decl);
 const char* type_name(int t);  // a message type's name, "?" for an unknown one
+// An ERROR reply's JSON: kind, the text capped at kMaxErrorText bytes, the type it answers,
+// then `extra` (more members, already encoded: ",\"rank\":1", or empty).
+std::string error_meta(const char* kind, const std::string& text, int type,
+                       const std::string& extra);
 void set_nonblocking(int fd);
 void set_nodelay(int fd);
+// A listening TCP socket on host:port (port 0: ephemeral; host "" or "*": every address) into
+// *fd; returns the bound port. std::runtime_error naming host:port when it cannot.
+int listen_tcp(const std::string& host, int port, int* fd);
 
 // ---- one outgoing message ------------------------------------------------------------------
 struct Out {
@@ -64,14 +71,18 @@ struct Out {
   const char* payload = nullptr;
   std::size_t plen = 0;
   std::shared_ptr<void> keep;            // keeps the payload's owner alive
+  // payload bytes this reply may be the last to hold (an asynchronous-mode snapshot of a
+  // store's value, which the store replaces when a push comes): charged to the queue as its own
+  std::size_t owned = 0;
   std::function<void(bool)> done;        // called once: true when fully written
   std::size_t sent = 0;
 
   std::size_t total() const {
     return sizeof(Header) + ((hdr.flags & kFlagMeta) ? 4 + meta.size() : 0) + plen;
   }
-  // the memory it holds while queued: the record and its JSON (a payload has its own owner)
-  std::size_t cost() const { return sizeof(Out) + meta.capacity(); }
+  // the memory it holds while queued: the record, its JSON and a payload it owns (others have
+  // their own owner, charged there)
+  std::size_t cost() const { return sizeof(Out) + meta.capacity() + owned; }
 };
 
 // ---- a stream --------------------------------------------------------------------------------

@@ -1,9 +1,6 @@
 // The native data plane's server (dataplane.h, DataServer): its streams, the keys' stores and
 // their chunked summation, rounds, membership and epochs, the bounds on what peers can make it
 // hold (connection slots, replies left unread).
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -23,6 +20,7 @@
 
 #include "dataplane_auth.h"
 #include "dataplane_io.h"
+#include "dataplane_store.h"
 #include "dtype.h"
 #include "ops.h"
 #include "sha256.h"
@@ -31,83 +29,24 @@ namespace bps {
 namespace dp {
 
 // =============================================================================================
-// server
+// server (its keys' stores: dataplane_store.h)
 // =============================================================================================
-struct Store {
-  std::uint64_t key = 0;
-  int wire_dtype = 0;
-  DType kdt = DType::kFloat32;
-  std::size_t nbytes = 0, count = 0, nchunks = 0;
-  std::string decl;
-  int decl_rank = 0;
-  std::unique_ptr<char[]> buf[2];
-  std::unique_ptr<std::uint32_t[]> fill[2];   // pushes summed into each chunk this round
-  std::unique_ptr<std::mutex[]> chunk_mu;
-  std::mutex mu;                               // everything below
-  std::int64_t round = 0, completed = -1;
-  // elastic membership epochs (reset_epoch): a push begun in an older generation sums nothing
-  // more and completes nothing; read under chunk_mu (sum_chunk) or mu, written under both
-  std::atomic<std::uint64_t> gen{0};
-  std::uint64_t charged = 0;                   // its bytes of the memory budget
-  int contrib[2] = {0, 0};                     // pushes summed into each buffer's round
-  std::vector<std::uint8_t> pushed;            // per worker rank, this round
-  int started = 0, finished = 0;               // pushes begun / summed this round
-  double round_started = 0;
-  std::string failed;
-  std::string failed_kind = "mismatch", failed_extra;  // the error kind and extra JSON members
-  struct Pending {
-    std::weak_ptr<Conn> conn;
-    std::int64_t round;
-  };
-  std::vector<Pending> pending;
-};
-
 class ServerConn;
 
 class ServerImpl {
  public:
   ServerImpl(int num_workers, int server_rank, std::uint32_t job, int io_threads,
-             std::uint64_t max_msg, std::uint64_t max_store, int max_conns, std::string key)
+             std::uint64_t max_msg, std::uint64_t max_store, int max_conns, std::string key,
+             bool async_mode)
       : num_workers_(num_workers), rank_(server_rank), job_(job), max_msg_(max_msg),
-        max_store_(max_store), max_conns_(max_conns), key_(std::move(key)),
+        max_store_(max_store), max_conns_(max_conns), key_(std::move(key)), async_(async_mode),
         joined_(static_cast<std::size_t>(std::max(0, num_workers)), 0),
         required_(num_workers) {
     for (int i = 0; i < std::max(1, io_threads); ++i) loops_.emplace_back(new IoLoop());
   }
   ~ServerImpl() { close(); }
 
-  int listen(const std::string& host, int port) {
-    addrinfo hints{}, *res = nullptr;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    const std::string ps = std::to_string(port);
-    const int rc = getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), ps.c_str(),
-                               &hints, &res);
-    if (rc != 0) throw std::runtime_error("data plane: cannot resolve " + host + ": " +
-                                          gai_strerror(rc));
-    std::string err = "no address";
-    for (addrinfo* a = res; a; a = a->ai_next) {
-      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
-      if (fd < 0) continue;
-      int one = 1;
-      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-      if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) {
-        lfd_ = fd;
-        break;
-      }
-      err = std::strerror(errno);
-      ::close(fd);
-    }
-    freeaddrinfo(res);
-    if (lfd_ < 0) throw std::runtime_error("data plane: cannot listen on " + host + ":" + ps +
-                                           ": " + err);
-    sockaddr_storage ss{};
-    socklen_t sl = sizeof ss;
-    getsockname(lfd_, reinterpret_cast<sockaddr*>(&ss), &sl);
-    return ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                                    : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-  }
+  int listen(const std::string& host, int port) { return listen_tcp(host, port, &lfd_); }
 
   void start() {
     for (auto& l : loops_) l->start([this](const auto& conns) { tick(conns); });
@@ -172,6 +111,7 @@ class ServerImpl {
   }
 
   std::vector<StallInfo> stalls(double min_age) {
+    if (async_) return {};  // no rounds across workers: nothing waits for anyone
     std::vector<std::shared_ptr<Store>> all;
     {
       std::lock_guard<std::mutex> g(map_mu_);
@@ -198,6 +138,7 @@ class ServerImpl {
   const std::uint64_t max_msg_, max_store_;
   const int max_conns_;
   const std::string key_;   // empty: streams are not authenticated
+  const bool async_;  // BYTEPS_ENABLE_ASYNC: no rounds; pushes add to Store::value at once
   // membership (set_members): mem_mu_ is taken after a store's mu, never before it
   std::mutex mem_mu_;
   std::vector<std::uint8_t> joined_;
@@ -210,16 +151,7 @@ class ServerImpl {
                   const std::string& text, const std::string& extra = std::string()) {
     Out o;
     o.hdr = make_header(kError, kRoleServer, rank_.load(), kFlagMeta, job_, h.key, h.round);
-    // the message capped (it may quote a peer's declaration): a reply costs its queue little
-    std::size_t cut = text.size();
-    if (cut > kMaxErrorText) {  // at a character's first byte (UTF-8)
-      cut = kMaxErrorText;
-      while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-    }
-    const std::string capped = cut < text.size() ? text.substr(0, cut) + "..." : text;
-    o.meta = std::string("{\"kind\":\"") + kind + "\",\"message\":\"" + json_escape(capped) +
-             "\",\"type\":\"" + type_name(h.type) + "\"" + extra + "}";
-    o.meta.shrink_to_fit();
+    o.meta = error_meta(kind, text, h.type, extra);
     conn->send(std::move(o));
   }
 
@@ -238,6 +170,18 @@ class ServerImpl {
     conn->send(std::move(o));
   }
 
+  // Asynchronous mode: a pull's answer, `value` (which the reply may hold last: charged to it).
+  void send_value(const std::shared_ptr<Conn>& conn, const Store& st, std::shared_ptr<char> value,
+                  std::int64_t round) {
+    Out o;
+    o.hdr = make_header(kPullResp, kRoleServer, rank_.load(), 0, job_, st.key, round,
+                        static_cast<std::uint8_t>(st.wire_dtype), st.count, st.nbytes);
+    o.payload = value.get();
+    o.plen = o.owned = st.nbytes;
+    o.keep = std::move(value);
+    conn->send(std::move(o));
+  }
+
   // A push's header (and declaration) arrived: the store it sums into, or null after an
   // error reply (the caller discards the payload).
   std::shared_ptr<Store> begin_push(const std::shared_ptr<Conn>& conn, const Header& h,
@@ -249,11 +193,12 @@ class ServerImpl {
                  std::to_string(h.dtype) + " cannot be summed");
       return nullptr;
     }
-    if (h.flags & (kFlagCompressed | kFlagAsync)) {
+    if ((h.flags & kFlagCompressed) || ((h.flags & kFlagAsync) && !async_)) {
       reject("compressed or async push on the native data plane");
       send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) +
-                 ": compressed and asynchronous pushes travel over ZeroMQ, not the native data "
-                 "plane");
+                 ((h.flags & kFlagCompressed)
+                      ? ": compressed pushes travel over ZeroMQ, not the native data plane"
+                      : ": an asynchronous push to a server in synchronous mode"));
       return nullptr;
     }
     std::shared_ptr<Store> st = store_for_push(conn, h, meta, kdt);
@@ -261,8 +206,17 @@ class ServerImpl {
     std::lock_guard<std::mutex> g(st->mu);
     std::map<int, std::string> left;
     if (!admit_push_locked(conn, h, meta, *st, &left)) return nullptr;
-    st->pushed[h.rank] = 1;
     *gen = st->gen.load();
+    if (async_) {
+      if (st->started == st->finished && st->value.use_count() > 1) {  // a reply holds it: copy
+        std::shared_ptr<char> copy(new char[st->nbytes], std::default_delete<char[]>());
+        std::memcpy(copy.get(), st->value.get(), st->nbytes);
+        st->value = std::move(copy);
+      }
+      ++st->started;
+      return st;
+    }
+    st->pushed[h.rank] = 1;
     if (st->started++ == 0) st->round_started = monotonic_now();
     if (!left.empty() && doom_if_left_locked(*st, left)) {
       send_error(conn, h, st->failed_kind.c_str(), st->failed, st->failed_extra);
@@ -307,10 +261,11 @@ class ServerImpl {
                  " with no bytes");
       return nullptr;
     }
-    // two buffers, the declaration kept for comparisons and the per-chunk bookkeeping
+    // two buffers (async: one), the declaration kept for comparisons, per-chunk bookkeeping
     const std::size_t nchunks = (h.nbytes + kChunk - 1) / kChunk;
-    const std::uint64_t need = 2 * h.nbytes + meta.size() + kStoreOverhead +
-                               nchunks * (2 * sizeof(std::uint32_t) + sizeof(std::mutex));
+    const std::uint64_t need =
+        (async_ ? 1 : 2) * h.nbytes + meta.size() + kStoreOverhead +
+        nchunks * ((async_ ? 0 : 2 * sizeof(std::uint32_t)) + sizeof(std::mutex));
     if (store_bytes_ + need > max_store_) {
       reject("server memory budget exhausted");
       send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": key " +
@@ -334,9 +289,13 @@ class ServerImpl {
     st->nchunks = nchunks;
     st->decl = meta;
     st->decl_rank = h.rank;
-    for (int b = 0; b < 2; ++b) {
-      st->buf[b].reset(new char[h.nbytes]);
-      st->fill[b].reset(new std::uint32_t[st->nchunks]());
+    if (async_) {  // the value starts at zero: every push is added to it
+      st->value.reset(new char[h.nbytes](), std::default_delete<char[]>());
+    } else {
+      for (int b = 0; b < 2; ++b) {
+        st->buf[b].reset(new char[h.nbytes]);
+        st->fill[b].reset(new std::uint32_t[st->nchunks]());
+      }
     }
     st->chunk_mu.reset(new std::mutex[st->nchunks]);
     st->pushed.assign(num_workers_, 0);
@@ -365,8 +324,9 @@ class ServerImpl {
                  std::to_string(st.wire_dtype));
       return false;
     }
-    // a push for another round is rejected alone, whatever it declares
-    if (h.round != st.round || st.pushed[h.rank]) {
+    // a push for another round is rejected alone, whatever it declares (asynchronous mode
+    // has no rounds)
+    if (!async_ && (h.round != st.round || st.pushed[h.rank])) {
       reject("push out of round");
       // one text for both causes and no round number: the reply tells nobody the open round
       send_error(conn, h, "protocol", "key " + std::to_string(h.key) + ": push from worker "
@@ -386,7 +346,7 @@ class ServerImpl {
       send_error(conn, h, st.failed_kind.c_str(), st.failed, st.failed_extra);
       return false;
     }
-    {
+    if (!async_) {  // join() does not hold asynchronous pushes back
       std::lock_guard<std::mutex> m(mem_mu_);
       if (joined_[h.rank]) {
         reject("push after join()");
@@ -404,19 +364,21 @@ class ServerImpl {
                  std::size_t len, std::uint64_t gen) {
     const std::size_t c = offset / kChunk;
     const int par = static_cast<int>(round & 1);
-    char* dst = st.buf[par].get() + offset;
     std::lock_guard<std::mutex> g(st.chunk_mu[c]);
     if (st.gen.load() != gen) return;  // begun before a membership epoch reset: dropped
-    if (st.fill[par][c]++ == 0) {
-      std::memcpy(dst, data, len);
+    if (async_) {  // the value is the store's alone while a push is in flight
+      add_into(st.kdt, st.value.get() + offset, data, len / itemsize(st.kdt), 1);
+    } else if (st.fill[par][c]++ == 0) {
+      std::memcpy(st.buf[par].get() + offset, data, len);
     } else {
-      add_into(st.kdt, dst, data, len / itemsize(st.kdt), 1);
+      add_into(st.kdt, st.buf[par].get() + offset, data, len / itemsize(st.kdt), 1);
     }
   }
 
   void finish_push(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
                    const Header& h, std::uint64_t gen) {
     std::vector<Store::Pending> answer;
+    std::shared_ptr<char> value;  // asynchronous mode: what the answered pulls get
     std::int64_t done_round = -1;
     bool failed;
     {
@@ -431,19 +393,49 @@ class ServerImpl {
       c_.pushes++;
       c_.bytes_summed += h.nbytes;
       failed = !st->failed.empty();
+      if (async_) ++st->finished;  // failed or not: pulls wait only for pushes in flight
       if (!failed) {
         Out ack;
         ack.hdr = make_header(kPushAck, kRoleServer, rank_.load(), 0, job_, h.key, h.round);
         conn->send(std::move(ack));
         if (h.flags & kFlagPull) st->pending.push_back({conn, h.round});
-        ++st->finished;
-        done_round = complete_if_ready_locked(*st, &answer);
+        if (async_) {
+          value = settled_value_locked(*st, &answer);
+        } else {
+          ++st->finished;
+          done_round = complete_if_ready_locked(*st, &answer);
+        }
       } else {
         send_error(conn, h, st->failed_kind.c_str(), st->failed, st->failed_extra);
       }
     }
     for (auto& p : answer) {
-      if (auto c = p.conn.lock()) send_resp(c, st, done_round);
+      auto c = p.conn.lock();
+      if (c && async_) send_value(c, *st, value, p.round);
+      else if (c) send_resp(c, st, done_round);
+    }
+  }
+
+  // Asynchronous mode: with no push in flight, the value and the pulls to answer with it.
+  std::shared_ptr<char> settled_value_locked(Store& st, std::vector<Store::Pending>* answer) {
+    if (st.started != st.finished) return nullptr;
+    answer->swap(st.pending);
+    return st.value;
+  }
+
+  // Asynchronous mode: a push cut off by its stream's loss. The chunks it summed stay in the
+  // value; the pulls that waited for it are answered once no other push is in flight.
+  void abort_push(const std::shared_ptr<Store>& st) {
+    if (!async_) return;  // a synchronous round waits for that rank; the scheduler ends it
+    std::vector<Store::Pending> answer;
+    std::shared_ptr<char> value;
+    {
+      std::lock_guard<std::mutex> g(st->mu);
+      ++st->finished;
+      value = settled_value_locked(*st, &answer);
+    }
+    for (auto& p : answer) {
+      if (auto c = p.conn.lock()) send_value(c, *st, value, p.round);
     }
   }
 
@@ -494,6 +486,7 @@ class ServerImpl {
       left_ = left;
       required_.store(num_workers_ - n);
     }
+    if (async_) return;  // no round waits for anyone: nothing to complete or fail
     std::vector<std::shared_ptr<Store>> all;
     {
       std::lock_guard<std::mutex> g(map_mu_);
@@ -558,7 +551,7 @@ class ServerImpl {
       st->completed = -1;
       st->started = st->finished = 0;
       std::fill(st->pushed.begin(), st->pushed.end(), 0);
-      for (std::size_t c = 0; c < st->nchunks; ++c) {
+      for (std::size_t c = 0; c < st->nchunks && st->fill[0]; ++c) {
         std::lock_guard<std::mutex> cg(st->chunk_mu[c]);  // waits out a sum of the old epoch
         st->fill[0][c] = st->fill[1][c] = 0;
       }
@@ -583,14 +576,18 @@ class ServerImpl {
       const std::string text = st->failed, kind = st->failed_kind, extra = st->failed_extra;
       g.unlock();
       send_error(conn, h, kind.c_str(), text, extra);
-    } else if (h.round == st->completed && h.round >= 0) {
+    } else if (async_ && st->started == st->finished) {  // the value, whatever the round
+      std::shared_ptr<char> value = st->value;
+      g.unlock();
+      send_value(conn, *st, std::move(value), h.round);
+    } else if (!async_ && h.round == st->completed && h.round >= 0) {
       g.unlock();
       send_resp(conn, st, h.round);
-    } else if (h.round == st->round &&
+    } else if ((async_ || h.round == st->round) &&  // async: once the pushes in flight end
                st->pending.size() < 4 * static_cast<std::size_t>(num_workers_)) {
       st->pending.push_back({conn, h.round});
     } else {
-      const bool crowded = h.round == st->round;
+      const bool crowded = async_ || h.round == st->round;
       g.unlock();
       reject(crowded ? "too many pulls waiting" : "pull out of round");
       // no round number but the peer's own: the reply tells nobody the open round
@@ -699,6 +696,8 @@ class ServerConn : public FramedConn {
 
  protected:
   void on_closed() override {
+    if (store_) srv_->abort_push(store_);  // cut off in the middle of a push's payload
+    store_.reset();
     give_meta();
     prove();
     srv_->live_conns_--;
@@ -961,9 +960,9 @@ void ServerImpl::tick(const std::unordered_map<int, std::shared_ptr<Conn>>& conn
 
 DataServer::DataServer(int num_workers, int server_rank, std::uint32_t job, int io_threads,
                        std::uint64_t max_msg, std::uint64_t max_store, int max_conns,
-                       std::string auth_key)
+                       std::string auth_key, bool async_mode)
     : impl_(new ServerImpl(num_workers, server_rank, job, io_threads, max_msg, max_store,
-                           max_conns, std::move(auth_key))) {}
+                           max_conns, std::move(auth_key), async_mode)) {}
 DataServer::~DataServer() = default;
 int DataServer::listen(const std::string& host, int port) { return impl_->listen(host, port); }
 void DataServer::start() { impl_->start(); }

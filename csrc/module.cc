@@ -304,10 +304,11 @@ py::tuple completion_tuple(const dp::Completion& c) {
 void bind_dataplane(py::module_& m) {
   py::class_<dp::DataServer>(m, "DataServer")
       .def(py::init<int, int, std::uint32_t, int, std::uint64_t, std::uint64_t, int,
-                    std::string>(),
+                    std::string, bool>(),
            py::arg("num_workers"), py::arg("server_rank"), py::arg("job"),
            py::arg("io_threads"), py::arg("max_message_bytes"), py::arg("max_store_bytes"),
-           py::arg("max_connections"), py::arg("auth_key") = py::bytes())
+           py::arg("max_connections"), py::arg("auth_key") = py::bytes(),
+           py::arg("async_mode") = false)
       .def("listen", &dp::DataServer::listen, py::arg("host"), py::arg("port"),
            py::call_guard<py::gil_scoped_release>())
       .def("start", &dp::DataServer::start, py::call_guard<py::gil_scoped_release>())

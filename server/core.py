@@ -553,7 +553,8 @@ class Server:
             self.native = _core.DataServer(
                 self.num_workers, -1, self.job, native.io_threads(cfg),
                 cfg.transport.max_message_bytes, native.store_budget(cfg),
-                native.max_connections(), **({"auth_key": key} if key else {}))
+                native.max_connections(), **({"auth_key": key} if key else {}),
+                async_mode=self.async_mode)
             data_port_ = self.native.listen(host, native.data_port(cfg))
         self.control = ControlClient(cfg, self.ep, Role.SERVER, port=port, data_port=data_port_,
                                      on_fatal=lambda exc: self._done.set(),

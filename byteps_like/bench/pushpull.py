@@ -76,9 +76,11 @@ def _bps_worker(cases: list[Case]) -> int:
     import numpy as np
 
     import byteps_like as bps
+    from byteps_like.worker.runtime import default_runtime
     bps.init()
     rank, n = bps.rank(), bps.size()
     expect = n * (n + 1) / 2
+    asynchronous = default_runtime().config.server.enable_async
     out_times: dict[str, list[float]] = {}
     for case in cases:
         arr = np.full(case.nbytes // 4, rank + 1, dtype=np.float32)
@@ -94,10 +96,18 @@ def _bps_worker(cases: list[Case]) -> int:
             t0 = time.perf_counter()
             bps.push_pull(arr, name=name, average=False, out=out)
             times.append(time.perf_counter() - t0)
-        if case.repeats and not (out == expect).all():
-            bad = int(np.flatnonzero(out != expect)[0])
+        if case.repeats and asynchronous:
+            # asynchronous mode (BYTEPS_ENABLE_ASYNC): the server adds every push to the value,
+            # so once every worker has pushed, a push of zeros pulls all of them
+            bps.barrier()
+            bps.push_pull(np.zeros_like(arr), name=name, average=False, out=out)
+            want = expect * (case.warmup + case.repeats)
+        else:
+            want = expect
+        if case.repeats and not (out == want).all():
+            bad = int(np.flatnonzero(out != want)[0])
             raise AssertionError(f"worker {rank}: wrong push_pull result for {name}: "
-                                 f"out[{bad}] = {out[bad]}, expected {expect}")
+                                 f"out[{bad}] = {out[bad]}, expected {want}")
         out_times[str(case.nbytes)] = times
         if rank == 0:
             progress(f"{fmt_size(case.nbytes)}: median {statistics.median(times) * 1e3:.1f} ms "

@@ -38,8 +38,6 @@ def native_reasons(cfg) -> list[str]:
     why = []
     if cfg.transport.transport != "zmq":
         why.append(f"BYTEPS_TRANSPORT={cfg.transport.transport} (UCX keeps its own I/O)")
-    if cfg.server.enable_async:
-        why.append("BYTEPS_ENABLE_ASYNC=1 (asynchronous mode runs on the ZeroMQ path)")
     return why
 
 

@@ -12,12 +12,16 @@ from .harness import bpslaunch, pids_in, wait_gone, worker
 pytestmark = pytest.mark.integration
 
 
-def test_async_mode_applies_deltas_at_once():
+@pytest.mark.parametrize("plane", ["auto", "zmq"])
+def test_async_mode_applies_deltas_at_once(plane):
+    # auto: the native data plane (issue 29); zmq: the Python engine, still selectable
     run = bpslaunch(worker("faults.py", "async"), workers=2, servers=2,
-                    env={"BYTEPS_ENABLE_ASYNC": "1"})
+                    env={"BYTEPS_ENABLE_ASYNC": "1", "BYTEPS_DATA_PLANE": plane})
     assert run.rc == 0, run.log
     assert len(run.lines("ASYNC OK")) == 2, run.log
-    assert all("total 10" in ln for ln in run.lines("ASYNC OK")), run.log
+    want = "native" if plane == "auto" else "zmq"
+    assert all("total 10" in ln and f"plane {want}" in ln for ln in run.lines("ASYNC OK")), \
+        run.log
 
 
 def test_mismatch_raises_on_every_worker_naming_both_sides():

@@ -40,7 +40,9 @@ def main():
         bps.barrier()
         total = bps.push_pull(np.zeros(1000, np.int64), name="v", average=False)
         assert np.array_equal(total, np.full(1000, 5 * size)), total[:4]
-        print(f"ASYNC OK rank {rank} total {int(total[0])}", flush=True)
+        native = default_runtime().native
+        plane = "native" if native is not None and native.stats()["msgs_out"] else "zmq"
+        print(f"ASYNC OK rank {rank} total {int(total[0])} plane {plane}", flush=True)
         bps.shutdown()
         return
     server0 = next(p for p in peers if p.role == "server" and p.rank == 0)

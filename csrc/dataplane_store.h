@@ -1,0 +1,55 @@
+// A key's store on the native data plane's server (dataplane_server.cc): its buffers, the
+// chunk table of their summation, its round, the pulls waiting for it. Synchronous mode sums
+// round r into buf[r % 2]; asynchronous mode (BYTEPS_ENABLE_ASYNC) keeps the running value.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dataplane_io.h"
+#include "dtype.h"
+
+namespace bps {
+namespace dp {
+
+struct Store {
+  std::uint64_t key = 0;
+  int wire_dtype = 0;
+  DType kdt = DType::kFloat32;
+  std::size_t nbytes = 0, count = 0, nchunks = 0;
+  std::string decl;
+  int decl_rank = 0;
+  std::unique_ptr<char[]> buf[2];
+  std::unique_ptr<std::uint32_t[]> fill[2];   // pushes summed into each chunk this round
+  // Asynchronous mode instead of buf and fill: the running value, every push added into it.
+  // Pull replies share it while they are written; a push that finds it shared (no push in
+  // flight) sums into a copy, so a reply never changes under its writer. Pulls are answered
+  // only while no push is in flight (started == finished), so each sees whole pushes.
+  std::shared_ptr<char> value;
+  std::unique_ptr<std::mutex[]> chunk_mu;
+  std::mutex mu;                               // everything below
+  std::int64_t round = 0, completed = -1;
+  // elastic membership epochs (reset_epoch): a push begun in an older generation sums nothing
+  // more and completes nothing; read under chunk_mu (sum_chunk) or mu, written under both
+  std::atomic<std::uint64_t> gen{0};
+  std::uint64_t charged = 0;                   // its bytes of the memory budget
+  int contrib[2] = {0, 0};                     // pushes summed into each buffer's round
+  std::vector<std::uint8_t> pushed;            // per worker rank, this round
+  int started = 0, finished = 0;               // pushes begun / summed this round (async: ever)
+  double round_started = 0;
+  std::string failed;
+  std::string failed_kind = "mismatch", failed_extra;  // the error kind and extra JSON members
+  struct Pending {
+    std::weak_ptr<Conn> conn;
+    std::int64_t round;
+  };
+  std::vector<Pending> pending;
+};
+
+}  // namespace dp
+}  // namespace bps
