@@ -10,14 +10,14 @@ import struct
 import time
 
 import numpy as np
-import pytest
 
-from byteps_like import _core
 from byteps_like.transport.native import WIRE_CODE, decode_error
 from byteps_like.wire import DTYPE_CODE
 
 from ..native_stream import HDR, closed_by_peer
-from .test_native_dataplane import JOB, MAXMSG, parts_of
+from .test_native_dataplane import JOB, parts_of
+from .test_native_dataplane import make_client as native_client
+from .test_native_dataplane import make_server as native_server
 
 F32 = WIRE_CODE["float32"]
 PUSH, PULL, PULL_RESP, HELLO = 20, 22, 23, 24
@@ -25,26 +25,12 @@ FLAG_META, FLAG_DECLARE, FLAG_PULL, FLAG_COMPRESSED = 1, 2, 8, 16
 WORKER = 2
 
 
-@pytest.fixture
-def cleanup():
-    objs = []
-    yield objs
-    for o in reversed(objs):
-        o.close()
-
-
 def make_server(workers: int, *, budget: int = 1 << 32):
-    srv = _core.DataServer(workers, 0, JOB, 2, MAXMSG, budget, 256, async_mode=True)
-    port = srv.listen("127.0.0.1", 0)
-    srv.start()
-    return srv, port
+    return native_server(workers, budget=budget, async_mode=True)
 
 
 def make_client(rank: int, ports: list[int], credit: int = 1 << 20):
-    cli = _core.DataClient(rank, JOB, 2, credit, MAXMSG)
-    for i, port in enumerate(ports):
-        cli.connect(i, "127.0.0.1", port, 2, 5.0)
-    return cli
+    return native_client(rank, ports, credit=credit)
 
 
 def push_pull(cli, x, y, rnd, op, nservers=1, parts=None, timeout=20.0):

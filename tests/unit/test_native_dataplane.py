@@ -21,8 +21,9 @@ MAXMSG = 1 << 28
 PART = 64 << 10
 
 
-def make_server(workers: int, *, budget: int = 1 << 32, conns: int = 256, rank: int = 0):
-    srv = _core.DataServer(workers, rank, JOB, 2, MAXMSG, budget, conns)
+def make_server(workers: int, *, budget: int = 1 << 32, conns: int = 256, rank: int = 0,
+                async_mode: bool = False):
+    srv = _core.DataServer(workers, rank, JOB, 2, MAXMSG, budget, conns, async_mode=async_mode)
     port = srv.listen("127.0.0.1", 0)
     srv.start()
     return srv, port
@@ -70,14 +71,6 @@ def server_and_client(cleanup: list, workers: int = 1, rank: int = 0, *, budget:
     cli = make_client(rank, [port], **client_kw)
     cleanup.append(cli)
     return srv, port, cli
-
-
-@pytest.fixture
-def cleanup():
-    objs = []
-    yield objs
-    for o in reversed(objs):
-        o.close()
 
 
 @pytest.mark.parametrize("dtype", sorted(WIRE_CODE))
