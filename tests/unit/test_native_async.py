@@ -95,9 +95,8 @@ def test_a_store_holds_one_buffer_charged_to_the_budget(cleanup):
 
 def test_the_checks_of_the_synchronous_mode_stay(cleanup):
     srv, port = make_server(2)
-    cleanup.append(srv)
     clients = [make_client(r, [port]) for r in range(2)]
-    cleanup += clients
+    cleanup += [srv, *clients]
     x = np.ones(100, np.float32)
     y = np.empty_like(x)
     c = push_pull(clients[0], x, y, 3, 1)            # round 3 carries no declaration
