@@ -31,6 +31,7 @@ import torch.nn.functional as F
 import byteps_like.torch as bps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # examples/: digits_data
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # digits_torch (Ray loads by path)
 from digits_data import parser, print_final  # noqa: E402
 from digits_torch import Net, accuracy, load_data  # noqa: E402
 
