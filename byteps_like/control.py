@@ -156,8 +156,8 @@ class ControlClient:
                             "%.0f s so far to be admitted (at the workers' next commit)",
                             self.host, now - started)
                     next_report += WAIT_REPORT_INTERVAL_S
-            elif next_report <= now <= deadline:
-                waited = next_report - started
+            elif now >= next_report:  # also when a stalled process wakes past the deadline:
+                waited = next_report - started  # the report still comes before the error
                 if wait_level(self.cfg, waited) < logging.WARNING:  # peers may be importing
                     log.info("%s on %s: waiting for the node table from the scheduler at %s "
                              "(%g s so far): the other nodes may still be starting",

@@ -363,13 +363,9 @@ class Scheduler:
         now = time.monotonic()
         t = self.cfg.timeouts
         if self.phase == "register":
-            if now - self.started > t.register_timeout:
-                why = self.registration.report()
-                log.error("scheduler: %s", why)
-                for n in self.nodes.values():
-                    self.send(n, MsgType.ERROR, {"kind": ERR_REGISTER, "message": why})
-                self.finish(1, why)
-            elif now >= self._next_wait_report:
+            # the report first, also when a late tick is already past the timeout: it comes
+            # before the error
+            if now >= self._next_wait_report:
                 waited = self._next_wait_report - self.started
                 log.log(wait_level(self.cfg, waited), "scheduler: waiting for nodes to register "
                         "at %s for %g s (gives up after %g s, BYTEPS_REGISTER_TIMEOUT_SECONDS): "
@@ -377,6 +373,12 @@ class Scheduler:
                         t.register_timeout, self.counts(), self.registration.not_seen())
                 while self._next_wait_report <= now:
                     self._next_wait_report += WAIT_REPORT_INTERVAL_S
+            if now - self.started > t.register_timeout:
+                why = self.registration.report()
+                log.error("scheduler: %s", why)
+                for n in self.nodes.values():
+                    self.send(n, MsgType.ERROR, {"kind": ERR_REGISTER, "message": why})
+                self.finish(1, why)
             return
         if self.phase != "running":
             return
