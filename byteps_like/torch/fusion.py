@@ -44,10 +44,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..compression import Compression, Compressor, resolve
+from ..compression import Compressor
 from ..worker.handle import Handle
 from ..worker.runtime import Runtime
-from ..worker.sync import Bucket, GradBuffer
+from ..worker.sync import Bucket, GradBuffer, dtype_layout
 from . import nccl
 from ._tensor import TORCH_DTYPE, WIRE_DTYPE, as_numpy, copy_stream
 
@@ -317,15 +317,9 @@ class TorchFuser:
 
 def layout(params: Sequence[torch.Tensor], compression: Compressor | None = None,
            cfg: Any = None) -> list[tuple[int, Any, int]]:
-    """The synchronizer's ``layout``: each parameter's bytes, what must match to share a bucket
-    (dtype and device), and its bytes on the wire (half for float32 under a cast compressor, so
-    a bucket is ``BYTEPS_FUSION_BYTES`` of wire bytes either way). ``compression`` is resolved
-    with ``cfg`` (``BYTEPS_COMPRESSOR``) as the synchronizer resolves it."""
-    comp = resolve(compression, cfg) if cfg is not None else (compression or Compression.none)
-    out = []
-    for p in params:
-        wire = p.dtype if comp.kind == "codec" else wire_torch_dtype(p.dtype, comp)
-        itemsize = torch.empty((), dtype=wire).element_size()
-        out.append((p.numel() * p.element_size(), (str(p.dtype), str(p.device)),
-                    p.numel() * itemsize))
-    return out
+    """The synchronizer's ``layout``: :func:`~byteps_like.worker.sync.dtype_layout`'s bytes and
+    wire bytes of each parameter, grouped by dtype and device (only those share a flat
+    buffer)."""
+    entries = dtype_layout([(p.numel() * p.element_size(), WIRE_DTYPE[p.dtype]) for p in params],
+                           compression, cfg)
+    return [(n, (str(p.dtype), str(p.device)), w) for (n, _, w), p in zip(entries, params)]

@@ -222,7 +222,7 @@ class _Crossing:
                 # with them, every bucket already back: one optimizer step for all of them
                 pending = self.sync.pending
                 self._apply(sorted(k for k in self.waiting
-                                   if k in needed or _done(pending[k].handle)))
+                                   if k in needed or pending[k].handle.done()))
         return hook
 
     def step(self, closure=None):
@@ -247,13 +247,8 @@ class _Crossing:
             raise
         params = [p for k in buckets for p in self.params_of[k]]
         ids = {id(p) for p in params}
-        saved = self.opt.param_groups
-        self.opt.param_groups = [dict(g, params=[p for p in g["params"] if id(p) in ids])
-                                 for g in saved]
-        try:
+        with self._groups_of(lambda p: id(p) in ids):
             self.opt.step()
-        finally:
-            self.opt.param_groups = saved
         for p in params:  # the gradient is used up: the next backward starts from nothing
             if self.set_to_none:
                 p.grad = None
@@ -288,15 +283,17 @@ class _Crossing:
             self.opt.zero_grad(set_to_none=set_to_none)
             return
         busy = {id(p) for k in self.waiting for p in self.params_of[k]}
+        with self._groups_of(lambda p: id(p) not in busy):
+            self.opt.zero_grad(set_to_none=set_to_none)
+
+    @contextlib.contextmanager
+    def _groups_of(self, keep) -> Iterator[None]:
+        """The wrapped optimizer sees only the parameters ``keep`` accepts, each in its own
+        group with that group's current hyperparameters."""
         saved = self.opt.param_groups
-        self.opt.param_groups = [dict(g, params=[p for p in g["params"] if id(p) not in busy])
+        self.opt.param_groups = [dict(g, params=[p for p in g["params"] if keep(p)])
                                  for g in saved]
         try:
-            self.opt.zero_grad(set_to_none=set_to_none)
+            yield
         finally:
             self.opt.param_groups = saved
-
-
-def _done(handle: Any) -> bool:
-    done = getattr(handle, "done", None)
-    return bool(done()) if done is not None else False
