@@ -637,6 +637,7 @@ class Server:
             self.native.set_members(sorted(joined), left)
         for e in self.engines:
             e.q.put((None, (joined, left)))
+        self.sparse.members(joined, left)
 
     def on_epoch(self, epoch: int, meta: dict) -> None:
         """Elastic jobs: reset to membership epoch ``epoch`` of ``meta["size"]`` workers, on the
@@ -652,7 +653,7 @@ class Server:
         self.epoch, self.required = epoch, size
         if self.native is not None:
             self.native.reset_epoch(base, size)
-        left = [len(self.engines)]
+        left = [len(self.engines) + 1]   # the engines and the tables' thread
         lock = threading.Lock()
 
         def applied() -> None:
@@ -664,8 +665,7 @@ class Server:
                 self.control.ack_epoch(epoch)
         for e in self.engines:
             e.q.put((None, ("epoch", base, size, applied)))
-        if not self.engines:
-            self.control.ack_epoch(epoch)
+        self.sparse.epoch(base, size, applied)
 
     def _on_message(self, route: Route, frames: list) -> None:
         try:

@@ -16,6 +16,12 @@ the length fit the table's row size, at most BYTEPS_SPARSE_MAX_IDS ids, every id
 on this shard, the round is the open one. A failed check is answered with an ERROR naming the
 table, the id and the worker rank; it changes nothing. One thread serves every table, apart
 from the I/O thread; its numpy work is vectorised over the rows.
+
+Membership follows the dense keys' rules (docs/sparse.md, "Membership"), applied in this
+thread's queue order: a round needs the pushes of the machines not in join(), and fails with
+peer_left when a machine left without it; an elastic epoch drops every open round and starts
+each table at the epoch's first round. In asynchronous mode a push is applied as it arrives and
+a pull answered at once.
 """
 from __future__ import annotations
 
@@ -39,8 +45,10 @@ from ..embedding import (
 )
 from ..transport import Route
 from ..wire import (
+    ERR_EPOCH,
     ERR_INTERNAL,
     ERR_MISMATCH,
+    ERR_PEER_LEFT,
     ERR_PROTOCOL,
     Header,
     Message,
@@ -70,6 +78,9 @@ class Table:
     pushes: dict = field(default_factory=dict)   # rank -> (ids, grads) of the open round
     pending: list = field(default_factory=list)  # (route, msg, ids) waiting for the round
     failed: str | None = None
+    failed_kind: str = ERR_MISMATCH
+    failed_extra: dict = field(default_factory=dict)   # peer_left: rank, last_round
+    average: bool | None = None                  # the open round's pushes: averaged or summed
     done: dict = field(default_factory=dict)     # (type, tag) -> round of a save/load done
     round_started: float | None = None           # monotonic time of the open round's 1st push
     key: int = -1                                # the table's id
@@ -99,6 +110,20 @@ class SparseService(threading.Thread):
         self.tables: dict[int, Table] = {}
         self.rounds_applied = 0
         self.rows_updated = 0
+        # membership, in this thread's queue order (Server.on_members, Server.on_epoch): the
+        # machines in join(), those that finished without it, the pushes a round needs
+        self.joined: frozenset = frozenset()
+        self.left: dict[int, str] = {}
+        self.required = server.required
+        self.round_base = 0   # elastic: the epoch's first round
+
+    def members(self, joined: frozenset, left: dict[int, str]) -> None:
+        """join(): queue a membership change behind the requests that came before it."""
+        self.q.put((None, ("members", joined, left)))
+
+    def epoch(self, base: int, size: int, applied) -> None:
+        """Elastic jobs: queue a new membership epoch; ``applied()`` once it is."""
+        self.q.put((None, ("epoch", base, size, applied)))
 
     def submit(self, route: Route, msg: Message) -> None:
         self.q.put((route, msg))
@@ -117,6 +142,12 @@ class SparseService(threading.Thread):
             if item is None:
                 return
             route, msg = item
+            if route is None:  # a membership change, in queue order
+                if msg[0] == "epoch":
+                    self.apply_epoch(*msg[1:])
+                else:
+                    self.apply_members(*msg[1:])
+                continue
             try:
                 self.process(route, msg)
             except Exception as exc:  # noqa: BLE001 - a bug must not kill the service silently
@@ -137,7 +168,12 @@ class SparseService(threading.Thread):
                          f"{h.key} from worker rank {h.rank}: no such table (create it first)")
             return
         if table.failed is not None:
-            self.server.reply_error(route, h, ERR_MISMATCH, table.failed)
+            self._reply_failed(table, route, h)
+            return
+        if h.round < self.round_base:   # elastic: sent in an epoch that has ended
+            self._refuse(route, h, "sparse request of a superseded epoch", f"table "
+                         f"{table.spec.name!r}: {h.type.name} of round {h.round} from worker rank "
+                         f"{h.rank} belongs to a membership epoch that has ended", ERR_EPOCH)
             return
         if h.type is MsgType.SPARSE_PULL:
             self._pull(table, route, msg)
@@ -146,6 +182,65 @@ class SparseService(threading.Thread):
         else:
             self._at_round(table, route, msg, None)
 
+    def _reply_failed(self, table: Table, route: Route, h: Header) -> None:
+        self.server.reply_error(route, h, table.failed_kind, table.failed or "",
+                                table.failed_extra)
+
+    def _fail(self, table: Table, text: str, kind: str = ERR_MISMATCH,
+              extra: dict | None = None) -> None:
+        """The table serves no more: answer what waits, and every later request, with ``text``."""
+        table.failed, table.failed_kind, table.failed_extra = text, kind, extra or {}
+        log.error("server %d: %s", self.server.rank, text)
+        waiting, table.pending = table.pending, []
+        for proute, pmsg, _ids in waiting:
+            self._reply_failed(table, proute, pmsg.header)
+
+    # -- membership: join() and elastic epochs (docs/sparse.md, "Membership") -------------------
+    def apply_members(self, joined: frozenset, left: dict[int, str]) -> None:
+        """join(): a round needs the pushes of the machines not in join(); a round that a
+        machine which left without join() has not pushed can never complete (peer_left)."""
+        self.joined, self.left = joined, left
+        if self.server.async_mode:
+            return
+        for table in self.tables.values():
+            if table.failed is None and not self._doom_if_left(table):
+                self._complete_if_ready(table)
+
+    def apply_epoch(self, base: int, size: int, applied) -> None:
+        """Elastic jobs: a new membership epoch. The tables stay (their rows are the servers');
+        every open round is dropped (its pushes forgotten, its waiting requests answered with
+        an epoch error) and the next round is ``base``, the first of the epoch, which needs
+        ``size`` pushes."""
+        self.joined, self.left, self.required, self.round_base = frozenset(), {}, size, base
+        for table in self.tables.values():
+            for route, msg, _ids in table.pending:
+                self.server.reply_error(route, msg.header, ERR_EPOCH, (
+                    f"table {table.spec.name!r}: the membership epoch of round "
+                    f"{msg.header.round} ended (a worker left or joined); the round was dropped"))
+            table.pending, table.pushes, table.average = [], {}, None
+            table.round_started = None
+            table.applied = base
+        applied()
+
+    def _doom_if_left(self, table: Table) -> bool:
+        if not self.left or (not table.pushes and not table.pending):
+            return False
+        for machine, why in sorted(self.left.items()):
+            if machine in table.pushes:
+                continue
+            last = table.applied - 1
+            self._fail(table, (
+                f"{why}; round {table.applied} of table {table.spec.name!r} can never complete "
+                f"(the last round it pushed was {last}). Ranks that run fewer steps must call "
+                "join() when they are done"), ERR_PEER_LEFT, {"rank": machine, "last_round": last})
+            return True
+        return False
+
+    def _complete_if_ready(self, table: Table) -> None:
+        """Apply the open round once every machine not in join() has pushed it."""
+        if table.pushes and len(table.pushes) >= self.required - len(self.joined):
+            self._apply(table)
+
     def _refuse(self, route: Route, h: Header, reason: str, text: str,
                 kind: str = ERR_PROTOCOL) -> None:
         self.server.refuse(route, h, reason, kind, f"server {self.server.rank}: {text}")
@@ -153,9 +248,6 @@ class SparseService(threading.Thread):
     def _create(self, route: Route, msg: Message) -> None:
         h, srv, meta = msg.header, self.server, msg.meta or {}
         try:
-            if srv.async_mode or srv.elastic:
-                raise TableError("server-held tables need a synchronous, non-elastic job "
-                                 "(BYTEPS_ENABLE_ASYNC and elastic mode are not supported yet)")
             if not 0 <= h.key < MAX_TABLES:
                 raise TableError(f"table id {h.key} is not below {MAX_TABLES}")
             spec = TableSpec.from_json(meta.get("spec"))
@@ -171,16 +263,12 @@ class SparseService(threading.Thread):
         table = self.tables.get(h.key)
         if table is not None:
             if table.failed is None and spec != table.spec:
-                table.failed = (f"table mismatch on table id {h.key}: worker rank "
-                                f"{table.decl_rank} declared {table.spec.describe()} but worker "
-                                f"rank {h.rank} declared {spec.describe()}; every worker must "
-                                "create the same tables in the same order")
-                log.error("server %d: %s", srv.rank, table.failed)
-                for proute, pmsg, _ids in table.pending:
-                    srv.reply_error(proute, pmsg.header, ERR_MISMATCH, table.failed)
-                table.pending.clear()
+                self._fail(table, f"table mismatch on table id {h.key}: worker rank "
+                           f"{table.decl_rank} declared {table.spec.describe()} but worker "
+                           f"rank {h.rank} declared {spec.describe()}; every worker must "
+                           "create the same tables in the same order")
             if table.failed is not None:
-                srv.reply_error(route, h, ERR_MISMATCH, table.failed)
+                self._reply_failed(table, route, h)
                 return
             srv.reply(route, MsgType.SPARSE_ACK, h)
             return
@@ -194,7 +282,7 @@ class SparseService(threading.Thread):
                 f"{srv.store_bytes()} bytes are held"))
             return
         self.tables[h.key] = Table(spec, TableShard(spec, shard, shards), shards, h.rank, need,
-                                   key=h.key)
+                                   applied=self.round_base, key=h.key)
         log.info("server %d: table %s, shard %d of %d: %d rows, %d bytes charged", srv.rank,
                  spec.describe(), shard, shards, nrows, need)
         srv.reply(route, MsgType.SPARSE_ACK, h)
@@ -245,7 +333,7 @@ class SparseService(threading.Thread):
         """Serve a pull, save or load of round ``r`` once round ``r - 1`` is applied (now, or
         when the round completes)."""
         h = msg.header
-        if h.round == table.applied:
+        if h.round == table.applied or self.server.async_mode:   # async: no rounds
             self._serve(table, route, msg, ids)
         elif h.round == table.applied + 1 and len(table.pending) < 2 * self.server.num_workers:
             table.pending.append((route, msg, ids))
@@ -314,18 +402,49 @@ class SparseService(threading.Thread):
         ids = self._ids(table, route, h, buf, n)
         if ids is None:
             return
+        average = bool((msg.meta or {}).get("average"))
+        grads = np.frombuffer(buf, np.float32, n * spec.dim, 8 * n).reshape(n, spec.dim)
+        if self.server.async_mode:
+            self._apply_now(table, route, h, ids, grads, average)
+            return
         if h.round != table.applied or h.rank in table.pushes:
             self._refuse(route, h, "sparse push out of round", f"table {spec.name!r}: push of "
                          f"round {h.round} from worker rank {h.rank}, a round that is not open "
                          "or that this rank has pushed already")
             return
-        grads = np.frombuffer(buf, np.float32, n * spec.dim, 8 * n).reshape(n, spec.dim)
+        if h.rank in self.joined:
+            self._refuse(route, h, "push after join()", f"table {spec.name!r}: push from "
+                         f"worker rank {h.rank}, which has called join(); a joined rank pushes "
+                         "again only after every rank has joined")
+            return
+        if table.average is not None and average != table.average:
+            self._refuse(route, h, "averaged and summed pushes in one round", (
+                f"table {spec.name!r}: push of round {h.round} from worker rank {h.rank} is "
+                f"{'averaged' if average else 'summed'}, the round's first push was not; every "
+                "worker must push a table the same way"), ERR_MISMATCH)
+            return
         if not table.pushes:
             table.round_started = time.monotonic()
+        table.average = average
         table.pushes[h.rank] = (ids, grads)
+        if self.left and self._doom_if_left(table):
+            self._reply_failed(table, route, h)
+            return
         self.server.reply(route, MsgType.SPARSE_ACK, h)
-        if len(table.pushes) >= self.server.required:
-            self._apply(table)
+        self._complete_if_ready(table)
+
+    def _apply_now(self, table: Table, route: Route, h: Header, ids: np.ndarray,
+                   grads: np.ndarray, average: bool) -> None:
+        """Asynchronous mode: a push updates its rows as it arrives, alone (an averaged one
+        divided by the job's number of workers), and is acknowledged after that."""
+        uniq, sums = sum_rows([ids], [grads], table.spec.dim)
+        if average and self.required > 1:
+            sums /= np.float32(self.required)
+        table.shard.apply(uniq, sums)
+        table.applied += 1
+        self.rounds_applied += 1
+        self.rows_updated += len(uniq)
+        self.server.reply(route, MsgType.SPARSE_ACK, h)
 
     def _apply(self, table: Table) -> None:
         """Every worker pushed the open round: sum per row (rank order), update, answer the
@@ -333,8 +452,10 @@ class SparseService(threading.Thread):
         order = sorted(table.pushes)
         ids, sums = sum_rows([table.pushes[r][0] for r in order],
                              [table.pushes[r][1] for r in order], table.spec.dim)
+        if table.average and len(order) > 1:   # over the workers that pushed the round
+            sums /= np.float32(len(order))
         table.shard.apply(ids, sums)
-        table.pushes = {}
+        table.pushes, table.average = {}, None
         table.round_started = None
         table.applied += 1
         self.rounds_applied += 1

@@ -41,7 +41,7 @@ class SparseEmbedding(tf.keras.layers.Layer):
             table or f"SparseEmbedding.{len(rt.sparse.tables)}", input_dim, output_dim,
             init=init, init_args=init_args, seed=seed, optimizer=optimizer, **optimizer_args)
         self.input_dim, self.output_dim = input_dim, output_dim
-        self.scale = 1.0 / rt.size() if average else 1.0
+        self.average = average   # the servers divide each round's sum by its pushes
         self.anchor = self.add_weight(shape=(), initializer="zeros", trainable=True,
                                       name="bps_anchor")
 
@@ -49,7 +49,7 @@ class SparseEmbedding(tf.keras.layers.Layer):
         return self.table.pull(uniq)
 
     def _push(self, uniq: np.ndarray, grad: np.ndarray) -> np.float32:
-        self.table.push(uniq, grad * np.float32(self.scale) if self.scale != 1.0 else grad)
+        self.table.push(uniq, grad, average=self.average)
         return np.float32(0.0)
 
     def call(self, ids: Any) -> tf.Tensor:

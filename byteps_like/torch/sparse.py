@@ -37,9 +37,10 @@ class _TableModule(torch.nn.Module):
             name, num_embeddings, embedding_dim, init=init, init_args=init_args, seed=seed,
             optimizer=optimizer, **optimizer_args)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        # gradients are averaged over the workers, like DistributedOptimizer's dense ones
-        self.scale = 1.0 / rt.size() if average else 1.0
-        self._unpushed = False
+        # gradients are averaged over the workers, like DistributedOptimizer's dense ones: the
+        # servers divide each round's sum by the workers that pushed it
+        self.average = average
+        self._unpushed: int | None = None   # the step of a training forward not pushed yet
 
     def _rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the rows of the unique ids, the index of each id among them); in a training forward
@@ -51,21 +52,22 @@ class _TableModule(torch.nn.Module):
         uniq_np = uniq.detach().cpu().numpy()
         rows = torch.from_numpy(self.table.pull(uniq_np)).to(ids.device)
         if self.training and torch.is_grad_enabled():
-            if self._unpushed:
+            # (a new elastic epoch moved the table's step on: that forward is void)
+            if self._unpushed is not None and self._unpushed == self.table.step:
                 raise BytePSError(f"table {self.table.name!r}: a training forward before the "
                                   "previous one's backward pushed its gradients; run backward "
                                   "once after each training forward (or use eval/no_grad)")
-            self._unpushed = True
+            self._unpushed = self.table.step
             rows.requires_grad_(True)
             rows.register_hook(lambda g: self._push(uniq_np, g))
         return rows, inv.reshape(ids.shape)
 
     def _push(self, uniq, grad: torch.Tensor) -> None:
         g = grad.detach().to("cpu", torch.float32)
-        if self.scale != 1.0:
-            g = g * self.scale
-        self.table.push(uniq, g.numpy())
-        self._unpushed = False
+        try:
+            self.table.push(uniq, g.numpy(), average=self.average)
+        finally:
+            self._unpushed = None
 
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, table={self.table.name!r}, "

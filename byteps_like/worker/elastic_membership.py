@@ -87,6 +87,8 @@ class ElasticMembership:
         self._start: dict | None = None  # the newest EPOCH_START not adopted yet
         self._started = threading.Event()
         self.resumes: list[float] = []   # seconds each rejoin() blocked (measurements)
+        # called with the new epoch's first round once it is adopted (the server-held tables)
+        self.on_new_epoch: list[Any] = []
 
     # -- hooks the runtime calls --------------------------------------------------------------
     def attach_control(self, control: Any) -> None:
@@ -280,6 +282,8 @@ class ElasticMembership:
             # sequences restart, so a joiner's names are the survivors'
             self.registry.reset(base)
             broadcast.reset_names()
+            for hook in self.on_new_epoch:
+                hook(base)
             self._superseded = None
             self._added = 0
             self._start = None

@@ -222,11 +222,12 @@ class Rounds:
         return (f" (waiting on server(s) {servers}; a worker that has not pushed this tensor, "
                 f"or a slow or stuck peer, holds the round open)")
 
-    def join(self) -> int:
+    def join(self, tables: Any = None) -> int:
         """``Runtime.join``'s rounds: finish what is in flight, tell the scheduler the round
         each tensor reached, wait until every worker has joined, and continue each tensor at
         the round the job is at (the ranks that ran more steps pushed more rounds). Returns
-        the rank that joined last."""
+        the rank that joined last. ``tables`` (the server-held tables, worker/sparse.py)
+        reports and catches up its own rounds the same way."""
         m, flight = self.members, self.flight
         for h in list(flight.handles):
             h.wait()
@@ -235,7 +236,10 @@ class Rounds:
             return m.rank
         with flight.lock:
             rounds = self.registry.rounds()
-        last, rounds = control.join(rounds)
+        own = tables.rounds() if tables is not None else {}
+        last, rounds = control.join({**rounds, **own})
+        if tables is not None:
+            tables.catch_up(rounds)
         with flight.lock:
-            self.registry.catch_up(rounds)
+            self.registry.catch_up({n: r for n, r in rounds.items() if n not in own})
         return last

@@ -208,6 +208,7 @@ class Runtime:
             if cfg.elastic.enabled and not c.is_standalone:  # worker/elastic_membership.py
                 self.elastic_m = self.stages.elastic = ElasticMembership(
                     self.members, self.flight, self.registry, self.plane)
+                self.elastic_m.on_new_epoch.append(self.sparse.new_epoch)
             if c.is_standalone:
                 self.members.rank = 0
             else:
@@ -393,8 +394,7 @@ class Runtime:
                 f"join() on worker rank {self.rank_}: not supported with several worker "
                 f"processes per machine (BYTEPS_LOCAL_SIZE={self.local_size_}) yet; give "
                 "every rank the same number of steps (e.g. drop the last uneven batches)")
-        self.sparse.check_join()
-        return self.rounds.join()
+        return self.rounds.join(self.sparse)
 
     # -- declaration -------------------------------------------------------------------------------
     def auto_name(self) -> str:

@@ -30,13 +30,23 @@ from ..embedding import (
     split_by_shard,
     sum_rows,
 )
-from ..errors import BytePSError, CommTimeoutError
+from ..errors import BytePSError, CommTimeoutError, MembershipChangedError
 from ..transport import Route
-from ..wire import HEADER_SIZE, SPARSE_ANSWERS, Header, Message, MsgType, Role, encode
+from ..wire import (
+    ERR_EPOCH,
+    HEADER_SIZE,
+    SPARSE_ANSWERS,
+    Header,
+    Message,
+    MsgType,
+    Role,
+    encode,
+)
 from .dispatch import server_error
 
 if TYPE_CHECKING:
     from ..config import Config
+    from .elastic_membership import ElasticMembership
     from .membership import Membership
 
 
@@ -45,6 +55,7 @@ class Runtime(Protocol):
     members only, so this part does not import the runtime that holds it."""
 
     members: Membership
+    elastic_m: ElasticMembership | None
 
     @property
     def config(self) -> Config: ...
@@ -63,6 +74,8 @@ class Runtime(Protocol):
 #: the request an answer belongs to, by the request's message type
 _KIND = {"SPARSE_CREATE": "create", "SPARSE_PULL": "pull", "SPARSE_PUSH": "push",
          "SPARSE_SAVE": "save", "SPARSE_LOAD": "load"}
+#: how join() names a table among the tensors whose rounds it reports
+_JOIN_PREFIX = "\x00table "
 #: how often a waiting call looks for the job's fatal error
 _POLL_S = 0.05
 
@@ -93,7 +106,9 @@ class EmbeddingTable:
                  local: TableShard | None):
         self.owner, self.spec, self.table_id = owner, spec, table_id
         self.local = local           # a job of one process: the table itself
-        self.step = 0                # rounds pushed; the round of the next pull and push
+        # the round of the next pull and push: rounds pushed since the membership epoch's
+        # first round (0 outside elastic jobs)
+        self.step = owner.round_base
         self.stats = TableStats()
 
     @property
@@ -148,10 +163,13 @@ class EmbeddingTable:
         out[order] = got
         return out
 
-    def push(self, ids: Any, grads: Any, timeout: float | None = None) -> None:
+    def push(self, ids: Any, grads: Any, timeout: float | None = None, *,
+             average: bool = False) -> None:
         """Push the gradients of rows ``ids`` (``len(ids) x dim`` float32) for this step; the
         servers add every worker's and update the rows once all have pushed. Every worker pushes
-        every table once a step (an empty push when its batch had no rows)."""
+        every table once a step (an empty push when its batch had no rows). ``average``: the
+        servers divide the sum by the number of workers that pushed the round (the workers
+        not in ``join()``; an elastic epoch's); every worker must push a table the same way."""
         ids = self.check_ids(ids)
         g = np.ascontiguousarray(grads, dtype=np.float32)
         if g.shape != (len(ids), self.dim):
@@ -166,7 +184,8 @@ class EmbeddingTable:
             g = g[order]
             bounds = np.cumsum([0] + [len(p) for p in per_server])
             payloads = [(p, g[a:b]) for p, a, b in zip(per_server, bounds[:-1], bounds[1:])]
-            self.owner.call(self, MsgType.SPARSE_PUSH, self.step, payloads, timeout)
+            self.owner.call(self, MsgType.SPARSE_PUSH, self.step, payloads, timeout,
+                            [{"average": True}] * len(payloads) if average else None)
         self.step += 1
         self.stats.steps += 1
 
@@ -231,6 +250,34 @@ class SparseTables:
     def max_ids(self) -> int:
         return self.rt.config.server.sparse_max_ids
 
+    @property
+    def round_base(self) -> int:
+        """The first round of this worker's membership epoch (elastic jobs; 0 otherwise)."""
+        em = self.rt.elastic_m
+        return em.round_base if em is not None else 0
+
+    # -- membership (docs/sparse.md, "Membership") ----------------------------------------------
+    def new_epoch(self, base: int) -> None:
+        """Elastic jobs, a new membership epoch: the servers dropped every open round and
+        continue each table at the epoch's first round; so does this worker."""
+        with self._lock:
+            for t in self.tables.values():
+                if t.local is None:
+                    t.step = base
+
+    def rounds(self) -> dict[str, int]:
+        """join(): the round each server-held table reached, for the scheduler to take the
+        most of; named ``_JOIN_PREFIX + name`` (a NUL first: no tensor name in practice)."""
+        return {_JOIN_PREFIX + n: t.step for n, t in self.tables.items() if t.local is None}
+
+    def catch_up(self, rounds: dict[str, int]) -> None:
+        """After join(): each table continues at the round the job reached (the ranks that
+        ran more steps pushed more rounds)."""
+        for n, t in self.tables.items():
+            rnd = rounds.get(_JOIN_PREFIX + n)
+            if t.local is None and type(rnd) is int and rnd > t.step:
+                t.step = rnd
+
     def create(self, name: str, rows: int, dim: int, *, dtype: str = "float32",
                init: str = "normal", init_args: dict | None = None, seed: int = 0,
                optimizer: str = "sgd", timeout: float | None = None,
@@ -272,16 +319,6 @@ class SparseTables:
             self.tables[name] = table
         return table
 
-    def check_join(self) -> None:
-        """join() is refused while this worker holds server-held tables: their rounds need
-        every worker, so the others would wait out their timeout."""
-        held = sorted(n for n, t in self.tables.items() if t.local is None)
-        if held:
-            raise BytePSError(
-                f"join() on worker rank {self.rank}: not supported with server-held embedding "
-                f"tables ({', '.join(map(repr, held))}) yet; give every rank the same number of "
-                "steps (e.g. drop the last uneven batches)")
-
     # -- requests and their answers -------------------------------------------------------------
     def call(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
              timeout: float | None, metas: list | None = None) -> dict:
@@ -289,6 +326,8 @@ class SparseTables:
         for every answer; returns the answers' payloads by server index."""
         rt, m = self.rt, self.rt.members
         rt.check()
+        if rt.elastic_m is not None:   # an epoch that is over: raise at once
+            rt.elastic_m.check_collective()
         key = (table.table_id, _KIND[mtype.name], rnd)
         call = _Call(set(range(len(payloads))))
         if mtype is MsgType.SPARSE_PULL:
@@ -330,6 +369,8 @@ class SparseTables:
         deadline = time.monotonic() + limit
         while not call.done.wait(_POLL_S):
             rt.check()   # the job's fatal error (a lost peer) ends the wait
+            if rt.elastic_m is not None:   # and so does a new membership epoch
+                rt.elastic_m.check_collective()
             if time.monotonic() > deadline:
                 missing = sorted(call.servers - set(call.answers))
                 raise CommTimeoutError(f"table {table.name!r}: {mtype.name} of step {rnd} on "
@@ -365,9 +406,15 @@ class SparseTables:
         name = table.name if table is not None else f"table id {tid}"
         if h.type is MsgType.ERROR:
             meta = msg.meta if isinstance(msg.meta, dict) else {}
-            call.error = call.error or server_error(
-                f"{what} of table {name!r}", meta.get("kind"),
-                str(meta.get("message", "error")), h.rank, meta)
+            if meta.get("kind") == ERR_EPOCH:   # the server reset first: the epoch is over
+                em = self.rt.elastic_m
+                exc: BaseException = MembershipChangedError(
+                    f"{what} of table {name!r}: {meta.get('message', 'epoch ended')}",
+                    epoch=(em.epoch + 1) if em is not None else 0)
+            else:
+                exc = server_error(f"{what} of table {name!r}", meta.get("kind"),
+                                   str(meta.get("message", "error")), h.rank, meta)
+            call.error = call.error or exc
             call.answers[s] = None
         elif what == "pull" and (h.dtype != "float32" or h.nbytes != call.expect[s]):
             call.error = call.error or BytePSError(

@@ -47,6 +47,20 @@ def check_sums(recs: list[dict], log: str) -> None:
         assert r["ranks"] == r["ranks_max"] == n * (n + 1) / 2, (r, log)
 
 
+def check_table(recs: list[dict], log: str) -> None:
+    """table=1: every worker reads the same row at the same (epoch, step), and within an epoch
+    each round takes it down by the epoch's size (every worker of the epoch pushed 1s, none
+    of another epoch)."""
+    seen: dict[tuple, float] = {}
+    for r in recs:
+        if "table" in r:
+            assert seen.setdefault((r["epoch"], r["step"]), r["table"]) == r["table"], (r, log)
+    for (e, s), v in seen.items():
+        if (e, s + 1) in seen:
+            n = next(r["size"] for r in recs if r.get("epoch") == e and "table" in r)
+            assert seen[(e, s + 1)] == v - n, (e, s, seen, log)
+
+
 def job_env(**extra: str) -> dict:
     return {"BYTEPS_JOB_ID": f"elastic-test-{uuid.uuid4().hex[:12]}", **extra}
 
@@ -193,3 +207,41 @@ def test_a_script_that_fails_on_every_worker_fails_the_job():
     last = run.err.splitlines()[-1]
     assert last.startswith("bpslaunch: error: worker") and "boom" in last, log
     assert not leftovers(e["BYTEPS_JOB_ID"]), leftovers(e["BYTEPS_JOB_ID"])
+
+
+def test_tables_follow_the_epochs():
+    """Server-held tables in an elastic job (docs/sparse.md, "Membership"): a worker SIGKILLed
+    after the others pushed a table's round (it pulled, never pushed) does not hang them; the
+    epoch change drops that round (the row is what it was before it) and the new epoch's
+    rounds complete with the 2 workers left."""
+    steps = 6
+    run, job = launch([steps, "kill=2@1", "slow=0.05", "table=1"], 3, plane="zmq",
+                      extra=["--min-workers", "2", "--max-restarts", "0"])
+    log = run.log
+    assert run.rc == 0, log
+    recs = records(run.out)
+    check_sums(recs, log)
+    check_table(recs, log)
+    first = {(r["epoch"], r["step"]): r["table"] for r in recs if "table" in r}
+    assert first[(1, 0)] == 0.0 and first[(1, 1)] == -3.0, log   # rounds of 3 workers
+    # step 2 of epoch 1 never ended: round 1 applied (-6), round 2 dropped, not applied
+    assert first[(2, 2)] == -6.0, log
+    assert first[(2, steps - 1)] == -6.0 - 2 * (steps - 3), log
+    assert len([r for r in recs if r.get("done")]) == 2, log
+    assert not leftovers(job), leftovers(job)
+
+
+def test_a_worker_added_mid_run_reads_and_pushes_the_tables():
+    """A joiner creates the job's table (the servers hold it already) at the epoch's first
+    round and reads the rows the others read; from then on every round needs 3 pushes."""
+    run, _ = launch([16, "slow=0.15", "table=1"], 2, plane="zmq",
+                    extra=["--max-workers", "3", "--add-workers", "1", "--add-after", "1"],
+                    timeout=120)
+    log = run.log
+    assert run.rc == 0, log
+    recs = records(run.out)
+    check_sums(recs, log)
+    check_table(recs, log)
+    joiner = [r for r in recs if r["who"] == "worker 2" and "table" in r]
+    assert joiner and joiner[0]["epoch"] == 2 and joiner[0]["size"] == 3, log
+    assert len([r for r in recs if r.get("done")]) == 3, log

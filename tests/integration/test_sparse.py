@@ -294,10 +294,62 @@ def test_a_table_round_some_workers_did_not_push_is_reported_as_stalled():
         assert wait_until(lambda: not srv.stalled_rounds(), 10)
 
 
-def test_join_is_refused_while_tables_are_held_on_the_servers():
-    from byteps_like.errors import BytePSError
-    with running_cluster(workers=2, servers=1) as c:
-        ok(c.run_all(lambda w: w.sparse.create("emb-join", 100, 4)))
-        for exc in c.run_all(lambda w: w.join()):
-            assert isinstance(exc, BytePSError), exc
-            assert "not supported with server-held embedding tables ('emb-join')" in str(exc)
+def test_tables_with_join_follow_the_rules_of_dense_keys():
+    """join() with a server-held table (tests/integration/test_join.py's uneven steps): while
+    ranks are in join() a table's round needs the others' pushes only and its average divides
+    by them; after the join every rank continues at the round the job reached."""
+    import json
+
+    from .harness import bpslaunch, worker
+    steps = [5, 3, 4]
+    run = bpslaunch(worker("join_check.py", ",".join(map(str, steps)), "join", "float32",
+                           "table"), workers=3, servers=2, env={"BYTEPS_DATA_PLANE": "zmq"},
+                    timeout=120)
+    assert run.rc == 0, run.log
+    recs = [json.loads(ln[ln.index("{"):]) for ln in run.out.splitlines()
+            if ln.startswith("[worker") and "{" in ln]
+    want, row = {}, 0.0
+    for s in range(max(steps)):   # SGD, lr 1: down by the average of the ranks still in
+        want[s] = row
+        still_in = [q for q in range(3) if steps[q] > s]
+        row -= sum(q + 1 for q in still_in) / len(still_in)
+    got = [(r["step"], r["row"]) for r in recs if "row" in r]
+    assert sorted(got) == sorted((s, want[s]) for q in range(3) for s in range(steps[q])), (
+        got, run.log)
+    ends = [(r["row_after"], r["row_end"]) for r in recs if "row_after" in r]
+    assert ends == [(row, row - 3)] * 3, (ends, row, run.log)
+
+
+def test_a_rank_that_ends_without_join_fails_the_table_naming_it():
+    """A rank that finishes without join() while another still pushes the table: the other
+    gets PeerLeftError naming it and the round it never pushed, well within the timeouts."""
+    import json
+
+    from .harness import bpslaunch, worker
+    run = bpslaunch(worker("join_check.py", "6,2", "nojoin", "float32", "tableonly"),
+                    workers=2, servers=1, timeout=90)
+    assert run.rc != 0, run.log
+    left = [json.loads(ln[ln.index("{"):]) for ln in run.out.splitlines()
+            if ln.startswith("[worker") and "peer_left" in ln]
+    assert len(left) == 1 and left[0]["rank"] == 0, run.log
+    assert left[0]["peer_left"] == 1 and left[0]["last_round"] == 1, run.log
+    text = left[0]["message"]
+    assert "round 2 of table 'emb' can never complete" in text and "worker rank 1" in text, text
+    assert run.elapsed < 30, run.log
+
+
+def test_async_mode_applies_each_push_as_it_arrives():
+    """BYTEPS_ENABLE_ASYNC: no rounds. A push updates its rows at once, alone (an averaged one
+    divided by the job's workers); a pull reads the rows as they are, whoever pushed."""
+    ones = np.ones((2, 4), np.float32)
+    with running_cluster(workers=2, servers=2, extra={"BYTEPS_ENABLE_ASYNC": "1"}) as c:
+        tables = ok(c.run_all(lambda w: w.sparse.create("emb-async", 100, 4, init="zeros",
+                                                        lr=1.0)))
+        t0, t1 = (t for _w, t in sorted(zip([w.rank() for w in c.workers], tables)))
+        t0.push([1, 2], ones)                 # worker 1 pushes nothing: no round waits for it
+        assert np.array_equal(t0.pull([1, 2, 3])[:, 0], [-1, -1, 0])
+        t0.push([1, 2], ones)                 # two steps ahead of worker 1
+        assert np.array_equal(t1.pull([1, 2])[:, 0], [-2, -2])
+        t1.push([1, 2], 4 * ones, average=True)   # / 2 workers
+        assert np.array_equal(t0.pull([1, 2, 3])[:, 0], [-4, -4, 0])
+        assert all(s.sparse.rounds_applied == 3 for s in c.servers)   # each push, each server

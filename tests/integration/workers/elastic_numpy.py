@@ -1,6 +1,6 @@
 """An elastic numpy worker for tests/integration/test_elastic.py.
 
-Usage: elastic_numpy.py STEPS [kill=STEP@RANK[:TERM]] [killserver=STEP] [slow=SECONDS]
+Usage: elastic_numpy.py STEPS [kill=STEP@RANK[:TERM]] [killserver=STEP] [slow=SECONDS] [table=1]
 
 Every step push_pulls (sum, not average) a vector of 1s from every worker and a vector holding
 rank + 1, over a few tensors, and prints one JSON line: rank, size, epoch, step and the sums, so
@@ -10,7 +10,10 @@ and goes on. ``kill=STEP@RANK``: the worker of that rank in epoch 1 SIGKILLs its
 step, mid-step (one tensor pushed, the other not), while the others wait for the round
 (``:TERM``: with SIGTERM, as a preempted machine gets first).
 ``killserver=STEP``: rank 0 SIGKILLs server 0 at that step. ``slow``: seconds each step sleeps
-(a window to join or lose).
+(a window to join or lose). ``table=1``: every step also pulls row 0 of a server-held table
+(zeros, SGD with lr 1) before the push_pulls and pushes a row of 1s between them (after the
+kill point), and prints the row's value (``table``): each round of an epoch takes it down by
+the epoch's size, and a round cut short by a change is dropped, not applied.
 """
 import json
 import os
@@ -49,6 +52,8 @@ def say(**kw):
 
 say(init=round(time.monotonic() - t_init, 3), rank=bps.rank(), size=bps.size(), epoch=epoch(),
     pid=os.getpid())
+table = (bps.embedding_table("emb", 16, 4, init="zeros", optimizer="sgd", lr=1.0)
+         if opts.get("table") else None)
 step = 0
 synced = False
 while step < steps:
@@ -69,6 +74,7 @@ while step < steps:
             if step >= steps:
                 break
         n = bps.size()
+        row = float(table.pull([0])[0, 0]) if table is not None else None
         ones = np.ones(1000, np.float32)
         mine = np.full(300_000, bps.rank() + 1, np.float64)   # several partitions
         h1 = bps.push_pull_async(ones, name="ones", average=False)
@@ -82,11 +88,14 @@ while step < steps:
             say(killing=step, rank=bps.rank())
             os.kill(os.getpid(), kill_sig)
             time.sleep(30)  # SIGTERM: the handler (the default action after it) ends it
+        if table is not None:   # the round stays open until every worker of the epoch pushes
+            table.push([0], np.ones((1, 4), np.float32))
         h2 = bps.push_pull_async(mine, name="ranks", average=False)
         s1, s2 = bps.synchronize(h1), bps.synchronize(h2)
         say(rank=bps.rank(), size=n, epoch=epoch(), step=step,
             ones=float(s1.min()), ones_max=float(s1.max()),
-            ranks=float(s2.min()), ranks_max=float(s2.max()))
+            ranks=float(s2.min()), ranks_max=float(s2.max()),
+            **({"table": row} if row is not None else {}))
         step += 1
         if slow:
             time.sleep(slow)
