@@ -125,89 +125,52 @@ def stager() -> _Stager:
 os.register_at_fork(after_in_child=stager.cache_clear)
 
 
-class DeviceBucket:
-    """The device side of one bucket of CUDA gradients (see the module docstring).
+class ChunkedCopy:
+    """One flat region of device memory through the native plane, chunk by chunk: the part of
+    a device bucket (and of a named CUDA ``push_pull``) that moves bytes.
 
-    A bucket larger than ``chunk_bytes`` (a single large gradient: VGG-16's 411 MB classifier
-    weight) travels as chunks of at most ``chunk_bytes``, each its own device-to-host copy,
-    its own push_pull (its own key: ``<bucket>.<i>``, declared when the bucket is made) and its
-    own host-to-device copy, so copies, network and the copies back overlap within the bucket.
-    Copies to the host and back run on two streams, so a bucket's copies back do not queue
-    behind the next bucket's copies out."""
+    The region travels as chunks of at most ``chunk_bytes`` (near-equal, :func:`chunk_ranges`),
+    each its own device-to-host copy into a pinned host buffer (made once), its own push_pull
+    (its own key: ``<name>.<i>`` after the first, declared here, so every worker that makes
+    the same objects in the same order declares the same keys) and its own host-to-device
+    copy, so copies, network and the copies back overlap. Copies to the host and back run on
+    two streams, so one region's copies back do not queue behind the next region's copies out.
+    No Python runs per partition: the native plane cuts and moves each chunk."""
 
-    def __init__(self, rt: Runtime, bucket: Bucket, params: Sequence[torch.Tensor],
-                 wire_dtype: torch.dtype, average: bool, chunk_bytes: int = 0):
-        self.rt, self.bucket, self.average = rt, bucket, average
-        self.params = list(params)
-        self.device = self.params[0].device
+    def __init__(self, rt: Runtime, name: str, count: int, wire_dtype: torch.dtype,
+                 device: torch.device, average: bool, chunk_bytes: int):
+        self.rt, self.name, self.average, self.device = rt, name, average, device
         self.wire = wire_dtype
-        counts = [p.numel() for p in self.params]
-        total = sum(counts)
-        self.flat = torch.empty(total, dtype=wire_dtype, device=self.device)
-        self.views: list[torch.Tensor] = []
-        off = 0
-        for p, n in zip(self.params, counts):
-            self.views.append(self.flat[off:off + n].view(p.shape))
-            off += n
-        self.nccl = nccl.available(rt, self.flat)
-        self.direct = rt.alone  # one process, no server: the sum is the input
-        self.host: torch.Tensor | None = None
-        self.chunks = [(0, total)]
-        self.names = [bucket.name]
-        if not self.nccl and not self.direct:
-            self.host = torch.empty(self.flat.shape, dtype=wire_dtype, device="cpu",
-                                    pin_memory=True)
-            self.host_np = as_numpy(self.host)
-            self.chunks = chunk_ranges(total, self.flat.element_size(), chunk_bytes)
-            self.names += [f"{bucket.name}.{i}" for i in range(1, len(self.chunks))]
-            for name in self.names[1:]:  # every worker makes its buckets in the same order
-                rt.declare(name)
-        self.d2h_stream = copy_stream(self.device, "buckets")
-        self.h2d_stream = copy_stream(self.device, "buckets-h2d")
-        self.ready = torch.cuda.Event()  # the gather is done (producing stream)
+        self.host = torch.empty(count, dtype=wire_dtype, device="cpu", pin_memory=True)
+        self.host_np = as_numpy(self.host)
+        self.chunks = chunk_ranges(count, self.host.element_size(), chunk_bytes)
+        self.names = [name] + [f"{name}.{i}" for i in range(1, len(self.chunks))]
+        for chunk_name in self.names[1:]:
+            rt.declare(chunk_name)
+        self.d2h_stream = copy_stream(device, "buckets")
+        self.h2d_stream = copy_stream(device, "buckets-h2d")
+        self.ready = torch.cuda.Event()  # the source is written (producing stream)
         n = len(self.chunks)
         self.copied = [torch.cuda.Event() for _ in range(n)]    # a chunk is on the host
         self.h2d_done = [torch.cuda.Event() for _ in range(n)]  # a chunk's sum is back
         self._h2d_lock = threading.Lock()
         self._h2d_issued = [False] * n
-        self._nccl_op: nccl.NcclPushPull | None = None
-        self._grads: list[torch.Tensor] = []
+        self._dst: torch.Tensor | None = None
 
-    def _gradients(self) -> list[torch.Tensor]:
-        grads = []
-        for p in self.params:
-            if p.grad is None:  # no gradient this step: it counts as zeros
-                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-            grads.append(p.grad)
-        return grads
-
-    def buffer(self) -> GradBuffer:
-        """What the synchronizer launches: ``start`` gathers and starts, ``writeback``
-        scatters the sum back."""
-        return GradBuffer(self.host_np if self.host is not None else _NO_HOST,
-                          WIRE_DTYPE[self.wire], self.finish, start=self.start)
-
-    # -- on the training thread ---------------------------------------------------------------
-    def start(self, priority: int) -> Any:
-        self._grads = grads = self._gradients()
-        if self.direct:
-            return Handle(self.bucket.name, _NO_HOST, _NO_HOST, 0,
-                          default_timeout=self.rt.config.timeouts.op_timeout)
-        torch._foreach_copy_(self.views, grads)  # gather (and cast) on the caller's stream
-        if self.nccl:
-            self._nccl_op = op = nccl.NcclPushPull(self.rt, self.flat, self.flat,
-                                                   self.bucket.name, self.average, priority)
-            return op.start(priority)
-        assert self.host is not None
+    # -- on the caller's thread -----------------------------------------------------------------
+    def start(self, src: torch.Tensor, dst: torch.Tensor, priority: int) -> DeferredHandle:
+        """Copy flat ``src`` out after everything queued on the current stream, start the
+        push_pulls; the sums land in flat ``dst`` (may be ``src``) once :meth:`finish` ran."""
         self.ready.record(torch.cuda.current_stream(self.device))  # events are reused: the
         with torch.cuda.stream(self.d2h_stream):                    # last round is over
             self.d2h_stream.wait_event(self.ready)
             for (lo, hi), copied in zip(self.chunks, self.copied):
-                self.host[lo:hi].copy_(self.flat[lo:hi], non_blocking=True)
+                self.host[lo:hi].copy_(src[lo:hi], non_blocking=True)
                 copied.record(self.d2h_stream)
         with self._h2d_lock:
+            self._dst = dst
             self._h2d_issued = [False] * len(self.chunks)
-        deferred = DeferredHandle(self.bucket.name, self.rt.config.timeouts.op_timeout)
+        deferred = DeferredHandle(self.name, self.rt.config.timeouts.op_timeout)
         stager().submit(lambda: self._push(priority, deferred))
         return deferred
 
@@ -239,29 +202,162 @@ class DeviceBucket:
 
     def _issue_h2d(self, i: int) -> None:
         with self._h2d_lock:
-            if self._h2d_issued[i]:
+            if self._h2d_issued[i] or self._dst is None:
                 return
             self._h2d_issued[i] = True
-            assert self.host is not None
             lo, hi = self.chunks[i]
             with torch.cuda.device(self.device), torch.cuda.stream(self.h2d_stream):
-                self.flat[lo:hi].copy_(self.host[lo:hi], non_blocking=True)
+                self._dst[lo:hi].copy_(self.host[lo:hi], non_blocking=True)
                 self.h2d_done[i].record(self.h2d_stream)
+
+    # -- after the handle's wait ----------------------------------------------------------------
+    def finish(self) -> None:
+        """Order the current stream after every chunk's copy back."""
+        consumer = torch.cuda.current_stream(self.device)
+        for i, done in enumerate(self.h2d_done):
+            self._issue_h2d(i)  # unless the completion already did
+            consumer.wait_event(done)
+        with self._h2d_lock:
+            self._dst = None
+
+
+class DeviceBucket:
+    """The device side of one bucket of CUDA gradients (see the module docstring): a flat
+    device buffer the members are gathered into (cast to the wire dtype), moved by a
+    :class:`ChunkedCopy` (or the NCCL local reduction with several local ranks) and scattered
+    back.
+
+    A bucket larger than ``chunk_bytes`` (a single large gradient: VGG-16's 411 MB classifier
+    weight) travels as chunks, so its copies overlap its own network transfer."""
+
+    def __init__(self, rt: Runtime, bucket: Bucket, params: Sequence[torch.Tensor],
+                 wire_dtype: torch.dtype, average: bool, chunk_bytes: int = 0):
+        self.rt, self.bucket, self.average = rt, bucket, average
+        self.params = list(params)
+        self.device = self.params[0].device
+        self.wire = wire_dtype
+        counts = [p.numel() for p in self.params]
+        self.flat = torch.empty(sum(counts), dtype=wire_dtype, device=self.device)
+        self.views: list[torch.Tensor] = []
+        off = 0
+        for p, n in zip(self.params, counts):
+            self.views.append(self.flat[off:off + n].view(p.shape))
+            off += n
+        self.nccl = nccl.available(rt, self.flat)
+        self.direct = rt.alone  # one process, no server: the sum is the input
+        self.mover: ChunkedCopy | None = None
+        if not self.nccl and not self.direct:
+            self.mover = ChunkedCopy(rt, bucket.name, self.flat.numel(), wire_dtype, self.device,
+                                     average, chunk_bytes)
+        self._nccl_op: nccl.NcclPushPull | None = None
+        self._targets: list[torch.Tensor] = []
+
+    @property
+    def names(self) -> list[str]:
+        """The keys' names of the bucket (one per chunk)."""
+        return self.mover.names if self.mover is not None else [self.bucket.name]
+
+    def _gradients(self) -> list[torch.Tensor]:
+        grads = []
+        for p in self.params:
+            if p.grad is None:  # no gradient this step: it counts as zeros
+                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            grads.append(p.grad)
+        return grads
+
+    def buffer(self) -> GradBuffer:
+        """What the synchronizer launches: ``start`` gathers and starts, ``writeback``
+        scatters the sum back."""
+        return GradBuffer(self.mover.host_np if self.mover is not None else _NO_HOST,
+                          WIRE_DTYPE[self.wire], self.finish, start=self.start)
+
+    # -- on the training thread ---------------------------------------------------------------
+    def start(self, priority: int) -> Any:
+        self._targets = grads = self._gradients()
+        if self.direct:
+            return Handle(self.bucket.name, _NO_HOST, _NO_HOST, 0,
+                          default_timeout=self.rt.config.timeouts.op_timeout)
+        torch._foreach_copy_(self.views, grads)  # gather (and cast) on the caller's stream
+        if self.nccl:
+            self._nccl_op = op = nccl.NcclPushPull(self.rt, self.flat, self.flat,
+                                                   self.bucket.name, self.average, priority)
+            return op.start(priority)
+        assert self.mover is not None
+        return self.mover.start(self.flat, self.flat, priority)
 
     # -- step(): the synchronizer's write-back ------------------------------------------------
     def finish(self) -> None:
         if self.direct:
             return
-        consumer = torch.cuda.current_stream(self.device)
         if self._nccl_op is not None:
             self._nccl_op.finish()  # leaves the result in flat, ordered on this stream
             self._nccl_op = None
         else:
-            for i, done in enumerate(self.h2d_done):
-                self._issue_h2d(i)  # unless the completion already did
-                consumer.wait_event(done)
-        torch._foreach_copy_(self._grads, self.views)  # scatter (and cast back)
-        self._grads = []
+            assert self.mover is not None
+            self.mover.finish()
+        torch._foreach_copy_(self._targets, self.views)  # scatter (and cast back)
+        self._targets = []
+
+
+class DeviceTensor:
+    """A named CUDA ``push_pull`` on the native plane without Python per partition: the tensor
+    is copied out (and the sum back) in chunks by a :class:`ChunkedCopy`, straight from and
+    into the caller's tensors; under a cast compressor (fp16/bf16) the cast happens on the
+    device into a flat buffer of the wire dtype first, so PCIe and the wire carry half the
+    bytes. Made once per name (:func:`device_push_pull`), its pinned buffer reused."""
+
+    def __init__(self, rt: Runtime, name: str, like: torch.Tensor, wire_dtype: torch.dtype,
+                 average: bool, chunk_bytes: int):
+        self.signature = (tuple(like.shape), like.dtype, like.device, wire_dtype, average)
+        self.cast = wire_dtype != like.dtype
+        self.flat = (torch.empty(like.numel(), dtype=wire_dtype, device=like.device)
+                     if self.cast else None)
+        self.mover = ChunkedCopy(rt, name, like.numel(), wire_dtype, like.device, average,
+                                 chunk_bytes)
+        self._held: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def start(self, tensor: torch.Tensor, out: torch.Tensor, priority: int) -> DeferredHandle:
+        self._held = (tensor, out)  # both stay alive until finish: the copies read and write them
+        src = tensor.detach().reshape(-1)
+        dst = out.detach().reshape(-1)
+        if self.flat is not None:
+            self.flat.copy_(src)  # cast on the device, on the caller's stream
+            src = dst = self.flat
+        return self.mover.start(src, dst, priority)
+
+    def finish(self) -> None:
+        self.mover.finish()
+        if self._held is not None and self.flat is not None:
+            self._held[1].detach().reshape(-1).copy_(self.flat)  # cast back
+        self._held = None
+
+
+def device_push_pull(rt: Runtime, tensor: torch.Tensor, out: torch.Tensor, name: str | None,
+                     average: bool, priority: int,
+                     compression: Compressor) -> tuple[DeviceTensor, DeferredHandle] | None:
+    """Start a CUDA ``push_pull`` as a :class:`DeviceTensor` (see there), or None where it does
+    not apply: not a contiguous CUDA tensor, no name (an unnamed push_pull takes a new key each
+    call), a job without the device pipeline (standalone, several local ranks), a codec
+    compressor (it compresses partitions on the host), or fusion off with no cast
+    (``BYTEPS_FUSION_BYTES=0``: the pipeline's partition-by-partition staging)."""
+    if (name is None or tensor.device.type != "cuda" or not tensor.is_contiguous()
+            or not out.is_contiguous() or compression.kind == "codec" or not rt.device_pipeline
+            or tensor.dtype not in WIRE_DTYPE):
+        return None
+    wire = wire_torch_dtype(tensor.dtype, compression)
+    chunk_bytes = rt.config.partition.fusion_bytes
+    if chunk_bytes == 0 and wire == tensor.dtype:
+        return None
+    dt = _device_tensors.get(name)
+    if dt is None or dt.mover.rt is not rt or dt.signature != (
+            tuple(tensor.shape), tensor.dtype, tensor.device, wire, average):
+        dt = _device_tensors[name] = DeviceTensor(rt, name, tensor, wire, average, chunk_bytes)
+    return dt, dt.start(tensor, out, priority)
+
+
+#: the named CUDA push_pulls of this process (their pinned buffers are registered once; one made
+#: by an earlier runtime, before a shutdown and init, is replaced)
+_device_tensors: dict[str, DeviceTensor] = {}
 
 
 def chunk_ranges(count: int, itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:

@@ -9,8 +9,10 @@ import torch
 from ..compression import Compression, Compressor, split
 from ..reduce_op import resolve_average
 from ..worker.runtime import default_runtime
+from ..worker.sync import GradBuffer
 from . import nccl
-from ._tensor import device_stage, stage
+from ._tensor import WIRE_DTYPE, device_stage, stage
+from .fusion import device_push_pull
 
 
 class TorchHandle:
@@ -61,6 +63,13 @@ def _start(tensor: torch.Tensor, out: torch.Tensor, average: bool, name: str | N
         buf = op.buffer()
         return TorchHandle(op.start(), out, buf, buf.array, None, buf.dtype, compression)
     cast, codec = split(compression)
+    if codec is None:  # CUDA, named: chunks copied on the device side, no Python per partition
+        chunked = device_push_pull(rt, tensor, out, name, average, priority, cast)
+        if chunked is not None:
+            dt, chunks = chunked
+            wdtype = WIRE_DTYPE[dt.mover.wire]
+            host = GradBuffer(dt.mover.host_np, wdtype, dt.finish)
+            return TorchHandle(chunks, out, host, host.array, None, wdtype, Compression.none)
     if cast is Compression.none:
         staged = device_stage(tensor, out, name, what)
         if staged is not None:  # CUDA: partition-wise copies on their own stream
