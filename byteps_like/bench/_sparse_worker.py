@@ -60,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--optimizer", default="sgd", help="the sparse tables' (server side)")
     a = p.parse_args(argv)
 
     import torch
@@ -78,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = table_rows(a.rows, a.tables)
     if a.mode == "sparse":
         embs: list[torch.nn.Module] = [
-            bps.SparseEmbedding(n, a.dim, name=f"table{i}", init="uniform", seed=i, lr=a.lr)
+            bps.SparseEmbedding(n, a.dim, name=f"table{i}", init="uniform", seed=i,
+                               optimizer=a.optimizer, lr=a.lr)
             for i, n in enumerate(sizes)]
     else:
         embs = [torch.nn.Embedding(n, a.dim) for n in sizes]

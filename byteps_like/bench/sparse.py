@@ -2,6 +2,7 @@
 
 ``python -m byteps_like.bench sparse [--rows 1000000] [--tables 4] [--dim 64] [--batch 4096]
 [--zipf 1.2] [--workers 2] [--servers 2] [--modes sparse,dense] [--rate 1gbit] [--quick]
+[--optimizer sgd]
 [--json PATH]``
 
 A DLRM-shaped model (:mod:`._sparse_worker`: tables of rows, rows/10, ... rows, one Zipf id per
@@ -31,6 +32,7 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 
+from ..embedding import TableSpec, shard_rows, state_bytes
 from . import netns
 from ._sparse_worker import table_rows
 from .cluster import fmt_cap, parse_rate
@@ -62,6 +64,7 @@ class Setup:
     dense_steps: int
     dense_warmup: int
     timeout: float
+    optimizer: str = "sgd"
     cluster: netns.NetnsCluster | None = None
 
     @property
@@ -74,6 +77,7 @@ class Setup:
         return [sys.executable, "-m", "byteps_like.bench._sparse_worker", mode,
                 "--rows", str(self.rows), "--tables", str(self.tables), "--dim", str(self.dim),
                 "--batch", str(self.batch), "--zipf", str(self.zipf), "--steps", str(steps),
+                "--optimizer", self.optimizer,
                 "--warmup", str(warmup)]
 
 
@@ -151,9 +155,13 @@ def make_record(s: Setup, mode: str, res: list[dict], rss: dict[str, int]) -> di
     pushpull = max(r["pushpull_bytes"] for r in res) / n
     floor = max(r["floor_bytes"] for r in res) / n
     table_rows_ = res[0]["table_rows"]
-    shard = sum(table_rows_) * s.dim * 4 * (1 + 1 / s.dim / 4) / s.servers
+    # the largest server's tables: rows, optimizer state and the charged overhead
+    shard = max(sum(state_bytes(TableSpec.make(f"t{i}", n, s.dim, optimizer=s.optimizer),
+                                shard_rows(n, srv, s.servers))
+                    for i, n in enumerate(table_rows_)) for srv in range(s.servers))
     return {"mode": mode, "rows": s.rows, "tables": table_rows_, "dim": s.dim,
             "batch": s.batch, "zipf": s.zipf, "workers": s.workers,
+            "optimizer": s.optimizer if mode == "sparse" else "sgd",
             "servers": 0 if mode == "ddp" else s.servers,
             "bytes_computed": mode == "ddp",   # the ring all-reduce's, not measured
             "rate": s.rate, "rate_bits": s.rate_bits, "steps": n, "step_s": step,
@@ -199,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dim", type=int, default=64, help="row width (float32)")
     p.add_argument("--batch", type=int, default=4096, help="samples per worker per step")
     p.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the ids (> 1)")
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adagrad", "adam"),
+                   help="the server-side optimizer of the sparse tables (its state counts in "
+                        "their shard bytes); the dense model trains with SGD")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=None, help="servers (default 2)")
     p.add_argument("--modes", default="sparse,dense,ddp", help=f"of {', '.join(MODES)}")
@@ -240,7 +251,8 @@ def plan(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setup, list
         if why:
             p.error(f"--rate: {why}")
     return Setup(a.rows, a.tables, a.dim, a.batch, a.zipf, a.workers, a.servers, a.rate,
-                 a.steps, a.warmup, a.dense_steps, a.dense_warmup, a.timeout), \
+                 a.steps, a.warmup, a.dense_steps, a.dense_warmup, a.timeout,
+                 a.optimizer), \
         [m for m in MODES if m in modes]
 
 
@@ -252,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = report_header("sparse", argv, machine_info())
     print(f"job: {s.workers} worker(s), {s.servers} server(s), {s.rate}; tables "
           f"{table_rows(s.rows, s.tables)} x {s.dim} float32; batch {s.batch} per worker, Zipf "
-          f"{s.zipf}; sparse {s.warmup}+{s.steps} steps, dense {s.dense_warmup}+"
+          f"{s.zipf}; sparse ({s.optimizer}) {s.warmup}+{s.steps} steps, dense {s.dense_warmup}+"
           f"{s.dense_steps} steps", flush=True)
     exit_on_signals()
     t_all = time.monotonic()
