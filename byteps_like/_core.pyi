@@ -146,12 +146,28 @@ def dither_decode(body: Buffer, norm: float, out: Buffer, levels: int, natural: 
     for a wrong body length, a level above ``levels`` or nonzero padding bits."""
 
 # ---- the native data plane (csrc/dataplane.cc; docs/architecture.md) ----------------------
-# A completion: (op, ok, kind, server, message, t_first_send, t_last_done, bytes, times).
+# A completion: (op, ok, kind, server, message, t_first_send, t_last_done, bytes, times,
+# contrib).
 # kind is "" on success, else "remote" (message: the server's ERROR JSON), "peer_lost",
 # "protocol", "internal" or "closed"; times holds (sent, acknowledged, received) per partition
 # in CLOCK_MONOTONIC seconds (time.monotonic()), 0 where it did not happen.
+# contrib: the pushes the server's round summed when fewer than all workers (join()), else 0.
 Completion: TypeAlias = tuple[int, bool, str, int, bytes, float, float, int,
-                              list[tuple[float, float, float]]]
+                              list[tuple[float, float, float]], int]
+
+class NativeCodec:
+    """The native server's codec of one partition (csrc/codec.h): the payloads of
+    compression.py's framed codecs, byte for byte. ``params`` is
+    :func:`byteps_like.compression.native_params`'s list; raises ValueError naming a bad field."""
+    n: int
+    max_bytes: int
+    held_bytes: int
+    def __init__(self, params: list[int], key: int, n: int) -> None: ...
+    def encode(self, x: Buffer, step: int, out: Buffer) -> None:
+        """Encode float32 x (n elements) into out (max_bytes), with error feedback if set."""
+    def decode(self, payload: Buffer, out: Buffer, add: bool = False) -> int:
+        """out (+)= the payload's values; returns its step. Every field and the length are
+        checked first (ValueError naming the field; out untouched)."""
 
 class DataServer:
     """A server's half: an acceptor and ``io_threads`` epoll threads; pushes are summed into
@@ -167,6 +183,9 @@ class DataServer:
     def start(self) -> None: ...
     def close(self) -> None: ...
     def set_rank(self, rank: int) -> None: ...
+    def set_partition_bytes(self, nbytes: int) -> None:
+        """BYTEPS_PARTITION_BYTES: a compressed key's element count is at most one partition of
+        its declared dtype; until set, compressed pushes are refused."""
     def set_members(self, joined: list[int], left: dict[int, str]) -> None:
         """join(): rounds need pushes from every worker machine not in ``joined``; a round a
         machine in ``left`` (text: who) has not pushed fails with a peer_left error."""
@@ -200,9 +219,12 @@ class DataClient:
         RuntimeError saying why on failure."""
     def submit(self, op: int, priority: int, src: Buffer, dst: Buffer, wire_dtype: int,
                divisor: int, round: int,
-               parts: list[tuple[int, int, int, int, int, bytes | None]]) -> None:
+               parts: list[tuple[int, int, int, int, int, bytes | None]],
+               compressed: bool = False) -> None:
         """Queue one operation: parts are (key, server, stream, offset, nbytes, declaration).
-        Holds the GIL and only queues. ``src``/``dst`` must stay alive until its completion."""
+        Holds the GIL and only queues. ``src``/``dst`` must stay alive until its completion.
+        ``compressed``: the parts are codec payloads (uint8, divisor 1) the server decodes and
+        answers with its encoded sum (FLAG_COMPRESSED), which lands in ``dst`` as it came."""
     def wait(self, op: int, timeout: float) -> bool:
         """Wait (GIL released) until ``op`` completes; the completion is left for ``take``."""
     def take(self, op: int) -> Completion | None: ...

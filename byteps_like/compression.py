@@ -61,7 +61,7 @@ __all__ = [
     "CompressionError", "Compressor", "FP16Compressor", "BF16Compressor", "CodecCompressor",
     "Codec", "OneBit", "TopK", "RandomK", "Dithering", "ErrorFeedback", "NesterovMomentum",
     "Compression", "from_spec", "register", "unregister", "registered", "resolve", "split",
-    "HEADER_BYTES",
+    "HEADER_BYTES", "native_params",
 ]
 
 
@@ -815,6 +815,33 @@ def resolve(c: Compressor | None, cfg: Any) -> Compressor:
                                      cc.error_feedback, momentum)
     base = from_spec({"name": name})
     return _wrap(base, cc.error_feedback, momentum) if base.kind == "codec" else base
+
+
+def native_params(c: Compressor, n: int) -> list[int] | None:
+    """The server's codec of ``c`` for partitions of ``n`` elements as the compiled data plane
+    takes it (``_core.NativeCodec``, csrc/codec.h): ``[id, ef, scaling, k, seed, levels,
+    natural, l2]`` with k resolved for n; None when ``c`` is not built of the built-in codecs
+    (a registered compressor: its server codec is Python, on the ZeroMQ path). Momentum is a
+    worker concern, so NesterovMomentum is the inner codec here, as ``make_codec(role=
+    "server")`` makes it."""
+    ef = 0
+    while True:
+        if type(c) is NesterovMomentum:
+            c = c.inner
+        elif type(c) is ErrorFeedback and not ef:
+            ef, c = 1, c.inner
+        else:
+            break
+    if type(c) is OneBit:
+        return [1, ef, int(c.scaling), 0, 0, 0, 0, 0]
+    if type(c) is TopK:
+        return [2, ef, 0, _k_count(c.k, n), 0, 0, 0, 0]
+    if type(c) is RandomK:
+        return [3, ef, 0, _k_count(c.k, n), c.seed, 0, 0, 0]
+    if type(c) is Dithering:
+        return [4, ef, 0, 0, c.seed, c.levels, int(c.partition == "natural"),
+                int(c.normalize == "l2")]
+    return None
 
 
 # ---- server-side bounds: a compressed key's declaration is untrusted ---------------------------

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "codec.h"
 #include "dataplane_io.h"
 
 namespace bps {
@@ -88,7 +89,46 @@ std::string describe_decl(const std::string& decl) {
     start = comma + 1;
   }
   tuple += n == 1 ? ",)" : ")";
-  return "'" + name + "' shape " + tuple + " " + dtype + " uncompressed";
+  std::vector<std::uint64_t> codec;
+  std::string how = " uncompressed";
+  try {
+    if (decl_codec(decl, &codec))
+      how = " compressed with " + compress::describe(compress::params_from_list(codec));
+  } catch (const std::invalid_argument&) {
+    how = " compressed (malformed codec parameters)";
+  }
+  return "'" + name + "' shape " + tuple + " " + dtype + how;
+}
+
+std::string json_field_text(const std::string& decl, const char* field, char* kind) {
+  return json_field(decl, field, kind);
+}
+
+bool decl_codec(const std::string& decl, std::vector<std::uint64_t>* out) {
+  char kind = 0;
+  const std::string text = json_field(decl, "native_codec", &kind);
+  if (text.empty()) return false;
+  out->clear();
+  if (kind != '[' || text.size() < 2 || text.back() != ']')
+    throw std::invalid_argument("native_codec: not an array of integers");
+  std::uint64_t v = 0;
+  bool digit = false;
+  for (std::size_t i = 1; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c >= '0' && c <= '9') {
+      const std::uint64_t d = static_cast<std::uint64_t>(c - '0');
+      if (v > (~0ULL - d) / 10) throw std::invalid_argument("native_codec: a value over 2^64");
+      v = v * 10 + d;
+      digit = true;
+    } else if ((c == ',' || c == ']') && digit && out->size() < 16) {
+      out->push_back(v);
+      v = 0;
+      digit = false;
+    } else {
+      throw std::invalid_argument("native_codec: not an array of at most 16 integers");
+    }
+  }
+  return true;
 }
 
 const char* type_name(int t) {

@@ -87,6 +87,9 @@ class DataServer {
   // budget as the native stores; false, charging nothing, when it does not fit.
   bool reserve(std::int64_t bytes);
   void set_rank(int rank);  // known once the scheduler's node table arrives
+  // BYTEPS_PARTITION_BYTES: bounds a compressed key's element count (one partition of its
+  // dtype); until it is set, compressed pushes are refused.
+  void set_partition_bytes(std::uint64_t nbytes);
   std::map<std::string, std::uint64_t> stats();
   std::map<std::string, std::uint64_t> rejected();
   std::vector<StallInfo> stalls(double min_age);
@@ -120,6 +123,7 @@ struct Completion {
   std::string message;
   double t_first_send, t_last_done;  // CLOCK_MONOTONIC seconds (time.monotonic())
   std::uint64_t bytes;
+  int contrib = 0;      // pushes the server's round summed when fewer than all (join()), or 0
   // per partition, in submission order: sent, acknowledged (push done), received (pull done);
   // 0 where it did not happen
   std::vector<double> times;
@@ -136,8 +140,10 @@ class DataClient {
   void connect(int server, const std::string& host, int port, int streams, double timeout);
   // Queues an operation of several partitions of one tensor. src/dst stay valid until the
   // operation's completion is taken. divisor > 1 divides the result (average) in place.
+  // compressed: the partitions are codec payloads (uint8, FLAG_COMPRESSED) the server decodes
+  // and answers with its encoded sum, which lands in dst as it came (divisor 1).
   void submit(std::uint64_t op, int priority, const char* src, char* dst, int wire_dtype,
-              std::int64_t divisor, std::vector<PartSpec> parts);
+              std::int64_t divisor, std::vector<PartSpec> parts, bool compressed = false);
   // Waits (without consuming) until `op` has completed; false on timeout.
   bool wait(std::uint64_t op, double timeout);
   // Takes the completion of `op` if it has completed.

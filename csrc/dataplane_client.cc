@@ -37,6 +37,9 @@ struct Op {
   char* dst = nullptr;
   int wire_dtype = 0;
   DType kdt = DType::kFloat32;
+  std::size_t isz = 4;            // the wire dtype's itemsize
+  bool compressed = false;        // codec payloads (uint8): nothing summed or scaled here
+  int contrib = 0;                // pushes the server's round summed when fewer than all
   std::int64_t divisor = 1;
   std::vector<Part> parts;
   std::size_t remaining = 0;
@@ -65,7 +68,7 @@ class ClientImpl {
   void connect(int server, const std::string& host, int port, int streams, double timeout);
 
   void submit(std::uint64_t id, int priority, const char* src, char* dst, int wire_dtype,
-              std::int64_t divisor, std::vector<PartSpec> parts) {
+              std::int64_t divisor, std::vector<PartSpec> parts, bool compressed) {
     auto op = std::make_shared<Op>();
     op->id = id;
     op->priority = priority;
@@ -73,8 +76,16 @@ class ClientImpl {
     op->dst = dst;
     op->wire_dtype = wire_dtype;
     const int kdt = wire_to_kernel_dtype(wire_dtype);
-    if (kdt < 0) throw std::invalid_argument("submit: wire dtype cannot be summed");
-    op->kdt = static_cast<DType>(kdt);
+    if (compressed) {
+      if (wire_itemsize(wire_dtype) != 1 || divisor != 1)
+        throw std::invalid_argument("submit: a compressed payload is uint8, never divided");
+    } else if (kdt < 0) {
+      throw std::invalid_argument("submit: wire dtype cannot be summed");
+    } else {
+      op->kdt = static_cast<DType>(kdt);
+    }
+    op->compressed = compressed;
+    op->isz = wire_itemsize(wire_dtype);
     op->divisor = divisor;
     op->parts.resize(parts.size());
     for (std::size_t i = 0; i < parts.size(); ++i) op->parts[i].spec = std::move(parts[i]);
@@ -249,6 +260,7 @@ class ClientImpl {
     }
     *t = it->second;
     t->contrib = (h.flags & kFlagContrib) ? static_cast<int>(h.flags >> kContribShift) : 0;
+    if (t->contrib > 0) op.contrib = t->contrib;
     op.active++;
     return op.dst + p.spec.offset;
   }
@@ -372,6 +384,7 @@ class ClientImpl {
     c.t_first_send = op->t_first;
     c.t_last_done = op->t_last;
     c.bytes = op->bytes;
+    c.contrib = op->contrib;
     c.times.reserve(3 * op->parts.size());
     for (const Part& p : op->parts) {
       c.times.push_back(p.t_sent);
@@ -419,14 +432,14 @@ class ClientImpl {
       Op& op = *r.op;
       const PartSpec& s = op.parts[r.idx].spec;
       Out o;
-      std::uint32_t flags = kFlagPull;
+      std::uint32_t flags = kFlagPull | (op.compressed ? kFlagCompressed : 0);
       if (!s.decl.empty()) {
         flags |= kFlagDeclare | kFlagMeta;
         o.meta = s.decl;
       }
       o.hdr = make_header(kPush, kRoleWorker, rank_, flags, job_, s.key, s.round,
                           static_cast<std::uint8_t>(op.wire_dtype),
-                          s.nbytes / itemsize(op.kdt), s.nbytes);
+                          s.nbytes / op.isz, s.nbytes);
       o.payload = op.src + s.offset;
       o.plen = s.nbytes;
       auto keep = r.op;
@@ -576,8 +589,9 @@ void DataClient::connect(int server, const std::string& host, int port, int stre
   impl_->connect(server, host, port, streams, timeout);
 }
 void DataClient::submit(std::uint64_t op, int priority, const char* src, char* dst,
-                        int wire_dtype, std::int64_t divisor, std::vector<PartSpec> parts) {
-  impl_->submit(op, priority, src, dst, wire_dtype, divisor, std::move(parts));
+                        int wire_dtype, std::int64_t divisor, std::vector<PartSpec> parts,
+                        bool compressed) {
+  impl_->submit(op, priority, src, dst, wire_dtype, divisor, std::move(parts), compressed);
 }
 bool DataClient::wait(std::uint64_t op, double timeout) { return impl_->wait(op, timeout); }
 bool DataClient::take(std::uint64_t op, Completion* out) { return impl_->take(op, out); }

@@ -18,6 +18,7 @@
 #include <malloc.h>  // malloc_trim
 #endif
 
+#include "codec.h"
 #include "dataplane_auth.h"
 #include "dataplane_io.h"
 #include "dataplane_store.h"
@@ -27,6 +28,10 @@
 
 namespace bps {
 namespace dp {
+
+constexpr int kWireUint8 = 7;  // a compressed payload's wire dtype (wire.h)
+static_assert(kWireDTypes[kWireUint8].itemsize == 1 && kWireDTypes[kWireUint8].kernel == -1,
+              "uint8 is wire dtype code 7");
 
 // =============================================================================================
 // server (its keys' stores: dataplane_store.h)
@@ -145,6 +150,9 @@ class ServerImpl {
   std::map<int, std::string> left_;
   std::atomic<int> required_{0};  // pushes that complete a round: workers not joined
   std::atomic<std::int64_t> round_base_{0};  // elastic: the epoch's first round (new keys')
+  // BYTEPS_PARTITION_BYTES: a compressed key's element count is at most one partition of its
+  // dtype (its accumulator's size); 0 refuses compressed keys
+  std::atomic<std::uint64_t> partition_bytes_{0};
 
   // extra: more JSON members, already encoded (",\"rank\":1"), or empty
   void send_error(const std::shared_ptr<Conn>& conn, const Header& h, const char* kind,
@@ -161,7 +169,8 @@ class ServerImpl {
     // st->contrib is written under st->mu when the round completes, before any answer for it
     const int n = st->contrib[round & 1];
     const std::uint32_t flags =
-        n < num_workers_ ? kFlagContrib | (static_cast<std::uint32_t>(n) << kContribShift) : 0;
+        (n < num_workers_ ? kFlagContrib | (static_cast<std::uint32_t>(n) << kContribShift) : 0) |
+        (st->codec ? kFlagCompressed : 0);
     o.hdr = make_header(kPullResp, kRoleServer, rank_.load(), flags, job_, st->key, round,
                         static_cast<std::uint8_t>(st->wire_dtype), st->count, st->nbytes);
     o.payload = st->buf[round & 1].get();
@@ -184,28 +193,50 @@ class ServerImpl {
 
   // A push's header (and declaration) arrived: the store it sums into, or null after an
   // error reply (the caller discards the payload).
+  // *staged: the bytes of the memory budget taken for receiving a compressed payload whole
+  // (the caller gives them back with reserve(-staged) once it is decoded or dropped).
   std::shared_ptr<Store> begin_push(const std::shared_ptr<Conn>& conn, const Header& h,
-                                    const std::string& meta, std::uint64_t* gen) {
-    const int kdt = wire_to_kernel_dtype(h.dtype);
+                                    const std::string& meta, std::uint64_t* gen,
+                                    std::uint64_t* staged) {
+    const bool compressed = h.flags & kFlagCompressed;
+    const int kdt = compressed ? static_cast<int>(DType::kFloat32) : wire_to_kernel_dtype(h.dtype);
+    if (compressed && (async_ || h.dtype != kWireUint8)) {
+      reject(async_ ? "compressed push in asynchronous mode" : "compressed push not of uint8");
+      send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": key " +
+                 std::to_string(h.key) + " from worker rank " + std::to_string(h.rank) +
+                 (async_ ? ": compression needs synchronous mode; unset BYTEPS_ENABLE_ASYNC or "
+                           "push without a compressor"
+                         : ": a compressed payload travels as uint8"));
+      return nullptr;
+    }
     if (kdt < 0) {
       reject("dtype that cannot be summed");
       send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": dtype code " +
                  std::to_string(h.dtype) + " cannot be summed");
       return nullptr;
     }
-    if ((h.flags & kFlagCompressed) || ((h.flags & kFlagAsync) && !async_)) {
-      reject("compressed or async push on the native data plane");
+    if ((h.flags & kFlagAsync) && !async_) {
+      reject("async push to a synchronous server");
       send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) +
-                 ((h.flags & kFlagCompressed)
-                      ? ": compressed pushes travel over ZeroMQ, not the native data plane"
-                      : ": an asynchronous push to a server in synchronous mode"));
+                 ": an asynchronous push to a server in synchronous mode");
       return nullptr;
     }
     std::shared_ptr<Store> st = store_for_push(conn, h, meta, kdt);
     if (!st) return nullptr;
+    if (st->codec && compressed && h.nbytes == st->nbytes) {  // received whole, then decoded
+      if (!reserve(static_cast<std::int64_t>(h.nbytes))) {
+        reject("server memory budget exhausted");
+        send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": key " +
+                   std::to_string(h.key) + ": no room in the memory budget "
+                   "(BYTEPS_SERVER_MAX_BYTES) to receive a compressed push of " +
+                   std::to_string(h.nbytes) + " bytes");
+        return nullptr;
+      }
+      *staged = h.nbytes;
+    }
     std::lock_guard<std::mutex> g(st->mu);
     std::map<int, std::string> left;
-    if (!admit_push_locked(conn, h, meta, *st, &left)) return nullptr;
+    if (!admit_push_locked(conn, h, meta, *st, &left)) return unstage(staged);
     *gen = st->gen.load();
     if (async_) {
       if (st->started == st->finished && st->value.use_count() > 1) {  // a reply holds it: copy
@@ -220,9 +251,15 @@ class ServerImpl {
     if (st->started++ == 0) st->round_started = monotonic_now();
     if (!left.empty() && doom_if_left_locked(*st, left)) {
       send_error(conn, h, st->failed_kind.c_str(), st->failed, st->failed_extra);
-      return nullptr;
+      return unstage(staged);
     }
     return st;
+  }
+
+  std::shared_ptr<Store> unstage(std::uint64_t* staged) {
+    if (*staged) reserve(-static_cast<std::int64_t>(*staged));
+    *staged = 0;
+    return nullptr;
   }
 
   // The key's store; made on the key's first push, which must declare it and fit the memory
@@ -261,11 +298,15 @@ class ServerImpl {
                  " with no bytes");
       return nullptr;
     }
-    // two buffers (async: one), the declaration kept for comparisons, per-chunk bookkeeping
+    std::unique_ptr<compress::FramedCodec> codec;
+    if ((h.flags & kFlagCompressed) && !(codec = make_codec(conn, h, meta))) return nullptr;
+    // two buffers (async: one), the declaration kept for comparisons, per-chunk bookkeeping;
+    // a compressed key's accumulator and codec
     const std::size_t nchunks = (h.nbytes + kChunk - 1) / kChunk;
     const std::uint64_t need =
         (async_ ? 1 : 2) * h.nbytes + meta.size() + kStoreOverhead +
-        nchunks * ((async_ ? 0 : 2 * sizeof(std::uint32_t)) + sizeof(std::mutex));
+        nchunks * ((async_ ? 0 : 2 * sizeof(std::uint32_t)) + sizeof(std::mutex)) +
+        (codec ? sizeof(float) * codec->n() + codec->held_bytes() : 0);
     if (store_bytes_ + need > max_store_) {
       reject("server memory budget exhausted");
       send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": key " +
@@ -275,7 +316,62 @@ class ServerImpl {
                  " bytes are held");
       return nullptr;
     }
-    return make_store_locked(h, meta, kdt, nchunks, need);
+    auto st = make_store_locked(h, meta, kdt, nchunks, need);
+    if (codec) {
+      st->acc.reset(new float[codec->n()]());
+      st->codec = std::move(codec);
+    }
+    return st;
+  }
+
+  // The server's codec of a compressed key's first push: its parameters from the declaration
+  // (compression.native_params), checked, of at most one partition of the declared dtype
+  // (BYTEPS_PARTITION_BYTES), its payload exactly the push's size. Null after an error reply.
+  std::unique_ptr<compress::FramedCodec> make_codec(const std::shared_ptr<Conn>& conn,
+                                                    const Header& h, const std::string& meta) {
+    std::string why;
+    try {
+      char kind = 0;
+      const std::string dtype = json_field_text(meta, "dtype", &kind);
+      const std::string count = json_field_text(meta, "count", &kind);
+      std::size_t isz = 0;
+      if (dtype == "float32") isz = 4;
+      else if (dtype == "float16" || dtype == "bfloat16") isz = 2;
+      else if (dtype == "float64") isz = 8;
+      std::vector<std::uint64_t> list;
+      const std::uint64_t limit = isz ? partition_bytes_.load() / isz : 0;
+      char* end = nullptr;
+      const unsigned long long n =
+          count.empty() || count[0] == '-' ? 0 : std::strtoull(count.c_str(), &end, 10);
+      if (!decl_codec(meta, &list)) {
+        why = "the declaration carries no native codec parameters";
+      } else if (!isz) {
+        why = "declared dtype '" + dtype.substr(0, 16) + "' is not one workers compress "
+              "(float32, float16, bfloat16, float64)";
+      } else if (n == 0 || end == nullptr || *end != '\0' || n > limit) {
+        why = "element count " + count.substr(0, 24) + " is not an integer in 1.." +
+              std::to_string(limit) + ", one partition of " + dtype + " (BYTEPS_PARTITION_BYTES=" +
+              std::to_string(partition_bytes_.load()) + " on this server; workers and servers "
+              "must use the same)";
+      } else {
+        const compress::CodecParams p = compress::params_from_list(list);
+        compress::validate(p, n);
+        if (compress::payload_bytes(p, n) != h.nbytes) {
+          why = "a payload of " + std::to_string(h.nbytes) + " bytes, but " +
+                compress::describe(p) + " of " + std::to_string(n) + " elements takes " +
+                std::to_string(compress::payload_bytes(p, n));
+        } else {
+          return std::unique_ptr<compress::FramedCodec>(new compress::FramedCodec(p, h.key, n));
+        }
+      }
+    } catch (const std::invalid_argument& exc) {
+      why = exc.what();
+    }
+    reject("bad compressor declaration");
+    send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": compressed "
+               "push of key " + std::to_string(h.key) + " (" + describe_decl(meta) +
+               ") from worker rank " + std::to_string(h.rank) + ": " + why);
+    return nullptr;
   }
 
   std::shared_ptr<Store> make_store_locked(const Header& h, const std::string& meta, int kdt,
@@ -317,8 +413,9 @@ class ServerImpl {
     const bool mismatch = (h.flags & kFlagDeclare) && meta != st.decl;
     if (!mismatch && (h.dtype != st.wire_dtype || h.nbytes != st.nbytes)) {
       reject("wrong dtype or size for a declared key");
-      send_error(conn, h, "protocol", "push to key " + std::to_string(h.key) + " from worker "
-                 "rank " + std::to_string(h.rank) + ": " + std::to_string(h.nbytes) +
+      send_error(conn, h, "protocol", "push to key " + std::to_string(h.key) + " (" +
+                 describe_decl(st.decl) + ") from worker rank " + std::to_string(h.rank) +
+                 ": " + std::to_string(h.nbytes) +
                  " bytes of dtype code " + std::to_string(h.dtype) + ", but the key holds " +
                  std::to_string(st.nbytes) + " bytes of dtype code " +
                  std::to_string(st.wire_dtype));
@@ -375,8 +472,9 @@ class ServerImpl {
     }
   }
 
+  // payload: a compressed key's whole payload (null for others, summed chunk by chunk)
   void finish_push(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
-                   const Header& h, std::uint64_t gen) {
+                   const Header& h, std::uint64_t gen, const std::uint8_t* payload = nullptr) {
     std::vector<Store::Pending> answer;
     std::shared_ptr<char> value;  // asynchronous mode: what the answered pulls get
     std::int64_t done_round = -1;
@@ -390,6 +488,7 @@ class ServerImpl {
                    "ended while it arrived; it was dropped");
         return;
       }
+      if (payload && st->failed.empty() && !decode_push_locked(conn, *st, h, payload)) return;
       c_.pushes++;
       c_.bytes_summed += h.nbytes;
       failed = !st->failed.empty();
@@ -413,6 +512,42 @@ class ServerImpl {
       auto c = p.conn.lock();
       if (c && async_) send_value(c, *st, value, p.round);
       else if (c) send_resp(c, st, done_round);
+    }
+  }
+
+  // A compressed push (st.mu held): decoded into the round's accumulator (the round's first
+  // push overwrites it), every push of a round of the same step, as server/core.py's engine
+  // did. A malformed payload leaves the accumulator untouched and takes the push out of the
+  // round; when others were summed already the round cannot complete: the key fails. False
+  // after an error reply.
+  bool decode_push_locked(const std::shared_ptr<Conn>& conn, Store& st, const Header& h,
+                          const std::uint8_t* payload) {
+    const bool first = st.finished == 0;
+    const std::string what = "compressed key " + std::to_string(h.key) + " (" +
+                             describe_decl(st.decl) + "): worker rank " + std::to_string(h.rank);
+    try {
+      const std::uint64_t step = st.codec->decode(payload, h.nbytes, st.acc.get(), !first);
+      if (first) {
+        st.step = step;
+      } else if (step != st.step) {  // added already: the round is inconsistent now
+        fail_key_locked(st, what + " pushed step " + std::to_string(step) + " while the round "
+                        "holds step " + std::to_string(st.step) + "; every worker must push "
+                        "the tensor the same number of times");
+        send_error(conn, h, st.failed_kind.c_str(), st.failed, st.failed_extra);
+        return false;
+      }
+      return true;
+    } catch (const std::invalid_argument& exc) {
+      reject("malformed compressed payload");
+      st.pushed[h.rank] = 0;
+      --st.started;
+      if (st.finished > 0) {  // the round cannot complete without it: tell everyone waiting
+        fail_key_locked(st, what + " sent a malformed payload (" + exc.what() + ")");
+        send_error(conn, h, "protocol", st.failed);
+      } else {
+        send_error(conn, h, "protocol", what + " sent a malformed payload: " + exc.what());
+      }
+      return false;
     }
   }
 
@@ -445,6 +580,9 @@ class ServerImpl {
     const int need = required_.load();
     if (st.finished == 0 || st.finished < need || st.finished != st.started) return -1;
     const std::int64_t done = st.round;
+    if (st.codec)  // the pull is compressed too: the sum, encoded with the round's step
+      st.codec->encode(st.acc.get(), st.step,
+                       reinterpret_cast<std::uint8_t*>(st.buf[done & 1].get()));
     st.contrib[done & 1] = st.finished;
     st.completed = st.round;
     st.round++;
@@ -698,6 +836,7 @@ class ServerConn : public FramedConn {
   void on_closed() override {
     if (store_) srv_->abort_push(store_);  // cut off in the middle of a push's payload
     store_.reset();
+    unstage();
     give_meta();
     prove();
     srv_->live_conns_--;
@@ -715,6 +854,10 @@ class ServerConn : public FramedConn {
         give_meta();
         return after_meta();
       case kPayload: {
+        if (store_->codec) {  // a compressed payload, received whole: decoded by finish_push
+          off_ = h_.nbytes;
+          return next_chunk();
+        }
         const std::size_t len = static_cast<std::size_t>(rptr_ - scratch_.data());
         srv_->sum_chunk(*store_, h_.round, off_, scratch_.data(), len, gen_);
         off_ += len;
@@ -871,7 +1014,7 @@ class ServerConn : public FramedConn {
       srv_->handle_pull(self, h_);
       return read_header();
     }
-    store_ = srv_->begin_push(self, h_, meta_, &gen_);
+    store_ = srv_->begin_push(self, h_, meta_, &gen_, &staged_);
     off_ = 0;
     if (!store_) {
       discard_left_ = h_.nbytes;
@@ -882,9 +1025,17 @@ class ServerConn : public FramedConn {
 
   bool next_chunk() {
     if (off_ >= h_.nbytes) {
-      srv_->finish_push(shared_from_this(), store_, h_, gen_);
+      srv_->finish_push(shared_from_this(), store_, h_, gen_,
+                        store_->codec ? cbuf_.data() : nullptr);
       store_.reset();
+      unstage();
       return read_header();
+    }
+    if (store_->codec) {  // staged (charged to the budget by begin_push) and read whole
+      cbuf_.resize(h_.nbytes);
+      state_ = kPayload;
+      expect(reinterpret_cast<char*>(cbuf_.data()), h_.nbytes);
+      return true;
     }
     const std::size_t len = std::min<std::size_t>(kChunk, h_.nbytes - off_);
     if (scratch_.size() < len) scratch_.resize(kChunk);
@@ -893,8 +1044,18 @@ class ServerConn : public FramedConn {
     return true;
   }
 
+  // A compressed payload's staging: given back after each push (payloads of a partition's
+  // size must not stay with every stream), with its charge to the memory budget.
+  void unstage() {
+    if (staged_) srv_->reserve(-static_cast<std::int64_t>(staged_));
+    staged_ = 0;
+    if (cbuf_.capacity() > kChunk) std::vector<std::uint8_t>().swap(cbuf_);
+  }
+
   ServerImpl* srv_;
   std::shared_ptr<Store> store_;
+  std::vector<std::uint8_t> cbuf_;
+  std::uint64_t staged_ = 0;
   std::uint64_t gen_ = 0;   // the store's epoch generation when this push began
   std::size_t off_ = 0;
   bool hello_ = false, awaiting_mac_ = false;
@@ -970,6 +1131,7 @@ void DataServer::close() { impl_->close(); }
 bool DataServer::claim_zmq_key(std::uint64_t key) { return impl_->claim_zmq_key(key); }
 bool DataServer::reserve(std::int64_t bytes) { return impl_->reserve(bytes); }
 void DataServer::set_rank(int rank) { impl_->rank_ = rank; }
+void DataServer::set_partition_bytes(std::uint64_t n) { impl_->partition_bytes_ = n; }
 std::map<std::string, std::uint64_t> DataServer::stats() { return impl_->stats(); }
 std::map<std::string, std::uint64_t> DataServer::rejected() { return impl_->rejected(); }
 std::vector<StallInfo> DataServer::stalls(double min_age) { return impl_->stalls(min_age); }

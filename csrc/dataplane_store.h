@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "codec.h"
 #include "dataplane_io.h"
 #include "dtype.h"
 
@@ -31,6 +32,12 @@ struct Store {
   // flight) sums into a copy, so a reply never changes under its writer. Pulls are answered
   // only while no push is in flight (started == finished), so each sees whole pushes.
   std::shared_ptr<char> value;
+  // A compressed key (codec.h): pushes are payloads of the server's codec, decoded (the first
+  // of a round) or added into acc, the round's float32 sum, all under mu; on completion the
+  // sum is encoded with the step its pushes carry into buf[round % 2], the pulls' answer.
+  std::unique_ptr<compress::FramedCodec> codec;
+  std::unique_ptr<float[]> acc;
+  std::uint64_t step = 0;
   std::unique_ptr<std::mutex[]> chunk_mu;
   std::mutex mu;                               // everything below
   std::int64_t round = 0, completed = -1;

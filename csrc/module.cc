@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "codec.h"
 #include "compress.h"
 #include "dataplane.h"
 #include "sha256.h"
@@ -286,6 +287,50 @@ void bind_compress(py::module_& m) {
 }
 
 
+// ---- the framed codecs (codec.h): the native server's, for tests against compression.py ----
+void bind_codec(py::module_& m) {
+  py::class_<compress::FramedCodec>(m, "NativeCodec")
+      .def(py::init([](const std::vector<std::uint64_t>& params, std::uint64_t key,
+                       std::size_t n) {
+             try {
+               return new compress::FramedCodec(compress::params_from_list(params), key, n);
+             } catch (const std::invalid_argument& exc) {
+               throw py::value_error(std::string("NativeCodec: ") + exc.what());
+             }
+           }),
+           py::arg("params"), py::arg("key"), py::arg("n"))
+      .def_property_readonly("n", &compress::FramedCodec::n)
+      .def_property_readonly("max_bytes", &compress::FramedCodec::max_bytes)
+      .def_property_readonly("held_bytes", &compress::FramedCodec::held_bytes)
+      .def(
+          "encode",
+          [](compress::FramedCodec& c, py::handle x, std::uint64_t step, py::handle out) {
+            const Buffer xs(x, false, "NativeCodec.encode", "x"),
+                os(out, true, "NativeCodec.encode", "out");
+            need_bytes(xs, 4 * c.n(), "NativeCodec.encode", "x");
+            need_bytes(os, c.max_bytes(), "NativeCodec.encode", "out");
+            py::gil_scoped_release nogil;
+            c.encode(static_cast<const float*>(xs.data()), step,
+                     static_cast<std::uint8_t*>(os.data()));
+          },
+          py::arg("x"), py::arg("step"), py::arg("out"))
+      .def(
+          "decode",
+          [](compress::FramedCodec& c, py::handle payload, py::handle out, bool add) {
+            const Buffer ps(payload, false, "NativeCodec.decode", "payload"),
+                os(out, true, "NativeCodec.decode", "out");
+            need_bytes(os, 4 * c.n(), "NativeCodec.decode", "out");
+            try {
+              py::gil_scoped_release nogil;
+              return c.decode(static_cast<const std::uint8_t*>(ps.data()), ps.size(),
+                              static_cast<float*>(os.data()), add);
+            } catch (const std::invalid_argument& exc) {
+              throw py::value_error(exc.what());
+            }
+          },
+          py::arg("payload"), py::arg("out"), py::arg("add") = false);
+}
+
 // ---- the native data plane (dataplane.h): every blocking call releases the GIL ----
 py::dict counters_dict(const std::map<std::string, std::uint64_t>& m) {
   py::dict d;
@@ -298,7 +343,7 @@ py::tuple completion_tuple(const dp::Completion& c) {
   for (std::size_t i = 0; i + 2 < c.times.size(); i += 3)
     times.append(py::make_tuple(c.times[i], c.times[i + 1], c.times[i + 2]));
   return py::make_tuple(c.op, c.ok, c.kind, c.server, py::bytes(c.message), c.t_first_send,
-                        c.t_last_done, c.bytes, times);
+                        c.t_last_done, c.bytes, times, c.contrib);
 }
 
 void bind_dataplane(py::module_& m) {
@@ -316,6 +361,7 @@ void bind_dataplane(py::module_& m) {
       .def("claim_zmq_key", &dp::DataServer::claim_zmq_key, py::arg("key"))
       .def("reserve", &dp::DataServer::reserve, py::arg("bytes"))
       .def("set_rank", &dp::DataServer::set_rank, py::arg("rank"))
+      .def("set_partition_bytes", &dp::DataServer::set_partition_bytes, py::arg("nbytes"))
       .def("set_members", &dp::DataServer::set_members, py::arg("joined"), py::arg("left"),
            py::call_guard<py::gil_scoped_release>())
       .def("reset_epoch", &dp::DataServer::reset_epoch, py::arg("round_base"),
@@ -348,9 +394,13 @@ void bind_dataplane(py::module_& m) {
           "submit",
           // Holds the GIL: it only checks, queues and returns (the I/O threads write).
           [](dp::DataClient& c, std::uint64_t op, int priority, py::handle src, py::handle dst,
-             int wire_dtype, std::int64_t divisor, std::int64_t round, py::list parts) {
+             int wire_dtype, std::int64_t divisor, std::int64_t round, py::list parts,
+             bool compressed) {
             const std::size_t isz = dp::wire_itemsize(wire_dtype);
-            if (dp::wire_to_kernel_dtype(wire_dtype) < 0)
+            if (compressed && (isz != 1 || divisor != 1))
+              throw py::value_error("submit: a compressed payload is uint8 (wire dtype code "
+                                    "7) and is never divided");
+            if (!compressed && dp::wire_to_kernel_dtype(wire_dtype) < 0)
               throw py::value_error("submit: wire dtype code " + std::to_string(wire_dtype) +
                                     " cannot be summed");
             if (divisor < 1) throw py::value_error("submit: divisor must be >= 1");
@@ -382,10 +432,12 @@ void bind_dataplane(py::module_& m) {
               specs.push_back(std::move(p));
             }
             c.submit(op, priority, static_cast<const char*>(s.data()),
-                     static_cast<char*>(d.data()), wire_dtype, divisor, std::move(specs));
+                     static_cast<char*>(d.data()), wire_dtype, divisor, std::move(specs),
+                     compressed);
           },
           py::arg("op"), py::arg("priority"), py::arg("src"), py::arg("dst"),
-          py::arg("wire_dtype"), py::arg("divisor"), py::arg("round"), py::arg("parts"))
+          py::arg("wire_dtype"), py::arg("divisor"), py::arg("round"), py::arg("parts"),
+          py::arg("compressed") = false)
       .def("wait", &dp::DataClient::wait, py::arg("op"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
       .def(
@@ -542,6 +594,7 @@ PYBIND11_MODULE(_core, m) {
   for (int i = 0; i < kNumDTypes; ++i) names.append(dtype_name(static_cast<DType>(i)));
   m.attr("DTYPES") = py::tuple(names);
   bind_compress(m);
+  bind_codec(m);
   bind_dataplane(m);
   bind_wire(m);
 }

@@ -555,6 +555,8 @@ class Server:
                 cfg.transport.max_message_bytes, native.store_budget(cfg),
                 native.max_connections(), **({"auth_key": key} if key else {}),
                 async_mode=self.async_mode)
+            # a compressed key's element count: at most one partition (its accumulator)
+            self.native.set_partition_bytes(cfg.partition.partition_bytes)
             data_port_ = self.native.listen(host, native.data_port(cfg))
         self.control = ControlClient(cfg, self.ep, Role.SERVER, port=port, data_port=data_port_,
                                      on_fatal=lambda exc: self._done.set(),

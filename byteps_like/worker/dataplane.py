@@ -28,19 +28,19 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .. import _core
 from ..config import Config
 from ..errors import CommunicationError, PeerLostError, ProtocolError
 from ..transport import native
-from ..wire import first_round
+from ..wire import DTYPE_CODE, first_round
 from .dispatch import server_error
 from .handle import Handle
 from .pipeline import PULL, PUSH, Task
 from .tensors import NativePart, TensorState, decl_bytes, declaration
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from ..control import PeerInfo
     from .inflight import InFlight
     from .membership import Membership
@@ -162,6 +162,16 @@ class NativeDataPlane:
         decl = decl_bytes(task.decl) if task.decl else None
         with flight.lock:
             self._ops[op] = task
+        if task.codec is not None:  # the codec's payload; the server's encoded sum comes back
+            wire = task.wire        # (the codec's buffer: valid until its next encode)
+            assert wire is not None
+            task.wire = None
+            task.payload = np.empty(wire.nbytes, np.uint8)  # DECOMPRESS decodes it
+            cli.submit(op, task.priority, wire, task.payload, DTYPE_CODE["uint8"], 1,
+                       task.round, [(task.key, task.server, task.key % self.streams, 0,
+                                     wire.nbytes, decl)], compressed=True)
+            flight.bytes_pushed += wire.nbytes
+            return
         cli.submit(op, task.priority, task.push_src, task.pull_dst,
                    native.WIRE_CODE[task.dtype], divisor, task.round,
                    [(task.key, task.server, task.key % self.streams, 0, task.nbytes, decl)])
@@ -197,7 +207,7 @@ class NativeDataPlane:
     def done(self, comp: _core.Completion) -> None:
         """One completed native operation (the completion thread, or a waiter)."""
         flight = self.flight
-        op, ok, kind, server, message, _t0, _t1, nbytes, times = comp
+        op, ok, kind, server, message, _t0, _t1, nbytes, times, contrib = comp
         with flight.lock:
             entry = self._ops.pop(op, None)
         if entry is None:
@@ -205,6 +215,7 @@ class NativeDataPlane:
         if isinstance(entry, Task):
             task = entry
             if ok:
+                task.contrib = contrib  # a compressed sum is averaged after DECOMPRESS
                 flight.active_pipeline.advance(task)
             else:
                 flight.fail_task(task, self._error(task.handle.name, kind, server, message))

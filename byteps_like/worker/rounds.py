@@ -166,7 +166,9 @@ class Rounds:
                           local_root=m.is_local_root, on_device=device is not None,
                           compressed=bool(st.codecs), device_push=device_push)
         cli = self.plane.client
-        on_native = cli is not None and not st.codecs and not device_push
+        # compressed partitions too, when the compiled server has their codec
+        on_native = (cli is not None and (not st.codecs or st.native_codec is not None)
+                     and not device_push)
         if cli is not None and on_native and route == (PUSH, PULL):
             # a host tensor: one native operation
             self.plane.submit_tensor(cli, st, h, rnd, src, dst, dtype, average, priority)
@@ -197,6 +199,9 @@ class Rounds:
             if task.codec is not None:
                 task.scratch = st.scratch[part]
                 if task.decl is not None:  # the compressor travels once per key, typed JSON
+                    if on_native:  # the compiled server's codec (compression.native_params)
+                        assert st.native_codec is not None
+                        task.decl["native_codec"] = st.native_codec[part]
                     task.decl["compressor"] = st.spec
                     task.decl["count"] = n // ITEMSIZE[dtype]
             pipeline.submit(task, block=block)

@@ -116,8 +116,8 @@ class StageExecutors:
 
     def pull(self, task: Task) -> bool:
         flight, m = self.flight, self.members
-        if task.native:  # received in place and averaged by the native data plane
-            flight.bytes_pulled += task.nbytes
+        if task.native:  # received in place (and averaged, uncompressed) by the native plane
+            flight.bytes_pulled += task.nbytes if task.codec is None else task.payload.nbytes
             return True
         if task.codec is not None:  # the decompress stage decodes the payload
             flight.bytes_pulled += memoryview(as_buffer(task.payload)).nbytes

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..compression import native_params
 from ..errors import MismatchError
 from ..partition import ServerAssigner, make_key, partition_bounds
 from ..wire import ITEMSIZE
@@ -78,6 +79,9 @@ class TensorState:
     # float32 staging per partition (None for a float32 tensor, which needs none)
     scratch: list[np.ndarray | None] = field(default_factory=list)
     native_parts: list[NativePart] | None = None  # (key, server, stream, offset, nbytes, None)
+    # per partition, the server codec's parameters for the native data plane
+    # (compression.native_params); None when a codec has none (a registered compressor)
+    native_codec: list[list[int]] | None = None
 
 
 def declaration(st: TensorState, dtype: str, part: int) -> dict[str, Any]:
@@ -181,11 +185,15 @@ class TensorRegistry:
             st.compressor, st.spec = compression, wanted
             if makes_codecs:
                 assert st.dtype is not None
+                native: list[list[int]] | None = []
                 for _off, n, key, _server in st.parts:
                     count = n // ITEMSIZE[st.dtype]
                     st.codecs.append(compression.make_codec(count, role="worker", key=key))
                     st.scratch.append(None if st.dtype == "float32"
                                       else np.empty(count, np.float32))
+                    params = native_params(compression, count)
+                    native = None if native is None or params is None else native + [params]
+                st.native_codec = native
             return
         if st.spec != wanted:
             raise MismatchError(f"worker rank {rank}: tensor {st.name!r} was first "

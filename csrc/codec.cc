@@ -1,0 +1,229 @@
+// The framed codecs (codec.h) over the kernels of compress.cc.
+#include "codec.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "compress.h"
+
+namespace bps {
+namespace compress {
+namespace {
+
+const char* id_name(int id) {
+  switch (id) {
+    case kOneBit: return "onebit";
+    case kTopK: return "topk";
+    case kRandomK: return "randomk";
+    case kDithering: return "dithering";
+    default: return "unknown";
+  }
+}
+
+void bad(const std::string& what) { throw std::invalid_argument(what); }
+
+// The header's layout (compression.py: struct "<2sBBIQf" / "<2sBBIQI").
+struct Frame {
+  std::uint8_t id;
+  std::uint32_t n;
+  std::uint64_t step;
+  std::uint32_t field;  // the 4 bytes of the field (a float's bits for onebit and dithering)
+};
+
+void put_header(std::uint8_t* out, int id, std::size_t n, std::uint64_t step,
+                std::uint32_t field) {
+  out[0] = 'B';
+  out[1] = 'C';
+  out[2] = kFrameVersion;
+  out[3] = static_cast<std::uint8_t>(id);
+  const std::uint32_t n32 = static_cast<std::uint32_t>(n);
+  std::memcpy(out + 4, &n32, 4);  // the build is little-endian only (x86-64, aarch64)
+  std::memcpy(out + 8, &step, 8);
+  std::memcpy(out + 16, &field, 4);
+}
+
+std::uint32_t float_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float bits_float(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
+
+CodecParams params_from_list(const std::vector<std::uint64_t>& v) {
+  if (v.size() != 8)
+    bad("native codec parameters: expected 8 integers [id, ef, scaling, k, seed, levels, "
+        "natural, l2], got " + std::to_string(v.size()));
+  const char* flags[] = {nullptr, "ef", "scaling", nullptr, nullptr, nullptr, "natural", "l2"};
+  for (int i = 0; i < 8; ++i)
+    if (flags[i] && v[i] > 1) bad(std::string(flags[i]) + ": must be 0 or 1");
+  if (v[0] > 255) bad("compressor id " + std::to_string(v[0]) + " is not a built-in codec");
+  if (v[5] > 65535) bad("levels: must be below 2^16, got " + std::to_string(v[5]));
+  CodecParams p;
+  p.id = static_cast<int>(v[0]);
+  p.ef = v[1] != 0;
+  p.scaling = v[2] != 0;
+  p.k = v[3];
+  p.seed = v[4];
+  p.levels = static_cast<int>(v[5]);
+  p.natural = v[6] != 0;
+  p.l2 = v[7] != 0;
+  return p;
+}
+
+std::string describe(const CodecParams& p) {
+  std::string s = id_name(p.id);
+  switch (p.id) {
+    case kOneBit: s += p.scaling ? "(scaling)" : "(no scaling)"; break;
+    case kTopK: s += "(k=" + std::to_string(p.k) + ")"; break;
+    case kRandomK:
+      s += "(k=" + std::to_string(p.k) + ", seed=" + std::to_string(p.seed) + ")";
+      break;
+    case kDithering:
+      s += "(levels=" + std::to_string(p.levels) + (p.natural ? ", natural" : ", linear") +
+           (p.l2 ? ", l2" : ", max") + ", seed=" + std::to_string(p.seed) + ")";
+      break;
+    default: break;
+  }
+  return p.ef ? s + " with error feedback" : s;
+}
+
+void validate(const CodecParams& p, std::size_t n) {
+  if (p.id < kOneBit || p.id > kDithering)
+    bad("compressor id " + std::to_string(p.id) + " is not a built-in codec (1..4)");
+  if (n < 1 || n > 0xFFFFFFFFULL)
+    bad("n: must be an element count in [1, 2^32), got " + std::to_string(n));
+  if ((p.id == kTopK || p.id == kRandomK) && (p.k < 1 || p.k > n))
+    bad("k: must be a count in [1, n = " + std::to_string(n) + "], got " + std::to_string(p.k));
+  if (p.id == kDithering) {
+    const int hi = p.natural ? 127 : 65535;
+    if (p.levels < 1 || p.levels > hi)
+      bad("levels: must be an integer in [1, " + std::to_string(hi) + "] for " +
+          (p.natural ? "natural" : "linear") + " dithering, got " + std::to_string(p.levels));
+  }
+}
+
+std::size_t payload_bytes(const CodecParams& p, std::size_t n) {
+  switch (p.id) {
+    case kOneBit: return kFrameHeader + (n + 7) / 8;
+    case kTopK: return kFrameHeader + 8 * p.k;
+    case kRandomK: return kFrameHeader + 4 * p.k;
+    default: return kFrameHeader + dither_bytes(n, p.levels);
+  }
+}
+
+FramedCodec::FramedCodec(const CodecParams& p, std::uint64_t key, std::size_t n)
+    : p_(p), key_(key), n_(n) {
+  validate(p, n);
+  max_bytes_ = payload_bytes(p, n);
+  if (p.ef) {
+    residual_.assign(n, 0.0f);
+    y_.resize(n);
+    d_.resize(n);
+  }
+  if (p.id == kRandomK) idx_.resize(p.k);
+}
+
+std::size_t FramedCodec::held_bytes() const {
+  return sizeof(float) * (residual_.size() + y_.size() + d_.size()) +
+         sizeof(std::uint32_t) * idx_.size() + sizeof(*this);
+}
+
+const std::uint32_t* FramedCodec::indices(std::uint64_t step) {
+  if (!idx_valid_ || idx_step_ != step) {
+    randomk_indices(n_, p_.k, p_.seed, key_, step, idx_.data());
+    idx_step_ = step;
+    idx_valid_ = true;
+  }
+  return idx_.data();
+}
+
+std::uint64_t FramedCodec::decode(const std::uint8_t* p, std::size_t len, float* out,
+                                  bool add) {
+  const std::string name = id_name(p_.id);
+  if (len != max_bytes_)
+    bad(name + " payload has " + std::to_string(len) + " bytes; " + std::to_string(n_) +
+        " elements need exactly " + std::to_string(max_bytes_));
+  Frame f;
+  if (p[0] != 'B' || p[1] != 'C' || p[2] != kFrameVersion)
+    bad(name + " payload: bad magic/version; expected b'BC'/" + std::to_string(kFrameVersion));
+  f.id = p[3];
+  std::memcpy(&f.n, p + 4, 4);
+  std::memcpy(&f.step, p + 8, 8);
+  std::memcpy(&f.field, p + 16, 4);
+  if (f.id != p_.id)
+    bad(name + " payload carries compressor id " + std::to_string(f.id) + " (" +
+        id_name(f.id) + "), expected " + std::to_string(p_.id));
+  if (f.n != n_)
+    bad(name + " payload is of " + std::to_string(f.n) + " elements, expected " +
+        std::to_string(n_));
+  const std::uint8_t* body = p + kFrameHeader;
+  const std::size_t blen = len - kFrameHeader;
+  try {
+    switch (p_.id) {
+      case kOneBit:
+        onebit_decode(body, n_, bits_float(f.field), out, add);
+        break;
+      case kTopK:
+      case kRandomK:
+        if (f.field != p_.k)
+          bad(name + " payload carries k = " + std::to_string(f.field) + ", expected " +
+              std::to_string(p_.k));
+        if (p_.id == kTopK)
+          scatter(body, body + 4 * p_.k, p_.k, out, n_, add);
+        else
+          scatter(indices(f.step), body, p_.k, out, n_, add);
+        break;
+      default:
+        dither_decode(body, blen, n_, p_.levels, p_.natural, bits_float(f.field), out, add);
+    }
+  } catch (const std::out_of_range& exc) {
+    bad(name + " payload: " + exc.what());
+  }
+  return f.step;
+}
+
+void FramedCodec::encode_plain(const float* x, std::uint64_t step, std::uint8_t* out) {
+  std::uint8_t* body = out + kFrameHeader;
+  std::uint32_t field = 0;
+  switch (p_.id) {
+    case kOneBit:
+      field = float_bits(onebit_encode(x, n_, body, p_.scaling));
+      break;
+    case kTopK:
+      topk_select(x, n_, p_.k, body, body + 4 * p_.k);
+      field = static_cast<std::uint32_t>(p_.k);
+      break;
+    case kRandomK:
+      gather(x, n_, indices(step), p_.k, body);
+      field = static_cast<std::uint32_t>(p_.k);
+      break;
+    default:
+      field = float_bits(
+          dither_encode(x, n_, p_.levels, p_.natural, p_.l2, p_.seed, key_, step, body));
+  }
+  put_header(out, p_.id, n_, step, field);
+}
+
+void FramedCodec::encode(const float* x, std::uint64_t step, std::uint8_t* out) {
+  if (!p_.ef) {
+    encode_plain(x, step, out);
+    return;
+  }
+  // exactly numpy's np.add / np.subtract, element by element (no contraction: ISO C++17)
+  float* y = y_.data();
+  float* d = d_.data();
+  float* r = residual_.data();
+  for (std::size_t i = 0; i < n_; ++i) y[i] = x[i] + r[i];
+  encode_plain(y, step, out);
+  decode(out, max_bytes_, d, false);
+  for (std::size_t i = 0; i < n_; ++i) r[i] = y[i] - d[i];
+}
+
+}  // namespace compress
+}  // namespace bps

@@ -1,0 +1,78 @@
+// The framed codecs of byteps_like/compression.py in C++, for the native data plane's server
+// (dataplane_server.cc): a payload is the 20-byte little-endian header -- magic "BC", version
+// (1), compressor id (1 onebit, 2 top-k, 3 random-k, 4 dithering), element count n (u32), step
+// (u64), one 4-byte field (onebit: the scale f32; top-k, random-k: k u32; dithering: the norm
+// f32) -- then the body the kernels of compress.h write. Byte for byte what compression.py's
+// _FramedCodec writes and reads, so worker-side Python codecs and server-side C++ codecs
+// interoperate (tests/unit/test_native_codec.py holds them together).
+//
+// No JSON here: Python turns a compressor spec into CodecParams (compression.native_params);
+// the server reads them from the declaration's flat "native_codec" array and checks them with
+// validate() before any memory is taken.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace bps {
+namespace compress {
+
+constexpr std::size_t kFrameHeader = 20;
+constexpr std::uint8_t kFrameVersion = 1;
+enum CodecId : int { kOneBit = 1, kTopK = 2, kRandomK = 3, kDithering = 4 };
+
+struct CodecParams {
+  int id = 0;             // CodecId
+  bool ef = false;        // error feedback around the codec (both roles)
+  bool scaling = true;    // onebit
+  std::uint64_t k = 0;    // top-k, random-k: the count (1..n), already resolved for n
+  std::uint64_t seed = 0; // random-k, dithering
+  int levels = 0;         // dithering
+  bool natural = false, l2 = false;  // dithering
+};
+
+// The params from their flat list form [id, ef, scaling, k, seed, levels, natural, l2]
+// (compression.native_params, the declaration's "native_codec"); throws std::invalid_argument
+// naming the field when the list is not of that shape (flags 0/1, levels < 2^16).
+CodecParams params_from_list(const std::vector<std::uint64_t>& v);
+// "onebit(scaling) with error feedback" and the like, for error messages.
+std::string describe(const CodecParams& p);
+// Throws std::invalid_argument naming the field when p is not a codec of n elements.
+void validate(const CodecParams& p, std::size_t n);
+// The exact payload size of a codec of n elements (validate() first).
+std::size_t payload_bytes(const CodecParams& p, std::size_t n);
+
+// One partition's codec for one role (the server's: no momentum, which is a worker concern).
+// Not thread-safe: its owner serialises calls.
+class FramedCodec {
+ public:
+  FramedCodec(const CodecParams& p, std::uint64_t key, std::size_t n);  // validates
+  std::size_t n() const { return n_; }
+  std::size_t max_bytes() const { return max_bytes_; }
+  // The memory this codec holds (residual and scratch), for a memory budget.
+  std::size_t held_bytes() const;
+  // Decodes (add: adds) a payload into out[n]; returns its step. Every field and the exact
+  // length are checked first; throws std::invalid_argument (what() names the field) and
+  // leaves out untouched on a malformed payload.
+  std::uint64_t decode(const std::uint8_t* p, std::size_t len, float* out, bool add);
+  // Encodes x[n] (not modified) of round `step` into out[max_bytes()]; with error feedback
+  // y = x + r, encode y, r = y - decode(payload), as compression.py's _ErrorFeedbackCodec.
+  void encode(const float* x, std::uint64_t step, std::uint8_t* out);
+
+ private:
+  void encode_plain(const float* x, std::uint64_t step, std::uint8_t* out);
+  const std::uint32_t* indices(std::uint64_t step);  // random-k, cached per step
+  CodecParams p_;
+  std::uint64_t key_;
+  std::size_t n_, max_bytes_;
+  std::vector<float> residual_, y_, d_;
+  std::vector<std::uint32_t> idx_;
+  std::uint64_t idx_step_ = 0;
+  bool idx_valid_ = false;
+};
+
+}  // namespace compress
+}  // namespace bps

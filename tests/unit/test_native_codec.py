@@ -1,0 +1,226 @@
+"""Compressed partitions on the native data plane: the server's C++ codecs (csrc/codec.h,
+``_core.NativeCodec``) against compression.py's, byte for byte, and the native server's rounds
+of compressed pushes against the old engine's rule (decode the first push, decode_add the
+others, encode the sum with the server's own codec at the round's step), replayed in Python.
+Malformed payloads and declarations are errors naming the key, the tensor and the rank."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from byteps_like import _core
+from byteps_like.compression import Compression, native_params, register, unregister
+from byteps_like.transport.native import decode_error
+from byteps_like.wire import DTYPE_CODE
+
+from .test_native_dataplane import make_client, make_server
+
+COMPRESSORS = {
+    "onebit": Compression.onebit(),
+    "onebit_noscale_ef": Compression.onebit(False, error_feedback=True),
+    "topk_ef": Compression.topk(0.01, error_feedback=True),
+    "topk_count_nesterov": Compression.topk(37, momentum=0.9),
+    "randomk_ef": Compression.randomk(0.05, seed=3, error_feedback=True),
+    "dithering": Compression.dithering(),
+    "dithering_natural_l2_ef": Compression.dithering(8, "natural", "l2", 5, True, 0.5),
+}
+U8 = DTYPE_CODE["uint8"]
+
+
+def test_native_params_of_a_registered_compressor_is_none():
+    from byteps_like.compression import OneBit
+
+    class Mine(OneBit):
+        name = "mine_onebit"
+    register("mine_onebit", lambda scaling=True: Mine(scaling))
+    try:
+        assert native_params(Mine(), 100) is None  # its server codec stays Python (ZeroMQ)
+    finally:
+        unregister("mine_onebit")
+    assert native_params(Compression.fp16, 100) is None
+
+
+@pytest.mark.parametrize("name", sorted(COMPRESSORS))
+@pytest.mark.parametrize("n", [1, 9, 1000, 65537])
+def test_native_codec_is_bitwise_the_python_codec(name, n):
+    comp = COMPRESSORS[name]
+    rng = np.random.default_rng(n)
+    py = comp.make_codec(n, role="server", key=11)
+    nat = _core.NativeCodec(native_params(comp, n), 11, n)
+    assert nat.max_bytes == py.max_bytes and nat.n == n
+    out = np.empty(nat.max_bytes, np.uint8)
+    for step in (0, 1, 2, 1 << 40):
+        x = rng.standard_normal(n).astype(np.float32)
+        if step == 2 and n > 3:
+            x[1], x[3] = np.nan, -np.inf
+        with np.errstate(invalid="ignore"):  # inf - inf in the residual: NaN, as in C++
+            ref = np.array(py.encode(x, step))
+        nat.encode(x, step, out)
+        assert out.tobytes() == ref.tobytes(), (name, step)  # EF residuals agree too
+        a = rng.standard_normal(n).astype(np.float32)
+        b = a.copy()
+        assert py.decode_add(ref, a) == nat.decode(ref, b, True) == step
+        assert a.tobytes() == b.tobytes()
+        assert py.decode(ref, a) == nat.decode(ref, b) == step
+        assert a.tobytes() == b.tobytes()
+
+
+def _frame(p: np.ndarray, at: int, value: bytes) -> np.ndarray:
+    q = p.copy()
+    q[at:at + len(value)] = np.frombuffer(value, np.uint8)
+    return q
+
+
+@pytest.mark.parametrize("case,field", [
+    ("short", "bytes"), ("long", "bytes"), ("magic", "magic"), ("version", "magic"),
+    ("id", "compressor id"), ("n", "elements"), ("k", "k =")])
+def test_native_codec_rejects_a_malformed_payload_leaving_out_untouched(case, field):
+    n = 1000
+    nat = _core.NativeCodec(native_params(Compression.topk(10), n), 0, n)
+    p = np.empty(nat.max_bytes, np.uint8)
+    nat.encode(np.arange(n, dtype=np.float32), 3, p)
+    bad = {"short": p[:-1], "long": np.concatenate([p, p[:1]]), "magic": _frame(p, 0, b"XC"),
+           "version": _frame(p, 2, b"\x02"), "id": _frame(p, 3, b"\x01"),
+           "n": _frame(p, 4, (999).to_bytes(4, "little")),
+           "k": _frame(p, 16, (11).to_bytes(4, "little"))}[case]
+    out = np.full(n, 7.0, np.float32)
+    with pytest.raises(ValueError, match=field):
+        nat.decode(bad, out, True)
+    assert (out == 7.0).all()
+    idx = _frame(p, 20, (n + 5).to_bytes(4, "little"))  # an index out of range
+    with pytest.raises(ValueError, match="topk payload"):
+        nat.decode(idx, out, True)
+    assert (out == 7.0).all()
+
+
+@pytest.mark.parametrize("params,field", [
+    ([9, 0, 0, 0, 0, 0, 0, 0], "compressor id"), ([2, 0, 0, 0, 0, 0, 0, 0], "k:"),
+    ([2, 0, 0, 101, 0, 0, 0, 0], "k:"), ([4, 0, 0, 0, 0, 200, 1, 0], "levels"),
+    ([1, 2, 0, 0, 0, 0, 0, 0], "ef"), ([1, 0, 0], "8 integers")])
+def test_native_codec_params_are_checked(params, field):
+    with pytest.raises(ValueError, match=field):
+        _core.NativeCodec(params, 0, 100)
+
+
+# ---- the native server's rounds of compressed pushes ---------------------------------------
+
+def _decl(name: str, comp, n: int, dtype: str = "float32", params=None) -> bytes:
+    d = {"name": name, "shape": [n], "dtype": dtype, "part": 0, "nparts": 1,
+         "native_codec": native_params(comp, n) if params is None else params,
+         "compressor": comp.spec(), "count": n}
+    return json.dumps(d, separators=(",", ":")).encode()
+
+
+def _native_server(cleanup, workers: int, partition_bytes: int = 1 << 22, **kw):
+    srv, port = make_server(workers, **kw)
+    srv.set_partition_bytes(partition_bytes)
+    cleanup.append(srv)
+    clis = [make_client(r, [port]) for r in range(workers)]
+    cleanup += clis
+    return srv, clis
+
+
+def _push_all(clis, payloads, outs, rnd, op, decl):
+    for cli, p, o in zip(clis, payloads, outs):
+        cli.submit(op, 0, p, o, U8, 1, rnd, [(5, 0, 0, 0, p.nbytes, decl if rnd == 0 else None)],
+                   compressed=True)
+    comps = []
+    for cli in clis:
+        assert cli.wait(op, 20.0), "the operation did not complete"
+        comps.append(cli.take(op))
+    return comps
+
+
+@pytest.mark.parametrize("name", sorted(COMPRESSORS))
+def test_native_server_sums_compressed_pushes_exactly_as_the_python_engine(name, cleanup):
+    """Three workers, four rounds: every pulled payload equals the old engine's (the server's
+    Python codec decoding the first push, decode_add of the others in arrival order -- any
+    order gives the same float32 sum for these inputs' first two; the third is added last
+    because it is pushed after the others are acknowledged -- and encode at the step)."""
+    comp, n, workers = COMPRESSORS[name], 20000, 3
+    srv, clis = _native_server(cleanup, workers)
+    rng = np.random.default_rng(1)
+    wcodecs = [comp.make_codec(n, role="worker", key=5) for _ in range(workers)]
+    ref = comp.make_codec(n, role="server", key=5)
+    acc = np.empty(n, np.float32)
+    decl = _decl("w", comp, n)
+    for rnd in range(4):
+        payloads = [np.array(c.encode(rng.standard_normal(n).astype(np.float32), rnd))
+                    for c in wcodecs]
+        outs = [np.empty(p.nbytes, np.uint8) for p in payloads]
+        # the first two together (their sum commutes), then the third once they are summed
+        for cli, p, o in zip(clis[:2], payloads, outs):
+            cli.submit(rnd + 1, 0, p, o, U8, 1, rnd,
+                       [(5, 0, 0, 0, p.nbytes, decl if rnd == 0 else None)], compressed=True)
+        while srv.stats()["pushes"] < 2 + workers * rnd:
+            assert not any(c.wait(rnd + 1, 0.01) for c in clis[:2])
+        comps = _push_all(clis[2:], payloads[2:], outs[2:], rnd, rnd + 1, decl)
+        comps += [c.wait(rnd + 1, 20.0) and c.take(rnd + 1) for c in clis[:2]]
+        assert all(c[1] for c in comps), comps
+        ref.decode(payloads[0], acc)
+        ref.decode_add(payloads[1], acc)
+        ref.decode_add(payloads[2], acc)
+        want = np.array(ref.encode(acc, rnd))
+        for o in outs:
+            assert o.tobytes() == want.tobytes(), (name, rnd)
+    st = srv.stats()
+    assert st["rounds"] == 4 and st["keys"] == 1
+    assert srv.rejected() == {}
+
+
+def test_native_server_charges_the_accumulator_and_codec_to_the_budget(cleanup):
+    comp, n = Compression.onebit(error_feedback=True), 100000
+    srv, clis = _native_server(cleanup, 1)
+    p = np.array(comp.make_codec(n, role="worker", key=5).encode(np.ones(n, np.float32), 0))
+    (c,) = _push_all(clis, [p], [np.empty_like(p)], 0, 1, _decl("w", comp, n))
+    assert c[1], c
+    # two encoded sums, the float32 sum, the residual and two scratch vectors of error feedback
+    assert srv.stats()["store_bytes"] >= 2 * p.nbytes + 4 * 4 * n
+    # a budget without room for them refuses the key, naming the budget
+    srv2, clis2 = _native_server(cleanup, 1, budget=4 * n)
+    (c,) = _push_all(clis2, [p], [np.empty_like(p)], 0, 1, _decl("w", comp, n))
+    assert not c[1] and "BYTEPS_SERVER_MAX_BYTES" in decode_error(c[4])[1]
+    assert srv2.stats()["store_bytes"] == 0
+
+
+@pytest.mark.parametrize("case,text", [
+    ("count", "is not an integer in 1..1024"), ("params", "k:"),
+    ("size", "takes"), ("dtype", "is not one workers compress"),
+    ("none", "no native codec parameters")])
+def test_native_server_refuses_a_bad_compressed_declaration(case, text, cleanup):
+    n = 1000
+    comp = Compression.topk(10)
+    srv, clis = _native_server(cleanup, 1, partition_bytes=4096)
+    p = np.array(comp.make_codec(n, role="worker", key=5).encode(np.ones(n, np.float32), 0))
+    decl = {"count": _decl("w", comp, 2000), "params": _decl("w", comp, n, params=[2, 0, 0, 0,
+                                                                                   0, 0, 0, 0]),
+            "size": _decl("w", Compression.topk(11), n), "dtype": _decl("w", comp, n, "int32"),
+            "none": json.dumps({"name": "w", "count": n}).encode()}[case]
+    (c,) = _push_all(clis, [p], [np.empty_like(p)], 0, 1, decl)
+    assert not c[1] and c[2] == "remote", c
+    kind, msg = decode_error(c[4])
+    assert kind == "protocol" and text in msg, msg
+    assert "key 5" in msg and "worker rank 0" in msg, msg
+    assert srv.stats()["keys"] == 0 and srv.stats()["store_bytes"] == 0
+
+
+@pytest.mark.parametrize("case", ["magic", "n", "index", "size"])
+def test_a_malformed_compressed_push_is_an_error_naming_key_tensor_and_rank(case, cleanup):
+    n, comp = 1000, Compression.topk(10)
+    srv, clis = _native_server(cleanup, 2)
+    good = np.array(comp.make_codec(n, role="worker", key=5).encode(np.ones(n, np.float32), 0))
+    bad = {"magic": _frame(good, 0, b"ZZ"), "n": _frame(good, 4, (7).to_bytes(4, "little")),
+           "index": _frame(good, 20, (5000).to_bytes(4, "little")), "size": good[:-8]}[case]
+    decl = _decl("w", comp, n)
+    # rank 1 declares the key with a good push first; rank 0's bad one is then refused alone
+    clis[1].submit(1, 0, good, np.empty_like(good), U8, 1, 0,
+                   [(5, 0, 0, 0, good.nbytes, decl)], compressed=True)
+    while srv.stats()["pushes"] < 1:
+        assert not clis[1].wait(1, 0.01)
+    (c,) = _push_all(clis[:1], [bad], [np.empty_like(bad)], 0, 1, decl)
+    assert not c[1] and c[2] == "remote", c
+    msg = decode_error(c[4])[1]
+    assert "key 5" in msg and "'w'" in msg and "worker rank 0" in msg, msg
+    assert srv.stats()["store_bytes"] > 0 and srv.stats()["keys"] == 1
