@@ -121,16 +121,12 @@ FramedCodec::FramedCodec(const CodecParams& p, std::uint64_t key, std::size_t n)
     : p_(p), key_(key), n_(n) {
   validate(p, n);
   max_bytes_ = payload_bytes(p, n);
-  if (p.ef) {
-    residual_.assign(n, 0.0f);
-    y_.resize(n);
-    d_.resize(n);
-  }
+  if (p.ef) residual_.assign(n, 0.0f);
   if (p.id == kRandomK) idx_.resize(p.k);
 }
 
 std::size_t FramedCodec::held_bytes() const {
-  return sizeof(float) * (residual_.size() + y_.size() + d_.size()) +
+  return sizeof(float) * residual_.size() +
          sizeof(std::uint32_t) * idx_.size() + sizeof(*this);
 }
 
@@ -215,9 +211,13 @@ void FramedCodec::encode(const float* x, std::uint64_t step, std::uint8_t* out) 
     encode_plain(x, step, out);
     return;
   }
-  // exactly numpy's np.add / np.subtract, element by element (no contraction: ISO C++17)
-  float* y = y_.data();
-  float* d = d_.data();
+  // exactly numpy's np.add / np.subtract, element by element (no contraction: ISO C++17).
+  // y and d are the thread's, shared by every codec it runs: scratch per codec put each
+  // partition's passes on memory of its own, out of cache (memory bandwidth set the speed)
+  thread_local std::vector<float> ty, td;
+  if (ty.size() < n_) ty.resize(n_), td.resize(n_);
+  float* y = ty.data();
+  float* d = td.data();
   float* r = residual_.data();
   for (std::size_t i = 0; i < n_; ++i) y[i] = x[i] + r[i];
   encode_plain(y, step, out);

@@ -52,7 +52,8 @@ class FramedCodec {
   FramedCodec(const CodecParams& p, std::uint64_t key, std::size_t n);  // validates
   std::size_t n() const { return n_; }
   std::size_t max_bytes() const { return max_bytes_; }
-  // The memory this codec holds (residual and scratch), for a memory budget.
+  // The memory this codec holds (its residual; the scratch of encode is per thread), for a
+  // memory budget.
   std::size_t held_bytes() const;
   // Decodes (add: adds) a payload into out[n]; returns its step. Every field and the exact
   // length are checked first; throws std::invalid_argument (what() names the field) and
@@ -68,7 +69,7 @@ class FramedCodec {
   CodecParams p_;
   std::uint64_t key_;
   std::size_t n_, max_bytes_;
-  std::vector<float> residual_, y_, d_;
+  std::vector<float> residual_;
   std::vector<std::uint32_t> idx_;
   std::uint64_t idx_step_ = 0;
   bool idx_valid_ = false;
