@@ -197,13 +197,19 @@ def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
     """Horovod's ``allgather``: every rank's ``tensor`` concatenated along the first axis in rank
     order; the first dimension may differ between ranks (eager and in ``tf.function``; not
     differentiable)."""
+    return _allgather(tensor, name)
+
+
+def _allgather(tensor: Any, name: str | None, max_rows: int | None = None,
+               bound: str = "") -> tf.Tensor:
     from ..worker.broadcast import allgather_array
     tensor = tf.convert_to_tensor(tensor)
     rt = default_runtime()
 
     def eager(t):
         arr, dtype = _to_numpy(t)
-        return _from_numpy(allgather_array(rt, arr, name, dtype), t.dtype)
+        return _from_numpy(allgather_array(rt, arr, name, dtype, max_rows=max_rows,
+                                           bound=bound), t.dtype)
 
     if tf.executing_eagerly():
         return eager(tensor)
@@ -257,14 +263,21 @@ class GradientGroup:
 _groups: dict = {}
 
 
-def push_pull_rows(grad: tf.IndexedSlices, name: str, average: bool = True) -> tf.IndexedSlices:
+def push_pull_rows(grad: tf.IndexedSlices, name: str, average: bool = True,
+                   max_rows: int | None = None) -> tf.IndexedSlices:
     """A sparse gradient (of an embedding lookup) averaged as rows, never made dense: each
     worker sums its rows per unique index, pads them to a power of two (at least 64; so a
     server keeps a few sizes, not one per step), and every worker gathers every worker's rows
     (:func:`allgather`, through the servers); the values are divided by the number of workers.
     The result's indices may repeat (rows several workers touched): optimizers add them up.
-    Eager and in ``tf.function``."""
+    Eager and in ``tf.function``. Bounded: a worker's unique rows (padded) may be at most
+    ``max_rows`` (default BYTEPS_SPARSE_MAX_IDS); over it every worker raises (a ValueError,
+    in ``tf.function`` wrapped by TensorFlow) naming the ranks, before the gather is made."""
     rt = default_runtime()
+    if max_rows is None:
+        max_rows, bound = rt.config.server.sparse_max_ids, "BYTEPS_SPARSE_MAX_IDS"
+    else:
+        bound = "max_rows"
     uniq, pos = tf.unique(tf.cast(grad.indices, tf.int64))
     n = tf.shape(uniq)[0]
     values = tf.math.unsorted_segment_sum(grad.values, pos, n)
@@ -274,8 +287,8 @@ def push_pull_rows(grad: tf.IndexedSlices, name: str, average: bool = True) -> t
     ids = tf.concat([uniq, -tf.ones([extra], tf.int64)], 0)
     rows = tf.pad(values, tf.concat([[[0, extra]], tf.zeros([tf.rank(values) - 1, 2],
                                                             tf.int32)], 0))
-    all_ids = allgather(ids, name=f"{name}.ids")
-    all_rows = allgather(rows, name=f"{name}.rows")
+    all_ids = _allgather(ids, f"{name}.ids", max_rows, bound)
+    all_rows = _allgather(rows, f"{name}.rows", max_rows, bound)
     keep = all_ids >= 0
     all_rows = tf.boolean_mask(all_rows, keep)
     if average:

@@ -104,12 +104,16 @@ def _check_root(rt: Runtime, root_rank: int) -> None:
 
 
 def allgather_array(rt: Runtime, arr: np.ndarray, name: str | None = None,
-                    dtype: str | None = None) -> np.ndarray:
+                    dtype: str | None = None, *, max_rows: int | None = None,
+                    bound: str = "") -> np.ndarray:
     """Every rank's ``arr`` concatenated along the first axis in rank order (Horovod's
     ``allgather``). Ranks may differ in their first dimension; the other dimensions and the
     dtype must agree (a MismatchError names the ranks that differ). Values travel exactly
     (x + 0 == x), except that -0.0 arrives as 0.0. Each distinct total size is its own key on
-    the servers, so gathering many different sizes under one name holds a buffer for each."""
+    the servers, so gathering many different sizes under one name holds a buffer for each.
+    ``max_rows``: every rank raises ValueError (naming the ranks over it and ``bound``, the
+    setting) when a rank brings more rows, before the result is allocated: every rank sees every
+    count, so they all stop, none waits."""
     arr = np.ascontiguousarray(arr)
     if arr.ndim == 0:
         raise ValueError("allgather needs an array with at least one dimension, got a scalar")
@@ -127,6 +131,12 @@ def allgather_array(rt: Runtime, arr: np.ndarray, name: str | None = None,
             f"{dtype or arr.dtype.name} here, but worker ranks {differ} have a different row "
             "shape or dtype; only the first dimension may differ between ranks")
     rows = info[:, 0]
+    over = [q for q in range(n) if max_rows is not None and rows[q] > max_rows]
+    if over:
+        raise ValueError(
+            f"allgather {name!r} on worker rank {r}: worker rank(s) {over} bring "
+            f"{[int(rows[q]) for q in over]} rows, more than {max_rows}"
+            + (f" ({bound})" if bound else "") + "; nothing was gathered")
     total, offset = int(rows.sum()), int(rows[:r].sum())
     out = np.zeros((total,) + arr.shape[1:], arr.dtype)
     if total == 0:

@@ -237,6 +237,9 @@ class SparseTables:
         self.tables: dict[str, EmbeddingTable] = {}
         self._calls: dict[tuple, _Call] = {}
         self._lock = threading.Lock()
+        # the next table's id: a declaration the servers refused keeps its id, so every
+        # worker's next table gets the same one whichever worker saw the refusal
+        self._next_id = 0
 
     @property
     def rank(self) -> int:
@@ -298,7 +301,8 @@ class SparseTables:
         with self._lock:
             if name in self.tables:
                 raise TableError(f"worker rank {rt.rank_}: table {name!r} exists already")
-            table_id = len(self.tables)
+            table_id = self._next_id
+            self._next_id += 1
         m = rt.members
         if m.control is None or rt.alone:
             table = EmbeddingTable(self, spec, table_id, TableShard(spec))

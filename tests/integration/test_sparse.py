@@ -166,6 +166,10 @@ def test_workers_that_declare_different_tables_get_a_mismatch(cluster):
     assert errors and all(isinstance(e, MismatchError) for e in errors)
     assert "worker rank 0 declared 'emb-mix' (100 x 4" in str(errors[0])
     assert "worker rank 1 declared 'emb-mix' (100 x 5" in str(errors[0])
+    # the refused declaration keeps its table id on every worker: the next table is served
+    tables = ok(cluster.run_all(lambda w: w.sparse.create("emb-after-mix", 100, 4)))
+    assert len({t.table_id for t in tables}) == 1
+    ok(cluster.run_all(lambda w: tables[cluster.workers.index(w)].pull([1, 2])))
 
 
 @pytest.mark.parametrize("workers,servers", [(1, 0), (2, 2)])
@@ -353,3 +357,87 @@ def test_async_mode_applies_each_push_as_it_arrives():
         t1.push([1, 2], 4 * ones, average=True)   # / 2 workers
         assert np.array_equal(t0.pull([1, 2, 3])[:, 0], [-4, -4, 0])
         assert all(s.sparse.rounds_applied == 3 for s in c.servers)   # each push, each server
+
+
+def test_a_billion_ids_are_refused_before_anything_is_allocated(cluster):
+    """The issue's last target: 10^9 ids in one request, a negative id, an out-of-range id. On
+    the worker each is refused, naming the table, the id or the count and the rank, before a
+    copy of the ids (10^9 ids here are a broadcast view: no memory behind them); a peer's
+    request that claims 10^9 ids is refused by the server's decoder before any buffer is
+    made. The table goes on."""
+    import tracemalloc
+
+    from byteps_like.wire import Header, Role, encode, job_hash
+    from tests.faults.hostile import HostileClient
+    huge = np.broadcast_to(np.int64(3), (10**9,))
+    huge_grads = np.broadcast_to(np.float32(0), (10**9, 4))
+
+    def ask(t):   # refused on the worker: no message, so one worker at a time
+        texts = []
+        tracemalloc.start()
+        try:
+            for call in (lambda: t.pull(huge), lambda: t.push(huge, huge_grads),
+                         lambda: t.pull([5, -1]), lambda: t.pull([5, 1000])):
+                try:
+                    call()
+                    texts.append(None)
+                except (ValueError, IndexError) as exc:
+                    texts.append(f"{type(exc).__name__}: {exc}")
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        return texts, peak
+    tables = ok(cluster.run_all(lambda w: w.sparse.create("emb-huge", 1000, 4, init="zeros")))
+    for w, t in zip(cluster.workers, tables):
+        texts, peak = ask(t)
+        who = f"table 'emb-huge' on worker rank {w.rank()}"
+        assert texts[0] == texts[1] == (f"ValueError: {who}: 1000000000 ids in one request, "
+                                        "more than 4000 (BYTEPS_SPARSE_MAX_IDS per server); "
+                                        "split the batch"), texts
+        assert texts[2] == f"IndexError: {who}: row id -1 is negative", texts
+        assert texts[3] == (f"IndexError: {who}: row id 1000 is out of range (the table has "
+                            "1000 rows)"), texts
+        assert peak < 1 << 20, peak   # the threads' own work, not a copy of 10^9 ids (8 GB)
+    table_id = tables[0].table_id
+    srv = next(s for s in cluster.servers if s.rank == 0)
+    held, malformed = srv.store_bytes(), srv.rejections().get("malformed", 0)
+    client = HostileClient(srv.address)
+    try:
+        for mtype, dtype, size in ((MsgType.SPARSE_PULL, "int64", 8),
+                                   (MsgType.SPARSE_PUSH, "uint8", 1)):
+            h = Header(mtype, dtype, Role.WORKER, 0, 0, job_hash("default"), table_id, 0,
+                       10**9, size * 10**9)
+            reply = client.send(encode(h, b"\0" * 8), expect_reply=True)
+            assert reply is not None, mtype
+            text = reply[-1].decode()
+            assert '"kind":"protocol"' in text and "payload" in text, text
+    finally:
+        client.close()
+    assert srv.rejections()["malformed"] == malformed + 2
+    assert srv.store_bytes() == held
+
+    def step(w):   # the table goes on
+        t = tables[cluster.workers.index(w)]
+        t.pull([0, 1])
+        t.push([0, 1], np.ones((2, 4), np.float32))
+        return t.pull([0, 1])
+    for rows in ok(cluster.run_all(step)):
+        assert np.array_equal(rows, np.full((2, 4), -0.02, np.float32))
+
+
+def test_a_bounded_allgather_stops_every_rank_naming_the_one_over(cluster):
+    """The TF rows path's bound (allgather_array's max_rows, BYTEPS_SPARSE_MAX_IDS there): a
+    rank over it makes every rank raise, naming it, before the result is allocated; a gather
+    within it goes on."""
+    from byteps_like.worker.broadcast import allgather_array
+    results = cluster.run_all(lambda w: allgather_array(
+        w, np.zeros((3 + w.rank(), 2), np.float32), "bounded", max_rows=3,
+        bound="BYTEPS_SPARSE_MAX_IDS"))
+    for w, exc in zip(cluster.workers, results):
+        assert isinstance(exc, ValueError), exc
+        assert str(exc) == (f"allgather 'bounded' on worker rank {w.rank()}: worker rank(s) [1] "
+                            "bring [4] rows, more than 3 (BYTEPS_SPARSE_MAX_IDS); nothing was "
+                            "gathered")
+    for out in ok(cluster.run_all(lambda w: allgather_array(
+            w, np.full((2, 2), w.rank(), np.float32), "bounded.ok", max_rows=3))):
+        assert np.array_equal(out[:, 0], [0, 0, 1, 1])

@@ -2,7 +2,8 @@
 sparse_as_dense=False travels as rows (no densify warning, an IndexedSlices comes back) and
 equals the average of every worker's dense gradient; applied by a Keras SGD it keeps every
 worker's table equal to a one-process reference. Eager and in tf.function; then the same
-through the Keras DistributedOptimizer(sparse_as_dense=False) on local gradients.
+through the Keras DistributedOptimizer(sparse_as_dense=False) on local gradients; rows over
+the allgather's bound stop every worker.
 Prints ``OK rank R of N: rows`` on success."""
 import warnings
 
@@ -98,6 +99,17 @@ def main():
     model.fit(x, np.ones((64, 1), np.float32), batch_size=16, epochs=1, verbose=0)
     assert fit_layer.table.step == 4
     assert not np.array_equal(fit_layer.table.pull(np.arange(ROWS)), before)
+    # bounded: a worker with more unique rows than the bound stops every worker, naming it
+    from byteps_like.tensorflow.ops import push_pull_rows
+    n = 100 + rank                                       # 128 rows once padded
+    big = tf.IndexedSlices(tf.ones([n, DIM]), tf.range(n, dtype=tf.int64),
+                           tf.constant([ROWS, DIM], tf.int64))
+    try:
+        push_pull_rows(big, "bounded", max_rows=64)
+        raise AssertionError("push_pull_rows over its bound did not raise")
+    except ValueError as exc:
+        assert (f"worker rank(s) {list(range(size))} bring {[128] * size} rows, more than 64 "
+                "(max_rows); nothing was gathered") in str(exc), exc
     print(f"OK rank {rank} of {size}: rows", flush=True)
     bps.shutdown()
 
