@@ -209,13 +209,14 @@ def test_a_script_that_fails_on_every_worker_fails_the_job():
     assert not leftovers(e["BYTEPS_JOB_ID"]), leftovers(e["BYTEPS_JOB_ID"])
 
 
-def test_tables_follow_the_epochs():
-    """Server-held tables in an elastic job (docs/sparse.md, "Membership"): a worker SIGKILLed
-    after the others pushed a table's round (it pulled, never pushed) does not hang them; the
-    epoch change drops that round (the row is what it was before it) and the new epoch's
-    rounds complete with the 2 workers left."""
+@pytest.mark.parametrize("plane", ["native", "zmq"])
+def test_tables_follow_the_epochs(plane):
+    """Server-held tables in an elastic job (docs/sparse.md, "Membership"), the dense tensors on
+    either data plane: a worker SIGKILLed after the others pushed a table's round (it pulled,
+    never pushed) does not hang them; the epoch change drops that round (the row is what it
+    was before it) and the new epoch's rounds complete with the 2 workers left."""
     steps = 6
-    run, job = launch([steps, "kill=2@1", "slow=0.05", "table=1"], 3, plane="zmq",
+    run, job = launch([steps, "kill=2@1", "slow=0.05", "table=1"], 3, plane=plane,
                       extra=["--min-workers", "2", "--max-restarts", "0"])
     log = run.log
     assert run.rc == 0, log
