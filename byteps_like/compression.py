@@ -436,11 +436,13 @@ class _ErrorFeedbackCodec(Codec):
         self.residual = np.zeros(inner.n, np.float32)
 
     def encode(self, x: np.ndarray, step: int) -> np.ndarray:
-        y, d = _scratch("ef_y", self.n), _scratch("ef_d", self.n)
-        np.add(_check_x(x, self.n), self.residual, out=y)
+        # y = x + r is formed in the residual's own memory (r is not needed again), so a
+        # partition's passes stream x and r once each instead of a third buffer
+        y, d = self.residual, _scratch("ef_d", self.n)
+        np.add(_check_x(x, self.n), y, out=y)
         payload = self.inner.encode(y, step)
         self.inner.decode(payload, d)
-        np.subtract(y, d, out=self.residual)
+        np.subtract(y, d, out=y)
         return payload
 
     def decode(self, payload: Any, out: np.ndarray) -> int:

@@ -211,18 +211,19 @@ void FramedCodec::encode(const float* x, std::uint64_t step, std::uint8_t* out) 
     encode_plain(x, step, out);
     return;
   }
-  // exactly numpy's np.add / np.subtract, element by element (no contraction: ISO C++17).
-  // y and d are the thread's, shared by every codec it runs: scratch per codec put each
-  // partition's passes on memory of its own, out of cache (memory bandwidth set the speed)
-  thread_local std::vector<float> ty, td;
-  if (ty.size() < n_) ty.resize(n_), td.resize(n_);
-  float* y = ty.data();
-  float* d = td.data();
-  float* r = residual_.data();
-  for (std::size_t i = 0; i < n_; ++i) y[i] = x[i] + r[i];
+  // exactly numpy's np.add / np.subtract, element by element (no contraction: ISO C++17),
+  // as compression.py's _ErrorFeedbackCodec: y = x + r formed in r's own memory (r is not
+  // needed again), so the passes stream x and r once each; d is the thread's scratch, shared
+  // by every codec it runs (scratch per codec put each partition's passes on memory of its
+  // own, out of cache: memory bandwidth set the speed)
+  float* y = residual_.data();
+  for (std::size_t i = 0; i < n_; ++i) y[i] = x[i] + y[i];
   encode_plain(y, step, out);
+  thread_local std::vector<float> td;
+  if (td.size() < n_) td.resize(n_);
+  float* d = td.data();
   decode(out, max_bytes_, d, false);
-  for (std::size_t i = 0; i < n_; ++i) r[i] = y[i] - d[i];
+  for (std::size_t i = 0; i < n_; ++i) y[i] = y[i] - d[i];
 }
 
 }  // namespace compress
