@@ -107,6 +107,10 @@ def onebit_encode(x: Buffer, bits: Buffer, scaling: bool = True) -> float:
 def onebit_decode(bits: Buffer, scale: float, out: Buffer, add: bool = False) -> None:
     """``out[i] (+)= -scale if bit i else +scale`` (sign flip on the bit pattern)."""
 
+def onebit_residual(y: Buffer, scale: float) -> None:
+    """Error feedback's residual of onebit in one pass: ``y -= d`` with d what onebit_decode
+    gives for the bits onebit_encode packed from ``y`` (``scale`` with y's sign bit)."""
+
 def topk_select(x: Buffer, idx: Buffer, val: Buffer) -> None:
     """The k = len(val)/4 entries of largest magnitude of float32 ``x``: their indices
     (uint32, increasing) into ``idx`` and values into ``val``. Magnitude is the float's bits

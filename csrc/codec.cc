@@ -219,6 +219,12 @@ void FramedCodec::encode(const float* x, std::uint64_t step, std::uint8_t* out) 
   float* y = residual_.data();
   for (std::size_t i = 0; i < n_; ++i) y[i] = x[i] + y[i];
   encode_plain(y, step, out);
+  if (p_.id == kOneBit) {  // the decode fused into the subtraction (compress.h)
+    std::uint32_t sbits;
+    std::memcpy(&sbits, out + 16, 4);
+    onebit_residual(y, n_, bits_float(sbits));
+    return;
+  }
   thread_local std::vector<float> td;
   if (td.size() < n_) td.resize(n_);
   float* d = td.data();

@@ -245,6 +245,14 @@ void onebit_decode(const u8* bits, std::size_t n, float scale, float* out, bool 
   }
 }
 
+void onebit_residual(float* y, std::size_t n, float scale) {
+  const u32 sb = f32_bits(scale);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float yi = load_f32(y, i);
+    store_f32(y, i, yi - bits_f32(sb ^ (f32_bits(yi) & 0x80000000u)));
+  }
+}
+
 // ---- sparse -------------------------------------------------------------------------------
 void topk_select(const float* x, std::size_t n, std::size_t k, void* idx, void* val) {
   check_n(n, "topk_select");

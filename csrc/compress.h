@@ -30,6 +30,9 @@ std::uint64_t stream_base(std::uint64_t seed, std::uint64_t key, std::uint64_t s
 float onebit_encode(const float* x, std::size_t n, std::uint8_t* bits, bool scaling);
 // out[i] (+)= bit ? -scale : +scale (the sign flip is on the bit pattern, so NaN stays NaN).
 void onebit_decode(const std::uint8_t* bits, std::size_t n, float scale, float* out, bool add);
+// Error feedback's residual of onebit in one pass: y[i] -= d[i] where d is what onebit_decode
+// gives for the bits onebit_encode packed from y (scale with y[i]'s sign bit), bit for bit.
+void onebit_residual(float* y, std::size_t n, float scale);
 
 // ---- sparse (top-k, random-k) -------------------------------------------------------------
 // The k entries of largest |x| (keys: the float bits without the sign, so NaN ranks above inf);

@@ -209,6 +209,13 @@ void py_onebit_decode(py::handle bits, float scale, py::handle out, bool add) {
                           static_cast<float*>(os.data()), add);
 }
 
+void py_onebit_residual(py::handle y, float scale) {
+  const Buffer ys(y, true, "onebit_residual", "y");
+  const std::size_t n = f32_count(ys, "onebit_residual", "y");
+  py::gil_scoped_release nogil;
+  compress::onebit_residual(static_cast<float*>(ys.data()), n, scale);
+}
+
 void py_topk_select(py::handle x, py::handle idx, py::handle val) {
   const Buffer xs(x, false, "topk_select", "x"), is(idx, true, "topk_select", "idx"),
       vs(val, true, "topk_select", "val");
@@ -269,6 +276,8 @@ void bind_compress(py::module_& m) {
         py::arg("scaling") = true, "Sign bits of float32 x into bits; returns mean |x| or 1.");
   m.def("onebit_decode", &py_onebit_decode, py::arg("bits"), py::arg("scale"), py::arg("out"),
         py::arg("add") = false, "out (+)= +-scale by the sign bits.");
+  m.def("onebit_residual", &py_onebit_residual, py::arg("y"), py::arg("scale"),
+        "y -= what onebit_decode gives for onebit_encode's bits of y (error feedback, one pass).");
   m.def("topk_select", &py_topk_select, py::arg("x"), py::arg("idx"), py::arg("val"),
         "The len(val) entries of largest |x|: increasing u32 indices and their values.");
   m.def("gather", &py_gather, py::arg("x"), py::arg("idx"), py::arg("val"), "val = x[idx].");

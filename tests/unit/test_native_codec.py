@@ -67,6 +67,23 @@ def test_native_codec_is_bitwise_the_python_codec(name, n):
         assert a.tobytes() == b.tobytes()
 
 
+@pytest.mark.parametrize("scaling", [True, False])
+def test_onebit_residual_is_decode_then_subtract(scaling):
+    """Error feedback's fused onebit residual (both codecs use it) against its definition."""
+    rng = np.random.default_rng(5)
+    y = rng.standard_normal(1003).astype(np.float32)
+    y[:6] = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan]
+    bits = np.empty((y.size + 7) // 8, np.uint8)
+    scale = _core.onebit_encode(y, bits, scaling)
+    d = np.empty_like(y)
+    _core.onebit_decode(bits, scale, d)
+    with np.errstate(invalid="ignore"):
+        want = y - d
+    got = y.copy()
+    _core.onebit_residual(got, scale)
+    assert got.tobytes() == want.tobytes()
+
+
 def _frame(p: np.ndarray, at: int, value: bytes) -> np.ndarray:
     q = p.copy()
     q[at:at + len(value)] = np.frombuffer(value, np.uint8)
