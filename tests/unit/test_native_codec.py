@@ -241,3 +241,19 @@ def test_a_malformed_compressed_push_is_an_error_naming_key_tensor_and_rank(case
     msg = decode_error(c[4])[1]
     assert "key 5" in msg and "'w'" in msg and "worker rank 0" in msg, msg
     assert srv.stats()["store_bytes"] > 0 and srv.stats()["keys"] == 1
+
+
+def test_a_compressed_round_of_fewer_workers_after_join_reports_its_contributors(cleanup):
+    """join(): rank 1 has joined, so rank 0's push alone completes the round; the completion
+    carries the number of pushes summed (1), which the worker divides the decoded sum by."""
+    comp, n = Compression.onebit(error_feedback=True), 5000
+    srv, clis = _native_server(cleanup, 2)
+    srv.set_members([1], {})
+    x = np.random.default_rng(2).standard_normal(n).astype(np.float32)
+    p = np.array(comp.make_codec(n, role="worker", key=5).encode(x, 0))
+    out = np.empty_like(p)
+    (c,) = _push_all(clis[:1], [p], [out], 0, 1, _decl("w", comp, n))
+    assert c[1] and c[9] == 1, c
+    ref, acc = comp.make_codec(n, role="server", key=5), np.empty(n, np.float32)
+    ref.decode(p, acc)
+    assert out.tobytes() == np.array(ref.encode(acc, 0)).tobytes()
