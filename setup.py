@@ -4,6 +4,7 @@ Building needs a C++17 compiler (g++ 7+ or clang 5+) and the Python headers (REA
 "Building from source"). build_ext test-compiles a few lines with the extension's own flags
 first, so a machine without them gets one paragraph saying what to install, not a raw trace.
 """
+import importlib.util
 import os
 import sysconfig
 import tempfile
@@ -14,13 +15,36 @@ from pybind11.setup_helpers import build_ext as _build_ext
 from setuptools import setup
 from setuptools.errors import CompileError, PlatformError
 
+
+def ucx_include_dir() -> str | None:
+    """The libucx wheel's headers (the `ucx` extra), if installed where this build runs: the
+    data plane's UCX streams are compiled against them. libucp is not linked; _core opens it
+    at run time (byteps_like/transport/ucx_native.py), so the extension works without UCX."""
+    try:
+        spec = importlib.util.find_spec("libucx")
+    except (ImportError, ValueError):
+        spec = None
+    where = list(spec.submodule_search_locations or []) if spec else []
+    # pip builds in an isolated environment: the target environment's site-packages (the same
+    # interpreter's prefix) is where the extra installed libucx
+    paths = sysconfig.get_paths()
+    where += [os.path.join(paths[k], "libucx") for k in ("purelib", "platlib")]
+    for loc in where:
+        inc = os.path.join(loc, "include")
+        if os.path.isfile(os.path.join(inc, "ucp", "api", "ucp.h")):
+            return inc
+    return None
+
+
+UCX_INCLUDE = ucx_include_dir()
 ext = Pybind11Extension(
     "byteps_like._core",
     sources=sorted(glob("csrc/*.cc")),
-    include_dirs=["csrc"],
+    include_dirs=["csrc"] + ([UCX_INCLUDE] if UCX_INCLUDE else []),
+    define_macros=[("BPS_WITH_UCX", "1" if UCX_INCLUDE else "0")],
     cxx_std=17,
     extra_compile_args=["-O3", "-fno-math-errno", "-pthread"],
-    extra_link_args=["-pthread"],
+    extra_link_args=["-pthread"] + (["-ldl"] if UCX_INCLUDE else []),
 )
 
 PROBE = """#include <Python.h>

@@ -184,6 +184,9 @@ class DataServer:
                  auth_key: bytes = b"", async_mode: bool = False) -> None: ...
     def listen(self, host: str, port: int) -> int:
         """Bind (port 0: ephemeral); returns the port. RuntimeError naming host:port."""
+    def listen_ucx(self, host: str, port: int) -> int:
+        """Listen for UCX streams instead (a UCP listener; ucx_load first); returns the port.
+        Their connection requests pass the same admission as accepted sockets."""
     def start(self) -> None: ...
     def close(self) -> None: ...
     def set_rank(self, rank: int) -> None: ...
@@ -214,13 +217,16 @@ class DataServer:
         """Open rounds older than ``min_age`` s: (key, round, age, pushed ranks, declaration)."""
 
 class DataClient:
-    """A worker's half: ``streams`` TCP connections per server, a priority queue with byte
-    credits, pull responses received into the destination and divided in place."""
+    """A worker's half: ``streams`` TCP connections (or UCX endpoints) per server, a priority
+    queue with byte credits, pull responses received into the destination and divided in
+    place."""
     def __init__(self, rank: int, job: int, io_threads: int, credit_bytes: int,
                  max_message_bytes: int, auth_key: bytes = b"") -> None: ...
-    def connect(self, server: int, host: str, port: int, streams: int, timeout: float) -> None:
-        """Open and greet ``streams`` connections (authenticated with ``auth_key``);
-        RuntimeError saying why on failure."""
+    def connect(self, server: int, host: str, port: int, streams: int, timeout: float,
+                ucx: bool = False) -> None:
+        """Open and greet ``streams`` connections (authenticated with ``auth_key``), UCX
+        endpoints to a ``listen_ucx`` server when ``ucx``; RuntimeError saying why on
+        failure."""
     def submit(self, op: int, priority: int, src: Buffer, dst: Buffer, wire_dtype: int,
                divisor: int, round: int,
                parts: list[tuple[int, int, int, int, int, bytes | None]],
@@ -243,6 +249,26 @@ class DataClient:
 
 def monotonic() -> float: ...
 def hmac_sha256(key: bytes, msg: bytes) -> bytes: ...
+
+# ---- UCX streams of the data plane (csrc/dataplane_ucx.cc; byteps_like/transport/ucx_native)
+def ucx_built() -> bool:
+    """Whether this _core was built with UCX's headers (it can load libucp at run time)."""
+def ucx_load(path: str, settings: dict[str, str] = ...) -> str:
+    """Open libucp at ``path`` and make the process's UCP context, ``settings`` (UCX names
+    without ``UCX_``) over the UCX_* environment: "" when UCX streams are usable, else why
+    not. The first call's answer holds for the process."""
+def ucx_unavailable() -> str:
+    """"" when UCX streams are usable (ucx_load succeeded), else why not."""
+
+class UcxRawStream:
+    """A bare UCX stream to a listen_ucx server, bytes as they are (no hello, no framing): for
+    tests that play a hostile peer, as a raw socket does over TCP."""
+    def __init__(self, host: str, port: int) -> None: ...
+    def send(self, data: bytes, timeout: float) -> None: ...
+    def recv(self, n: int, timeout: float, all: bool = False) -> bytes:
+        """Up to n bytes (all n with ``all``) once some came; b"" when the peer closed;
+        RuntimeError('timed out') after ``timeout`` seconds."""
+    def close(self) -> None: ...
 
 # ---- the wire protocol's one definition (csrc/wire.h), read by byteps_like/wire.py ----
 def wire_spec() -> dict[str, Any]:

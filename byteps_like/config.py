@@ -252,9 +252,10 @@ class TransportConfig:
                               "that next to a native data plane, whose streams take the rest.",
                               unit="connections", min=0)
     transport: str = _s("BYTEPS_TRANSPORT", "choice", "zmq", "Messaging library of the data "
-                        "plane (worker <-> server): `zmq` (TCP), or `ucx` (UCX through ucxx: "
-                        "RDMA, shared memory or TCP, per UCX_TLS; the scheduler's control "
-                        "traffic stays on ZeroMQ). See docs/transports.md.",
+                        "plane (worker <-> server): `zmq` (TCP), or `ucx` (UCX: RDMA, shared "
+                        "memory or TCP, per UCX_TLS; the native data plane's streams become "
+                        "UCX endpoints, what it does not carry goes through ucxx; the "
+                        "scheduler's control traffic stays on ZeroMQ). See docs/transports.md.",
                         choices=("zmq", "ucx"))
     enable_rdma: bool = _s("DMLC_ENABLE_RDMA", "bool", False, "BytePS's switch for RDMA: selects "
                            "BYTEPS_TRANSPORT=ucx unless BYTEPS_TRANSPORT is set explicitly.")
@@ -262,12 +263,14 @@ class TransportConfig:
                           "selects BYTEPS_TRANSPORT=ucx like DMLC_ENABLE_RDMA.")
     data_plane: str = _s("BYTEPS_DATA_PLANE", "choice", "auto", "What moves partitions between "
                          "workers and servers: `native` (compiled I/O threads that never hold "
-                         "the GIL, several TCP streams per worker-server pair, received bytes "
-                         "land in place; with an auth secret every stream is authenticated, "
-                         "not encrypted), `zmq` (the Python I/O thread of the ZeroMQ endpoint; "
-                         "with a secret, CURVE-encrypted), or `auto`: native unless "
-                         "BYTEPS_TRANSPORT=ucx is set (with a secret: "
-                         "authenticated native streams; `zmq` to encrypt the data too). "
+                         "the GIL, several TCP streams per worker-server pair, or UCX streams "
+                         "with BYTEPS_TRANSPORT=ucx; received bytes land in place; with an "
+                         "auth secret every stream is authenticated, not encrypted), `zmq` "
+                         "(the Python I/O thread of the ZeroMQ or ucxx endpoint; with a "
+                         "secret, CURVE-encrypted), or `auto`: native where it can serve the "
+                         "job (with BYTEPS_TRANSPORT=ucx: where _core can load UCX, else the "
+                         "ucxx engine, logged; with a secret: authenticated native streams; "
+                         "`zmq` to encrypt the data too). "
                          "Compressed tensors always travel over ZeroMQ. See "
                          "docs/architecture.md.", choices=("auto", "native", "zmq"))
     io_threads: int = _s("BYTEPS_IO_THREADS", "int", 0, "I/O threads of the native data plane "

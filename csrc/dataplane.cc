@@ -16,6 +16,7 @@
 
 #include "codec.h"
 #include "dataplane_io.h"
+#include "dataplane_ucx.h"
 
 namespace bps {
 namespace dp {
@@ -227,6 +228,7 @@ IoLoop::IoLoop() {
 
 IoLoop::~IoLoop() {
   stop();
+  ucx_.reset();  // after its streams
   ::close(epfd_);
   ::close(evfd_);
 }
@@ -253,15 +255,57 @@ void IoLoop::stop() {
   if (th_.joinable()) th_.join();
   for (auto& kv : conns_) kv.second->close_now();
   conns_.clear();
-  std::lock_guard<std::mutex> g(mu_);
-  for (auto& c : adds_) c->close_now();
-  adds_.clear();
+  ucx_conns_.clear();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& c : adds_) c->close_now();
+    adds_.clear();
+  }
+  // the UCX worker goes with its streams: its connections close, so the peers see them end
+  std::lock_guard<std::mutex> g(ucx_mu_);
+  ucx_ptr_ = nullptr;
+  ucx_.reset();
 }
 
 void IoLoop::close_conn(const std::shared_ptr<Conn>& c) {
-  epoll_ctl(epfd_, EPOLL_CTL_DEL, c->fd(), nullptr);
-  conns_.erase(c->fd());
+  if (c->link()->progressed()) {
+    ucx_conns_.erase(std::remove(ucx_conns_.begin(), ucx_conns_.end(), c), ucx_conns_.end());
+  } else {
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, c->key(), nullptr);
+  }
+  conns_.erase(c->key());
   c->close_now();
+}
+
+UcxWorker* IoLoop::ucx() {
+  if (UcxWorker* u = ucx_ptr_.load()) return u;
+  std::lock_guard<std::mutex> g(ucx_mu_);
+  if (!ucx_) {
+    ucx_ = make_ucx_worker(evfd_);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = ucx_->efd();
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, ucx_->efd(), &ev);
+    ucx_ptr_ = ucx_.get();
+  }
+  return ucx_.get();
+}
+
+bool IoLoop::serve_ucx(UcxWorker* u) {
+  u->progress();
+  bool busy = false;
+  const std::vector<std::shared_ptr<Conn>> conns = ucx_conns_;  // close_conn edits it
+  for (const auto& c : conns) {
+    c->on_writable();  // posts what was queued, takes what UCX is done with
+    Link* l = c->link();
+    if (!c->reading() && !l->hung()) continue;  // paused for its unread replies
+    if (!c->on_readable()) {
+      close_conn(c);
+      continue;
+    }
+    if (c->reading() && l->more()) busy = true;  // stopped at its read budget
+  }
+  return busy || !u->arm();
 }
 
 void IoLoop::wake() {
@@ -277,12 +321,18 @@ void IoLoop::run() {
     {
       std::lock_guard<std::mutex> g(mu_);
       for (auto& c : adds_) {
+        c->set_epoll(epfd_, evfd_);
+        if (c->link()->progressed()) {  // UCX: served after each progress, not by epoll
+          conns_[c->key()] = c;
+          ucx_conns_.push_back(c);
+          c->on_writable();
+          continue;
+        }
         epoll_event ev{};
         ev.events = EPOLLIN | EPOLLRDHUP;
-        ev.data.fd = c->fd();
-        c->set_epoll(epfd_);
-        if (epoll_ctl(epfd_, EPOLL_CTL_ADD, c->fd(), &ev) == 0) {
-          conns_[c->fd()] = c;
+        ev.data.fd = c->key();
+        if (epoll_ctl(epfd_, EPOLL_CTL_ADD, c->key(), &ev) == 0) {
+          conns_[c->key()] = c;
           c->on_writable();  // what was queued before the loop knew the stream
         } else {
           c->close_now();
@@ -290,7 +340,8 @@ void IoLoop::run() {
       }
       adds_.clear();
     }
-    const int n = epoll_wait(epfd_, evs, 64, 250);
+    UcxWorker* u = ucx_ptr_.load();
+    const int n = epoll_wait(epfd_, evs, 64, u && serve_ucx(u) ? 0 : 250);
     for (int i = 0; i < n; ++i) {
       const int fd = evs[i].data.fd;
       if (fd == evfd_) {
@@ -300,7 +351,7 @@ void IoLoop::run() {
         continue;
       }
       auto it = conns_.find(fd);
-      if (it == conns_.end()) continue;
+      if (it == conns_.end() || it->second->link()->progressed()) continue;  // UCX: above
       std::shared_ptr<Conn> c = it->second;
       if (evs[i].events & EPOLLOUT) c->on_writable();
       if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {

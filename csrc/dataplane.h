@@ -78,6 +78,8 @@ class DataServer {
              std::string auth_key, bool async_mode = false);
   ~DataServer();
   int listen(const std::string& host, int port);  // returns the bound port
+  // Listens for UCX streams instead (ucx_load() first); returns the bound port.
+  int listen_ucx(const std::string& host, int port);
   void start();
   void close();
   // A key served over the ZeroMQ path (compressed, GPU-direct, ...): false when the native
@@ -137,7 +139,9 @@ class DataClient {
   ~DataClient();
   // Connects `streams` TCP connections to a server and says hello on each; throws
   // std::runtime_error with the reason when it cannot within timeout seconds.
-  void connect(int server, const std::string& host, int port, int streams, double timeout);
+  // ucx: the streams are UCX endpoints (ucx_load() first; the server listens with listen_ucx).
+  void connect(int server, const std::string& host, int port, int streams, double timeout,
+               bool ucx = false);
   // Queues an operation of several partitions of one tensor. src/dst stay valid until the
   // operation's completion is taken. divisor > 1 divides the result (average) in place.
   // compressed: the partitions are codec payloads (uint8, FLAG_COMPRESSED) the server decodes
@@ -163,6 +167,35 @@ class DataClient {
 };
 
 double monotonic_now();
+
+// ---- UCX streams (dataplane_ucx.cc) --------------------------------------------------------
+// Opens libucp at `path` (the libucx wheel's, which Python finds) and makes the process's UCP
+// context; UCX reads its UCX_* environment (UCX_TLS, ...) here, then `settings` (UCX names
+// without the UCX_ prefix: "TCP_RX_SEG_SIZE" -> "1M") are applied over it. True when UCX
+// streams can be used; otherwise *err says why. A second call returns the first call's answer.
+bool ucx_load(const std::string& path, const std::map<std::string, std::string>& settings,
+              std::string* err);
+// "" when UCX streams are usable (ucx_load succeeded), else why not.
+std::string ucx_unavailable();
+// Whether the extension was built with UCX's headers (without them it cannot load UCX).
+bool ucx_built();
+
+// A bare UCX stream to host:port, bytes out and in as they are (no hello, no framing): for the
+// tests that play a hostile or foreign peer over UCX, as they do with a raw socket over TCP.
+class UcxRawStream {
+ public:
+  UcxRawStream(const std::string& host, int port);
+  ~UcxRawStream();
+  void send(const std::string& bytes, double timeout);  // all of it; throws when it cannot
+  // Up to n bytes (all n when `all`) once some came: "" when the peer closed the stream;
+  // throws std::runtime_error("timed out") after timeout seconds.
+  std::string recv(std::size_t n, double timeout, bool all);
+  void close();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace dp
 }  // namespace bps

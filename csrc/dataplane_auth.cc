@@ -77,7 +77,7 @@ bool io_full(int fd, char* p, std::size_t n, bool out, double deadline, std::str
 
 // The rest of an authenticated hello, after the server's HELLO header `r`: its nonce and
 // proof checked, the worker's proof sent. False and *err when it fails.
-bool prove_to_server(int fd, const Header& r, int rank, std::uint32_t job, std::uint64_t sid,
+bool prove_to_server(const IoFull& io, const Header& r, int rank, std::uint32_t job, std::uint64_t sid,
                      const std::uint8_t* nonce, double deadline, const std::string& key,
                      std::string* err) {
   if (!(r.flags & kFlagAuth) || r.nbytes != 64) {
@@ -86,7 +86,7 @@ bool prove_to_server(int fd, const Header& r, int rank, std::uint32_t job, std::
     return false;
   }
   std::uint8_t got[64], want[32], proof[32];
-  if (!io_full(fd, reinterpret_cast<char*>(got), 64, false, deadline, err)) return false;
+  if (!io(reinterpret_cast<char*>(got), 64, false, deadline, err)) return false;
   hello_mac(key, "bpsl-srv", job, rank, sid, nonce, got, want);
   if (!equal_ct(want, got + kNonce, 32)) {
     *err = "authentication failed: the server's proof does not match this job's secret "
@@ -95,11 +95,40 @@ bool prove_to_server(int fd, const Header& r, int rank, std::uint32_t job, std::
   }
   hello_mac(key, "bpsl-cli", job, rank, sid, got, nonce, proof);
   Header a = make_header(kHello, kRoleWorker, rank, kFlagAuth, job, sid, 0, 0, 0, 32);
-  return io_full(fd, reinterpret_cast<char*>(&a), sizeof a, true, deadline, err) &&
-         io_full(fd, reinterpret_cast<char*>(proof), 32, true, deadline, err);
+  return io(reinterpret_cast<char*>(&a), sizeof a, true, deadline, err) &&
+         io(reinterpret_cast<char*>(proof), 32, true, deadline, err);
 }
 
 }  // namespace
+
+bool say_hello(const IoFull& io, int rank, std::uint32_t job, int stream, double deadline,
+               const std::string& key, std::string* err) {
+  const bool auth = !key.empty();
+  const std::uint64_t sid = static_cast<std::uint64_t>(stream);
+  Header h = make_header(kHello, kRoleWorker, rank, auth ? kFlagAuth : 0, job, sid, 0, 0, 0,
+                         auth ? kNonce : 0);
+  std::uint8_t nonce[kNonce];
+  if (auth) random_bytes(nonce, kNonce);
+  Header r{};
+  if (!io(reinterpret_cast<char*>(&h), sizeof h, true, deadline, err) ||
+      (auth && !io(reinterpret_cast<char*>(nonce), kNonce, true, deadline, err)) ||
+      !io(reinterpret_cast<char*>(&r), sizeof r, false, deadline, err)) {
+    *err = "no hello from the server (" + *err + "): is it a byteps_like server of this job" +
+           (auth ? std::string(" (and does it have the job's secret)?")
+                 : std::string("? A server with a secret closes streams that do not "
+                               "authenticate: give every node the same BYTEPS_AUTH_SECRET"));
+    return false;
+  }
+  if (std::memcmp(r.magic, kMagic, 4) != 0 || r.version != kVersion || r.type != kHello ||
+      r.job != job || r.role != kRoleServer) {
+    *err = "the peer's hello is not that of a byteps_like server of this job";
+    return false;
+  }
+  if (auth && !prove_to_server(io, r, rank, job, sid, nonce, deadline, key, err)) {
+    return false;
+  }
+  return true;
+}
 
 int open_stream(const std::string& host, int port, int rank, std::uint32_t job, int stream,
                 double deadline, const std::string& key, std::string* err) {
@@ -130,30 +159,10 @@ int open_stream(const std::string& host, int port, int rank, std::uint32_t job, 
   if (fd < 0) return -1;
   set_nodelay(fd);
   set_nonblocking(fd);
-  const bool auth = !key.empty();
-  const std::uint64_t sid = static_cast<std::uint64_t>(stream);
-  Header h = make_header(kHello, kRoleWorker, rank, auth ? kFlagAuth : 0, job, sid, 0, 0, 0,
-                         auth ? kNonce : 0);
-  std::uint8_t nonce[kNonce];
-  if (auth) random_bytes(nonce, kNonce);
-  Header r{};
-  if (!io_full(fd, reinterpret_cast<char*>(&h), sizeof h, true, deadline, err) ||
-      (auth && !io_full(fd, reinterpret_cast<char*>(nonce), kNonce, true, deadline, err)) ||
-      !io_full(fd, reinterpret_cast<char*>(&r), sizeof r, false, deadline, err)) {
-    *err = "no hello from the server (" + *err + "): is it a byteps_like server of this job" +
-           (auth ? std::string(" (and does it have the job's secret)?")
-                 : std::string("? A server with a secret closes streams that do not "
-                               "authenticate: give every node the same BYTEPS_AUTH_SECRET"));
-    ::close(fd);
-    return -1;
-  }
-  if (std::memcmp(r.magic, kMagic, 4) != 0 || r.version != kVersion || r.type != kHello ||
-      r.job != job || r.role != kRoleServer) {
-    *err = "the peer's hello is not that of a byteps_like server of this job";
-    ::close(fd);
-    return -1;
-  }
-  if (auth && !prove_to_server(fd, r, rank, job, sid, nonce, deadline, key, err)) {
+  const IoFull io = [fd](char* p, std::size_t n, bool out, double dl, std::string* e) {
+    return io_full(fd, p, n, out, dl, e);
+  };
+  if (!say_hello(io, rank, job, stream, deadline, key, err)) {
     ::close(fd);
     return -1;
   }

@@ -15,6 +15,7 @@
 
 #include "dataplane_auth.h"
 #include "dataplane_io.h"
+#include "dataplane_ucx.h"
 #include "dtype.h"
 #include "ops.h"
 
@@ -65,7 +66,8 @@ class ClientImpl {
   }
   ~ClientImpl() { close(); }
 
-  void connect(int server, const std::string& host, int port, int streams, double timeout);
+  void connect(int server, const std::string& host, int port, int streams, double timeout,
+               bool ucx);
 
   void submit(std::uint64_t id, int priority, const char* src, char* dst, int wire_dtype,
               std::int64_t divisor, std::vector<PartSpec> parts, bool compressed) {
@@ -477,8 +479,8 @@ class ClientImpl {
 
 class ClientConn : public FramedConn {
  public:
-  ClientConn(int fd, ClientImpl* cli, int server)
-      : FramedConn(fd, &cli->c_), cli_(cli), server_(server) {
+  ClientConn(std::unique_ptr<Link> link, ClientImpl* cli, int server)
+      : FramedConn(std::move(link), &cli->c_), cli_(cli), server_(server) {
     read_header();
   }
 
@@ -556,19 +558,30 @@ class ClientConn : public FramedConn {
 };
 
 void ClientImpl::connect(int server, const std::string& host, int port, int streams,
-                         double timeout) {
+                         double timeout, bool ucx) {
   if (server < 0 || streams < 1) throw std::invalid_argument("connect: bad server or streams");
   const double deadline = monotonic_now() + timeout;
   std::vector<std::shared_ptr<Conn>> conns;
+  std::vector<std::size_t> where;  // the loop of each stream
   for (int i = 0; i < streams; ++i) {
     std::string err;
-    const int fd = open_stream(host, port, rank_, job_, i, deadline, key_, &err);
-    if (fd < 0) {
+    const std::size_t loop = next_loop_++ % loops_.size();
+    std::unique_ptr<Link> link;
+    if (ucx) {
+      link = ucx_open_stream(loops_[loop]->ucx(), host, port, rank_, job_, i, deadline, key_,
+                             &err);
+    } else {
+      const int fd = open_stream(host, port, rank_, job_, i, deadline, key_, &err);
+      if (fd >= 0) link.reset(new TcpLink(fd));
+    }
+    if (!link) {
       for (auto& c : conns) c->close_now();
       throw std::runtime_error("data plane: cannot reach server " + std::to_string(server) +
-                               " at " + host + ":" + std::to_string(port) + ": " + err);
+                               " at " + host + ":" + std::to_string(port) +
+                               (ucx ? " (UCX): " : ": ") + err);
     }
-    conns.push_back(std::make_shared<ClientConn>(fd, this, server));
+    conns.push_back(std::make_shared<ClientConn>(std::move(link), this, server));
+    where.push_back(loop);
   }
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -577,7 +590,7 @@ void ClientImpl::connect(int server, const std::string& host, int port, int stre
     servers_[server].where = host + ":" + std::to_string(port);
     servers_[server].lost.clear();
   }
-  for (auto& c : conns) loops_[next_loop_++ % loops_.size()]->add(c);
+  for (std::size_t i = 0; i < conns.size(); ++i) loops_[where[i]]->add(conns[i]);
 }
 
 DataClient::DataClient(int rank, std::uint32_t job, int io_threads, std::uint64_t credit,
@@ -585,8 +598,8 @@ DataClient::DataClient(int rank, std::uint32_t job, int io_threads, std::uint64_
     : impl_(new ClientImpl(rank, job, io_threads, credit, max_msg, std::move(auth_key))) {}
 DataClient::~DataClient() = default;
 void DataClient::connect(int server, const std::string& host, int port, int streams,
-                         double timeout) {
-  impl_->connect(server, host, port, streams, timeout);
+                         double timeout, bool ucx) {
+  impl_->connect(server, host, port, streams, timeout, ucx);
 }
 void DataClient::submit(std::uint64_t op, int priority, const char* src, char* dst,
                         int wire_dtype, std::int64_t divisor, std::vector<PartSpec> parts,

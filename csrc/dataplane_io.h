@@ -91,15 +91,110 @@ struct Out {
   std::size_t cost() const { return sizeof(Out) + meta.capacity() + owned; }
 };
 
+// ---- the byte-moving layer under a stream: a TCP socket (TcpLink, below) or a UCX endpoint
+// (dataplane_ucx.cc). Conn and FramedConn own the queue, the framing, the budgets and the
+// rules; a Link only moves bytes and says when it can move more.
+class Link {
+ public:
+  static constexpr ssize_t kAgain = -1;     // nothing now: wait for the loop to say so
+  static constexpr ssize_t kFailed = -2;    // the stream is broken
+  static constexpr ssize_t kInFlight = -3;  // writes posted, none done yet: the loop calls back
+  virtual ~Link() = default;
+  // The stream's name in its loop: the socket for TCP, a negative number for UCX.
+  virtual int key() const = 0;
+  // True when the loop drives it by progress rather than by epoll readiness (UCX).
+  virtual bool progressed() const { return false; }
+  // (progressed links) The stream ended or was hung up: the loop reads it, paused or not, to
+  // close it. more(): its last read found data, so more may wait without an event.
+  virtual bool hung() const { return false; }
+  virtual bool more() const { return false; }
+  // Reads up to n bytes into p: > 0 bytes read, 0 the peer closed, kAgain or kFailed (*err).
+  // A UCX read may stay posted on p: the next call with the same p collects it.
+  virtual ssize_t read(char* p, std::size_t n, std::string* err) = 0;
+  // Writes from q, whose front message has q.front().sent bytes written: the bytes now written
+  // and done with (their buffers may go), or kAgain / kInFlight / kFailed. A UCX link posts
+  // whole messages and reports them when UCX is done with them.
+  virtual ssize_t write(std::deque<Out>& q) = 0;
+  virtual void hangup() = 0;   // any thread: the loop sees the stream end soon
+  virtual void release() = 0;  // the loop closes the stream: the socket or endpoint goes
+  // what the loop should watch: reading unless paused, writing when something waits
+  virtual void watch(int epfd, int evfd, bool in, bool out) = 0;
+};
+
+class TcpLink : public Link {
+ public:
+  explicit TcpLink(int fd) : fd_(fd) {}
+  int key() const override { return fd_; }
+  ssize_t read(char* p, std::size_t n, std::string* err) override {
+    for (;;) {
+      const ssize_t k = ::recv(fd_, p, n, 0);
+      if (k >= 0) return k;
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return kAgain;
+      *err = std::string("receive failed: ") + std::strerror(errno);
+      return kFailed;
+    }
+  }
+  ssize_t write(std::deque<Out>& q) override {
+    iovec iov[48];
+    int niov = 0;
+    // a message takes up to 4 iovecs: header, meta length, meta, payload
+    for (auto it = q.begin(); it != q.end() && niov + 4 <= 48; ++it) {
+      Out& o = *it;
+      std::size_t skip = o.sent;
+      auto add = [&](const void* p, std::size_t len) {
+        if (skip >= len) {
+          skip -= len;
+          return;
+        }
+        iov[niov].iov_base = const_cast<char*>(static_cast<const char*>(p) + skip);
+        iov[niov].iov_len = len - skip;
+        ++niov;
+        skip = 0;
+      };
+      add(&o.hdr, sizeof(Header));
+      if (o.hdr.flags & kFlagMeta) {
+        add(&o.meta_len, 4);
+        add(o.meta.data(), o.meta.size());
+      }
+      if (o.plen) add(o.payload, o.plen);
+    }
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = niov;
+    for (;;) {
+      const ssize_t n = ::sendmsg(fd_, &mh, MSG_NOSIGNAL);
+      if (n >= 0) return n;
+      if (errno == EINTR) continue;
+      return errno == EAGAIN || errno == EWOULDBLOCK ? kAgain : kFailed;
+    }
+  }
+  void hangup() override { ::shutdown(fd_, SHUT_RDWR); }
+  void release() override { ::close(fd_); }
+  void watch(int epfd, int, bool in, bool out) override {
+    epoll_event ev{};
+    ev.events = EPOLLRDHUP | (in ? static_cast<std::uint32_t>(EPOLLIN) : 0u) |
+                (out ? static_cast<std::uint32_t>(EPOLLOUT) : 0u);
+    ev.data.fd = fd_;
+    epoll_ctl(epfd, EPOLL_CTL_MOD, fd_, &ev);
+  }
+
+ private:
+  int fd_;
+};
+
 // ---- a stream --------------------------------------------------------------------------------
 constexpr std::size_t kMaxQueuedOut = 1 << 16;  // messages a stream may hold unwritten, at most
 
 class Conn : public std::enable_shared_from_this<Conn> {
  public:
-  explicit Conn(int fd, Counters* counters) : fd_(fd), counters_(counters) {}
+  Conn(std::unique_ptr<Link> link, Counters* counters)
+      : link_(std::move(link)), counters_(counters) {}
   virtual ~Conn() = default;
 
-  int fd() const { return fd_; }
+  int key() const { return link_->key(); }
+  Link* link() const { return link_.get(); }
+  bool reading() const { return reading_.load(); }
 
   // Queue a message and write what the socket takes now (any thread).
   void send(Out&& o) {
@@ -164,7 +259,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
         continue;
       }
       const std::size_t want = std::min(rleft_, budget);
-      const ssize_t n = ::recv(fd_, rptr_, want, 0);
+      const ssize_t n = link_->read(rptr_, want, &why_);
       if (n > 0) {
         rptr_ += n;
         rleft_ -= static_cast<std::size_t>(n);
@@ -176,10 +271,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
         why_ = "the peer closed the connection";
         return false;
       }
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-      why_ = std::string("receive failed: ") + std::strerror(errno);
-      return false;
+      if (n == Link::kAgain) return true;
+      return false;  // why_ says why
     }
     return true;
   }
@@ -198,7 +291,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
       counters_->queued_bytes -= queued_.exchange(0);
       if (!reading_.load()) counters_->paused--;
       reading_ = true;
-      ::close(fd_);
+      link_->release();
     }
     for (auto& f : dropped) f(false);
     on_closed();
@@ -207,12 +300,13 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // Any thread: make the loop close this connection soon.
   void shut() {
     std::lock_guard<std::mutex> g(wmu_);
-    if (!closed_) ::shutdown(fd_, SHUT_RDWR);
+    if (!closed_) link_->hangup();
   }
 
-  void set_epoll(int epfd) {
+  void set_epoll(int epfd, int evfd) {
     std::lock_guard<std::mutex> g(wmu_);
     epfd_ = epfd;
+    evfd_ = evfd;
   }
   const std::string& why() const { return why_; }
   double created = monotonic_now();
@@ -239,7 +333,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
     rleft_ = n;
   }
 
-  int fd_;
+  std::unique_ptr<Link> link_;
   Counters* counters_;
   char* rptr_ = nullptr;
   std::size_t rleft_ = 0;
@@ -249,41 +343,14 @@ class Conn : public std::enable_shared_from_this<Conn> {
  private:
   void flush_locked(std::vector<std::function<void(bool)>>* finished) {
     while (!outq_.empty()) {
-      iovec iov[48];
-      int niov = 0;
-      std::size_t idx = 0;
-      // a message takes up to 4 iovecs: header, meta length, meta, payload
-      for (auto it = outq_.begin(); it != outq_.end() && niov + 4 <= 48; ++it, ++idx) {
-        Out& o = *it;
-        std::size_t skip = o.sent;
-        auto add = [&](const void* p, std::size_t len) {
-          if (skip >= len) {
-            skip -= len;
-            return;
-          }
-          iov[niov].iov_base = const_cast<char*>(static_cast<const char*>(p) + skip);
-          iov[niov].iov_len = len - skip;
-          ++niov;
-          skip = 0;
-        };
-        add(&o.hdr, sizeof(Header));
-        if (o.hdr.flags & kFlagMeta) {
-          add(&o.meta_len, 4);
-          add(o.meta.data(), o.meta.size());
-        }
-        if (o.plen) add(o.payload, o.plen);
+      const ssize_t n = link_->write(outq_);
+      if (n == Link::kInFlight) return;  // the loop calls on_writable when UCX is done
+      if (n == Link::kAgain) {
+        arm(true);
+        return;
       }
-      msghdr mh{};
-      mh.msg_iov = iov;
-      mh.msg_iovlen = niov;
-      const ssize_t n = ::sendmsg(fd_, &mh, MSG_NOSIGNAL);
       if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          arm(true);
-          return;
-        }
-        ::shutdown(fd_, SHUT_RDWR);  // the loop sees it and closes the connection
+        link_->hangup();  // the loop sees it and closes the connection
         return;
       }
       counters_->bytes_out += static_cast<std::uint64_t>(n);
@@ -341,19 +408,17 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void drop_unread_locked() {
     if (!unread_) counters_->unread_closed++;
     unread_ = true;
-    ::shutdown(fd_, SHUT_RDWR);  // the loop sees it and closes the connection
+    link_->hangup();  // the loop sees it and closes the connection
   }
 
   // epoll interest: reading unless paused (hang-ups are reported either way), writing when
   // something waits for the socket
   void arm(bool out) {
     const bool in = reading_.load();
-    if ((out == armed_out_ && in == armed_in_) || epfd_ < 0) return;
-    epoll_event ev{};
-    ev.events = EPOLLRDHUP | (in ? static_cast<std::uint32_t>(EPOLLIN) : 0u) |
-                (out ? static_cast<std::uint32_t>(EPOLLOUT) : 0u);
-    ev.data.fd = fd_;
-    if (epoll_ctl(epfd_, EPOLL_CTL_MOD, fd_, &ev) == 0) armed_out_ = out, armed_in_ = in;
+    if ((out == armed_out_ && in == armed_in_ && !(out && link_->progressed())) || epfd_ < 0)
+      return;
+    link_->watch(epfd_, evfd_, in, out);
+    armed_out_ = out, armed_in_ = in;
   }
 
   std::mutex wmu_;
@@ -365,7 +430,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::atomic<bool> reading_{true};   // false: over its share, not read
   std::atomic<std::size_t> queued_{0};  // cost() of outq_
   double progress_ = 0;  // when the queue last took a byte (or began to fill)
-  int epfd_ = -1;
+  int epfd_ = -1, evfd_ = -1;
 };
 
 // ---- the framing both ends read: header, optional meta (u32 length + JSON), payload --------
@@ -423,6 +488,8 @@ class FramedConn : public Conn {
 };
 
 // ---- an epoll loop (dataplane.cc) ----------------------------------------------------------
+class UcxWorker;  // dataplane_ucx.h
+
 class IoLoop {
  public:
   using Tick = std::function<void(const std::unordered_map<int, std::shared_ptr<Conn>>&)>;
@@ -435,10 +502,14 @@ class IoLoop {
   void add(std::shared_ptr<Conn> c);  // any thread
   void stop();
   void close_conn(const std::shared_ptr<Conn>& c);  // loop thread
+  // The loop's UCX worker, made on first use (any thread); throws when UCX is unavailable.
+  UcxWorker* ucx();
 
  private:
   void wake();
   void run();
+  // Progresses the UCX worker and serves the UCX streams; true when the loop must not sleep.
+  bool serve_ucx(UcxWorker* u);
 
   int epfd_ = -1, evfd_ = -1;
   std::thread th_;
@@ -446,6 +517,10 @@ class IoLoop {
   std::mutex mu_;
   std::vector<std::shared_ptr<Conn>> adds_;
   std::unordered_map<int, std::shared_ptr<Conn>> conns_;
+  std::vector<std::shared_ptr<Conn>> ucx_conns_;  // those of conns_ on UCX (loop thread)
+  std::mutex ucx_mu_;
+  std::unique_ptr<UcxWorker> ucx_;
+  std::atomic<UcxWorker*> ucx_ptr_{nullptr};
   Tick tick_;
 };
 

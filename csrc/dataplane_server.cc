@@ -22,6 +22,7 @@
 #include "dataplane_auth.h"
 #include "dataplane_io.h"
 #include "dataplane_store.h"
+#include "dataplane_ucx.h"
 #include "dtype.h"
 #include "ops.h"
 #include "sha256.h"
@@ -53,9 +54,21 @@ class ServerImpl {
 
   int listen(const std::string& host, int port) { return listen_tcp(host, port, &lfd_); }
 
+  // Streams over UCX instead (dataplane_ucx.h): a UCP listener on the first loop's worker,
+  // whose connection requests pass the same admission as accepted sockets.
+  int listen_ucx(const std::string& host, int port) {
+    UcxWorker* w = loops_[0]->ucx();
+    ucx_listener_ = ucx_listen(w, host, port, [this](const auto& make) {
+      // the streams spread over the loops, each endpoint on its loop's worker
+      const std::size_t loop = next_ucx_++ % loops_.size();
+      return !closing_.load() && admit([&] { return make(loops_[loop]->ucx()); }, loop);
+    });
+    return ucx_listener_->port();
+  }
+
   void start() {
     for (auto& l : loops_) l->start([this](const auto& conns) { tick(conns); });
-    acceptor_ = std::thread([this] { accept_loop(); });
+    if (lfd_ >= 0) acceptor_ = std::thread([this] { accept_loop(); });
   }
 
   void close() {
@@ -63,6 +76,7 @@ class ServerImpl {
     if (acceptor_.joinable()) acceptor_.join();
     if (lfd_ >= 0) ::close(lfd_);
     lfd_ = -1;
+    ucx_listener_.reset();
     for (auto& l : loops_) l->stop();
   }
 
@@ -763,28 +777,40 @@ class ServerImpl {
         }
         continue;
       }
-      // Slots for streams that have said hello (and proved the secret, in a job with one):
-      // streams that have not are at most a quarter of the slots, and the oldest of them
-      // makes room for a new connection, so peers without the secret cannot hold the slots
-      // a reconnecting or joining worker needs.
-      const bool full = live_conns_.load() >= max_conns_;
-      if ((full || unproven_.load() >= std::max(1, max_conns_ / 4)) && !evict_unproven()) {
-        reject("too many connections");
-        ::close(fd);
-        continue;
-      }
-      set_nodelay(fd);
-      live_conns_++;
-      unproven_++;
-      c_.connections++;
-      auto conn = make_conn(fd);
-      {
-        std::lock_guard<std::mutex> g(slot_mu_);
-        prune_unproven_locked();
-        unproven_q_.push_back(conn);
-      }
-      loops_[next++ % loops_.size()]->add(conn);
+      const auto tcp = [fd] {
+        set_nodelay(fd);
+        return std::unique_ptr<Link>(new TcpLink(fd));
+      };
+      if (!admit(tcp, next++)) ::close(fd);
     }
+  }
+
+  // A new stream: a slot for it, or false (refused and counted; the caller drops it). `make`
+  // makes its link once it is taken (nullptr: it could not be).
+  template <typename Make>
+  bool admit(Make make, std::size_t loop) {
+    // Slots for streams that have said hello (and proved the secret, in a job with one):
+    // streams that have not are at most a quarter of the slots, and the oldest of them
+    // makes room for a new connection, so peers without the secret cannot hold the slots
+    // a reconnecting or joining worker needs.
+    const bool full = live_conns_.load() >= max_conns_;
+    if ((full || unproven_.load() >= std::max(1, max_conns_ / 4)) && !evict_unproven()) {
+      reject("too many connections");
+      return false;
+    }
+    std::unique_ptr<Link> link = make();
+    if (!link) return false;
+    live_conns_++;
+    unproven_++;
+    c_.connections++;
+    auto conn = make_conn(std::move(link));
+    {
+      std::lock_guard<std::mutex> g(slot_mu_);
+      prune_unproven_locked();
+      unproven_q_.push_back(conn);
+    }
+    loops_[loop % loops_.size()]->add(conn);
+    return true;
   }
 
   // Closes the oldest stream that has not said hello; false when there is none.
@@ -793,7 +819,7 @@ class ServerImpl {
   // about the streams accepted within a hello timeout, not every stream ever accepted.
   void prune_unproven_locked();
 
-  std::shared_ptr<Conn> make_conn(int fd);
+  std::shared_ptr<Conn> make_conn(std::unique_ptr<Link> link);
 
   void tick(const std::unordered_map<int, std::shared_ptr<Conn>>& conns);
 
@@ -810,6 +836,8 @@ class ServerImpl {
   std::mutex trim_mu_;
   double trimmed_at_ = 0;
   int lfd_ = -1;
+  std::unique_ptr<UcxListener> ucx_listener_;
+  std::size_t next_ucx_ = 0;  // the loop of the next UCX stream (the listener's loop thread)
   std::thread acceptor_;
   std::atomic<bool> closing_{false};
   std::mutex map_mu_;
@@ -822,7 +850,10 @@ class ServerImpl {
 
 class ServerConn : public FramedConn {
  public:
-  ServerConn(int fd, ServerImpl* srv) : FramedConn(fd, &srv->c_), srv_(srv) { read_header(); }
+  ServerConn(std::unique_ptr<Link> link, ServerImpl* srv)
+      : FramedConn(std::move(link), &srv->c_), srv_(srv) {
+    read_header();
+  }
   bool hello_done() const { return hello_; }
   bool unproven() const { return unproven_.load(); }
   // Leaves the streams that have not said hello (hello, close or eviction); false if it had.
@@ -1089,8 +1120,8 @@ bool ServerImpl::evict_unproven() {
   return false;
 }
 
-std::shared_ptr<Conn> ServerImpl::make_conn(int fd) {
-  return std::make_shared<ServerConn>(fd, this);
+std::shared_ptr<Conn> ServerImpl::make_conn(std::unique_ptr<Link> link) {
+  return std::make_shared<ServerConn>(std::move(link), this);
 }
 
 void ServerImpl::tick(const std::unordered_map<int, std::shared_ptr<Conn>>& conns) {
@@ -1126,6 +1157,9 @@ DataServer::DataServer(int num_workers, int server_rank, std::uint32_t job, int 
                            max_conns, std::move(auth_key), async_mode)) {}
 DataServer::~DataServer() = default;
 int DataServer::listen(const std::string& host, int port) { return impl_->listen(host, port); }
+int DataServer::listen_ucx(const std::string& host, int port) {
+  return impl_->listen_ucx(host, port);
+}
 void DataServer::start() { impl_->start(); }
 void DataServer::close() { impl_->close(); }
 bool DataServer::claim_zmq_key(std::uint64_t key) { return impl_->claim_zmq_key(key); }

@@ -356,6 +356,40 @@ py::tuple completion_tuple(const dp::Completion& c) {
 }
 
 void bind_dataplane(py::module_& m) {
+  m.def(
+      "ucx_load",
+      [](const std::string& path, const std::map<std::string, std::string>& settings) {
+        std::string err;
+        py::gil_scoped_release nogil;
+        dp::ucx_load(path, settings, &err);
+        return err;
+      },
+      py::arg("path"), py::arg("settings") = std::map<std::string, std::string>(),
+      "Open libucp at path for the data plane's UCX streams, with UCX settings (names without "
+      "UCX_) over the UCX_* environment; '' when they are usable, else why not (the first "
+      "call's answer holds for the process).");
+  m.def("ucx_unavailable", &dp::ucx_unavailable,
+        "'' when the data plane's UCX streams are usable (ucx_load succeeded), else why not.");
+  py::class_<dp::UcxRawStream>(m, "UcxRawStream",
+                                "A bare UCX stream for tests that play a hostile peer.")
+      .def(py::init<const std::string&, int>(), py::arg("host"), py::arg("port"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("send", [](dp::UcxRawStream& s, py::bytes b,
+                      double timeout) { std::string d = b; py::gil_scoped_release g; s.send(d, timeout); },
+           py::arg("data"), py::arg("timeout"))
+      .def("recv",
+           [](dp::UcxRawStream& s, std::size_t n, double timeout, bool all) {
+             std::string d;
+             {
+               py::gil_scoped_release g;
+               d = s.recv(n, timeout, all);
+             }
+             return py::bytes(d);
+           },
+           py::arg("n"), py::arg("timeout"), py::arg("all") = false)
+      .def("close", &dp::UcxRawStream::close, py::call_guard<py::gil_scoped_release>());
+  m.def("ucx_built", &dp::ucx_built,
+        "Whether this _core was built with UCX's headers (it can load UCX at run time).");
   py::class_<dp::DataServer>(m, "DataServer")
       .def(py::init<int, int, std::uint32_t, int, std::uint64_t, std::uint64_t, int,
                     std::string, bool>(),
@@ -364,6 +398,8 @@ void bind_dataplane(py::module_& m) {
            py::arg("max_connections"), py::arg("auth_key") = py::bytes(),
            py::arg("async_mode") = false)
       .def("listen", &dp::DataServer::listen, py::arg("host"), py::arg("port"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("listen_ucx", &dp::DataServer::listen_ucx, py::arg("host"), py::arg("port"),
            py::call_guard<py::gil_scoped_release>())
       .def("start", &dp::DataServer::start, py::call_guard<py::gil_scoped_release>())
       .def("close", &dp::DataServer::close, py::call_guard<py::gil_scoped_release>())
@@ -397,7 +433,7 @@ void bind_dataplane(py::module_& m) {
            py::arg("rank"), py::arg("job"), py::arg("io_threads"), py::arg("credit_bytes"),
            py::arg("max_message_bytes"), py::arg("auth_key") = py::bytes())
       .def("connect", &dp::DataClient::connect, py::arg("server"), py::arg("host"),
-           py::arg("port"), py::arg("streams"), py::arg("timeout"),
+           py::arg("port"), py::arg("streams"), py::arg("timeout"), py::arg("ucx") = false,
            py::call_guard<py::gil_scoped_release>())
       .def(
           "submit",

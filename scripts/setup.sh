@@ -45,6 +45,12 @@ if [ "$profile" = full ]; then
   # TensorFlow (CPU build, with Keras 3) for byteps_like.tensorflow / byteps_like.keras
   have tensorflow || run "${PIP[@]}" "tensorflow-cpu==2.21.*"
   run "${PIP[@]}" -e '.[test,examples,bench,ucx,ray,docs]'  # ray: test_ray.py; docs: test_docs.py
+  # _core is compiled against the libucx wheel's headers when they are there at build time (the
+  # data plane's UCX streams); in a fresh .venv the extra arrives after the build: build again
+  if [ "$dry" != 1 ] && have libucx && ! .venv/bin/python -c \
+      "import byteps_like._core as c, sys; sys.exit(not c.ucx_built())" 2>/dev/null; then
+    run "${PIP[@]}" --no-deps -e .
+  fi
 else
   run "${PIP[@]}" -e '.[examples]'  # scikit-learn: the quick start's digits
 fi

@@ -548,7 +548,7 @@ class Server:
         # answered by compiled I/O threads; its port travels in the node table
         self.native = None
         data_port_ = 0
-        if native.native_enabled(cfg) and self.address.startswith("tcp"):
+        if native.native_enabled(cfg) and self.address.startswith(("tcp", "ucx")):
             key = native.auth_key(cfg)
             self.native = _core.DataServer(
                 self.num_workers, -1, self.job, native.io_threads(cfg),
@@ -557,7 +557,8 @@ class Server:
                 async_mode=self.async_mode)
             # a compressed key's element count: at most one partition (its accumulator)
             self.native.set_partition_bytes(cfg.partition.partition_bytes)
-            data_port_ = self.native.listen(host, native.data_port(cfg))
+            listen = self.native.listen_ucx if native.uses_ucx(cfg) else self.native.listen
+            data_port_ = listen(host, native.data_port(cfg))
         self.control = ControlClient(cfg, self.ep, Role.SERVER, port=port, data_port=data_port_,
                                      on_fatal=lambda exc: self._done.set(),
                                      on_shutdown=lambda: self._done.set(),

@@ -31,3 +31,37 @@ def recv_exact(s: socket.socket, n: int) -> bytes:
         assert chunk, f"stream closed after {len(buf)} of {n} bytes"
         buf += chunk
     return bytes(buf)
+
+
+class RawUcx:
+    """A bare UCX stream to a server's UCX listener with the few socket methods the tests use
+    (sendall, recv with MSG_WAITALL, settimeout, close), so a test that plays a hostile peer
+    runs over either stream (_core.UcxRawStream)."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0):
+        from byteps_like import _core
+        self._s = _core.UcxRawStream(host, port)
+        self._timeout = timeout
+
+    def settimeout(self, timeout: float) -> None:
+        self._timeout = timeout
+
+    def sendall(self, data: bytes) -> None:
+        self._s.send(bytes(data), self._timeout)
+
+    def recv(self, n: int, flags: int = 0) -> bytes:
+        try:
+            return self._s.recv(n, self._timeout, bool(flags & socket.MSG_WAITALL))
+        except RuntimeError as exc:
+            if "timed out" in str(exc):
+                raise TimeoutError(str(exc)) from None
+            raise
+
+    def close(self) -> None:
+        self._s.close()
+
+
+def ucx_skip_reason() -> str:
+    """Why the native plane's UCX streams cannot be tested here ("" when they can)."""
+    from byteps_like.transport import ucx_native
+    return ucx_native.unavailable()

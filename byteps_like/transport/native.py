@@ -34,11 +34,26 @@ def usable_cpus() -> int:
 
 
 def native_reasons(cfg) -> list[str]:
-    """Why the native data plane cannot serve this job (empty: it can)."""
+    """Why the native data plane cannot serve this job (empty: it can). With
+    BYTEPS_TRANSPORT=ucx its streams are UCX endpoints, which needs a ``_core`` that can load
+    the libucx wheel's libucp (:mod:`.ucx_native`)."""
     why = []
-    if cfg.transport.transport != "zmq":
-        why.append(f"BYTEPS_TRANSPORT={cfg.transport.transport} (UCX keeps its own I/O)")
+    if cfg.transport.transport == "ucx":
+        if cfg.transport.ucx_device_memory:
+            why.append("BYTEPS_UCX_DEVICE_MEMORY=1 (the native plane moves host memory; ucxx "
+                       "sends CUDA buffers)")
+        else:
+            from . import ucx_native
+            unavailable = ucx_native.unavailable()
+            if unavailable:
+                why.append(f"BYTEPS_TRANSPORT=ucx but the native plane's UCX streams are "
+                           f"unavailable: {unavailable}")
     return why
+
+
+def uses_ucx(cfg) -> bool:
+    """Whether the native plane's streams are UCX endpoints (else TCP sockets)."""
+    return cfg.transport.transport == "ucx"
 
 
 def native_enabled(cfg) -> bool:
@@ -56,7 +71,20 @@ def native_enabled(cfg) -> bool:
     if why and mode == "native":
         raise ConfigError("BYTEPS_DATA_PLANE=native cannot serve this job: " + "; ".join(why) +
                           ". Use BYTEPS_DATA_PLANE=auto or zmq")
+    if why and uses_ucx(cfg) and not _fallback_logged:
+        _log_fallback(why)
     return not why
+
+
+_fallback_logged = False
+
+
+def _log_fallback(why: list[str]) -> None:
+    global _fallback_logged
+    _fallback_logged = True
+    log.warning("BYTEPS_TRANSPORT=ucx: the native data plane is off (%s); partitions go "
+                "through the Python ucxx engine, about a fifth of the speed "
+                "(docs/transports.md)", "; ".join(why))
 
 
 def auth_key(cfg) -> bytes:

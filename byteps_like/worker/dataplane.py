@@ -96,7 +96,7 @@ class NativeDataPlane:
         try:
             for idx, p in enumerate(servers):
                 cli.connect(idx, p.host, p.data_port, self.streams,
-                            min(60.0, cfg.timeouts.register_timeout))
+                            min(60.0, cfg.timeouts.register_timeout), ucx=native.uses_ucx(cfg))
         except RuntimeError as exc:
             cli.close()
             raise CommunicationError(f"worker rank {m.rank}: {exc}") from None
@@ -107,8 +107,9 @@ class NativeDataPlane:
         if want and sys.getswitchinterval() == _PY_SWITCH_INTERVAL:
             sys.setswitchinterval(want)
             self._switch_interval = want
-        log.info("worker %d: native data plane, %d stream(s) to each of %d server(s), %d I/O "
-                 "threads%s", m.rank, self.streams, len(servers),
+        log.info("worker %d: native data plane, %d %s stream(s) to each of %d server(s), %d "
+                 "I/O threads%s", m.rank, self.streams,
+                 "UCX" if native.uses_ucx(cfg) else "TCP", len(servers),
                  cli.stats()["io_threads"], ", authenticated streams" if key else "")
 
     @property

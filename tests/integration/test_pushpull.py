@@ -60,6 +60,29 @@ def test_64mib_tensor_two_servers(transport):
     assert len(run.lines("OK rank")) == 2, run.log
 
 
+_NATIVE_UCX = pytest.mark.skipif(
+    importlib.util.find_spec("libucx") is None,
+    reason="libucx not installed (pip install 'byteps_like[ucx]')")
+
+
+@_NATIVE_UCX
+def test_ucx_transport_runs_on_the_native_data_plane():
+    """BYTEPS_TRANSPORT=ucx: the compiled data plane carries the partitions over UCX streams
+    (BYTEPS_DATA_PLANE=native refuses to start where it cannot), exact, 2 workers x 2 servers,
+    partitions of every stream, several rounds."""
+    from byteps_like.transport import ucx_native
+    why = ucx_native.unavailable()
+    if why:
+        pytest.skip(f"UCX streams unavailable: {why}")
+    run = bpslaunch(worker("pushpull_check.py", *SMALL), workers=2, servers=2,
+                    env=transport_env("ucx", BYTEPS_DATA_PLANE="native", REPORT_PLANE="1",
+                                      BYTEPS_PARTITION_BYTES="64K", BYTEPS_DATA_STREAMS="2"))
+    assert run.rc == 0, run.log
+    assert len(run.lines(f"of 2: {2 * 6 * len(SMALL)} tensors checked")) == 2, run.log
+    planes = run.lines("PLANE rank")
+    assert len(planes) == 2 and all("native_streams=4" in ln for ln in planes), run.log
+
+
 def test_one_machine_of_four_local_ranks():
     run = bpslaunch(worker("pushpull_check.py", *SMALL), workers=1, servers=1, local_size=4,
                     env={"ROUNDS": "1", "BYTEPS_PARTITION_BYTES": "64K"})

@@ -14,8 +14,13 @@ import numpy as np
 from byteps_like.transport.native import WIRE_CODE, decode_error
 from byteps_like.wire import DTYPE_CODE
 
-from ..native_stream import HDR, closed_by_peer
-from .test_native_dataplane import JOB, parts_of
+from ..native_stream import HDR, RawUcx, closed_by_peer
+from .test_native_dataplane import (  # stream: the module runs over both streams
+    JOB,
+    over_ucx,
+    parts_of,
+    stream,  # noqa: F401
+)
 from .test_native_dataplane import make_client as native_client
 from .test_native_dataplane import make_server as native_server
 
@@ -45,8 +50,9 @@ def one_part(nbytes: int, rnd: int, key: int = 0):
     return [(key, 0, key, 0, nbytes, decl if rnd == 0 else None)]
 
 
-def raw_stream(port: int, rank: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+def raw_stream(port: int, rank: int):
+    s = (RawUcx(port, timeout=10) if over_ucx()
+         else socket.create_connection(("127.0.0.1", port), timeout=10))
     s.sendall(HDR.pack(b"BPSL", 1, HELLO, 0, WORKER, rank, 0, JOB, 0, 0, 0, 0))
     assert HDR.unpack(s.recv(HDR.size, socket.MSG_WAITALL))[2] == HELLO
     return s

@@ -15,7 +15,11 @@ from byteps_like.compression import Compression, native_params, register, unregi
 from byteps_like.transport.native import decode_error
 from byteps_like.wire import DTYPE_CODE
 
-from .test_native_dataplane import make_client, make_server
+from .test_native_dataplane import (  # stream: the module runs over both streams
+    make_client,
+    make_server,
+    stream,  # noqa: F401
+)
 
 COMPRESSORS = {
     "onebit": Compression.onebit(),

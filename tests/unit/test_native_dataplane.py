@@ -4,6 +4,7 @@ name their cause, hostile peers, lost servers, the stall report."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import time
@@ -14,17 +15,52 @@ import pytest
 from byteps_like import _core
 from byteps_like.transport.native import WIRE_CODE, decode_error
 
-from ..native_stream import HDR, closed_by_peer, recv_exact
+from ..native_stream import HDR, RawUcx, closed_by_peer, recv_exact, ucx_skip_reason
 
 JOB = 0xC0FFEE
 MAXMSG = 1 << 28
 PART = 64 << 10
 
+#: the stream implementation the module's tests run over (the `stream` fixture sets it): the
+#: rules, bounds and errors are the same over TCP sockets and UCX endpoints
+STREAM = {"kind": "tcp"}
+
+
+@pytest.fixture(autouse=True, params=["tcp", "ucx"])
+def stream(request, monkeypatch):
+    """Every test of the module (and of test_native_async) once over TCP streams and once
+    over UCX streams (UCX_TLS=tcp on loopback unless the environment says otherwise, read
+    when the process first loads UCX; skipped where _core cannot load UCX)."""
+    if request.param == "ucx":
+        for k, v in {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo",
+                     "UCX_WARN_UNUSED_ENV_VARS": "n"}.items():
+            if k not in os.environ:
+                monkeypatch.setenv(k, v)
+        why = ucx_skip_reason()
+        if why:
+            pytest.skip(f"UCX streams unavailable: {why}")
+    STREAM["kind"] = request.param
+    yield request.param
+    STREAM["kind"] = "tcp"
+
+
+def over_ucx() -> bool:
+    return STREAM["kind"] == "ucx"
+
+
+def listen(srv) -> int:
+    """The server listening on loopback over the test's stream kind; returns its port."""
+    return srv.listen_ucx("127.0.0.1", 0) if over_ucx() else srv.listen("127.0.0.1", 0)
+
+
+def connect(cli, server: int, port: int, streams: int = 2, timeout: float = 5.0) -> None:
+    cli.connect(server, "127.0.0.1", port, streams, timeout, ucx=over_ucx())
+
 
 def make_server(workers: int, *, budget: int = 1 << 32, conns: int = 256, rank: int = 0,
                 async_mode: bool = False):
     srv = _core.DataServer(workers, rank, JOB, 2, MAXMSG, budget, conns, async_mode=async_mode)
-    port = srv.listen("127.0.0.1", 0)
+    port = listen(srv)
     srv.start()
     return srv, port
 
@@ -32,7 +68,7 @@ def make_server(workers: int, *, budget: int = 1 << 32, conns: int = 256, rank: 
 def make_client(rank: int, ports: list[int], streams: int = 2, credit: int = 4 * PART):
     cli = _core.DataClient(rank, JOB, 2, credit, MAXMSG)
     for i, port in enumerate(ports):
-        cli.connect(i, "127.0.0.1", port, streams, 5.0)
+        connect(cli, i, port, streams)
     return cli
 
 
@@ -236,9 +272,11 @@ def test_memory_budget_refuses_a_declaration(cleanup):
     assert srv.stats()["store_bytes"] <= 1 << 20
 
 
-def _raw(port: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    return s
+def _raw(port: int):
+    """A bare stream to the server: a socket, or a RawUcx with its methods over UCX."""
+    if over_ucx():
+        return RawUcx(port, timeout=5)
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
 
 
 def hello(rank=0, job=JOB, mtype=24):
@@ -311,6 +349,9 @@ def test_a_count_that_overflows_times_itemsize_is_malformed(cleanup):
 
 
 def test_client_refuses_a_peer_that_is_not_a_server(cleanup):
+    if over_ucx():
+        pytest.skip("plays a foreign server on a TCP socket; the worker's checks of what it "
+                    "reads are the same code over UCX")
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
     lst.listen(1)
@@ -340,6 +381,9 @@ def test_a_pull_resp_whose_count_overflows_fails_the_operation(cleanup):
     """A forged server answers a push of 1,000 float64 with a PULL_RESP of 2^61 + 1000
     float64 in 8,000 bytes (count * 8 wraps to 8,000): the client closes the stream as
     malformed and fails the operation instead of completing it."""
+    if over_ucx():
+        pytest.skip("plays a foreign server on a TCP socket; the worker's checks of what it "
+                    "reads are the same code over UCX")
     import threading
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
@@ -478,13 +522,13 @@ def test_hmac_sha256_matches_the_standard_library():
 
 def test_authenticated_streams_sum_exactly(cleanup):
     srv = _core.DataServer(2, 0, JOB, 2, MAXMSG, 1 << 30, 64, auth_key=KEY)
-    port = srv.listen("127.0.0.1", 0)
+    port = listen(srv)
     srv.start()
     cleanup.append(srv)
     clients = []
     for r in range(2):
         cli = _core.DataClient(r, JOB, 2, 4 * PART, MAXMSG, auth_key=KEY)
-        cli.connect(0, "127.0.0.1", port, 2, 5.0)
+        connect(cli, 0, port, 2)
         clients.append(cli)
     cleanup += clients
     xs = [np.full(50_000, r + 1.0, np.float32) for r in range(2)]
@@ -496,17 +540,17 @@ def test_authenticated_streams_sum_exactly(cleanup):
 
 def test_wrong_or_missing_secrets_are_refused_with_the_reason(cleanup):
     srv = _core.DataServer(1, 0, JOB, 1, MAXMSG, 1 << 30, 64, auth_key=KEY)
-    port = srv.listen("127.0.0.1", 0)
+    port = listen(srv)
     srv.start()
     cleanup.append(srv)
     wrong = _core.DataClient(0, JOB, 1, 0, MAXMSG, auth_key=b"z" * 32)
     cleanup.append(wrong)
     with pytest.raises(RuntimeError, match="authentication failed.*BYTEPS_AUTH_SECRET"):
-        wrong.connect(0, "127.0.0.1", port, 1, 5.0)
+        connect(wrong, 0, port, 1)
     none = _core.DataClient(0, JOB, 1, 0, MAXMSG)
     cleanup.append(none)
     with pytest.raises(RuntimeError, match="BYTEPS_AUTH_SECRET"):
-        none.connect(0, "127.0.0.1", port, 1, 5.0)
+        connect(none, 0, port, 1)
     # a raw peer that knows the protocol but not the key: its proof is refused
     s = _raw(port)
     s.sendall(HDR.pack(b"BPSL", 1, 24, 0, 2, 0, 32, JOB, 0, 0, 0, 32) + b"n" * 32)
@@ -526,4 +570,4 @@ def test_wrong_or_missing_secrets_are_refused_with_the_reason(cleanup):
     keyed = _core.DataClient(0, JOB, 1, 0, MAXMSG, auth_key=KEY)
     cleanup.append(keyed)
     with pytest.raises(RuntimeError, match="does not authenticate"):
-        keyed.connect(0, "127.0.0.1", pport, 1, 5.0)
+        connect(keyed, 0, pport, 1)

@@ -72,8 +72,9 @@ def main():
         from byteps_like.worker.runtime import default_runtime
         rt = default_runtime()
         nserv = sum(p.role == "server" for p in rt.control.peers)
+        streams = rt.native.stats()["streams"] if rt.native is not None else 0
         print(f"PLANE rank {rank} single_machine={rt.single_machine} servers={nserv} "
-              f"pushed={rt.bytes_pushed}", flush=True)
+              f"pushed={rt.bytes_pushed} native_streams={streams}", flush=True)
     print(f"OK rank {rank} of {size}: {checked} tensors checked", flush=True)
     bps.shutdown()
 
