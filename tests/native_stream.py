@@ -61,7 +61,15 @@ class RawUcx:
         self._s.close()
 
 
-def ucx_skip_reason() -> str:
-    """Why the native plane's UCX streams cannot be tested here ("" when they can)."""
+def ucx_skip_reason(monkeypatch) -> str:
+    """Why the native plane's UCX streams cannot be tested here ("" when they can). UCX runs
+    on loopback TCP (UCX_TLS=tcp UCX_NET_DEVICES=lo) unless the environment says otherwise;
+    UCX reads it when the process first loads UCX."""
+    import os
+
     from byteps_like.transport import ucx_native
+    for k, v in {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo",
+                 "UCX_WARN_UNUSED_ENV_VARS": "n"}.items():
+        if k not in os.environ:
+            monkeypatch.setenv(k, v)
     return ucx_native.unavailable()

@@ -4,7 +4,6 @@ name their cause, hostile peers, lost servers, the stall report."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import struct
 import time
@@ -32,11 +31,7 @@ def stream(request, monkeypatch):
     over UCX streams (UCX_TLS=tcp on loopback unless the environment says otherwise, read
     when the process first loads UCX; skipped where _core cannot load UCX)."""
     if request.param == "ucx":
-        for k, v in {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo",
-                     "UCX_WARN_UNUSED_ENV_VARS": "n"}.items():
-            if k not in os.environ:
-                monkeypatch.setenv(k, v)
-        why = ucx_skip_reason()
+        why = ucx_skip_reason(monkeypatch)
         if why:
             pytest.skip(f"UCX streams unavailable: {why}")
     STREAM["kind"] = request.param
