@@ -107,6 +107,10 @@ def onebit_encode(x: Buffer, bits: Buffer, scaling: bool = True) -> float:
 def onebit_decode(bits: Buffer, scale: float, out: Buffer, add: bool = False) -> None:
     """``out[i] (+)= -scale if bit i else +scale`` (sign flip on the bit pattern)."""
 
+def onebit_ef_encode(x: Buffer, r: Buffer, bits: Buffer, scaling: bool) -> float:
+    """Error feedback's first pass of onebit: ``r = x + r``, then ``onebit_encode(r, bits,
+    scaling)``, in one pass over x and r (the same bits and scale)."""
+
 def onebit_residual(y: Buffer, scale: float) -> None:
     """Error feedback's residual of onebit in one pass: ``y -= d`` with d what onebit_decode
     gives for the bits onebit_encode packed from ``y`` (``scale`` with y's sign bit)."""

@@ -438,12 +438,14 @@ class _ErrorFeedbackCodec(Codec):
     def encode(self, x: np.ndarray, step: int) -> np.ndarray:
         # y = x + r is formed in the residual's own memory (r is not needed again), so a
         # partition's passes stream x and r once each instead of a third buffer
-        y = self.residual
+        y, inner = self.residual, self.inner
+        if type(inner) is _OneBitCodec:  # the same bits in two passes instead of four
+            step = _check_step(step)
+            scale = _core.onebit_ef_encode(_check_x(x, self.n), y, inner._body, inner.scaling)
+            _core.onebit_residual(y, scale)
+            return inner._seal(step, scale)
         np.add(_check_x(x, self.n), y, out=y)
-        payload = self.inner.encode(y, step)
-        if type(self.inner) is _OneBitCodec:  # decode and subtract in one pass, same bits
-            _core.onebit_residual(y, _HDR_F.unpack_from(payload, 0)[5])
-            return payload
+        payload = inner.encode(y, step)
         d = _scratch("ef_d", self.n)
         self.inner.decode(payload, d)
         np.subtract(y, d, out=y)

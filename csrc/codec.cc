@@ -217,14 +217,14 @@ void FramedCodec::encode(const float* x, std::uint64_t step, std::uint8_t* out) 
   // by every codec it runs (scratch per codec put each partition's passes on memory of its
   // own, out of cache: memory bandwidth set the speed)
   float* y = residual_.data();
-  for (std::size_t i = 0; i < n_; ++i) y[i] = x[i] + y[i];
-  encode_plain(y, step, out);
-  if (p_.id == kOneBit) {  // the decode fused into the subtraction (compress.h)
-    std::uint32_t sbits;
-    std::memcpy(&sbits, out + 16, 4);
-    onebit_residual(y, n_, bits_float(sbits));
+  if (p_.id == kOneBit) {  // y, its packing and scale in one pass; the residual in another
+    const float scale = onebit_ef_encode(x, y, n_, out + kFrameHeader, p_.scaling);
+    put_header(out, kOneBit, n_, step, float_bits(scale));
+    onebit_residual(y, n_, scale);
     return;
   }
+  for (std::size_t i = 0; i < n_; ++i) y[i] = x[i] + y[i];
+  encode_plain(y, step, out);
   thread_local std::vector<float> td;
   if (td.size() < n_) td.resize(n_);
   float* d = td.data();

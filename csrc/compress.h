@@ -30,6 +30,11 @@ std::uint64_t stream_base(std::uint64_t seed, std::uint64_t key, std::uint64_t s
 float onebit_encode(const float* x, std::size_t n, std::uint8_t* bits, bool scaling);
 // out[i] (+)= bit ? -scale : +scale (the sign flip is on the bit pattern, so NaN stays NaN).
 void onebit_decode(const std::uint8_t* bits, std::size_t n, float scale, float* out, bool add);
+// Error feedback's first pass of onebit: r = x + r (y, formed in r), packed as onebit_encode
+// packs y, in one pass over x and r; returns what onebit_encode(y) returns, bit for bit (the
+// same order of the double sum).
+float onebit_ef_encode(const float* x, float* r, std::size_t n, std::uint8_t* bits,
+                       bool scaling);
 // Error feedback's residual of onebit in one pass: y[i] -= d[i] where d is what onebit_decode
 // gives for the bits onebit_encode packed from y (scale with y[i]'s sign bit), bit for bit.
 void onebit_residual(float* y, std::size_t n, float scale);

@@ -88,6 +88,40 @@ def test_onebit_residual_is_decode_then_subtract(scaling):
     assert got.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("isa", ["auto", "scalar"])
+@pytest.mark.parametrize("scaling", [True, False])
+def test_fused_onebit_error_feedback_is_the_unfused_composition(scaling, isa):
+    """Both codecs run onebit's error feedback fused (onebit_ef_encode, onebit_residual): the
+    same payloads and residuals as y = x + r, the plain onebit codec of y, r = y - decode,
+    for every tail length of the vector loops (32 and 16 elements)."""
+    comp = Compression.onebit(scaling, error_feedback=True)
+    old = _core._set_isa(isa)
+    try:
+        for n in (1, 15, 16, 17, 31, 32, 33, 47, 48, 50, 1000, 100003):
+            rng = np.random.default_rng(n)
+            py = comp.make_codec(n, role="worker", key=1)
+            nat = _core.NativeCodec(native_params(comp, n), 1, n)
+            plain = Compression.onebit(scaling).make_codec(n, role="worker", key=1)
+            r = np.zeros(n, np.float32)
+            out = np.empty(nat.max_bytes, np.uint8)
+            for step in range(3):
+                x = rng.standard_normal(n).astype(np.float32)
+                if step == 1 and n > 2:
+                    x[0], x[-1] = -0.0, np.inf
+                with np.errstate(invalid="ignore"):
+                    y = x + r
+                    want = np.array(plain.encode(y, step))
+                    d = np.empty(n, np.float32)
+                    plain.decode(want, d)
+                    r = y - d
+                    got = np.array(py.encode(x, step))
+                nat.encode(x, step, out)
+                assert got.tobytes() == want.tobytes() == out.tobytes(), (n, step)
+                assert py.residual.tobytes() == r.tobytes(), (n, step)
+    finally:
+        _core._set_isa(old)
+
+
 def _frame(p: np.ndarray, at: int, value: bytes) -> np.ndarray:
     q = p.copy()
     q[at:at + len(value)] = np.frombuffer(value, np.uint8)
