@@ -446,6 +446,14 @@ class _ErrorFeedbackCodec(Codec):
             return inner._seal(step, scale)
         np.add(_check_x(x, self.n), y, out=y)
         payload = inner.encode(y, step)
+        # the sparse codecs: d is 0 but at the k indices, so r = y there (y - 0 is y: y is a
+        # sum, no signalling NaN) and y - value at them
+        if type(inner) is _TopKCodec:
+            y[inner._idx.view(np.uint32)] -= inner._val.view(np.float32)
+            return payload
+        if type(inner) is _RandomKCodec:
+            y[inner.indices(_check_step(step))] -= inner._body.view(np.float32)
+            return payload
         d = _scratch("ef_d", self.n)
         self.inner.decode(payload, d)
         np.subtract(y, d, out=y)

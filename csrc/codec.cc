@@ -225,6 +225,20 @@ void FramedCodec::encode(const float* x, std::uint64_t step, std::uint8_t* out) 
   }
   for (std::size_t i = 0; i < n_; ++i) y[i] = x[i] + y[i];
   encode_plain(y, step, out);
+  if (p_.id == kTopK || p_.id == kRandomK) {  // d is 0 but at the k indices (y - 0 is y: y
+    const std::uint8_t* body = out + kFrameHeader;  // is a sum, no signalling NaN)
+    const std::uint8_t* idx = p_.id == kTopK ? body
+                                             : reinterpret_cast<const std::uint8_t*>(indices(step));
+    const std::uint8_t* val = p_.id == kTopK ? body + 4 * p_.k : body;
+    for (std::size_t j = 0; j < p_.k; ++j) {
+      std::uint32_t i;
+      float v;
+      std::memcpy(&i, idx + 4 * j, 4);
+      std::memcpy(&v, val + 4 * j, 4);
+      y[i] = y[i] - v;
+    }
+    return;
+  }
   thread_local std::vector<float> td;
   if (td.size() < n_) td.resize(n_);
   float* d = td.data();

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from byteps_like import _core
-from byteps_like.compression import Compression, native_params, register, unregister
+from byteps_like.compression import (
+    Compression,
+    ErrorFeedback,
+    native_params,
+    register,
+    unregister,
+)
 from byteps_like.transport.native import decode_error
 from byteps_like.wire import DTYPE_CODE
 
@@ -89,24 +95,28 @@ def test_onebit_residual_is_decode_then_subtract(scaling):
 
 
 @pytest.mark.parametrize("isa", ["auto", "scalar"])
-@pytest.mark.parametrize("scaling", [True, False])
-def test_fused_onebit_error_feedback_is_the_unfused_composition(scaling, isa):
-    """Both codecs run onebit's error feedback fused (onebit_ef_encode, onebit_residual): the
-    same payloads and residuals as y = x + r, the plain onebit codec of y, r = y - decode,
-    for every tail length of the vector loops (32 and 16 elements)."""
-    comp = Compression.onebit(scaling, error_feedback=True)
+@pytest.mark.parametrize("inner", ["onebit", "onebit_noscale", "topk", "topk3", "randomk"])
+def test_fused_error_feedback_is_the_unfused_composition(inner, isa):
+    """Both codecs run error feedback fused for onebit (onebit_ef_encode, onebit_residual) and
+    the sparse codecs (the residual touched at the k indices only): the same payloads and
+    residuals as y = x + r, the plain codec of y, r = y - decode(payload), for every tail length
+    of the vector loops (32 and 16 elements)."""
+    plain_c = {"onebit": Compression.onebit(), "onebit_noscale": Compression.onebit(False),
+               "topk": Compression.topk(0.05), "topk3": Compression.topk(3),
+               "randomk": Compression.randomk(0.05, seed=9)}[inner]
+    comp = ErrorFeedback(plain_c)
     old = _core._set_isa(isa)
     try:
-        for n in (1, 15, 16, 17, 31, 32, 33, 47, 48, 50, 1000, 100003):
+        for n in (3, 15, 16, 17, 31, 32, 33, 47, 48, 50, 1000, 100003):
             rng = np.random.default_rng(n)
             py = comp.make_codec(n, role="worker", key=1)
             nat = _core.NativeCodec(native_params(comp, n), 1, n)
-            plain = Compression.onebit(scaling).make_codec(n, role="worker", key=1)
+            plain = plain_c.make_codec(n, role="worker", key=1)
             r = np.zeros(n, np.float32)
             out = np.empty(nat.max_bytes, np.uint8)
             for step in range(3):
                 x = rng.standard_normal(n).astype(np.float32)
-                if step == 1 and n > 2:
+                if step == 1:
                     x[0], x[-1] = -0.0, np.inf
                 with np.errstate(invalid="ignore"):
                     y = x + r
@@ -115,7 +125,7 @@ def test_fused_onebit_error_feedback_is_the_unfused_composition(scaling, isa):
                     plain.decode(want, d)
                     r = y - d
                     got = np.array(py.encode(x, step))
-                nat.encode(x, step, out)
+                    nat.encode(x, step, out)
                 assert got.tobytes() == want.tobytes() == out.tobytes(), (n, step)
                 assert py.residual.tobytes() == r.tobytes(), (n, step)
     finally:
