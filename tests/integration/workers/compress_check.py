@@ -84,7 +84,9 @@ def main() -> None:
                                  f"differ, first at {bad[0]}: {got[bad[0]]} != {want[bad[0]]}")
             if not np.isfinite(got).all() or not np.any(got):
                 raise SystemExit(f"rank {rank} {cname} step {step}: degenerate result")
-    print(f"OK rank {rank} of {size}: {len(names)} compressors x {steps} steps exact", flush=True)
+    plane = "native" if rt.native is not None else "zmq"   # the local root's data plane
+    print(f"OK rank {rank} of {size}: {len(names)} compressors x {steps} steps exact "
+          f"(plane {plane})", flush=True)
     bps.shutdown()
 
 
