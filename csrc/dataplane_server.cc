@@ -537,14 +537,16 @@ class ServerImpl {
   bool decode_push_locked(const std::shared_ptr<Conn>& conn, Store& st, const Header& h,
                           const std::uint8_t* payload) {
     const bool first = st.finished == 0;
-    const std::string what = "compressed key " + std::to_string(h.key) + " (" +
-                             describe_decl(st.decl) + "): worker rank " + std::to_string(h.rank);
+    auto what = [&] {  // for errors only: not built on every push
+      return "compressed key " + std::to_string(h.key) + " (" + describe_decl(st.decl) +
+             "): worker rank " + std::to_string(h.rank);
+    };
     try {
       const std::uint64_t step = st.codec->decode(payload, h.nbytes, st.acc.get(), !first);
       if (first) {
         st.step = step;
       } else if (step != st.step) {  // added already: the round is inconsistent now
-        fail_key_locked(st, what + " pushed step " + std::to_string(step) + " while the round "
+        fail_key_locked(st, what() + " pushed step " + std::to_string(step) + " while the round "
                         "holds step " + std::to_string(st.step) + "; every worker must push "
                         "the tensor the same number of times");
         send_error(conn, h, st.failed_kind.c_str(), st.failed, st.failed_extra);
@@ -556,10 +558,10 @@ class ServerImpl {
       st.pushed[h.rank] = 0;
       --st.started;
       if (st.finished > 0) {  // the round cannot complete without it: tell everyone waiting
-        fail_key_locked(st, what + " sent a malformed payload (" + exc.what() + ")");
+        fail_key_locked(st, what() + " sent a malformed payload (" + exc.what() + ")");
         send_error(conn, h, "protocol", st.failed);
       } else {
-        send_error(conn, h, "protocol", what + " sent a malformed payload: " + exc.what());
+        send_error(conn, h, "protocol", what() + " sent a malformed payload: " + exc.what());
       }
       return false;
     }

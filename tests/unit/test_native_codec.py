@@ -305,3 +305,24 @@ def test_a_compressed_round_of_fewer_workers_after_join_reports_its_contributors
     ref, acc = comp.make_codec(n, role="server", key=5), np.empty(n, np.float32)
     ref.decode(p, acc)
     assert out.tobytes() == np.array(ref.encode(acc, 0)).tobytes()
+
+
+def test_pushes_of_another_step_in_one_round_fail_the_key_naming_both_steps(cleanup):
+    """Every push of a round must carry the same step (workers pushed the tensor a different
+    number of times): the second one fails the key for everyone, as on the Python engine."""
+    n, comp = 1000, Compression.onebit()
+    srv, clis = _native_server(cleanup, 2)
+    x = np.ones(n, np.float32)
+    p0 = np.array(comp.make_codec(n, role="worker", key=5).encode(x, 0))
+    p5 = np.array(comp.make_codec(n, role="worker", key=5).encode(x, 5))
+    decl = _decl("w", comp, n)
+    clis[0].submit(1, 0, p0, np.empty_like(p0), U8, 1, 0, [(5, 0, 0, 0, p0.nbytes, decl)],
+                   compressed=True)
+    while srv.stats()["pushes"] < 1:
+        assert not clis[0].wait(1, 0.01)
+    (c1,) = _push_all(clis[1:], [p5], [np.empty_like(p5)], 0, 1, decl)
+    c0 = clis[0].wait(1, 20.0) and clis[0].take(1)
+    for c in (c0, c1):
+        assert not c[1] and c[2] == "remote", c
+        msg = decode_error(c[4])[1]
+        assert "pushed step 5 while the round holds step 0" in msg and "'w'" in msg, msg
