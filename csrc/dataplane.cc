@@ -1,6 +1,7 @@
 // The native data plane (dataplane.h): the helpers both ends use and the epoll I/O loop that
-// runs their streams (dataplane_io.h). The server is in dataplane_server.cc, the worker's
-// client in dataplane_client.cc, the authenticated hello in dataplane_auth.cc.
+// runs their streams (dataplane_io.h). The server is in dataplane_server*.cc (declared in
+// dataplane_server_impl.h), the worker's client in dataplane_client.cc, the authenticated
+// hello in dataplane_auth.cc.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>

@@ -1,5 +1,6 @@
 // The native data plane's authenticated hello (a job secret turns it on), both sides' proofs
-// and the worker's end of the handshake; the server's end is ServerConn's (dataplane_server.cc).
+// and the worker's end of the handshake; the server's end is ServerConn's
+// (dataplane_server_stream.cc).
 // worker: HELLO + nonce Nc (32) -> server: HELLO + Ns (32) + HMAC(K, "bpsl-srv"|ctx|Nc|Ns)
 // -> worker: HELLO + HMAC(K, "bpsl-cli"|ctx|Ns|Nc); ctx = job, rank, stream. Each side proves
 // it holds the key derived from the secret; the nonces make every proof fresh.

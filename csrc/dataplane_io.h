@@ -1,8 +1,8 @@
 // The native data plane's streams (dataplane.h): an outgoing message, a stream with its send
 // queue and its share of the server's reply budget, the framing both ends read, and the epoll
-// loop that runs them (dataplane.cc). The server (dataplane_server.cc) and the worker's client
-// (dataplane_client.cc) derive their streams from FramedConn; the authenticated hello is in
-// dataplane_auth.h. Internal to the extension: nothing here is part of the module's interface.
+// loop that runs them (dataplane.cc). The server (dataplane_server_stream.cc) and the worker's
+// client (dataplane_client.cc) derive their streams from FramedConn; the authenticated hello is
+// in dataplane_auth.h. Internal to the extension: nothing here is part of the module's interface.
 #pragma once
 
 #include <sys/epoll.h>
