@@ -34,7 +34,7 @@ from ..control import ControlClient
 from ..errors import EXIT_PEER_FAILED, PeerLostError, ProtocolError
 from ..transport import Route, data_scheme, make_endpoint, native
 from .sparse import SparseService
-from .stalls import stalled_rounds
+from .stalls import left_unpushed, stalled_rounds
 
 if TYPE_CHECKING:
     from ..metrics import RoleMetrics
@@ -331,18 +331,11 @@ class Engine(threading.Thread):
         the key with a peer_left error naming it."""
         if not self.left or (not store.pushed and not store.pending):
             return False
-        for machine, why in sorted(self.left.items()):
-            if machine in store.pushed:
-                continue
-            last = store.round - 1
-            self._fail_key(store, (
-                f"{why}; round {store.round} of key {store.key} "
-                f"({store.describe_decl(store.decl)}) can never complete (the last round it "
-                f"pushed was {last}). Ranks that run fewer steps must call join() when they "
-                "are done"),
-                ERR_PEER_LEFT, {"rank": machine, "last_round": last})
-            return True
-        return False
+        doom = left_unpushed(self.left, store.pushed, store.round,
+                             f"key {store.key} ({store.describe_decl(store.decl)})")
+        if doom is not None:
+            self._fail_key(store, doom[0], ERR_PEER_LEFT, doom[1])
+        return doom is not None
 
     def _complete_if_ready(self, store: KeyStore) -> None:
         """Close the open round once every machine that has not joined has pushed it."""

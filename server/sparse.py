@@ -57,6 +57,7 @@ from ..wire import (
     as_buffer,
     encode,
 )
+from .stalls import left_unpushed
 
 if TYPE_CHECKING:
     from .core import Server
@@ -225,16 +226,11 @@ class SparseService(threading.Thread):
     def _doom_if_left(self, table: Table) -> bool:
         if not self.left or (not table.pushes and not table.pending):
             return False
-        for machine, why in sorted(self.left.items()):
-            if machine in table.pushes:
-                continue
-            last = table.applied - 1
-            self._fail(table, (
-                f"{why}; round {table.applied} of table {table.spec.name!r} can never complete "
-                f"(the last round it pushed was {last}). Ranks that run fewer steps must call "
-                "join() when they are done"), ERR_PEER_LEFT, {"rank": machine, "last_round": last})
-            return True
-        return False
+        doom = left_unpushed(self.left, table.pushes, table.applied,
+                             f"table {table.spec.name!r}")
+        if doom is not None:
+            self._fail(table, doom[0], ERR_PEER_LEFT, doom[1])
+        return doom is not None
 
     def _complete_if_ready(self, table: Table) -> None:
         """Apply the open round once every machine not in join() has pushed it."""

@@ -1,7 +1,8 @@
 """The server's stall inspector: synchronous rounds some workers pushed and others did not,
 open longer than BYTEPS_STALL_CHECK_TIME_SECONDS, as the scheduler's stall report reads them
 (docs/reliability.md). Both data paths are read: the ZeroMQ path's engines and the native
-data plane."""
+data plane. Also the one rule for a round that can never complete: a machine that left the
+job without pushing it (:func:`left_unpushed`, for the dense keys and the tables alike)."""
 from __future__ import annotations
 
 import json
@@ -48,3 +49,19 @@ def stalled_rounds(engines: Iterable[Any], native: Any, now: float, limit: float
             out.append(stall_entry(meta if isinstance(meta, dict) else {}, key, rnd, age,
                                    pushed, required, joined))
     return out
+
+
+def left_unpushed(left: dict[int, str], pushed: Iterable[int], rnd: int,
+                  what: str) -> tuple[str, dict] | None:
+    """A round that a machine which left the job (``left``: rank -> why) has not pushed can
+    never complete: the error text and fields naming the first such machine, or None.
+    ``what`` names the round's key or table for the text."""
+    done = set(pushed)
+    for machine, why in sorted(left.items()):
+        if machine in done:
+            continue
+        last = rnd - 1
+        return (f"{why}; round {rnd} of {what} can never complete (the last round it pushed "
+                f"was {last}). Ranks that run fewer steps must call join() when they are done",
+                {"rank": machine, "last_round": last})
+    return None
