@@ -173,6 +173,10 @@ class SchedulingConfig:
                                 "changed it.", unit="seconds", min=0, max=1)
     queue_depth: int = _s("BYTEPS_PIPELINE_QUEUE_DEPTH", "int", 64, "Length of the bounded queue "
                           "between two pipeline stages.", unit="items", min=1)
+    codec_threads: int = _s("BYTEPS_CODEC_THREADS", "int", 0, "Threads of each of the worker's "
+                            "codec stages (compress, decompress: onebit, top-k, ...), so that "
+                            "partitions encode in parallel; 0 picks a quarter of the usable "
+                            "CPUs, 1 to 4.", unit="threads", min=0, max=64)
 
 
 @dataclass(frozen=True)

@@ -240,7 +240,8 @@ class Runtime:
         credit = cfg.scheduling.credit * cfg.partition.partition_bytes
         self.pipeline = Pipeline(self.stages.handlers(c.local_size),
                                  queue_depth=cfg.scheduling.queue_depth, credit_bytes=credit,
-                                 on_error=self.flight.fail_task)
+                                 on_error=self.flight.fail_task,
+                                 codec_threads_setting=cfg.scheduling.codec_threads)
         self.pipeline.on_complete = lambda task: task.handle.part_done(task.part)
         from .telemetry import attach  # observers: trace, metrics, summary line
         self.telemetry = attach(self)

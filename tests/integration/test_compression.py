@@ -9,19 +9,21 @@ from .harness import bpslaunch, worker
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("servers,partition,plane", [(1, "4M", "native"), (2, "64K", "native"),
-                                                     (2, "64K", "zmq")])
-def test_compressed_push_pull_matches_replay(servers, partition, plane):
+@pytest.mark.parametrize("servers,partition,plane,threads", [
+    (1, "4M", "native", "1"), (2, "64K", "native", "1"), (2, "64K", "zmq", "1"),
+    (2, "16K", "native", "4")])
+def test_compressed_push_pull_matches_replay(servers, partition, plane, threads):
     # 50000 float32 = 195 KiB: one partition at 4M, four at 64K spread over two servers. The
     # compiled plane (C++ server codecs) and the ZeroMQ path (the Python engine's codecs) must
-    # both equal the replay through compression.py, so they equal each other bit for bit.
+    # both equal the replay through compression.py, so they equal each other bit for bit. The
+    # last: 13 partitions encoded and decoded by 4 threads per codec stage, in any order.
     run = bpslaunch(worker("compress_check.py", 50000), workers=2, servers=servers,
                     env={"BYTEPS_PARTITION_BYTES": partition, "STEPS": "3",
-                         "BYTEPS_DATA_PLANE": plane})
+                         "BYTEPS_DATA_PLANE": plane, "BYTEPS_CODEC_THREADS": threads})
     assert run.rc == 0, run.log
     ok = run.lines("OK rank")
     assert len(ok) == 2 and all("x 3 steps exact" in ln for ln in ok), run.log
-    assert all(f"(plane {plane})" in ln for ln in ok), run.log
+    assert all(f"(plane {plane}, {threads} compress threads)" in ln for ln in ok), run.log
 
 
 def test_compressed_push_pull_after_local_reduction():

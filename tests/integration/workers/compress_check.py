@@ -12,6 +12,7 @@ Usage: compress_check.py ELEMENTS   (env STEPS, default 3; BYTEPS_PARTITION_BYTE
 """
 import os
 import sys
+import threading
 import zlib
 
 import numpy as np
@@ -85,8 +86,9 @@ def main() -> None:
             if not np.isfinite(got).all() or not np.any(got):
                 raise SystemExit(f"rank {rank} {cname} step {step}: degenerate result")
     plane = "native" if rt.native is not None else "zmq"   # the local root's data plane
+    coders = sum(t.name == "bpsl-compress" for t in threading.enumerate())
     print(f"OK rank {rank} of {size}: {len(names)} compressors x {steps} steps exact "
-          f"(plane {plane})", flush=True)
+          f"(plane {plane}, {coders} compress threads)", flush=True)
     bps.shutdown()
 
 
