@@ -6,13 +6,20 @@ without copying the payload. Listening sockets are ROUTERs, connections are DEAL
 socket has ``ZMQ_MAXMSGSIZE`` set, so an oversized message is dropped by ZeroMQ itself before
 any of it is buffered.
 
-A listening socket faces whoever connects, so it is bounded (issue 19): high-water marks in
-both directions (``BYTEPS_SOCKET_HWM``: a client that sends faster than it is served is slowed
-by TCP; replies past the mark wait in a backlog of at most 32 MiB per client, which absorbs a
-burst of many small replies to a client that reads, and past that a client that does not read
-loses them, counted in ``drops``, instead of the node its memory), a handshake deadline, and at
-most ``max_connections`` accepted connections (more are shut down as they arrive, so the process
-stays under its descriptor limit, where libzmq's accept would spin). Connections this node opens
+A listening socket faces whoever connects, so it is bounded (issues 19 and 29): high-water
+marks in both directions (``BYTEPS_SOCKET_HWM``: a client that sends faster than it is served is
+slowed by TCP), a handshake deadline, at most ``max_connections`` accepted connections (more are
+shut down as they arrive, so the process stays under its descriptor limit, where libzmq's accept
+would spin), and one budget for the whole endpoint (``_BUDGET``, 64 MiB) of the reply bytes
+held for its clients: what ZeroMQ queues for a client and has not written yet (known through a
+tracked message every ``_MARK`` bytes; ZeroMQ's own mark counts messages, whatever their size)
+plus what waits here past that. A client's share is the budget over the clients holding any.
+ZeroMQ is given at most half of it for a client (and always one reply), the rest waits here in
+order; a client holding more than half its share is not served (its requests wait, in order)
+until it has read down to a quarter, so a client that never reads stops being served, not the
+node its memory. A client over its share that read nothing for ``_STALL_S`` loses replies and
+requests past it (counted in ``drops``); one that read nothing for ``_UNREAD_S`` is disconnected
+and counted (``unread_closed``), and what it held is given back. Connections this node opens
 itself (to the scheduler, the servers of the node table, its local root) keep unbounded queues:
 what they carry is bounded by the protocol (one reply per request, the push credit), and their
 receive side never stops reading, so the peer's bounded send queue toward this node drains at
@@ -21,6 +28,7 @@ network speed.
 from __future__ import annotations
 
 import collections
+import ctypes
 import hashlib
 import itertools
 import logging
@@ -42,9 +50,20 @@ log = logging.getLogger("byteps_like.transport")
 _BATCH = 32                 # messages taken from one socket per poll
 _COPY_THRESHOLD = 64 * 1024  # below this pyzmq copying is cheaper than tracking a zero-copy frame
 _HANDSHAKE_MS = 10_000       # a client of a listening socket must finish the ZMTP handshake in this
-_BACKLOG_BYTES = 32 << 20    # bytes of replies held per client past its high-water mark
+_BUDGET = 64 << 20           # reply bytes held for the clients of a listening socket, all of them
 _BACKLOG_MSG = 512           # what one held reply counts besides its bytes
 _BACKLOG_RETRY_S = (0.002, 0.05)  # held replies are offered again this often, backing off
+_MARK = 1 << 20              # a reply handed to ZeroMQ is tracked at least once per this many bytes
+_STALL_S = 0.5               # a client that read nothing this long does not read, for now
+_UNREAD_S = 10.0             # a client over its share that reads nothing this long is disconnected
+
+
+def _malloc_trim() -> None:
+    """Give memory freed by the heap back to the system (glibc keeps it otherwise)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _frame(buf: Any) -> Any:
@@ -57,8 +76,40 @@ def _frame(buf: Any) -> Any:
 
 
 def _cost(frames: list) -> int:
-    """What a held reply counts against _BACKLOG_BYTES: its bytes and a little."""
+    """What a reply counts against the budget: its bytes and a little."""
     return _BACKLOG_MSG + sum(len(f) for f in frames)
+
+
+def _tracked(frame: Any) -> Any:
+    """``frame`` as a zmq.Frame whose tracker says when ZeroMQ has written it out."""
+    data = frame.buffer if isinstance(frame, zmq.Frame) else frame
+    return zmq.Frame(data, copy=False, track=True)
+
+
+class _Client:
+    """What a listening socket holds for one client (by routing id): bytes handed to ZeroMQ
+    and not known written (``marked`` up to the last tracked reply, ``since`` after it), the
+    replies held here past its share, and its requests that wait while it is over its share."""
+    __slots__ = ("marks", "marked", "since", "backlog", "held", "waiting", "waiting_bytes",
+                 "fd", "progress")
+
+    def __init__(self, now: float) -> None:
+        self.marks: collections.deque = collections.deque()   # (bytes it confirms, tracker)
+        self.marked = 0
+        self.since = 0
+        self.backlog: collections.deque = collections.deque()
+        self.held = 0
+        self.waiting: collections.deque = collections.deque()
+        self.waiting_bytes = 0
+        self.fd = -1
+        self.progress = now     # when it last read something (or was first seen)
+
+    @property
+    def cost(self) -> int:
+        return self.marked + self.since + self.held
+
+    def idle(self) -> bool:
+        return not (self.marks or self.backlog or self.waiting)
 
 
 class CurveKeys(NamedTuple):
@@ -146,10 +197,11 @@ class ZmqEndpoint(Endpoint):
         self.drops = Drops(log, name)                # what this endpoint dropped, by reason
         self._monitor: zmq.Socket | None = None
         self._accepted: set[int] = set()             # descriptors of the listener's clients
-        # replies ZeroMQ refused (the client's queue at its high-water mark), in order, and
-        # what they count against _BACKLOG_BYTES
-        self._backlog: dict[bytes, collections.deque] = {}
-        self._backlog_bytes: dict[bytes, int] = {}
+        # what the listening socket holds for its clients, by routing id (see the notes)
+        self._clients: dict[bytes, _Client] = {}
+        self._held = 0                   # the clients' cost together: at most about _BUDGET
+        self.unread_closed = 0           # clients disconnected for leaving their replies unread
+        self._trim_at = 0.0              # when to give freed memory back to the system
         self._retry_s = _BACKLOG_RETRY_S[0]
         self._port = 0
         self.ctx = context or zmq.Context.instance()
@@ -215,8 +267,9 @@ class ZmqEndpoint(Endpoint):
             bound = s.getsockopt_string(zmq.LAST_ENDPOINT)
         self._router = s
         self._poller.register(s, zmq.POLLIN)
-        if bound.startswith("tcp://") and self.max_connections > 0:
+        if bound.startswith("tcp://"):
             self._port = int(bound.rsplit(":", 1)[1])
+        if bound.startswith("tcp://") and self.max_connections > 0:
             addr = f"inproc://bpsl-monitor-{uuid.uuid4().hex}"
             s.monitor(addr, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             m = self.ctx.socket(zmq.PAIR)
@@ -323,13 +376,7 @@ class ZmqEndpoint(Endpoint):
         if self._stop and not self._draining:
             return
         if route.ident is not None:
-            held = self._backlog.get(route.ident)
-            if held is not None:  # behind replies already held: keep the order
-                self._hold(route.ident, frames)
-            elif not self._offer(route.ident, frames):
-                self._backlog[route.ident] = collections.deque()
-                self._backlog_bytes[route.ident] = 0
-                self._hold(route.ident, frames)
+            self._reply(route.ident, frames)
             return
         sock = self._dealers.get((route.peer, route.conn))
         if sock is None:  # a bug in the caller; must not take the I/O thread down with it
@@ -338,46 +385,153 @@ class ZmqEndpoint(Endpoint):
             return
         sock.send_multipart(frames, copy=False)
 
-    def _offer(self, ident: bytes, frames: list) -> bool:
-        """Hand a reply to ZeroMQ without blocking; False when the client's queue is full
-        (True also when the client is gone: the reply is dropped)."""
+    # -- replies to the clients of the listening socket: one budget for all of them ------------
+    def _share(self) -> int:
+        """What one client may hold: the budget over the clients holding anything."""
+        return _BUDGET // max(1, len(self._clients))
+
+    def _reply(self, ident: bytes, frames: list) -> None:
+        c = self._clients.get(ident)
+        if c is None:
+            c = self._clients[ident] = _Client(time.monotonic())
+        k = _cost(frames)
+        if c.backlog or (c.marks and c.marked + c.since + k > self._share() // 2):
+            self._held += k
+            self._hold(ident, c, frames, k)   # behind replies already held, or over its share
+            return
+        sent = self._offer(ident, c, frames, k)
+        if sent is not False:
+            self._held += k
+        if sent is None:
+            self._hold(ident, c, frames, k)
+
+    def _offer(self, ident: bytes, c: _Client, frames: list, k: int) -> bool | None:
+        """Hand a reply to ZeroMQ without blocking: True when it took it, None when the client's
+        queue is at its high-water mark, False when the client is gone (it is forgotten).
+        Tracked when nothing else of this client's is, and at least once every _MARK bytes."""
         assert self._router is not None, "replies go only through a bound listener"
+        if not c.marks:   # all it was given so far is written: it reads
+            c.progress = time.monotonic()
+        mark = not c.marks or c.since + k >= _MARK
+        if mark:
+            frames = [*frames[:-1], _tracked(frames[-1])]
         try:
             self._router.send_multipart([ident, *frames], copy=False, flags=zmq.NOBLOCK)
         except zmq.Again:
-            return False
+            return None
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away
             log.debug("%s: reply to vanished client dropped (%s)", self.name, exc)
-            self._backlog.pop(ident, None)
-            self._backlog_bytes.pop(ident, None)
+            self._forget(ident)
+            return False
+        if mark:
+            c.marks.append((c.since + k, frames[-1].tracker))
+            c.marked += c.since + k
+            c.since = 0
+        else:
+            c.since += k
         return True
 
-    def _hold(self, ident: bytes, frames: list) -> None:
-        cost = _cost(frames)
-        if self._backlog_bytes[ident] + cost > _BACKLOG_BYTES:
-            self.drops(f"reply to a client that does not read: BYTEPS_SOCKET_HWM={self.hwm} "
-                       f"replies queued and {_BACKLOG_BYTES >> 20} MiB held")
+    def _hold(self, ident: bytes, c: _Client, frames: list, k: int) -> None:
+        """Keep a reply ZeroMQ is not given yet; dropped when the client is over its share and
+        read nothing for _STALL_S. A client that reads loses nothing: while it holds more than
+        half its share it is not served (its requests wait), so what it is still owed is what
+        it asked for before, bounded by the protocol for a worker (a whole bucket's pulls
+        can be owed at once: a cap per client or for all dropped real replies under load)."""
+        if c.cost > self._share() and self._stalled(c):
+            self._held -= k
+            self.drops(f"reply to a client that does not read: over its share of the "
+                       f"{_BUDGET >> 20} MiB a listening socket holds for all, it read nothing "
+                       f"for {_STALL_S} s (a worker's connection reads all the time: check the "
+                       "network toward it)", f"{c.cost >> 20} MiB held, a share of "
+                       f"{self._share() >> 20} MiB")
             return
-        self._backlog[ident].append(frames)
-        self._backlog_bytes[ident] += cost
+        c.backlog.append((frames, k))
+        c.held += k
 
-    def _retry_backlog(self) -> None:
-        """Offer held replies again; retry sooner after progress, later (up to 50 ms) when
-        none was made, so a client that never reads costs next to nothing."""
-        held = sum(len(q) for q in self._backlog.values())
-        for ident in list(self._backlog):
-            q = self._backlog.get(ident)
-            while q:
-                if not self._offer(ident, q[0]):
+    def _wait(self, ident: bytes, c: _Client, frames: list) -> None:
+        """A request of a client over half its share: it waits, in order; past a quarter of
+        its share of them, dropped when it read nothing for _STALL_S."""
+        k = _cost(frames)
+        if c.waiting_bytes + k > self._share() // 4 and self._stalled(c):
+            self.drops("request of a client that does not read its replies (over its share of "
+                       f"the {_BUDGET >> 20} MiB a listening socket holds for unread replies)")
+            return
+        c.waiting.append((frames, k))
+        c.waiting_bytes += k
+
+    @staticmethod
+    def _stalled(c: _Client) -> bool:
+        return time.monotonic() - c.progress > _STALL_S
+
+    def _forget(self, ident: bytes) -> None:
+        c = self._clients.pop(ident, None)
+        if c is not None:
+            self._held -= c.cost
+            if c.cost + c.waiting_bytes > _MARK:
+                self._trim_at = self._trim_at or time.monotonic() + 1.0
+
+    def _disconnect(self, ident: bytes, c: _Client) -> None:
+        """A client over its share that read nothing for _UNREAD_S: closed, counted, forgotten
+        (ZeroMQ frees its queue when it sees the connection go)."""
+        if c.fd < 0:   # never seen its connection: cannot close it (it stays bounded)
+            c.progress = time.monotonic()
+            return
+        self.unread_closed += 1
+        self.drops(f"client disconnected: over its share of the {_BUDGET >> 20} MiB a listening "
+                   f"socket holds for unread replies, it read nothing for {_UNREAD_S:.0f} s")
+        self._shed(c.fd)
+        self._forget(ident)
+
+    def _tick_clients(self) -> None:
+        """What ZeroMQ wrote out, held replies offered again, waiting requests of a client read
+        down to half its share served, idle clients forgotten, clients that read nothing over
+        their share disconnected. Runs sooner after progress, later (up to 50 ms) without, so
+        a client that never reads costs next to nothing."""
+        now = time.monotonic()
+        share = self._share()
+        progress = False
+        for ident, c in list(self._clients.items()):
+            if self._clients.get(ident) is not c:
+                continue
+            while c.marks and c.marks[0][1].done:
+                n = c.marks.popleft()[0]
+                c.marked -= n
+                self._held -= n
+                c.progress = now
+                progress = True
+            while c.backlog:
+                frames, k = c.backlog[0]
+                if c.marks and c.marked + c.since + k > share // 2:
                     break
-                if ident not in self._backlog:  # the client is gone
+                sent = self._offer(ident, c, frames, k)
+                if not sent:
                     break
-                self._backlog_bytes[ident] -= _cost(q.popleft())
-            if ident in self._backlog and not q:
-                del self._backlog[ident]
-                del self._backlog_bytes[ident]
+                c.backlog.popleft()
+                c.held -= k
+                c.progress = now
+                progress = True
+            if self._clients.get(ident) is not c:
+                continue
+            if c.waiting and c.cost <= share // 4:
+                progress = True
+                for _ in range(_BATCH):
+                    frames, k = c.waiting.popleft()
+                    c.waiting_bytes -= k
+                    self._deliver(Route(ident=ident), frames)
+                    if (not c.waiting or self._clients.get(ident) is not c
+                            or c.cost > share // 2):
+                        break
+            if self._clients.get(ident) is not c:
+                continue
+            if c.idle():
+                del self._clients[ident]
+                self._held -= c.since
+            elif (c.waiting or c.cost > share // 2) and now - c.progress > _UNREAD_S:
+                self._disconnect(ident, c)
+        if self._trim_at and now >= self._trim_at:
+            self._trim_at = 0.0
+            _malloc_trim()
         lo, hi = _BACKLOG_RETRY_S
-        progress = sum(len(q) for q in self._backlog.values()) < held
         self._retry_s = lo if progress else min(hi, self._retry_s * 2)
 
     # -- the I/O loop ------------------------------------------------------------------------
@@ -415,8 +569,8 @@ class ZmqEndpoint(Endpoint):
         try:
             while not self._stop:
                 wait = self._timers.run_due()
-                if self._backlog:  # held replies: offered again at least this often
-                    self._retry_backlog()
+                if self._clients or self._trim_at:  # replies held: looked at this often
+                    self._tick_clients()
                     wait = self._retry_s if wait is None else min(wait, self._retry_s)
                 events = self._poller.poll(None if wait is None else max(1, int(wait * 1000)))
                 for sock, _ev in events:
@@ -425,8 +579,7 @@ class ZmqEndpoint(Endpoint):
                         if sock is self._outbox:
                             self._dispatch_outbox()
                         elif sock is self._router and sock is not None:
-                            frames = sock.recv_multipart(copy=False)
-                            self._deliver(Route(ident=frames[0].bytes), frames[1:])
+                            self._from_client(sock.recv_multipart(copy=False))
                         elif sock is self._monitor:
                             self._on_monitor_event()
                         else:
@@ -440,6 +593,17 @@ class ZmqEndpoint(Endpoint):
                     self.on_error(exc)
         finally:
             self._close_sockets()
+
+    def _from_client(self, frames: list) -> None:
+        ident = frames[0].bytes
+        c = self._clients.get(ident)
+        if c is not None:
+            if c.fd < 0:   # its connection, to close it should it keep not reading
+                c.fd = frames[0].get(zmq.SRCFD)
+            if c.waiting or c.cost > self._share() // 2:
+                self._wait(ident, c, frames[1:])
+                return
+        self._deliver(Route(ident=ident), frames[1:])
 
     def _deliver(self, route: Route, frames: list) -> None:
         if self.on_message is not None:

@@ -212,7 +212,67 @@ def test_clients_that_flood_or_never_read_cost_bounded_memory(tmp_path):
         ctx.term()
     assert codes == [0, 0], c.log_tail()
     with open(c.logs[1]) as f:   # the server counted and logged the replies it dropped
-        assert "reply to a client that does not read" in f.read(), c.log_tail()
+        assert "does not read" in f.read(), c.log_tail()
+
+
+def _logged_count(path: str, reason: str) -> int:
+    """How many times a node's Drops logged ``reason``, from its log lines."""
+    n = 0
+    with open(path, errors="replace") as f:
+        for line in f:
+            if reason in line:
+                n += int(line.split(" message", 1)[0].rsplit(" ", 1)[1])
+    return n
+
+
+def test_zmq_clients_that_never_read_share_one_budget_and_are_disconnected(tmp_path):
+    """Issue 29: the replies a server's ZeroMQ socket holds for clients that never read share one
+    budget, whatever their number (each client cost ~130 MiB, kept after it left: 20 would have
+    taken 2.6 GB); they are disconnected, counted, and the memory goes back, while the job's
+    rounds stay exact. The tool: tests/faults/zmq_unread_replies.py."""
+    from .zmq_unread_replies import EXTRA, float_rounds, settle, unread_clients
+    c = ProcCluster(tmp_path, machines=2, extra=EXTRA)
+    ctx = zmq.Context()
+    clients = 20
+    rss = None
+    try:
+        float_rounds(c, 2, 0)
+        srv = c.servers[0].pid
+        settle(srv)
+        rss = _PeakRss([srv])
+        socks = unread_clients(ctx, c, clients, 3000)   # 192 MB of replies each, none read
+        try:
+            _int_rounds(c, 3)   # the job meanwhile, on another tensor (real.w stays answered)
+            port = c.server_peers()[0].port
+            deadline = time.monotonic() + 120   # the server closes them all (10 s unread)
+            while _established(port) > 2 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert _established(port) <= 2, (_established(port), c.log_tail())
+            _int_rounds(c, 1, first=3)
+        finally:
+            for d in socks:
+                d.close(0)
+        peak = rss.growth(srv)
+        deadline = time.monotonic() + 60   # given back once they are gone
+        while proc_rss_bytes(srv) - rss.base[srv] > 64 * MIB and time.monotonic() < deadline:
+            time.sleep(0.5)
+        rss.stop()
+        after = proc_rss_bytes(srv) - rss.base[srv]
+        print(f"server RSS: +{peak / MIB:.0f} MiB at the peak under {clients} clients that never "
+              f"read, +{after / MIB:.0f} MiB after they left")
+        assert peak < 250 * MIB, peak / MIB
+        assert after < 64 * MIB, after / MIB
+        _int_rounds(c, 1, first=4)
+        float_rounds(c, 1, 2)
+    finally:
+        if rss is not None:
+            rss.stop()
+        codes = c.close()
+        ctx.term()
+    assert codes == [0, 0], c.log_tail()
+    # every client was disconnected and counted
+    assert _logged_count(c.logs[1], "client disconnected: over its share") == clients, \
+        c.log_tail()
 
 
 def test_many_small_tensors_in_flight_lose_no_reply_at_the_high_water_mark(tmp_path):
