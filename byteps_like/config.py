@@ -246,10 +246,13 @@ class TransportConfig:
                                 min=1024)
     socket_hwm: int = _s("BYTEPS_SOCKET_HWM", "int", 1000, "Messages a listening ZeroMQ socket "
                          "(server, scheduler, local root) queues per client and direction: a "
-                         "client that sends faster is slowed by TCP; replies past it wait in a "
-                         "backlog of at most 32 MiB per client, and a client that does not read "
-                         "loses those past both (counted and logged) instead of the node its "
-                         "memory. 0 means unbounded.", unit="messages", min=0)
+                         "client that sends faster is slowed by TCP. Replies are bounded in "
+                         "bytes as well, for all clients together: they share 64 MiB of replies "
+                         "not yet written; a client over half its share is not served until it "
+                         "reads, one that reads nothing loses replies past its share and is "
+                         "disconnected after 10 s (counted and logged) instead of costing the "
+                         "node its memory. 0 means no limit in messages.", unit="messages",
+                         min=0)
     max_connections: int = _s("BYTEPS_MAX_CONNECTIONS", "int", 0, "Clients a listening ZeroMQ "
                               "socket keeps; more are closed as they connect. 0 derives it from "
                               "the descriptor limit (ulimit -n): all of it but 64, a quarter of "

@@ -54,7 +54,7 @@ _BUDGET = 64 << 20           # reply bytes held for the clients of a listening s
 _BACKLOG_MSG = 512           # what one held reply counts besides its bytes
 _BACKLOG_RETRY_S = (0.002, 0.05)  # held replies are offered again this often, backing off
 _MARK = 1 << 20              # a reply handed to ZeroMQ is tracked at least once per this many bytes
-_STALL_S = 0.5               # a client that read nothing this long does not read, for now
+_STALL_S = 0.25              # a client that read nothing this long does not read, for now
 _UNREAD_S = 10.0             # a client over its share that reads nothing this long is disconnected
 
 
@@ -187,6 +187,191 @@ def _zap_release(ctx: zmq.Context) -> None:
             entry[0].stop()
 
 
+class _Replies:
+    """The replies a listening socket holds for its clients, in one budget (see the notes):
+    run by the endpoint's I/O thread only."""
+
+    def __init__(self, ep: ZmqEndpoint) -> None:
+        self.ep = ep
+        self._clients: dict[bytes, _Client] = {}   # by routing id
+        self._held = 0                   # the clients' cost together: at most about _BUDGET
+        self.unread_closed = 0           # clients disconnected for leaving their replies unread
+        self._trim_at = 0.0              # when to give freed memory back to the system
+        self.retry_s = _BACKLOG_RETRY_S[0]
+
+    def busy(self) -> bool:
+        return bool(self._clients) or bool(self._trim_at)
+
+    def _share(self) -> int:
+        """What one client may hold: the budget over the clients holding anything."""
+        return _BUDGET // max(1, len(self._clients))
+
+    def reply(self, ident: bytes, frames: list) -> None:
+        c = self._clients.get(ident)
+        if c is None:
+            c = self._clients[ident] = _Client(time.monotonic())
+        k = _cost(frames)
+        if c.backlog or (c.marks and c.marked + c.since + k > self._share() // 2):
+            self._held += k
+            self._hold(ident, c, frames, k)   # behind replies already held, or over its share
+            return
+        sent = self._offer(ident, c, frames, k)
+        if sent is not False:
+            self._held += k
+        if sent is None:
+            self._hold(ident, c, frames, k)
+
+    def _offer(self, ident: bytes, c: _Client, frames: list, k: int) -> bool | None:
+        """Hand a reply to ZeroMQ without blocking: True when it took it, None when the client's
+        queue is at its high-water mark, False when the client is gone (it is forgotten).
+        Tracked when nothing else of this client's is, and at least once every _MARK bytes."""
+        assert self.ep._router is not None, "replies go only through a bound listener"
+        if not c.marks:   # all it was given so far is written: it reads
+            c.progress = time.monotonic()
+        mark = not c.marks or c.since + k >= _MARK
+        if mark:
+            frames = [*frames[:-1], _tracked(frames[-1])]
+        try:
+            self.ep._router.send_multipart([ident, *frames], copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away
+            log.debug("%s: reply to vanished client dropped (%s)", self.ep.name, exc)
+            self._forget(ident)
+            return False
+        if mark:
+            c.marks.append((c.since + k, frames[-1].tracker))
+            c.marked += c.since + k
+            c.since = 0
+        else:
+            c.since += k
+        return True
+
+    def _hold(self, ident: bytes, c: _Client, frames: list, k: int) -> None:
+        """Keep a reply ZeroMQ is not given yet; dropped when the client is over its share and
+        read nothing for _STALL_S. A client that reads loses nothing: while it holds more than
+        half its share it is not served (its requests wait), so what it is still owed is what
+        it asked for before, bounded by the protocol for a worker (a whole bucket's pulls
+        can be owed at once: a cap per client or for all dropped real replies under load)."""
+        if c.cost > self._share() and self._stalled(c):
+            self._held -= k
+            self.ep.drops(f"reply to a client that does not read: over its share of the "
+                       f"{_BUDGET >> 20} MiB a listening socket holds for all, it read nothing "
+                       f"for {_STALL_S} s (a worker's connection reads all the time: check the "
+                       "network toward it)", f"{c.cost >> 20} MiB held, a share of "
+                       f"{self._share() >> 20} MiB")
+            return
+        c.backlog.append((frames, k))
+        c.held += k
+
+    def _wait(self, ident: bytes, c: _Client, frames: list) -> None:
+        """A request of a client over half its share: it waits, in order; past a quarter of
+        its share of them, dropped when it read nothing for _STALL_S."""
+        k = _cost(frames)
+        if c.waiting_bytes + k > self._share() // 4 and self._stalled(c):
+            self.ep.drops("request of a client that does not read its replies (over its share of "
+                       f"the {_BUDGET >> 20} MiB a listening socket holds for unread replies)")
+            return
+        c.waiting.append((frames, k))
+        c.waiting_bytes += k
+
+    def _stalled(self, c: _Client) -> bool:
+        """Whether ``c`` read nothing for _STALL_S (what ZeroMQ wrote out counted first)."""
+        now = time.monotonic()
+        self._written(c, now)
+        return now - c.progress > _STALL_S
+
+    def _written(self, c: _Client, now: float) -> bool:
+        """Account the tracked replies ZeroMQ has written out; whether there were any."""
+        done = False
+        while c.marks and c.marks[0][1].done:
+            n = c.marks.popleft()[0]
+            c.marked -= n
+            self._held -= n
+            c.progress = now
+            done = True
+        return done
+
+    def _forget(self, ident: bytes) -> None:
+        c = self._clients.pop(ident, None)
+        if c is not None:
+            self._held -= c.cost
+            if c.cost + c.waiting_bytes > _MARK:
+                self._trim_at = self._trim_at or time.monotonic() + 1.0
+
+    def _disconnect(self, ident: bytes, c: _Client) -> None:
+        """A client over its share that read nothing for _UNREAD_S: closed, counted, forgotten
+        (ZeroMQ frees its queue when it sees the connection go)."""
+        if c.fd < 0:   # never seen its connection: cannot close it (it stays bounded)
+            c.progress = time.monotonic()
+            return
+        self.unread_closed += 1
+        self.ep.drops(f"client disconnected: over its share of the {_BUDGET >> 20} MiB a listening "
+                   f"socket holds for unread replies, it read nothing for {_UNREAD_S:.0f} s")
+        self.ep._shed(c.fd)
+        self._forget(ident)
+
+    def tick(self) -> None:
+        """What ZeroMQ wrote out, held replies offered again, waiting requests of a client read
+        down to half its share served, idle clients forgotten, clients that read nothing over
+        their share disconnected. Runs sooner after progress, later (up to 50 ms) without, so
+        a client that never reads costs next to nothing."""
+        now = time.monotonic()
+        share = self._share()
+        progress = False
+        for ident, c in list(self._clients.items()):
+            if self._clients.get(ident) is not c:
+                continue
+            if self._written(c, now):
+                progress = True
+            while c.backlog:
+                frames, k = c.backlog[0]
+                if c.marks and c.marked + c.since + k > share // 2:
+                    break
+                sent = self._offer(ident, c, frames, k)
+                if not sent:
+                    break
+                c.backlog.popleft()
+                c.held -= k
+                c.progress = now
+                progress = True
+            if self._clients.get(ident) is not c:
+                continue
+            if c.waiting and c.cost <= share // 4:
+                progress = True
+                for _ in range(_BATCH):
+                    frames, k = c.waiting.popleft()
+                    c.waiting_bytes -= k
+                    self.ep._deliver(Route(ident=ident), frames)
+                    if (not c.waiting or self._clients.get(ident) is not c
+                            or c.cost > share // 2):
+                        break
+            if self._clients.get(ident) is not c:
+                continue
+            if c.idle():
+                del self._clients[ident]
+                self._held -= c.since
+            elif (c.waiting or c.cost > share // 2) and now - c.progress > _UNREAD_S:
+                self._disconnect(ident, c)
+        if self._trim_at and now >= self._trim_at:
+            self._trim_at = 0.0
+            _malloc_trim()
+        lo, hi = _BACKLOG_RETRY_S
+        self.retry_s = lo if progress else min(hi, self.retry_s * 2)
+
+    def from_client(self, frames: list) -> None:
+        ident = frames[0].bytes
+        c = self._clients.get(ident)
+        if c is not None:
+            if c.fd < 0:   # its connection, to close it should it keep not reading
+                c.fd = frames[0].get(zmq.SRCFD)
+            if c.waiting or c.cost > self._share() // 2:
+                self._wait(ident, c, frames[1:])
+                return
+        self.ep._deliver(Route(ident=ident), frames[1:])
+
+
+
 class ZmqEndpoint(Endpoint):
     def __init__(self, name: str, *, max_message_bytes: int = 1 << 30,
                  context: zmq.Context | None = None, curve: CurveKeys | None = None,
@@ -197,12 +382,7 @@ class ZmqEndpoint(Endpoint):
         self.drops = Drops(log, name)                # what this endpoint dropped, by reason
         self._monitor: zmq.Socket | None = None
         self._accepted: set[int] = set()             # descriptors of the listener's clients
-        # what the listening socket holds for its clients, by routing id (see the notes)
-        self._clients: dict[bytes, _Client] = {}
-        self._held = 0                   # the clients' cost together: at most about _BUDGET
-        self.unread_closed = 0           # clients disconnected for leaving their replies unread
-        self._trim_at = 0.0              # when to give freed memory back to the system
-        self._retry_s = _BACKLOG_RETRY_S[0]
+        self.replies = _Replies(self)    # what the listening socket holds for its clients
         self._port = 0
         self.ctx = context or zmq.Context.instance()
         self.curve = curve
@@ -376,7 +556,7 @@ class ZmqEndpoint(Endpoint):
         if self._stop and not self._draining:
             return
         if route.ident is not None:
-            self._reply(route.ident, frames)
+            self.replies.reply(route.ident, frames)
             return
         sock = self._dealers.get((route.peer, route.conn))
         if sock is None:  # a bug in the caller; must not take the I/O thread down with it
@@ -384,155 +564,6 @@ class ZmqEndpoint(Endpoint):
                       route.peer)
             return
         sock.send_multipart(frames, copy=False)
-
-    # -- replies to the clients of the listening socket: one budget for all of them ------------
-    def _share(self) -> int:
-        """What one client may hold: the budget over the clients holding anything."""
-        return _BUDGET // max(1, len(self._clients))
-
-    def _reply(self, ident: bytes, frames: list) -> None:
-        c = self._clients.get(ident)
-        if c is None:
-            c = self._clients[ident] = _Client(time.monotonic())
-        k = _cost(frames)
-        if c.backlog or (c.marks and c.marked + c.since + k > self._share() // 2):
-            self._held += k
-            self._hold(ident, c, frames, k)   # behind replies already held, or over its share
-            return
-        sent = self._offer(ident, c, frames, k)
-        if sent is not False:
-            self._held += k
-        if sent is None:
-            self._hold(ident, c, frames, k)
-
-    def _offer(self, ident: bytes, c: _Client, frames: list, k: int) -> bool | None:
-        """Hand a reply to ZeroMQ without blocking: True when it took it, None when the client's
-        queue is at its high-water mark, False when the client is gone (it is forgotten).
-        Tracked when nothing else of this client's is, and at least once every _MARK bytes."""
-        assert self._router is not None, "replies go only through a bound listener"
-        if not c.marks:   # all it was given so far is written: it reads
-            c.progress = time.monotonic()
-        mark = not c.marks or c.since + k >= _MARK
-        if mark:
-            frames = [*frames[:-1], _tracked(frames[-1])]
-        try:
-            self._router.send_multipart([ident, *frames], copy=False, flags=zmq.NOBLOCK)
-        except zmq.Again:
-            return None
-        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away
-            log.debug("%s: reply to vanished client dropped (%s)", self.name, exc)
-            self._forget(ident)
-            return False
-        if mark:
-            c.marks.append((c.since + k, frames[-1].tracker))
-            c.marked += c.since + k
-            c.since = 0
-        else:
-            c.since += k
-        return True
-
-    def _hold(self, ident: bytes, c: _Client, frames: list, k: int) -> None:
-        """Keep a reply ZeroMQ is not given yet; dropped when the client is over its share and
-        read nothing for _STALL_S. A client that reads loses nothing: while it holds more than
-        half its share it is not served (its requests wait), so what it is still owed is what
-        it asked for before, bounded by the protocol for a worker (a whole bucket's pulls
-        can be owed at once: a cap per client or for all dropped real replies under load)."""
-        if c.cost > self._share() and self._stalled(c):
-            self._held -= k
-            self.drops(f"reply to a client that does not read: over its share of the "
-                       f"{_BUDGET >> 20} MiB a listening socket holds for all, it read nothing "
-                       f"for {_STALL_S} s (a worker's connection reads all the time: check the "
-                       "network toward it)", f"{c.cost >> 20} MiB held, a share of "
-                       f"{self._share() >> 20} MiB")
-            return
-        c.backlog.append((frames, k))
-        c.held += k
-
-    def _wait(self, ident: bytes, c: _Client, frames: list) -> None:
-        """A request of a client over half its share: it waits, in order; past a quarter of
-        its share of them, dropped when it read nothing for _STALL_S."""
-        k = _cost(frames)
-        if c.waiting_bytes + k > self._share() // 4 and self._stalled(c):
-            self.drops("request of a client that does not read its replies (over its share of "
-                       f"the {_BUDGET >> 20} MiB a listening socket holds for unread replies)")
-            return
-        c.waiting.append((frames, k))
-        c.waiting_bytes += k
-
-    @staticmethod
-    def _stalled(c: _Client) -> bool:
-        return time.monotonic() - c.progress > _STALL_S
-
-    def _forget(self, ident: bytes) -> None:
-        c = self._clients.pop(ident, None)
-        if c is not None:
-            self._held -= c.cost
-            if c.cost + c.waiting_bytes > _MARK:
-                self._trim_at = self._trim_at or time.monotonic() + 1.0
-
-    def _disconnect(self, ident: bytes, c: _Client) -> None:
-        """A client over its share that read nothing for _UNREAD_S: closed, counted, forgotten
-        (ZeroMQ frees its queue when it sees the connection go)."""
-        if c.fd < 0:   # never seen its connection: cannot close it (it stays bounded)
-            c.progress = time.monotonic()
-            return
-        self.unread_closed += 1
-        self.drops(f"client disconnected: over its share of the {_BUDGET >> 20} MiB a listening "
-                   f"socket holds for unread replies, it read nothing for {_UNREAD_S:.0f} s")
-        self._shed(c.fd)
-        self._forget(ident)
-
-    def _tick_clients(self) -> None:
-        """What ZeroMQ wrote out, held replies offered again, waiting requests of a client read
-        down to half its share served, idle clients forgotten, clients that read nothing over
-        their share disconnected. Runs sooner after progress, later (up to 50 ms) without, so
-        a client that never reads costs next to nothing."""
-        now = time.monotonic()
-        share = self._share()
-        progress = False
-        for ident, c in list(self._clients.items()):
-            if self._clients.get(ident) is not c:
-                continue
-            while c.marks and c.marks[0][1].done:
-                n = c.marks.popleft()[0]
-                c.marked -= n
-                self._held -= n
-                c.progress = now
-                progress = True
-            while c.backlog:
-                frames, k = c.backlog[0]
-                if c.marks and c.marked + c.since + k > share // 2:
-                    break
-                sent = self._offer(ident, c, frames, k)
-                if not sent:
-                    break
-                c.backlog.popleft()
-                c.held -= k
-                c.progress = now
-                progress = True
-            if self._clients.get(ident) is not c:
-                continue
-            if c.waiting and c.cost <= share // 4:
-                progress = True
-                for _ in range(_BATCH):
-                    frames, k = c.waiting.popleft()
-                    c.waiting_bytes -= k
-                    self._deliver(Route(ident=ident), frames)
-                    if (not c.waiting or self._clients.get(ident) is not c
-                            or c.cost > share // 2):
-                        break
-            if self._clients.get(ident) is not c:
-                continue
-            if c.idle():
-                del self._clients[ident]
-                self._held -= c.since
-            elif (c.waiting or c.cost > share // 2) and now - c.progress > _UNREAD_S:
-                self._disconnect(ident, c)
-        if self._trim_at and now >= self._trim_at:
-            self._trim_at = 0.0
-            _malloc_trim()
-        lo, hi = _BACKLOG_RETRY_S
-        self._retry_s = lo if progress else min(hi, self._retry_s * 2)
 
     # -- the I/O loop ------------------------------------------------------------------------
     def _dispatch_outbox(self) -> None:
@@ -569,9 +600,9 @@ class ZmqEndpoint(Endpoint):
         try:
             while not self._stop:
                 wait = self._timers.run_due()
-                if self._clients or self._trim_at:  # replies held: looked at this often
-                    self._tick_clients()
-                    wait = self._retry_s if wait is None else min(wait, self._retry_s)
+                if self.replies.busy():  # replies held: looked at this often
+                    self.replies.tick()
+                    wait = self.replies.retry_s if wait is None else min(wait, self.replies.retry_s)
                 events = self._poller.poll(None if wait is None else max(1, int(wait * 1000)))
                 for sock, _ev in events:
                     # drain a bounded batch per socket so no socket starves the others
@@ -579,7 +610,7 @@ class ZmqEndpoint(Endpoint):
                         if sock is self._outbox:
                             self._dispatch_outbox()
                         elif sock is self._router and sock is not None:
-                            self._from_client(sock.recv_multipart(copy=False))
+                            self.replies.from_client(sock.recv_multipart(copy=False))
                         elif sock is self._monitor:
                             self._on_monitor_event()
                         else:
@@ -593,17 +624,6 @@ class ZmqEndpoint(Endpoint):
                     self.on_error(exc)
         finally:
             self._close_sockets()
-
-    def _from_client(self, frames: list) -> None:
-        ident = frames[0].bytes
-        c = self._clients.get(ident)
-        if c is not None:
-            if c.fd < 0:   # its connection, to close it should it keep not reading
-                c.fd = frames[0].get(zmq.SRCFD)
-            if c.waiting or c.cost > self._share() // 2:
-                self._wait(ident, c, frames[1:])
-                return
-        self._deliver(Route(ident=ident), frames[1:])
 
     def _deliver(self, route: Route, frames: list) -> None:
         if self.on_message is not None:
