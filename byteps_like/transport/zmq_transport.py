@@ -256,10 +256,10 @@ class _Replies:
         if c.cost > self._share() and self._stalled(c):
             self._held -= k
             self.ep.drops(f"reply to a client that does not read: over its share of the "
-                       f"{_BUDGET >> 20} MiB a listening socket holds for all, it read nothing "
-                       f"for {_STALL_S} s (a worker's connection reads all the time: check the "
-                       "network toward it)", f"{c.cost >> 20} MiB held, a share of "
-                       f"{self._share() >> 20} MiB")
+                          f"{_BUDGET >> 20} MiB a listening socket holds for all, it read "
+                          f"nothing for {_STALL_S} s (a worker's connection reads all the "
+                          "time: check the network toward it)",
+                          f"{c.cost >> 20} MiB held, a share of {self._share() >> 20} MiB")
             return
         c.backlog.append((frames, k))
         c.held += k
@@ -269,8 +269,9 @@ class _Replies:
         its share of them, dropped when it read nothing for _STALL_S."""
         k = _cost(frames)
         if c.waiting_bytes + k > self._share() // 4 and self._stalled(c):
-            self.ep.drops("request of a client that does not read its replies (over its share of "
-                       f"the {_BUDGET >> 20} MiB a listening socket holds for unread replies)")
+            self.ep.drops("request of a client that does not read its replies (over its share "
+                          f"of the {_BUDGET >> 20} MiB a listening socket holds for unread "
+                          "replies)")
             return
         c.waiting.append((frames, k))
         c.waiting_bytes += k
@@ -306,16 +307,17 @@ class _Replies:
             c.progress = time.monotonic()
             return
         self.unread_closed += 1
-        self.ep.drops(f"client disconnected: over its share of the {_BUDGET >> 20} MiB a listening "
-                   f"socket holds for unread replies, it read nothing for {_UNREAD_S:.0f} s")
+        self.ep.drops(f"client disconnected: over its share of the {_BUDGET >> 20} MiB a "
+                      f"listening socket holds for unread replies, it read nothing for "
+                      f"{_UNREAD_S:.0f} s")
         self.ep._shed(c.fd)
         self._forget(ident)
 
     def tick(self) -> None:
         """What ZeroMQ wrote out, held replies offered again, waiting requests of a client read
-        down to half its share served, idle clients forgotten, clients that read nothing over
-        their share disconnected. Runs sooner after progress, later (up to 50 ms) without, so
-        a client that never reads costs next to nothing."""
+        down to a quarter of its share served, idle clients forgotten, clients that read
+        nothing over half their share disconnected. Runs sooner after progress, later (up to
+        50 ms) without, so a client that never reads costs next to nothing."""
         now = time.monotonic()
         share = self._share()
         progress = False
