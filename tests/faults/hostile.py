@@ -3,6 +3,7 @@ malformed or unauthorised messages. Each case is (label, frames, expect_reply)."
 from __future__ import annotations
 
 import os
+import time
 
 import zmq
 
@@ -268,6 +269,19 @@ def proc_rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def settle(pid: int, most: float = 60.0) -> None:
+    """Wait until process ``pid`` is idle (under 5% of a CPU over half a second), at most
+    ``most`` seconds."""
+    deadline = time.monotonic() + most
+    last = proc_cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = proc_cpu_seconds(pid)
+        if now - last < 0.025:
+            return
+        last = now
 
 
 def proc_fds(pid: int) -> int:

@@ -19,7 +19,7 @@ from byteps_like.wire import Header, MsgType, Role, decode, encode, job_hash
 from byteps_like.worker.runtime import Runtime
 
 from .cluster import cluster_env, free_port
-from .hostile import HostileClient, ProcCluster, proc_cpu_seconds, proc_fds, proc_rss_bytes
+from .hostile import HostileClient, ProcCluster, proc_cpu_seconds, proc_fds, proc_rss_bytes, settle
 
 pytestmark = pytest.mark.integration
 MIB = 1 << 20
@@ -126,18 +126,6 @@ class _PeakRss:
         self._t.join(5)
 
 
-def _settle(pid: int, most: float = 20.0) -> None:
-    """Wait until process ``pid`` is idle (under 5% of a CPU over half a second)."""
-    deadline = time.monotonic() + most
-    last = proc_cpu_seconds(pid)
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        now = proc_cpu_seconds(pid)
-        if now - last < 0.025:
-            return
-        last = now
-
-
 def _float_rounds(c, rounds: int, first: int, n: int = 16000) -> None:
     """A float32 tensor of one 64000-byte partition, exact every round."""
     for r in range(first, first + rounds):
@@ -168,7 +156,7 @@ def test_clients_that_flood_or_never_read_cost_bounded_memory(tmp_path):
                              1))
         for _ in range(15000):
             d.send_multipart(pull)
-        _settle(srv)   # served (no round completes meanwhile: each pull is answered in full)
+        settle(srv, 20.0)   # served (no round completes meanwhile: each pull is answered in full)
         pulled = rss.growth(srv)
         # floods of junk at the server and the scheduler, as fast as they take it
         stop = threading.Event()
@@ -230,7 +218,7 @@ def test_zmq_clients_that_never_read_share_one_budget_and_are_disconnected(tmp_p
     budget, whatever their number (each client cost ~130 MiB, kept after it left: 20 would have
     taken 2.6 GB); they are disconnected, counted, and the memory goes back, while the job's
     rounds stay exact. The tool: tests/faults/zmq_unread_replies.py."""
-    from .zmq_unread_replies import EXTRA, float_rounds, settle, unread_clients
+    from .zmq_unread_replies import EXTRA, float_rounds, unread_clients
     c = ProcCluster(tmp_path, machines=2, extra=EXTRA)
     ctx = zmq.Context()
     clients = 20

@@ -27,7 +27,7 @@ import zmq
 
 from byteps_like.wire import Header, MsgType, Role, encode, job_hash
 
-from .hostile import ProcCluster, proc_cpu_seconds, proc_rss_bytes
+from .hostile import ProcCluster, proc_rss_bytes, settle
 
 MIB = 1 << 20
 EXTRA = {"BYTEPS_DATA_PLANE": "zmq", "BYTEPS_PARTITION_BYTES": "65536"}
@@ -50,18 +50,6 @@ class PeakRss:
     def stop(self) -> None:
         self._stop.set()
         self._t.join(5)
-
-
-def settle(pid: int, most: float = 60.0) -> None:
-    """Wait until process ``pid`` is idle (under 5% of a CPU over half a second)."""
-    deadline = time.monotonic() + most
-    last = proc_cpu_seconds(pid)
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        now = proc_cpu_seconds(pid)
-        if now - last < 0.025:
-            return
-        last = now
 
 
 def float_rounds(c: ProcCluster, rounds: int, first: int, n: int = 16000) -> None:
