@@ -329,9 +329,7 @@ class Engine(threading.Thread):
     def _doom_if_left(self, store: KeyStore) -> bool:
         """A round that a machine which left the job has not pushed can never complete: fail
         the key with a peer_left error naming it."""
-        if not self.left or (not store.pushed and not store.pending):
-            return False
-        doom = left_unpushed(self.left, store.pushed, store.round,
+        doom = left_unpushed(self.left, store.pushed, bool(store.pending), store.round,
                              f"key {store.key} ({store.describe_decl(store.decl)})")
         if doom is not None:
             self._fail_key(store, doom[0], ERR_PEER_LEFT, doom[1])

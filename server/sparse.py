@@ -224,9 +224,7 @@ class SparseService(threading.Thread):
         applied()
 
     def _doom_if_left(self, table: Table) -> bool:
-        if not self.left or (not table.pushes and not table.pending):
-            return False
-        doom = left_unpushed(self.left, table.pushes, table.applied,
+        doom = left_unpushed(self.left, table.pushes, bool(table.pending), table.applied,
                              f"table {table.spec.name!r}")
         if doom is not None:
             self._fail(table, doom[0], ERR_PEER_LEFT, doom[1])

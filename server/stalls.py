@@ -6,7 +6,7 @@ job without pushing it (:func:`left_unpushed`, for the dense keys and the tables
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -51,11 +51,14 @@ def stalled_rounds(engines: Iterable[Any], native: Any, now: float, limit: float
     return out
 
 
-def left_unpushed(left: dict[int, str], pushed: Iterable[int], rnd: int,
+def left_unpushed(left: dict[int, str], pushed: Collection[int], waiting: bool, rnd: int,
                   what: str) -> tuple[str, dict] | None:
     """A round that a machine which left the job (``left``: rank -> why) has not pushed can
-    never complete: the error text and fields naming the first such machine, or None.
-    ``what`` names the round's key or table for the text."""
+    never complete: the error text and fields naming the first such machine, or None (also
+    when the round is not open: nothing pushed and nobody ``waiting`` on it). ``what`` names
+    the round's key or table for the text."""
+    if not left or (not pushed and not waiting):
+        return None
     done = set(pushed)
     for machine, why in sorted(left.items()):
         if machine in done:
