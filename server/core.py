@@ -34,7 +34,7 @@ from ..control import ControlClient
 from ..errors import EXIT_PEER_FAILED, PeerLostError, ProtocolError
 from ..transport import Route, data_scheme, make_endpoint, native
 from .sparse import SparseService
-from .stalls import left_unpushed, stalled_rounds
+from .stalls import fail_if_left, stalled_rounds
 
 if TYPE_CHECKING:
     from ..metrics import RoleMetrics
@@ -329,11 +329,9 @@ class Engine(threading.Thread):
     def _doom_if_left(self, store: KeyStore) -> bool:
         """A round that a machine which left the job has not pushed can never complete: fail
         the key with a peer_left error naming it."""
-        doom = left_unpushed(self.left, store.pushed, bool(store.pending), store.round,
-                             f"key {store.key} ({store.describe_decl(store.decl)})")
-        if doom is not None:
-            self._fail_key(store, doom[0], ERR_PEER_LEFT, doom[1])
-        return doom is not None
+        return fail_if_left(self.left, store.pushed, bool(store.pending), store.round,
+                            f"key {store.key} ({store.describe_decl(store.decl)})",
+                            lambda text, meta: self._fail_key(store, text, ERR_PEER_LEFT, meta))
 
     def _complete_if_ready(self, store: KeyStore) -> None:
         """Close the open round once every machine that has not joined has pushed it."""

@@ -57,7 +57,7 @@ from ..wire import (
     as_buffer,
     encode,
 )
-from .stalls import left_unpushed
+from .stalls import fail_if_left
 
 if TYPE_CHECKING:
     from .core import Server
@@ -224,11 +224,9 @@ class SparseService(threading.Thread):
         applied()
 
     def _doom_if_left(self, table: Table) -> bool:
-        doom = left_unpushed(self.left, table.pushes, bool(table.pending), table.applied,
-                             f"table {table.spec.name!r}")
-        if doom is not None:
-            self._fail(table, doom[0], ERR_PEER_LEFT, doom[1])
-        return doom is not None
+        return fail_if_left(self.left, table.pushes, bool(table.pending), table.applied,
+                            f"table {table.spec.name!r}",
+                            lambda text, meta: self._fail(table, text, ERR_PEER_LEFT, meta))
 
     def _complete_if_ready(self, table: Table) -> None:
         """Apply the open round once every machine not in join() has pushed it."""

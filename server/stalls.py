@@ -2,11 +2,11 @@
 open longer than BYTEPS_STALL_CHECK_TIME_SECONDS, as the scheduler's stall report reads them
 (docs/reliability.md). Both data paths are read: the ZeroMQ path's engines and the native
 data plane. Also the one rule for a round that can never complete: a machine that left the
-job without pushing it (:func:`left_unpushed`, for the dense keys and the tables alike)."""
+job without pushing it (:func:`fail_if_left`, for the dense keys and the tables alike)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -51,20 +51,21 @@ def stalled_rounds(engines: Iterable[Any], native: Any, now: float, limit: float
     return out
 
 
-def left_unpushed(left: dict[int, str], pushed: Collection[int], waiting: bool, rnd: int,
-                  what: str) -> tuple[str, dict] | None:
+def fail_if_left(left: dict[int, str], pushed: Collection[int], waiting: bool, rnd: int,
+                 what: str, fail: Callable[[str, dict], None]) -> bool:
     """A round that a machine which left the job (``left``: rank -> why) has not pushed can
-    never complete: the error text and fields naming the first such machine, or None (also
-    when the round is not open: nothing pushed and nobody ``waiting`` on it). ``what`` names
-    the round's key or table for the text."""
+    never complete: call ``fail(text, fields)`` naming the first such machine and return True;
+    False (nothing called) when there is none or the round is not open (nothing pushed and
+    nobody ``waiting`` on it). ``what`` names the round's key or table for the text."""
     if not left or (not pushed and not waiting):
-        return None
+        return False
     done = set(pushed)
     for machine, why in sorted(left.items()):
         if machine in done:
             continue
         last = rnd - 1
-        return (f"{why}; round {rnd} of {what} can never complete (the last round it pushed "
-                f"was {last}). Ranks that run fewer steps must call join() when they are done",
-                {"rank": machine, "last_round": last})
-    return None
+        fail(f"{why}; round {rnd} of {what} can never complete (the last round it pushed was "
+             f"{last}). Ranks that run fewer steps must call join() when they are done",
+             {"rank": machine, "last_round": last})
+        return True
+    return False

@@ -152,15 +152,20 @@ def test_lost_worker_is_replaced():
     assert len([r for r in recs if r.get("done")]) == 3, log
 
 
-def test_worker_added_mid_run():
-    steps = 24
-    run, _ = launch([steps, "slow=0.15"], 2, plane="zmq",
+def launch_adding_one(args: list) -> tuple[list, str]:
+    """A job of 2 workers (ZeroMQ plane) that adds a third after step 1: its records and log,
+    the run passed and its sums checked."""
+    run, _ = launch(args, 2, plane="zmq",
                     extra=["--max-workers", "3", "--add-workers", "1", "--add-after", "1"],
                     timeout=120)
-    log = run.log
-    assert run.rc == 0, log
+    assert run.rc == 0, run.log
     recs = records(run.out)
-    check_sums(recs, log)
+    check_sums(recs, run.log)
+    return recs, run.log
+
+
+def test_worker_added_mid_run():
+    recs, log = launch_adding_one([24, "slow=0.15"])
     joiner = [r for r in recs if r["who"] == "worker 2"]
     init = next(r for r in joiner if "init" in r)
     assert init["size"] == 3 and init["epoch"] == 2 and init["rank"] == 2, log
@@ -235,13 +240,7 @@ def test_tables_follow_the_epochs(plane):
 def test_a_worker_added_mid_run_reads_and_pushes_the_tables():
     """A joiner creates the job's table (the servers hold it already) at the epoch's first
     round and reads the rows the others read; from then on every round needs 3 pushes."""
-    run, _ = launch([16, "slow=0.15", "table=1"], 2, plane="zmq",
-                    extra=["--max-workers", "3", "--add-workers", "1", "--add-after", "1"],
-                    timeout=120)
-    log = run.log
-    assert run.rc == 0, log
-    recs = records(run.out)
-    check_sums(recs, log)
+    recs, log = launch_adding_one([16, "slow=0.15", "table=1"])
     check_table(recs, log)
     joiner = [r for r in recs if r["who"] == "worker 2" and "table" in r]
     assert joiner and joiner[0]["epoch"] == 2 and joiner[0]["size"] == 3, log
