@@ -343,14 +343,20 @@ def test_a_count_that_overflows_times_itemsize_is_malformed(cleanup):
     assert srv.stats()["keys"] == 0 and srv.stats()["pushes"] == 0
 
 
-def test_client_refuses_a_peer_that_is_not_a_server(cleanup):
+def _foreign_server() -> tuple[socket.socket, int]:
+    """A TCP listener on loopback that plays a foreign server, and its port (skipped over
+    UCX: the worker's checks of what it reads are the same code there)."""
     if over_ucx():
         pytest.skip("plays a foreign server on a TCP socket; the worker's checks of what it "
                     "reads are the same code over UCX")
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
     lst.listen(1)
-    port = lst.getsockname()[1]
+    return lst, lst.getsockname()[1]
+
+
+def test_client_refuses_a_peer_that_is_not_a_server(cleanup):
+    lst, port = _foreign_server()
     cli = _core.DataClient(0, JOB, 1, 0, MAXMSG)
     cleanup.append(cli)
     import threading
@@ -376,14 +382,8 @@ def test_a_pull_resp_whose_count_overflows_fails_the_operation(cleanup):
     """A forged server answers a push of 1,000 float64 with a PULL_RESP of 2^61 + 1000
     float64 in 8,000 bytes (count * 8 wraps to 8,000): the client closes the stream as
     malformed and fails the operation instead of completing it."""
-    if over_ucx():
-        pytest.skip("plays a foreign server on a TCP socket; the worker's checks of what it "
-                    "reads are the same code over UCX")
     import threading
-    lst = socket.socket()
-    lst.bind(("127.0.0.1", 0))
-    lst.listen(1)
-    port = lst.getsockname()[1]
+    lst, port = _foreign_server()
     cli = _core.DataClient(0, JOB, 1, 1 << 20, MAXMSG)
     cleanup.append(cli)
 
