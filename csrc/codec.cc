@@ -1,4 +1,4 @@
-// The framed codecs (codec.h) over the kernels of compress.cc.
+// The framed codecs (codec.h) over the kernels of compress.h.
 #include "codec.h"
 
 #include <cstring>

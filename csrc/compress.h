@@ -3,7 +3,9 @@
 // little-endian wire layouts; no Python. Functions throw std::invalid_argument or
 // std::out_of_range on a bad argument or a malformed wire body *before* writing anything, so a
 // rejected payload never half-updates an accumulator. Documented for Python users in
-// byteps_like/_core.pyi.
+// byteps_like/_core.pyi. The kernels by concern: compress_onebit.cc, compress_sparse.cc (top-k,
+// random-k, gather, scatter), compress_dither.cc; the randomness in compress.cc; their shared
+// helpers in compress_internal.h.
 #pragma once
 
 #include <cstddef>
