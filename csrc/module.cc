@@ -370,7 +370,8 @@ py::tuple completion_tuple(const dp::Completion& c) {
                         c.t_last_done, c.bytes, times, c.contrib);
 }
 
-void bind_dataplane(py::module_& m) {
+// The UCX loader and the bare UCX stream of the hostile-peer tests.
+void bind_ucx(py::module_& m) {
   m.def(
       "ucx_load",
       [](const std::string& path, const std::map<std::string, std::string>& settings) {
@@ -405,6 +406,9 @@ void bind_dataplane(py::module_& m) {
       .def("close", &dp::UcxRawStream::close, py::call_guard<py::gil_scoped_release>());
   m.def("ucx_built", &dp::ucx_built,
         "Whether this _core was built with UCX's headers (it can load UCX at run time).");
+}
+
+void bind_data_server(py::module_& m) {
   py::class_<dp::DataServer>(m, "DataServer")
       .def(py::init<int, int, std::uint32_t, int, std::uint64_t, std::uint64_t, int,
                     std::string, bool>(),
@@ -442,7 +446,54 @@ void bind_dataplane(py::module_& m) {
             return out;
           },
           py::arg("min_age"));
+}
 
+// DataClient.submit. Holds the GIL: it only checks, queues and returns (the I/O threads
+// write).
+void data_client_submit(dp::DataClient& c, std::uint64_t op, int priority, py::handle src,
+                        py::handle dst, int wire_dtype, std::int64_t divisor,
+                        std::int64_t round, py::list parts, bool compressed) {
+  const std::size_t isz = dp::wire_itemsize(wire_dtype);
+  if (compressed && (isz != 1 || divisor != 1))
+    throw py::value_error("submit: a compressed payload is uint8 (wire dtype code "
+                          "7) and is never divided");
+  if (!compressed && dp::wire_to_kernel_dtype(wire_dtype) < 0)
+    throw py::value_error("submit: wire dtype code " + std::to_string(wire_dtype) +
+                          " cannot be summed");
+  if (divisor < 1) throw py::value_error("submit: divisor must be >= 1");
+  const Buffer s(src, false, "submit", "src");
+  const Buffer d(dst, true, "submit", "dst");
+  std::vector<dp::PartSpec> specs;
+  specs.reserve(parts.size());
+  for (py::handle item : parts) {
+    auto t = item.cast<py::tuple>();
+    if (t.size() != 6) throw py::value_error("submit: a part is (key, server, conn, "
+                                             "offset, nbytes, decl)");
+    dp::PartSpec p;
+    p.key = t[0].cast<std::uint64_t>();
+    p.round = round;
+    p.server = t[1].cast<int>();
+    p.conn = t[2].cast<int>();
+    p.offset = t[3].cast<std::uint64_t>();
+    p.nbytes = t[4].cast<std::uint64_t>();
+    if (!t[5].is_none()) p.decl = t[5].cast<std::string>();
+    if (p.nbytes == 0 || p.nbytes % isz != 0 || p.offset % isz != 0 ||
+        p.offset > s.size() || p.nbytes > s.size() - p.offset ||
+        p.offset > d.size() || p.nbytes > d.size() - p.offset)
+      throw py::value_error("submit: part of key " + std::to_string(p.key) +
+                            " at offset " + std::to_string(p.offset) + " with " +
+                            std::to_string(p.nbytes) + " bytes does not fit the " +
+                            std::to_string(s.size()) + "-byte buffers");
+    if (p.decl.size() > dp::kMaxMeta)
+      throw py::value_error("submit: declaration over 1 MiB");
+    specs.push_back(std::move(p));
+  }
+  c.submit(op, priority, static_cast<const char*>(s.data()),
+           static_cast<char*>(d.data()), wire_dtype, divisor, std::move(specs),
+           compressed);
+}
+
+void bind_data_client(py::module_& m) {
   py::class_<dp::DataClient>(m, "DataClient")
       .def(py::init<int, std::uint32_t, int, std::uint64_t, std::uint64_t, std::string>(),
            py::arg("rank"), py::arg("job"), py::arg("io_threads"), py::arg("credit_bytes"),
@@ -452,49 +503,7 @@ void bind_dataplane(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def(
           "submit",
-          // Holds the GIL: it only checks, queues and returns (the I/O threads write).
-          [](dp::DataClient& c, std::uint64_t op, int priority, py::handle src, py::handle dst,
-             int wire_dtype, std::int64_t divisor, std::int64_t round, py::list parts,
-             bool compressed) {
-            const std::size_t isz = dp::wire_itemsize(wire_dtype);
-            if (compressed && (isz != 1 || divisor != 1))
-              throw py::value_error("submit: a compressed payload is uint8 (wire dtype code "
-                                    "7) and is never divided");
-            if (!compressed && dp::wire_to_kernel_dtype(wire_dtype) < 0)
-              throw py::value_error("submit: wire dtype code " + std::to_string(wire_dtype) +
-                                    " cannot be summed");
-            if (divisor < 1) throw py::value_error("submit: divisor must be >= 1");
-            const Buffer s(src, false, "submit", "src");
-            const Buffer d(dst, true, "submit", "dst");
-            std::vector<dp::PartSpec> specs;
-            specs.reserve(parts.size());
-            for (py::handle item : parts) {
-              auto t = item.cast<py::tuple>();
-              if (t.size() != 6) throw py::value_error("submit: a part is (key, server, conn, "
-                                                       "offset, nbytes, decl)");
-              dp::PartSpec p;
-              p.key = t[0].cast<std::uint64_t>();
-              p.round = round;
-              p.server = t[1].cast<int>();
-              p.conn = t[2].cast<int>();
-              p.offset = t[3].cast<std::uint64_t>();
-              p.nbytes = t[4].cast<std::uint64_t>();
-              if (!t[5].is_none()) p.decl = t[5].cast<std::string>();
-              if (p.nbytes == 0 || p.nbytes % isz != 0 || p.offset % isz != 0 ||
-                  p.offset > s.size() || p.nbytes > s.size() - p.offset ||
-                  p.offset > d.size() || p.nbytes > d.size() - p.offset)
-                throw py::value_error("submit: part of key " + std::to_string(p.key) +
-                                      " at offset " + std::to_string(p.offset) + " with " +
-                                      std::to_string(p.nbytes) + " bytes does not fit the " +
-                                      std::to_string(s.size()) + "-byte buffers");
-              if (p.decl.size() > dp::kMaxMeta)
-                throw py::value_error("submit: declaration over 1 MiB");
-              specs.push_back(std::move(p));
-            }
-            c.submit(op, priority, static_cast<const char*>(s.data()),
-                     static_cast<char*>(d.data()), wire_dtype, divisor, std::move(specs),
-                     compressed);
-          },
+          &data_client_submit,
           py::arg("op"), py::arg("priority"), py::arg("src"), py::arg("dst"),
           py::arg("wire_dtype"), py::arg("divisor"), py::arg("round"), py::arg("parts"),
           py::arg("compressed") = false)
@@ -525,6 +534,10 @@ void bind_dataplane(py::module_& m) {
       .def("set_paused", &dp::DataClient::set_paused, py::arg("paused"))
       .def("take_dispatch_log", &dp::DataClient::take_dispatch_log)
       .def("stats", [](dp::DataClient& c) { return counters_dict(c.stats()); });
+}
+
+// The data plane's clock and the HMAC of its handshake, for tests.
+void bind_dataplane_tools(py::module_& m) {
   m.def("monotonic", &dp::monotonic_now, "CLOCK_MONOTONIC seconds (time.monotonic()).");
   m.def(
       "hmac_sha256",
@@ -535,6 +548,13 @@ void bind_dataplane(py::module_& m) {
         return py::bytes(reinterpret_cast<const char*>(out), 32);
       },
       py::arg("key"), py::arg("msg"), "HMAC-SHA256 of the data plane's handshake (for tests).");
+}
+
+void bind_dataplane(py::module_& m) {
+  bind_ucx(m);
+  bind_data_server(m);
+  bind_data_client(m);
+  bind_dataplane_tools(m);
 }
 
 // ---- the wire protocol's one definition (wire.h), for byteps_like/wire.py ----
