@@ -20,8 +20,8 @@
 // membership and epochs), dataplane_server_admit.cc (listen, start, close, the admission of
 // its streams and their slots) and dataplane_server_stream.cc (a stream's protocol: hello,
 // header, meta, chunks), and dataplane_client.cc (DataClient). None of these files is over
-// 1,000 lines and no function in them over 80 (tests/unit/test_layering.py holds it for csrc/,
-// naming the exceptions still open elsewhere).
+// 1,000 lines and no function in them over 80 (tests/unit/test_layering.py holds it for all of
+// csrc/, without exceptions).
 #pragma once
 
 #include <atomic>
