@@ -135,13 +135,18 @@ def grad_buffer(grad: torch.Tensor, name: str, compression, average: bool = True
     return stage(grad, "gradient")
 
 
+def device_pipelined(t: torch.Tensor, out: torch.Tensor, rt) -> bool:
+    """Whether ``t`` (into ``out``) is a CUDA tensor the job stages through the host itself:
+    both contiguous, and a job that pipelines device copies (not standalone, one local rank)."""
+    return (t.device.type == "cuda" and t.is_contiguous() and out.is_contiguous()
+            and rt.device_pipeline)
+
+
 def device_stage(t: torch.Tensor, out: torch.Tensor, name, what: str):
     """(host GradBuffer, CudaCopier) for a CUDA tensor staged through the pipeline, or None when
     the job cannot pipeline device copies (standalone, or several local ranks)."""
     from ..worker.runtime import default_runtime
-    if t.device.type != "cuda" or not t.is_contiguous() or not out.is_contiguous():
-        return None
-    if not default_runtime().device_pipeline:
+    if not device_pipelined(t, out, default_runtime()):
         return None
     dtype = wire_dtype(t, what)
     host = pinned_buffer(name, t)

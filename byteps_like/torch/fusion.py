@@ -49,7 +49,7 @@ from ..worker.handle import Handle
 from ..worker.runtime import Runtime
 from ..worker.sync import Bucket, GradBuffer, dtype_layout
 from . import nccl
-from ._tensor import TORCH_DTYPE, WIRE_DTYPE, as_numpy, copy_stream
+from ._tensor import TORCH_DTYPE, WIRE_DTYPE, as_numpy, copy_stream, device_pipelined
 
 log = logging.getLogger("byteps_like.torch")
 
@@ -308,13 +308,21 @@ class DeviceTensor:
 
     def __init__(self, rt: Runtime, name: str, like: torch.Tensor, wire_dtype: torch.dtype,
                  average: bool, chunk_bytes: int):
-        self.signature = (tuple(like.shape), like.dtype, like.device, wire_dtype, average)
-        self.cast = wire_dtype != like.dtype
+        self.signature = self.signature_of(like, wire_dtype, average)
         self.flat = (torch.empty(like.numel(), dtype=wire_dtype, device=like.device)
-                     if self.cast else None)
+                     if wire_dtype != like.dtype else None)
         self.mover = ChunkedCopy(rt, name, like.numel(), wire_dtype, like.device, average,
                                  chunk_bytes)
         self._held: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @staticmethod
+    def signature_of(t: torch.Tensor, wire_dtype: torch.dtype, average: bool) -> tuple:
+        """What a push_pull of ``t`` must share with the one this object was made for."""
+        return (tuple(t.shape), t.dtype, t.device, wire_dtype, average)
+
+    def buffer(self) -> GradBuffer:
+        """The pinned host buffer as the core sees it; ``writeback`` is :meth:`finish`."""
+        return GradBuffer(self.mover.host_np, WIRE_DTYPE[self.mover.wire], self.finish)
 
     def start(self, tensor: torch.Tensor, out: torch.Tensor, priority: int) -> DeferredHandle:
         self._held = (tensor, out)  # both stay alive until finish: the copies read and write them
@@ -340,17 +348,16 @@ def device_push_pull(rt: Runtime, tensor: torch.Tensor, out: torch.Tensor, name:
     call), a job without the device pipeline (standalone, several local ranks), a codec
     compressor (it compresses partitions on the host), or fusion off with no cast
     (``BYTEPS_FUSION_BYTES=0``: the pipeline's partition-by-partition staging)."""
-    if (name is None or tensor.device.type != "cuda" or not tensor.is_contiguous()
-            or not out.is_contiguous() or compression.kind == "codec" or not rt.device_pipeline
-            or tensor.dtype not in WIRE_DTYPE):
+    if (name is None or compression.kind == "codec" or tensor.dtype not in WIRE_DTYPE
+            or not device_pipelined(tensor, out, rt)):
         return None
     wire = wire_torch_dtype(tensor.dtype, compression)
     chunk_bytes = rt.config.partition.fusion_bytes
     if chunk_bytes == 0 and wire == tensor.dtype:
         return None
     dt = _device_tensors.get(name)
-    if dt is None or dt.mover.rt is not rt or dt.signature != (
-            tuple(tensor.shape), tensor.dtype, tensor.device, wire, average):
+    if (dt is None or dt.mover.rt is not rt
+            or dt.signature != DeviceTensor.signature_of(tensor, wire, average)):
         dt = _device_tensors[name] = DeviceTensor(rt, name, tensor, wire, average, chunk_bytes)
     return dt, dt.start(tensor, out, priority)
 

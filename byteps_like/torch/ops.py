@@ -9,9 +9,8 @@ import torch
 from ..compression import Compression, Compressor, split
 from ..reduce_op import resolve_average
 from ..worker.runtime import default_runtime
-from ..worker.sync import GradBuffer
 from . import nccl
-from ._tensor import WIRE_DTYPE, device_stage, stage
+from ._tensor import device_stage, stage
 from .fusion import device_push_pull
 
 
@@ -67,9 +66,9 @@ def _start(tensor: torch.Tensor, out: torch.Tensor, average: bool, name: str | N
         chunked = device_push_pull(rt, tensor, out, name, average, priority, cast)
         if chunked is not None:
             dt, chunks = chunked
-            wdtype = WIRE_DTYPE[dt.mover.wire]
-            host = GradBuffer(dt.mover.host_np, wdtype, dt.finish)
-            return TorchHandle(chunks, out, host, host.array, None, wdtype, Compression.none)
+            host = dt.buffer()
+            return TorchHandle(chunks, out, host, host.array, None, str(host.dtype),
+                               Compression.none)
     if cast is Compression.none:
         staged = device_stage(tensor, out, name, what)
         if staged is not None:  # CUDA: partition-wise copies on their own stream
