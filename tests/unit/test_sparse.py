@@ -98,6 +98,20 @@ def test_pushes_are_summed_per_row_in_list_order():
     assert want == 0.0  # the other order, 1e8 + -1e8 + 1, would give 1
 
 
+def test_a_push_that_repeats_an_id_adds_each_of_its_rows():
+    """Workers send each row once, but a push that repeats an id must count every row (a plain
+    fancy-indexed add would keep only the last), in list order like the rest."""
+    rng = np.random.default_rng(5)
+    ids = [np.array([4, 2, 4, 7, 4]), np.array([2, 7]), np.array([7, 7, 1])]
+    grads = [rng.standard_normal((len(i), 3)).astype(np.float32) for i in ids]
+    uniq, sums = sum_rows(ids, grads, 3)
+    all_ids = np.concatenate(ids)
+    want_ids, inv = np.unique(all_ids, return_inverse=True)
+    want = np.zeros((len(want_ids), 3), np.float32)
+    np.add.at(want, inv, np.concatenate(grads))
+    assert uniq.tolist() == want_ids.tolist() and np.array_equal(sums, want)
+
+
 def reference(opt: str, args: dict, w, state, ids, g):
     """One lazy step of ``opt`` in float64 on the rows ``ids``, from the textbook formulas."""
     w, g = w.astype(np.float64), g.astype(np.float64)
