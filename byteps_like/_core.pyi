@@ -14,6 +14,7 @@ destination raise ``ValueError``; an object without the buffer protocol raises `
 small persistent pool, but only as many as give each thread at least 256 KiB; ``nthreads <= 1``
 runs on the calling thread. Results do not depend on ``nthreads``.
 """
+from collections.abc import Callable
 from typing import Any, Final, Literal, TypeAlias, TypedDict
 
 from typing_extensions import Buffer
@@ -197,6 +198,15 @@ class DataServer:
     def set_partition_bytes(self, nbytes: int) -> None:
         """BYTEPS_PARTITION_BYTES: a compressed key's element count is at most one partition of
         its declared dtype; until set, compressed pushes are refused."""
+    def set_codec_factory(self, factory: Callable[[int, int, bytes], tuple[Any, int]],
+                          malformed: type[BaseException]) -> None:
+        """Registered compressors: a compressed key's first push whose declaration carries a
+        compressor spec and no ``native_codec`` gets the codec ``factory(key, n, decl_json)``
+        returns with the bytes it holds (server/codecs.py); its decode/decode_add/encode run
+        with the GIL taken, one call at a time per key, payloads of 1..max_bytes bytes. What
+        the factory raises is the error reply's reason; a codec raising ``malformed`` has a
+        malformed payload (refused as a built-in codec's would be), anything else fails the
+        key."""
     def set_members(self, joined: list[int], left: dict[int, str]) -> None:
         """join(): rounds need pushes from every worker machine not in ``joined``; a round a
         machine in ``left`` (text: who) has not pushed fails with a peer_left error."""

@@ -850,7 +850,7 @@ def native_params(c: Compressor, n: int) -> list[int] | None:
     """The server's codec of ``c`` for partitions of ``n`` elements as the compiled data plane
     takes it (``_core.NativeCodec``, csrc/codec.h): ``[id, ef, scaling, k, seed, levels,
     natural, l2]`` with k resolved for n; None when ``c`` is not built of the built-in codecs
-    (a registered compressor: its server codec is Python, on the ZeroMQ path). Momentum is a
+    (a registered compressor: its server codec is Python, server/codecs.py). Momentum is a
     worker concern, so NesterovMomentum is the inner codec here, as ``make_codec(role=
     "server")`` makes it."""
     ef = 0

@@ -206,10 +206,10 @@ void FramedCodec::encode_plain(const float* x, std::uint64_t step, std::uint8_t*
   put_header(out, p_.id, n_, step, field);
 }
 
-void FramedCodec::encode(const float* x, std::uint64_t step, std::uint8_t* out) {
+std::size_t FramedCodec::encode(const float* x, std::uint64_t step, std::uint8_t* out) {
   if (!p_.ef) {
     encode_plain(x, step, out);
-    return;
+    return max_bytes_;
   }
   // exactly numpy's np.add / np.subtract, element by element (no contraction: ISO C++17),
   // as compression.py's _ErrorFeedbackCodec: y = x + r formed in r's own memory (r is not
@@ -221,7 +221,7 @@ void FramedCodec::encode(const float* x, std::uint64_t step, std::uint8_t* out) 
     const float scale = onebit_ef_encode(x, y, n_, out + kFrameHeader, p_.scaling);
     put_header(out, kOneBit, n_, step, float_bits(scale));
     onebit_residual(y, n_, scale);
-    return;
+    return max_bytes_;
   }
   for (std::size_t i = 0; i < n_; ++i) y[i] = x[i] + y[i];
   encode_plain(y, step, out);
@@ -237,13 +237,14 @@ void FramedCodec::encode(const float* x, std::uint64_t step, std::uint8_t* out) 
       std::memcpy(&v, val + 4 * j, 4);
       y[i] = y[i] - v;
     }
-    return;
+    return max_bytes_;
   }
   thread_local std::vector<float> td;
   if (td.size() < n_) td.resize(n_);
   float* d = td.data();
   decode(out, max_bytes_, d, false);
   for (std::size_t i = 0; i < n_; ++i) y[i] = y[i] - d[i];
+  return max_bytes_;
 }
 
 }  // namespace compress

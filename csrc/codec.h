@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -45,23 +46,55 @@ void validate(const CodecParams& p, std::size_t n);
 // The exact payload size of a codec of n elements (validate() first).
 std::size_t payload_bytes(const CodecParams& p, std::size_t n);
 
-// One partition's codec for one role (the server's: no momentum, which is a worker concern).
-// Not thread-safe: its owner serialises calls.
-class FramedCodec {
+// A codec that failed (not a payload it judged malformed): a registered compressor's Python
+// codec that raised something else than CompressionError, or answered what it must not. The
+// native server fails the key with it (every worker waiting gets the error).
+class CodecFault : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The server's codec of one compressed key (dataplane_server.cc): FramedCodec for the built-in
+// codecs, or a registered compressor's Python codec (module.cc, PyServerCodec). Not
+// thread-safe: its owner (the key's store, under its mutex) serialises calls.
+class ServerCodec {
+ public:
+  virtual ~ServerCodec() = default;
+  virtual std::size_t n() const = 0;
+  // The largest payload, pushed or answered; exact(): every payload has exactly this size.
+  virtual std::size_t max_bytes() const = 0;
+  virtual bool exact() const { return true; }
+  // The memory this codec holds, for a memory budget.
+  virtual std::size_t held_bytes() const = 0;
+  // The float32 accumulator of n elements when the codec provides one (a Python codec's, which
+  // Python code may keep a reference to); null: its owner allocates it.
+  virtual float* accumulator() { return nullptr; }
+  // Decodes (add: adds) a payload of len <= max_bytes() bytes into out[n]; returns its step.
+  // Throws std::invalid_argument on a malformed payload, CodecFault when the codec failed.
+  virtual std::uint64_t decode(const std::uint8_t* p, std::size_t len, float* out, bool add) = 0;
+  // Encodes x[n] (not modified) of round `step` into out[max_bytes()]; returns the payload's
+  // bytes. Throws CodecFault when the codec failed.
+  virtual std::size_t encode(const float* x, std::uint64_t step, std::uint8_t* out) = 0;
+};
+
+// One partition's built-in codec for one role (the server's: no momentum, which is a worker
+// concern). Not thread-safe: its owner serialises calls.
+class FramedCodec : public ServerCodec {
  public:
   FramedCodec(const CodecParams& p, std::uint64_t key, std::size_t n);  // validates
-  std::size_t n() const { return n_; }
-  std::size_t max_bytes() const { return max_bytes_; }
+  std::size_t n() const override { return n_; }
+  std::size_t max_bytes() const override { return max_bytes_; }
   // The memory this codec holds (its residual; the scratch of encode is per thread), for a
   // memory budget.
-  std::size_t held_bytes() const;
+  std::size_t held_bytes() const override;
   // Decodes (add: adds) a payload into out[n]; returns its step. Every field and the exact
   // length are checked first; throws std::invalid_argument (what() names the field) and
   // leaves out untouched on a malformed payload.
-  std::uint64_t decode(const std::uint8_t* p, std::size_t len, float* out, bool add);
-  // Encodes x[n] (not modified) of round `step` into out[max_bytes()]; with error feedback
-  // y = x + r, encode y, r = y - decode(payload), as compression.py's _ErrorFeedbackCodec.
-  void encode(const float* x, std::uint64_t step, std::uint8_t* out);
+  std::uint64_t decode(const std::uint8_t* p, std::size_t len, float* out, bool add) override;
+  // Encodes x[n] (not modified) of round `step` into out[max_bytes()] (returns max_bytes());
+  // with error feedback y = x + r, encode y, r = y - decode(payload), as compression.py's
+  // _ErrorFeedbackCodec.
+  std::size_t encode(const float* x, std::uint64_t step, std::uint8_t* out) override;
 
  private:
   void encode_plain(const float* x, std::uint64_t step, std::uint8_t* out);

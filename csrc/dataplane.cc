@@ -70,6 +70,33 @@ std::string json_field(const std::string& j, const char* field, char* kind) {
   return j.substr(i, end - i + (close == ']' ? 1 : 0));
 }
 
+// The text of the JSON object "field" holds in a declaration (its braces balanced, strings
+// skipped), at most 200 characters; empty when absent.
+std::string json_object(const std::string& j, const char* field) {
+  const std::string pat = std::string("\"") + field + "\":{";
+  const std::size_t at = j.find(pat);
+  if (at == std::string::npos) return "";
+  const std::size_t start = at + pat.size() - 1;
+  int depth = 0;
+  bool str = false;
+  std::size_t i = start;
+  for (; i < j.size(); ++i) {
+    const char c = j[i];
+    if (str) {
+      if (c == '\\') ++i;
+      else if (c == '"') str = false;
+    } else if (c == '"') {
+      str = true;
+    } else if (c == '{') {
+      ++depth;
+    } else if (c == '}' && --depth == 0) {
+      break;
+    }
+  }
+  const std::string text = j.substr(start, i + 1 - start);
+  return text.size() > 200 ? text.substr(0, 200) + "..." : text;
+}
+
 }  // namespace
 
 // A declaration as people read it, as the ZeroMQ path prints it: 'w' shape (7, 3) float32.
@@ -96,6 +123,8 @@ std::string describe_decl(const std::string& decl) {
   try {
     if (decl_codec(decl, &codec))
       how = " compressed with " + compress::describe(compress::params_from_list(codec));
+    else if (!json_object(decl, "compressor").empty())  // a registered compressor's spec
+      how = " compressed with " + json_object(decl, "compressor");
   } catch (const std::invalid_argument&) {
     how = " compressed (malformed codec parameters)";
   }

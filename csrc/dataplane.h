@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,7 +37,18 @@
 #include "wire.h"  // the header, message types, flags, roles and dtype codes
 
 namespace bps {
+namespace compress {
+class ServerCodec;  // codec.h
+}
 namespace dp {
+
+// A registered compressor's server codec, whose math is Python (module.cc makes it): called on
+// an I/O thread, holding no lock of the server, for a compressed key's first push whose
+// declaration carries a compressor spec and no native codec parameters, with (key, element
+// count, the declaration's JSON); returns the codec or throws std::invalid_argument saying
+// why there is none.
+using CodecFactory = std::function<std::unique_ptr<compress::ServerCodec>(
+    std::uint64_t, std::size_t, const std::string&)>;
 
 
 // The kernels' DType of a wire dtype code (wire.h) that can be summed; -1 for the others.
@@ -88,13 +100,16 @@ class DataServer {
   int listen_ucx(const std::string& host, int port);
   void start();
   void close();
-  // A key served over the ZeroMQ path (compressed, GPU-direct, ...): false when the native
+  // A key served over the ZeroMQ path (GPU-direct): false when the native
   // plane already holds it (the caller reports the mismatch); later native pushes of it fail.
   bool claim_zmq_key(std::uint64_t key);
   // Charge (bytes > 0) or give back (bytes < 0) memory of the ZeroMQ path's stores to the same
   // budget as the native stores; false, charging nothing, when it does not fit.
   bool reserve(std::int64_t bytes);
   void set_rank(int rank);  // known once the scheduler's node table arrives
+  // The maker of registered compressors' server codecs (CodecFactory); until it is set, their
+  // pushes are refused with a bad-compressor-declaration error.
+  void set_codec_factory(CodecFactory factory);
   // BYTEPS_PARTITION_BYTES: bounds a compressed key's element count (one partition of its
   // dtype); until it is set, compressed pushes are refused.
   void set_partition_bytes(std::uint64_t nbytes);
@@ -151,9 +166,11 @@ class DataClient {
   // Queues an operation of several partitions of one tensor. src/dst stay valid until the
   // operation's completion is taken. divisor > 1 divides the result (average) in place.
   // compressed: the partitions are codec payloads (uint8, FLAG_COMPRESSED) the server decodes
-  // and answers with its encoded sum, which lands in dst as it came (divisor 1).
+  // and answers with its encoded sum, which lands in dst as it came (divisor 1), of any size
+  // up to dst_bytes (dst's size; the completion's bytes say how many came).
   void submit(std::uint64_t op, int priority, const char* src, char* dst, int wire_dtype,
-              std::int64_t divisor, std::vector<PartSpec> parts, bool compressed = false);
+              std::int64_t divisor, std::vector<PartSpec> parts, bool compressed = false,
+              std::uint64_t dst_bytes = 0);
   // Waits (without consuming) until `op` has completed; false on timeout.
   bool wait(std::uint64_t op, double timeout);
   // Takes the completion of `op` if it has completed.

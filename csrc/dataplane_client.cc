@@ -40,6 +40,7 @@ struct Op {
   DType kdt = DType::kFloat32;
   std::size_t isz = 4;            // the wire dtype's itemsize
   bool compressed = false;        // codec payloads (uint8): nothing summed or scaled here
+  std::uint64_t dst_bytes = 0;    // compressed: dst's size, room for an answer of any size
   int contrib = 0;                // pushes the server's round summed when fewer than all
   std::int64_t divisor = 1;
   std::vector<Part> parts;
@@ -70,7 +71,8 @@ class ClientImpl {
                bool ucx);
 
   void submit(std::uint64_t id, int priority, const char* src, char* dst, int wire_dtype,
-              std::int64_t divisor, std::vector<PartSpec> parts, bool compressed) {
+              std::int64_t divisor, std::vector<PartSpec> parts, bool compressed,
+              std::uint64_t dst_bytes) {
     auto op = std::make_shared<Op>();
     op->id = id;
     op->priority = priority;
@@ -87,6 +89,7 @@ class ClientImpl {
       op->kdt = static_cast<DType>(kdt);
     }
     op->compressed = compressed;
+    op->dst_bytes = compressed ? dst_bytes : 0;
     op->isz = wire_itemsize(wire_dtype);
     op->divisor = divisor;
     op->parts.resize(parts.size());
@@ -223,6 +226,7 @@ class ClientImpl {
     std::shared_ptr<Op> op;
     std::size_t idx = 0;
     int contrib = 0;  // > 0: the round summed this many pushes (ranks had joined)
+    std::uint64_t len = 0;  // the answer's bytes
   };
 
   // PUSH_ACK: the push is in the server's hands; its bytes leave the credit.
@@ -250,17 +254,25 @@ class ClientImpl {
     Op& op = *it->second.op;
     Part& p = op.parts[it->second.idx];
     if (p.spec.round != h.round || p.spec.server != server || op.failed) return nullptr;
-    if (h.dtype != op.wire_dtype || h.nbytes != p.spec.nbytes) {
+    // a compressed answer is the server codec's encoded sum: any size dst has room for (a
+    // registered compressor's payloads vary); any other answer is the part's exact size
+    const std::uint64_t room =
+        op.dst_bytes > p.spec.offset ? op.dst_bytes - p.spec.offset : p.spec.nbytes;
+    const bool fits = op.compressed ? h.nbytes >= 1 && h.nbytes <= room
+                                    : h.nbytes == p.spec.nbytes;
+    if (h.dtype != op.wire_dtype || !fits) {
       auto keep = it->second.op;
       fail_locked(op, "protocol", server, "server " + std::to_string(server) +
                   " answered key " + std::to_string(h.key) + " with " +
                   std::to_string(h.nbytes) + " bytes of dtype code " +
-                  std::to_string(h.dtype) + ", expected " + std::to_string(p.spec.nbytes) +
+                  std::to_string(h.dtype) + ", expected " + (op.compressed ? "at most " : "") +
+                  std::to_string(op.compressed ? room : p.spec.nbytes) +
                   " bytes of dtype code " + std::to_string(op.wire_dtype));
       maybe_report_locked(keep);
       return nullptr;
     }
     *t = it->second;
+    t->len = h.nbytes;
     t->contrib = (h.flags & kFlagContrib) ? static_cast<int>(h.flags >> kContribShift) : 0;
     if (t->contrib > 0) op.contrib = t->contrib;
     op.active++;
@@ -281,7 +293,7 @@ class ClientImpl {
       if (ok && !p.done) {
         release_locked(p);
         p.done = true;
-        op.bytes += p.spec.nbytes;
+        op.bytes += t.len;  // a compressed answer's own size
         auto it = inflight_.find(p.spec.key);
         if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
         op.remaining--;
@@ -603,8 +615,9 @@ void DataClient::connect(int server, const std::string& host, int port, int stre
 }
 void DataClient::submit(std::uint64_t op, int priority, const char* src, char* dst,
                         int wire_dtype, std::int64_t divisor, std::vector<PartSpec> parts,
-                        bool compressed) {
-  impl_->submit(op, priority, src, dst, wire_dtype, divisor, std::move(parts), compressed);
+                        bool compressed, std::uint64_t dst_bytes) {
+  impl_->submit(op, priority, src, dst, wire_dtype, divisor, std::move(parts), compressed,
+                dst_bytes);
 }
 bool DataClient::wait(std::uint64_t op, double timeout) { return impl_->wait(op, timeout); }
 bool DataClient::take(std::uint64_t op, Completion* out) { return impl_->take(op, out); }

@@ -21,6 +21,14 @@ constexpr int kWireUint8 = 7;  // a compressed payload's wire dtype (wire.h)
 static_assert(kWireDTypes[kWireUint8].itemsize == 1 && kWireDTypes[kWireUint8].kernel == -1,
               "uint8 is wire dtype code 7");
 
+// A push's size fits its key: exactly the key's bytes, or for a compressed key whose codec's
+// payloads vary (a registered compressor's) 1 to its largest payload. Checked before the
+// payload is read: nothing a peer sends is copied before it passed.
+bool payload_fits(const Store& st, const Header& h) {
+  if (st.codec && !st.codec->exact()) return h.nbytes >= 1 && h.nbytes <= st.nbytes;
+  return h.nbytes == st.nbytes;
+}
+
 bool ServerImpl::claim_zmq_key(std::uint64_t key) {
   std::lock_guard<std::mutex> g(map_mu_);
   if (stores_.count(key)) return false;
@@ -109,10 +117,14 @@ void ServerImpl::send_resp(const std::shared_ptr<Conn>& conn, const std::shared_
   const std::uint32_t flags =
       (n < num_workers_ ? kFlagContrib | (static_cast<std::uint32_t>(n) << kContribShift) : 0) |
       (st->codec ? kFlagCompressed : 0);
+  // a compressed key's answer is its encoded sum, of the size its codec made (rlen, as
+  // contrib); any other key's is the whole buffer
+  const std::size_t len = st->codec ? st->rlen[round & 1] : st->nbytes;
   o.hdr = make_header(kPullResp, kRoleServer, rank_.load(), flags, job_, st->key, round,
-                      static_cast<std::uint8_t>(st->wire_dtype), st->count, st->nbytes);
+                      static_cast<std::uint8_t>(st->wire_dtype), st->codec ? len : st->count,
+                      len);
   o.payload = st->buf[round & 1].get();
-  o.plen = st->nbytes;
+  o.plen = len;
   o.keep = st;
   conn->send(std::move(o));
 }
@@ -161,7 +173,7 @@ std::shared_ptr<Store> ServerImpl::begin_push(const std::shared_ptr<Conn>& conn,
   }
   std::shared_ptr<Store> st = store_for_push(conn, h, meta, kdt);
   if (!st) return nullptr;
-  if (st->codec && compressed && h.nbytes == st->nbytes) {  // received whole, then decoded
+  if (st->codec && compressed && payload_fits(*st, h)) {  // received whole, then decoded
     if (!reserve(static_cast<std::int64_t>(h.nbytes))) {
       reject("server memory budget exhausted");
       send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": key " +
@@ -205,45 +217,25 @@ std::shared_ptr<Store> ServerImpl::unstage(std::uint64_t* staged) {
 std::shared_ptr<Store> ServerImpl::store_for_push(const std::shared_ptr<Conn>& conn,
                                                   const Header& h, const std::string& meta,
                                                   int kdt) {
+  std::unique_ptr<compress::ServerCodec> codec;  // outlives the lock: a Python one takes the GIL
+  {
+    std::lock_guard<std::mutex> g(map_mu_);
+    auto it = stores_.find(h.key);
+    if (it != stores_.end()) return it->second;
+    if (!may_declare_locked(conn, h, meta)) return nullptr;
+  }
+  // a compressed key's codec, made without the map's lock (a registered compressor's is
+  // Python: it takes the GIL, which no thread may wait for while holding a lock of ours)
+  if ((h.flags & kFlagCompressed) && !(codec = make_codec(conn, h, meta))) return nullptr;
   std::lock_guard<std::mutex> g(map_mu_);
   auto it = stores_.find(h.key);
-  if (it != stores_.end()) return it->second;
-  const std::int64_t base = round_base_.load();
-  if (base > 0 && h.round < base) {  // an elastic epoch that is over: no new key
-    reject("push of a superseded epoch");
-    send_error(conn, h, "epoch", "key " + std::to_string(h.key) + ": push from worker "
-               "rank " + std::to_string(h.rank) + " belongs to a membership epoch that "
-               "has ended");
-    return nullptr;
-  }
-  if (!(h.flags & kFlagDeclare) || meta.empty()) {
-    reject("push of an undeclared key");
-    send_error(conn, h, "protocol", "first push of key " + std::to_string(h.key) +
-               " from worker rank " + std::to_string(h.rank) + " carries no declaration");
-    return nullptr;
-  }
-  if (zmq_keys_.count(h.key)) {
-    reject("key served over ZeroMQ");
-    send_error(conn, h, "mismatch", "key " + std::to_string(h.key) + " (" + meta +
-               ") is served over ZeroMQ by another worker (compressed, or sent from "
-               "device memory) but worker rank " + std::to_string(h.rank) + " pushed it "
-               "over the native data plane; every worker must use the same "
-               "BYTEPS_DATA_PLANE, compressor and transport settings");
-    return nullptr;
-  }
-  if (h.nbytes == 0) {
-    reject("empty partition");
-    send_error(conn, h, "protocol", "push of key " + std::to_string(h.key) +
-               " with no bytes");
-    return nullptr;
-  }
-  std::unique_ptr<compress::FramedCodec> codec;
-  if ((h.flags & kFlagCompressed) && !(codec = make_codec(conn, h, meta))) return nullptr;
+  if (it != stores_.end()) return it->second;  // another stream declared it meanwhile
   // two buffers (async: one), the declaration kept for comparisons, per-chunk bookkeeping;
-  // a compressed key's accumulator and codec
-  const std::size_t nchunks = (h.nbytes + kChunk - 1) / kChunk;
+  // a compressed key's accumulator and codec (its buffers hold the largest payload)
+  const std::size_t nbytes = codec ? codec->max_bytes() : h.nbytes;
+  const std::size_t nchunks = (nbytes + kChunk - 1) / kChunk;
   const std::uint64_t need =
-      (async_ ? 1 : 2) * h.nbytes + meta.size() + kStoreOverhead +
+      (async_ ? 1 : 2) * nbytes + meta.size() + kStoreOverhead +
       nchunks * ((async_ ? 0 : 2 * sizeof(std::uint32_t)) + sizeof(std::mutex)) +
       (codec ? sizeof(float) * codec->n() + codec->held_bytes() : 0);
   if (store_bytes_ + need > max_store_) {
@@ -255,54 +247,120 @@ std::shared_ptr<Store> ServerImpl::store_for_push(const std::shared_ptr<Conn>& c
                " bytes are held");
     return nullptr;
   }
-  auto st = make_store_locked(h, meta, kdt, nchunks, need);
+  auto st = make_store_locked(h, meta, kdt, nbytes, nchunks, need);
   if (codec) {
-    st->acc.reset(new float[codec->n()]());
+    st->accp = codec->accumulator();
+    if (!st->accp) {
+      st->acc.reset(new float[codec->n()]());
+      st->accp = st->acc.get();
+    }
+    st->rlen[0] = st->rlen[1] = 0;
     st->codec = std::move(codec);
   }
   return st;
 }
 
-// The server's codec of a compressed key's first push: its parameters from the declaration
-// (compression.native_params), checked, of at most one partition of the declared dtype
-// (BYTEPS_PARTITION_BYTES), its payload exactly the push's size. Null after an error reply.
-std::unique_ptr<compress::FramedCodec> ServerImpl::make_codec(const std::shared_ptr<Conn>& conn,
+// Whether a push may declare a key the server does not hold (map_mu_ held); false after an
+// error reply.
+bool ServerImpl::may_declare_locked(const std::shared_ptr<Conn>& conn, const Header& h,
+                                    const std::string& meta) {
+  const std::int64_t base = round_base_.load();
+  if (base > 0 && h.round < base) {  // an elastic epoch that is over: no new key
+    reject("push of a superseded epoch");
+    send_error(conn, h, "epoch", "key " + std::to_string(h.key) + ": push from worker "
+               "rank " + std::to_string(h.rank) + " belongs to a membership epoch that "
+               "has ended");
+    return false;
+  }
+  if (!(h.flags & kFlagDeclare) || meta.empty()) {
+    reject("push of an undeclared key");
+    send_error(conn, h, "protocol", "first push of key " + std::to_string(h.key) +
+               " from worker rank " + std::to_string(h.rank) + " carries no declaration");
+    return false;
+  }
+  if (zmq_keys_.count(h.key)) {
+    reject("key served over ZeroMQ");
+    send_error(conn, h, "mismatch", "key " + std::to_string(h.key) + " (" + meta +
+               ") is served over ZeroMQ by another worker (sent from device memory) but "
+               "worker rank " + std::to_string(h.rank) + " pushed it over the native data "
+               "plane; every worker must use the same BYTEPS_DATA_PLANE and transport "
+               "settings");
+    return false;
+  }
+  if (h.nbytes == 0) {
+    reject("empty partition");
+    send_error(conn, h, "protocol", "push of key " + std::to_string(h.key) +
+               " with no bytes");
+    return false;
+  }
+  return true;
+}
+
+// A compressed declaration's element count: at most one partition of the declared dtype
+// (BYTEPS_PARTITION_BYTES); 0 with *why set when it is not one.
+std::size_t ServerImpl::declared_count(const std::string& meta, std::string* why) {
+  char kind = 0;
+  const std::string dtype = json_field_text(meta, "dtype", &kind);
+  const std::string count = json_field_text(meta, "count", &kind);
+  std::size_t isz = 0;
+  if (dtype == "float32") isz = 4;
+  else if (dtype == "float16" || dtype == "bfloat16") isz = 2;
+  else if (dtype == "float64") isz = 8;
+  const std::uint64_t limit = isz ? partition_bytes_.load() / isz : 0;
+  char* end = nullptr;
+  const unsigned long long n =
+      count.empty() || count[0] == '-' ? 0 : std::strtoull(count.c_str(), &end, 10);
+  if (!isz) {
+    *why = "declared dtype '" + dtype.substr(0, 16) + "' is not one workers compress "
+           "(float32, float16, bfloat16, float64)";
+  } else if (n == 0 || end == nullptr || *end != '\0' || n > limit) {
+    *why = "element count " + count.substr(0, 24) + " is not an integer in 1.." +
+           std::to_string(limit) + ", one partition of " + dtype + " (BYTEPS_PARTITION_BYTES=" +
+           std::to_string(partition_bytes_.load()) + " on this server; workers and servers "
+           "must use the same)";
+  } else {
+    return n;
+  }
+  return 0;
+}
+
+// The server's codec of a compressed key's first push, of at most one partition of the
+// declared dtype (BYTEPS_PARTITION_BYTES): a built-in codec from the declaration's parameters
+// (compression.native_params), its payload exactly the push's size; or, for a registered
+// compressor (a spec without them), the Python codec the factory makes (set_codec_factory),
+// the push's payload at most its max_bytes. Null after an error reply.
+std::unique_ptr<compress::ServerCodec> ServerImpl::make_codec(const std::shared_ptr<Conn>& conn,
                                                               const Header& h,
                                                               const std::string& meta) {
   std::string why;
+  std::unique_ptr<compress::ServerCodec> codec;
   try {
-    char kind = 0;
-    const std::string dtype = json_field_text(meta, "dtype", &kind);
-    const std::string count = json_field_text(meta, "count", &kind);
-    std::size_t isz = 0;
-    if (dtype == "float32") isz = 4;
-    else if (dtype == "float16" || dtype == "bfloat16") isz = 2;
-    else if (dtype == "float64") isz = 8;
     std::vector<std::uint64_t> list;
-    const std::uint64_t limit = isz ? partition_bytes_.load() / isz : 0;
-    char* end = nullptr;
-    const unsigned long long n =
-        count.empty() || count[0] == '-' ? 0 : std::strtoull(count.c_str(), &end, 10);
-    if (!decl_codec(meta, &list)) {
-      why = "the declaration carries no native codec parameters";
-    } else if (!isz) {
-      why = "declared dtype '" + dtype.substr(0, 16) + "' is not one workers compress "
-            "(float32, float16, bfloat16, float64)";
-    } else if (n == 0 || end == nullptr || *end != '\0' || n > limit) {
-      why = "element count " + count.substr(0, 24) + " is not an integer in 1.." +
-            std::to_string(limit) + ", one partition of " + dtype + " (BYTEPS_PARTITION_BYTES=" +
-            std::to_string(partition_bytes_.load()) + " on this server; workers and servers "
-            "must use the same)";
-    } else {
+    char kind = 0;
+    const bool native = decl_codec(meta, &list);
+    const bool spec = !json_field_text(meta, "compressor", &kind).empty() && kind == '{';
+    std::size_t n = 0;
+    if (!native && !spec) {
+      why = "the declaration carries no native codec parameters and no compressor spec";
+    } else if (!(n = declared_count(meta, &why))) {
+      // why says it
+    } else if (native) {
       const compress::CodecParams p = compress::params_from_list(list);
       compress::validate(p, n);
-      if (compress::payload_bytes(p, n) != h.nbytes) {
-        why = "a payload of " + std::to_string(h.nbytes) + " bytes, but " +
-              compress::describe(p) + " of " + std::to_string(n) + " elements takes " +
-              std::to_string(compress::payload_bytes(p, n));
-      } else {
-        return std::unique_ptr<compress::FramedCodec>(new compress::FramedCodec(p, h.key, n));
-      }
+      codec.reset(new compress::FramedCodec(p, h.key, n));
+    } else {
+      codec = python_codec(h, meta, n);
+    }
+    if (codec && codec->max_bytes() > max_msg_) {
+      why = "its codec's payloads take up to " + std::to_string(codec->max_bytes()) +
+            " bytes, over BYTEPS_MAX_MESSAGE_BYTES (" + std::to_string(max_msg_) + ")";
+    } else if (codec && (codec->exact() ? h.nbytes != codec->max_bytes()
+                                        : h.nbytes > codec->max_bytes())) {
+      why = "a payload of " + std::to_string(h.nbytes) + " bytes, but its codec of " +
+            std::to_string(n) + " elements takes " + (codec->exact() ? "" : "at most ") +
+            std::to_string(codec->max_bytes());
+    } else if (codec) {
+      return codec;
     }
   } catch (const std::invalid_argument& exc) {
     why = exc.what();
@@ -311,26 +369,47 @@ std::unique_ptr<compress::FramedCodec> ServerImpl::make_codec(const std::shared_
   send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": compressed "
              "push of key " + std::to_string(h.key) + " (" + describe_decl(meta) +
              ") from worker rank " + std::to_string(h.rank) + ": " + why);
-  return nullptr;
+  return nullptr;  // codec, if any, is dropped here: no lock of ours is held
+}
+
+// A registered compressor's server codec, from the factory the server process gave
+// (set_codec_factory); throws std::invalid_argument saying why there is none.
+std::unique_ptr<compress::ServerCodec> ServerImpl::python_codec(const Header& h,
+                                                                const std::string& meta,
+                                                                std::size_t n) {
+  CodecFactory make;
+  {
+    std::lock_guard<std::mutex> g(factory_mu_);
+    make = factory_;
+  }
+  if (!make)
+    throw std::invalid_argument("this server makes no codec of a registered compressor "
+                                "(no codec factory)");
+  std::unique_ptr<compress::ServerCodec> codec = make(h.key, n, meta);
+  if (!codec || codec->n() != n)
+    throw std::invalid_argument("the compressor's server codec is not one of " +
+                                std::to_string(n) + " elements");
+  return codec;
 }
 
 std::shared_ptr<Store> ServerImpl::make_store_locked(const Header& h, const std::string& meta,
-                                                     int kdt, std::size_t nchunks,
-                                                     std::uint64_t need) {
+                                                     int kdt, std::size_t nbytes,
+                                                     std::size_t nchunks, std::uint64_t need) {
   auto st = std::make_shared<Store>();
   st->key = h.key;
   st->wire_dtype = h.dtype;
   st->kdt = static_cast<DType>(kdt);
-  st->nbytes = h.nbytes;
-  st->count = h.count;
+  st->nbytes = nbytes;  // a compressed key's: its codec's largest payload
+  st->count = nbytes == h.nbytes ? h.count : nbytes;  // (uint8)
+  st->rlen[0] = st->rlen[1] = nbytes;
   st->nchunks = nchunks;
   st->decl = meta;
   st->decl_rank = h.rank;
   if (async_) {  // the value starts at zero: every push is added to it
-    st->value.reset(new char[h.nbytes](), std::default_delete<char[]>());
+    st->value.reset(new char[nbytes](), std::default_delete<char[]>());
   } else {
     for (int b = 0; b < 2; ++b) {
-      st->buf[b].reset(new char[h.nbytes]);
+      st->buf[b].reset(new char[nbytes]);
       st->fill[b].reset(new std::uint32_t[st->nchunks]());
     }
   }
@@ -353,14 +432,15 @@ bool ServerImpl::admit_push_locked(const std::shared_ptr<Conn>& conn, const Head
   // dtype and size otherwise (rejected alone); its round (rejected alone, whatever it
   // declares); then a real mismatch fails the key, naming both sides.
   const bool mismatch = (h.flags & kFlagDeclare) && meta != st.decl;
-  if (!mismatch && (h.dtype != st.wire_dtype || h.nbytes != st.nbytes)) {
+  if (!mismatch && (h.dtype != st.wire_dtype || !payload_fits(st, h))) {
+    const bool upto = st.codec && !st.codec->exact();
     reject("wrong dtype or size for a declared key");
     send_error(conn, h, "protocol", "push to key " + std::to_string(h.key) + " (" +
                describe_decl(st.decl) + ") from worker rank " + std::to_string(h.rank) +
                ": " + std::to_string(h.nbytes) +
                " bytes of dtype code " + std::to_string(h.dtype) + ", but the key holds " +
-               std::to_string(st.nbytes) + " bytes of dtype code " +
-               std::to_string(st.wire_dtype));
+               (upto ? "payloads of at most " : "") + std::to_string(st.nbytes) +
+               " bytes of dtype code " + std::to_string(st.wire_dtype));
     return false;
   }
   // a push for another round is rejected alone, whatever it declares (asynchronous mode
@@ -470,7 +550,7 @@ bool ServerImpl::decode_push_locked(const std::shared_ptr<Conn>& conn, Store& st
            "): worker rank " + std::to_string(h.rank);
   };
   try {
-    const std::uint64_t step = st.codec->decode(payload, h.nbytes, st.acc.get(), !first);
+    const std::uint64_t step = st.codec->decode(payload, h.nbytes, st.accp, !first);
     if (first) {
       st.step = step;
     } else if (step != st.step) {  // added already: the round is inconsistent now
@@ -481,6 +561,13 @@ bool ServerImpl::decode_push_locked(const std::shared_ptr<Conn>& conn, Store& st
       return false;
     }
     return true;
+  } catch (const compress::CodecFault& exc) {  // the codec failed, not the payload: the
+    reject("server codec failed");             // round cannot complete, tell everyone
+    st.failed_kind = "internal";
+    fail_key_locked(st, "server " + std::to_string(rank_.load()) + ": " + what() +
+                    ": the server's codec failed to decode the push: " + exc.what());
+    send_error(conn, h, st.failed_kind.c_str(), st.failed);
+    return false;
   } catch (const std::invalid_argument& exc) {
     reject("malformed compressed payload");
     st.pushed[h.rank] = 0;
@@ -525,9 +612,7 @@ std::int64_t ServerImpl::complete_if_ready_locked(Store& st, std::vector<Store::
   const int need = required_.load();
   if (st.finished == 0 || st.finished < need || st.finished != st.started) return -1;
   const std::int64_t done = st.round;
-  if (st.codec)  // the pull is compressed too: the sum, encoded with the round's step
-    st.codec->encode(st.acc.get(), st.step,
-                     reinterpret_cast<std::uint8_t*>(st.buf[done & 1].get()));
+  if (st.codec && !encode_sum_locked(st, done)) return -1;  // the key failed
   st.contrib[done & 1] = st.finished;
   st.completed = st.round;
   st.round++;
@@ -538,6 +623,25 @@ std::int64_t ServerImpl::complete_if_ready_locked(Store& st, std::vector<Store::
   answer->swap(st.pending);
   c_.rounds++;
   return done;
+}
+
+// A compressed key's completed round (st.mu held): the pull is compressed too, the sum
+// encoded with the round's step into the round's buffer. False when the codec failed: the
+// key fails, naming it (its waiting pulls get the error).
+bool ServerImpl::encode_sum_locked(Store& st, std::int64_t round) {
+  try {
+    st.rlen[round & 1] = st.codec->encode(st.accp, st.step,
+                                          reinterpret_cast<std::uint8_t*>(st.buf[round & 1].get()));
+    return true;
+  } catch (const std::exception& exc) {
+    reject("server codec failed");
+    st.failed_kind = "internal";
+    fail_key_locked(st, "server " + std::to_string(rank_.load()) + ": compressed key " +
+                    std::to_string(st.key) + " (" + describe_decl(st.decl) + "): the server's "
+                    "codec failed to encode the sum of round " + std::to_string(round) + ": " +
+                    exc.what());
+    return false;
+  }
 }
 
 // A round that a rank which left the job has not pushed can never complete: fail the key
@@ -709,6 +813,9 @@ void DataServer::close() { impl_->close(); }
 bool DataServer::claim_zmq_key(std::uint64_t key) { return impl_->claim_zmq_key(key); }
 bool DataServer::reserve(std::int64_t bytes) { return impl_->reserve(bytes); }
 void DataServer::set_rank(int rank) { impl_->rank_ = rank; }
+void DataServer::set_codec_factory(CodecFactory factory) {
+  impl_->set_codec_factory(std::move(factory));
+}
 void DataServer::set_partition_bytes(std::uint64_t n) { impl_->partition_bytes_ = n; }
 std::map<std::string, std::uint64_t> DataServer::stats() { return impl_->stats(); }
 std::map<std::string, std::uint64_t> DataServer::rejected() { return impl_->rejected(); }

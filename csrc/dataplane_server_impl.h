@@ -88,10 +88,21 @@ class ServerImpl {
   std::shared_ptr<Store> unstage(std::uint64_t* staged);
   std::shared_ptr<Store> store_for_push(const std::shared_ptr<Conn>& conn, const Header& h,
                                         const std::string& meta, int kdt);
-  std::unique_ptr<compress::FramedCodec> make_codec(const std::shared_ptr<Conn>& conn,
+  bool may_declare_locked(const std::shared_ptr<Conn>& conn, const Header& h,
+                          const std::string& meta);
+  std::size_t declared_count(const std::string& meta, std::string* why);
+  std::unique_ptr<compress::ServerCodec> make_codec(const std::shared_ptr<Conn>& conn,
                                                     const Header& h, const std::string& meta);
+  std::unique_ptr<compress::ServerCodec> python_codec(const Header& h, const std::string& meta,
+                                                      std::size_t n);
+  bool encode_sum_locked(Store& st, std::int64_t round);
+  void set_codec_factory(CodecFactory f) {
+    std::lock_guard<std::mutex> g(factory_mu_);
+    factory_ = std::move(f);
+  }
   std::shared_ptr<Store> make_store_locked(const Header& h, const std::string& meta, int kdt,
-                                           std::size_t nchunks, std::uint64_t need);
+                                           std::size_t nbytes, std::size_t nchunks,
+                                           std::uint64_t need);
   bool admit_push_locked(const std::shared_ptr<Conn>& conn, const Header& h,
                          const std::string& meta, Store& st, std::map<int, std::string>* left);
   void sum_chunk(Store& st, std::int64_t round, std::size_t offset, const char* data,
@@ -151,7 +162,12 @@ class ServerImpl {
   std::uint64_t store_bytes_ = 0;
   std::mutex rej_mu_;
   std::map<std::string, std::uint64_t> rejected_;
+  std::mutex factory_mu_;
+  CodecFactory factory_;  // a registered compressor's server codec (set_codec_factory)
 };
+
+// A push's size fits its key (dataplane_server.cc).
+bool payload_fits(const Store& st, const Header& h);
 
 // A stream of the server (dataplane_server_stream.cc): the framing's states, driven by
 // advance(), from the hello to each message's header, meta and payload.

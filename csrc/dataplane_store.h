@@ -33,10 +33,13 @@ struct Store {
   // only while no push is in flight (started == finished), so each sees whole pushes.
   std::shared_ptr<char> value;
   // A compressed key (codec.h): pushes are payloads of the server's codec, decoded (the first
-  // of a round) or added into acc, the round's float32 sum, all under mu; on completion the
-  // sum is encoded with the step its pushes carry into buf[round % 2], the pulls' answer.
-  std::unique_ptr<compress::FramedCodec> codec;
+  // of a round) or added into *accp, the round's float32 sum, all under mu; on completion the
+  // sum is encoded with the step its pushes carry into buf[round % 2] (rlen[round % 2]
+  // bytes), the pulls' answer. accp is acc, or the accumulator a Python codec provides.
+  std::unique_ptr<compress::ServerCodec> codec;
   std::unique_ptr<float[]> acc;
+  float* accp = nullptr;
+  std::size_t rlen[2] = {0, 0};
   std::uint64_t step = 0;
   std::unique_ptr<std::mutex[]> chunk_mu;
   std::mutex mu;                               // everything below

@@ -355,6 +355,170 @@ void bind_codec(py::module_& m) {
           py::arg("payload"), py::arg("out"), py::arg("add") = false);
 }
 
+// ---- a registered compressor's server codec on the native plane: its math is Python ----
+// Whether Python can run code now (not before its start, not while it shuts down).
+bool python_gone() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return !Py_IsInitialized() || Py_IsFinalizing();
+#else
+  return !Py_IsInitialized() || _Py_IsFinalizing();
+#endif
+}
+
+// A Python exception as one line: "TypeName: text" (the text alone for `plain`), at most 500
+// characters of it (the codec is the user's; its text goes into our replies and log). GIL held.
+std::string py_error_text(py::error_already_set& e, bool plain) {
+  std::string text, name = "error";
+  try {
+    text = py::str(e.value()).cast<std::string>();
+    name = py::str(e.type().attr("__name__")).cast<std::string>();
+  } catch (const std::exception&) {
+    text = "(an exception that cannot be shown)";
+  }
+  if (text.size() > 500) text = text.substr(0, 500) + "...";
+  return plain ? text : name + ": " + text;
+}
+
+// Python objects held from C++ threads: let go with the GIL taken, or leaked once Python
+// shuts down (a reference count is not touched without the GIL).
+void drop_py(py::object& o) {
+  if (!o) return;
+  if (python_gone()) {
+    o.release();
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  o = py::object();
+}
+
+// The server's codec of one compressed key whose compressor is a registered one (codec.h,
+// ServerCodec): the object compression.make_codec(n, role="server", key=key) made, its
+// decode/decode_add/encode called with the GIL taken for the call alone. Its accumulator is a
+// numpy array of its own (Python code may keep a reference to what it was given); payloads
+// go to it as bytes (copies: the stream's buffer is reused). The codec's CompressionError (the
+// `malformed` type) is a malformed payload (std::invalid_argument); anything else the codec
+// raises or answers wrongly is a CodecFault. Not thread-safe, as any ServerCodec: the key's
+// store serialises calls. Made with the GIL held.
+class PyServerCodec : public compress::ServerCodec {
+ public:
+  PyServerCodec(py::object codec, std::size_t n, std::size_t held, py::object malformed)
+      : codec_(std::move(codec)), malformed_(std::move(malformed)), n_(n), held_(held) {
+    const py::object mb = codec_.attr("max_bytes");
+    if (!py::isinstance<py::int_>(mb) || py::isinstance<py::bool_>(mb) || mb.cast<py::int_>() < py::int_(1))
+      throw std::invalid_argument("its server codec's max_bytes is not a positive integer");
+    max_bytes_ = mb.cast<std::size_t>();
+    acc_ = py::module_::import("numpy").attr("zeros")(n, "float32");
+    Py_buffer view;
+    if (PyObject_GetBuffer(acc_.ptr(), &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0)
+      throw py::error_already_set();
+    accp_ = static_cast<float*>(view.buf);
+    PyBuffer_Release(&view);
+  }
+  ~PyServerCodec() override {
+    drop_py(codec_);
+    drop_py(malformed_);
+    drop_py(acc_);
+  }
+  std::size_t n() const override { return n_; }
+  std::size_t max_bytes() const override { return max_bytes_; }
+  bool exact() const override { return false; }
+  std::size_t held_bytes() const override { return held_; }
+  float* accumulator() override { return accp_; }
+
+  std::uint64_t decode(const std::uint8_t* p, std::size_t len, float* out, bool add) override {
+    if (out != accp_) throw compress::CodecFault("decode into another buffer than its own");
+    std::string fault, bad;
+    std::uint64_t step = 0;
+    call([&] {
+      py::object r = codec_.attr(add ? "decode_add" : "decode")(
+          py::bytes(reinterpret_cast<const char*>(p), len), acc_);
+      if (!py::isinstance<py::int_>(r) || py::isinstance<py::bool_>(r))
+        fault = std::string(add ? "decode_add" : "decode") + " returned " +
+                py::repr(r).cast<std::string>().substr(0, 100) + ", not the payload's step";
+      else
+        step = r.cast<std::uint64_t>();
+    }, &fault, &bad);
+    if (!bad.empty()) throw std::invalid_argument(bad);
+    if (!fault.empty()) throw compress::CodecFault(fault);
+    return step;
+  }
+
+  std::size_t encode(const float* x, std::uint64_t step, std::uint8_t* out) override {
+    if (x != accp_) throw compress::CodecFault("encode of another buffer than its own");
+    std::string fault, bad;
+    std::size_t len = 0;
+    call([&] {
+      py::object r = codec_.attr("encode")(acc_, step);
+      Py_buffer view;
+      if (PyObject_GetBuffer(r.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+      len = static_cast<std::size_t>(view.len);
+      if (len < 1 || len > max_bytes_)
+        fault = "encode returned " + std::to_string(len) + " bytes; its payloads take 1 to " +
+                std::to_string(max_bytes_) + " (max_bytes)";
+      else
+        std::memcpy(out, view.buf, len);
+      PyBuffer_Release(&view);
+    }, &fault, &bad);
+    if (!bad.empty()) fault = bad;  // a sum the server made is not a malformed payload
+    if (!fault.empty()) throw compress::CodecFault(fault);
+    return len;
+  }
+
+ private:
+  // fn() with the GIL taken; what it raises goes to *bad (the codec's CompressionError) or
+  // *fault (anything else), as text.
+  template <typename Fn>
+  void call(Fn fn, std::string* fault, std::string* bad) {
+    if (python_gone()) {
+      *fault = "the server process is shutting down";
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    try {
+      fn();
+    } catch (py::error_already_set& e) {
+      const bool malformed = e.matches(malformed_);
+      (malformed ? *bad : *fault) = py_error_text(e, malformed);
+    } catch (const std::exception& e) {
+      *fault = e.what();
+    }
+  }
+
+  py::object codec_, malformed_, acc_;
+  std::size_t n_, held_, max_bytes_ = 0;
+  float* accp_ = nullptr;
+};
+
+// DataServer.set_codec_factory: factory(key, n, decl: bytes) -> (codec, held bytes), raising
+// `malformed` (CompressionError) with the reason it makes none.
+void set_codec_factory(dp::DataServer& s, py::object factory, py::object malformed) {
+  auto keep = [](py::object o) {  // held by the server's threads; let go with the GIL
+    return std::shared_ptr<py::object>(new py::object(std::move(o)), [](py::object* p) {
+      drop_py(*p);
+      delete p;
+    });
+  };
+  auto fn = keep(std::move(factory)), err = keep(std::move(malformed));
+  s.set_codec_factory([fn, err](std::uint64_t key, std::size_t n, const std::string& decl)
+                          -> std::unique_ptr<compress::ServerCodec> {
+    std::string why = "the server process is shutting down";
+    if (!python_gone()) {
+      py::gil_scoped_acquire gil;
+      try {
+        py::tuple made = (*fn)(key, n, py::bytes(decl)).cast<py::tuple>();
+        if (made.size() != 2) throw std::invalid_argument("the codec factory answered no pair");
+        return std::unique_ptr<compress::ServerCodec>(
+            new PyServerCodec(made[0], n, made[1].cast<std::size_t>(), *err));
+      } catch (py::error_already_set& e) {
+        why = py_error_text(e, e.matches(*err));
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    throw std::invalid_argument(why);
+  });
+}
+
 // ---- the native data plane (dataplane.h): every blocking call releases the GIL ----
 py::dict counters_dict(const std::map<std::string, std::uint64_t>& m) {
   py::dict d;
@@ -408,8 +572,24 @@ void bind_ucx(py::module_& m) {
         "Whether this _core was built with UCX's headers (it can load UCX at run time).");
 }
 
+// fn() without the GIL; its answer.
+template <typename Fn>
+auto nogil(Fn fn) -> decltype(fn()) {
+  py::gil_scoped_release release;
+  return fn();
+}
+
+// A DataServer is deleted without the GIL: its close() joins I/O threads, one of which may
+// wait for the GIL in a registered compressor's codec.
+struct DeleteNoGil {
+  void operator()(dp::DataServer* s) const {
+    py::gil_scoped_release release;
+    delete s;
+  }
+};
+
 void bind_data_server(py::module_& m) {
-  py::class_<dp::DataServer>(m, "DataServer")
+  py::class_<dp::DataServer, std::unique_ptr<dp::DataServer, DeleteNoGil>>(m, "DataServer")
       .def(py::init<int, int, std::uint32_t, int, std::uint64_t, std::uint64_t, int,
                     std::string, bool>(),
            py::arg("num_workers"), py::arg("server_rank"), py::arg("job"),
@@ -422,16 +602,22 @@ void bind_data_server(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("start", &dp::DataServer::start, py::call_guard<py::gil_scoped_release>())
       .def("close", &dp::DataServer::close, py::call_guard<py::gil_scoped_release>())
-      .def("claim_zmq_key", &dp::DataServer::claim_zmq_key, py::arg("key"))
-      .def("reserve", &dp::DataServer::reserve, py::arg("bytes"))
+      // no call below holds the GIL while it waits for a lock of the server: an I/O thread may
+      // hold one while it waits for the GIL (a registered compressor's codec)
+      .def("claim_zmq_key", &dp::DataServer::claim_zmq_key, py::arg("key"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("reserve", &dp::DataServer::reserve, py::arg("bytes"),
+           py::call_guard<py::gil_scoped_release>())
       .def("set_rank", &dp::DataServer::set_rank, py::arg("rank"))
+      .def("set_codec_factory", &set_codec_factory, py::arg("factory"), py::arg("malformed"))
       .def("set_partition_bytes", &dp::DataServer::set_partition_bytes, py::arg("nbytes"))
       .def("set_members", &dp::DataServer::set_members, py::arg("joined"), py::arg("left"),
            py::call_guard<py::gil_scoped_release>())
       .def("reset_epoch", &dp::DataServer::reset_epoch, py::arg("round_base"),
            py::arg("required"), py::call_guard<py::gil_scoped_release>())
-      .def("stats", [](dp::DataServer& s) { return counters_dict(s.stats()); })
-      .def("rejected", [](dp::DataServer& s) { return counters_dict(s.rejected()); })
+      .def("stats", [](dp::DataServer& s) { return counters_dict(nogil([&] { return s.stats(); })); })
+      .def("rejected",
+           [](dp::DataServer& s) { return counters_dict(nogil([&] { return s.rejected(); })); })
       .def(
           "stalls",
           [](dp::DataServer& s, double min_age) {
@@ -490,7 +676,7 @@ void data_client_submit(dp::DataClient& c, std::uint64_t op, int priority, py::h
   }
   c.submit(op, priority, static_cast<const char*>(s.data()),
            static_cast<char*>(d.data()), wire_dtype, divisor, std::move(specs),
-           compressed);
+           compressed, compressed ? d.size() : 0);
 }
 
 void bind_data_client(py::module_& m) {

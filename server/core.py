@@ -33,6 +33,7 @@ from ..config import Config
 from ..control import ControlClient
 from ..errors import EXIT_PEER_FAILED, PeerLostError, ProtocolError
 from ..transport import Route, data_scheme, make_endpoint, native
+from .codecs import make_server_codec
 from .sparse import SparseService
 from .stalls import fail_if_left, stalled_rounds
 
@@ -533,8 +534,7 @@ class Server:
             address or f"{data_scheme(cfg)}://{host}:{cfg.cluster.server_port}")
         port = (int(self.address.rsplit(":", 1)[1])
                 if self.address.startswith(("tcp", "ucx")) else 0)
-        # the native data plane (csrc/dataplane.cc): uncompressed partitions, summed and
-        # answered by compiled I/O threads; its port travels in the node table
+        # the native data plane (csrc/dataplane.cc); its port travels in the node table
         self.native = None
         data_port_ = 0
         if native.native_enabled(cfg) and self.address.startswith(("tcp", "ucx")):
@@ -544,8 +544,9 @@ class Server:
                 cfg.transport.max_message_bytes, native.store_budget(cfg),
                 native.max_connections(), **({"auth_key": key} if key else {}),
                 async_mode=self.async_mode)
-            # a compressed key's element count: at most one partition (its accumulator)
+            # a compressed key: at most a partition; a registered one's codec: server/codecs.py
             self.native.set_partition_bytes(cfg.partition.partition_bytes)
+            self.native.set_codec_factory(make_server_codec, CompressionError)
             listen = self.native.listen_ucx if native.uses_ucx(cfg) else self.native.listen
             data_port_ = listen(host, native.data_port(cfg))
         self.control = ControlClient(cfg, self.ep, Role.SERVER, port=port, data_port=data_port_,

@@ -164,10 +164,11 @@ class NativeDataPlane:
         with flight.lock:
             self._ops[op] = task
         if task.codec is not None:  # the codec's payload; the server's encoded sum comes back
-            wire = task.wire        # (the codec's buffer: valid until its next encode)
-            assert wire is not None
-            task.wire = None
-            task.payload = np.empty(wire.nbytes, np.uint8)  # DECOMPRESS decodes it
+            wire = task.wire  # the codec's buffer (valid until its next encode) or its own
+            assert wire is not None  # array: the task holds it until the completion (done())
+            # DECOMPRESS decodes the answer; room for the largest (a registered compressor's
+            # payloads vary in size: done() keeps the bytes that came)
+            task.payload = np.empty(max(wire.nbytes, task.codec.max_bytes), np.uint8)
             cli.submit(op, task.priority, wire, task.payload, DTYPE_CODE["uint8"], 1,
                        task.round, [(task.key, task.server, task.key % self.streams, 0,
                                      wire.nbytes, decl)], compressed=True)
@@ -215,8 +216,11 @@ class NativeDataPlane:
             return
         if isinstance(entry, Task):
             task = entry
+            task.wire = None  # sent: the client holds it no more
             if ok:
                 task.contrib = contrib  # a compressed sum is averaged after DECOMPRESS
+                if task.codec is not None and task.payload is not None:
+                    task.payload = task.payload[:nbytes]  # the encoded sum, as long as it came
                 flight.active_pipeline.advance(task)
             else:
                 flight.fail_task(task, self._error(task.handle.name, kind, server, message))

@@ -166,9 +166,9 @@ class Rounds:
                           local_root=m.is_local_root, on_device=device is not None,
                           compressed=bool(st.codecs), device_push=device_push)
         cli = self.plane.client
-        # compressed partitions too, when the compiled server has their codec
-        on_native = (cli is not None and (not st.codecs or st.native_codec is not None)
-                     and not device_push)
+        # compressed partitions too: the compiled server runs a built-in codec itself and a
+        # registered compressor's (its math is Python) through the server's codec factory
+        on_native = cli is not None and not device_push
         if cli is not None and on_native and route == (PUSH, PULL):
             # a host tensor: one native operation
             self.plane.submit_tensor(cli, st, h, rnd, src, dst, dtype, average, priority)
@@ -199,11 +199,11 @@ class Rounds:
             if task.codec is not None:
                 task.scratch = st.scratch[part]
                 if task.decl is not None:  # the compressor travels once per key, typed JSON
-                    if on_native:  # the compiled server's codec (compression.native_params)
-                        assert st.native_codec is not None
-                        task.decl["native_codec"] = st.native_codec[part]
-                    task.decl["compressor"] = st.spec
+                    if on_native and st.native_codec is not None:  # a built-in codec's
+                        task.decl["native_codec"] = st.native_codec[part]  # (native_params)
+                    # the count before the spec: the server reads the first "count" field
                     task.decl["count"] = n // ITEMSIZE[dtype]
+                    task.decl["compressor"] = st.spec
             pipeline.submit(task, block=block)
 
     def done(self, st: TensorState, h: Handle) -> None:

@@ -2,9 +2,11 @@
 sum for the pull; the result must equal a replay of the job through the compression library."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from .harness import bpslaunch, worker
+from .harness import WORKERS_DIR, bpslaunch, worker
 
 pytestmark = pytest.mark.integration
 
@@ -24,6 +26,35 @@ def test_compressed_push_pull_matches_replay(servers, partition, plane, threads)
     ok = run.lines("OK rank")
     assert len(ok) == 2 and all("x 3 steps exact" in ln for ln in ok), run.log
     assert all(f"(plane {plane}, {threads} compress threads)" in ln for ln in ok), run.log
+
+
+def test_a_registered_compressor_sums_over_the_native_plane_exactly():
+    # a compressor the test registers in every process (workers/registered/sitecustomize.py,
+    # as docs/compression.md tells users): its server codec is Python, called by the compiled
+    # server; payloads of varying size; 2 workers, 2 servers, 4 partitions; equal to the replay
+    plugin = str(WORKERS_DIR / "registered")
+    path = os.pathsep.join(p for p in (plugin, os.environ.get("PYTHONPATH", "")) if p)
+    run = bpslaunch(worker("compress_check.py", 50000), workers=2, servers=2,
+                    env={"BYTEPS_PARTITION_BYTES": "64K", "STEPS": "3", "PYTHONPATH": path,
+                         "COMPRESSORS": "registered,registered_ef"})
+    assert run.rc == 0, run.log
+    ok = run.lines("OK rank")
+    assert len(ok) == 2 and all("2 compressors x 3 steps exact (plane native" in ln
+                                for ln in ok), run.log
+    native = run.lines("NATIVE rank")   # every partition pushed over the native plane
+    assert len(native) == 2 and all(ln.endswith("24 pushes of 24") for ln in native), run.log
+
+
+def test_a_compressor_a_server_has_not_registered_fails_saying_what_to_do():
+    # the workers know the compressor, the servers do not (sitecustomize only in workers')
+    plugin = str(WORKERS_DIR / "registered")
+    run = bpslaunch([*worker("compress_check.py", 20000)], workers=2, servers=1,
+                    env={"STEPS": "1", "COMPRESSORS": "registered", "PYTHONPATH": plugin,
+                         "BPS_TEST_SERVER_PLAIN": "1"})
+    assert run.rc != 0, run.log
+    text = run.out + run.err
+    assert "compressor 'test-large' is not registered in this server process" in text, run.log
+    assert "register('test-large', factory) in every server process" in text, run.log
 
 
 def test_compressed_push_pull_after_local_reduction():

@@ -46,7 +46,7 @@ def test_native_params_of_a_registered_compressor_is_none():
         name = "mine_onebit"
     register("mine_onebit", lambda scaling=True: Mine(scaling))
     try:
-        assert native_params(Mine(), 100) is None  # its server codec stays Python (ZeroMQ)
+        assert native_params(Mine(), 100) is None  # its server codec is Python (server/codecs.py)
     finally:
         unregister("mine_onebit")
     assert native_params(Compression.fp16, 100) is None

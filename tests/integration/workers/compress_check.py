@@ -18,7 +18,7 @@ import zlib
 import numpy as np
 
 import byteps_like as bps
-from byteps_like.compression import Compression
+from byteps_like.compression import Compression, from_spec
 from byteps_like.worker.runtime import default_runtime
 
 COMPRESSORS = {
@@ -30,6 +30,9 @@ COMPRESSORS = {
     "dithering": lambda: Compression.dithering(levels=8, partition="natural", normalize="l2",
                                                seed=7),
     "dithering_max": lambda: Compression.dithering(levels=4, seed=3, momentum=0.9),
+    # registered by workers/registered/sitecustomize.py in every process (PYTHONPATH)
+    "registered": lambda: from_spec({"name": "test-large"}),
+    "registered_ef": lambda: from_spec({"name": "ef", "inner": {"name": "test-large"}}),
 }
 
 
@@ -47,7 +50,8 @@ def main() -> None:
     local = bps.local_size()      # the local ranks of a machine reduce first, then it pushes
     machines = size // local
     rt = default_runtime()
-    names = [c for c in COMPRESSORS if not only or c in only.split(",")]
+    names = [c for c in COMPRESSORS if c in only.split(",")] if only else [
+        c for c in COMPRESSORS if not c.startswith("registered")]
     sims = {}
     for step in range(steps):
         handles = {}
@@ -87,6 +91,10 @@ def main() -> None:
                 raise SystemExit(f"rank {rank} {cname} step {step}: degenerate result")
     plane = "native" if rt.native is not None else "zmq"   # the local root's data plane
     coders = sum(t.name == "bpsl-compress" for t in threading.enumerate())
+    if rt.native is not None:  # every partition of every step went through the native plane
+        parts = sum(len(rt.tensors()[c].parts) for c in names) * steps
+        print(f"NATIVE rank {rank}: {rt.native.stats()['msgs_out']} pushes of {parts}",
+              flush=True)
     print(f"OK rank {rank} of {size}: {len(names)} compressors x {steps} steps exact "
           f"(plane {plane}, {coders} compress threads)", flush=True)
     bps.shutdown()
