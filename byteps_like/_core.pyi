@@ -119,8 +119,15 @@ def onebit_residual(y: Buffer, scale: float) -> None:
 def topk_select(x: Buffer, idx: Buffer, val: Buffer) -> None:
     """The k = len(val)/4 entries of largest magnitude of float32 ``x``: their indices
     (uint32, increasing) into ``idx`` and values into ``val``. Magnitude is the float's bits
-    without the sign, so NaN ranks above inf; ties go to the lower index. Radix select on the top
-    11 magnitude bits, then nth_element within one bucket. ValueError when k > n."""
+    without the sign, so NaN ranks above inf; ties go to the lower index. A sample guesses a
+    threshold, one pass collects the entries at or above it and the exact k-th is found among
+    them; when the guess fails, a histogram of the top 11 magnitude bits gives the threshold
+    (the same result either way). ValueError when k > n."""
+
+def topk_ef_encode(x: Buffer, r: Buffer, idx: Buffer, val: Buffer) -> None:
+    """Error feedback around top-k: ``r = x + r``, ``topk_select(r, idx, val)``, then
+    ``r[idx] -= val``, in two streaming passes over x and r; the same idx, val and r, bit for
+    bit, as the three steps apart. ValueError when k = len(val)/4 > n = len(x)/4."""
 
 def gather(x: Buffer, idx: Buffer, val: Buffer) -> None:
     """``val[j] = x[idx[j]]``; IndexError for an index >= len(x)."""

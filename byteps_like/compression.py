@@ -444,13 +444,14 @@ class _ErrorFeedbackCodec(Codec):
             scale = _core.onebit_ef_encode(_check_x(x, self.n), y, inner._body, inner.scaling)
             _core.onebit_residual(y, scale)
             return inner._seal(step, scale)
+        if type(inner) is _TopKCodec:  # y, its selection and r = y - decoded in two passes
+            step = _check_step(step)
+            _core.topk_ef_encode(_check_x(x, self.n), y, inner._idx, inner._val)
+            return inner._seal(step, inner.k)
         np.add(_check_x(x, self.n), y, out=y)
         payload = inner.encode(y, step)
-        # the sparse codecs: d is 0 but at the k indices, so r = y there (y - 0 is y: y is a
-        # sum, no signalling NaN) and y - value at them
-        if type(inner) is _TopKCodec:
-            y[inner._idx.view(np.uint32)] -= inner._val.view(np.float32)
-            return payload
+        # random-k: d is 0 but at the k indices, so r = y there (y - 0 is y: y is a sum, no
+        # signalling NaN) and y - value at them
         if type(inner) is _RandomKCodec:
             y[inner.indices(_check_step(step))] -= inner._body.view(np.float32)
             return payload

@@ -223,13 +223,17 @@ std::size_t FramedCodec::encode(const float* x, std::uint64_t step, std::uint8_t
     onebit_residual(y, n_, scale);
     return max_bytes_;
   }
+  if (p_.id == kTopK) {  // y, its selection and r = y - decoded in two passes
+    std::uint8_t* body = out + kFrameHeader;
+    topk_ef_encode(x, y, n_, p_.k, body, body + 4 * p_.k);
+    put_header(out, kTopK, n_, step, static_cast<std::uint32_t>(p_.k));
+    return max_bytes_;
+  }
   for (std::size_t i = 0; i < n_; ++i) y[i] = x[i] + y[i];
   encode_plain(y, step, out);
-  if (p_.id == kTopK || p_.id == kRandomK) {  // d is 0 but at the k indices (y - 0 is y: y
-    const std::uint8_t* body = out + kFrameHeader;  // is a sum, no signalling NaN)
-    const std::uint8_t* idx = p_.id == kTopK ? body
-                                             : reinterpret_cast<const std::uint8_t*>(indices(step));
-    const std::uint8_t* val = p_.id == kTopK ? body + 4 * p_.k : body;
+  if (p_.id == kRandomK) {  // d is 0 but at the k indices (y - 0 is y: y is a sum, no
+    const std::uint8_t* idx = reinterpret_cast<const std::uint8_t*>(indices(step));
+    const std::uint8_t* val = out + kFrameHeader;  // signalling NaN)
     for (std::size_t j = 0; j < p_.k; ++j) {
       std::uint32_t i;
       float v;

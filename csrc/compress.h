@@ -3,9 +3,9 @@
 // little-endian wire layouts; no Python. Functions throw std::invalid_argument or
 // std::out_of_range on a bad argument or a malformed wire body *before* writing anything, so a
 // rejected payload never half-updates an accumulator. Documented for Python users in
-// byteps_like/_core.pyi. The kernels by concern: compress_onebit.cc, compress_sparse.cc (top-k,
-// random-k, gather, scatter), compress_dither.cc; the randomness in compress.cc; their shared
-// helpers in compress_internal.h.
+// byteps_like/_core.pyi. The kernels by concern: compress_onebit.cc, compress_topk.cc,
+// compress_sparse.cc (random-k, gather, scatter), compress_dither.cc; the randomness in
+// compress.cc; their shared helpers in compress_internal.h.
 #pragma once
 
 #include <cstddef>
@@ -44,7 +44,13 @@ void onebit_residual(float* y, std::size_t n, float scale);
 // ---- sparse (top-k, random-k) -------------------------------------------------------------
 // The k entries of largest |x| (keys: the float bits without the sign, so NaN ranks above inf);
 // ties go to the lower index. idx (u32, increasing) and val = x[idx]. Requires k <= n.
+// Exact whatever the input; fast when a sample's guess of the threshold holds (compress_topk.cc).
 void topk_select(const float* x, std::size_t n, std::size_t k, void* idx, void* val);
+// Error feedback around top-k in two streaming passes: r = x + r (y, formed in r), idx/val =
+// topk_select(y), then r[idx] = y[idx] - val (y - decode(payload): 0, or NaN for inf/NaN); the
+// same payload and residual, bit for bit, as those three steps apart. Requires k <= n.
+void topk_ef_encode(const float* x, float* r, std::size_t n, std::size_t k, void* idx,
+                    void* val);
 // val[j] = x[idx[j]]; throws std::out_of_range when an index is >= n.
 void gather(const float* x, std::size_t n, const void* idx, std::size_t k, void* val);
 // add: out[idx[j]] += val[j]; else out is zeroed and out[idx[j]] = val[j] (last write wins).

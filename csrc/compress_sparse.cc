@@ -1,5 +1,5 @@
-// The sparse kernels (compress.h): top-k selection, gather and scatter of (index, value)
-// pairs, and random-k's index draw (xoshiro256** seeded from stream_base).
+// The sparse kernels (compress.h): gather and scatter of (index, value) pairs, and random-k's
+// index draw (xoshiro256** seeded from stream_base). Top-k's selection is compress_topk.cc.
 #include "compress.h"
 
 #include <algorithm>
@@ -55,71 +55,7 @@ struct Xoshiro {
 
 }  // namespace
 
-// ---- sparse -------------------------------------------------------------------------------
-void topk_select(const float* x, std::size_t n, std::size_t k, void* idx, void* val) {
-  check_n(n, "topk_select");
-  if (k > n) {
-    throw std::invalid_argument("topk_select: k = " + std::to_string(k) + " exceeds n = " +
-                                std::to_string(n));
-  }
-  if (k == 0) return;
-  if (k == n) {
-    for (std::size_t i = 0; i < n; ++i) {
-      store_u32(idx, i, static_cast<u32>(i));
-      store_f32(val, i, load_f32(x, i));
-    }
-    return;
-  }
-  // Radix select on the magnitude bits: a histogram of the top 11 bits finds the bucket that
-  // holds the k-th largest key; only that bucket's entries need an nth_element.
-  constexpr int kShift = 20;
-  std::vector<std::size_t> hist(1u << (31 - kShift), 0);
-  for (std::size_t i = 0; i < n; ++i) ++hist[(load_u32(x, i) & 0x7fffffffu) >> kShift];
-  std::size_t bucket = hist.size(), above = 0;
-  while (bucket > 0) {
-    --bucket;
-    if (above + hist[bucket] >= k) break;
-    above += hist[bucket];
-  }
-  const std::size_t need = k - above;
-  std::vector<u32> hi;
-  hi.reserve(above);
-  std::vector<u32> cand_idx;
-  cand_idx.reserve(hist[bucket]);
-  for (std::size_t i = 0; i < n; ++i) {
-    const u32 b = (load_u32(x, i) & 0x7fffffffu) >> kShift;
-    if (b > bucket) hi.push_back(static_cast<u32>(i));
-    else if (b == bucket) cand_idx.push_back(static_cast<u32>(i));
-  }
-  std::vector<u32> chosen;
-  if (need == cand_idx.size()) {
-    chosen.swap(cand_idx);
-  } else {
-    std::vector<u32> keys(cand_idx.size());
-    for (std::size_t j = 0; j < cand_idx.size(); ++j) keys[j] = load_u32(x, cand_idx[j]) & 0x7fffffffu;
-    std::vector<u32> sorted = keys;
-    std::nth_element(sorted.begin(), sorted.begin() + (need - 1), sorted.end(),
-                     [](u32 a, u32 b) { return a > b; });
-    const u32 t = sorted[need - 1];
-    std::size_t greater = 0;
-    for (u32 key : keys) greater += key > t;
-    std::size_t ties = need - greater;
-    chosen.reserve(need);
-    for (std::size_t j = 0; j < cand_idx.size(); ++j) {
-      if (keys[j] > t || (keys[j] == t && ties > 0 && ties--)) chosen.push_back(cand_idx[j]);
-    }
-  }
-  // Merge the two increasing lists straight into the output.
-  std::size_t a = 0, c = 0, o = 0;
-  while (a < hi.size() || c < chosen.size()) {
-    const u32 i = (c == chosen.size() || (a < hi.size() && hi[a] < chosen[c])) ? hi[a++]
-                                                                             : chosen[c++];
-    store_u32(idx, o, i);
-    store_f32(val, o, load_f32(x, i));
-    ++o;
-  }
-}
-
+// ---- sparse (top-k is compress_topk.cc) ------------------------------------------------
 namespace {
 void check_indices(const void* idx, std::size_t k, std::size_t n, const char* func) {
   u32 worst = 0;

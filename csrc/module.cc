@@ -237,6 +237,18 @@ void py_topk_select(py::handle x, py::handle idx, py::handle val) {
   compress::topk_select(static_cast<const float*>(xs.data()), n, k, is.data(), vs.data());
 }
 
+void py_topk_ef_encode(py::handle x, py::handle r, py::handle idx, py::handle val) {
+  const Buffer xs(x, false, "topk_ef_encode", "x"), rs(r, true, "topk_ef_encode", "r"),
+      is(idx, true, "topk_ef_encode", "idx"), vs(val, true, "topk_ef_encode", "val");
+  const std::size_t n = f32_count(xs, "topk_ef_encode", "x");
+  const std::size_t k = f32_count(vs, "topk_ef_encode", "val");
+  need_bytes(rs, 4 * n, "topk_ef_encode", "r");
+  need_bytes(is, 4 * k, "topk_ef_encode", "idx");
+  py::gil_scoped_release nogil;
+  compress::topk_ef_encode(static_cast<const float*>(xs.data()), static_cast<float*>(rs.data()),
+                           n, k, is.data(), vs.data());
+}
+
 void py_gather(py::handle x, py::handle idx, py::handle val) {
   const Buffer xs(x, false, "gather", "x"), is(idx, false, "gather", "idx"),
       vs(val, true, "gather", "val");
@@ -295,6 +307,9 @@ void bind_compress(py::module_& m) {
         "y -= what onebit_decode gives for onebit_encode's bits of y (error feedback, one pass).");
   m.def("topk_select", &py_topk_select, py::arg("x"), py::arg("idx"), py::arg("val"),
         "The len(val) entries of largest |x|: increasing u32 indices and their values.");
+  m.def("topk_ef_encode", &py_topk_ef_encode, py::arg("x"), py::arg("r"), py::arg("idx"),
+        py::arg("val"),
+        "r = x + r; topk_select(r, idx, val); r[idx] -= val (error feedback, two passes).");
   m.def("gather", &py_gather, py::arg("x"), py::arg("idx"), py::arg("val"), "val = x[idx].");
   m.def("scatter", &py_scatter, py::arg("idx"), py::arg("val"), py::arg("out"),
         py::arg("add") = false, "out[idx] (+)= val; out is zeroed first unless add.");
