@@ -127,7 +127,7 @@ std::size_t collect(const float* x, float* r, std::size_t n, u32 lo, Cands* c,
 
 // A guess of lo from kSample keys in runs at jittered strided positions (y = x + r there when
 // r), meant to leave about k + 3 sigma candidates, and the bound on them past which the guess
-// is given up (*cap). False when there is no useful guess (small n, k a large share of n, lo = 0).
+// is given up (*cap). False when there is no useful guess (small n, k a large share of n).
 bool sample_threshold(const float* x, const float* r, std::size_t n, std::size_t k, u32* lo,
                       std::size_t* cap) {
   if (n < kMinSampled) return false;
@@ -150,7 +150,8 @@ bool sample_threshold(const float* x, const float* r, std::size_t n, std::size_t
                    keys.end(), [](u32 a, u32 b) { return a > b; });
   *lo = keys[rank - 1];
   *cap = std::min(n, 2 * (rank * (n / kSample)) + 4096);
-  return *lo != 0;
+  if (*lo == 0) *lo = 1;  // mostly zeros (a sum of sparse pushes): the nonzero keys, then zeros
+  return true;
 }
 
 // The exact lo from a histogram of the top 11 key bits: the lower bound of the bucket that
@@ -176,6 +177,15 @@ u32 histogram_threshold(const float* y, std::size_t n, std::size_t k, std::size_
     above += here;
   }
   return static_cast<u32>(bucket) << kShift;
+}
+
+// Error feedback's residual at the k chosen entries (y is r): y - decode(payload) there is
+// y[i] - y[i], 0 (NaN for inf and NaN), as the subtraction of the three steps apart gives.
+void settle(const void* idx, const void* val, std::size_t k, float* r) {
+  for (std::size_t j = 0; j < k; ++j) {
+    const float v = load_f32(val, j);
+    store_f32(r, load_u32(idx, j), v - v);
+  }
 }
 
 // The k-th largest key among the c > k candidates, and how many keys are above it (*greater):
@@ -231,12 +241,33 @@ void emit(const Cands& cand, std::size_t c, std::size_t k, void* idx, void* val,
     store_u32(val, o, cand.bits[j]);
     o += take;
   }
-  if (r) {
-    for (std::size_t j = 0; j < k; ++j) {  // y - decode(payload) at i: y[i] - y[i] (NaN for inf)
-      const float v = load_f32(val, j);
-      store_f32(r, load_u32(idx, j), v - v);
+  if (r) settle(idx, val, k, r);
+}
+
+// When fewer than k keys are nonzero, the c < k candidates hold all of them: those, and the
+// k - c lowest-index entries of key 0 (+-0.0) of y, in index order.
+void emit_with_zeros(const float* y, const Cands& cand, std::size_t c, std::size_t k, void* idx,
+                     void* val, float* r) {
+  std::size_t zeros = k - c, j = 0, o = 0;
+  for (std::size_t i = 0; o < k; ++i) {
+    u32 bits;
+    if (j < c && cand.idx[j] == i) {
+      bits = cand.bits[j++];
+    } else if (zeros > 0) {
+      bits = load_u32(y, i);
+      --zeros;
+    } else {
+      for (; j < c; ++j, ++o) {  // no zero more: the candidates left
+        store_u32(idx, o, cand.idx[j]);
+        store_u32(val, o, cand.bits[j]);
+      }
+      break;
     }
+    store_u32(idx, o, static_cast<u32>(i));
+    store_u32(val, o, bits);
+    ++o;
   }
+  if (r) settle(idx, val, k, r);
 }
 
 // topk_select (kAdd false: y is x) or topk_ef_encode's select (kAdd: y = x + r formed in r),
@@ -250,6 +281,10 @@ void select(const float* x, float* r, std::size_t n, std::size_t k, void* idx, v
   if (sample_threshold(x, kAdd ? r : nullptr, n, k, &lo, &cap)) {
     cand.resize(cap);
     c = collect<kAdd>(x, r, n, lo, &cand, cap);
+    if (c != kNone && c < k && lo == 1) {  // every nonzero key is a candidate
+      emit_with_zeros(y, cand, c, k, idx, val, kAdd ? r : nullptr);
+      return;
+    }
     if (c != kNone && c < k) c = kNone;  // the guess was above the k-th key
   } else if (kAdd) {
     for (std::size_t i = 0; i < n; ++i) store_f32(r, i, load_f32(x, i) + load_f32(r, i));

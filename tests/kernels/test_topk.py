@@ -87,6 +87,22 @@ def test_select_ties_at_the_threshold(isa):
     check_select(x, N // 100)
 
 
+@pytest.mark.parametrize("nonzero", [0, 1, 500, N // 100 - 1, N // 100, N // 100 + 7, N // 40])
+def test_select_sparse(isa, nonzero):
+    """A server's sum of top-k pushes is mostly zeros: with fewer than k nonzero entries the
+    k-th key is 0 and the lowest-index zeros (+0.0 and -0.0 alike, their sign kept) fill up."""
+    rng = np.random.default_rng(nonzero)
+    x = np.zeros(N, np.float32)
+    x[rng.choice(N, N // 3, replace=False)] = -0.0
+    x[rng.choice(N, nonzero, replace=False)] = rng.standard_normal(nonzero) + np.float32(3)
+    check_select(x, N // 100)
+    r = np.zeros(N, np.float32)
+    r[rng.choice(N, 50, replace=False)] = -0.0
+    check_ef(x, r, N // 100)
+    x[-1] = 9.0  # a nonzero entry after every zero that is taken
+    check_select(x, N // 100)
+
+
 def test_select_nonfinite(isa):
     """NaN (either sign, any payload) ranks above inf, inf above every finite value."""
     x = randn(N, 3)

@@ -292,3 +292,26 @@ def test_mixed_mode_weights():
     for i in range(1000):
         a.assign(i, 4096)
     assert sum(a.load[4:]) / sum(a.load) == pytest.approx(f, abs=0.01)
+
+
+@pytest.mark.parametrize("servers,lanes", [(2, 2), (2, 8), (4, 8), (3, 4)])
+def test_lanes_spread_each_servers_keys_over_all_its_streams(servers, lanes):
+    """Partitions of a tensor alternate servers, so ``key % lanes`` left each of 2 servers only
+    the even or the odd streams (and the I/O threads behind them); ``lane`` gives each server's
+    keys its streams in turn: every stream of every server gets an equal share of its keys."""
+    a = ServerAssigner(servers)
+    per: dict[tuple[int, int], int] = {}
+    modulo: dict[tuple[int, int], int] = {}
+    for decl in range(3):  # three tensors of 64 equal partitions
+        for part in range(64):
+            key = make_key(decl, part)
+            s = a.assign(key, 1 << 20)
+            per[(s, a.lane(key, lanes))] = per.get((s, a.lane(key, lanes)), 0) + 1
+            modulo[(s, key % lanes)] = modulo.get((s, key % lanes), 0) + 1
+            assert a.lane(key, lanes) == a.lane(key, lanes)  # stable
+    for s in range(servers):
+        counts = [per.get((s, i), 0) for i in range(lanes)]
+        assert max(counts) - min(counts) <= 1, (s, counts)
+    if lanes % servers == 0:  # what the modulo did: most streams of a server unused
+        assert sum(1 for (s, _), c in modulo.items() if s == 0 and c) == lanes // servers
+    assert a.lane(make_key(99, 0), lanes) == make_key(99, 0) % lanes  # never assigned here
