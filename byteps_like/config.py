@@ -284,8 +284,8 @@ class TransportConfig:
                          "per process; 0 picks half the usable CPUs, between 2 and 8.",
                          unit="threads", min=0, max=64)
     data_streams: int = _s("BYTEPS_DATA_STREAMS", "int", 0, "TCP streams of the native data "
-                           "plane from each worker to each server (a partition uses stream "
-                           "`key % streams`); 0 picks the number of I/O threads.",
+                           "plane from each worker to each server (a server's partitions take "
+                           "them in turn); 0 picks the number of I/O threads.",
                            unit="connections", min=0, max=32)
     ucx_device_memory: bool = _s("BYTEPS_UCX_DEVICE_MEMORY", "bool", False, "With the ucx "
                                  "transport and a UCX built with CUDA support, let the endpoint "

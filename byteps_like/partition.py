@@ -51,6 +51,8 @@ class Assigner:
         self._shares = tuple(shares)
         self.load = [0] * self.num_servers
         self.assigned: dict[int, int] = {}
+        self.count = [0] * self.num_servers  # keys each server got so far
+        self.slot: dict[int, int] = {}       # a key's place among its server's keys
 
     def _choose(self, key: int, nbytes: int) -> int:
         raise NotImplementedError
@@ -61,7 +63,18 @@ class Assigner:
             srv = self._choose(key, nbytes)
             self.load[srv] += nbytes
             self.assigned[key] = srv
+            self.slot[key] = self.count[srv]
+            self.count[srv] += 1
         return srv
+
+    def lane(self, key: int, lanes: int) -> int:
+        """Which of ``lanes`` connections to its server carries ``key``: its server's keys in
+        turn (the order they were assigned), so each server's keys use all its connections,
+        and the server's I/O threads behind them share its work. ``key % lanes`` did not:
+        partitions of a tensor alternate servers, so with 2 servers each saw only the even or
+        the odd lanes. A key not assigned here gets ``key % lanes``."""
+        slot = self.slot.get(key)
+        return (key if slot is None else slot) % lanes
 
     def imbalance(self) -> float:
         """max over servers of (share of the bytes / share it should get); 1.0 is perfect."""

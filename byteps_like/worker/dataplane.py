@@ -121,22 +121,27 @@ class NativeDataPlane:
         return self.client
 
     # -- submitting --------------------------------------------------------------------------------
+    def _lane(self, key: int) -> int:
+        """The stream to its server that carries ``key`` (``Assigner.lane``)."""
+        a = self.members.assigner
+        return a.lane(key, self.streams) if a is not None else key % self.streams
+
     def submit_tensor(self, cli: _core.DataClient, st: TensorState, h: Handle, rnd: int,
                       src: np.ndarray, dst: np.ndarray, dtype: str, average: bool,
                       priority: int) -> None:
         """All partitions of a host tensor as one native operation: one call in, one
         completion out, whatever the number of partitions."""
         flight = self.flight
-        streams = self.streams
+        lane = self._lane
         parts: list[NativePart] | None
         if first_round(rnd):  # the declarations travel once per key (and epoch)
-            parts = [(key, server, key % streams, off, n,
+            parts = [(key, server, lane(key), off, n,
                       decl_bytes(declaration(st, dtype, part)))
                      for part, (off, n, key, server) in enumerate(st.parts)]
         else:
             parts = st.native_parts
             if parts is None:
-                parts = st.native_parts = [(key, server, key % streams, off, n, None)
+                parts = st.native_parts = [(key, server, lane(key), off, n, None)
                                            for off, n, key, server in st.parts]
         op = next(self._ids)
         size = self.members.size
@@ -170,13 +175,13 @@ class NativeDataPlane:
             # payloads vary in size: done() keeps the bytes that came)
             task.payload = np.empty(max(wire.nbytes, task.codec.max_bytes), np.uint8)
             cli.submit(op, task.priority, wire, task.payload, DTYPE_CODE["uint8"], 1,
-                       task.round, [(task.key, task.server, task.key % self.streams, 0,
+                       task.round, [(task.key, task.server, self._lane(task.key), 0,
                                      wire.nbytes, decl)], compressed=True)
             flight.bytes_pushed += wire.nbytes
             return
         cli.submit(op, task.priority, task.push_src, task.pull_dst,
                    native.WIRE_CODE[task.dtype], divisor, task.round,
-                   [(task.key, task.server, task.key % self.streams, 0, task.nbytes, decl)])
+                   [(task.key, task.server, self._lane(task.key), 0, task.nbytes, decl)])
         flight.bytes_pushed += task.nbytes
 
     # -- completing --------------------------------------------------------------------------------
