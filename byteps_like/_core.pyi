@@ -108,9 +108,12 @@ def onebit_encode(x: Buffer, bits: Buffer, scaling: bool = True) -> float:
 def onebit_decode(bits: Buffer, scale: float, out: Buffer, add: bool = False) -> None:
     """``out[i] (+)= -scale if bit i else +scale`` (sign flip on the bit pattern)."""
 
-def onebit_ef_encode(x: Buffer, r: Buffer, bits: Buffer, scaling: bool) -> float:
+def onebit_ef_encode(x: Buffer, r: Buffer, bits: Buffer, scaling: bool,
+                     settle: float | None = None) -> float:
     """Error feedback's first pass of onebit: ``r = x + r``, then ``onebit_encode(r, bits,
-    scaling)``, in one pass over x and r (the same bits and scale)."""
+    scaling)``, in one pass over x and r (the same bits and scale). With ``settle``, r is the
+    last step's y whose residual was not taken: ``onebit_residual(r, settle)`` is applied
+    first, in the same pass (the same bits as the two calls)."""
 
 def onebit_residual(y: Buffer, scale: float) -> None:
     """Error feedback's residual of onebit in one pass: ``y -= d`` with d what onebit_decode

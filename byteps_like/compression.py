@@ -433,16 +433,29 @@ class _ErrorFeedbackCodec(Codec):
     def __init__(self, inner: Codec):
         self.inner = inner
         self.n, self.max_bytes = inner.n, inner.max_bytes
-        self.residual = np.zeros(inner.n, np.float32)
+        self._r = np.zeros(inner.n, np.float32)
+        # onebit: the buffer holds y with its residual not yet taken, and the scale it was
+        # encoded with; the next encode's one pass settles it (onebit_residual's arithmetic)
+        self._unsettled: float | None = None
+
+    @property
+    def residual(self) -> np.ndarray:
+        """r = y - decode(payload) of the last encode (settled here if the next encode's pass
+        has not done it yet)."""
+        if self._unsettled is not None:
+            _core.onebit_residual(self._r, self._unsettled)
+            self._unsettled = None
+        return self._r
 
     def encode(self, x: np.ndarray, step: int) -> np.ndarray:
         # y = x + r is formed in the residual's own memory (r is not needed again), so a
         # partition's passes stream x and r once each instead of a third buffer
-        y, inner = self.residual, self.inner
-        if type(inner) is _OneBitCodec:  # the same bits in two passes instead of four
+        y, inner = self._r, self.inner
+        if type(inner) is _OneBitCodec:  # the same bits in one pass over r instead of four
             step = _check_step(step)
-            scale = _core.onebit_ef_encode(_check_x(x, self.n), y, inner._body, inner.scaling)
-            _core.onebit_residual(y, scale)
+            scale = _core.onebit_ef_encode(_check_x(x, self.n), y, inner._body, inner.scaling,
+                                           self._unsettled)
+            self._unsettled = scale  # r = y - decode(payload): the next encode's pass
             return inner._seal(step, scale)
         if type(inner) is _TopKCodec:  # y, its selection and r = y - decoded in two passes
             step = _check_step(step)

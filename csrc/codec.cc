@@ -217,10 +217,12 @@ std::size_t FramedCodec::encode(const float* x, std::uint64_t step, std::uint8_t
   // by every codec it runs (scratch per codec put each partition's passes on memory of its
   // own, out of cache: memory bandwidth set the speed)
   float* y = residual_.data();
-  if (p_.id == kOneBit) {  // y, its packing and scale in one pass; the residual in another
-    const float scale = onebit_ef_encode(x, y, n_, out + kFrameHeader, p_.scaling);
+  if (p_.id == kOneBit) {  // y, its packing and scale in one pass, which takes the residual
+    const float scale = onebit_ef_encode(x, y, n_, out + kFrameHeader, p_.scaling,  // of the
+                                         unsettled_ ? &unsettled_scale_ : nullptr);  // last y
     put_header(out, kOneBit, n_, step, float_bits(scale));
-    onebit_residual(y, n_, scale);
+    unsettled_ = true;  // r = y - decode(payload) is left to the next encode's pass
+    unsettled_scale_ = scale;
     return max_bytes_;
   }
   if (p_.id == kTopK) {  // y, its selection and r = y - decoded in two passes

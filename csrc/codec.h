@@ -102,7 +102,11 @@ class FramedCodec : public ServerCodec {
   CodecParams p_;
   std::uint64_t key_;
   std::size_t n_, max_bytes_;
+  // onebit with error feedback keeps y with its residual not yet taken (settled by the next
+  // encode's pass, with the scale it was encoded with): one pass over the residual per step
   std::vector<float> residual_;
+  bool unsettled_ = false;
+  float unsettled_scale_ = 0.0f;
   std::vector<std::uint32_t> idx_;
   std::uint64_t idx_step_ = 0;
   bool idx_valid_ = false;

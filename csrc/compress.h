@@ -34,9 +34,11 @@ float onebit_encode(const float* x, std::size_t n, std::uint8_t* bits, bool scal
 void onebit_decode(const std::uint8_t* bits, std::size_t n, float scale, float* out, bool add);
 // Error feedback's first pass of onebit: r = x + r (y, formed in r), packed as onebit_encode
 // packs y, in one pass over x and r; returns what onebit_encode(y) returns, bit for bit (the
-// same order of the double sum).
+// same order of the double sum). With `settle`, r holds the last step's y whose residual was
+// not taken yet: each r[i] is first settled as onebit_residual(r, *settle) would, in the same
+// pass (so a step streams r once instead of twice, with the same bits).
 float onebit_ef_encode(const float* x, float* r, std::size_t n, std::uint8_t* bits,
-                       bool scaling);
+                       bool scaling, const float* settle = nullptr);
 // Error feedback's residual of onebit in one pass: y[i] -= d[i] where d is what onebit_decode
 // gives for the bits onebit_encode packed from y (scale with y[i]'s sign bit), bit for bit.
 void onebit_residual(float* y, std::size_t n, float scale);

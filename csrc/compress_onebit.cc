@@ -42,6 +42,12 @@ double sum_abs_scalar(const float* x, std::size_t n) {
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+// The residual of the last step's y (r) at element i: onebit_residual's arithmetic.
+inline float settled(const float* r, std::size_t i, u32 sb) {
+  const float v = load_f32(r, i);
+  return v - bits_f32(sb ^ (f32_bits(v) & 0x80000000u));
+}
+
 #if defined(BPS_X86_KERNELS)
 __attribute__((target("avx2"))) void onebit_pack_avx2(const float* x, std::size_t n, u8* bits) {
   std::size_t b = 0;
@@ -89,17 +95,23 @@ __attribute__((target("avx2"))) inline void sum16_abs_avx2(__m256 y0, __m256 y1,
 
 // onebit_pack_avx2 and sum_abs_avx2 of y = x + r (stored into r) in one pass: the same
 // 32-element packing steps and the same accumulators, in the same order, 16 elements a step.
+// kSettle: r is first settled with scale `prev` (onebit_residual's arithmetic, in the pass).
+template <bool kSettle>
 __attribute__((target("avx2"))) double onebit_ef_pass_avx2(const float* x, float* r,
                                                            std::size_t n, u8* bits,
-                                                           bool scaling) {
+                                                           bool scaling, float prev) {
   const __m256 mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m256 pv = _mm256_set1_ps(prev);
   __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
   __m256d a2 = _mm256_setzero_pd(), a3 = _mm256_setzero_pd();
   std::size_t i = 0;
   for (; i + 32 <= n; i += 32) {
     __m256 y[4];
     for (int j = 0; j < 4; ++j) {
-      y[j] = _mm256_add_ps(_mm256_loadu_ps(x + i + 8 * j), _mm256_loadu_ps(r + i + 8 * j));
+      __m256 rj = _mm256_loadu_ps(r + i + 8 * j);
+      if (kSettle) rj = _mm256_sub_ps(rj, _mm256_xor_ps(pv, _mm256_and_ps(rj, sign)));
+      y[j] = _mm256_add_ps(_mm256_loadu_ps(x + i + 8 * j), rj);
       _mm256_storeu_ps(r + i + 8 * j, y[j]);
     }
     const u32 word = static_cast<u32>(_mm256_movemask_ps(y[0])) |
@@ -112,7 +124,9 @@ __attribute__((target("avx2"))) double onebit_ef_pass_avx2(const float* x, float
       sum16_abs_avx2(y[2], y[3], mask, a0, a1, a2, a3);
     }
   }
-  for (std::size_t k = i; k < n; ++k) store_f32(r, k, load_f32(x, k) + load_f32(r, k));
+  const u32 sb = f32_bits(prev);
+  for (std::size_t k = i; k < n; ++k)
+    store_f32(r, k, load_f32(x, k) + (kSettle ? settled(r, k, sb) : load_f32(r, k)));
   onebit_pack_scalar(r + i, n - i, bits + i / 8);
   if (!scaling) return 0.0;
   if (i + 16 <= n) {
@@ -186,16 +200,20 @@ void onebit_decode(const u8* bits, std::size_t n, float scale, float* out, bool 
   }
 }
 
-float onebit_ef_encode(const float* x, float* r, std::size_t n, u8* bits, bool scaling) {
+float onebit_ef_encode(const float* x, float* r, std::size_t n, u8* bits, bool scaling,
+                       const float* settle) {
 #if defined(BPS_X86_KERNELS)
   if (use_avx2()) {
-    const double s = onebit_ef_pass_avx2(x, r, n, bits, scaling);
+    const double s = settle ? onebit_ef_pass_avx2<true>(x, r, n, bits, scaling, *settle)
+                            : onebit_ef_pass_avx2<false>(x, r, n, bits, scaling, 0.0f);
     if (!scaling) return 1.0f;
     if (n == 0) return 0.0f;
     return static_cast<float>(s / static_cast<double>(n));
   }
 #endif
-  for (std::size_t i = 0; i < n; ++i) store_f32(r, i, load_f32(x, i) + load_f32(r, i));
+  const u32 sb = settle ? f32_bits(*settle) : 0;
+  for (std::size_t i = 0; i < n; ++i)
+    store_f32(r, i, load_f32(x, i) + (settle ? settled(r, i, sb) : load_f32(r, i)));
   return onebit_encode(r, n, bits, scaling);
 }
 

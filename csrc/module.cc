@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -209,7 +210,8 @@ void py_onebit_decode(py::handle bits, float scale, py::handle out, bool add) {
                           static_cast<float*>(os.data()), add);
 }
 
-float py_onebit_ef_encode(py::handle x, py::handle r, py::handle bits, bool scaling) {
+float py_onebit_ef_encode(py::handle x, py::handle r, py::handle bits, bool scaling,
+                          std::optional<float> settle) {
   const Buffer xs(x, false, "onebit_ef_encode", "x"), rs(r, true, "onebit_ef_encode", "r"),
       bs(bits, true, "onebit_ef_encode", "bits");
   const std::size_t n = f32_count(xs, "onebit_ef_encode", "x");
@@ -218,7 +220,8 @@ float py_onebit_ef_encode(py::handle x, py::handle r, py::handle bits, bool scal
   py::gil_scoped_release nogil;
   return compress::onebit_ef_encode(static_cast<const float*>(xs.data()),
                                     static_cast<float*>(rs.data()), n,
-                                    static_cast<std::uint8_t*>(bs.data()), scaling);
+                                    static_cast<std::uint8_t*>(bs.data()), scaling,
+                                    settle ? &*settle : nullptr);
 }
 
 void py_onebit_residual(py::handle y, float scale) {
@@ -301,8 +304,9 @@ void bind_compress(py::module_& m) {
   m.def("onebit_decode", &py_onebit_decode, py::arg("bits"), py::arg("scale"), py::arg("out"),
         py::arg("add") = false, "out (+)= +-scale by the sign bits.");
   m.def("onebit_ef_encode", &py_onebit_ef_encode, py::arg("x"), py::arg("r"), py::arg("bits"),
-        py::arg("scaling"),
-        "r = x + r and onebit_encode(r, bits, scaling) in one pass; returns the scale.");
+        py::arg("scaling"), py::arg("settle") = py::none(),
+        "r = x + r and onebit_encode(r, bits, scaling) in one pass; returns the scale. With "
+        "settle: onebit_residual(r, settle) first, in the same pass.");
   m.def("onebit_residual", &py_onebit_residual, py::arg("y"), py::arg("scale"),
         "y -= what onebit_decode gives for onebit_encode's bits of y (error feedback, one pass).");
   m.def("topk_select", &py_topk_select, py::arg("x"), py::arg("idx"), py::arg("val"),

@@ -95,6 +95,33 @@ def test_onebit_residual_is_decode_then_subtract(scaling):
 
 
 @pytest.mark.parametrize("isa", ["auto", "scalar"])
+@pytest.mark.parametrize("scaling", [True, False])
+def test_onebit_ef_encode_settles_the_last_residual_in_its_pass(scaling, isa):
+    """onebit_ef_encode(.., settle=s) on the last step's y is onebit_residual(r, s) and then
+    onebit_ef_encode: the same bits, scale and new y, bit for bit, for every vector tail."""
+    old = _core._set_isa(isa)
+    try:
+        for n in (1, 15, 16, 17, 31, 32, 33, 47, 48, 1000, 100003):
+            rng = np.random.default_rng(n)
+            x = rng.standard_normal(n).astype(np.float32)
+            y = rng.standard_normal(n).astype(np.float32)
+            y[:min(n, 6)] = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan][:min(n, 6)]
+            prev = np.float32(0.75)
+            bits_a = np.empty((n + 7) // 8, np.uint8)
+            bits_b = np.empty_like(bits_a)
+            a, b = y.copy(), y.copy()
+            with np.errstate(invalid="ignore"):
+                _core.onebit_residual(a, prev)
+                sa = _core.onebit_ef_encode(x, a, bits_a, scaling)
+                sb = _core.onebit_ef_encode(x, b, bits_b, scaling, float(prev))
+            assert a.tobytes() == b.tobytes(), n
+            assert bits_a.tobytes() == bits_b.tobytes(), n
+            assert np.float32(sa).tobytes() == np.float32(sb).tobytes(), n
+    finally:
+        _core._set_isa(old)
+
+
+@pytest.mark.parametrize("isa", ["auto", "scalar"])
 @pytest.mark.parametrize("inner", ["onebit", "onebit_noscale", "topk", "topk3", "randomk"])
 def test_fused_error_feedback_is_the_unfused_composition(inner, isa):
     """Both codecs run error feedback fused for onebit (onebit_ef_encode, onebit_residual) and
@@ -110,6 +137,7 @@ def test_fused_error_feedback_is_the_unfused_composition(inner, isa):
         for n in (3, 15, 16, 17, 31, 32, 33, 47, 48, 50, 1000, 100003):
             rng = np.random.default_rng(n)
             py = comp.make_codec(n, role="worker", key=1)
+            lazy = comp.make_codec(n, role="worker", key=1)  # residual read only at the end
             nat = _core.NativeCodec(native_params(comp, n), 1, n)
             plain = plain_c.make_codec(n, role="worker", key=1)
             r = np.zeros(n, np.float32)
@@ -125,9 +153,12 @@ def test_fused_error_feedback_is_the_unfused_composition(inner, isa):
                     plain.decode(want, d)
                     r = y - d
                     got = np.array(py.encode(x, step))
+                    got_lazy = np.array(lazy.encode(x, step))
                     nat.encode(x, step, out)
-                assert got.tobytes() == want.tobytes() == out.tobytes(), (n, step)
+                assert (got.tobytes() == want.tobytes() == out.tobytes()
+                        == got_lazy.tobytes()), (n, step)
                 assert py.residual.tobytes() == r.tobytes(), (n, step)
+            assert lazy.residual.tobytes() == r.tobytes(), n
     finally:
         _core._set_isa(old)
 
