@@ -245,7 +245,8 @@ class DataClient:
     queue with byte credits, pull responses received into the destination and divided in
     place."""
     def __init__(self, rank: int, job: int, io_threads: int, credit_bytes: int,
-                 max_message_bytes: int, auth_key: bytes = b"") -> None: ...
+                 max_message_bytes: int, auth_key: bytes = b"",
+                 codec_threads: int = 1) -> None: ...
     def connect(self, server: int, host: str, port: int, streams: int, timeout: float,
                 ucx: bool = False) -> None:
         """Open and greet ``streams`` connections (authenticated with ``auth_key``), UCX
@@ -254,11 +255,16 @@ class DataClient:
     def submit(self, op: int, priority: int, src: Buffer, dst: Buffer, wire_dtype: int,
                divisor: int, round: int,
                parts: list[tuple[int, int, int, int, int, bytes | None]],
-               compressed: bool = False) -> None:
+               compressed: bool = False, codecs: list[NativeCodec] | None = None) -> None:
         """Queue one operation: parts are (key, server, stream, offset, nbytes, declaration).
         Holds the GIL and only queues. ``src``/``dst`` must stay alive until its completion.
         ``compressed``: the parts are codec payloads (uint8, divisor 1) the server decodes and
-        answers with its encoded sum (FLAG_COMPRESSED), which lands in ``dst`` as it came."""
+        answers with its encoded sum (FLAG_COMPRESSED), which lands in ``dst`` as it came.
+        ``codecs`` (with ``compressed``, wire dtype float32, one per part): a coded operation:
+        ``src``/``dst`` are float32 and the parts' offsets and sizes theirs; each part is
+        encoded (step = ``round``) on the client's codec threads, travels as its codec's
+        payload, and the server's encoded sum is decoded into ``dst`` there and divided by
+        ``divisor``."""
     def wait(self, op: int, timeout: float) -> bool:
         """Wait (GIL released) until ``op`` completes; the completion is left for ``take``."""
     def take(self, op: int) -> Completion | None: ...

@@ -61,7 +61,7 @@ __all__ = [
     "CompressionError", "Compressor", "FP16Compressor", "BF16Compressor", "CodecCompressor",
     "Codec", "OneBit", "TopK", "RandomK", "Dithering", "ErrorFeedback", "NesterovMomentum",
     "Compression", "from_spec", "register", "unregister", "registered", "resolve", "split",
-    "HEADER_BYTES", "native_params",
+    "HEADER_BYTES", "native_params", "compiled_codec", "CompiledCodec",
 ]
 
 
@@ -885,6 +885,49 @@ def native_params(c: Compressor, n: int) -> list[int] | None:
         return [4, ef, 0, 0, c.seed, c.levels, int(c.partition == "natural"),
                 int(c.normalize == "l2")]
     return None
+
+
+def compiled_codec(c: Compressor, n: int, key: int) -> Codec | None:
+    """A worker codec of ``c`` run by ``_core`` (csrc/codec.h), or None when ``c`` has a part
+    that only Python runs (momentum, a registered compressor). It writes and reads the same
+    bytes as ``c.make_codec(n, role="worker", key=key)`` (tests/unit/test_native_codec.py) and
+    keeps its state (the error-feedback residual) in C++, where the native data plane's worker
+    side runs it too: a float32 host tensor compressed with it is one native operation, its
+    partitions encoded and decoded on the client's codec threads (worker/dataplane.py)."""
+    inner = c
+    while isinstance(inner, (ErrorFeedback, NesterovMomentum)):
+        if isinstance(inner, NesterovMomentum):
+            return None
+        inner = inner.inner
+    params = native_params(c, n)
+    return None if params is None else CompiledCodec(_core.NativeCodec(params, key, n))
+
+
+class CompiledCodec(Codec):
+    """A built-in codec (with or without error feedback) in ``_core``: ``native`` is the
+    ``_core.NativeCodec`` the native data plane's worker side takes."""
+
+    def __init__(self, native: Any):
+        self.native = native
+        self.n = native.n
+        self.max_bytes = native.max_bytes
+        self._buf = np.zeros(self.max_bytes, np.uint8)
+
+    def encode(self, x: np.ndarray, step: int) -> np.ndarray:
+        self.native.encode(_check_x(x, self.n), _check_step(step), self._buf)
+        return self._buf
+
+    def _decode(self, payload: Any, out: np.ndarray, add: bool) -> int:
+        try:
+            return int(self.native.decode(_payload_bytes(payload), out, add))
+        except ValueError as exc:
+            raise CompressionError(str(exc)) from None
+
+    def decode(self, payload: Any, out: np.ndarray) -> int:
+        return self._decode(payload, _check_out(out, self.n), False)
+
+    def decode_add(self, payload: Any, acc: np.ndarray) -> int:
+        return self._decode(payload, _check_out(acc, self.n, "acc"), True)
 
 
 # ---- server-side bounds: a compressed key's declaration is untrusted ---------------------------

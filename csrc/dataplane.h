@@ -39,6 +39,7 @@
 namespace bps {
 namespace compress {
 class ServerCodec;  // codec.h
+class FramedCodec;
 }
 namespace dp {
 
@@ -155,8 +156,10 @@ struct Completion {
 class ClientImpl;
 class DataClient {
  public:
+  // codec_threads: the threads that encode and decode coded operations' partitions (started
+  // at the first one).
   DataClient(int rank, std::uint32_t job, int io_threads, std::uint64_t credit_bytes,
-             std::uint64_t max_message_bytes, std::string auth_key);
+             std::uint64_t max_message_bytes, std::string auth_key, int codec_threads = 1);
   ~DataClient();
   // Connects `streams` TCP connections to a server and says hello on each; throws
   // std::runtime_error with the reason when it cannot within timeout seconds.
@@ -168,9 +171,15 @@ class DataClient {
   // compressed: the partitions are codec payloads (uint8, FLAG_COMPRESSED) the server decodes
   // and answers with its encoded sum, which lands in dst as it came (divisor 1), of any size
   // up to dst_bytes (dst's size; the completion's bytes say how many came).
+  // codecs (one per part; compressed, wire dtype float32): a coded operation. src and dst are
+  // float32 and parts' offsets and sizes are theirs; each part is encoded by its codec (step =
+  // its round) on the codec threads before its push, travels as the codec's payload, and the
+  // server's encoded sum is decoded into dst there and divided by divisor. A codec is used by
+  // one operation at a time (the caller's rounds of a tensor are sequential).
   void submit(std::uint64_t op, int priority, const char* src, char* dst, int wire_dtype,
               std::int64_t divisor, std::vector<PartSpec> parts, bool compressed = false,
-              std::uint64_t dst_bytes = 0);
+              std::uint64_t dst_bytes = 0,
+              std::vector<std::shared_ptr<compress::FramedCodec>> codecs = {});
   // Waits (without consuming) until `op` has completed; false on timeout.
   bool wait(std::uint64_t op, double timeout);
   // Takes the completion of `op` if it has completed.

@@ -13,7 +13,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "codec.h"
 #include "dataplane_auth.h"
+#include "dataplane_coder.h"
 #include "dataplane_io.h"
 #include "dataplane_ucx.h"
 #include "dtype.h"
@@ -21,6 +23,11 @@
 
 namespace bps {
 namespace dp {
+
+// the wire dtype of codec payloads (wire.h's table)
+constexpr int kWireUint8 = 7;
+static_assert(kWireDTypes[kWireUint8].name[0] == 'u' && kWireDTypes[kWireUint8].itemsize == 1,
+              "wire dtype code 7 is uint8");
 
 // =============================================================================================
 // client
@@ -30,6 +37,11 @@ struct Part {
   PartSpec spec;
   bool dispatched = false, acked = false, done = false;
   double t_sent = 0, t_acked = 0, t_done = 0;
+  std::uint64_t wire = 0;  // its bytes on the wire: spec.nbytes, or the codec's payload
+  // a coded operation's: the codec that encodes src and decodes into dst, the encoded push
+  // and the server's encoded sum
+  std::shared_ptr<compress::FramedCodec> codec;
+  std::vector<std::uint8_t> out, in;
 };
 struct Op {
   std::uint64_t id = 0;
@@ -41,6 +53,7 @@ struct Op {
   std::size_t isz = 4;            // the wire dtype's itemsize
   bool compressed = false;        // codec payloads (uint8): nothing summed or scaled here
   std::uint64_t dst_bytes = 0;    // compressed: dst's size, room for an answer of any size
+  bool coded = false;             // float32 in and out, each part encoded/decoded by its codec
   int contrib = 0;                // pushes the server's round summed when fewer than all
   std::int64_t divisor = 1;
   std::vector<Part> parts;
@@ -58,8 +71,9 @@ class ClientConn;
 class ClientImpl {
  public:
   ClientImpl(int rank, std::uint32_t job, int io_threads, std::uint64_t credit,
-             std::uint64_t max_msg, std::string key)
-      : rank_(rank), job_(job), key_(std::move(key)), credit_(credit), max_msg_(max_msg) {
+             std::uint64_t max_msg, std::string key, int codec_threads)
+      : rank_(rank), job_(job), key_(std::move(key)), credit_(credit), max_msg_(max_msg),
+        coders_(codec_threads) {
     for (int i = 0; i < std::max(1, io_threads); ++i) {
       loops_.emplace_back(new IoLoop());
       loops_.back()->start(nullptr);
@@ -72,30 +86,12 @@ class ClientImpl {
 
   void submit(std::uint64_t id, int priority, const char* src, char* dst, int wire_dtype,
               std::int64_t divisor, std::vector<PartSpec> parts, bool compressed,
-              std::uint64_t dst_bytes) {
-    auto op = std::make_shared<Op>();
-    op->id = id;
-    op->priority = priority;
-    op->src = src;
-    op->dst = dst;
-    op->wire_dtype = wire_dtype;
-    const int kdt = wire_to_kernel_dtype(wire_dtype);
-    if (compressed) {
-      if (wire_itemsize(wire_dtype) != 1 || divisor != 1)
-        throw std::invalid_argument("submit: a compressed payload is uint8, never divided");
-    } else if (kdt < 0) {
-      throw std::invalid_argument("submit: wire dtype cannot be summed");
-    } else {
-      op->kdt = static_cast<DType>(kdt);
-    }
-    op->compressed = compressed;
-    op->dst_bytes = compressed ? dst_bytes : 0;
-    op->isz = wire_itemsize(wire_dtype);
-    op->divisor = divisor;
-    op->parts.resize(parts.size());
-    for (std::size_t i = 0; i < parts.size(); ++i) op->parts[i].spec = std::move(parts[i]);
-    op->remaining = parts.size();
+              std::uint64_t dst_bytes,
+              std::vector<std::shared_ptr<compress::FramedCodec>> codecs) {
+    auto op = make_op(id, priority, src, dst, wire_dtype, divisor, std::move(parts), compressed,
+                      dst_bytes, std::move(codecs));
     std::vector<Ready> ready;
+    std::vector<std::size_t> encode;  // a coded op's parts, for the codec threads
     {
       std::lock_guard<std::mutex> g(mu_);
       if (closed_) throw std::runtime_error("the data plane is closed");
@@ -113,12 +109,20 @@ class ClientImpl {
           fail_locked(*op, "peer_lost", s.server, servers_[s.server].lost);
           break;
         }
-        pq_.push(QItem{priority, seq_++, op, i});
+        if (op->coded) {
+          if (i == 0) coded_ops_++;
+          op->active++;  // its encode reads src: no completion before it is done
+          encode.push_back(i);
+        } else {
+          pq_.push(QItem{priority, seq_++, op, i});
+        }
       }
       maybe_report_locked(op);
       dispatch_locked(&ready);
     }
     send_ready(ready, true);
+    for (std::size_t i : encode)
+      if (!coders_.post([this, op, i] { encode_part(op, i); })) coded_dropped(op);
   }
 
   // The caller takes this completion itself: completions() leaves it alone meanwhile.
@@ -177,6 +181,7 @@ class ClientImpl {
       closed_ = true;
     }
     for (auto& l : loops_) l->stop();   // closes every stream: their ops fail
+    coders_.stop();  // no codec job touches a caller's buffers once its op is reported
     std::lock_guard<std::mutex> g(mu_);
     for (auto& kv : ops_) {
       fail_locked(*kv.second, "closed", -1, "the data plane was closed");
@@ -207,6 +212,8 @@ class ClientImpl {
   std::map<std::string, std::uint64_t> stats() {
     std::map<std::string, std::uint64_t> s = c_.snapshot();
     s["io_threads"] = loops_.size();
+    s["codec_threads"] = static_cast<std::uint64_t>(coders_.threads());
+    s["coded_ops"] = coded_ops_;
     std::lock_guard<std::mutex> g(mu_);
     s["inflight_bytes"] = inflight_bytes_;
     s["ops"] = ops_.size();
@@ -228,6 +235,117 @@ class ClientImpl {
     int contrib = 0;  // > 0: the round summed this many pushes (ranks had joined)
     std::uint64_t len = 0;  // the answer's bytes
   };
+
+  // An operation's record, its arguments checked: codecs (one per part) make it coded.
+  static std::shared_ptr<Op> make_op(std::uint64_t id, int priority, const char* src, char* dst,
+                                     int wire_dtype, std::int64_t divisor,
+                                     std::vector<PartSpec> parts, bool compressed,
+                                     std::uint64_t dst_bytes,
+                                     std::vector<std::shared_ptr<compress::FramedCodec>> codecs) {
+    auto op = std::make_shared<Op>();
+    op->id = id;
+    op->priority = priority;
+    op->src = src;
+    op->dst = dst;
+    op->coded = !codecs.empty();
+    const int kdt = wire_to_kernel_dtype(wire_dtype);
+    if (op->coded) {
+      if (!compressed || codecs.size() != parts.size() ||
+          kdt != static_cast<int>(DType::kFloat32))
+        throw std::invalid_argument("submit: a coded operation is float32 and compressed, "
+                                    "with one codec per part");
+      op->kdt = DType::kFloat32;
+      wire_dtype = kWireUint8;  // its payloads travel as uint8, FLAG_COMPRESSED
+    } else if (compressed) {
+      if (wire_itemsize(wire_dtype) != 1 || divisor != 1)
+        throw std::invalid_argument("submit: a compressed payload is uint8, never divided");
+    } else if (kdt < 0) {
+      throw std::invalid_argument("submit: wire dtype cannot be summed");
+    } else {
+      op->kdt = static_cast<DType>(kdt);
+    }
+    op->wire_dtype = wire_dtype;
+    op->compressed = compressed;
+    op->dst_bytes = compressed && !op->coded ? dst_bytes : 0;
+    op->isz = wire_itemsize(wire_dtype);
+    op->divisor = divisor;
+    op->parts.resize(parts.size());
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      Part& p = op->parts[i];
+      p.spec = std::move(parts[i]);
+      p.wire = p.spec.nbytes;
+      if (!op->coded) continue;
+      p.codec = std::move(codecs[i]);
+      if (!p.codec || 4 * p.codec->n() != p.spec.nbytes)
+        throw std::invalid_argument("submit: the codec of key " + std::to_string(p.spec.key) +
+                                    " is not one of " + std::to_string(p.spec.nbytes / 4) +
+                                    " float32 elements");
+      p.wire = p.codec->max_bytes();
+      p.out.resize(p.wire);
+      p.in.resize(p.wire);
+    }
+    op->remaining = op->parts.size();
+    return op;
+  }
+
+  // A codec thread: part i of a coded operation encoded into its push payload, which then
+  // joins the send queue at the operation's priority.
+  void encode_part(const std::shared_ptr<Op>& op, std::size_t i) {
+    Part& p = op->parts[i];
+    bool skip;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      skip = op->failed;
+    }
+    if (!skip) p.codec->encode(reinterpret_cast<const float*>(op->src + p.spec.offset),
+                               static_cast<std::uint64_t>(p.spec.round), p.out.data());
+    std::vector<Ready> ready;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      op->active--;
+      if (!op->failed) pq_.push(QItem{op->priority, seq_++, op, i});
+      maybe_report_locked(op);
+      dispatch_locked(&ready);
+    }
+    send_ready(ready, true);
+  }
+
+  // A codec thread: the server's encoded sum of part t.idx decoded into dst and averaged.
+  void decode_part(const Target& t) {
+    Op& op = *t.op;
+    Part& p = op.parts[t.idx];
+    std::string err;
+    bool skip;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      skip = op.failed;
+    }
+    if (!skip) {
+      try {
+        const std::uint64_t step = p.codec->decode(
+            p.in.data(), p.in.size(), reinterpret_cast<float*>(op.dst + p.spec.offset), false);
+        if (step != static_cast<std::uint64_t>(p.spec.round))
+          err = "is of step " + std::to_string(step) + ", expected " +
+                std::to_string(p.spec.round);
+      } catch (const std::invalid_argument& exc) {
+        err = exc.what();
+      }
+    }
+    if (!err.empty()) {
+      std::lock_guard<std::mutex> g(mu_);
+      fail_locked(op, "protocol", p.spec.server, "server " + std::to_string(p.spec.server) +
+                  "'s compressed sum of key " + std::to_string(p.spec.key) + ": " + err);
+    }
+    finish_part(t, err.empty() && !skip);
+  }
+
+  // A codec job that will never run (the client is closing): its operation fails.
+  void coded_dropped(const std::shared_ptr<Op>& op) {
+    std::lock_guard<std::mutex> g(mu_);
+    fail_locked(*op, "closed", -1, "the data plane was closed");
+    op->active--;
+    maybe_report_locked(op);
+  }
 
   // PUSH_ACK: the push is in the server's hands; its bytes leave the credit.
   void on_ack(int server, const Header& h) {
@@ -255,18 +373,19 @@ class ClientImpl {
     Part& p = op.parts[it->second.idx];
     if (p.spec.round != h.round || p.spec.server != server || op.failed) return nullptr;
     // a compressed answer is the server codec's encoded sum: any size dst has room for (a
-    // registered compressor's payloads vary); any other answer is the part's exact size
+    // registered compressor's payloads vary); a coded part's is its codec's payload size; any
+    // other answer is the part's exact size
     const std::uint64_t room =
         op.dst_bytes > p.spec.offset ? op.dst_bytes - p.spec.offset : p.spec.nbytes;
-    const bool fits = op.compressed ? h.nbytes >= 1 && h.nbytes <= room
-                                    : h.nbytes == p.spec.nbytes;
+    const bool loose = op.compressed && !op.coded;
+    const bool fits = loose ? h.nbytes >= 1 && h.nbytes <= room : h.nbytes == p.wire;
     if (h.dtype != op.wire_dtype || !fits) {
       auto keep = it->second.op;
       fail_locked(op, "protocol", server, "server " + std::to_string(server) +
                   " answered key " + std::to_string(h.key) + " with " +
                   std::to_string(h.nbytes) + " bytes of dtype code " +
-                  std::to_string(h.dtype) + ", expected " + (op.compressed ? "at most " : "") +
-                  std::to_string(op.compressed ? room : p.spec.nbytes) +
+                  std::to_string(h.dtype) + ", expected " + (loose ? "at most " : "") +
+                  std::to_string(loose ? room : p.wire) +
                   " bytes of dtype code " + std::to_string(op.wire_dtype));
       maybe_report_locked(keep);
       return nullptr;
@@ -276,10 +395,20 @@ class ClientImpl {
     t->contrib = (h.flags & kFlagContrib) ? static_cast<int>(h.flags >> kContribShift) : 0;
     if (t->contrib > 0) op.contrib = t->contrib;
     op.active++;
-    return op.dst + p.spec.offset;
+    return op.coded ? reinterpret_cast<char*>(p.in.data()) : op.dst + p.spec.offset;
   }
 
   void resp_done(const Target& t, bool ok) {
+    if (ok && t.op->coded) {  // decoded (and averaged) on a codec thread, never on this one
+      if (!coders_.post([this, t] { decode_part(t); })) coded_dropped(t.op);
+      return;
+    }
+    finish_part(t, ok);
+  }
+
+  // A part's result is in dst (ok) or never will be: average it, release its credit, and
+  // complete the operation when it was the last.
+  void finish_part(const Target& t, bool ok) {
     Op& op = *t.op;
     Part& p = op.parts[t.idx];
     // an average divides by the ranks that pushed: all of them, or those not joined (join())
@@ -293,7 +422,7 @@ class ClientImpl {
       if (ok && !p.done) {
         release_locked(p);
         p.done = true;
-        op.bytes += t.len;  // a compressed answer's own size
+        op.bytes += t.len;  // the answer's own size (a compressed one's varies)
         auto it = inflight_.find(p.spec.key);
         if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
         op.remaining--;
@@ -369,7 +498,7 @@ class ClientImpl {
   void release_locked(Part& p) {
     if (p.dispatched && !p.acked) {
       p.acked = true;
-      inflight_bytes_ -= std::min<std::uint64_t>(inflight_bytes_, p.spec.nbytes);
+      inflight_bytes_ -= std::min<std::uint64_t>(inflight_bytes_, p.wire);
     }
   }
 
@@ -418,7 +547,7 @@ class ClientImpl {
         pq_.pop();
         continue;
       }
-      if (credit_ && inflight_bytes_ > 0 && inflight_bytes_ + p.spec.nbytes > credit_) break;
+      if (credit_ && inflight_bytes_ > 0 && inflight_bytes_ + p.wire > credit_) break;
       ServerSlot& s = servers_[p.spec.server];
       if (!s.lost.empty()) {
         auto keep = top.op;
@@ -430,7 +559,7 @@ class ClientImpl {
       p.dispatched = true;
       p.t_sent = monotonic_now();
       if (log_.size() < kDispatchLog) log_.push_back(p.spec.key);
-      inflight_bytes_ += p.spec.nbytes;
+      inflight_bytes_ += p.wire;
       inflight_[p.spec.key] = Target{top.op, top.idx};
       if (op.t_first == 0) op.t_first = monotonic_now();
       op.active++;
@@ -444,7 +573,8 @@ class ClientImpl {
   void send_ready(std::vector<Ready>& ready, bool from_user = false) {
     for (auto& r : ready) {
       Op& op = *r.op;
-      const PartSpec& s = op.parts[r.idx].spec;
+      const Part& part = op.parts[r.idx];
+      const PartSpec& s = part.spec;
       Out o;
       std::uint32_t flags = kFlagPull | (op.compressed ? kFlagCompressed : 0);
       if (!s.decl.empty()) {
@@ -453,9 +583,9 @@ class ClientImpl {
       }
       o.hdr = make_header(kPush, kRoleWorker, rank_, flags, job_, s.key, s.round,
                           static_cast<std::uint8_t>(op.wire_dtype),
-                          s.nbytes / op.isz, s.nbytes);
-      o.payload = op.src + s.offset;
-      o.plen = s.nbytes;
+                          part.wire / op.isz, part.wire);
+      o.payload = op.coded ? reinterpret_cast<const char*>(part.out.data()) : op.src + s.offset;
+      o.plen = part.wire;
       auto keep = r.op;
       o.done = [this, keep](bool) { sent(keep); };
       if (from_user) {
@@ -468,6 +598,7 @@ class ClientImpl {
   }
 
   const std::uint64_t credit_, max_msg_;
+  CoderPool coders_;
   std::vector<std::unique_ptr<IoLoop>> loops_;
   std::size_t next_loop_ = 0;
   std::mutex mu_;
@@ -479,6 +610,7 @@ class ClientImpl {
   std::unordered_set<std::uint64_t> waited_;     // completions a waiter takes itself
   std::priority_queue<QItem> pq_;
   std::uint64_t seq_ = 0;
+  std::uint64_t coded_ops_ = 0;  // coded operations submitted (guarded by mu_)
   std::uint64_t inflight_bytes_ = 0;
   std::unordered_map<std::uint64_t, Target> inflight_;   // key -> partition in flight
   bool paused_ = false;
@@ -606,8 +738,9 @@ void ClientImpl::connect(int server, const std::string& host, int port, int stre
 }
 
 DataClient::DataClient(int rank, std::uint32_t job, int io_threads, std::uint64_t credit,
-                       std::uint64_t max_msg, std::string auth_key)
-    : impl_(new ClientImpl(rank, job, io_threads, credit, max_msg, std::move(auth_key))) {}
+                       std::uint64_t max_msg, std::string auth_key, int codec_threads)
+    : impl_(new ClientImpl(rank, job, io_threads, credit, max_msg, std::move(auth_key),
+                           codec_threads)) {}
 DataClient::~DataClient() = default;
 void DataClient::connect(int server, const std::string& host, int port, int streams,
                          double timeout, bool ucx) {
@@ -615,9 +748,10 @@ void DataClient::connect(int server, const std::string& host, int port, int stre
 }
 void DataClient::submit(std::uint64_t op, int priority, const char* src, char* dst,
                         int wire_dtype, std::int64_t divisor, std::vector<PartSpec> parts,
-                        bool compressed, std::uint64_t dst_bytes) {
+                        bool compressed, std::uint64_t dst_bytes,
+                        std::vector<std::shared_ptr<compress::FramedCodec>> codecs) {
   impl_->submit(op, priority, src, dst, wire_dtype, divisor, std::move(parts), compressed,
-                dst_bytes);
+                dst_bytes, std::move(codecs));
 }
 bool DataClient::wait(std::uint64_t op, double timeout) { return impl_->wait(op, timeout); }
 bool DataClient::take(std::uint64_t op, Completion* out) { return impl_->take(op, out); }

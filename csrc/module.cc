@@ -332,7 +332,7 @@ void bind_compress(py::module_& m) {
 
 // ---- the framed codecs (codec.h): the native server's, for tests against compression.py ----
 void bind_codec(py::module_& m) {
-  py::class_<compress::FramedCodec>(m, "NativeCodec")
+  py::class_<compress::FramedCodec, std::shared_ptr<compress::FramedCodec>>(m, "NativeCodec")
       .def(py::init([](const std::vector<std::uint64_t>& params, std::uint64_t key,
                        std::size_t n) {
              try {
@@ -657,9 +657,18 @@ void bind_data_server(py::module_& m) {
 // write).
 void data_client_submit(dp::DataClient& c, std::uint64_t op, int priority, py::handle src,
                         py::handle dst, int wire_dtype, std::int64_t divisor,
-                        std::int64_t round, py::list parts, bool compressed) {
+                        std::int64_t round, py::list parts, bool compressed,
+                        py::object codec_list) {
+  std::vector<std::shared_ptr<compress::FramedCodec>> codecs;
+  if (!codec_list.is_none()) {
+    for (py::handle c : codec_list.cast<py::list>())
+      codecs.push_back(c.cast<std::shared_ptr<compress::FramedCodec>>());
+    if (!compressed || codecs.size() != parts.size() || wire_dtype != 1)
+      throw py::value_error("submit: codecs make a coded operation: compressed=True, wire "
+                            "dtype float32 (code 1), one codec per part");
+  }
   const std::size_t isz = dp::wire_itemsize(wire_dtype);
-  if (compressed && (isz != 1 || divisor != 1))
+  if (compressed && codecs.empty() && (isz != 1 || divisor != 1))
     throw py::value_error("submit: a compressed payload is uint8 (wire dtype code "
                           "7) and is never divided");
   if (!compressed && dp::wire_to_kernel_dtype(wire_dtype) < 0)
@@ -695,14 +704,15 @@ void data_client_submit(dp::DataClient& c, std::uint64_t op, int priority, py::h
   }
   c.submit(op, priority, static_cast<const char*>(s.data()),
            static_cast<char*>(d.data()), wire_dtype, divisor, std::move(specs),
-           compressed, compressed ? d.size() : 0);
+           compressed, compressed && codecs.empty() ? d.size() : 0, std::move(codecs));
 }
 
 void bind_data_client(py::module_& m) {
   py::class_<dp::DataClient>(m, "DataClient")
-      .def(py::init<int, std::uint32_t, int, std::uint64_t, std::uint64_t, std::string>(),
+      .def(py::init<int, std::uint32_t, int, std::uint64_t, std::uint64_t, std::string, int>(),
            py::arg("rank"), py::arg("job"), py::arg("io_threads"), py::arg("credit_bytes"),
-           py::arg("max_message_bytes"), py::arg("auth_key") = py::bytes())
+           py::arg("max_message_bytes"), py::arg("auth_key") = py::bytes(),
+           py::arg("codec_threads") = 1)
       .def("connect", &dp::DataClient::connect, py::arg("server"), py::arg("host"),
            py::arg("port"), py::arg("streams"), py::arg("timeout"), py::arg("ucx") = false,
            py::call_guard<py::gil_scoped_release>())
@@ -711,7 +721,7 @@ void bind_data_client(py::module_& m) {
           &data_client_submit,
           py::arg("op"), py::arg("priority"), py::arg("src"), py::arg("dst"),
           py::arg("wire_dtype"), py::arg("divisor"), py::arg("round"), py::arg("parts"),
-          py::arg("compressed") = false)
+          py::arg("compressed") = false, py::arg("codecs") = py::none())
       .def("wait", &dp::DataClient::wait, py::arg("op"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
       .def(

@@ -37,7 +37,7 @@ from ..transport import native
 from ..wire import DTYPE_CODE, first_round
 from .dispatch import server_error
 from .handle import Handle
-from .pipeline import PULL, PUSH, Task
+from .pipeline import PULL, PUSH, Task, codec_threads
 from .tensors import NativePart, TensorState, decl_bytes, declaration
 
 if TYPE_CHECKING:
@@ -91,7 +91,8 @@ class NativeDataPlane:
         key = native.auth_key(cfg)
         cli = _core.DataClient(m.push_rank, m.job, native.io_threads(cfg), credit,
                                cfg.transport.max_message_bytes,
-                               **({"auth_key": key} if key else {}))
+                               **({"auth_key": key} if key else {}),
+                               codec_threads=codec_threads(cfg.scheduling.codec_threads))
         self.streams = native.streams(cfg)
         try:
             for idx, p in enumerate(servers):
@@ -128,15 +129,16 @@ class NativeDataPlane:
 
     def submit_tensor(self, cli: _core.DataClient, st: TensorState, h: Handle, rnd: int,
                       src: np.ndarray, dst: np.ndarray, dtype: str, average: bool,
-                      priority: int) -> None:
+                      priority: int, coded: bool = False) -> None:
         """All partitions of a host tensor as one native operation: one call in, one
-        completion out, whatever the number of partitions."""
+        completion out, whatever the number of partitions. ``coded``: a float32 tensor whose
+        partitions the client encodes and decodes with ``st.compiled`` (its codec threads)."""
         flight = self.flight
         lane = self._lane
         parts: list[NativePart] | None
         if first_round(rnd):  # the declarations travel once per key (and epoch)
             parts = [(key, server, lane(key), off, n,
-                      decl_bytes(declaration(st, dtype, part)))
+                      decl_bytes(self._declaration(st, dtype, part, coded)))
                      for part, (off, n, key, server) in enumerate(st.parts)]
         else:
             parts = st.native_parts
@@ -150,13 +152,30 @@ class NativeDataPlane:
             self._ops[op] = (h, st, rnd, priority, time.monotonic())
         h.fast_wait = lambda timeout, op=op: self._wait(op, timeout)
         try:
-            cli.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, rnd, parts)
+            if coded:
+                cli.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, rnd, parts,
+                           compressed=True, codecs=st.compiled)
+            else:
+                cli.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, rnd, parts)
         except (RuntimeError, ValueError) as exc:
             with flight.lock:
                 self._ops.pop(op, None)
             h.fail(CommunicationError(f"push_pull of {st.name!r}: {exc}"))
             return
-        flight.bytes_pushed += st.nbytes
+        flight.bytes_pushed += (sum(c.max_bytes for c in st.compiled)
+                                if coded and st.compiled else st.nbytes)
+
+    @staticmethod
+    def _declaration(st: TensorState, dtype: str, part: int, coded: bool) -> dict[str, Any]:
+        """A partition's declaration; a coded one names its codec as the pipeline's does
+        (rounds.Rounds.start)."""
+        decl = declaration(st, dtype, part)
+        if coded:
+            assert st.native_codec is not None
+            decl["native_codec"] = st.native_codec[part]
+            decl["compressor"] = st.spec
+            decl["count"] = st.parts[part][1] // 4
+        return decl
 
     def submit_task(self, cli: _core.DataClient, task: Task) -> None:
         """One partition that reached the PUSH stage (its push credit already returned: the

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..wire import ITEMSIZE, SUMMABLE, dtype_name, first_round
 from .handle import Handle
-from .pipeline import COPY_D2H, PULL, PUSH, Phase, Task, itinerary
+from .pipeline import COMPRESS, COPY_D2H, DECOMPRESS, PULL, PUSH, Phase, Task, itinerary
 from .tensors import DeviceCopier, TensorState, declaration
 
 if TYPE_CHECKING:
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from .local_reduce import LocalReduction
     from .membership import Membership
     from .tensors import TensorRegistry
+
+#: the itinerary of a compressed host partition of a machine's only rank
+_CODED = (COMPRESS, PUSH, PULL, DECOMPRESS)
 
 
 def host_arrays(array: Any, out: Any, name: str | None,
@@ -172,6 +175,12 @@ class Rounds:
         if cli is not None and on_native and route == (PUSH, PULL):
             # a host tensor: one native operation
             self.plane.submit_tensor(cli, st, h, rnd, src, dst, dtype, average, priority)
+            return
+        if cli is not None and on_native and st.compiled and route == _CODED:
+            # a host float32 tensor with a compiled codec: one native operation too, its
+            # partitions encoded and decoded on the client's codec threads
+            self.plane.submit_tensor(cli, st, h, rnd, src, dst, dtype, average, priority,
+                                     coded=True)
             return
         pipeline = self.flight.active_pipeline
         phase = Phase.SUM_SLICE if prereduced else Phase.COPY_IN

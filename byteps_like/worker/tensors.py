@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..compression import native_params
+from ..compression import CompiledCodec, compiled_codec, native_params
 from ..errors import MismatchError
 from ..partition import ServerAssigner, make_key, partition_bounds
 from ..wire import ITEMSIZE
@@ -82,6 +82,9 @@ class TensorState:
     # per partition, the server codec's parameters for the native data plane
     # (compression.native_params); None when a codec has none (a registered compressor)
     native_codec: list[list[int]] | None = None
+    # per partition, the worker codec's _core.NativeCodec when every one is compiled (a float32
+    # tensor with a built-in codec): the native data plane then runs them itself
+    compiled: list[Any] | None = None
 
 
 def declaration(st: TensorState, dtype: str, part: int) -> dict[str, Any]:
@@ -186,14 +189,25 @@ class TensorRegistry:
             if makes_codecs:
                 assert st.dtype is not None
                 native: list[list[int]] | None = []
+                compiled: list[Any] | None = []
                 for _off, n, key, _server in st.parts:
                     count = n // ITEMSIZE[st.dtype]
-                    st.codecs.append(compression.make_codec(count, role="worker", key=key))
+                    # a float32 tensor's built-in codec runs in C++, where the native data
+                    # plane can run it too (a coded operation, worker/dataplane.py)
+                    codec = (compiled_codec(compression, count, key)
+                             if st.dtype == "float32" else None)
+                    if codec is None:
+                        codec = compression.make_codec(count, role="worker", key=key)
+                    st.codecs.append(codec)
+                    compiled = (compiled + [codec.native]
+                                if compiled is not None and isinstance(codec, CompiledCodec)
+                                else None)
                     st.scratch.append(None if st.dtype == "float32"
                                       else np.empty(count, np.float32))
                     params = native_params(compression, count)
                     native = None if native is None or params is None else native + [params]
                 st.native_codec = native
+                st.compiled = compiled if native is not None else None
             return
         if st.spec != wanted:
             raise MismatchError(f"worker rank {rank}: tensor {st.name!r} was first "

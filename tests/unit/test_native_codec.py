@@ -357,3 +357,106 @@ def test_pushes_of_another_step_in_one_round_fail_the_key_naming_both_steps(clea
         assert not c[1] and c[2] == "remote", c
         msg = decode_error(c[4])[1]
         assert "pushed step 5 while the round holds step 0" in msg and "'w'" in msg, msg
+
+
+# ---- coded operations: the worker's codecs run by the native client ----------------------------
+
+def _coded_cluster(cleanup, workers: int, servers: int, codec_threads: int):
+    from .test_native_dataplane import JOB, MAXMSG, PART, connect
+    srvs = []
+    for r in range(servers):
+        srv, port = make_server(workers, rank=r)
+        srv.set_partition_bytes(1 << 22)
+        cleanup.append(srv)
+        srvs.append((srv, port))
+    clis = []
+    for r in range(workers):
+        cli = _core.DataClient(r, JOB, 2, 4 * PART, MAXMSG, codec_threads=codec_threads)
+        cleanup.append(cli)
+        for i, (_srv, port) in enumerate(srvs):
+            connect(cli, i, port, 2)
+        clis.append(cli)
+    return [s for s, _ in srvs], clis
+
+
+@pytest.mark.parametrize("name", ["onebit", "topk_ef", "randomk_ef", "dithering_natural_l2_ef"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_coded_operation_equals_the_pipelines_codecs_bit_for_bit(name, threads, cleanup):
+    """Two workers push a 3-partition float32 tensor over two servers for three rounds as one
+    coded operation each (the client encodes with its codecs, the servers sum, the client
+    decodes and averages): every result equals the Python pipeline's way -- compression.py's
+    worker codecs encode, the server codec decodes, sums and encodes, the worker codec decodes,
+    scale_into divides -- so the error-feedback residuals on both sides agree too."""
+    from byteps_like.compression import compiled_codec
+    comp = COMPRESSORS[name]
+    if name == "dithering_natural_l2_ef":  # its momentum is Python's: not compiled
+        assert compiled_codec(comp, 100, 1) is None
+        comp = Compression.dithering(8, "natural", "l2", 5, True)
+    sizes = [20000, 20000, 7001]
+    offs = np.cumsum([0] + sizes[:-1])
+    keys = [5, 6, 7]
+    srvs, clis = _coded_cluster(cleanup, 2, 2, threads)
+    natives = [[compiled_codec(comp, n, k) for n, k in zip(sizes, keys)] for _ in clis]
+    py_w = [[comp.make_codec(n, role="worker", key=k) for n, k in zip(sizes, keys)] for _ in clis]
+    py_s = [comp.make_codec(n, role="server", key=k) for n, k in zip(sizes, keys)]
+    rng = np.random.default_rng(3)
+    for rnd in range(3):
+        xs = [rng.standard_normal(sum(sizes)).astype(np.float32) for _ in clis]
+        outs = [np.full(sum(sizes), np.nan, np.float32) for _ in clis]
+        for r, cli in enumerate(clis):
+            parts = []
+            for i, (n, k) in enumerate(zip(sizes, keys)):
+                decl = (_decl("t", comp, n).replace(b'"part":0', b'"part":%d' % i)
+                        if rnd == 0 else None)
+                parts.append((k, k % 2, 0, int(offs[i]) * 4, n * 4, decl))
+            cli.submit(rnd + 1, 0, xs[r], outs[r], DTYPE_CODE["float32"], 2, rnd, parts,
+                       compressed=True, codecs=[c.native for c in natives[r]])
+        comps = [cli.wait(rnd + 1, 20.0) and cli.take(rnd + 1) for cli in clis]
+        assert all(c and c[1] for c in comps), comps
+        for i, (n, off) in enumerate(zip(sizes, offs)):
+            pushes = [np.array(py_w[r][i].encode(xs[r][off:off + n], rnd)) for r in range(2)]
+            acc = np.empty(n, np.float32)
+            py_s[i].decode(pushes[0], acc)
+            py_s[i].decode_add(pushes[1], acc)
+            summed = np.array(py_s[i].encode(acc, rnd))
+            want = np.empty(n, np.float32)
+            py_w[0][i].decode(summed, want)
+            _core.scale_into(want, "float32", 2)
+            for r in range(2):
+                assert outs[r][off:off + n].tobytes() == want.tobytes(), (name, rnd, i, r)
+        # the wire carried the payloads: the completion counts their bytes
+        assert comps[0][7] == sum(c.max_bytes for c in natives[0])
+    assert sum(s.stats()["rounds"] for s in srvs) == 9
+
+
+def test_a_coded_operation_checks_its_codecs(cleanup):
+    _srvs, (cli,) = _coded_cluster(cleanup, 1, 1, 1)
+    x, out = np.ones(1000, np.float32), np.empty(1000, np.float32)
+    good = _core.NativeCodec(native_params(Compression.onebit(), 1000), 5, 1000)
+    small = _core.NativeCodec(native_params(Compression.onebit(), 999), 5, 999)
+    part = [(5, 0, 0, 0, 4000, None)]
+    f32 = DTYPE_CODE["float32"]
+    with pytest.raises(ValueError, match="not one of 1000 float32"):
+        cli.submit(1, 0, x, out, f32, 1, 0, part, compressed=True, codecs=[small])
+    with pytest.raises(ValueError, match="one codec per part"):
+        cli.submit(2, 0, x, out, f32, 1, 0, part, compressed=True, codecs=[good, good])
+    with pytest.raises(ValueError, match="one codec per part"):
+        cli.submit(3, 0, x, out, DTYPE_CODE["float64"], 1, 0, part, compressed=True,
+                   codecs=[good])
+
+
+def test_closing_with_coded_operations_in_flight_fails_them(cleanup):
+    """A coded operation whose round never completes (the server waits for a second worker)
+    fails with 'closed' when the client closes, with its codec threads stopped first."""
+    comp, n = Compression.onebit(error_feedback=True), 50000
+    _srvs, clis = _coded_cluster(cleanup, 2, 1, 2)
+    from byteps_like.compression import compiled_codec
+    c = compiled_codec(comp, n, 5)
+    x, out = np.ones(n, np.float32), np.empty(n, np.float32)
+    clis[0].submit(1, 0, x, out, DTYPE_CODE["float32"], 1, 0,
+                   [(5, 0, 0, 0, 4 * n, _decl("t", comp, n))], compressed=True,
+                   codecs=[c.native])
+    assert not clis[0].wait(1, 0.3)
+    clis[0].close()
+    (comp1,) = clis[0].completions(5.0)
+    assert comp1[0] == 1 and not comp1[1] and comp1[2] == "closed", comp1

@@ -95,8 +95,10 @@ def main() -> None:
         parts = sum(len(rt.tensors()[c].parts) for c in names) * steps
         print(f"NATIVE rank {rank}: {rt.native.stats()['msgs_out']} pushes of {parts}",
               flush=True)
+    # push_pulls the native client encoded and decoded itself (coded operations)
+    coded = rt.native.stats()["coded_ops"] if rt.native is not None else 0
     print(f"OK rank {rank} of {size}: {len(names)} compressors x {steps} steps exact "
-          f"(plane {plane}, {coders} compress threads)", flush=True)
+          f"(plane {plane}, {coders} compress threads, {coded} coded)", flush=True)
     bps.shutdown()
 
 
