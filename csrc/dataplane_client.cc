@@ -214,6 +214,8 @@ class ClientImpl {
     s["io_threads"] = loops_.size();
     s["codec_threads"] = static_cast<std::uint64_t>(coders_.threads());
     s["coded_ops"] = coded_ops_;
+    s["encode_ns"] = encode_ns_;  // codec threads' time in encodes and decodes
+    s["decode_ns"] = decode_ns_;
     std::lock_guard<std::mutex> g(mu_);
     s["inflight_bytes"] = inflight_bytes_;
     s["ops"] = ops_.size();
@@ -297,8 +299,12 @@ class ClientImpl {
       std::lock_guard<std::mutex> g(mu_);
       skip = op->failed;
     }
-    if (!skip) p.codec->encode(reinterpret_cast<const float*>(op->src + p.spec.offset),
-                               static_cast<std::uint64_t>(p.spec.round), p.out.data());
+    if (!skip) {
+      const double t0 = monotonic_now();
+      p.codec->encode(reinterpret_cast<const float*>(op->src + p.spec.offset),
+                      static_cast<std::uint64_t>(p.spec.round), p.out.data());
+      encode_ns_ += static_cast<std::uint64_t>((monotonic_now() - t0) * 1e9);
+    }
     std::vector<Ready> ready;
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -321,6 +327,7 @@ class ClientImpl {
       skip = op.failed;
     }
     if (!skip) {
+      const double t0 = monotonic_now();
       try {
         const std::uint64_t step = p.codec->decode(
             p.in.data(), p.in.size(), reinterpret_cast<float*>(op.dst + p.spec.offset), false);
@@ -330,6 +337,7 @@ class ClientImpl {
       } catch (const std::invalid_argument& exc) {
         err = exc.what();
       }
+      decode_ns_ += static_cast<std::uint64_t>((monotonic_now() - t0) * 1e9);
     }
     if (!err.empty()) {
       std::lock_guard<std::mutex> g(mu_);
@@ -611,6 +619,7 @@ class ClientImpl {
   std::priority_queue<QItem> pq_;
   std::uint64_t seq_ = 0;
   std::uint64_t coded_ops_ = 0;  // coded operations submitted (guarded by mu_)
+  std::atomic<std::uint64_t> encode_ns_{0}, decode_ns_{0};
   std::uint64_t inflight_bytes_ = 0;
   std::unordered_map<std::uint64_t, Target> inflight_;   // key -> partition in flight
   bool paused_ = false;
