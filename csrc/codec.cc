@@ -139,8 +139,10 @@ const std::uint32_t* FramedCodec::indices(std::uint64_t step) {
   return idx_.data();
 }
 
-std::uint64_t FramedCodec::decode(const std::uint8_t* p, std::size_t len, float* out,
-                                  bool add) {
+std::uint64_t FramedCodec::decode_impl(const std::uint8_t* p, std::size_t len, float* out,
+                                       bool add, std::int64_t divisor) {
+  if (add || divisor < 1) divisor = 1;
+  const float div = static_cast<float>(divisor);
   const std::string name = id_name(p_.id);
   if (len != max_bytes_)
     bad(name + " payload has " + std::to_string(len) + " bytes; " + std::to_string(n_) +
@@ -162,21 +164,34 @@ std::uint64_t FramedCodec::decode(const std::uint8_t* p, std::size_t len, float*
   const std::size_t blen = len - kFrameHeader;
   try {
     switch (p_.id) {
-      case kOneBit:
-        onebit_decode(body, n_, bits_float(f.field), out, add);
+      case kOneBit:  // (+-s) / d is +-(s / d), bit for bit
+        onebit_decode(body, n_, divisor > 1 ? bits_float(f.field) / div : bits_float(f.field),
+                      out, add);
         break;
       case kTopK:
       case kRandomK:
         if (f.field != p_.k)
           bad(name + " payload carries k = " + std::to_string(f.field) + ", expected " +
               std::to_string(p_.k));
-        if (p_.id == kTopK)
-          scatter(body, body + 4 * p_.k, p_.k, out, n_, add);
-        else
-          scatter(indices(f.step), body, p_.k, out, n_, add);
+        {
+          const std::uint8_t* vals = p_.id == kTopK ? body + 4 * p_.k : body;
+          if (divisor > 1) {  // the k values divided before they land: 0 / d is 0
+            thread_local std::vector<float> dv;
+            dv.resize(p_.k);
+            std::memcpy(dv.data(), vals, 4 * p_.k);
+            for (float& v : dv) v = v / div;
+            vals = reinterpret_cast<const std::uint8_t*>(dv.data());
+          }
+          if (p_.id == kTopK)
+            scatter(body, vals, p_.k, out, n_, add);
+          else
+            scatter(indices(f.step), vals, p_.k, out, n_, add);
+        }
         break;
       default:
         dither_decode(body, blen, n_, p_.levels, p_.natural, bits_float(f.field), out, add);
+        if (divisor > 1)
+          for (std::size_t i = 0; i < n_; ++i) out[i] = out[i] / div;
     }
   } catch (const std::out_of_range& exc) {
     bad(name + " payload: " + exc.what());

@@ -90,7 +90,15 @@ class FramedCodec : public ServerCodec {
   // Decodes (add: adds) a payload into out[n]; returns its step. Every field and the exact
   // length are checked first; throws std::invalid_argument (what() names the field) and
   // leaves out untouched on a malformed payload.
-  std::uint64_t decode(const std::uint8_t* p, std::size_t len, float* out, bool add) override;
+  std::uint64_t decode(const std::uint8_t* p, std::size_t len, float* out, bool add) override {
+    return decode_impl(p, len, out, add, 1);
+  }
+  // decode() without add, each value divided by divisor (>= 1) as it lands, bit for bit
+  // decode-then-divide (an average, with no pass of its own over out).
+  std::uint64_t decode_divided(const std::uint8_t* p, std::size_t len, float* out,
+                               std::int64_t divisor) {
+    return decode_impl(p, len, out, false, divisor);
+  }
   // Encodes x[n] (not modified) of round `step` into out[max_bytes()] (returns max_bytes());
   // with error feedback y = x + r, encode y, r = y - decode(payload), as compression.py's
   // _ErrorFeedbackCodec.
@@ -98,6 +106,8 @@ class FramedCodec : public ServerCodec {
 
  private:
   void encode_plain(const float* x, std::uint64_t step, std::uint8_t* out);
+  std::uint64_t decode_impl(const std::uint8_t* p, std::size_t len, float* out, bool add,
+                            std::int64_t divisor);
   const std::uint32_t* indices(std::uint64_t step);  // random-k, cached per step
   CodecParams p_;
   std::uint64_t key_;

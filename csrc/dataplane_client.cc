@@ -329,8 +329,10 @@ class ClientImpl {
     if (!skip) {
       const double t0 = monotonic_now();
       try {
-        const std::uint64_t step = p.codec->decode(
-            p.in.data(), p.in.size(), reinterpret_cast<float*>(op.dst + p.spec.offset), false);
+        // an average divides by the ranks that pushed (join(): those not joined), as it lands
+        const std::int64_t div = t.contrib > 0 && op.divisor > 1 ? t.contrib : op.divisor;
+        const std::uint64_t step = p.codec->decode_divided(
+            p.in.data(), p.in.size(), reinterpret_cast<float*>(op.dst + p.spec.offset), div);
         if (step != static_cast<std::uint64_t>(p.spec.round))
           err = "is of step " + std::to_string(step) + ", expected " +
                 std::to_string(p.spec.round);
@@ -421,7 +423,7 @@ class ClientImpl {
     Part& p = op.parts[t.idx];
     // an average divides by the ranks that pushed: all of them, or those not joined (join())
     const std::int64_t div = t.contrib > 0 && op.divisor > 1 ? t.contrib : op.divisor;
-    if (ok && div > 1 && !op.failed)
+    if (ok && div > 1 && !op.failed && !op.coded)  // a coded part was divided as decoded
       scale_into(op.kdt, op.dst + p.spec.offset, p.spec.nbytes / itemsize(op.kdt), div, 1);
     std::vector<Ready> ready;
     {
