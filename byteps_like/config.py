@@ -175,10 +175,11 @@ class SchedulingConfig:
                           "between two pipeline stages.", unit="items", min=1)
     codec_threads: int = _s("BYTEPS_CODEC_THREADS", "int", 0, "Threads of each of the worker's "
                             "codec stages (compress, decompress: onebit, top-k, ...), so that "
-                            "partitions encode in parallel, and of the native data plane's "
-                            "codec threads (which encode and decode a float32 host tensor's "
-                            "built-in codec in C++); 0 picks a quarter of the usable CPUs, 1 "
-                            "to 4.", unit="threads", min=0, max=64)
+                            "partitions encode in parallel (0 picks a quarter of the usable "
+                            "CPUs, 1 to 4), and of the native data plane's codec pool, which "
+                            "encodes and decodes a float32 host tensor's built-in codec in C++ "
+                            "(0 picks half of the usable CPUs, 1 to 8).", unit="threads",
+                            min=0, max=64)
 
 
 @dataclass(frozen=True)

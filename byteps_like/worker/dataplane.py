@@ -37,7 +37,7 @@ from ..transport import native
 from ..wire import DTYPE_CODE, first_round
 from .dispatch import server_error
 from .handle import Handle
-from .pipeline import PULL, PUSH, Task, codec_threads
+from .pipeline import PULL, PUSH, Task, native_codec_threads
 from .tensors import NativePart, TensorState, decl_bytes, declaration
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class NativeDataPlane:
         cli = _core.DataClient(m.push_rank, m.job, native.io_threads(cfg), credit,
                                cfg.transport.max_message_bytes,
                                **({"auth_key": key} if key else {}),
-                               codec_threads=codec_threads(cfg.scheduling.codec_threads))
+                               codec_threads=native_codec_threads(cfg.scheduling.codec_threads))
         self.streams = native.streams(cfg)
         try:
             for idx, p in enumerate(servers):
