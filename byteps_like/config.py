@@ -178,7 +178,7 @@ class SchedulingConfig:
                             "partitions encode in parallel (0 picks a quarter of the usable "
                             "CPUs, 1 to 4), and of the native data plane's codec pool, which "
                             "encodes and decodes a float32 host tensor's built-in codec in C++ "
-                            "(0 picks half of the usable CPUs, 1 to 8).", unit="threads",
+                            "(0 picks the usable CPUs, 1 to 8).", unit="threads",
                             min=0, max=64)
 
 

@@ -257,10 +257,14 @@ def codec_threads(setting: int = 0) -> int:
 
 def native_codec_threads(setting: int = 0) -> int:
     """Threads of the native data plane's codec pool (``BYTEPS_CODEC_THREADS``, 0 = auto): one
-    pool encodes and decodes, where the pipeline has one pool per codec stage, so auto is twice
-    :func:`codec_threads`: half of the usable CPUs, 1 to 8 (on a 16-core machine of two
-    workers and two servers, 8 threads took a onebit round of 256 MiB from 79 to 57 ms)."""
-    return setting if setting > 0 else max(1, min(8, 2 * codec_threads(0)))
+    pool encodes and decodes, busy only while compressed tensors are in flight, so auto is
+    every usable CPU, 1 to 8 (bpslaunch gives a worker CPUs of its own; on a 16-core machine of
+    two workers and two servers, a worker's 8 threads took a onebit round of 256 MiB from 79 to
+    57 ms against 4)."""
+    if setting > 0:
+        return setting
+    from ..transport.native import usable_cpus
+    return max(1, min(8, usable_cpus()))
 
 
 class Pipeline:
