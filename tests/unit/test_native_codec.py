@@ -30,6 +30,7 @@ from .test_native_dataplane import (  # stream: the module runs over both stream
 COMPRESSORS = {
     "onebit": Compression.onebit(),
     "onebit_noscale_ef": Compression.onebit(False, error_feedback=True),
+    "onebit_ef": Compression.onebit(error_feedback=True),
     "topk_ef": Compression.topk(0.01, error_feedback=True),
     "topk_count_nesterov": Compression.topk(37, momentum=0.9),
     "randomk_ef": Compression.randomk(0.05, seed=3, error_feedback=True),
@@ -379,7 +380,8 @@ def _coded_cluster(cleanup, workers: int, servers: int, codec_threads: int):
     return [s for s, _ in srvs], clis
 
 
-@pytest.mark.parametrize("name", ["onebit", "topk_ef", "randomk_ef", "dithering_natural_l2_ef"])
+@pytest.mark.parametrize("name", ["onebit", "onebit_ef", "topk_ef", "randomk_ef",
+                                  "dithering_natural_l2_ef"])
 @pytest.mark.parametrize("threads", [1, 3])
 def test_a_coded_operation_equals_the_pipelines_codecs_bit_for_bit(name, threads, cleanup):
     """Two workers push a 3-partition float32 tensor over two servers for three rounds as one
