@@ -106,34 +106,43 @@ class Compressor:
 
 
 class _CastCompressor(Compressor):
-    """Floating-point dtypes of ``_FLOATS`` travel as ``_WIRE`` (held in numpy as ``_WIRE_NP``);
-    other dtypes are left alone. A subclass converts: ``_narrow`` into the wire array,
-    ``_widen`` back into the caller's."""
+    """Floating-point dtypes of ``_FLOATS`` travel as ``_WIRE`` (held in numpy as ``wire_np``);
+    other dtypes are left alone. A subclass converts: :meth:`narrow_into` into the wire array,
+    :meth:`widen_into` back into the caller's. Both are elementwise, so converting a tensor
+    partition by partition (what the worker pipeline does, ``worker/cast.py``) gives the same
+    bits as converting it whole; ``nthreads`` splits one call over threads (``_core``'s
+    parallel_for, which keeps at least 256 KiB per thread)."""
     kind = "cast"
     _FLOATS: ClassVar[tuple[str, ...]]
     _WIRE: ClassVar[str]
-    _WIRE_NP: ClassVar[type]
+    wire_np: ClassVar[type]
 
     def wire_dtype(self, dtype: str) -> str:
         return self._WIRE if dtype in self._FLOATS else dtype
 
-    def compress(self, arr: np.ndarray, dtype: str) -> tuple[np.ndarray, str, Any]:
+    def compress(self, arr: np.ndarray, dtype: str, *,
+                 nthreads: int = 1) -> tuple[np.ndarray, str, Any]:
         if dtype not in self._FLOATS:
             return arr, dtype, None
-        wire: np.ndarray = np.empty(arr.shape, self._WIRE_NP)
-        self._narrow(wire, arr, dtype)
+        wire: np.ndarray = np.empty(arr.shape, self.wire_np)
+        self.narrow_into(wire, arr, dtype, nthreads=nthreads)
         return wire, self._WIRE, dtype
 
-    def decompress(self, wire: np.ndarray, ctx: Any, out: np.ndarray, dtype: str) -> None:
+    def decompress(self, wire: np.ndarray, ctx: Any, out: np.ndarray, dtype: str, *,
+                   nthreads: int = 1) -> None:
         if ctx is None:
             super().decompress(wire, ctx, out, dtype)
         else:
-            self._widen(out, wire, ctx)
+            self.widen_into(out, wire, ctx, nthreads=nthreads)
 
-    def _narrow(self, wire: np.ndarray, arr: np.ndarray, dtype: str) -> None:
+    def narrow_into(self, wire: np.ndarray, arr: np.ndarray, dtype: str, *,
+                    nthreads: int = 1) -> None:
+        """``wire`` (``wire_np``, as many elements as ``arr``) = ``arr`` of ``dtype`` narrowed."""
         raise NotImplementedError
 
-    def _widen(self, out: np.ndarray, wire: np.ndarray, dtype: str) -> None:
+    def widen_into(self, out: np.ndarray, wire: np.ndarray, dtype: str, *,
+                   nthreads: int = 1) -> None:
+        """``out`` (of ``dtype``) = the wire array ``wire`` widened."""
         raise NotImplementedError
 
 
@@ -142,27 +151,29 @@ class FP16Compressor(_CastCompressor):
     left alone. Sums are formed in float16 on the servers, so this trades precision for bytes."""
     name = "fp16"
     _FLOATS = ("float32", "float64", "bfloat16")
-    _WIRE, _WIRE_NP = "float16", np.float16
+    _WIRE, wire_np = "float16", np.float16
 
-    def _narrow(self, wire: np.ndarray, arr: np.ndarray, dtype: str) -> None:
+    def narrow_into(self, wire: np.ndarray, arr: np.ndarray, dtype: str, *,
+                    nthreads: int = 1) -> None:
         if dtype == "float64":
-            np.copyto(wire, arr, casting="same_kind")
+            np.copyto(wire, arr.reshape(wire.shape), casting="same_kind")
         elif dtype == "bfloat16":  # no direct kernel: through float32 (exact widening)
             wide = np.empty(arr.shape, np.float32)
-            _core.convert(wide, "float32", arr, "bfloat16")
-            _core.convert(wire, "float16", wide, "float32")
+            _core.convert(wide, "float32", arr, "bfloat16", nthreads=nthreads)
+            _core.convert(wire, "float16", wide, "float32", nthreads=nthreads)
         else:
-            _core.convert(wire, "float16", arr, dtype)
+            _core.convert(wire, "float16", arr, dtype, nthreads=nthreads)
 
-    def _widen(self, out: np.ndarray, wire: np.ndarray, dtype: str) -> None:
+    def widen_into(self, out: np.ndarray, wire: np.ndarray, dtype: str, *,
+                   nthreads: int = 1) -> None:
         if dtype == "float64":
-            np.copyto(out, wire, casting="unsafe")
+            np.copyto(out, wire.reshape(out.shape), casting="unsafe")
         elif dtype == "bfloat16":
             wide = np.empty(wire.shape, np.float32)
-            _core.convert(wide, "float32", wire, "float16")
-            _core.convert(out, "bfloat16", wide, "float32")
+            _core.convert(wide, "float32", wire, "float16", nthreads=nthreads)
+            _core.convert(out, "bfloat16", wide, "float32", nthreads=nthreads)
         else:
-            _core.convert(out, dtype, wire, "float16")
+            _core.convert(out, dtype, wire, "float16", nthreads=nthreads)
 
 
 class BF16Compressor(_CastCompressor):
@@ -171,18 +182,20 @@ class BF16Compressor(_CastCompressor):
     (two roundings). Other dtypes, bfloat16 included, travel as they are."""
     name = "bf16"
     _FLOATS = ("float32", "float64")
-    _WIRE, _WIRE_NP = "bfloat16", np.uint16
+    _WIRE, wire_np = "bfloat16", np.uint16
 
-    def _narrow(self, wire: np.ndarray, arr: np.ndarray, dtype: str) -> None:
+    def narrow_into(self, wire: np.ndarray, arr: np.ndarray, dtype: str, *,
+                    nthreads: int = 1) -> None:
         src = arr if dtype == "float32" else np.asarray(arr, dtype=np.float32)
-        _core.convert(wire, "bfloat16", np.ascontiguousarray(src), "float32")
+        _core.convert(wire, "bfloat16", np.ascontiguousarray(src), "float32", nthreads=nthreads)
 
-    def _widen(self, out: np.ndarray, wire: np.ndarray, dtype: str) -> None:
+    def widen_into(self, out: np.ndarray, wire: np.ndarray, dtype: str, *,
+                   nthreads: int = 1) -> None:
         if dtype == "float32":
-            _core.convert(out, "float32", wire, "bfloat16")
+            _core.convert(out, "float32", wire, "bfloat16", nthreads=nthreads)
         else:
             tmp = np.empty(np.shape(wire), np.float32)
-            _core.convert(tmp, "float32", wire, "bfloat16")
+            _core.convert(tmp, "float32", wire, "bfloat16", nthreads=nthreads)
             np.copyto(out, tmp.reshape(np.shape(out)), casting="unsafe")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ..compression import Compression, Compressor, resolve, split
+from ..compression import Compression, Compressor, resolve
 from ..worker.runtime import default_runtime
 from ..worker.sync import GradBuffer, GradientSynchronizer, dtype_layout, model_signature_check
 
@@ -77,20 +77,15 @@ def push_pull_arrays(arrays: list, dtypes: list, names: list, average: bool,
     """Start every push_pull, then wait for all: the sums land in ``arrays``."""
     rt = default_runtime()
     pending, errors = [], []
-    compression, codec = split(compression)  # a codec runs in the runtime's pipeline
+    # in place; a codec, or a cast compressor (fp16), runs in the runtime's pipeline
     for arr, dt, name, pr in zip(arrays, dtypes, names, priorities):
-        wire, wdt, ctx = compression.compress(arr, dt)
-        h = rt.push_pull_async(wire, name=name, average=average, priority=pr, out=wire,
-                               dtype=wdt, compression=codec)
-        pending.append((h, wire, ctx, arr, dt))
-    for h, wire, ctx, arr, dt in pending:
+        pending.append(rt.push_pull_async(arr, name=name, average=average, priority=pr,
+                                          out=arr, dtype=dt, compression=compression))
+    for h in pending:
         try:
             h.wait()
         except Exception as exc:  # noqa: BLE001 - the first is raised after all finished
             errors.append(exc)
-            continue
-        if wire is not arr:
-            compression.decompress(wire, ctx, arr, dt)
     if errors:
         raise errors[0]
 

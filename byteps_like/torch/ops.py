@@ -81,12 +81,11 @@ def _start(tensor: torch.Tensor, out: torch.Tensor, average: bool, name: str | N
     if src.dtype is None:  # stage() always sets the wire dtype (or raises for the tensor's)
         raise TypeError(f"{what}: tensor of dtype {tensor.dtype} has no wire dtype")
     dst = src if out is tensor else stage(out, what, copy_in=False)
-    wire, wdtype, ctx = cast.compress(src.array, src.dtype)
-    # no cast: the sum lands straight in the output's memory (no copy on CPU)
-    core_out = dst.array if wire is src.array else wire
-    core = rt.push_pull_async(wire, name=name, average=average, priority=priority, out=core_out,
-                              dtype=wdtype, compression=codec)
-    return TorchHandle(core, out, dst, core_out, ctx, src.dtype, cast)
+    # the sum lands straight in the output's memory (no copy on CPU); a cast compressor (fp16)
+    # converts in the runtime's pipeline, partition by partition as they go
+    core = rt.push_pull_async(src.array, name=name, average=average, priority=priority,
+                              out=dst.array, dtype=src.dtype, compression=compression)
+    return TorchHandle(core, out, dst, dst.array, None, src.dtype, Compression.none)
 
 
 def push_pull_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,

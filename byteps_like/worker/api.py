@@ -1,12 +1,10 @@
 """The framework-neutral worker API on numpy arrays (``import byteps_like as bps``)."""
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
-from ..wire import dtype_name
 from .handle import Handle
 from .runtime import Runtime, default_runtime
 from .sparse import EmbeddingTable
@@ -85,7 +83,7 @@ def join(device: Any = None) -> int:
 
 def push_pull_async(array: Any, name: str | None = None, average: bool = True, priority: int = 0,
                     out: Any = None, dtype: str | None = None,
-                    compression: Any = None) -> Handle | _CastHandle:
+                    compression: Any = None) -> Handle:
     """Start summing ``array`` over all workers; returns a :class:`Handle`.
 
     Larger ``priority`` values go out first. The input must not change until the handle is done.
@@ -93,19 +91,8 @@ def push_pull_async(array: Any, name: str | None = None, average: bool = True, p
     onebit, top-k, ...; docs/compression.md); the sum is then approximate.
     """
     _check_name(name)
-    from ..compression import split
-    cast, codec = split(compression)
-    rt = default_runtime()
-    arr = np.asarray(array)
-    wdtype = dtype or dtype_name(arr.dtype)
-    wire, wire_dtype, ctx = cast.compress(arr, wdtype)
-    if wire is arr:
-        return rt.push_pull_async(arr, name, average, priority, out, dtype, compression=codec)
-    # a cast compressor (fp16): the sum travels and lands in the narrower dtype; wait()
-    # converts it back into ``out``
-    result = np.empty_like(arr) if out is None else out
-    h = rt.push_pull_async(wire, name, average, priority, wire, wire_dtype, compression=codec)
-    return _CastHandle(h, lambda: cast.decompress(wire, ctx, result, wdtype), result)
+    return default_runtime().push_pull_async(array, name, average, priority, out, dtype,
+                                             compression=compression)
 
 
 def _check_name(name: Any) -> None:
@@ -116,34 +103,6 @@ def _check_name(name: Any) -> None:
                         "arguments are push_pull(array, name=None, average=True, priority=0), "
                         "not BytePS's push_pull(tensor, average, name): pass average=... and "
                         "name=... by keyword")
-
-
-class _CastHandle:
-    """A :class:`Handle` whose result is converted back from a cast compressor's dtype."""
-
-    def __init__(self, inner: Handle, finish, result) -> None:
-        self._inner, self._finish, self._result = inner, finish, result
-        self._converted = False
-        self._lock = threading.Lock()
-
-    def done(self) -> bool:
-        return self._inner.done()
-
-    def exception(self):
-        return self._inner.exception()
-
-    def wait(self, timeout: float | None = None) -> Any:
-        self._inner.wait(timeout)
-        with self._lock:
-            if not self._converted:
-                self._finish()
-                self._converted = True
-        return self._result
-
-    result = wait
-
-    def __getattr__(self, item: str) -> Any:
-        return getattr(self._inner, item)
 
 
 def push_pull(array: Any, name: str | None = None, average: bool = True, priority: int = 0,

@@ -37,6 +37,9 @@ class Handle:
         #: blocks (GIL released) until the operation completes and finishes this handle on the
         #: waiting thread, saving a handoff through the completion thread
         self.fast_wait: Callable[[float], None] | None = None
+        #: set for a tensor converted whole by a cast compressor (worker/cast.py): writes the
+        #: sum into ``output`` in the caller's dtype, once, in the first wait() that succeeds
+        self.convert: Callable[[], None] | None = None
         if nparts == 0:
             self._finish()
 
@@ -113,6 +116,11 @@ class Handle:
                 f"{self._remaining} of {self.nparts} partitions outstanding{detail}")
         if self._error is not None:
             raise self._error
+        if self.convert is not None:
+            with self._lock:  # done: nothing else takes the lock for long now
+                convert, self.convert = self.convert, None
+                if convert is not None:
+                    convert()
         return self.output
 
     def result(self) -> Any:

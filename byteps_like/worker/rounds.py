@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..wire import ITEMSIZE, SUMMABLE, dtype_name, first_round
+from .cast import cast_of, check_host, element_slice, push_pull_whole, wire_buffer
 from .handle import Handle
 from .pipeline import COMPRESS, COPY_D2H, DECOMPRESS, PULL, PUSH, Phase, Task, itinerary
 from .tensors import DeviceCopier, TensorState, declaration
 
 if TYPE_CHECKING:
+    from ..compression import _CastCompressor
     from .dataplane import NativeDataPlane
     from .inflight import InFlight
     from .local_reduce import LocalReduction
@@ -95,14 +97,29 @@ class Rounds:
                   compression: Any, *, alone: bool) -> Handle:
         """``Runtime.push_pull_async`` once its arguments are checked (:func:`host_arrays`):
         bind the name, make the handle and start the round, or queue it behind the name's
-        round in flight. ``alone``: a push_pull is the identity."""
+        round in flight. ``alone``: a push_pull is the identity.
+
+        A cast ``compression`` (fp16, bf16; :mod:`.cast`) of a float tensor: the name is bound
+        and travels in the narrow dtype. In a distributed job of one local rank the pipeline
+        converts each partition as it goes; otherwise the tensor is converted whole, and back
+        in ``wait()`` (``Handle.convert``). Not with ``device`` or ``prereduced``
+        (ValueError): a plugin casts a device tensor itself."""
         m, cfg = self.members, self.members.config
         distributed = m.control is not None
+        cast = cast_of(compression, dtype)
+        if cast is not None:
+            check_host(cast, name, device, prereduced)
+            if not distributed or alone or m.local_size > 1:
+                return push_pull_whole(
+                    lambda wire, wdt: self.push_pull(wire, wire, name, wdt, average, priority,
+                                                     None, False, compression, alone=alone),
+                    cast, arr, out, dtype)
+        wdtype = dtype if cast is None else cast.wire_dtype(dtype)
         with self.flight.lock:
             if name is None:
                 name = self.registry.auto_name()
             st = self.registry.declare(name)
-            self.bind(st, tuple(arr.shape), dtype, arr.nbytes)
+            self.bind(st, tuple(arr.shape), wdtype, arr.size * ITEMSIZE[wdtype])
             if distributed:
                 self.registry.bind_compressor(
                     st, compression, rank=m.rank,
@@ -115,7 +132,8 @@ class Rounds:
                 if out is not arr:
                     np.copyto(out, arr)
                 return h
-            start = self.enqueue(st, h, arr, out, dtype, average, priority, device, prereduced)
+            start = self.enqueue(st, h, arr, out, dtype, average, priority, device, prereduced,
+                                 cast)
         if start is not None:
             try:
                 start(True)  # outside the lock: may block on a full queue (back-pressure)
@@ -126,13 +144,15 @@ class Rounds:
 
     def enqueue(self, st: TensorState, h: Handle, arr: np.ndarray, out: np.ndarray,
                 dtype: str, average: bool, priority: int, device: DeviceCopier | None,
-                prereduced: bool) -> Callable[[bool], None] | None:
+                prereduced: bool,
+                cast: _CastCompressor | None = None) -> Callable[[bool], None] | None:
         """Take a new round of ``st`` (lock held). Returns its start (call it outside the lock)
         when the name is idle; None when it waits behind the round in flight."""
         self.flight.handles.add(h)
 
         def start(block: bool) -> None:
-            self.start(st, h, arr, out, dtype, average, priority, block, device, prereduced)
+            self.start(st, h, arr, out, dtype, average, priority, block, device, prereduced,
+                       cast)
         idle = st.busy is None
         if idle:
             st.busy = h
@@ -144,9 +164,10 @@ class Rounds:
 
     def start(self, st: TensorState, h: Handle, arr: np.ndarray, out: np.ndarray, dtype: str,
               average: bool, priority: int, block: bool, device: DeviceCopier | None = None,
-              prereduced: bool = False) -> None:
+              prereduced: bool = False, cast: _CastCompressor | None = None) -> None:
         """Start the next round of ``st``: one native operation for a host tensor on the
-        native data plane, else one pipeline task per partition."""
+        native data plane, else one pipeline task per partition. ``dtype`` is the caller's;
+        with a ``cast`` compressor the tasks carry the tensor's wire bytes and convert."""
         fatal = self.flight.fatal
         if fatal is not None:
             h.fail(fatal)
@@ -161,20 +182,26 @@ class Rounds:
             return
         rnd = st.round
         st.round += 1
-        src = arr.reshape(-1).view(np.uint8)
-        dst = out.reshape(-1).view(np.uint8)
+        wdt = dtype if cast is None else cast.wire_dtype(dtype)  # what the servers sum
+        if cast is None:
+            src = arr.reshape(-1).view(np.uint8)
+            dst = out.reshape(-1).view(np.uint8)
+        else:  # what travels: the wire bytes; COMPRESS and DECOMPRESS convert each partition
+            src = dst = wire_buffer(st)
+            flat_in, flat_out = arr.reshape(-1), out.reshape(-1)
         device_push = (device is not None and self.device_push
                        and getattr(device, "device_slice", None) is not None)
         route = itinerary(distributed=not m.single_machine, local_size=m.local_size,
                           local_root=m.is_local_root, on_device=device is not None,
-                          compressed=bool(st.codecs), device_push=device_push)
+                          compressed=bool(st.codecs) or cast is not None,
+                          device_push=device_push)
         cli = self.plane.client
         # compressed partitions too: the compiled server runs a built-in codec itself and a
         # registered compressor's (its math is Python) through the server's codec factory
         on_native = cli is not None and not device_push
         if cli is not None and on_native and route == (PUSH, PULL):
             # a host tensor: one native operation
-            self.plane.submit_tensor(cli, st, h, rnd, src, dst, dtype, average, priority)
+            self.plane.submit_tensor(cli, st, h, rnd, src, dst, wdt, average, priority)
             return
         if cli is not None and on_native and st.compiled and route == _CODED:
             # a host float32 tensor with a compiled codec: one native operation too, its
@@ -200,9 +227,13 @@ class Rounds:
             task.prereduced = prereduced
             task.device = device
             task.device_direct = device_direct
-            task.dtype = dtype
+            task.dtype = wdt
             task.average = average
-            task.decl = declaration(st, dtype, part) if first_round(rnd) else None
+            if cast is not None:
+                task.cast, task.cast_dtype = cast, dtype
+                task.cast_src = element_slice(flat_in, ITEMSIZE[wdt], off, n)
+                task.cast_dst = element_slice(flat_out, ITEMSIZE[wdt], off, n)
+            task.decl = declaration(st, wdt, part) if first_round(rnd) else None
             task.codec = st.codecs[part] if st.codecs else None
             task.native = on_native
             if task.codec is not None:
@@ -211,7 +242,7 @@ class Rounds:
                     if on_native and st.native_codec is not None:  # a built-in codec's
                         task.decl["native_codec"] = st.native_codec[part]  # (native_params)
                     # the count before the spec: the server reads the first "count" field
-                    task.decl["count"] = n // ITEMSIZE[dtype]
+                    task.decl["count"] = n // ITEMSIZE[wdt]
                     task.decl["compressor"] = st.spec
             pipeline.submit(task, block=block)
 

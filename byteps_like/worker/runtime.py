@@ -441,11 +441,11 @@ class Runtime:
         shared, so the caller scales its own copy).
 
         ``compression``: a codec :class:`~byteps_like.compression.Compressor` (onebit, top-k,
-        ...). Each partition is compressed before its push and decompressed after its pull; the
+        ...) compresses each partition before its push and decompresses it after its pull; the
         servers decompress, sum and compress the result. Tensors below
         BYTEPS_MIN_COMPRESS_BYTES, integer tensors and standalone jobs are not compressed. A name
-        keeps the compressor of its first push_pull. Cast compressors (fp16, bf16) are applied
-        by the plugins before this call, so they are ignored here."""
+        keeps the compressor of its first push_pull. A cast compressor (fp16, bf16) converts
+        float tensors to the dtype they travel and are summed in (:mod:`.cast`)."""
         self._check()
         if self.elastic_m is not None:  # an epoch that is over: raise at once
             self.elastic_m.check_collective()

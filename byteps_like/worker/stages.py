@@ -7,7 +7,9 @@ A partition's itinerary (:func:`~.pipeline.itinerary`) is a subset of, in order:
 * COPY_D2H / COPY_H2D: a plugin's :class:`~.tensors.DeviceCopier` stages a device tensor's
   partition into the host buffer before its push, and its sum back after its pull;
 * COMPRESS / DECOMPRESS: the partition's codec encodes it before the push (float32, through a
-  scratch buffer for other float dtypes) and decodes the server's compressed sum;
+  scratch buffer for other float dtypes) and decodes the server's compressed sum; with a cast
+  compressor (fp16, bf16: :mod:`.cast`) they narrow the caller's partition into its wire bytes
+  and widen the pulled sum into the caller's output;
 * PUSH: one message pushes the partition to its server and asks for the round's sum
   (FLAG_PULL), or the native data plane takes it (:mod:`.dataplane`); the task then waits;
 * PULL: the server's sum (a PULL_RESP, :mod:`.dispatch`) lands in the output and is averaged;
@@ -39,6 +41,7 @@ from ..wire import (
     as_buffer,
     encode,
 )
+from .cast import narrow, widen
 from .pipeline import (
     BROADCAST,
     COMPRESS,
@@ -151,12 +154,18 @@ class StageExecutors:
             _core.convert(buf, task.dtype, scratch, "float32")
 
     def compress(self, task: Task) -> bool:
+        if task.cast is not None:  # fp16 / bf16: the caller's partition into its wire bytes
+            narrow(task)
+            return True
         codec = task.codec
         assert codec is not None
         task.wire = codec.encode(self._to_float32(task, task.push_src), task.round)
         return True
 
     def decompress(self, task: Task) -> bool:
+        if task.cast is not None:  # the sum (averaged by PULL) into the caller's output
+            widen(task)
+            return True
         m = self.members
         codec = task.codec
         assert codec is not None

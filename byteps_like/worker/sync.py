@@ -55,8 +55,6 @@ class GradBuffer:
 class _Pending:
     handle: Any
     buf: GradBuffer
-    wire: np.ndarray
-    ctx: Any
     dtype: str
     members: list[tuple[GradBuffer, int, int]] | None = None  # a host-fused bucket's members:
                                                               # (buffer, byte offset, bytes)
@@ -267,17 +265,17 @@ class GradientSynchronizer:
         if buf.start is not None:  # the plugin runs the whole operation (NCCL, a device bucket)
             h = buf.start(b.priority)
             with self._lock:
-                self.pending[b.index] = _Pending(h, buf, buf.array, None, dtype)
+                self.pending[b.index] = _Pending(h, buf, dtype)
             return
-        if buf.device is not None:  # staged partition by partition by the pipeline
-            wire, wdtype, ctx = buf.array, dtype, None
-        else:
-            wire, wdtype, ctx = self._cast.compress(buf.array, dtype)
-        h = self.rt.push_pull_async(wire, name=b.name, average=self.average,
-                                    priority=b.priority, out=wire, dtype=wdtype,
-                                    device=buf.device, compression=self._codec)
+        # in place; a cast compressor (fp16) converts in the runtime's pipeline, partition by
+        # partition as they go; a device tensor the pipeline stages travels as it is
+        h = self.rt.push_pull_async(buf.array, name=b.name, average=self.average,
+                                    priority=b.priority, out=buf.array, dtype=dtype,
+                                    device=buf.device,
+                                    compression=self._codec if buf.device is not None
+                                    else self.compression)
         with self._lock:
-            self.pending[b.index] = _Pending(h, buf, wire, ctx, dtype)
+            self.pending[b.index] = _Pending(h, buf, dtype)
 
     def _launch_host_fused(self, b: Bucket) -> None:
         """Gather the members' host arrays into the bucket's flat buffer and push_pull it."""
@@ -299,12 +297,11 @@ class GradientSynchronizer:
                                                   first.array.dtype)
         for mb, off, n in members:
             _copy_bytes(flat, off, n, mb.array, into_flat=True)
-        wire, wdtype, ctx = self._cast.compress(flat, dtype)
-        h = self.rt.push_pull_async(wire, name=b.name, average=self.average,
-                                    priority=b.priority, out=wire, dtype=wdtype)
+        h = self.rt.push_pull_async(flat, name=b.name, average=self.average,
+                                    priority=b.priority, out=flat, dtype=dtype,
+                                    compression=self._cast)
         with self._lock:
-            self.pending[b.index] = _Pending(h, GradBuffer(flat, dtype), wire, ctx, dtype,
-                                             members)
+            self.pending[b.index] = _Pending(h, GradBuffer(flat, dtype), dtype, members)
 
     # -- step side ---------------------------------------------------------------------------
     @property
@@ -345,8 +342,6 @@ class GradientSynchronizer:
             if forget:
                 with self._lock:
                     self.pending.pop(index, None)
-        if p.wire is not p.buf.array:
-            self._cast.decompress(p.wire, p.ctx, p.buf.array, p.dtype)
         if p.members is not None:  # a host-fused bucket: the sums back to each gradient
             for mb, off, n in p.members:
                 _copy_bytes(p.buf.array, off, n, mb.array, into_flat=False)

@@ -85,6 +85,9 @@ class TensorState:
     # per partition, the worker codec's _core.NativeCodec when every one is compiled (a float32
     # tensor with a built-in codec): the native data plane then runs them itself
     compiled: list[Any] | None = None
+    # a tensor pushed with a cast compressor (fp16, bf16) through the pipeline: its wire bytes
+    # (worker/cast.py; nbytes are then the wire bytes)
+    cast_wire: np.ndarray | None = None
 
 
 def declaration(st: TensorState, dtype: str, part: int) -> dict[str, Any]:

@@ -92,3 +92,21 @@ def test_compression_in_async_mode_is_refused_with_the_reason():
     assert run.rc != 0, run.log
     assert len(run.lines("RemoteError")) == 2, run.log
     assert "compression needs synchronous mode" in run.out, run.log
+
+
+@pytest.mark.parametrize("plane,threads,local_size", [
+    ("native", "1", 1), ("zmq", "1", 1), ("native", "3", 1), ("native", "1", 2)])
+def test_cast_compressors_match_a_whole_tensor_replay(plane, threads, local_size):
+    # fp16 / bf16 convert each partition in the pipeline's COMPRESS and DECOMPRESS stages (one
+    # local rank; with several, the tensor is converted whole before the local reduction): the
+    # bits must be those of converting the whole tensor and summing it in the narrow dtype.
+    # 40000 elements: 5 partitions of 16K wire bytes, converted by 1 or 3 threads in any order
+    run = bpslaunch(worker("cast_check.py", 40000), workers=2, servers=2,
+                    local_size=local_size,
+                    env={"BYTEPS_PARTITION_BYTES": "16K", "BYTEPS_DATA_PLANE": plane,
+                         "BYTEPS_CODEC_THREADS": threads})
+    assert run.rc == 0, run.log
+    ok = run.lines("OK cast rank")
+    assert len(ok) == 2 * local_size, run.log
+    assert all(f"of {2 * local_size}: 6 cases x 2 steps exact, 5 partitions" in ln
+               for ln in ok), run.log
