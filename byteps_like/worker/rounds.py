@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..wire import ITEMSIZE, SUMMABLE, dtype_name, first_round
-from .cast import cast_of, check_host, element_slice, push_pull_whole, wire_buffer
+from .cast import (
+    cast_of,
+    check_host,
+    element_slice,
+    push_pull_whole,
+    spans_partitions,
+    wire_buffer,
+)
 from .handle import Handle
 from .pipeline import COMPRESS, COPY_D2H, DECOMPRESS, PULL, PUSH, Phase, Task, itinerary
 from .tensors import DeviceCopier, TensorState, declaration
@@ -101,7 +108,8 @@ class Rounds:
 
         A cast ``compression`` (fp16, bf16; :mod:`.cast`) of a float tensor: the name is bound
         and travels in the narrow dtype. In a distributed job of one local rank the pipeline
-        converts each partition as it goes; otherwise the tensor is converted whole, and back
+        converts each partition of a tensor of several as it goes; otherwise the tensor is
+        converted whole, and back
         in ``wait()`` (``Handle.convert``). Not with ``device`` or ``prereduced``
         (ValueError): a plugin casts a device tensor itself."""
         m, cfg = self.members, self.members.config
@@ -109,7 +117,8 @@ class Rounds:
         cast = cast_of(compression, dtype)
         if cast is not None:
             check_host(cast, name, device, prereduced)
-            if not distributed or alone or m.local_size > 1:
+            if (not distributed or alone or m.local_size > 1 or not spans_partitions(
+                    cast, dtype, arr.size, cfg.partition.partition_bytes)):
                 return push_pull_whole(
                     lambda wire, wdt: self.push_pull(wire, wire, name, wdt, average, priority,
                                                      None, False, compression, alone=alone),

@@ -4,9 +4,10 @@ with several local ranks, each machine first) sum the narrowed tensors with the 
 kernel, divide in the narrow dtype when averaging, and the caller's dtype comes back widened.
 With two summands per sum the order of arrival does not matter, so the replay is exact.
 
-Each case pushes several partitions (BYTEPS_PARTITION_BYTES splits the tensor) for two steps
-(the wire buffer of a name is reused), through the numpy API (``out=None``, ``out=``, in
-place), for float32, float64 and bfloat16 inputs, with an int32 tensor that must stay exact.
+Each case pushes several partitions (BYTEPS_PARTITION_BYTES splits the tensor), converted
+partition by partition with one local rank, for two steps (the wire buffer of a name is
+reused), through the numpy API (``out=None``, ``out=``, in place), for float32, float64 and
+bfloat16 inputs; a one-partition tensor is converted whole; an int32 tensor must stay exact.
 
 Usage: cast_check.py ELEMENTS
 """
@@ -89,6 +90,13 @@ def main() -> None:
                 f"{int(np.sum(got.view(np.uint8) != want.view(np.uint8)))} bytes differ")
             st = rt.tensors()[name]
             assert st.dtype == comp.wire_dtype(dtype), (name, st.dtype)   # bound as it travels
+        # one partition: converted whole (nothing to overlap), the same bits
+        x = data(rank, "cast.one", step, 1000, "float32", np.float32)
+        h = bps.push_pull_async(x, name="cast.one", compression=Compression.fp16)
+        assert h.convert is not None, "a one-partition tensor went through the stages"
+        want = replay(Compression.fp16, "float32", np.float32, "cast.one", step, 1000, size,
+                      local, True)
+        assert np.array_equal(h.wait().view(np.uint8), want.view(np.uint8)), "cast.one"
         ints = np.arange(n, dtype=np.int32) * (rank + 1)
         got = bps.push_pull(ints, name="cast.ints", average=False, compression=Compression.fp16)
         assert got.dtype == np.int32 and np.array_equal(
