@@ -99,6 +99,13 @@ class FramedCodec : public ServerCodec {
                                std::int64_t divisor) {
     return decode_impl(p, len, out, false, divisor);
   }
+  // Two buffers of max_bytes() (0 and 1), made at the first call and kept: the native
+  // client's encoded push and received answer of this codec's partition.
+  std::uint8_t* wire_buffer(int which) {
+    std::vector<std::uint8_t>& b = wire_[which & 1];
+    if (b.size() != max_bytes_) b.assign(max_bytes_, 0);
+    return b.data();
+  }
   // Encodes x[n] (not modified) of round `step` into out[max_bytes()] (returns max_bytes());
   // with error feedback y = x + r, encode y, r = y - decode(payload), as compression.py's
   // _ErrorFeedbackCodec.
@@ -115,6 +122,7 @@ class FramedCodec : public ServerCodec {
   // onebit with error feedback keeps y with its residual not yet taken (settled by the next
   // encode's pass, with the scale it was encoded with): one pass over the residual per step
   std::vector<float> residual_;
+  std::vector<std::uint8_t> wire_[2];  // wire_buffer()
   bool unsettled_ = false;
   float unsettled_scale_ = 0.0f;
   std::vector<std::uint32_t> idx_;

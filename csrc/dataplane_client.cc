@@ -38,10 +38,11 @@ struct Part {
   bool dispatched = false, acked = false, done = false;
   double t_sent = 0, t_acked = 0, t_done = 0;
   std::uint64_t wire = 0;  // its bytes on the wire: spec.nbytes, or the codec's payload
-  // a coded operation's: the codec that encodes src and decodes into dst, the encoded push
-  // and the server's encoded sum
+  // a coded operation's: the codec that encodes src and decodes into dst, and the encoded
+  // push (out) and the server's encoded sum (in), the codec's own buffers (a codec serves one
+  // operation at a time: no allocation, no page faults, round after round)
   std::shared_ptr<compress::FramedCodec> codec;
-  std::vector<std::uint8_t> out, in;
+  std::uint8_t *out = nullptr, *in = nullptr;
 };
 struct Op {
   std::uint64_t id = 0;
@@ -283,8 +284,8 @@ class ClientImpl {
                                     " is not one of " + std::to_string(p.spec.nbytes / 4) +
                                     " float32 elements");
       p.wire = p.codec->max_bytes();
-      p.out.resize(p.wire);
-      p.in.resize(p.wire);
+      p.out = p.codec->wire_buffer(0);
+      p.in = p.codec->wire_buffer(1);
     }
     op->remaining = op->parts.size();
     return op;
@@ -302,7 +303,7 @@ class ClientImpl {
     if (!skip) {
       const double t0 = monotonic_now();
       p.codec->encode(reinterpret_cast<const float*>(op->src + p.spec.offset),
-                      static_cast<std::uint64_t>(p.spec.round), p.out.data());
+                      static_cast<std::uint64_t>(p.spec.round), p.out);
       encode_ns_ += static_cast<std::uint64_t>((monotonic_now() - t0) * 1e9);
     }
     std::vector<Ready> ready;
@@ -332,7 +333,7 @@ class ClientImpl {
         // an average divides by the ranks that pushed (join(): those not joined), as it lands
         const std::int64_t div = t.contrib > 0 && op.divisor > 1 ? t.contrib : op.divisor;
         const std::uint64_t step = p.codec->decode_divided(
-            p.in.data(), p.in.size(), reinterpret_cast<float*>(op.dst + p.spec.offset), div);
+            p.in, p.wire, reinterpret_cast<float*>(op.dst + p.spec.offset), div);
         if (step != static_cast<std::uint64_t>(p.spec.round))
           err = "is of step " + std::to_string(step) + ", expected " +
                 std::to_string(p.spec.round);
@@ -405,7 +406,7 @@ class ClientImpl {
     t->contrib = (h.flags & kFlagContrib) ? static_cast<int>(h.flags >> kContribShift) : 0;
     if (t->contrib > 0) op.contrib = t->contrib;
     op.active++;
-    return op.coded ? reinterpret_cast<char*>(p.in.data()) : op.dst + p.spec.offset;
+    return op.coded ? reinterpret_cast<char*>(p.in) : op.dst + p.spec.offset;
   }
 
   void resp_done(const Target& t, bool ok) {
@@ -594,7 +595,7 @@ class ClientImpl {
       o.hdr = make_header(kPush, kRoleWorker, rank_, flags, job_, s.key, s.round,
                           static_cast<std::uint8_t>(op.wire_dtype),
                           part.wire / op.isz, part.wire);
-      o.payload = op.coded ? reinterpret_cast<const char*>(part.out.data()) : op.src + s.offset;
+      o.payload = op.coded ? reinterpret_cast<const char*>(part.out) : op.src + s.offset;
       o.plen = part.wire;
       auto keep = r.op;
       o.done = [this, keep](bool) { sent(keep); };
