@@ -8,6 +8,8 @@
 // it leaves fewer than k candidates or more than a bound, a histogram of the top 11 key bits
 // over all n gives a lo that is right by construction (the path of every input, before). The
 // set and order are the same either way: every entry of key >= the k-th key is a candidate.
+// A guess of 0 (mostly zeros: a server's sum of sparse pushes) collects the nonzero keys; when
+// fewer than k, the lowest-index zeros fill up (emit_with_zeros).
 #include "compress.h"
 
 #include <algorithm>
