@@ -174,6 +174,14 @@ def dither_decode(body: Buffer, norm: float, out: Buffer, levels: int, natural: 
 Completion: TypeAlias = tuple[int, bool, str, int, bytes, float, float, int,
                               list[tuple[float, float, float]], int]
 
+class NativeCast:
+    """A float32 partition of ``n`` elements cast to ``wire`` (float16, bfloat16) by the native
+    client in a coded operation (``DataClient.submit(codecs=...)``): narrowed before its push,
+    the servers' sum divided and widened after its pull; ValueError for another dtype."""
+    n: int
+    wire_bytes: int
+    def __init__(self, n: int, wire: str) -> None: ...
+
 class NativeCodec:
     """The native server's codec of one partition (csrc/codec.h): the payloads of
     compression.py's framed codecs, byte for byte. ``params`` is
@@ -255,15 +263,17 @@ class DataClient:
     def submit(self, op: int, priority: int, src: Buffer, dst: Buffer, wire_dtype: int,
                divisor: int, round: int,
                parts: list[tuple[int, int, int, int, int, bytes | None]],
-               compressed: bool = False, codecs: list[NativeCodec] | None = None) -> None:
+               compressed: bool = False,
+               codecs: list[NativeCodec] | list[NativeCast] | None = None) -> None:
         """Queue one operation: parts are (key, server, stream, offset, nbytes, declaration).
         Holds the GIL and only queues. ``src``/``dst`` must stay alive until its completion.
         ``compressed``: the parts are codec payloads (uint8, divisor 1) the server decodes and
         answers with its encoded sum (FLAG_COMPRESSED), which lands in ``dst`` as it came.
-        ``codecs`` (with ``compressed``, wire dtype float32, one per part): a coded operation:
-        ``src``/``dst`` are float32 and the parts' offsets and sizes theirs; each part is
-        encoded (step = ``round``) on the client's codec threads, travels as its codec's
-        payload, and the server's encoded sum is decoded into ``dst`` there and divided by
+        ``codecs`` (one per part): a coded operation: ``src``/``dst`` are float32 and the parts'
+        offsets and sizes theirs; each part is encoded (step = ``round``) on the client's codec
+        threads and travels as its codec's payload (NativeCodec: with ``compressed``, wire
+        dtype float32) or its cast (NativeCast: wire dtype its float16/bfloat16, summed as
+        such), and the server's answer is decoded into ``dst`` there and divided by
         ``divisor``."""
     def wait(self, op: int, timeout: float) -> bool:
         """Wait (GIL released) until ``op`` completes; the completion is left for ``take``."""

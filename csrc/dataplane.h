@@ -39,9 +39,9 @@
 namespace bps {
 namespace compress {
 class ServerCodec;  // codec.h
-class FramedCodec;
 }
 namespace dp {
+class PartCoder;  // dataplane_coder.h
 
 // A registered compressor's server codec, whose math is Python (module.cc makes it): called on
 // an I/O thread, holding no lock of the server, for a compressed key's first push whose
@@ -171,15 +171,16 @@ class DataClient {
   // compressed: the partitions are codec payloads (uint8, FLAG_COMPRESSED) the server decodes
   // and answers with its encoded sum, which lands in dst as it came (divisor 1), of any size
   // up to dst_bytes (dst's size; the completion's bytes say how many came).
-  // codecs (one per part; compressed, wire dtype float32): a coded operation. src and dst are
-  // float32 and parts' offsets and sizes are theirs; each part is encoded by its codec (step =
-  // its round) on the codec threads before its push, travels as the codec's payload, and the
-  // server's encoded sum is decoded into dst there and divided by divisor. A codec is used by
-  // one operation at a time (the caller's rounds of a tensor are sequential).
+  // codecs (one per part): a coded operation. src and dst are float32 and parts' offsets and
+  // sizes are theirs; each part is encoded by its coder (step = its round) on the codec
+  // threads before its push, travels as the coder's payload -- a built-in codec's (compressed,
+  // wire_dtype float32) or a cast's (wire_dtype float16 or bfloat16, summed as such) -- and the
+  // server's answer is decoded into dst there and divided by divisor. A coder is used by one
+  // operation at a time (the caller's rounds of a tensor are sequential).
   void submit(std::uint64_t op, int priority, const char* src, char* dst, int wire_dtype,
               std::int64_t divisor, std::vector<PartSpec> parts, bool compressed = false,
               std::uint64_t dst_bytes = 0,
-              std::vector<std::shared_ptr<compress::FramedCodec>> codecs = {});
+              std::vector<std::shared_ptr<PartCoder>> codecs = {});
   // Waits (without consuming) until `op` has completed; false on timeout.
   bool wait(std::uint64_t op, double timeout);
   // Takes the completion of `op` if it has completed.

@@ -13,7 +13,6 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "codec.h"
 #include "dataplane_auth.h"
 #include "dataplane_coder.h"
 #include "dataplane_io.h"
@@ -38,10 +37,10 @@ struct Part {
   bool dispatched = false, acked = false, done = false;
   double t_sent = 0, t_acked = 0, t_done = 0;
   std::uint64_t wire = 0;  // its bytes on the wire: spec.nbytes, or the codec's payload
-  // a coded operation's: the codec that encodes src and decodes into dst, and the encoded
+  // a coded operation's: the coder that encodes src and decodes into dst, and the encoded
   // push (out) and the server's encoded sum (in), the codec's own buffers (a codec serves one
   // operation at a time: no allocation, no page faults, round after round)
-  std::shared_ptr<compress::FramedCodec> codec;
+  std::shared_ptr<PartCoder> coder;
   std::uint8_t *out = nullptr, *in = nullptr;
 };
 struct Op {
@@ -54,7 +53,7 @@ struct Op {
   std::size_t isz = 4;            // the wire dtype's itemsize
   bool compressed = false;        // codec payloads (uint8): nothing summed or scaled here
   std::uint64_t dst_bytes = 0;    // compressed: dst's size, room for an answer of any size
-  bool coded = false;             // float32 in and out, each part encoded/decoded by its codec
+  bool coded = false;             // float32 in and out, each part encoded/decoded by its coder
   int contrib = 0;                // pushes the server's round summed when fewer than all
   std::int64_t divisor = 1;
   std::vector<Part> parts;
@@ -88,7 +87,7 @@ class ClientImpl {
   void submit(std::uint64_t id, int priority, const char* src, char* dst, int wire_dtype,
               std::int64_t divisor, std::vector<PartSpec> parts, bool compressed,
               std::uint64_t dst_bytes,
-              std::vector<std::shared_ptr<compress::FramedCodec>> codecs) {
+              std::vector<std::shared_ptr<PartCoder>> codecs) {
     auto op = make_op(id, priority, src, dst, wire_dtype, divisor, std::move(parts), compressed,
                       dst_bytes, std::move(codecs));
     std::vector<Ready> ready;
@@ -244,7 +243,7 @@ class ClientImpl {
                                      int wire_dtype, std::int64_t divisor,
                                      std::vector<PartSpec> parts, bool compressed,
                                      std::uint64_t dst_bytes,
-                                     std::vector<std::shared_ptr<compress::FramedCodec>> codecs) {
+                                     std::vector<std::shared_ptr<PartCoder>> codecs) {
     auto op = std::make_shared<Op>();
     op->id = id;
     op->priority = priority;
@@ -253,12 +252,16 @@ class ClientImpl {
     op->coded = !codecs.empty();
     const int kdt = wire_to_kernel_dtype(wire_dtype);
     if (op->coded) {
-      if (!compressed || codecs.size() != parts.size() ||
-          kdt != static_cast<int>(DType::kFloat32))
-        throw std::invalid_argument("submit: a coded operation is float32 and compressed, "
-                                    "with one codec per part");
+      // compressed: codec payloads, uint8 with FLAG_COMPRESSED (wire_dtype names the source,
+      // float32); else casts, in wire_dtype (float16, bfloat16), which the servers sum
+      const bool cast = kdt == static_cast<int>(DType::kFloat16) ||
+                        kdt == static_cast<int>(DType::kBFloat16);
+      if (codecs.size() != parts.size() ||
+          (compressed ? kdt != static_cast<int>(DType::kFloat32) : !cast))
+        throw std::invalid_argument("submit: a coded operation is float32 and compressed, or "
+                                    "a cast to float16/bfloat16, with one codec per part");
       op->kdt = DType::kFloat32;
-      wire_dtype = kWireUint8;  // its payloads travel as uint8, FLAG_COMPRESSED
+      if (compressed) wire_dtype = kWireUint8;
     } else if (compressed) {
       if (wire_itemsize(wire_dtype) != 1 || divisor != 1)
         throw std::invalid_argument("submit: a compressed payload is uint8, never divided");
@@ -278,14 +281,14 @@ class ClientImpl {
       p.spec = std::move(parts[i]);
       p.wire = p.spec.nbytes;
       if (!op->coded) continue;
-      p.codec = std::move(codecs[i]);
-      if (!p.codec || 4 * p.codec->n() != p.spec.nbytes)
+      p.coder = std::move(codecs[i]);
+      if (!p.coder || 4 * p.coder->count() != p.spec.nbytes)
         throw std::invalid_argument("submit: the codec of key " + std::to_string(p.spec.key) +
                                     " is not one of " + std::to_string(p.spec.nbytes / 4) +
                                     " float32 elements");
-      p.wire = p.codec->max_bytes();
-      p.out = p.codec->wire_buffer(0);
-      p.in = p.codec->wire_buffer(1);
+      p.wire = p.coder->wire_bytes();
+      p.out = p.coder->wire_buffer(0);
+      p.in = p.coder->wire_buffer(1);
     }
     op->remaining = op->parts.size();
     return op;
@@ -302,7 +305,7 @@ class ClientImpl {
     }
     if (!skip) {
       const double t0 = monotonic_now();
-      p.codec->encode(reinterpret_cast<const float*>(op->src + p.spec.offset),
+      p.coder->encode(reinterpret_cast<const float*>(op->src + p.spec.offset),
                       static_cast<std::uint64_t>(p.spec.round), p.out);
       encode_ns_ += static_cast<std::uint64_t>((monotonic_now() - t0) * 1e9);
     }
@@ -332,11 +335,8 @@ class ClientImpl {
       try {
         // an average divides by the ranks that pushed (join(): those not joined), as it lands
         const std::int64_t div = t.contrib > 0 && op.divisor > 1 ? t.contrib : op.divisor;
-        const std::uint64_t step = p.codec->decode_divided(
-            p.in, p.wire, reinterpret_cast<float*>(op.dst + p.spec.offset), div);
-        if (step != static_cast<std::uint64_t>(p.spec.round))
-          err = "is of step " + std::to_string(step) + ", expected " +
-                std::to_string(p.spec.round);
+        p.coder->decode(p.in, p.wire, reinterpret_cast<float*>(op.dst + p.spec.offset), div,
+                        static_cast<std::uint64_t>(p.spec.round));
       } catch (const std::invalid_argument& exc) {
         err = exc.what();
       }
@@ -345,7 +345,7 @@ class ClientImpl {
     if (!err.empty()) {
       std::lock_guard<std::mutex> g(mu_);
       fail_locked(op, "protocol", p.spec.server, "server " + std::to_string(p.spec.server) +
-                  "'s compressed sum of key " + std::to_string(p.spec.key) + ": " + err);
+                  "'s answer for key " + std::to_string(p.spec.key) + ": " + err);
     }
     finish_part(t, err.empty() && !skip);
   }
@@ -354,7 +354,7 @@ class ClientImpl {
   void coded_dropped(const std::shared_ptr<Op>& op) {
     std::lock_guard<std::mutex> g(mu_);
     fail_locked(*op, "closed", -1, "the data plane was closed");
-    op->active--;
+    if (op->active > 0) op->active--;  // close() may have cleared it already
     maybe_report_locked(op);
   }
 
@@ -761,7 +761,7 @@ void DataClient::connect(int server, const std::string& host, int port, int stre
 void DataClient::submit(std::uint64_t op, int priority, const char* src, char* dst,
                         int wire_dtype, std::int64_t divisor, std::vector<PartSpec> parts,
                         bool compressed, std::uint64_t dst_bytes,
-                        std::vector<std::shared_ptr<compress::FramedCodec>> codecs) {
+                        std::vector<std::shared_ptr<PartCoder>> codecs) {
   impl_->submit(op, priority, src, dst, wire_dtype, divisor, std::move(parts), compressed,
                 dst_bytes, std::move(codecs));
 }

@@ -13,6 +13,7 @@
 #include "codec.h"
 #include "compress.h"
 #include "dataplane.h"
+#include "dataplane_coder.h"
 #include "sha256.h"
 #include "cpu.h"
 #include "dtype.h"
@@ -332,6 +333,19 @@ void bind_compress(py::module_& m) {
 
 // ---- the framed codecs (codec.h): the native server's, for tests against compression.py ----
 void bind_codec(py::module_& m) {
+  py::class_<dp::CastCoder, std::shared_ptr<dp::CastCoder>>(m, "NativeCast")
+      .def(py::init([](std::size_t n, const std::string& wire) {
+             try {
+               return std::make_shared<dp::CastCoder>(n, to_dtype(wire, "NativeCast", "wire"));
+             } catch (const std::invalid_argument& exc) {
+               throw py::value_error(std::string("NativeCast: ") + exc.what());
+             }
+           }),
+           py::arg("n"), py::arg("wire"),
+           "A float32 partition of n elements cast to `wire` (float16, bfloat16) for the "
+           "native data plane's coded operations (DataClient.submit(codecs=...)).")
+      .def_property_readonly("n", &dp::CastCoder::count)
+      .def_property_readonly("wire_bytes", &dp::CastCoder::wire_bytes);
   py::class_<compress::FramedCodec, std::shared_ptr<compress::FramedCodec>>(m, "NativeCodec")
       .def(py::init([](const std::vector<std::uint64_t>& params, std::uint64_t key,
                        std::size_t n) {
@@ -659,13 +673,28 @@ void data_client_submit(dp::DataClient& c, std::uint64_t op, int priority, py::h
                         py::handle dst, int wire_dtype, std::int64_t divisor,
                         std::int64_t round, py::list parts, bool compressed,
                         py::object codec_list) {
-  std::vector<std::shared_ptr<compress::FramedCodec>> codecs;
+  std::vector<std::shared_ptr<dp::PartCoder>> codecs;
   if (!codec_list.is_none()) {
-    for (py::handle c : codec_list.cast<py::list>())
-      codecs.push_back(c.cast<std::shared_ptr<compress::FramedCodec>>());
-    if (!compressed || codecs.size() != parts.size() || wire_dtype != 1)
-      throw py::value_error("submit: codecs make a coded operation: compressed=True, wire "
-                            "dtype float32 (code 1), one codec per part");
+    // NativeCodec (a built-in codec: compressed=True, wire dtype float32, code 1) or NativeCast
+    // (compressed=False, wire dtype its float16/bfloat16), one per part
+    const int code = static_cast<int>(wire_dtype);
+    for (py::handle c : codec_list.cast<py::list>()) {
+      if (py::isinstance<compress::FramedCodec>(c) && compressed && code == 1) {
+        codecs.push_back(std::make_shared<dp::FramedCoder>(
+            c.cast<std::shared_ptr<compress::FramedCodec>>()));
+      } else if (py::isinstance<dp::CastCoder>(c) && !compressed) {
+        auto cc = c.cast<std::shared_ptr<dp::CastCoder>>();
+        if (dp::wire_to_kernel_dtype(code) != static_cast<int>(cc->wire()))
+          throw py::value_error("submit: a NativeCast's wire dtype differs from wire_dtype");
+        codecs.push_back(cc);
+      } else {
+        throw py::value_error("submit: codecs make a coded operation: NativeCodec objects "
+                              "with compressed=True and wire dtype float32 (code 1), or "
+                              "NativeCast objects of the wire dtype, one per part");
+      }
+    }
+    if (codecs.size() != parts.size())
+      throw py::value_error("submit: codecs make a coded operation: one codec per part");
   }
   const std::size_t isz = dp::wire_itemsize(wire_dtype);
   if (compressed && codecs.empty() && (isz != 1 || divisor != 1))

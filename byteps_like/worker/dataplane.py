@@ -34,7 +34,7 @@ from .. import _core
 from ..config import Config
 from ..errors import CommunicationError, PeerLostError, ProtocolError
 from ..transport import native
-from ..wire import DTYPE_CODE, first_round
+from ..wire import DTYPE_CODE, ITEMSIZE, first_round
 from .dispatch import server_error
 from .handle import Handle
 from .pipeline import PULL, PUSH, Task, native_codec_threads
@@ -62,6 +62,17 @@ class NativeSpan:
     priority: int
     round: int
     enqueued_at: float
+
+
+def cast_coders(st: TensorState, wire_dtype: str) -> list[Any]:
+    """The ``_core.NativeCast`` of each partition of a cast tensor (bound in ``wire_dtype``),
+    made at its first round and kept: their buffers hold the partitions on the wire."""
+    coders = st.cast_coders
+    if coders is None:
+        size = ITEMSIZE[wire_dtype]
+        coders = st.cast_coders = [_core.NativeCast(n // size, wire_dtype)
+                                   for _off, n, _key, _server in st.parts]
+    return coders
 
 
 class NativeDataPlane:
@@ -129,21 +140,25 @@ class NativeDataPlane:
 
     def submit_tensor(self, cli: _core.DataClient, st: TensorState, h: Handle, rnd: int,
                       src: np.ndarray, dst: np.ndarray, dtype: str, average: bool,
-                      priority: int, coded: bool = False) -> None:
+                      priority: int, coded: bool = False, cast: bool = False) -> None:
         """All partitions of a host tensor as one native operation: one call in, one
         completion out, whatever the number of partitions. ``coded``: a float32 tensor whose
-        partitions the client encodes and decodes with ``st.compiled`` (its codec threads)."""
+        partitions the client encodes and decodes with ``st.compiled`` (its codec threads).
+        ``cast``: a float32 tensor that travels as ``dtype`` (float16, bfloat16; ``st`` is
+        bound in it): the client narrows each partition before its push and widens the
+        averaged answer into ``dst`` on its codec threads (``st.cast_coders``)."""
         flight = self.flight
         lane = self._lane
+        grow = 2 if cast else 1  # a cast's parts are in wire bytes; src and dst are float32
         parts: list[NativePart] | None
         if first_round(rnd):  # the declarations travel once per key (and epoch)
-            parts = [(key, server, lane(key), off, n,
+            parts = [(key, server, lane(key), grow * off, grow * n,
                       decl_bytes(self._declaration(st, dtype, part, coded)))
                      for part, (off, n, key, server) in enumerate(st.parts)]
         else:
             parts = st.native_parts
             if parts is None:
-                parts = st.native_parts = [(key, server, lane(key), off, n, None)
+                parts = st.native_parts = [(key, server, lane(key), grow * off, grow * n, None)
                                            for off, n, key, server in st.parts]
         op = next(self._ids)
         size = self.members.size
@@ -155,6 +170,9 @@ class NativeDataPlane:
             if coded:
                 cli.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, rnd, parts,
                            compressed=True, codecs=st.compiled)
+            elif cast:
+                cli.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, rnd, parts,
+                           codecs=cast_coders(st, dtype))
             else:
                 cli.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, rnd, parts)
         except (RuntimeError, ValueError) as exc:
@@ -173,8 +191,8 @@ class NativeDataPlane:
         if coded:
             assert st.native_codec is not None
             decl["native_codec"] = st.native_codec[part]
+            decl["count"] = st.parts[part][1] // 4  # before the spec, as the pipeline's
             decl["compressor"] = st.spec
-            decl["count"] = st.parts[part][1] // 4
         return decl
 
     def submit_task(self, cli: _core.DataClient, task: Task) -> None:

@@ -192,6 +192,15 @@ class Rounds:
         rnd = st.round
         st.round += 1
         wdt = dtype if cast is None else cast.wire_dtype(dtype)  # what the servers sum
+        cli = self.plane.client
+        if (cast is not None and cli is not None and dtype == "float32" and device is None
+                and not prereduced and seg is None and not m.single_machine):
+            # a host float32 tensor cast on the native data plane: one native operation, the
+            # client narrowing and widening its partitions on its codec threads
+            self.plane.submit_tensor(cli, st, h, rnd, arr.reshape(-1).view(np.uint8),
+                                     out.reshape(-1).view(np.uint8), wdt, average, priority,
+                                     cast=True)
+            return
         if cast is None:
             src = arr.reshape(-1).view(np.uint8)
             dst = out.reshape(-1).view(np.uint8)
@@ -204,7 +213,6 @@ class Rounds:
                           local_root=m.is_local_root, on_device=device is not None,
                           compressed=bool(st.codecs) or cast is not None,
                           device_push=device_push)
-        cli = self.plane.client
         # compressed partitions too: the compiled server runs a built-in codec itself and a
         # registered compressor's (its math is Python) through the server's codec factory
         on_native = cli is not None and not device_push

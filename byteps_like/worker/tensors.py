@@ -88,6 +88,9 @@ class TensorState:
     # a tensor pushed with a cast compressor (fp16, bf16) through the pipeline: its wire bytes
     # (worker/cast.py; nbytes are then the wire bytes)
     cast_wire: np.ndarray | None = None
+    # the same on the native data plane, a float32 tensor: the _core.NativeCast of each
+    # partition, which the native client narrows and widens with (worker/dataplane.py)
+    cast_coders: list[Any] | None = None
 
 
 def declaration(st: TensorState, dtype: str, part: int) -> dict[str, Any]:

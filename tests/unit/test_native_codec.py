@@ -443,7 +443,7 @@ def test_a_coded_operation_checks_its_codecs(cleanup):
         cli.submit(1, 0, x, out, f32, 1, 0, part, compressed=True, codecs=[small])
     with pytest.raises(ValueError, match="one codec per part"):
         cli.submit(2, 0, x, out, f32, 1, 0, part, compressed=True, codecs=[good, good])
-    with pytest.raises(ValueError, match="one codec per part"):
+    with pytest.raises(ValueError, match="wire dtype float32"):
         cli.submit(3, 0, x, out, DTYPE_CODE["float64"], 1, 0, part, compressed=True,
                    codecs=[good])
 
@@ -463,3 +463,60 @@ def test_closing_with_coded_operations_in_flight_fails_them(cleanup):
     clis[0].close()
     (comp1,) = clis[0].completions(5.0)
     assert comp1[0] == 1 and not comp1[1] and comp1[2] == "closed", comp1
+
+
+@pytest.mark.parametrize("wire", ["float16", "bfloat16"])
+def test_a_cast_coded_operation_equals_converting_the_whole_tensor(wire, cleanup):
+    """fp16/bf16 of a float32 tensor as one coded operation: each partition narrowed by the
+    client, summed in the narrow dtype by its server, divided there by 3 and widened into the
+    caller's output: bit for bit the whole tensor narrowed, summed, divided and widened."""
+    sizes = [20000, 20000, 7001]
+    offs = np.cumsum([0] + sizes[:-1])
+    keys = [5, 6, 7]
+    _srvs, clis = _coded_cluster(cleanup, 2, 2, 2)
+    coders = [[_core.NativeCast(n, wire) for n in sizes] for _ in clis]
+    rng = np.random.default_rng(4)
+    total = sum(sizes)
+    for rnd in range(2):
+        xs = [(rng.standard_normal(total) * 3).astype(np.float32) for _ in clis]
+        xs[0][::997] *= 30000.0  # beyond float16's range: inf on the wire
+        outs = [np.full(total, np.nan, np.float32) for _ in clis]
+        for r, cli in enumerate(clis):
+            parts = []
+            for i, (n, k) in enumerate(zip(sizes, keys)):
+                decl = (json.dumps({"name": "c", "part": i, "nparts": 3}).encode()
+                        if rnd == 0 else None)
+                parts.append((k, k % 2, 0, int(offs[i]) * 4, n * 4, decl))
+            cli.submit(rnd + 1, 0, xs[r], outs[r], DTYPE_CODE[wire], 3, rnd, parts,
+                       codecs=coders[r])
+        comps = [cli.wait(rnd + 1, 20.0) and cli.take(rnd + 1) for cli in clis]
+        assert all(c and c[1] for c in comps), comps
+        narrow = []
+        for x in xs:
+            w = np.empty(total * 2, np.uint8)
+            _core.convert(w, wire, x, "float32")
+            narrow.append(w)
+        _core.add_into(narrow[0], narrow[1], wire)
+        _core.scale_into(narrow[0], wire, 3)
+        want = np.empty(total, np.float32)
+        _core.convert(want, "float32", narrow[0], wire)
+        for r in range(2):
+            assert outs[r].tobytes() == want.tobytes(), (wire, rnd, r)
+        assert comps[0][7] == 2 * total  # the wire carried the narrow bytes
+
+
+def test_a_cast_coded_operation_checks_its_coders(cleanup):
+    _srvs, (cli,) = _coded_cluster(cleanup, 1, 1, 1)
+    x, out = np.ones(1000, np.float32), np.empty(1000, np.float32)
+    part = [(5, 0, 0, 0, 4000, None)]
+    with pytest.raises(ValueError, match="wire dtype differs"):
+        cli.submit(1, 0, x, out, DTYPE_CODE["float16"], 1, 0, part,
+                   codecs=[_core.NativeCast(1000, "bfloat16")])
+    with pytest.raises(ValueError, match="not one of 1000 float32"):
+        cli.submit(2, 0, x, out, DTYPE_CODE["float16"], 1, 0, part,
+                   codecs=[_core.NativeCast(999, "float16")])
+    with pytest.raises(ValueError, match="NativeCast objects"):  # a cast is not compressed
+        cli.submit(3, 0, x, out, DTYPE_CODE["float16"], 1, 0, part, compressed=True,
+                   codecs=[_core.NativeCast(1000, "float16")])
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        _core.NativeCast(10, "float32")
