@@ -9,6 +9,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "cpu.h"  // the ISA the kernels dispatch on
+
+#if defined(BPS_X86_KERNELS)
+#include <immintrin.h>
+#endif
+
 namespace bps {
 namespace compress {
 namespace detail {

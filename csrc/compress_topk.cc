@@ -18,12 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "compress_internal.h"
-#include "cpu.h"
-
-#if defined(BPS_X86_KERNELS)
-#include <immintrin.h>
-#endif
+#include "compress_internal.h"  // with cpu.h and, on x86, immintrin.h
 
 namespace bps {
 namespace compress {

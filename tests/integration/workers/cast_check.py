@@ -102,12 +102,16 @@ def main() -> None:
         assert got.dtype == np.int32 and np.array_equal(
             got, np.arange(n, dtype=np.int32) * sum(r + 1 for r in range(size))), "ints"
     parts = len(rt.tensors()["cast.0"].parts)
-    # float32 casts on the native plane with one local rank: one native operation each, the
-    # client narrowing and widening (coded operations)
-    coded = rt.native.stats()["coded_ops"] if rt.native is not None else 0
     print(f"OK cast rank {rank} of {size}: {len(CASES)} cases x 2 steps exact, {parts} "
-          f"partitions, {coded} coded", flush=True)
+          f"partitions, {coded_operations(rt)} coded", flush=True)
     bps.shutdown()
+
+
+def coded_operations(rt) -> int:
+    """float32 casts on the native plane with one local rank are one native operation each,
+    the native client narrowing and widening (coded operations): how many this rank ran."""
+    client = rt.native
+    return 0 if client is None else client.stats()["coded_ops"]
 
 
 if __name__ == "__main__":
