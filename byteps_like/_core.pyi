@@ -304,7 +304,9 @@ class UcxRawStream:
     """A bare UCX stream to a listen_ucx server, bytes as they are (no hello, no framing): for
     tests that play a hostile peer, as a raw socket does over TCP."""
     def __init__(self, host: str, port: int) -> None: ...
-    def send(self, data: bytes, timeout: float) -> None: ...
+    def send(self, data: bytes, timeout: float, rndv: bool = False) -> None:
+        """``data`` as one active message of the stream: eager, or with rendezvous
+        (``rndv``); RuntimeError when it cannot or the peer refuses it."""
     def recv(self, n: int, timeout: float, all: bool = False) -> bytes:
         """Up to n bytes (all n with ``all``) once some came; b"" when the peer closed;
         RuntimeError('timed out') after ``timeout`` seconds."""

@@ -219,7 +219,9 @@ class UcxRawStream {
  public:
   UcxRawStream(const std::string& host, int port);
   ~UcxRawStream();
-  void send(const std::string& bytes, double timeout);  // all of it; throws when it cannot
+  // All of it, as one message of the stream (eager, or with rendezvous: `rndv`); throws when
+  // it cannot or the peer refused it.
+  void send(const std::string& bytes, double timeout, bool rndv = false);
   // Up to n bytes (all n when `all`) once some came: "" when the peer closed the stream;
   // throws std::runtime_error("timed out") after timeout seconds.
   std::string recv(std::size_t n, double timeout, bool all);

@@ -30,6 +30,7 @@ namespace bps {
 namespace dp {
 
 constexpr std::size_t kChunk = 512 * 1024;          // summation granule on the server
+constexpr std::size_t kUcxAhead = 4 * kChunk;       // a server's UCX stream reads this at once
 constexpr std::size_t kReadBudget = 16u << 20;      // bytes one connection reads per wakeup
 constexpr double kHelloTimeout = 5.0;               // seconds a stream may take to say hello
 constexpr std::size_t kStoreOverhead = 1024;        // a store's own bytes beyond its buffers
@@ -108,6 +109,10 @@ class Link {
   // close it. more(): its last read found data, so more may wait without an event.
   virtual bool hung() const { return false; }
   virtual bool more() const { return false; }
+  // (progressed links) Why the peer's messages broke the stream's rules: a UCX peer that
+  // keeps sending what is not read (*unread true), or one that breaks the message framing
+  // under the stream (false); nullptr while it has not.
+  virtual const char* flooded(bool*) const { return nullptr; }
   // Reads up to n bytes into p: > 0 bytes read, 0 the peer closed, kAgain or kFailed (*err).
   // A UCX read may stay posted on p: the next call with the same p collects it.
   virtual ssize_t read(char* p, std::size_t n, std::string* err) = 0;
@@ -246,6 +251,15 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // when the replies queued on this stream are over its share (queue_share()): the stream is
   // not read again until they are written down to half of it.
   bool on_readable() {
+    bool unread = false;
+    if (const char* f = link_->flooded(&unread)) {
+      std::lock_guard<std::mutex> g(wmu_);
+      if (unread && !unread_) counters_->unread_closed++;  // it leaves its replies unread
+      if (!unread) on_violation();
+      unread_ = unread_ || unread;
+      why_ = f;
+      return false;
+    }
     if (!reading_.load()) {  // not read: the peer hung up or the stream was shut
       std::lock_guard<std::mutex> g(wmu_);
       why_ = unread_ ? "the peer left its replies unread" : "the peer closed the connection";
@@ -324,6 +338,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // Called when rleft_ reaches 0: set up the next read target (rptr_, rleft_); false closes.
   virtual bool advance() = 0;
   virtual void on_closed() {}
+  virtual void on_violation() {}  // the peer broke the link's message rules (flooded())
   // The bytes of replies this stream may hold unwritten before it is not read (unbounded: a
   // worker's streams, whose queue its own credit bounds).
   virtual std::size_t queue_share() const { return SIZE_MAX; }

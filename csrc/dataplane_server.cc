@@ -479,6 +479,21 @@ bool ServerImpl::admit_push_locked(const std::shared_ptr<Conn>& conn, const Head
   return true;
 }
 
+char* ServerImpl::land_in_place(Store& st, std::int64_t round) {
+  if (num_workers_ != 1 || async_ || st.codec) return nullptr;
+  return st.buf[round & 1].get();
+}
+
+void ServerImpl::landed(Store& st, std::int64_t round, std::size_t offset, std::size_t len,
+                        std::uint64_t gen) {
+  const int par = static_cast<int>(round & 1);
+  for (std::size_t at = offset; at < offset + len; at += kChunk) {
+    std::lock_guard<std::mutex> g(st.chunk_mu[at / kChunk]);
+    if (st.gen.load() != gen) return;  // begun before a membership epoch reset: dropped
+    st.fill[par][at / kChunk]++;
+  }
+}
+
 void ServerImpl::sum_chunk(Store& st, std::int64_t round, std::size_t offset, const char* data,
                            std::size_t len, std::uint64_t gen) {
   const std::size_t c = offset / kChunk;

@@ -105,6 +105,13 @@ class ServerImpl {
                                            std::uint64_t need);
   bool admit_push_locked(const std::shared_ptr<Conn>& conn, const Header& h,
                          const std::string& meta, Store& st, std::map<int, std::string>* left);
+  // Where a push may be received in place, straight into its round's buffer (nullptr: it
+  // is received in chunks and summed): a synchronous job of one worker, whose push of a
+  // round is the only writer of that round's buffer (one push per rank and round).
+  char* land_in_place(Store& st, std::int64_t round);
+  // Bytes [offset, offset + len) of a push received in place: its chunks count as summed.
+  void landed(Store& st, std::int64_t round, std::size_t offset, std::size_t len,
+              std::uint64_t gen);
   void sum_chunk(Store& st, std::int64_t round, std::size_t offset, const char* data,
                  std::size_t len, std::uint64_t gen);
   void finish_push(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
@@ -185,6 +192,7 @@ class ServerConn : public FramedConn {
 
  protected:
   void on_closed() override;
+  void on_violation() override { srv_->reject("malformed"); }
   std::size_t queue_share() const override;
   bool advance() override;
 
@@ -205,6 +213,7 @@ class ServerConn : public FramedConn {
   std::uint64_t gen_ = 0;   // the store's epoch generation when this push began
   std::size_t off_ = 0;
   bool hello_ = false, awaiting_mac_ = false;
+  bool in_place_ = false;  // this payload is read straight into the store (land_in_place)
   int rank_ = -1;
   std::uint64_t stream_ = 0;
   std::uint8_t peer_nonce_[kNonce] = {}, my_nonce_[kNonce] = {}, peer_mac_[32] = {};

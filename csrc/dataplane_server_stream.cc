@@ -22,6 +22,14 @@ ServerConn::ServerConn(std::unique_ptr<Link> link, ServerImpl* srv)
 }
 
 void ServerConn::on_closed() {
+  if (store_ && state_ == kPayload && !store_->codec && !in_place_) {
+    // a span read ahead (UCX) and cut off: its whole chunks are summed, as they would be
+    // had they been read one at a time
+    const std::size_t whole = static_cast<std::size_t>(rptr_ - scratch_.data()) / kChunk;
+    for (std::size_t i = 0; i < whole; ++i)
+      srv_->sum_chunk(*store_, h_.round, off_ + i * kChunk, scratch_.data() + i * kChunk,
+                      kChunk, gen_);
+  }
   if (store_) srv_->abort_push(store_);  // cut off in the middle of a push's payload
   store_.reset();
   unstage();
@@ -47,8 +55,16 @@ bool ServerConn::advance() {
         off_ = h_.nbytes;
         return next_chunk();
       }
+      if (in_place_) {  // the rest of the payload, received into the round's buffer
+        in_place_ = false;
+        srv_->landed(*store_, h_.round, off_, h_.nbytes - off_, gen_);
+        off_ = h_.nbytes;
+        return next_chunk();
+      }
       const std::size_t len = static_cast<std::size_t>(rptr_ - scratch_.data());
-      srv_->sum_chunk(*store_, h_.round, off_, scratch_.data(), len, gen_);
+      for (std::size_t at = 0; at < len; at += kChunk)  // a UCX stream reads several at once
+        srv_->sum_chunk(*store_, h_.round, off_ + at, scratch_.data() + at,
+                        std::min(kChunk, len - at), gen_);
       off_ += len;
       return next_chunk();
     }
@@ -224,8 +240,17 @@ bool ServerConn::next_chunk() {
     expect(reinterpret_cast<char*>(cbuf_.data()), h_.nbytes);
     return true;
   }
-  const std::size_t len = std::min<std::size_t>(kChunk, h_.nbytes - off_);
-  if (scratch_.size() < len) scratch_.resize(kChunk);
+  if (char* at = off_ == 0 ? srv_->land_in_place(*store_, h_.round) : nullptr) {
+    in_place_ = true;
+    state_ = kPayload;
+    expect(at, h_.nbytes);
+    return true;
+  }
+  // a UCX stream's chunks are received in place and in turn, each after a round trip to the
+  // sender: several are asked for at once, so the round trips overlap
+  const std::size_t span = link_->progressed() ? kUcxAhead : kChunk;
+  const std::size_t len = std::min<std::size_t>(span, h_.nbytes - off_);
+  if (scratch_.size() < len) scratch_.resize(span);
   state_ = kPayload;
   expect(scratch_.data(), len);
   return true;

@@ -587,9 +587,14 @@ void bind_ucx(py::module_& m) {
                                 "A bare UCX stream for tests that play a hostile peer.")
       .def(py::init<const std::string&, int>(), py::arg("host"), py::arg("port"),
            py::call_guard<py::gil_scoped_release>())
-      .def("send", [](dp::UcxRawStream& s, py::bytes b,
-                      double timeout) { std::string d = b; py::gil_scoped_release g; s.send(d, timeout); },
-           py::arg("data"), py::arg("timeout"))
+      .def("send",
+           [](dp::UcxRawStream& s, py::bytes b, double timeout, bool rndv) {
+             std::string d = b;
+             py::gil_scoped_release g;
+             s.send(d, timeout, rndv);
+           },
+           py::arg("data"), py::arg("timeout"), py::arg("rndv") = false,
+           "One message of the stream: eager, or with rendezvous (rndv).")
       .def("recv",
            [](dp::UcxRawStream& s, std::size_t n, double timeout, bool all) {
              std::string d;

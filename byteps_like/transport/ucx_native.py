@@ -45,6 +45,9 @@ def load() -> str:
     (UCX_TLS, UCX_NET_DEVICES, ...) is read by UCX now."""
     global _why
     with _lock:
+        if _why == "":   # loaded: still usable, unless this is a child forked since
+            from .. import _core
+            return _core.ucx_unavailable()
         if _why is not None:
             return _why
         from .. import _core
