@@ -30,7 +30,14 @@ namespace bps {
 namespace dp {
 
 constexpr std::size_t kChunk = 512 * 1024;          // summation granule on the server
-constexpr std::size_t kUcxAhead = 4 * kChunk;       // a server's UCX stream reads this at once
+// A UCX stream's payloads travel in rendezvous pieces of this size (4 MiB: one per default
+// partition); a server's UCX stream reads a push's chunks a piece at a time. Large pieces,
+// because UCX's TCP transport copies the part of a piece that its receive segment (1 MiB)
+// took in with the piece's header and receives only the rest in place: 512 KiB pieces were
+// mostly copied (docs/performance.md).
+constexpr std::size_t kUcxPiece = 8 * kChunk;
+static_assert(kUcxPiece % kChunk == 0, "a piece is whole chunks");
+constexpr std::size_t kUcxAhead = kUcxPiece;
 constexpr std::size_t kReadBudget = 16u << 20;      // bytes one connection reads per wakeup
 constexpr double kHelloTimeout = 5.0;               // seconds a stream may take to say hello
 constexpr std::size_t kStoreOverhead = 1024;        // a store's own bytes beyond its buffers

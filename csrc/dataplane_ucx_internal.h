@@ -6,10 +6,11 @@
 // A stream over UCX is a sequence of active messages (id kAmId), each with an 8-byte header,
 // its sequence number on the stream, and data: a message's header, meta length and meta (and
 // its payload when that is under kEagerPayload) travel eagerly in one message; a larger
-// payload follows in pieces of at most kChunk bytes, each sent with rendezvous, which UCX
-// delivers straight into the buffer the framing reads into (a server's chunk, a worker's
-// output): the receiver's bytes are read once, from the network into their place. The
-// framing above (FramedConn) still reads a byte stream; the pieces are its bytes in order.
+// payload follows in pieces of at most kUcxPiece bytes, each sent with rendezvous, which UCX
+// delivers straight into the buffer the framing reads into (a server's span of chunks or its
+// round buffer, a worker's output); over UCX's TCP transport only what its receive segment
+// took in with a piece's header is copied, the rest is received in place. The framing above
+// (FramedConn) still reads a byte stream; the pieces are its bytes in order.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -55,8 +56,8 @@ constexpr std::size_t kEagerPayload = 32u << 10;
 // is closed as leaving its replies unread. Each message held counts kPieceCost more.
 constexpr std::size_t kMaxHeld = 32u << 20;
 constexpr std::size_t kPieceCost = 256;
-// The largest rendezvous piece a receiver accepts (a sender cuts payloads at kChunk).
-constexpr std::size_t kMaxPiece = kChunk;
+// The largest rendezvous piece a receiver accepts (a sender cuts payloads at kUcxPiece).
+constexpr std::size_t kMaxPiece = kUcxPiece;
 
 // Why an endpoint's stream must end, found by the active-message handler.
 enum Flood : int { kNoFlood = 0, kHeldOver, kBadSeq, kBigPiece };

@@ -200,7 +200,7 @@ const char* UcxLink::flooded(bool* unread) const {
       return "the peer sent more than 32 MiB of messages that its stream did not read (it "
              "leaves its replies unread, or sends faster than the server reads)";
     case kBadSeq: return "a UCX message out of its stream's sequence";
-    case kBigPiece: return "a UCX rendezvous piece over 512 KiB";
+    case kBigPiece: return "a UCX rendezvous piece over 4 MiB";
     default: return nullptr;
   }
 }
@@ -371,8 +371,8 @@ bool UcxLink::post_message(Out& o) {
     return true;
   };
   if (!post(s.iov, n, ucp_dt_make_iov(), UCP_AM_SEND_FLAG_EAGER)) return false;
-  for (std::size_t off = 0; !eager && off < o.plen; off += kChunk) {
-    if (!post(o.payload + off, std::min(kChunk, o.plen - off), ucp_dt_make_contig(1),
+  for (std::size_t off = 0; !eager && off < o.plen; off += kUcxPiece) {
+    if (!post(o.payload + off, std::min(kUcxPiece, o.plen - off), ucp_dt_make_contig(1),
               UCP_AM_SEND_FLAG_RNDV))
       return false;
   }

@@ -74,12 +74,12 @@ def raw(port: int, rank: int, timeout: float = 10.0) -> RawUcx:
 
 @pytest.mark.parametrize("workers,tcp", [(1, False), (2, False), (1, True)])
 def test_large_partitions_land_intact_round_after_round(workers, tcp, cleanup):
-    """Partitions of 3 MiB + 1,332 bytes (pieces of 512 KiB and a ragged last one), summed
-    in chunks (two workers) or received straight into the round's buffer (one worker, over
-    UCX and TCP alike), four rounds of other values each: every element is the exact sum."""
+    """Partitions of 9 MiB + 1,332 bytes (two 4 MiB pieces and a ragged one), summed in
+    chunks (two workers) or received straight into the round's buffer (one worker, over UCX
+    and TCP alike), four rounds of other values each: every element is the exact sum."""
     _srv, port = server(cleanup, workers, tcp=tcp)
     clis = [client(cleanup, r, port, tcp=tcp) for r in range(workers)]
-    n, part = (10 << 20) // 4 + 77, (3 << 20) + 1332
+    n, part = (20 << 20) // 4 + 77, (9 << 20) + 1332
     base = np.arange(n, dtype=np.float32) % 1000
     for rnd in range(4):
         xs = [base + 1000 * (rnd + 1) * (r + 1) for r in range(workers)]
@@ -96,8 +96,8 @@ def test_large_partitions_land_intact_round_after_round(workers, tcp, cleanup):
 
 
 def test_a_piece_larger_than_the_read_is_read_right(cleanup):
-    """A peer that reads a 1 MiB reply a few bytes at a time: each 512 KiB rendezvous piece
-    is larger than the read, so it is received whole and handed out in order."""
+    """A peer that reads a 1 MiB reply a few bytes at a time: its rendezvous piece is larger
+    than the read, so it is received whole and handed out in order."""
     srv, port = server(cleanup, 2)
     cli = client(cleanup, 0, port)
     x = np.arange((1 << 20) // 4, dtype=np.float32)
@@ -121,13 +121,13 @@ def test_a_piece_larger_than_the_read_is_read_right(cleanup):
 
 
 def test_an_oversized_rendezvous_piece_is_refused_before_it_is_received(cleanup):
-    """After a valid push header of 1 MiB, a peer sends its payload as one 1 MiB rendezvous
-    piece (senders cut at 512 KiB): the server refuses the piece without receiving it, the
+    """After a valid push header of 8 MiB, a peer sends its payload as one 8 MiB rendezvous
+    piece (senders cut at 4 MiB): the server refuses the piece without receiving it, the
     sender's send fails, the stream is closed and counted as malformed."""
     srv, port = server(cleanup, 2)
     s = raw(port, 0)
     decl = json.dumps({"name": "t", "part": 0}).encode()
-    nbytes = 1 << 20
+    nbytes = 8 << 20
     s.sendall(HDR.pack(b"BPSL", 1, PUSH, F32, WORKER, 0, FLAG_META | FLAG_DECLARE, JOB, 0, 0,
                        nbytes // 4, nbytes) + len(decl).to_bytes(4, "little") + decl)
     with pytest.raises(RuntimeError, match="send failed"):
