@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -101,6 +102,8 @@ class Worker : public UcxWorker {
     return it == eps_.end() ? nullptr : it->second;
   }
   std::mutex& map_mu() { return map_mu_; }
+  // Whether the calling thread is the one that progresses the worker (its loop's).
+  bool on_loop() const { return loop_.load() == std::this_thread::get_id(); }
 
  private:
   void reap();
@@ -115,6 +118,7 @@ class Worker : public UcxWorker {
   std::vector<EpState*> dead_;
   std::mutex map_mu_;
   std::unordered_map<ucp_ep_h, EpState*> eps_;
+  std::atomic<std::thread::id> loop_{};
 };
 
 // True on a thread inside Worker::progress (a loop thread), which serves its streams after
