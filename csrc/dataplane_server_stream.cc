@@ -246,8 +246,8 @@ bool ServerConn::next_chunk() {
     expect(at, h_.nbytes);
     return true;
   }
-  // a UCX stream's chunks are received in place and in turn, each after a round trip to the
-  // sender: several are asked for at once, so the round trips overlap
+  // a UCX stream reads a piece (kUcxPiece, the size its payloads travel in) at a time, so a
+  // piece lands whole in place; its chunks are summed when it has
   const std::size_t span = link_->progressed() ? kUcxAhead : kChunk;
   const std::size_t len = std::min<std::size_t>(span, h_.nbytes - off_);
   if (scratch_.size() < len) scratch_.resize(span);
