@@ -140,7 +140,7 @@ const std::uint32_t* FramedCodec::indices(std::uint64_t step) {
 }
 
 std::uint64_t FramedCodec::decode_impl(const std::uint8_t* p, std::size_t len, float* out,
-                                       bool add, std::int64_t divisor) {
+                                       bool add, std::int64_t divisor, bool stream) {
   if (add || divisor < 1) divisor = 1;
   const float div = static_cast<float>(divisor);
   const std::string name = id_name(p_.id);
@@ -166,7 +166,7 @@ std::uint64_t FramedCodec::decode_impl(const std::uint8_t* p, std::size_t len, f
     switch (p_.id) {
       case kOneBit:  // (+-s) / d is +-(s / d), bit for bit
         onebit_decode(body, n_, divisor > 1 ? bits_float(f.field) / div : bits_float(f.field),
-                      out, add);
+                      out, add, stream);
         break;
       case kTopK:
       case kRandomK:

@@ -91,13 +91,15 @@ class FramedCodec : public ServerCodec {
   // length are checked first; throws std::invalid_argument (what() names the field) and
   // leaves out untouched on a malformed payload.
   std::uint64_t decode(const std::uint8_t* p, std::size_t len, float* out, bool add) override {
-    return decode_impl(p, len, out, add, 1);
+    return decode_impl(p, len, out, add, 1, false);
   }
   // decode() without add, each value divided by divisor (>= 1) as it lands, bit for bit
-  // decode-then-divide (an average, with no pass of its own over out).
+  // decode-then-divide (an average, with no pass of its own over out), into an out that is
+  // not read back soon (a worker's result: written with non-temporal stores where a kernel
+  // can).
   std::uint64_t decode_divided(const std::uint8_t* p, std::size_t len, float* out,
                                std::int64_t divisor) {
-    return decode_impl(p, len, out, false, divisor);
+    return decode_impl(p, len, out, false, divisor, true);
   }
   // Two buffers of max_bytes() (0 and 1), made at the first call and kept: the native
   // client's encoded push and received answer of this codec's partition.
@@ -114,7 +116,7 @@ class FramedCodec : public ServerCodec {
  private:
   void encode_plain(const float* x, std::uint64_t step, std::uint8_t* out);
   std::uint64_t decode_impl(const std::uint8_t* p, std::size_t len, float* out, bool add,
-                            std::int64_t divisor);
+                            std::int64_t divisor, bool stream);
   const std::uint32_t* indices(std::uint64_t step);  // random-k, cached per step
   CodecParams p_;
   std::uint64_t key_;

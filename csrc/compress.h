@@ -31,7 +31,10 @@ std::uint64_t stream_base(std::uint64_t seed, std::uint64_t key, std::uint64_t s
 // when `scaling`, else 1.
 float onebit_encode(const float* x, std::size_t n, std::uint8_t* bits, bool scaling);
 // out[i] (+)= bit ? -scale : +scale (the sign flip is on the bit pattern, so NaN stays NaN).
-void onebit_decode(const std::uint8_t* bits, std::size_t n, float scale, float* out, bool add);
+// stream (without add): out is not read back soon (a worker's result), so it may be written
+// with non-temporal stores; the same values.
+void onebit_decode(const std::uint8_t* bits, std::size_t n, float scale, float* out, bool add,
+                   bool stream = false);
 // Error feedback's first pass of onebit: r = x + r (y, formed in r), packed as onebit_encode
 // packs y, in one pass over x and r; returns what onebit_encode(y) returns, bit for bit (the
 // same order of the double sum). With `settle`, r holds the last step's y whose residual was

@@ -134,6 +134,9 @@ __attribute__((target("avx2"))) double onebit_ef_pass_avx2(const float* x, float
 }
 
 // out[i] = scale with the sign bit flipped where the bit is set, 8 at a time.
+// kStream: out is 32-byte aligned and written, not added to, with non-temporal stores (the
+// caller does not read it back soon: no read for ownership, no cache evicted for it).
+template <bool kStream>
 __attribute__((target("avx2"))) void onebit_unpack_avx2(const u8* bits, std::size_t n,
                                                         float scale, float* out, bool add) {
   const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
@@ -144,8 +147,12 @@ __attribute__((target("avx2"))) void onebit_unpack_avx2(const u8* bits, std::siz
     const __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(bits[b]), sel), sel);
     const __m256 v = _mm256_xor_ps(s, _mm256_castsi256_ps(_mm256_and_si256(m, sign)));
     float* o = out + 8 * b;
-    _mm256_storeu_ps(o, add ? _mm256_add_ps(_mm256_loadu_ps(o), v) : v);
+    if (kStream)
+      _mm256_stream_ps(o, v);
+    else
+      _mm256_storeu_ps(o, add ? _mm256_add_ps(_mm256_loadu_ps(o), v) : v);
   }
+  if (kStream) _mm_sfence();
   const u32 sb = f32_bits(scale);
   for (std::size_t i = 8 * b; i < n; ++i) {
     const float v = bits_f32(sb ^ (static_cast<u32>((bits[i / 8] >> (i % 8)) & 1) << 31));
@@ -181,10 +188,14 @@ float onebit_encode(const float* x, std::size_t n, u8* bits, bool scaling) {
 #endif
 }
 
-void onebit_decode(const u8* bits, std::size_t n, float scale, float* out, bool add) {
+void onebit_decode(const u8* bits, std::size_t n, float scale, float* out, bool add,
+                   bool stream) {
 #if defined(BPS_X86_KERNELS)
   if (use_avx2()) {
-    onebit_unpack_avx2(bits, n, scale, out, add);
+    if (stream && !add && reinterpret_cast<std::uintptr_t>(out) % 32 == 0)
+      onebit_unpack_avx2<true>(bits, n, scale, out, false);
+    else
+      onebit_unpack_avx2<false>(bits, n, scale, out, add);
     return;
   }
 #endif
