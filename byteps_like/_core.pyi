@@ -231,11 +231,10 @@ class DataServer:
     def reset_epoch(self, round_base: int, required: int) -> None:
         """Elastic jobs: a new membership epoch; open rounds dropped (waiting pulls get an
         "epoch" error), every key restarts at ``round_base``, a round needs ``required``."""
-    def claim_zmq_key(self, key: int) -> bool:
-        """Reserve ``key`` for the ZeroMQ path; False when native pushes already hold it."""
     def reserve(self, bytes: int) -> bool:
-        """Charge ``bytes`` of a ZeroMQ-path store to the same budget as the native stores
-        (``max_store_bytes``; negative gives back); False, charging nothing, when over it."""
+        """Charge ``bytes`` of a server-held table (server/sparse.py) to the same budget as the
+        stores (``max_store_bytes``; negative gives back); False, charging nothing, when over
+        it."""
     def stats(self) -> dict[str, int]:
         """Counters: traffic, pushes, rounds, keys, store_bytes, connections (accepted) and
         live_connections, queued_bytes (replies queued unwritten, all streams: each stream's

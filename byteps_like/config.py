@@ -14,7 +14,7 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
@@ -185,18 +185,22 @@ class SchedulingConfig:
 @dataclass(frozen=True)
 class ServerConfig:
     """The summation service."""
-    engine_threads: int = _s("BYTEPS_SERVER_ENGINE_THREAD", "int", 4, "Threads a server uses to "
-                             "sum incoming partitions.", unit="threads", min=1)
+    engine_threads: int = _s("BYTEPS_SERVER_ENGINE_THREAD", "int", 4, "BytePS's summation "
+                             "threads of a server; no effect: the native data plane's I/O "
+                             "threads sum as they receive (BYTEPS_IO_THREADS).", unit="threads",
+                             min=1)
     enable_async: bool = _s("BYTEPS_ENABLE_ASYNC", "bool", False, "Asynchronous training: a "
                             "server applies each push at once instead of waiting for all workers.")
     max_bytes: int = _s("BYTEPS_SERVER_MAX_BYTES", "size", 0, "Memory a server may hold for "
-                        "its stores, both data paths together: each key's buffers (two per "
-                        "key; a compressed key's float32 accumulator and codec), its "
-                        "declaration and bookkeeping. A declaration past it is refused with an "
-                        "error naming this setting. 0 means 80% of the machine's memory.",
+                        "its stores and tables together: each key's buffers (two per key; a "
+                        "compressed key's float32 accumulator and codec), its declaration and "
+                        "bookkeeping, and the server-held tables' shards. A declaration past "
+                        "it is refused with an error naming this setting. 0 means 80% of the "
+                        "machine's memory.",
                         unit="bytes", min=0)
     sum_threads: int = _s("BYTEPS_SERVER_SUM_THREADS", "int", 1, "Threads one summation kernel "
-                          "call may use.", unit="threads", min=1)
+                          "call of a server may use; no effect on the native data plane, which "
+                          "sums on its I/O threads.", unit="threads", min=1)
     sparse_max_ids: int = _s("BYTEPS_SPARSE_MAX_IDS", "int", 1 << 20, "Most row ids one "
                              "request of a server-held embedding table may carry (a pull or a "
                              "push to one server; docs/sparse.md). Workers refuse a larger "
@@ -242,8 +246,10 @@ class PlacementConfig:
 @dataclass(frozen=True)
 class TransportConfig:
     """Connections and messages between nodes."""
-    tcp_connections: int = _s("BYTEPS_TCP_CONNECTIONS", "int", 1, "TCP connections from each "
-                              "worker to each server.", unit="connections", min=1, max=16)
+    tcp_connections: int = _s("BYTEPS_TCP_CONNECTIONS", "int", 1, "ZeroMQ connections from each "
+                              "worker to each server (control and server-held tables; the data "
+                              "plane's streams are BYTEPS_DATA_STREAMS).", unit="connections",
+                              min=1, max=16)
     max_message_bytes: int = _s("BYTEPS_MAX_MESSAGE_BYTES", "size", 1 << 30, "Largest message a "
                                 "node accepts; must be >= partition_bytes + 4096.", unit="bytes",
                                 min=1024)
@@ -261,28 +267,24 @@ class TransportConfig:
                               "the descriptor limit (ulimit -n): all of it but 64, a quarter of "
                               "that next to a native data plane, whose streams take the rest.",
                               unit="connections", min=0)
-    transport: str = _s("BYTEPS_TRANSPORT", "choice", "zmq", "Messaging library of the data "
-                        "plane (worker <-> server): `zmq` (TCP), or `ucx` (UCX: RDMA, shared "
-                        "memory or TCP, per UCX_TLS; the native data plane's streams become "
-                        "UCX endpoints, what it does not carry goes through ucxx; the "
-                        "scheduler's control traffic stays on ZeroMQ). See docs/transports.md.",
+    transport: str = _s("BYTEPS_TRANSPORT", "choice", "zmq", "Streams of the data plane "
+                        "(worker <-> server): `zmq` (TCP), or `ucx` (the native data plane's "
+                        "streams become UCX endpoints: RDMA, shared memory or TCP, per UCX_TLS; "
+                        "needs `byteps_like[ucx]` so _core loads libucp, else a ConfigError at "
+                        "start; the control plane stays on ZeroMQ). See docs/transports.md.",
                         choices=("zmq", "ucx"))
     enable_rdma: bool = _s("DMLC_ENABLE_RDMA", "bool", False, "BytePS's switch for RDMA: selects "
                            "BYTEPS_TRANSPORT=ucx unless BYTEPS_TRANSPORT is set explicitly.")
     enable_ucx: bool = _s("DMLC_ENABLE_UCX", "bool", False, "BytePS's switch for its UCX van: "
                           "selects BYTEPS_TRANSPORT=ucx like DMLC_ENABLE_RDMA.")
     data_plane: str = _s("BYTEPS_DATA_PLANE", "choice", "auto", "What moves partitions between "
-                         "workers and servers: `native` (compiled I/O threads that never hold "
-                         "the GIL, several TCP streams per worker-server pair, or UCX streams "
-                         "with BYTEPS_TRANSPORT=ucx; received bytes land in place; with an "
-                         "auth secret every stream is authenticated, not encrypted), `zmq` "
-                         "(the Python I/O thread of the ZeroMQ or ucxx endpoint; with a "
-                         "secret, CURVE-encrypted), or `auto`: native where it can serve the "
-                         "job (with BYTEPS_TRANSPORT=ucx: where _core can load UCX, else the "
-                         "ucxx engine, logged; with a secret: authenticated native streams; "
-                         "`zmq` to encrypt the data too). "
-                         "Compressed tensors always travel over ZeroMQ. See "
-                         "docs/architecture.md.", choices=("auto", "native", "zmq"))
+                         "workers and servers: always the native data plane (compiled I/O "
+                         "threads that never hold the GIL, several TCP streams per "
+                         "worker-server pair, or UCX streams with BYTEPS_TRANSPORT=ucx; with an "
+                         "auth secret every stream is authenticated, not encrypted). `auto` and "
+                         "`native` mean it; `zmq` (the retired Python engine) is refused at "
+                         "start with what replaces it. See docs/architecture.md.",
+                         choices=("auto", "native", "zmq"))
     io_threads: int = _s("BYTEPS_IO_THREADS", "int", 0, "I/O threads of the native data plane "
                          "per process; 0 picks half the usable CPUs, between 2 and 8.",
                          unit="threads", min=0, max=64)
@@ -290,10 +292,10 @@ class TransportConfig:
                            "plane from each worker to each server (a server's partitions take "
                            "them in turn); 0 picks the number of I/O threads.",
                            unit="connections", min=0, max=32)
-    ucx_device_memory: bool = _s("BYTEPS_UCX_DEVICE_MEMORY", "bool", False, "With the ucx "
-                                 "transport and a UCX built with CUDA support, let the endpoint "
-                                 "send CUDA buffers directly (UCX_TLS must include cuda_copy or "
-                                 "cuda_ipc), skipping the copy to host memory.")
+    ucx_device_memory: bool = _s("BYTEPS_UCX_DEVICE_MEMORY", "bool", False, "Retired (the "
+                                 "ucxx engine that sent CUDA buffers as they are): 1 is refused "
+                                 "at start; CUDA buffers are staged through pinned host memory "
+                                 "and moved by the native data plane.")
 
 
 @dataclass(frozen=True)
@@ -360,10 +362,10 @@ class AuthConfig:
     """Authentication of peers (docs/reliability.md): ZeroMQ CURVE keys derived from a secret."""
     secret: str = _s("BYTEPS_AUTH_SECRET", "str", "", "Shared secret of the job; when set, every "
                      "ZeroMQ connection is encrypted and authenticated with CURVE keys derived "
-                     "from it, every native data-plane stream is authenticated (not encrypted; "
-                     "BYTEPS_DATA_PLANE=zmq encrypts the data too), and peers without it cannot "
-                     "connect. Empty turns authentication off. `bpslaunch --local` generates "
-                     "one per job unless --no-auth.", repr=False)
+                     "from it, every native data-plane stream is authenticated (not encrypted: "
+                     "to encrypt data in flight, run the job over an encrypted network), and "
+                     "peers without it cannot connect. Empty turns authentication off. "
+                     "`bpslaunch --local` generates one per job unless --no-auth.", repr=False)
     secret_file: str = _s("BYTEPS_AUTH_SECRET_FILE", "str", "", "File whose contents (stripped) "
                           "are the shared secret; used when BYTEPS_AUTH_SECRET is empty, so the "
                           "secret need not appear in the environment.")
@@ -774,6 +776,7 @@ def _cross_check(cfg: Config) -> None:
         if c.local_size != 1:
             raise ConfigError(f"{who('elastic.enabled')}: elastic jobs run one worker process "
                               f"per machine; {who('cluster.local_size')} is not supported")
+    _check_retired(cfg, who)
     if cfg.auth.secret_file and not cfg.auth.secret:  # said at start, not in a child later
         try:
             with open(cfg.auth.secret_file, encoding="utf-8") as f:
@@ -783,6 +786,23 @@ def _cross_check(cfg: Config) -> None:
                               f"{getattr(exc, 'strerror', None) or exc})") from None
         if empty:
             raise ConfigError(f"{who('auth.secret_file')} is empty")
+
+
+def _check_retired(cfg: Config, who: Callable[[str], str]) -> None:
+    """Settings of the retired ZeroMQ and ucxx data paths (issue 29): refused with what
+    replaces them."""
+    if cfg.transport.data_plane == "zmq":
+        raise ConfigError(
+            f"{who('transport.data_plane')} is retired: worker-server data always moves on the "
+            "native data plane, authenticated with the job's secret (BYTEPS_AUTH_SECRET) but not "
+            "encrypted; to encrypt data in flight, run the job over an encrypted network "
+            "(WireGuard, IPsec). The control plane stays CURVE-encrypted. Unset it (or set auto "
+            "or native); see docs/transports.md")
+    if cfg.transport.ucx_device_memory:
+        raise ConfigError(
+            f"{who('transport.ucx_device_memory')} is retired: CUDA buffers are staged through "
+            "pinned host memory and moved by the native data plane (over UCX streams with "
+            "BYTEPS_TRANSPORT=ucx); unset it; see docs/transports.md")
 
 
 #: What torchrun sets in each worker's environment, all of which a process needs to join a

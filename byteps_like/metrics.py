@@ -8,8 +8,6 @@ are listed in docs/observability.md (and :data:`METRIC_NAMES`).
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,8 +33,8 @@ METRIC_NAMES = {
     "byteps_pushpull_speed_mbps": ("gauge", "get_pushpull_speed(): MB/s pushed plus pulled."),
     # servers
     "byteps_server_bytes_summed": ("counter", "Bytes of pushed partitions a server summed."),
-    "byteps_server_sum_seconds": ("counter", "Seconds a server spent summing (throughput = "
-                                             "rate(bytes_summed) / rate(sum_seconds))."),
+    "byteps_server_sum_seconds": ("counter", "Seconds a server spent summing: 0, the native "
+                                             "data plane sums as it receives, untimed."),
     "byteps_server_pushes": ("counter", "Push messages a server received."),
     "byteps_server_rounds": ("counter", "Rounds a server completed (all pushes summed)."),
     "byteps_server_table_rounds": ("counter", "Rounds of server-held embedding tables a "
@@ -179,30 +177,3 @@ def serve_role(role: str, rank: int, cfg: Any, sample: Callable[[], dict[str, An
     if not cfg.metrics.port:
         return None
     return RoleMetrics(role, rank, cfg.metrics.host, cfg.metrics.port, sample, label)
-
-
-class SumMeter:
-    """Server side: bytes summed and seconds spent summing (a context manager per sum)."""
-
-    def __init__(self) -> None:
-        self.bytes = 0
-        self.seconds = 0.0
-        self.pushes = 0
-        self._lock = threading.Lock()
-
-    def add(self, nbytes: int, seconds: float) -> None:
-        with self._lock:
-            self.bytes += nbytes
-            self.seconds += seconds
-            self.pushes += 1
-
-    def timed(self, nbytes: int):
-        meter = self
-
-        class _T:
-            def __enter__(self_inner):
-                self_inner.t0 = time.perf_counter()
-
-            def __exit__(self_inner, *exc):
-                meter.add(nbytes, time.perf_counter() - self_inner.t0)
-        return _T()

@@ -101,11 +101,9 @@ class DataServer {
   int listen_ucx(const std::string& host, int port);
   void start();
   void close();
-  // A key served over the ZeroMQ path (GPU-direct): false when the native
-  // plane already holds it (the caller reports the mismatch); later native pushes of it fail.
-  bool claim_zmq_key(std::uint64_t key);
-  // Charge (bytes > 0) or give back (bytes < 0) memory of the ZeroMQ path's stores to the same
-  // budget as the native stores; false, charging nothing, when it does not fit.
+  // Charge (bytes > 0) or give back (bytes < 0) memory of the server-held tables
+  // (server/sparse.py) to the same budget as the stores; false, charging nothing, when it
+  // does not fit.
   bool reserve(std::int64_t bytes);
   void set_rank(int rank);  // known once the scheduler's node table arrives
   // The maker of registered compressors' server codecs (CodecFactory); until it is set, their

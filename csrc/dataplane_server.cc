@@ -29,15 +29,8 @@ bool payload_fits(const Store& st, const Header& h) {
   return h.nbytes == st.nbytes;
 }
 
-bool ServerImpl::claim_zmq_key(std::uint64_t key) {
-  std::lock_guard<std::mutex> g(map_mu_);
-  if (stores_.count(key)) return false;
-  zmq_keys_.insert(key);
-  return true;
-}
-
-// Memory the ZeroMQ path's stores take (positive) or give back (negative), charged to the
-// same budget as the native stores: false, and nothing charged, when it does not fit.
+// Memory the server-held tables (server/sparse.py) take (positive) or give back (negative),
+// charged to the same budget as the stores: false, and nothing charged, when it does not fit.
 bool ServerImpl::reserve(std::int64_t bytes) {
   std::lock_guard<std::mutex> g(map_mu_);
   if (bytes < 0) {
@@ -276,15 +269,6 @@ bool ServerImpl::may_declare_locked(const std::shared_ptr<Conn>& conn, const Hea
     reject("push of an undeclared key");
     send_error(conn, h, "protocol", "first push of key " + std::to_string(h.key) +
                " from worker rank " + std::to_string(h.rank) + " carries no declaration");
-    return false;
-  }
-  if (zmq_keys_.count(h.key)) {
-    reject("key served over ZeroMQ");
-    send_error(conn, h, "mismatch", "key " + std::to_string(h.key) + " (" + meta +
-               ") is served over ZeroMQ by another worker (sent from device memory) but "
-               "worker rank " + std::to_string(h.rank) + " pushed it over the native data "
-               "plane; every worker must use the same BYTEPS_DATA_PLANE and transport "
-               "settings");
     return false;
   }
   if (h.nbytes == 0) {
@@ -733,7 +717,6 @@ void ServerImpl::reset_epoch(std::int64_t round_base, int required) {
       store_bytes_ -= std::min<std::uint64_t>(kv.second->charged, store_bytes_);
     }
     stores_.clear();
-    zmq_keys_.clear();
   }
   for (auto& st : all) {
     std::lock_guard<std::mutex> g(st->mu);
@@ -825,7 +808,6 @@ int DataServer::listen_ucx(const std::string& host, int port) {
 }
 void DataServer::start() { impl_->start(); }
 void DataServer::close() { impl_->close(); }
-bool DataServer::claim_zmq_key(std::uint64_t key) { return impl_->claim_zmq_key(key); }
 bool DataServer::reserve(std::int64_t bytes) { return impl_->reserve(bytes); }
 void DataServer::set_rank(int rank) { impl_->rank_ = rank; }
 void DataServer::set_codec_factory(CodecFactory factory) {

@@ -50,7 +50,6 @@ class ServerImpl {
   void close();
 
   // ---- keys, rounds, rejections and stats (dataplane_server.cc) ----
-  bool claim_zmq_key(std::uint64_t key);
   bool reserve(std::int64_t bytes);
   void reject(const std::string& reason);
   std::map<std::string, std::uint64_t> rejected();
@@ -165,7 +164,6 @@ class ServerImpl {
   std::atomic<bool> closing_{false};
   std::mutex map_mu_;
   std::unordered_map<std::uint64_t, std::shared_ptr<Store>> stores_;
-  std::unordered_set<std::uint64_t> zmq_keys_;
   std::uint64_t store_bytes_ = 0;
   std::mutex rej_mu_;
   std::map<std::string, std::uint64_t> rejected_;

@@ -642,8 +642,6 @@ void bind_data_server(py::module_& m) {
       .def("close", &dp::DataServer::close, py::call_guard<py::gil_scoped_release>())
       // no call below holds the GIL while it waits for a lock of the server: an I/O thread may
       // hold one while it waits for the GIL (a registered compressor's codec)
-      .def("claim_zmq_key", &dp::DataServer::claim_zmq_key, py::arg("key"),
-           py::call_guard<py::gil_scoped_release>())
       .def("reserve", &dp::DataServer::reserve, py::arg("bytes"),
            py::call_guard<py::gil_scoped_release>())
       .def("set_rank", &dp::DataServer::set_rank, py::arg("rank"))

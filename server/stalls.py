@@ -1,8 +1,8 @@
 """The server's stall inspector: synchronous rounds some workers pushed and others did not,
 open longer than BYTEPS_STALL_CHECK_TIME_SECONDS, as the scheduler's stall report reads them
-(docs/reliability.md). Both data paths are read: the ZeroMQ path's engines and the native
-data plane. Also the one rule for a round that can never complete: a machine that left the
-job without pushing it (:func:`fail_if_left`, for the dense keys and the tables alike)."""
+(docs/reliability.md): the native data plane's keys and the server-held tables. Also the one
+rule for a round that can never complete: a machine that left the job without pushing it
+(:func:`fail_if_left`, for the dense keys and the tables alike)."""
 from __future__ import annotations
 
 import json
@@ -19,16 +19,15 @@ def stall_entry(decl: dict, key: int, rnd: int, age: float, pushed: list, requir
             "missing": sorted(set(range(required)) - set(pushed) - joined)}
 
 
-def stalled_rounds(engines: Iterable[Any], native: Any, now: float, limit: float,
-                   required: int, joined: AbstractSet[int], more: Iterable[Any] = ()
-                   ) -> list[dict]:
-    """The rounds of ``engines`` (and of the ``native`` data server, if any; ``more``: other
-    stores of the same fields, the server-held tables) open for at least ``limit`` seconds
-    with some pushes in. Read from the I/O thread while engines run, so every field is read
-    once into a local (a round may complete meanwhile; then it is skipped)."""
+def stalled_rounds(native: Any, now: float, limit: float, required: int,
+                   joined: AbstractSet[int], tables: Iterable[Any] = ()) -> list[dict]:
+    """The rounds of the ``native`` data server's keys and of ``tables`` (the server-held
+    tables: round, round_started, pushed, failed, decl, key) open for at least ``limit``
+    seconds with some pushes in. A table is read from the I/O thread while its thread runs,
+    so every field is read once into a local (a round may complete meanwhile; then it is
+    skipped)."""
     out = []
-    stores = [st for eng in engines for st in list(eng.stores.values())] + list(more)
-    for store in stores:
+    for store in tables:
         started, rnd = store.round_started, store.round
         if started is None or now - started < limit or store.failed is not None:
             continue
@@ -40,14 +39,13 @@ def stalled_rounds(engines: Iterable[Any], native: Any, now: float, limit: float
             continue
         out.append(stall_entry(store.decl, store.key, rnd, now - started, pushed, required,
                                joined))
-    if native is not None:
-        for key, rnd, age, pushed, decl in native.stalls(limit):
-            try:
-                meta = json.loads(decl.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError):
-                meta = {}
-            out.append(stall_entry(meta if isinstance(meta, dict) else {}, key, rnd, age,
-                                   pushed, required, joined))
+    for key, rnd, age, pushed, decl in native.stalls(limit):
+        try:
+            meta = json.loads(decl.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            meta = {}
+        out.append(stall_entry(meta if isinstance(meta, dict) else {}, key, rnd, age,
+                               pushed, required, joined))
     return out
 
 

@@ -89,13 +89,6 @@ class CudaCopier:
             self.out[offset:offset + nbytes].copy_(self.host[offset:offset + nbytes],
                                                   non_blocking=True)
 
-    def device_slice(self, offset: int, nbytes: int) -> torch.Tensor:
-        """The partition's bytes on the device, for a transport that sends device memory
-        (UCX with CUDA support): they are read after every kernel queued before the
-        push_pull."""
-        self.ready.synchronize()
-        return self.src[offset:offset + nbytes]
-
     def finish(self) -> None:
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
 

@@ -1,7 +1,7 @@
 """The native data plane seen from Python: whether it applies, how it is sized, and the
 completion side of a worker.
 
-The bytes of uncompressed partitions move in ``_core`` (csrc/dataplane.cc): epoll I/O threads
+Every worker-server byte of a dense tensor moves in ``_core`` (csrc/dataplane.cc): epoll I/O threads
 that never hold the GIL, several TCP streams per worker-server pair, pushes summed on the
 server's I/O threads chunk by chunk as they arrive, pull responses received straight into the
 caller's output and averaged there, priorities and byte credits applied in C++. Python keeps
@@ -33,58 +33,27 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def native_reasons(cfg) -> list[str]:
-    """Why the native data plane cannot serve this job (empty: it can). With
-    BYTEPS_TRANSPORT=ucx its streams are UCX endpoints, which needs a ``_core`` that can load
-    the libucx wheel's libucp (:mod:`.ucx_native`)."""
-    why = []
-    if cfg.transport.transport == "ucx":
-        if cfg.transport.ucx_device_memory:
-            why.append("BYTEPS_UCX_DEVICE_MEMORY=1 (the native plane moves host memory; ucxx "
-                       "sends CUDA buffers)")
-        else:
-            from . import ucx_native
-            unavailable = ucx_native.unavailable()
-            if unavailable:
-                why.append(f"BYTEPS_TRANSPORT=ucx but the native plane's UCX streams are "
-                           f"unavailable: {unavailable}")
-    return why
+def check(cfg) -> None:
+    """Refuse, naming the replacement, a job the native data plane cannot serve (every
+    worker-server byte moves on it): with BYTEPS_TRANSPORT=ucx its streams are UCX endpoints,
+    which needs a ``_core`` that can load the libucx wheel's libucp (:mod:`.ucx_native`).
+    BYTEPS_DATA_PLANE=zmq and BYTEPS_UCX_DEVICE_MEMORY=1 are refused when the configuration
+    loads (config.py)."""
+    if cfg.transport.transport != "ucx":
+        return
+    from . import ucx_native
+    unavailable = ucx_native.unavailable()
+    if unavailable:
+        raise ConfigError(
+            f"BYTEPS_TRANSPORT=ucx: the native data plane's UCX streams are unavailable "
+            f"({unavailable}); install byteps_like[ucx] so that _core loads libucp (rebuild "
+            "_core if it was built before the extra), or unset BYTEPS_TRANSPORT for TCP "
+            "(docs/transports.md)")
 
 
 def uses_ucx(cfg) -> bool:
     """Whether the native plane's streams are UCX endpoints (else TCP sockets)."""
     return cfg.transport.transport == "ucx"
-
-
-def native_enabled(cfg) -> bool:
-    """Whether this job's partitions travel over the native data plane. Every node of a job
-    must answer the same: they share the settings that decide it.
-
-    An auth secret does not change the answer: the native plane authenticates every stream
-    with it (an HMAC-SHA256 challenge-response, :func:`auth_key`) but does not encrypt, while
-    the control plane stays on CURVE. ``BYTEPS_DATA_PLANE=zmq`` keeps the data on ZeroMQ, where
-    CURVE encrypts it too, at about a twentieth of the speed (docs/transports.md)."""
-    mode = cfg.transport.data_plane
-    if mode == "zmq":
-        return False
-    why = native_reasons(cfg)
-    if why and mode == "native":
-        raise ConfigError("BYTEPS_DATA_PLANE=native cannot serve this job: " + "; ".join(why) +
-                          ". Use BYTEPS_DATA_PLANE=auto or zmq")
-    if why and uses_ucx(cfg) and not _fallback_logged:
-        _log_fallback(why)
-    return not why
-
-
-_fallback_logged = False
-
-
-def _log_fallback(why: list[str]) -> None:
-    global _fallback_logged
-    _fallback_logged = True
-    log.warning("BYTEPS_TRANSPORT=ucx: the native data plane is off (%s); partitions go "
-                "through the Python ucxx engine, about a fifth of the speed "
-                "(docs/transports.md)", "; ".join(why))
 
 
 def auth_key(cfg) -> bytes:
@@ -144,8 +113,8 @@ def zmq_max_connections(cfg, data_plane: bool) -> int:
     if cfg.transport.max_connections:
         return cfg.transport.max_connections
     budget = fd_budget()
-    if data_plane and cfg.transport.data_plane != "zmq" and not native_reasons(cfg):
-        return max(16, budget // 4)  # a native plane may listen next to it
+    if data_plane:
+        return max(16, budget // 4)  # a native plane listens next to it
     return max(16, min(budget, 1 << 16))
 
 

@@ -1,15 +1,14 @@
 """The native data plane's worker side: push_pulls that C++ carries (csrc/dataplane.cc).
 
-When every server offers a native data port (``BYTEPS_DATA_PLANE``, :mod:`byteps_like.
-transport.native`), the local root opens ``streams`` TCP connections to each server through a
-:class:`byteps_like._core.DataClient`. Two kinds of operation go through it:
+Every push and pull between workers and servers goes through it: the local root of a machine
+opens ``streams`` TCP (or UCX) connections to each server's data port (:mod:`byteps_like.
+transport.native`) through a :class:`byteps_like._core.DataClient`. Two kinds of operation:
 
 * a host tensor whose itinerary is only PUSH, PULL (no device copy, no compression, one local
   rank) is submitted whole, all partitions in one call (:meth:`NativeDataPlane.submit_tensor`);
   C++ pushes each, receives the sum in place and divides it, and reports one completion;
-* any other partition reaches the PUSH stage as a pipeline task marked ``native`` and is
-  submitted alone (:meth:`NativeDataPlane.submit_task`); its completion advances the task to
-  its next stage.
+* any other partition reaches the PUSH stage as a pipeline task and is submitted alone
+  (:meth:`NativeDataPlane.submit_task`); its completion advances the task to its next stage.
 
 Completions come back on the completion thread (:class:`byteps_like.transport.native.
 Completions`), or on the thread that waits for a handle (``Handle.fast_wait``, which waits in
@@ -89,11 +88,14 @@ class NativeDataPlane:
         self._switch_interval: float | None = None  # what we set sys.setswitchinterval to
 
     def serves(self, cfg: Config) -> bool:
-        """Whether this worker's push_pulls go through the native data plane: a local root of
-        a job of several machines whose servers all offer a data port, the plane enabled."""
+        """Whether this worker talks to the servers: a local root of a job of several
+        machines (every push and pull goes through the native data plane). Raises ConfigError
+        where the plane cannot serve the job (native.check)."""
         m = self.members
-        return (m.is_local_root and bool(m.servers) and not m.single_machine
-                and all(p.data_port for p in m.servers) and native.native_enabled(cfg))
+        if not (m.is_local_root and bool(m.servers) and not m.single_machine):
+            return False
+        native.check(cfg)
+        return True
 
     def connect(self, cfg: Config, servers: list[PeerInfo], credit: int) -> None:
         """Open the native data plane's streams to every server. A failure closes what was

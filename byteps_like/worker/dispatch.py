@@ -6,9 +6,9 @@
   ControlClient`: the node table, barriers, join, peer failures, shutdown);
 * the local-reduction messages of this machine's ranks go to :mod:`.local_reduce`, once
   :meth:`~.local_reduce.LocalReduction.sender_problem` finds the sender entitled to send them;
-* a server's answer (PUSH_ACK, PULL_RESP, ERROR) goes to the task in flight for its key and
-  round, only from the connection the push went out on and from that server: a PULL_RESP of the
-  expected size moves the task on to its next stage (PULL), an ERROR fails its handle.
+* a server-held table's answer goes to the tables (:mod:`.sparse`); a dense tensor's pushes
+  and pulls travel on the native data plane (:mod:`.dataplane`), so no answer of theirs comes
+  here.
 
 Anything else is dropped and counted (``Membership.dropped``, docs/reliability.md), never
 raised: a hostile or confused peer cannot stop the I/O thread.
@@ -27,13 +27,10 @@ from ..transport import Route
 from ..wire import (
     ERR_MISMATCH,
     ERR_PEER_LEFT,
-    FLAG_COMPRESSED,
     SPARSE_ANSWERS,
     SPARSE_REQUESTS,
     Message,
     MsgType,
-    Role,
-    contributors,
     decode,
 )
 from .local_reduce import LOCAL_TYPES
@@ -74,7 +71,7 @@ class Dispatcher:
     table_answers: Callable[[Route, Message], None] | None = None
 
     def on_message(self, route: Route, frames: list) -> None:
-        m, flight = self.members, self.flight
+        m = self.members
         try:
             msg = decode(frames, m.config.transport.max_message_bytes)
         except ProtocolError as exc:
@@ -101,47 +98,7 @@ class Dispatcher:
             else:  # a server-held table's answer (worker/sparse.py)
                 self.table_answers(route, msg)
             return
-        # a server's answer: only on the connection the push went out on, from that server
-        with flight.lock:
-            task = flight.tasks.get(h.key)
-        if task is None or task.round != h.round:
-            m.dropped("answer that matches no push in flight",
-                      f"{h.type.name} key {h.key} round {h.round} from {route}")
-            return
-        if (route != m.routes[task.server][task.conn] or h.job != m.job
-                or h.role is not Role.SERVER or h.rank != m.server_ranks[task.server]):
-            m.dropped("answer from another connection or sender than the push's server",
-                      f"{h.type.name} key {h.key} round {h.round} from {route} as "
-                      f"{h.sender}")
-            return
-        if h.type is MsgType.PUSH_ACK:
-            flight.release(task)
-        elif h.type is MsgType.PULL_RESP:
-            flight.release(task)
-            codec = task.codec
-            if codec is not None:
-                bad = (not h.flags & FLAG_COMPRESSED or h.dtype != "uint8"
-                       or h.nbytes > codec.max_bytes)
-            else:
-                bad = h.nbytes != task.nbytes or h.dtype != task.dtype
-            if bad:
-                want = (f"a compressed payload of at most {codec.max_bytes} bytes"
-                        if codec is not None else f"{task.nbytes} bytes of {task.dtype}")
-                flight.fail_task(task, ProtocolError(
-                    f"server {h.rank} answered key {h.key} with {h.count} x {h.dtype}, "
-                    f"expected {want}"))
-                return
-            with flight.lock:
-                flight.tasks.pop(h.key, None)
-            task.payload = msg.payload
-            task.contrib = contributors(h.flags)
-            flight.active_pipeline.advance(task)
-        elif h.type is MsgType.ERROR:
-            flight.release(task)
-            meta = msg.meta if isinstance(msg.meta, dict) else {}
-            flight.fail_task(task, server_error(
-                f"push_pull of {task.handle.name!r} (key {h.key})", meta.get("kind"),
-                str(meta.get("message", "error")), h.rank, meta))
-        else:
-            log.warning("worker %d: unexpected %s from server %d", m.rank, h.type.name,
-                        h.rank)
+        # pushes and pulls travel on the native data plane: no answer of a dense tensor comes
+        # over ZeroMQ
+        m.dropped("answer that matches no push in flight",
+                  f"{h.type.name} key {h.key} round {h.round} from {route}")

@@ -252,20 +252,13 @@ class ElasticMembership:
         self.resumes.append(time.monotonic() - t0)
 
     def _drop_inflight(self) -> None:
-        """Forget every operation of the old epoch: partitions waiting for an answer give their
-        push credit back (a late answer matches nothing and is dropped), native operations are
-        ignored when their (closed) client completes them."""
-        flight = self.flight
-        with flight.lock:
-            tasks = list(flight.tasks.values())
-            flight.tasks.clear()
+        """Forget every operation of the old epoch: native operations are ignored when their
+        (closed) client completes them."""
+        with self.flight.lock:
             self.plane.forget()
             for st in self.registry.tensors.values():
                 st.busy = None
                 st.waiting = []
-        if flight.pipeline is not None:
-            for task in tasks:
-                flight.release(task)
 
     def _adopt(self, start: dict) -> None:
         epoch, rank, size = int(start["epoch"]), int(start["rank"]), int(start["size"])

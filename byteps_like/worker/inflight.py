@@ -31,7 +31,6 @@ class InFlight:
         # operations in flight
         self.lock = threading.RLock()
         self.handles: set[Handle] = set()
-        self.tasks: dict[int, Task] = {}       # key -> task whose push awaits its answer
         self.fatal: BaseException | None = None  # the job's fatal error, once there is one
         self.pipeline: Pipeline | None = None  # while connected
         self.bytes_pushed = 0                  # payload bytes on the wire (compressed size

@@ -83,19 +83,17 @@ def _no_bytes() -> np.ndarray:
 
 
 def itinerary(*, distributed: bool, local_size: int = 1, on_device: bool = False,
-              compressed: bool = False, local_root: bool = True,
-              device_push: bool = False) -> tuple[Stage, ...]:
+              compressed: bool = False, local_root: bool = True) -> tuple[Stage, ...]:
     """The itinerary of a partition, from the job's topology and the tensor's needs.
 
     With several local ranks only the local root talks to the servers: the other ranks reduce
-    and receive the broadcast. ``device_push``: the transport sends device memory itself (UCX
-    with CUDA support), so a device tensor needs no copy to the host before its push."""
+    and receive the broadcast."""
     stages: list[Stage] = []
     if local_size > 1:
         stages.append(REDUCE)
         if not local_root:
             return (REDUCE, BROADCAST)
-    if on_device and distributed and not (device_push and not compressed):
+    if on_device and distributed:
         stages.append(COPY_D2H)
     if distributed:
         if compressed:
@@ -132,7 +130,6 @@ class Task:
     payload: Any = None      # set by the stage that received data (e.g. the pull response)
     acked: bool = False
     credited: bool = False   # holds bytes of the push credit (set when the push stage took it)
-    native: bool = False     # pushed and pulled by the native data plane (transport/native.py)
     contrib: int = 0         # pushes the server's round summed when fewer than all (join())
     enqueued_at: float = field(default_factory=time.monotonic)
     # -- what the runtime sets when it cuts a push_pull into tasks (Rounds.start) --
@@ -148,7 +145,6 @@ class Task:
     phase: Phase = Phase.COPY_IN         # the local-reduction protocol's state
     prereduced: bool = False             # the local ranks summed into the segment themselves
     device: DeviceCopier | None = None   # stages a device tensor (COPY_D2H, COPY_H2D)
-    device_direct: bool = False          # the push sends the device memory itself (UCX)
     decl: dict[str, Any] | None = None   # the first round's declaration to the server
     codec: Codec | None = None           # compresses this partition (COMPRESS, DECOMPRESS)
     scratch: np.ndarray | None = None    # float32 staging of a non-float32 compressed tensor

@@ -28,7 +28,7 @@ from .cast import (
     wire_buffer,
 )
 from .handle import Handle
-from .pipeline import COMPRESS, COPY_D2H, DECOMPRESS, PULL, PUSH, Phase, Task, itinerary
+from .pipeline import COMPRESS, DECOMPRESS, PULL, PUSH, Phase, Task, itinerary
 from .tensors import DeviceCopier, TensorState, declaration
 
 if TYPE_CHECKING:
@@ -75,13 +75,6 @@ class Rounds:
         self.registry = registry
         self.local = local
         self.plane = plane
-
-    @property
-    def device_push(self) -> bool:
-        """Whether the transport sends device memory itself (UCX with CUDA support and
-        BYTEPS_UCX_DEVICE_MEMORY=1): device tensors then skip the copy to the host before the
-        push (their sums still arrive in host memory and are copied back)."""
-        return bool(getattr(getattr(self.members.ep, "ucx", None), "device_memory", False))
 
     def bind(self, st: TensorState, shape: tuple, dtype: str, nbytes: int) -> None:
         """Bind ``st`` at its use (lock held): partitions only in a distributed job."""
@@ -207,20 +200,16 @@ class Rounds:
         else:  # what travels: the wire bytes; COMPRESS and DECOMPRESS convert each partition
             src = dst = wire_buffer(st)
             flat_in, flat_out = arr.reshape(-1), out.reshape(-1)
-        device_push = (device is not None and self.device_push
-                       and getattr(device, "device_slice", None) is not None)
         route = itinerary(distributed=not m.single_machine, local_size=m.local_size,
                           local_root=m.is_local_root, on_device=device is not None,
-                          compressed=bool(st.codecs) or cast is not None,
-                          device_push=device_push)
-        # compressed partitions too: the compiled server runs a built-in codec itself and a
-        # registered compressor's (its math is Python) through the server's codec factory
-        on_native = cli is not None and not device_push
-        if cli is not None and on_native and route == (PUSH, PULL):
-            # a host tensor: one native operation
+                          compressed=bool(st.codecs) or cast is not None)
+        if cli is not None and route == (PUSH, PULL):
+            # a host tensor: one native operation (a task's PUSH stage submits the others; a
+            # compressed partition too: the compiled server runs a built-in codec itself and a
+            # registered compressor's, whose math is Python, through its codec factory)
             self.plane.submit_tensor(cli, st, h, rnd, src, dst, wdt, average, priority)
             return
-        if cli is not None and on_native and st.compiled and route == _CODED:
+        if cli is not None and st.compiled and route == _CODED:
             # a host float32 tensor with a compiled codec: one native operation too, its
             # partitions encoded and decoded on the client's codec threads
             self.plane.submit_tensor(cli, st, h, rnd, src, dst, dtype, average, priority,
@@ -228,7 +217,6 @@ class Rounds:
             return
         pipeline = self.flight.active_pipeline
         phase = Phase.SUM_SLICE if prereduced else Phase.COPY_IN
-        device_direct = device_push and COPY_D2H not in route
         for part, (off, n, key, server) in enumerate(st.parts):
             # the declared fields one by one, as cheap as it gets (a keyword per field to the
             # dataclass costs about a microsecond more per partition)
@@ -243,7 +231,6 @@ class Rounds:
             task.phase = phase
             task.prereduced = prereduced
             task.device = device
-            task.device_direct = device_direct
             task.dtype = wdt
             task.average = average
             if cast is not None:
@@ -252,12 +239,11 @@ class Rounds:
                 task.cast_dst = element_slice(flat_out, ITEMSIZE[wdt], off, n)
             task.decl = declaration(st, wdt, part) if first_round(rnd) else None
             task.codec = st.codecs[part] if st.codecs else None
-            task.native = on_native
             if task.codec is not None:
                 task.scratch = st.scratch[part]
                 if task.decl is not None:  # the compressor travels once per key, typed JSON
-                    if on_native and st.native_codec is not None:  # a built-in codec's
-                        task.decl["native_codec"] = st.native_codec[part]  # (native_params)
+                    if st.native_codec is not None:  # a built-in codec's (native_params)
+                        task.decl["native_codec"] = st.native_codec[part]
                     # the count before the spec: the server reads the first "count" field
                     task.decl["count"] = n // ITEMSIZE[wdt]
                     task.decl["compressor"] = st.spec
@@ -268,8 +254,6 @@ class Rounds:
         flight = self.flight
         with flight.lock:
             flight.handles.discard(h)
-            for t in [t for t in flight.tasks.values() if t.handle is h]:
-                flight.tasks.pop(t.key, None)
             nxt = st.waiting.pop(0) if st.waiting else None
             st.busy = nxt[0] if nxt else None
         if nxt is not None:

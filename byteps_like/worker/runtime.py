@@ -457,11 +457,6 @@ class Runtime:
                                      prereduced, compression, alone=self.alone)
 
     @property
-    def device_push(self) -> bool:
-        """Whether the transport sends device memory itself (see :class:`~.rounds.Rounds`)."""
-        return self.rounds.device_push
-
-    @property
     def device_pipeline(self) -> bool:
         """Whether push_pull_async accepts ``device=`` (a distributed job, one local rank)."""
         return self.members.control is not None and self.local_size_ == 1 and not self.alone

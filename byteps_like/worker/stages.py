@@ -10,13 +10,13 @@ A partition's itinerary (:func:`~.pipeline.itinerary`) is a subset of, in order:
   scratch buffer for other float dtypes) and decodes the server's compressed sum; with a cast
   compressor (fp16, bf16: :mod:`.cast`) they narrow the caller's partition into its wire bytes
   and widen the pulled sum into the caller's output;
-* PUSH: one message pushes the partition to its server and asks for the round's sum
-  (FLAG_PULL), or the native data plane takes it (:mod:`.dataplane`); the task then waits;
-* PULL: the server's sum (a PULL_RESP, :mod:`.dispatch`) lands in the output and is averaged;
+* PUSH: the native data plane takes the partition (:mod:`.dataplane`): it pushes it and
+  pulls the round's sum; the task then waits for its completion;
+* PULL: the server's sum landed in the output (averaged there unless compressed);
 * REDUCE / BROADCAST: the local reduction of several ranks per machine (:mod:`.local_reduce`).
 
 Every executor takes a :class:`~.pipeline.Task` and returns True to move it on at once, False
-when a network reply or a native completion will advance it later.
+when a native completion will advance it later.
 
 Who calls it: the pipeline's stage threads, through the handlers :meth:`StageExecutors.
 handlers` gives ``Runtime._connect`` for the job's topology.
@@ -30,17 +30,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import ProtocolError
-from ..wire import (
-    FLAG_COMPRESSED,
-    FLAG_DECLARE,
-    FLAG_PULL,
-    ITEMSIZE,
-    Header,
-    MsgType,
-    Role,
-    as_buffer,
-    encode,
-)
+from ..wire import as_buffer
 from .cast import narrow, widen
 from .pipeline import (
     BROADCAST,
@@ -87,50 +77,20 @@ class StageExecutors:
         return stages
 
     def push(self, task: Task) -> bool:
-        flight, m = self.flight, self.members
+        """Hand the partition to the native data plane, which pushes it and pulls the round's
+        sum (its own byte credit applies: this stage's is given back at once); the completion
+        advances the task."""
         if self.elastic is not None and self.elastic.fail_stale(task):
             return False  # a partition of an elastic epoch that is over
-        if task.native:  # the native data plane pushes and pulls; it applies its own credit
-            flight.release(task)
-            self.plane.submit_task(self.plane.active_client, task)
-            return False  # the completion advances the task
-        # one message pushes the partition and asks for the round's sum (FLAG_PULL)
-        flags = FLAG_PULL | (FLAG_DECLARE if task.decl else 0)
-        if task.codec is not None:  # a compressed payload: raw bytes the server decodes
-            payload = task.wire
-            assert payload is not None
-            task.wire = None
-            hdr = Header(MsgType.PUSH, "uint8", Role.WORKER, m.push_rank,
-                         flags | FLAG_COMPRESSED, m.job, task.key, task.round,
-                         payload.nbytes, payload.nbytes)
-        else:
-            # device memory straight from the accelerator when the transport sends it itself
-            device = task.device
-            payload = (device.device_slice(task.offset, task.nbytes)
-                       if task.device_direct and device is not None
-                       and device.device_slice is not None else task.push_src)
-            hdr = Header(MsgType.PUSH, task.dtype, Role.WORKER, m.push_rank, flags, m.job,
-                         task.key, task.round, task.nbytes // ITEMSIZE[task.dtype], task.nbytes)
-        with flight.lock:
-            flight.tasks[task.key] = task
-        m.endpoint.send(m.routes[task.server][task.conn], encode(hdr, payload, task.decl))
-        flight.bytes_pushed += hdr.nbytes
-        return False  # the pull response advances the task
+        self.flight.release(task)
+        self.plane.submit_task(self.plane.active_client, task)
+        return False
 
     def pull(self, task: Task) -> bool:
-        flight, m = self.flight, self.members
-        if task.native:  # received in place (and averaged, uncompressed) by the native plane
-            flight.bytes_pulled += task.nbytes if task.codec is None else task.payload.nbytes
-            return True
-        if task.codec is not None:  # the decompress stage decodes the payload
-            flight.bytes_pulled += memoryview(as_buffer(task.payload)).nbytes
-            return True
-        payload = task.payload
-        task.payload = None
-        _core.copy_into(task.pull_dst, as_buffer(payload))
-        if task.average and m.size > 1 and task.seg is None:
-            _core.scale_into(task.dst, task.dtype, m.divisor(task.contrib))
-        flight.bytes_pulled += task.nbytes
+        """The native data plane received the sum in place (and averaged it, uncompressed;
+        a compressed sum is decoded and averaged by DECOMPRESS)."""
+        flight = self.flight
+        flight.bytes_pulled += task.nbytes if task.codec is None else task.payload.nbytes
         return True
 
     # -- compression -------------------------------------------------------------------------------

@@ -52,11 +52,6 @@ class DeviceCopier:
     def h2d(self, offset: int, nbytes: int) -> None:
         raise NotImplementedError
 
-    #: Optional: ``device_slice(offset, nbytes)`` returns the partition's device memory (an
-    #: object with ``__cuda_array_interface__``), ordered after the caller's work. When the
-    #: transport can send device memory (BYTEPS_TRANSPORT=ucx, BYTEPS_UCX_DEVICE_MEMORY=1, a
-    #: UCX with CUDA support) the push sends it directly and ``d2h`` is skipped.
-    device_slice: Callable[[int, int], Any] | None = None
 
 
 @dataclass

@@ -79,11 +79,6 @@ def test_fault(target, action, point, etype, etext, first):
     extra = _role_cmd(target, point) if action == "exception" and target in ("server",
                                                                           "scheduler") else []
     env = {"BYTEPS_REGISTER_TIMEOUT_SECONDS": "4"} if point == "rendezvous" else {}
-    if target == "server" and action == "exception":
-        # role_fault.py raises in the server's ZeroMQ message handler, which the native data
-        # plane bypasses: run these pushes over ZeroMQ (a native server that dies is the
-        # server-kill cases)
-        env["BYTEPS_DATA_PLANE"] = "zmq"
     if action == "stop":  # the hung process never exits: SIGTERM/SIGKILL it soon after
         extra = [*extra, "--grace", "2"]
     run = bpslaunch([INJECT, target, action, point], workers=workers, servers=1,

@@ -70,12 +70,12 @@ def _job_running(c):
 
 
 def test_server_and_scheduler_reject_and_count_hostile_input_while_the_job_runs():
-    # the ZeroMQ path of the server (compressed tensors, asynchronous mode, auth secrets); the
-    # native data plane has its own test below
-    with running_cluster(workers=2, extra={**SMALL, "BYTEPS_DATA_PLANE": "zmq"}) as c:
+    # the server's ZeroMQ socket (control, tables; it refuses pushes and pulls: the data moves
+    # on the native data plane, which has its own test below)
+    with running_cluster(workers=2, extra=SMALL) as c:
         _real_rounds(c, 1)   # declares the real keys
         srv = c.server
-        real_key = next(iter(next(e for e in srv.engines if e.stores).stores))
+        real_key = c.workers[0]._tensors["real.w"].parts[0][2]
         cases = server_cases(real_key, MAX_MSG)
         with _job_running(c):
             before = srv.rejected
@@ -92,10 +92,9 @@ def test_server_and_scheduler_reject_and_count_hostile_input_while_the_job_runs(
                     else:
                         assert reply is None, label
             hc.close()
-            for label, text in outcomes.items():  # the compressed cases say what was wrong
-                if label.startswith("compressed push"):
-                    assert "compress" in text.lower(), (label, text)
-            print("\n".join(f"{k}: {v}" for k, v in outcomes.items() if k.startswith("compressed")))
+            for label, text in outcomes.items():  # data: "on the native data plane only"
+                if label.startswith("compressed push") or "key" in label:
+                    assert "native data plane" in text, (label, text)
             replied = sum(e for _l, _f, e in cases)
             assert srv.rejected - before == 3 * replied, (srv.rejected_by_reason, outcomes)
             # the scheduler
@@ -108,7 +107,6 @@ def test_server_and_scheduler_reject_and_count_hostile_input_while_the_job_runs(
             assert c.sched.rejected - sb == len(scheduler_cases())
         _real_rounds(c, 2)
         assert c.sched.exit_code is None
-        assert not any(s.failed for e in srv.engines for s in e.stores.values())
 
 
 

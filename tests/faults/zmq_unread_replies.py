@@ -1,9 +1,10 @@
 """The unread-replies attack on a server's ZeroMQ socket (issue 29), as a tool and for the tests.
 
-A job on the ZeroMQ data plane (2 workers in this process, a scheduler and a server as
-processes, one float32 partition of 64,000 bytes) runs two rounds; then ``clients`` ZeroMQ
-clients each send ``pulls`` pulls of the completed round (each answered with the 64,000 bytes)
-and never read a reply. The server's resident memory is measured before, at its peak while
+A job (2 workers in this process, a scheduler and a server as processes, one float32
+partition of 64,000 bytes on the native data plane, and a server-held table "big" of 16 rows
+of 4,000 bytes, whose requests ride the server's ZeroMQ socket) runs two rounds; then ``clients``
+ZeroMQ clients each send ``pulls`` pulls of the table's 16 rows (each answered with 64,000
+bytes) and never read a reply. The server's resident memory is measured before, at its peak while
 the clients stay connected (``hold`` seconds), and after they close:
 
     .venv/bin/python -m tests.faults.zmq_unread_replies --clients 50 --pulls 15000
@@ -30,7 +31,10 @@ from byteps_like.wire import Header, MsgType, Role, encode, job_hash
 from .hostile import ProcCluster, proc_rss_bytes, settle
 
 MIB = 1 << 20
-EXTRA = {"BYTEPS_DATA_PLANE": "zmq", "BYTEPS_PARTITION_BYTES": "65536"}
+EXTRA = {"BYTEPS_PARTITION_BYTES": "65536"}
+# the table whose pulls the clients leave unread: 64,000-byte answers to 128-byte requests (a
+# request as small as the dense pull it replaces: what is measured is the replies)
+ROWS, DIM = 16, 1000
 
 
 class PeakRss:
@@ -53,7 +57,11 @@ class PeakRss:
 
 
 def float_rounds(c: ProcCluster, rounds: int, first: int, n: int = 16000) -> None:
-    """The real job: a float32 tensor of one 64,000-byte partition, exact every round."""
+    """The real job: a float32 tensor of one 64,000-byte partition, exact every round (and,
+    before the first, the table "big" made)."""
+    if "big" not in c.workers[0].sparse.tables:
+        made = c.run_all(lambda w: w.sparse.create("big", ROWS, DIM, init="zeros"))
+        assert all(not isinstance(t, BaseException) for t in made), made
     for r in range(first, first + rounds):
         outs = c.push_pull(lambda k: np.full(n, k + 1 + r, np.float32), "real.w", timeout=60)
         for o in outs:
@@ -62,12 +70,14 @@ def float_rounds(c: ProcCluster, rounds: int, first: int, n: int = 16000) -> Non
 
 
 def unread_clients(ctx: zmq.Context, c: ProcCluster, clients: int, pulls: int) -> list:
-    """``clients`` DEALERs that each queued ``pulls`` pulls of the last completed round of
-    "real.w" toward the server and never read (a receive queue of one message, no
-    reconnection once the server closed one)."""
+    """``clients`` DEALERs that each queued ``pulls`` pulls of every row of the table "big"
+    toward the server and never read (a receive queue of one message, no reconnection once
+    the server closed one)."""
     p = c.server_peers()[0]
-    key = c.workers[0].tensors()["real.w"].parts[0][2]
-    pull = encode(Header(MsgType.PULL, "none", Role.WORKER, 0, 0, job_hash("default"), key, 1))
+    table = c.workers[0].sparse.tables["big"]
+    ids = np.arange(ROWS, dtype=np.int64)
+    pull = encode(Header(MsgType.SPARSE_PULL, "int64", Role.WORKER, 0, 0, job_hash("default"),
+                         table.table_id, table.step, ROWS, ids.nbytes), ids)
     socks = []
     for _ in range(clients):
         d = ctx.socket(zmq.DEALER)

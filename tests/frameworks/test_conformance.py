@@ -21,7 +21,7 @@ fails until its mark goes.
     wire_order             x      x        x         x      x
     mismatch (name)        x      x        x         x      x
     join                   x      x        x         x      x
-    mismatch_shape/dtype   x (server-side: one framework, on each data plane)
+    mismatch_shape/dtype   x (server-side: one framework, on the native data plane)
     equivalence            -      x        x         x      x
 plus each framework's own API checks (EXTRAS of its adapter), listed in EXTRAS below.
 """
@@ -164,12 +164,11 @@ def test_torch_on_machines_of_local_ranks():
                          "all [[0, 0, 0], [1, 0, 1], [2, 1, 0], [3, 1, 1]]"), run.log
 
 
-@pytest.mark.parametrize("plane", ["native", "zmq"])
 @pytest.mark.parametrize("case", ["mismatch_shape", "mismatch_dtype"])
-def test_mismatch_between_ranks_names_both_sides(case, plane):
+def test_mismatch_between_ranks_names_both_sides(case):
     """A shape or dtype differing between ranks under one name: framework-neutral (the
-    servers' check), so on numpy only, on each data plane; 2 workers, a launch each."""
-    run = launch(Group("numpy", 2, ()), case, env=(("BYTEPS_DATA_PLANE", plane),))
+    servers' check), so on numpy only; 2 workers, a launch each."""
+    run = launch(Group("numpy", 2, ()), case, env=())
     check_case(run, "numpy", case, 2)
 
 

@@ -1,6 +1,6 @@
 """Time-to-resume of an elastic job (issue 22), median of N runs on this machine.
 
-    python tests/integration/measure_elastic.py [--runs 5] [--plane native|zmq]
+    python tests/integration/measure_elastic.py [--runs 5]
 
 After a loss: 3 workers, one SIGKILLs (``--signal TERM``: SIGTERMs) itself mid-step
 (tests/integration/workers/elastic_numpy.py kill=3@2); measured on each survivor from the kill to its first step of the
@@ -26,9 +26,9 @@ ENV = {"BYTEPS_HEARTBEAT_INTERVAL_SECONDS": "0.5", "BYTEPS_HEARTBEAT_TIMEOUT_SEC
        "BYTEPS_REGISTER_TIMEOUT_SECONDS": "30", "BYTEPS_TIMEOUT_SECONDS": "60"}
 
 
-def run(workers: int, args: list[str], extra: list[str], plane: str) -> list[dict]:
+def run(workers: int, args: list[str], extra: list[str]) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BYTEPS_", "DMLC_"))}
-    env.update(ENV, BYTEPS_DATA_PLANE=plane, BYTEPS_JOB_ID=f"measure-{uuid.uuid4().hex[:8]}",
+    env.update(ENV, BYTEPS_JOB_ID=f"measure-{uuid.uuid4().hex[:8]}",
                PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "byteps_like.launcher", "--local", "--no-bind", "--elastic",
            "--workers", str(workers), "--servers", "1", *extra, "--", sys.executable, WORKER,
@@ -45,8 +45,8 @@ def run(workers: int, args: list[str], extra: list[str], plane: str) -> list[dic
     return recs
 
 
-def after_loss(plane: str, sig: str) -> tuple[float, float, float]:
-    recs = run(3, ["30", f"kill=3@2:{sig}", "slow=0.02"], ["--max-restarts", "0"], plane)
+def after_loss(sig: str) -> tuple[float, float, float]:
+    recs = run(3, ["30", f"kill=3@2:{sig}", "slow=0.02"], ["--max-restarts", "0"])
     kill = next(r["t"] for r in recs if "killing" in r)
     total, detect, reform = [], [], []
     for who in {r["who"] for r in recs if r.get("done")}:
@@ -60,9 +60,9 @@ def after_loss(plane: str, sig: str) -> tuple[float, float, float]:
     return max(total), max(detect), max(reform)
 
 
-def after_join(plane: str) -> float:
+def after_join() -> float:
     recs = run(2, ["100", "slow=0.05"], ["--max-workers", "3", "--add-workers", "1",
-                                        "--add-after", "1"], plane)
+                                        "--add-after", "1"])
     worst = 0.0
     for who in ("worker 0", "worker 1"):
         mine = [r for r in recs if r["who"] == who]
@@ -75,15 +75,14 @@ def after_join(plane: str) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--plane", default="native", choices=("native", "zmq"))
     p.add_argument("--signal", default="KILL", choices=("KILL", "TERM"),
                    help="how the lost worker dies (TERM: a preempted machine, which tells the "
                         "scheduler as it goes)")
     a = p.parse_args()
-    loss = [after_loss(a.plane, a.signal) for _ in range(a.runs)]
-    join = [after_join(a.plane) for _ in range(a.runs)]
+    loss = [after_loss(a.signal) for _ in range(a.runs)]
+    join = [after_join() for _ in range(a.runs)]
     med = statistics.median
-    print(f"data plane {a.plane}, SIG{a.signal}, {a.runs} runs each, heartbeat timeout "
+    print(f"SIG{a.signal}, {a.runs} runs each, heartbeat timeout "
           f"{ENV['BYTEPS_HEARTBEAT_TIMEOUT_SECONDS']} s")
     print(f"after a loss: kill -> first step of the new epoch: median {med(x[0] for x in loss):.2f}"
           f" s (detection {med(x[1] for x in loss):.2f} s, re-forming "

@@ -11,25 +11,23 @@ from .harness import WORKERS_DIR, bpslaunch, worker
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("servers,partition,plane,threads", [
-    (1, "4M", "native", "1"), (2, "64K", "native", "1"), (2, "64K", "zmq", "1"),
-    (2, "16K", "native", "4")])
-def test_compressed_push_pull_matches_replay(servers, partition, plane, threads):
+@pytest.mark.parametrize("servers,partition,threads", [
+    (1, "4M", "1"), (2, "64K", "1"), (2, "16K", "4")])
+def test_compressed_push_pull_matches_replay(servers, partition, threads):
     # 50000 float32 = 195 KiB: one partition at 4M, four at 64K spread over two servers. The
-    # compiled plane (C++ server codecs) and the ZeroMQ path (the Python engine's codecs) must
-    # both equal the replay through compression.py, so they equal each other bit for bit. The
-    # last: 13 partitions encoded and decoded by 4 threads per codec stage, in any order.
+    # compiled plane's C++ server codecs must equal the replay through compression.py bit for
+    # bit. The last: 13 partitions encoded and decoded by 4 threads per codec stage, in any
+    # order.
     run = bpslaunch(worker("compress_check.py", 50000), workers=2, servers=servers,
                     env={"BYTEPS_PARTITION_BYTES": partition, "STEPS": "3",
-                         "BYTEPS_DATA_PLANE": plane, "BYTEPS_CODEC_THREADS": threads})
+                         "BYTEPS_CODEC_THREADS": threads})
     assert run.rc == 0, run.log
     ok = run.lines("OK rank")
     assert len(ok) == 2 and all("x 3 steps exact" in ln for ln in ok), run.log
-    assert all(f"(plane {plane}, {threads} compress threads" in ln for ln in ok), run.log
-    # on the native plane, 6 of the 7 compressors (all but the one with momentum) are coded
-    # operations: 3 steps of each, encoded and decoded by the native client
-    coded = "18 coded" if plane == "native" else "0 coded"
-    assert all(coded in ln for ln in ok), run.log
+    assert all(f"(plane native, {threads} compress threads" in ln for ln in ok), run.log
+    # 6 of the 7 compressors (all but the one with momentum) are coded operations: 3 steps of
+    # each, encoded and decoded by the native client
+    assert all("18 coded" in ln for ln in ok), run.log
 
 
 def test_a_registered_compressor_sums_over_the_native_plane_exactly():
@@ -94,22 +92,20 @@ def test_compression_in_async_mode_is_refused_with_the_reason():
     assert "compression needs synchronous mode" in run.out, run.log
 
 
-@pytest.mark.parametrize("plane,threads,local_size", [
-    ("native", "1", 1), ("zmq", "1", 1), ("native", "3", 1), ("native", "1", 2)])
-def test_cast_compressors_match_a_whole_tensor_replay(plane, threads, local_size):
+@pytest.mark.parametrize("threads,local_size", [("1", 1), ("3", 1), ("1", 2)])
+def test_cast_compressors_match_a_whole_tensor_replay(threads, local_size):
     # fp16 / bf16 convert each partition in the pipeline's COMPRESS and DECOMPRESS stages (one
     # local rank; with several, the tensor is converted whole before the local reduction): the
     # bits must be those of converting the whole tensor and summing it in the narrow dtype.
     # 40000 elements: 5 partitions of 16K wire bytes, converted by 1 or 3 threads in any order
     run = bpslaunch(worker("cast_check.py", 40000), workers=2, servers=2,
                     local_size=local_size,
-                    env={"BYTEPS_PARTITION_BYTES": "16K", "BYTEPS_DATA_PLANE": plane,
-                         "BYTEPS_CODEC_THREADS": threads})
+                    env={"BYTEPS_PARTITION_BYTES": "16K", "BYTEPS_CODEC_THREADS": threads})
     assert run.rc == 0, run.log
     ok = run.lines("OK cast rank")
     assert len(ok) == 2 * local_size, run.log
     assert all(f"of {2 * local_size}: 6 cases x 2 steps exact, 5 partitions" in ln
                for ln in ok), run.log
     # the three float32 cases, two steps each, are coded operations of the native client
-    coded = "6 coded" if plane == "native" and local_size == 1 else "0 coded"
+    coded = "6 coded" if local_size == 1 else "0 coded"
     assert all(ln.endswith(coded) for ln in ok), run.log

@@ -78,23 +78,21 @@ def leftovers(job_id: str) -> list[str]:
     return left
 
 
-def launch(args: list, workers: int, *, extra: list[str], plane: str = "native",
-           timeout: float = 90, **env: str):
-    e = job_env(BYTEPS_DATA_PLANE=plane, **env)
+def launch(args: list, workers: int, *, extra: list[str], timeout: float = 90, **env: str):
+    e = job_env(**env)
     run = bpslaunch(worker("elastic_numpy.py", *args), workers=workers, servers=1, env=e,
                     timeout=timeout, extra=["--elastic", *extra])
     return run, e["BYTEPS_JOB_ID"]
 
 
-@pytest.mark.parametrize("plane, sig", [("native", "KILL"), ("zmq", "KILL"),
-                                        ("native", "TERM")])
-def test_worker_lost_mid_step(plane, sig):
+@pytest.mark.parametrize("sig", ["KILL", "TERM"])
+def test_worker_lost_mid_step(sig):
     """SIGKILL: bpslaunch, the worker's parent, tells the scheduler at once (issue 30: before,
     the survivors waited out the heartbeat timeout); SIGTERM (a preempted machine): the worker
     tells the scheduler as it goes. Either way the others resume within 2 s, with the heartbeat
     timeout at its default of 20 s, so only the new paths can make it."""
     steps = 8
-    run, job = launch([steps, f"kill=2@1:{sig}", "slow=0.05"], 3, plane=plane,
+    run, job = launch([steps, f"kill=2@1:{sig}", "slow=0.05"], 3,
                       extra=["--min-workers", "2", "--max-restarts", "0"],
                       BYTEPS_HEARTBEAT_TIMEOUT_SECONDS=str(SLOW_HEARTBEAT_TIMEOUT))
     log = run.log
@@ -153,9 +151,9 @@ def test_lost_worker_is_replaced():
 
 
 def launch_adding_one(args: list) -> tuple[list, str]:
-    """A job of 2 workers (ZeroMQ plane) that adds a third after step 1: its records and log,
-    the run passed and its sums checked."""
-    run, _ = launch(args, 2, plane="zmq",
+    """A job of 2 workers that adds a third after step 1: its records and log, the run passed
+    and its sums checked."""
+    run, _ = launch(args, 2,
                     extra=["--max-workers", "3", "--add-workers", "1", "--add-after", "1"],
                     timeout=120)
     assert run.rc == 0, run.log
@@ -214,14 +212,13 @@ def test_a_script_that_fails_on_every_worker_fails_the_job():
     assert not leftovers(e["BYTEPS_JOB_ID"]), leftovers(e["BYTEPS_JOB_ID"])
 
 
-@pytest.mark.parametrize("plane", ["native", "zmq"])
-def test_tables_follow_the_epochs(plane):
+def test_tables_follow_the_epochs():
     """Server-held tables in an elastic job (docs/sparse.md, "Membership"), the dense tensors on
-    either data plane: a worker SIGKILLed after the others pushed a table's round (it pulled,
+    the native data plane: a worker SIGKILLed after the others pushed a table's round (it pulled,
     never pushed) does not hang them; the epoch change drops that round (the row is what it
     was before it) and the new epoch's rounds complete with the 2 workers left."""
     steps = 6
-    run, job = launch([steps, "kill=2@1", "slow=0.05", "table=1"], 3, plane=plane,
+    run, job = launch([steps, "kill=2@1", "slow=0.05", "table=1"], 3,
                       extra=["--min-workers", "2", "--max-restarts", "0"])
     log = run.log
     assert run.rc == 0, log

@@ -20,11 +20,10 @@ def records(out: str) -> list[dict]:
             if ln.startswith("[worker") and "{" in ln]
 
 
-@pytest.mark.parametrize("plane", ["native", "zmq"])
-def test_uneven_steps_with_join(plane):
+def test_uneven_steps_with_join():
     steps = [5, 3, 4]
     run = bpslaunch(worker("join_check.py", ",".join(map(str, steps)), "join"), workers=3,
-                    servers=2, env={"BYTEPS_DATA_PLANE": plane}, timeout=120)
+                    servers=2, timeout=120)
     assert run.rc == 0, run.log
     recs = records(run.out)
     for rec in recs:
@@ -54,10 +53,9 @@ def test_integer_average_with_join():
     assert avgs == {(0, 0): 1.0, (1, 0): 1.0, (0, 1): 1.0, (0, 2): 1.0}, run.log  # 3 // 2, 1 // 1
 
 
-@pytest.mark.parametrize("plane", ["native", "zmq"])
-def test_rank_that_ends_without_join_is_named(plane):
+def test_rank_that_ends_without_join_is_named():
     run = bpslaunch(worker("join_check.py", "6,2", "nojoin"), workers=2, servers=1,
-                    env={"BYTEPS_DATA_PLANE": plane}, timeout=90)
+                    timeout=90)
     assert run.rc != 0, run.log
     left = [r for r in records(run.out) if "peer_left" in r]
     assert len(left) == 1 and left[0]["rank"] == 0, run.log

@@ -14,9 +14,9 @@ pytestmark = pytest.mark.integration
 
 SMALL = [1, 7, 1000, 70001]  # 70001 elements cross several 64 KiB partitions
 
-_UCX = pytest.mark.skipif(importlib.util.find_spec("ucxx") is None,
-                          reason="ucxx not installed (pip install 'byteps_like[ucx]')")
-ZMQ, UCX = "zmq", pytest.param("ucx", marks=_UCX)
+_UCX = pytest.mark.skipif(importlib.util.find_spec("libucx") is None,
+                          reason="libucx not installed (pip install 'byteps_like[ucx]')")
+ZMQ, UCX = "zmq", pytest.param("ucx", marks=_UCX)  # BYTEPS_TRANSPORT: TCP or UCX streams
 
 
 def transport_env(transport: str, **env: str) -> dict:
@@ -68,14 +68,14 @@ _NATIVE_UCX = pytest.mark.skipif(
 @_NATIVE_UCX
 def test_ucx_transport_runs_on_the_native_data_plane():
     """BYTEPS_TRANSPORT=ucx: the compiled data plane carries the partitions over UCX streams
-    (BYTEPS_DATA_PLANE=native refuses to start where it cannot), exact, 2 workers x 2 servers,
+    (a job refuses to start where they cannot be used), exact, 2 workers x 2 servers,
     partitions of every stream, several rounds."""
     from byteps_like.transport import ucx_native
     why = ucx_native.unavailable()
     if why:
         pytest.skip(f"UCX streams unavailable: {why}")
     run = bpslaunch(worker("pushpull_check.py", *SMALL), workers=2, servers=2,
-                    env=transport_env("ucx", BYTEPS_DATA_PLANE="native", REPORT_PLANE="1",
+                    env=transport_env("ucx", REPORT_PLANE="1",
                                       BYTEPS_PARTITION_BYTES="64K", BYTEPS_DATA_STREAMS="2"))
     assert run.rc == 0, run.log
     assert len(run.lines(f"of 2: {2 * 6 * len(SMALL)} tensors checked")) == 2, run.log

@@ -298,10 +298,9 @@ def test_a_table_round_some_workers_did_not_push_is_reported_as_stalled():
         assert wait_until(lambda: not srv.stalled_rounds(), 10)
 
 
-@pytest.mark.parametrize("plane", ["native", "zmq"])
-def test_tables_with_join_follow_the_rules_of_dense_keys(plane):
+def test_tables_with_join_follow_the_rules_of_dense_keys():
     """join() with a server-held table (tests/integration/test_join.py's uneven steps), the
-    dense tensors on either data plane: while ranks are in join() a table's round needs the
+    dense tensors on the native data plane: while ranks are in join() a table's round needs the
     others' pushes only and its average divides by them; after the join every rank continues
     at the round the job reached."""
     import json
@@ -309,8 +308,7 @@ def test_tables_with_join_follow_the_rules_of_dense_keys(plane):
     from .harness import bpslaunch, worker
     steps = [5, 3, 4]
     run = bpslaunch(worker("join_check.py", ",".join(map(str, steps)), "join", "float32",
-                           "table"), workers=3, servers=2, env={"BYTEPS_DATA_PLANE": plane},
-                    timeout=120)
+                           "table"), workers=3, servers=2, timeout=120)
     assert run.rc == 0, run.log
     recs = [json.loads(ln[ln.index("{"):]) for ln in run.out.splitlines()
             if ln.startswith("[worker") and "{" in ln]

@@ -81,12 +81,11 @@ def test_no_secret_is_generated_for_ucx():
     assert any("UCX" in n for n in ucx.notes), ucx.notes
 
 
-def test_with_a_secret_auto_keeps_the_native_data_plane():
+def test_with_a_secret_the_native_data_plane_authenticates_its_streams():
     cfg = load(env={"BYTEPS_AUTH_SECRET": SECRET})
-    assert native.native_enabled(cfg)
+    native.check(cfg)
     assert native.auth_key(cfg)  # its streams are authenticated
-    assert not native.native_enabled(load(env={"BYTEPS_AUTH_SECRET": SECRET,
-                                               "BYTEPS_DATA_PLANE": "zmq"}))
+    assert not native.auth_key(load(env={}))
 
 
 def test_the_scheduler_warns_when_anyone_can_join(caplog):

@@ -407,15 +407,6 @@ def test_close_stops_a_stage_whose_queue_is_full():
         "the stage thread outlived close(): its stop sentinel was dropped on a full queue"
 
 
-def test_itinerary_device_push_skips_only_the_copy_to_the_host():
-    # UCX with CUDA support sends device memory: no d2h, the sum still comes back through h2d
-    assert itinerary(distributed=True, on_device=True, device_push=True) == (PUSH, PULL, COPY_H2D)
-    # a compressed tensor is encoded on the host: the copy stays
-    assert itinerary(distributed=True, on_device=True, compressed=True, device_push=True) == (
-        COPY_D2H, COMPRESS, PUSH, PULL, DECOMPRESS, COPY_H2D)
-    assert itinerary(distributed=True, on_device=False, device_push=True) == (PUSH, PULL)
-
-
 # ------------------------------------------------------------------------------ names, fields
 def test_stage_names_read_as_the_strings_traces_and_metrics_print():
     """Stages are an enum whose members are their names: traces (``cat``, ``args.stage``),
@@ -445,5 +436,5 @@ def test_task_declares_every_field_the_runtime_sets():
         t.undeclared = 1  # type: ignore[attr-defined]
     names = {f.name for f in dataclasses.fields(Task)}
     assert {"src", "dst", "push_src", "pull_dst", "seg", "phase", "prereduced", "device",
-            "device_direct", "dtype", "average", "decl", "codec", "scratch", "wire",
-            "native", "contrib", "payload"} <= names
+            "dtype", "average", "decl", "codec", "scratch", "wire", "contrib",
+            "payload"} <= names

@@ -1,9 +1,7 @@
 """BYTEPS_TRANSPORT=ucx and the native data plane's UCX streams: what a job does where _core
-cannot load UCX (a clear ConfigError with BYTEPS_DATA_PLANE=native, a logged fall-back to the
-ucxx engine with auto), and what _core reports about it."""
+cannot load UCX (a ConfigError at start naming what to install: the ucxx engine it fell back
+to is retired), and what _core reports about it."""
 from __future__ import annotations
-
-import logging
 
 import pytest
 
@@ -18,26 +16,32 @@ from ..native_stream import ucx_skip_reason
 @pytest.fixture
 def no_ucx(monkeypatch):
     monkeypatch.setattr(ucx_native, "_why", "built without UCX's headers (test)")
-    monkeypatch.setattr(native, "_fallback_logged", False)
 
 
-def test_without_ucx_streams_native_refuses_and_auto_falls_back_with_a_warning(no_ucx, caplog):
-    with pytest.raises(ConfigError, match="BYTEPS_DATA_PLANE=native cannot serve this job: "
-                                          "BYTEPS_TRANSPORT=ucx but the native plane's UCX "
-                                          r"streams are unavailable: built without"):
-        native.native_enabled(load(env={"BYTEPS_TRANSPORT": "ucx",
-                                        "BYTEPS_DATA_PLANE": "native"}))
-    with caplog.at_level(logging.WARNING, logger="byteps_like.native"):
-        assert not native.native_enabled(load(env={"BYTEPS_TRANSPORT": "ucx"}))
-    (rec,) = caplog.records
-    assert "the native data plane is off" in rec.getMessage()
-    assert "ucxx engine" in rec.getMessage()
-    assert native.native_enabled(load(env={}))   # TCP streams need no UCX
+@pytest.mark.parametrize("plane", ["auto", "native"])
+def test_without_ucx_streams_a_ucx_job_refuses_to_start_naming_what_to_install(no_ucx, plane):
+    with pytest.raises(ConfigError, match=r"BYTEPS_TRANSPORT=ucx: the native data plane's UCX "
+                                          r"streams are unavailable \(built without UCX's "
+                                          r"headers \(test\)\); install byteps_like\[ucx\]"):
+        native.check(load(env={"BYTEPS_TRANSPORT": "ucx", "BYTEPS_DATA_PLANE": plane}))
+    native.check(load(env={}))   # TCP streams need no UCX
 
 
-def test_device_memory_keeps_the_ucxx_engine():
-    cfg = load(env={"BYTEPS_TRANSPORT": "ucx", "BYTEPS_UCX_DEVICE_MEMORY": "1"})
-    assert any("BYTEPS_UCX_DEVICE_MEMORY" in w for w in native.native_reasons(cfg))
+def test_device_memory_is_retired_naming_the_replacement():
+    with pytest.raises(ConfigError, match=r"BYTEPS_UCX_DEVICE_MEMORY=True \(environment\) is "
+                                          "retired: CUDA buffers are staged through pinned host "
+                                          "memory"):
+        load(env={"BYTEPS_TRANSPORT": "ucx", "BYTEPS_UCX_DEVICE_MEMORY": "1"})
+
+
+def test_the_zmq_data_plane_is_retired_naming_the_replacement():
+    with pytest.raises(ConfigError) as err:
+        load(env={"BYTEPS_DATA_PLANE": "zmq"})
+    text = str(err.value)
+    assert text.startswith("BYTEPS_DATA_PLANE='zmq' (environment) is retired: worker-server data "
+                           "always moves on the native data plane"), text
+    assert "authenticated with the job's secret" in text and "not encrypted" in text, text
+    assert "WireGuard" in text and "control plane stays CURVE-encrypted" in text, text
 
 
 def test_core_says_whether_ucx_streams_are_usable(monkeypatch):

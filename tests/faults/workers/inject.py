@@ -18,6 +18,8 @@ import time
 import numpy as np
 
 import byteps_like as bps
+from byteps_like.errors import EXIT_PEER_FAILED
+from byteps_like.roles import caused_by_peer
 from byteps_like.worker.runtime import default_runtime
 
 K = 5
@@ -100,7 +102,10 @@ def run(target, action, point, me_victim):
         bps.shutdown()
     except bps.BytePSError as exc:
         print(f"SURVIVOR rank {rank} {type(exc).__name__}: {exc}", flush=True)
-        sys.exit(1)
+        # as a script dying of it would (the runtime's excepthook): a survivor of a lost peer
+        # exits with EXIT_PEER_FAILED, so bpslaunch blames the peer however fast this was; a
+        # stopped peer never exits, so there a survivor's exit is the failure to report
+        sys.exit(EXIT_PEER_FAILED if caused_by_peer(exc) and action != "stop" else 1)
     print(f"FINISHED rank {rank}", flush=True)
 
 

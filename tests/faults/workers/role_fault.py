@@ -1,8 +1,8 @@
 """Runs a scheduler or server with an in-process fault. Usage: role_fault.py ROLE [POINT]
 
 POINT rendezvous: the process dies of an unhandled exception before it registers (every server
-for ROLE server). Otherwise an unhandled exception on its I/O thread: server rank 0 raises on
-the first push of round 5; the scheduler raises on the first barrier."""
+for ROLE server). Otherwise an unhandled exception on its I/O thread: server rank 0 raises once
+its native data plane completed 5 rounds; the scheduler raises on the first barrier."""
 import sys
 
 role = sys.argv[1]
@@ -11,18 +11,17 @@ if len(sys.argv) > 2 and sys.argv[2] == "rendezvous":
 if role == "server":
     from byteps_like.server import core
 
-    orig = core.Server._on_message
+    orig = core.Server.start
 
-    def on_message(self, route, frames):
-        from byteps_like.wire import MsgType, decode_header
-        try:
-            h = decode_header(frames[0])
-        except Exception:  # noqa: BLE001
-            h = None
-        if self.rank == 0 and h is not None and h.type is MsgType.PUSH and h.round >= 5:
-            raise RuntimeError("injected fault: unhandled exception in server 0")
-        return orig(self, route, frames)
-    core.Server._on_message = on_message
+    def start(self):
+        # a tick on the server's I/O thread (its ZeroMQ loop) that raises once the native data
+        # plane completed round 5 of some key on server 0
+        def tick():
+            if self.rank == 0 and self.native.stats()["rounds"] >= 5:
+                raise RuntimeError("injected fault: unhandled exception in server 0")
+        self.ep.add_timer(0.02, tick)
+        return orig(self)
+    core.Server.start = start
     from byteps_like.server.__main__ import main
 else:
     from byteps_like.scheduler import core
