@@ -43,6 +43,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("byteps_like.worker")
 #: the requests whose ERROR answers go to the server-held tables (their type is in the meta)
 _SPARSE_NAMES = frozenset(t.name for t in SPARSE_REQUESTS)
+#: local-reduction messages a local root holds while its own node table is not in yet (a local
+#: rank that met its peers first says LOCAL_READY at once), replayed once it is: at most this
+#: many, of at most EARLY_BYTES each; the rest is dropped and counted as before
+EARLY_LIMIT = 64
+EARLY_BYTES = 4096
 
 
 def server_error(what: str, kind: str | None, text: str, server: int,
@@ -66,9 +71,19 @@ class Dispatcher:
         self.members = members
         self.flight = flight
         self.local = local
+        self._early: list[tuple[Route, list]] = []   # EARLY_LIMIT
 
     #: where the answers of server-held tables go (the runtime's SparseTables.on_message)
     table_answers: Callable[[Route, Message], None] | None = None
+
+    def replay_early(self) -> None:
+        """The local-reduction messages held before the node table, once it is in (the I/O
+        thread: a timer of the endpoint, or the next message), checked as any other."""
+        if not self.members.peers_ready or not self._early:
+            return
+        early, self._early = self._early, []
+        for route, frames in early:
+            self.on_message(route, frames)
 
     def on_message(self, route: Route, frames: list) -> None:
         m = self.members
@@ -82,8 +97,14 @@ class Dispatcher:
             return
         h = msg.header
         if not m.peers_ready:  # before the node table nobody may talk to it
+            if (h.type in LOCAL_TYPES and len(self._early) < EARLY_LIMIT
+                    and sum(len(f) for f in frames) <= EARLY_BYTES):
+                self._early.append((route, frames))  # checked when replayed (replay_early)
+                return
             m.dropped("message before the node table", f"{h.type.name} from {route}")
             return
+        if self._early:
+            self.replay_early()
         if h.type in LOCAL_TYPES:
             why = self.local.sender_problem(route, h)
             if why:

@@ -235,6 +235,9 @@ class Runtime:
             self._teardown()
             raise
         m.meet_peers(cfg)
+        # a local rank's LOCAL_READY may have come before this rank's own node table: the
+        # endpoint's thread replays what the dispatcher held (it checks every 50 ms)
+        m.endpoint.add_timer(0.05, self.dispatch.replay_early)
         if self.elastic_m is not None:
             self.elastic_m.adopt_table()
         credit = cfg.scheduling.credit * cfg.partition.partition_bytes
