@@ -24,7 +24,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
-from .report import emit, progress
+from .report import emit, end_torch_distributed, progress
 
 # VGG-16's parameter tensors (weight, bias per layer, in forward order) and each layer's share
 # of forward compute (GMACs at 224x224). Largest tensors (fc6, fc7) are the last layers of the
@@ -274,10 +274,10 @@ def gloo_worker(sizes: list[int], repeats: int, warmup: int, rank: int, world: i
     try:
         result = _timed_sums("gloo", "all_reduce", sizes, repeats, warmup, rank, world,
                              dist.barrier, sum_all)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
-    emit({"rank": rank, "times": result})
-    return 0
+        raise
+    end_torch_distributed(dist, {"rank": rank, "times": result})
 
 
 def horovod_worker(sizes: list[int], repeats: int, warmup: int) -> int:

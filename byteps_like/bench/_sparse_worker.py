@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .report import emit, progress
+from .report import emit, end_torch_distributed, progress
 
 DENSE_FEATURES = 13
 
@@ -136,13 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     tables = sum(st.bytes_sent + st.bytes_received for st in stats) - base_tables
     pushpull = (ring * a.steps if rt is None
                 else rt.bytes_pushed + rt.bytes_pulled - base_pp)
-    emit({"mode": a.mode, "rank": rank, "step_times_s": steps, "table_bytes": tables,
-          "pushpull_bytes": pushpull, "floor_bytes": floor, "steps": a.steps,
-          "dense_param_bytes": dense_bytes, "table_rows": sizes, "loss": losses[-1]})
+    result = {"mode": a.mode, "rank": rank, "step_times_s": steps, "table_bytes": tables,
+              "pushpull_bytes": pushpull, "floor_bytes": floor, "steps": a.steps,
+              "dense_param_bytes": dense_bytes, "table_rows": sizes, "loss": losses[-1]}
     if rt is None:
-        torch.distributed.destroy_process_group()
-    else:
-        bps.shutdown()
+        end_torch_distributed(torch.distributed, result)
+    emit(result)
+    bps.shutdown()
     return 0
 
 

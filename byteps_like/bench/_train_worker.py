@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import models
-from .report import emit, progress
+from .report import emit, end_torch_distributed, progress
 
 PROGRESS_EVERY_S = 10.0
 
@@ -206,10 +206,10 @@ def run_ddp(a: argparse.Namespace) -> int:
         ddp = DDP(tr.work.model, device_ids=[tr.dev.index] if cuda else None)
         opt = tr.optimizer(ddp.parameters())
         times = tr.steps(ddp, opt, a.steps, a.warmup)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
-    emit(tr.result("ddp", times, backend=a.backend, world=a.world))
-    return 0
+        raise
+    end_torch_distributed(dist, tr.result("ddp", times, backend=a.backend, world=a.world))
 
 
 def run_horovod(a: argparse.Namespace) -> int:

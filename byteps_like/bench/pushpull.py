@@ -49,6 +49,7 @@ from .harness import (
 from .report import (
     OthersMeter,
     emit,
+    end_torch_distributed,
     exit_on_signals,
     fmt_size,
     machine_info,
@@ -300,10 +301,10 @@ def _gloo_worker(cases: list[Case], rank: int, world: int, port: int) -> int:
                 progress(f"{fmt_size(case.nbytes)}: median "
                           f"{statistics.median(times) * 1e3:.1f} ms on rank 0")
             del t
-    finally:
+    except BaseException:
         dist.destroy_process_group()
-    emit({"rank": rank, "times": out_times})
-    return 0
+        raise
+    end_torch_distributed(dist, {"rank": rank, "times": out_times})
 
 
 def _worker_main(argv: Sequence[str]) -> int:

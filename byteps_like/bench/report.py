@@ -5,7 +5,8 @@ the benchmarks can import it, also one run by another interpreter (Horovod's).
 
 - A child process reports with :func:`emit` (one ``BENCH_RESULT {json}`` line on stdout) and
   :func:`progress` (``progress: ...`` on stderr, relayed by the driver); the driver reads the
-  result with :func:`byteps_like.bench.harness.collect`.
+  result with :func:`byteps_like.bench.harness.collect`; a child of a ``torch.distributed``
+  baseline ends with :func:`end_torch_distributed`.
 - Sizes on a benchmark's command line read as ``BYTEPS_PARTITION_BYTES`` does
   (:func:`byteps_like.config.parse_size`): ``64K``, ``4MiB``, ``1MB``, bytes.
 - Every markdown table is :func:`markdown_table`'s.
@@ -24,7 +25,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ..config import parse_size
 
@@ -42,6 +43,23 @@ def emit(obj: dict) -> None:
 def progress(text: str) -> None:
     """A child's progress line on stderr; the driver relays those of one child."""
     print(f"progress: {text}", file=sys.stderr, flush=True)
+
+
+def end_torch_distributed(dist: Any, result: dict) -> NoReturn:
+    """The end of a child that ran a ``torch.distributed`` baseline (DDP, gloo, NCCL): every
+    rank meets at a barrier (no collective is in flight anywhere after it), prints its result
+    with :func:`emit` and leaves at once with status 0, without the group's or the
+    interpreter's teardown.
+
+    Why not ``destroy_process_group()`` and a normal exit: on two loaded cores a DDP-gloo
+    child that had finished its steps was once killed by SIGABRT ("terminate called without
+    an active exception") in torch's teardown, and its benchmark failed. Nothing of a
+    baseline's teardown is measured, so it is skipped; the kernel closes the sockets. ``dist``
+    is the ``torch.distributed`` module (this module imports no torch)."""
+    dist.barrier()
+    emit(result)
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # ------------------------------------------------------------------------------------- sizes
