@@ -253,14 +253,16 @@ class TransportConfig:
     max_message_bytes: int = _s("BYTEPS_MAX_MESSAGE_BYTES", "size", 1 << 30, "Largest message a "
                                 "node accepts; must be >= partition_bytes + 4096.", unit="bytes",
                                 min=1024)
-    socket_hwm: int = _s("BYTEPS_SOCKET_HWM", "int", 1000, "Messages a listening ZeroMQ socket "
-                         "(server, scheduler, local root) queues per client and direction: a "
-                         "client that sends faster is slowed by TCP. Replies are bounded in "
-                         "bytes as well, for all clients together: they share 64 MiB of replies "
-                         "not yet written; a client over half its share is not served until it "
-                         "reads, one that reads nothing loses replies past its share and is "
-                         "disconnected after 10 s (counted and logged) instead of costing the "
-                         "node its memory. 0 means no limit in messages.", unit="messages",
+    socket_hwm: int = _s("BYTEPS_SOCKET_HWM", "int", 1000,
+                         "Messages a listening ZeroMQ socket (server, scheduler, local root) "
+                         "queues per client and direction (a server's socket keeps at most 4 "
+                         "unread messages of a client, its messages being large): a client that "
+                         "sends faster is slowed by TCP. Replies are bounded in bytes as well, for"
+                         " all clients together: they share 64 MiB of replies not yet written; a "
+                         "client over half its share is not served until it reads, one that reads "
+                         "nothing loses replies past its share and is disconnected after 10 s "
+                         "(counted and logged) instead of costing the node its memory. 0 means no "
+                         "limit in messages.", unit="messages",
                          min=0)
     max_connections: int = _s("BYTEPS_MAX_CONNECTIONS", "int", 0, "Clients a listening ZeroMQ "
                               "socket keeps; more are closed as they connect. 0 derives it from "

@@ -47,6 +47,10 @@ log = logging.getLogger("byteps_like.server")
 REJECT_LOG_FIRST = 3
 #: seconds between two summary lines of the rejections (none when there were none)
 REJECT_SUMMARY_INTERVAL_S = 60.0
+#: messages one client of the server's ZeroMQ socket may have waiting in ZeroMQ to be read: its
+#: embedding-table requests are up to BYTEPS_MAX_MESSAGE_BYTES each, and ZeroMQ bounds its
+#: queue in messages (BYTEPS_SOCKET_HWM, 1000 by default, counts replies too)
+CLIENT_RECV_HWM = 4
 
 
 class Server:
@@ -66,7 +70,9 @@ class Server:
         self.epoch = 0
         self.joined: frozenset = frozenset()   # machines in join() (stall reports skip them)
         self.job = job_hash(cfg.cluster.job_id)
-        self.ep = make_endpoint("server", cfg, context=context)
+        # its clients send embedding-table requests of up to BYTEPS_MAX_MESSAGE_BYTES: a few
+        # wait in ZeroMQ per client, then TCP holds them back (server/sparse.py QUEUE_BYTES)
+        self.ep = make_endpoint("server", cfg, context=context, recv_hwm=CLIENT_RECV_HWM)
         from ..control import node_host
         host = node_host(cfg)
         self.address = self.ep.bind(

@@ -66,6 +66,16 @@ log = logging.getLogger("byteps_like.server")
 
 #: tables one server holds at most (a table id is below this)
 MAX_TABLES = 4096
+#: bytes of requests queued for the tables' thread (each counted with its payload and
+#: QUEUED_OVERHEAD) at which the server stops reading its clients (Endpoint.hold_clients) until
+#: the thread has served the queue down to half of it: peers that send faster than the tables
+#: are served are held back by TCP, not buffered. At most one request more is queued (the one
+#: that crossed the line; a message is at most BYTEPS_MAX_MESSAGE_BYTES).
+QUEUE_BYTES = 64 << 20
+#: what a queued request costs beside its payload (its Message, header, route, queue entry)
+QUEUED_OVERHEAD = 1024
+#: seconds between two warnings that the queue is full
+QUEUE_WARN_INTERVAL_S = 10.0
 
 
 @dataclass
@@ -108,6 +118,12 @@ class SparseService(threading.Thread):
         self.server = server
         self.max_ids = server.cfg.server.sparse_max_ids
         self.q: queue.SimpleQueue = queue.SimpleQueue()
+        # the queue's bound (QUEUE_BYTES): bytes queued, whether the clients are held
+        self.queued_bytes = 0
+        self.queue_holds = 0    # times the server stopped reading its clients for it
+        self._holding = False
+        self._qlock = threading.Lock()
+        self._warned_at = -QUEUE_WARN_INTERVAL_S
         self.tables: dict[int, Table] = {}
         self.rounds_applied = 0
         self.rows_updated = 0
@@ -120,14 +136,44 @@ class SparseService(threading.Thread):
 
     def members(self, joined: frozenset, left: dict[int, str]) -> None:
         """join(): queue a membership change behind the requests that came before it."""
-        self.q.put((None, ("members", joined, left)))
+        self.q.put((None, ("members", joined, left), 0))
 
     def epoch(self, base: int, size: int, applied) -> None:
         """Elastic jobs: queue a new membership epoch; ``applied()`` once it is."""
-        self.q.put((None, ("epoch", base, size, applied)))
+        self.q.put((None, ("epoch", base, size, applied), 0))
 
     def submit(self, route: Route, msg: Message) -> None:
-        self.q.put((route, msg))
+        """Queue a request for the tables' thread (on the I/O thread). Once QUEUE_BYTES are
+        queued the server stops reading its clients until half of them are served."""
+        payload = 0 if msg.payload is None else memoryview(as_buffer(msg.payload)).nbytes
+        cost = payload + QUEUED_OVERHEAD
+        with self._qlock:
+            self.queued_bytes += cost
+            hold = not self._holding and self.queued_bytes >= QUEUE_BYTES
+            if hold:
+                self._holding = True
+                self.queue_holds += 1
+        self.q.put((route, msg, cost))
+        if hold:
+            now = time.monotonic()
+            if now - self._warned_at >= QUEUE_WARN_INTERVAL_S:
+                self._warned_at = now
+                log.warning("server %d: %d bytes of embedding-table requests are queued; the "
+                            "server reads no more requests until its tables' thread has served "
+                            "half of them (%d times so far; the last from worker rank %d): a "
+                            "slow optimizer or checkpoint, or peers that send faster than the "
+                            "tables are served", self.server.rank, self.queued_bytes,
+                            self.queue_holds, msg.header.rank)
+            self.server.ep.hold_clients(True)
+
+    def _served(self, cost: int) -> None:
+        with self._qlock:
+            self.queued_bytes -= cost
+            resume = self._holding and self.queued_bytes <= QUEUE_BYTES // 2
+            if resume:
+                self._holding = False
+        if resume:
+            self.server.ep.hold_clients(False)
 
     def close(self) -> None:
         if self.is_alive():
@@ -142,7 +188,7 @@ class SparseService(threading.Thread):
             item = self.q.get()
             if item is None:
                 return
-            route, msg = item
+            route, msg, cost = item
             if route is None:  # a membership change, in queue order
                 if msg[0] == "epoch":
                     self.apply_epoch(*msg[1:])
@@ -156,6 +202,8 @@ class SparseService(threading.Thread):
                               self.server.rank, msg.header.key)
                 self.server.reply_error(route, msg.header, ERR_INTERNAL,
                                         f"server {self.server.rank} internal error: {exc!r}")
+            finally:
+                self._served(cost)
 
     # -- requests ---------------------------------------------------------------------------------
     def process(self, route: Route, msg: Message) -> None:

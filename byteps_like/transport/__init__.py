@@ -35,14 +35,17 @@ def data_scheme(cfg) -> str:
     return "ucx" if cfg.transport.transport == "ucx" else "tcp"
 
 
-def make_endpoint(name: str, cfg, *, context=None, data_plane: bool = True) -> Endpoint:
+def make_endpoint(name: str, cfg, *, context=None, data_plane: bool = True,
+                  recv_hwm: int | None = None) -> Endpoint:
     """The endpoint for ``cfg.transport.transport``: ``zmq``, or ``ucx`` (UCX for ``ucx://``
     addresses, the data plane; ZeroMQ for the scheduler's ``tcp://`` control traffic). A node
-    without data traffic (the scheduler: ``data_plane=False``) always gets ZeroMQ."""
+    without data traffic (the scheduler: ``data_plane=False``) always gets ZeroMQ.
+    ``recv_hwm``: messages a client of a listening ZeroMQ socket may have waiting to be read,
+    when fewer than BYTEPS_SOCKET_HWM (a server's: its clients' messages are large)."""
     from .native import zmq_max_connections
     kind = cfg.transport.transport if data_plane else "zmq"
     # a listening socket's bounds (issue 19): queues per client, clients per socket
-    bounds = {"hwm": cfg.transport.socket_hwm,
+    bounds = {"hwm": cfg.transport.socket_hwm, "recv_hwm": recv_hwm,
               "max_connections": zmq_max_connections(cfg, data_plane)}
     if kind == "zmq":
         secret = auth_secret(cfg)

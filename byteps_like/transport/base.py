@@ -55,6 +55,14 @@ class Endpoint(abc.ABC):
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread."""
 
+    def hold_clients(self, hold: bool) -> None:
+        """Stop (True) or go on (False) taking messages from the clients of the listening
+        socket, from any thread; connected peers (the scheduler) and timers go on. What the
+        clients send meanwhile waits in the transport's bounded queue and then in TCP, which
+        holds the senders back. A transport that cannot hold (UCX, for trusted networks only)
+        takes this as a no-op."""
+        return None
+
     @abc.abstractmethod
     def add_timer(self, interval: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread every ``interval`` seconds."""

@@ -56,6 +56,9 @@ _BACKLOG_RETRY_S = (0.002, 0.05)  # held replies are offered again this often, b
 _MARK = 1 << 20              # a reply handed to ZeroMQ is tracked at least once per this many bytes
 _STALL_S = 0.25              # a client that read nothing this long does not read, for now
 _UNREAD_S = 10.0             # a client over its share that reads nothing this long is disconnected
+_WAITING_MAX = _BUDGET // 2  # requests of clients that are owed replies, waiting, all of them:
+                             # past it the listener is not read until half of them are served
+                             # (above the quarter those of clients that do not read stay under)
 
 
 def _malloc_trim() -> None:
@@ -195,6 +198,7 @@ class _Replies:
         self.ep = ep
         self._clients: dict[bytes, _Client] = {}   # by routing id
         self._held = 0                   # the clients' cost together: at most about _BUDGET
+        self.waiting = 0                 # bytes of the requests that wait, all clients
         self.unread_closed = 0           # clients disconnected for leaving their replies unread
         self._trim_at = 0.0              # when to give freed memory back to the system
         self.retry_s = _BACKLOG_RETRY_S[0]
@@ -275,6 +279,14 @@ class _Replies:
             return
         c.waiting.append((frames, k))
         c.waiting_bytes += k
+        self.waiting += k
+        if self.waiting > _WAITING_MAX:   # the listener is not read until they are served
+            self.ep._set_held("waiting requests", True)
+
+    def _served(self) -> None:
+        """The listener is read again once the requests that wait are down to half the most."""
+        if self.waiting <= _WAITING_MAX // 2:
+            self.ep._set_held("waiting requests", False)
 
     def _stalled(self, c: _Client) -> bool:
         """Whether ``c`` read nothing for _STALL_S (what ZeroMQ wrote out counted first)."""
@@ -297,6 +309,8 @@ class _Replies:
         c = self._clients.pop(ident, None)
         if c is not None:
             self._held -= c.cost
+            self.waiting -= c.waiting_bytes
+            self._served()
             if c.cost + c.waiting_bytes > _MARK:
                 self._trim_at = self._trim_at or time.monotonic() + 1.0
 
@@ -344,6 +358,7 @@ class _Replies:
                 for _ in range(_BATCH):
                     frames, k = c.waiting.popleft()
                     c.waiting_bytes -= k
+                    self.waiting -= k
                     self.ep._deliver(Route(ident=ident), frames)
                     if (not c.waiting or self._clients.get(ident) is not c
                             or c.cost > share // 2):
@@ -355,6 +370,7 @@ class _Replies:
                 self._held -= c.since
             elif (c.waiting or c.cost > share // 2) and now - c.progress > _UNREAD_S:
                 self._disconnect(ident, c)
+        self._served()
         if self._trim_at and now >= self._trim_at:
             self._trim_at = 0.0
             _malloc_trim()
@@ -377,9 +393,12 @@ class _Replies:
 class ZmqEndpoint(Endpoint):
     def __init__(self, name: str, *, max_message_bytes: int = 1 << 30,
                  context: zmq.Context | None = None, curve: CurveKeys | None = None,
-                 hwm: int = 1000, max_connections: int = 0):
+                 hwm: int = 1000, max_connections: int = 0, recv_hwm: int | None = None):
         self.name = name
         self.hwm = int(hwm)                          # per client of the listening socket; 0: none
+        # what a client may have waiting to be read (ZeroMQ counts messages, not bytes)
+        self.recv_hwm = self.hwm if recv_hwm is None else (
+            int(recv_hwm) if not self.hwm else min(self.hwm, int(recv_hwm)))
         self.max_connections = int(max_connections)  # clients of the listening socket; 0: any
         self.drops = Drops(log, name)                # what this endpoint dropped, by reason
         self._monitor: zmq.Socket | None = None
@@ -405,6 +424,7 @@ class ZmqEndpoint(Endpoint):
         self._poller = zmq.Poller()
         self._poller.register(self._outbox, zmq.POLLIN)
         self._thread: threading.Thread | None = None
+        self._holds: set[str] = set()   # why the listening socket is not read (none: it is)
         self._stop = False
         self._draining = False
         self._linger_ms = 0
@@ -418,7 +438,7 @@ class ZmqEndpoint(Endpoint):
         s.setsockopt(zmq.LINGER, 0)
         if kind == zmq.ROUTER:  # faces whoever connects: bounded (see the module's notes)
             s.setsockopt(zmq.SNDHWM, self.hwm)
-            s.setsockopt(zmq.RCVHWM, self.hwm)
+            s.setsockopt(zmq.RCVHWM, self.recv_hwm)
             s.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_MS)
         else:
             s.setsockopt(zmq.SNDHWM, 0)
@@ -536,6 +556,24 @@ class ZmqEndpoint(Endpoint):
                 self._senders.append(s)
         return s
 
+    def hold_clients(self, hold: bool) -> None:
+        self._on_io_thread(lambda: self._set_held("the owner", hold))
+
+    def _set_held(self, reason: str, hold: bool) -> None:
+        """The listening socket is read while nothing holds it (its I/O thread only)."""
+        if self._router is None or hold == (reason in self._holds):
+            return
+        was = bool(self._holds)
+        if hold:
+            self._holds.add(reason)
+        else:
+            self._holds.discard(reason)
+        if was and not self._holds:
+            self._poller.register(self._router, zmq.POLLIN)
+        elif self._holds and not was:
+            self._poller.unregister(self._router)
+            log.debug("%s: clients not read (%s)", self.name, reason)
+
     def call_soon(self, fn: Callable[[], None]) -> None:
         # The callable is found by its own token, so it runs in the order of this thread's
         # messages through the outbox, whatever other threads do meanwhile.
@@ -612,6 +650,8 @@ class ZmqEndpoint(Endpoint):
                         if sock is self._outbox:
                             self._dispatch_outbox()
                         elif sock is self._router and sock is not None:
+                            if self._holds:   # held by a message of this batch
+                                break
                             self.replies.from_client(sock.recv_multipart(copy=False))
                         elif sock is self._monitor:
                             self._on_monitor_event()

@@ -252,6 +252,71 @@ def test_zmq_clients_that_never_read_share_one_budget_and_are_disconnected(tmp_p
         c.log_tail()
 
 
+def test_a_flood_of_table_requests_is_held_back_by_tcp_not_queued_on_the_server(tmp_path):
+    """A client that sends embedding-table pulls faster than the server answers them (100
+    valid pulls of 2^20 ids, 8 MiB each, answered with 16 MiB; it reads every answer, slowly):
+    the server stops reading its clients once 64 MiB of requests are queued for the tables'
+    thread (server/sparse.py QUEUE_BYTES) or 32 MiB wait for their client to read its answers
+    (zmq_transport _WAITING_MAX), and ZeroMQ keeps 4 of a client's messages (CLIENT_RECV_HWM);
+    the rest waits at the sender and in TCP. Before, the server took them all (+548 MiB for 60
+    pulls; about 190-230 MiB now, with 64 MiB of answers). Every pull is answered, the hold is
+    logged, and the job's tensors and tables stay exact."""
+    from .zmq_unread_replies import EXTRA, float_rounds
+    pulls, n, dim = 100, 1 << 20, 4
+    c = ProcCluster(tmp_path, machines=2, extra=EXTRA)
+    ctx = zmq.Context()
+    rss = None
+    try:
+        float_rounds(c, 2, 0)
+        made = c.run_all(lambda w: w.sparse.create("wide", n, dim, init="zeros"))
+        assert all(not isinstance(t, BaseException) for t in made), made
+        table = c.workers[0].sparse.tables["wide"]
+        srv = c.servers[0].pid
+        settle(srv)
+        rss = _PeakRss([srv])
+        ids = np.arange(n, dtype=np.int64)
+        pull = encode(Header(MsgType.SPARSE_PULL, "int64", Role.WORKER, 0, 0,
+                             job_hash("default"), table.table_id, table.step, n, ids.nbytes),
+                      ids)
+        p = c.server_peers()[0]
+        d = ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.LINGER, 0)
+        d.setsockopt(zmq.SNDHWM, 0)
+        d.connect(f"tcp://{p.host}:{p.port}")
+        answers: list[int] = []
+
+        def read() -> None:   # every answer, as it comes: this client reads
+            while len(answers) < pulls and d.poll(60000):
+                frames = d.recv_multipart()
+                answers.append(decode(frames, 1 << 30).header.type)
+        reader = threading.Thread(target=read, daemon=True)
+        for _ in range(pulls):
+            d.send_multipart(pull, copy=False)
+        reader.start()
+        float_rounds(c, 1, 2)   # the job meanwhile: its data plane is not held
+        reader.join(120)
+        assert len(answers) == pulls and set(answers) == {MsgType.SPARSE_ROWS}, \
+            (len(answers), set(answers), c.log_tail())
+        rss.stop()
+        grew = rss.growth(srv)
+        print(f"server RSS: +{grew / MIB:.0f} MiB at the peak under {pulls} pulls of "
+              f"{ids.nbytes >> 10} KiB")
+        assert grew < 320 * MIB, grew / MIB
+        got = c.run_all(lambda w: w.sparse.tables["wide"].pull(np.arange(8)))
+        for g in got:
+            assert isinstance(g, np.ndarray) and not g.any(), g
+        float_rounds(c, 1, 3)
+        d.close(0)
+    finally:
+        if rss is not None:
+            rss.stop()
+        codes = c.close()
+        ctx.term()
+    assert codes == [0, 0], c.log_tail()
+    with open(c.logs[1], errors="replace") as f:
+        assert "embedding-table requests are queued" in f.read(), c.log_tail()
+
+
 def test_many_small_tensors_in_flight_lose_no_reply_at_the_high_water_mark(tmp_path):
     """The legitimate traffic next to the bounded ZeroMQ sockets: far more partitions in flight
     than BYTEPS_SOCKET_HWM, every reply arrives (the data plane's streams do not share the
