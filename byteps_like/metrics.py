@@ -33,8 +33,9 @@ METRIC_NAMES = {
     "byteps_pushpull_speed_mbps": ("gauge", "get_pushpull_speed(): MB/s pushed plus pulled."),
     # servers
     "byteps_server_bytes_summed": ("counter", "Bytes of pushed partitions a server summed."),
-    "byteps_server_sum_seconds": ("counter", "Seconds a server spent summing: 0, the native "
-                                             "data plane sums as it receives, untimed."),
+    "byteps_server_sum_seconds": ("counter", "Seconds a server's I/O threads spent summing "
+                                             "pushes into its stores (decoding compressed "
+                                             "ones), all threads together."),
     "byteps_server_pushes": ("counter", "Push messages a server received."),
     "byteps_server_rounds": ("counter", "Rounds a server completed (all pushes summed)."),
     "byteps_server_table_rounds": ("counter", "Rounds of server-held embedding tables a "

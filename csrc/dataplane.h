@@ -59,6 +59,8 @@ std::size_t wire_itemsize(int wire_code);  // 0 for an unknown code
 struct Counters {
   std::atomic<std::uint64_t> bytes_in{0}, bytes_out{0}, msgs_in{0}, msgs_out{0};
   std::atomic<std::uint64_t> pushes{0}, rounds{0}, bytes_summed{0}, connections{0};
+  // nanoseconds a server spent summing pushes into its stores (and decoding compressed ones)
+  std::atomic<std::uint64_t> sum_ns{0};
   // streams closed because their peer left its replies unread (dataplane.cc, kUnreadTimeout)
   std::atomic<std::uint64_t> unread_closed{0};
   // memory of the messages queued unwritten on every stream (their Out records and JSON; a

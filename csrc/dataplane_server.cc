@@ -3,6 +3,7 @@
 // and stats. Its streams' admission is in dataplane_server_admit.cc, a stream's protocol in
 // dataplane_server_stream.cc (ServerImpl and ServerConn: dataplane_server_impl.h).
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -20,6 +21,27 @@ namespace dp {
 constexpr int kWireUint8 = 7;  // a compressed payload's wire dtype (wire.h)
 static_assert(kWireDTypes[kWireUint8].itemsize == 1 && kWireDTypes[kWireUint8].kernel == -1,
               "uint8 is wire dtype code 7");
+
+namespace {
+// Adds the time from its making to its end to a counter (the server's sum_ns).
+class SumTimer {
+ public:
+  explicit SumTimer(std::atomic<std::uint64_t>& ns)
+      : ns_(ns), t0_(std::chrono::steady_clock::now()) {}
+  SumTimer(const SumTimer&) = delete;
+  SumTimer& operator=(const SumTimer&) = delete;
+  ~SumTimer() {
+    const auto d = std::chrono::steady_clock::now() - t0_;
+    ns_.fetch_add(static_cast<std::uint64_t>(
+                      std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()),
+                  std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<std::uint64_t>& ns_;
+  std::chrono::steady_clock::time_point t0_;
+};
+}  // namespace
 
 // A push's size fits its key: exactly the key's bytes, or for a compressed key whose codec's
 // payloads vary (a registered compressor's) 1 to its largest payload. Checked before the
@@ -58,6 +80,7 @@ std::map<std::string, std::uint64_t> ServerImpl::stats() {
   s["pushes"] = c_.pushes;
   s["rounds"] = c_.rounds;
   s["bytes_summed"] = c_.bytes_summed;
+  s["sum_ns"] = c_.sum_ns;
   s["connections"] = c_.connections;
   s["live_connections"] = static_cast<std::uint64_t>(std::max(0, live_conns_.load()));
   s["meta_bytes"] = meta_bytes_.load();
@@ -484,6 +507,7 @@ void ServerImpl::sum_chunk(Store& st, std::int64_t round, std::size_t offset, co
   const int par = static_cast<int>(round & 1);
   std::lock_guard<std::mutex> g(st.chunk_mu[c]);
   if (st.gen.load() != gen) return;  // begun before a membership epoch reset: dropped
+  const SumTimer timed(c_.sum_ns);
   if (async_) {  // the value is the store's alone while a push is in flight
     add_into(st.kdt, st.value.get() + offset, data, len / itemsize(st.kdt), 1);
   } else if (st.fill[par][c]++ == 0) {
@@ -549,7 +573,11 @@ bool ServerImpl::decode_push_locked(const std::shared_ptr<Conn>& conn, Store& st
            "): worker rank " + std::to_string(h.rank);
   };
   try {
-    const std::uint64_t step = st.codec->decode(payload, h.nbytes, st.accp, !first);
+    std::uint64_t step;
+    {
+      const SumTimer timed(c_.sum_ns);  // decoding is this key's summation
+      step = st.codec->decode(payload, h.nbytes, st.accp, !first);
+    }
     if (first) {
       st.step = step;
     } else if (step != st.step) {  // added already: the round is inconsistent now

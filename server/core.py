@@ -292,7 +292,7 @@ class Server:
         """What the Prometheus endpoint reports (byteps_like/metrics.py)."""
         ns = self.native.stats()
         return {"byteps_server_bytes_summed": ns["bytes_summed"],
-                "byteps_server_sum_seconds": 0.0,  # summed as received, untimed
+                "byteps_server_sum_seconds": ns["sum_ns"] / 1e9,
                 "byteps_server_pushes": ns["pushes"], "byteps_server_rounds": ns["rounds"],
                 "byteps_server_table_rounds": self.sparse.rounds_applied,
                 "byteps_server_table_rows_updated": self.sparse.rows_updated,

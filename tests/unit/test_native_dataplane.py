@@ -143,8 +143,10 @@ def test_average_divides_in_place_and_ints_floor(cleanup):
     cleanup += clients
     xs = [np.full(1000, 3.0, np.float32), np.full(1000, 4.0, np.float32)]
     outs = [np.empty_like(x) for x in xs]
+    assert srv.stats()["sum_ns"] == 0
     assert all(c[1] for c in run_round(clients, xs, outs, "float32", 0, 1, 1, divisor=2))
     assert (outs[0] == 3.5).all() and (outs[1] == 3.5).all()
+    assert srv.stats()["sum_ns"] > 0   # the two pushes' sum, timed (byteps_server_sum_seconds)
     xi = [np.full(10, 3, np.int32), np.full(10, 4, np.int32)]
     oi = [np.empty_like(x) for x in xi]
     assert all(c[1] for c in run_round(clients, xi, oi, "int32", 0, 1, 2, divisor=2,
