@@ -124,6 +124,15 @@ class _PeakRss:
         self._t.join(5)
 
 
+def _close(c, ctx: zmq.Context, rss: _PeakRss | None) -> list:
+    """A test's end: the sampler stopped, the cluster closed (its exit codes), ZeroMQ ended."""
+    if rss is not None:
+        rss.stop()
+    codes = c.close()
+    ctx.term()
+    return codes
+
+
 def _float_rounds(c, rounds: int, first: int, n: int = 16000) -> None:
     """A float32 tensor of one 64000-byte partition, exact every round."""
     for r in range(first, first + rounds):
@@ -242,10 +251,7 @@ def test_zmq_clients_that_never_read_share_one_budget_and_are_disconnected(tmp_p
         _int_rounds(c, 1, first=4)
         float_rounds(c, 1, 2)
     finally:
-        if rss is not None:
-            rss.stop()
-        codes = c.close()
-        ctx.term()
+        codes = _close(c, ctx, rss)
     assert codes == [0, 0], c.log_tail()
     # every client was disconnected and counted
     assert _logged_count(c.logs[1], "client disconnected: over its share") == clients, \
@@ -308,10 +314,7 @@ def test_a_flood_of_table_requests_is_held_back_by_tcp_not_queued_on_the_server(
         float_rounds(c, 1, 3)
         d.close(0)
     finally:
-        if rss is not None:
-            rss.stop()
-        codes = c.close()
-        ctx.term()
+        codes = _close(c, ctx, rss)
     assert codes == [0, 0], c.log_tail()
     with open(c.logs[1], errors="replace") as f:
         assert "embedding-table requests are queued" in f.read(), c.log_tail()
