@@ -151,7 +151,8 @@ class NativeDataPlane:
         averaged answer into ``dst`` on its codec threads (``st.cast_coders``)."""
         flight = self.flight
         lane = self._lane
-        grow = 2 if cast else 1  # a cast's parts are in wire bytes; src and dst are float32
+        # a cast's parts are in wire bytes (``dtype``'s); its src and dst are float32
+        grow = ITEMSIZE["float32"] // ITEMSIZE[dtype] if cast else 1
         parts: list[NativePart] | None
         if first_round(rnd):  # the declarations travel once per key (and epoch)
             parts = [(key, server, lane(key), grow * off, grow * n,

@@ -186,8 +186,11 @@ class Rounds:
         st.round += 1
         wdt = dtype if cast is None else cast.wire_dtype(dtype)  # what the servers sum
         cli = self.plane.client
-        if (cast is not None and cli is not None and dtype == "float32" and device is None
-                and not prereduced and seg is None and not m.single_machine):
+        route = itinerary(distributed=not m.single_machine, local_size=m.local_size,
+                          local_root=m.is_local_root, on_device=device is not None,
+                          compressed=bool(st.codecs) or cast is not None)
+        if (cast is not None and cli is not None and dtype == "float32" and not prereduced
+                and route == _CODED):
             # a host float32 tensor cast on the native data plane: one native operation, the
             # client narrowing and widening its partitions on its codec threads
             self.plane.submit_tensor(cli, st, h, rnd, arr.reshape(-1).view(np.uint8),
@@ -200,9 +203,6 @@ class Rounds:
         else:  # what travels: the wire bytes; COMPRESS and DECOMPRESS convert each partition
             src = dst = wire_buffer(st)
             flat_in, flat_out = arr.reshape(-1), out.reshape(-1)
-        route = itinerary(distributed=not m.single_machine, local_size=m.local_size,
-                          local_root=m.is_local_root, on_device=device is not None,
-                          compressed=bool(st.codecs) or cast is not None)
         if cli is not None and route == (PUSH, PULL):
             # a host tensor: one native operation (a task's PUSH stage submits the others; a
             # compressed partition too: the compiled server runs a built-in codec itself and a
