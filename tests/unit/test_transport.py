@@ -156,6 +156,43 @@ def test_send_from_the_io_thread_and_call_soon_runs_there(make_node, address):
     assert srv.recv_bytes()[1] == [b"from-io"]
 
 
+def test_held_clients_are_not_read_while_connected_peers_and_timers_go_on(make_node, address):
+    """hold_clients(True): what a client of the listening socket sends stays in ZeroMQ (seen
+    pending there, not delivered) while a connected peer's messages and the timers go on;
+    hold_clients(False) delivers it, in order."""
+    srv, cli, _ = start_pair(make_node, address)
+    peer_srv = make_node("peer")
+    peer_addr = peer_srv.ep.bind(f"inproc://held-peer-{next(_counter)}")
+    peer_srv.ep.start()
+    srv.ep.connect("peer", peer_addr)
+    ticks: list[float] = []
+    srv.ep.add_timer(0.01, lambda: ticks.append(time.monotonic()))
+
+    def on_io(fn):   # fn's result, computed on the server's I/O thread
+        out: queue.Queue = queue.Queue()
+        srv.ep.call_soon(lambda: out.put(fn()))
+        return out.get(timeout=WAIT)
+
+    cli.ep.send(Route(peer="srv"), [b"a"])
+    assert srv.recv_bytes()[1] == [b"a"]
+    srv.ep.hold_clients(True)
+    on_io(lambda: None)   # the hold is in place
+    cli.ep.send(Route(peer="srv"), [b"b"])
+    cli.ep.send(Route(peer="srv"), [b"c"])
+    assert wait_until(lambda: on_io(lambda: bool(srv.ep._router.get(zmq.EVENTS) & zmq.POLLIN)))
+    # the connected peer (a server's scheduler) is read meanwhile, and timers run
+    srv.ep.send(Route(peer="peer"), [b"ping"])
+    route, frames = peer_srv.recv_bytes()
+    peer_srv.ep.send(Route(ident=route.ident), [b"pong"])
+    assert srv.recv_bytes()[1] == [b"pong"]
+    n = len(ticks)
+    assert wait_until(lambda: len(ticks) > n + 2)
+    assert srv.inbox.empty()   # b and c wait in ZeroMQ, not delivered
+    srv.ep.hold_clients(False)
+    assert [srv.recv_bytes()[1] for _ in range(2)] == [[b"b"], [b"c"]]
+    assert srv.errors == []
+
+
 def test_send_from_many_threads(make_node, address):
     srv, cli, _ = start_pair(make_node, address)
     n_threads, n_msgs = 4, 50
