@@ -4,8 +4,7 @@ instead of the :class:`~byteps_like.worker.runtime.Runtime`.
 One :class:`InFlight` per runtime holds the lock over the state the parts share (tensors,
 handles, pushes and native operations in flight), the handles in flight, the partitions whose
 push awaits the server's answer, the job's fatal error, the pipeline while connected, and the
-byte counters; and it does the two things every part needs done to a partition: give its push
-credit back (:meth:`InFlight.release`) and fail it (:meth:`InFlight.fail_task`).
+byte counters; and it fails a partition (:meth:`InFlight.fail_task`) for every part.
 
 The parts (:mod:`.stages`, :mod:`.dispatch`, :mod:`.dataplane`, :mod:`.local_reduce`,
 :mod:`.elastic_membership`) take this object and the other parts they use, never the runtime,
@@ -19,7 +18,7 @@ from collections.abc import Callable
 
 from ..errors import NotInitializedError
 from .handle import Handle
-from .pipeline import PUSH, Pipeline, Task
+from .pipeline import Pipeline, Task
 
 
 class InFlight:
@@ -43,17 +42,9 @@ class InFlight:
             raise NotInitializedError(f"{self.who()}: the pipeline is closed")
         return self.pipeline
 
-    def release(self, task: Task) -> None:
-        """Return a task's push credit once: only a task the push queue handed out holds any
-        (one that failed in an earlier stage, e.g. a device copy, never took it)."""
-        if task.credited and not task.acked:
-            task.acked = True
-            self.active_pipeline.queues[PUSH].release(task.nbytes)
-
-    def fail_task(self, task: Task, exc: BaseException) -> None:
-        """Fail ``task``'s handle; a failed push must not keep its credit."""
-        if self.pipeline is not None:
-            self.release(task)
+    @staticmethod
+    def fail_task(task: Task, exc: BaseException) -> None:
+        """Fail ``task``'s handle (the pipeline's on_error)."""
         task.handle.fail(exc)
 
     def fail_handles(self, exc: BaseException) -> None:

@@ -1,4 +1,4 @@
-"""The worker pipeline: itineraries, the priority scheduler with byte credits, stage threads.
+"""The worker pipeline: itineraries, the push stage's priority queue, stage threads.
 
 Each partition of a push_pull is a :class:`Task` carrying its itinerary, a tuple of
 :class:`Stage` names built by the pure function :func:`itinerary`. Stage threads are joined by
@@ -128,8 +128,6 @@ class Task:
     stage: int = 0
     seq: int = 0
     payload: Any = None      # set by the stage that received data (e.g. the pull response)
-    acked: bool = False
-    credited: bool = False   # holds bytes of the push credit (set when the push stage took it)
     contrib: int = 0         # pushes the server's round summed when fewer than all (join())
     enqueued_at: float = field(default_factory=time.monotonic)
     # -- what the runtime sets when it cuts a push_pull into tasks (Rounds.start) --
@@ -162,16 +160,16 @@ class Task:
         return self.itinerary[self.stage] if self.stage < len(self.itinerary) else None
 
 
-class PriorityCreditQueue:
-    """Bounded queue that hands out the most urgent task (largest priority, then FIFO) whose bytes
-    fit in the credit: the bytes pushed but not yet acknowledged may not exceed ``credit_bytes``
-    (0 = unlimited), except that one task may always go when nothing is in flight.
+class PriorityQueue:
+    """Bounded queue that hands out the most urgent task (largest priority, then FIFO): the
+    push stage's, which hands each partition to the native data plane. The byte credit that
+    makes priorities hold is the native client's (BYTEPS_SCHEDULING_CREDIT), which queues what
+    it is given by priority too; a second credit here, taken and given back around the
+    hand-over, only ran two schedulers in series.
     """
 
-    def __init__(self, credit_bytes: int = 0, maxsize: int = 0):
-        self.credit_bytes = credit_bytes
+    def __init__(self, maxsize: int = 0):
         self.maxsize = maxsize
-        self.inflight = 0
         self._heap: list = []
         self._seq = itertools.count()
         self._cv = threading.Condition()
@@ -191,32 +189,16 @@ class PriorityCreditQueue:
             heapq.heappush(self._heap, (-task.priority, task.seq, task))
             self._cv.notify_all()
 
-    def _ready(self) -> bool:
-        if self._closed:
-            return True
-        if not self._heap:
-            return False
-        nbytes = self._heap[0][2].nbytes
-        return (not self.credit_bytes or self.inflight == 0
-                or self.inflight + nbytes <= self.credit_bytes)
-
     def get(self, timeout: float | None = None) -> Task | None:
-        """The next task to push, taking its bytes from the credit; None once closed."""
+        """The most urgent task; None once closed (or after ``timeout`` with none)."""
         with self._cv:
-            if not self._cv.wait_for(self._ready, timeout):
+            if not self._cv.wait_for(lambda: self._closed or bool(self._heap), timeout):
                 return None
             if self._closed:
                 return None
             _p, _s, task = heapq.heappop(self._heap)
-            self.inflight += task.nbytes
-            task.credited = True
             self._cv.notify_all()
             return task
-
-    def release(self, nbytes: int) -> None:
-        with self._cv:
-            self.inflight = max(0, self.inflight - nbytes)
-            self._cv.notify_all()
 
     def close(self) -> None:
         with self._cv:
@@ -277,7 +259,7 @@ class Pipeline:
     reply) will call :meth:`advance` for it later."""
 
     def __init__(self, handlers: dict[Stage, Callable[[Task], bool]], *, queue_depth: int,
-                 credit_bytes: int, on_error: Callable[[Task, BaseException], None],
+                 on_error: Callable[[Task, BaseException], None],
                  codec_threads_setting: int = 0):
         self.handlers = handlers
         self.on_error = on_error
@@ -285,7 +267,7 @@ class Pipeline:
         self.queues: dict[Stage, Any] = {}
         for stage in handlers:
             if stage == PUSH:
-                self.queues[stage] = PriorityCreditQueue(credit_bytes, queue_depth)
+                self.queues[stage] = PriorityQueue(queue_depth)
             else:
                 self.queues[stage] = _ClosableQueue(queue_depth)
         self.on_complete: Callable[[Task], None] = lambda task: None

@@ -30,8 +30,8 @@ The parts, each with one job:
   into one native operation or one pipeline task per partition; ``join``'s rounds.
 
 The parts never see the runtime: each takes the :class:`~.inflight.InFlight` object (the lock,
-the handles and pushes in flight, credit release, task failure, the fatal error, the byte
-counters) and the other parts it uses, so none imports this module back.
+the handles and pushes in flight, task failure, the fatal error, the byte counters) and the
+other parts it uses, so none imports this module back.
 
 This module keeps the lifecycle (``init``, ``shutdown``, teardown), the fatal-error path and
 the public methods; it re-exports :class:`~.tensors.TensorState` and
@@ -242,7 +242,7 @@ class Runtime:
             self.elastic_m.adopt_table()
         credit = cfg.scheduling.credit * cfg.partition.partition_bytes
         self.pipeline = Pipeline(self.stages.handlers(c.local_size),
-                                 queue_depth=cfg.scheduling.queue_depth, credit_bytes=credit,
+                                 queue_depth=cfg.scheduling.queue_depth,
                                  on_error=self.flight.fail_task,
                                  codec_threads_setting=cfg.scheduling.codec_threads)
         self.pipeline.on_complete = lambda task: task.handle.part_done(task.part)

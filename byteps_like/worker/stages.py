@@ -78,11 +78,9 @@ class StageExecutors:
 
     def push(self, task: Task) -> bool:
         """Hand the partition to the native data plane, which pushes it and pulls the round's
-        sum (its own byte credit applies: this stage's is given back at once); the completion
-        advances the task."""
+        sum (its byte credit and priority queue apply); the completion advances the task."""
         if self.elastic is not None and self.elastic.fail_stale(task):
             return False  # a partition of an elastic epoch that is over
-        self.flight.release(task)
         self.plane.submit_task(self.plane.active_client, task)
         return False
 

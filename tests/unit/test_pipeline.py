@@ -1,4 +1,4 @@
-"""Unit tests of byteps_like.worker.pipeline: itineraries, the priority queue with byte credits,
+"""Unit tests of byteps_like.worker.pipeline: itineraries, the push stage's priority queue,
 the stage threads (priority overtaking, observers, error isolation, shutdown), and the stage
 names, phases and declared fields of a Task."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ from byteps_like.worker.pipeline import (
     REDUCE,
     Phase,
     Pipeline,
-    PriorityCreditQueue,
+    PriorityQueue,
     Stage,
     Task,
     itinerary,
@@ -116,9 +116,9 @@ def test_itinerary_push_pull_are_adjacent_and_compression_wraps_them():
     assert it == (COMPRESS, PUSH, PULL, DECOMPRESS)
 
 
-# ------------------------------------------------------------------------------ PriorityCreditQueue
+# ------------------------------------------------------------------------------ PriorityQueue
 def test_highest_priority_first_fifo_within_a_priority():
-    q = PriorityCreditQueue(credit_bytes=0)
+    q = PriorityQueue()
     order = [(1, 0), (2, 5), (3, 0), (4, 5), (5, -1), (6, 9), (7, 5)]
     for key, prio in order:
         q.put(make_task(key, priority=prio))
@@ -128,59 +128,8 @@ def test_highest_priority_first_fifo_within_a_priority():
     assert len(q) == 0
 
 
-def test_credit_blocks_a_second_task_until_release():
-    q = PriorityCreditQueue(credit_bytes=1500)
-    q.put(make_task(1, nbytes=1000))
-    q.put(make_task(2, nbytes=1000))
-    assert q.get(timeout=WAIT).key == 1
-    assert q.inflight == 1000
-    assert q.get(timeout=0.05) is None, "1000 + 1000 bytes exceed a credit of 1500"
-    t, box = run_in_thread(q.get, WAIT)
-    t.join(0.05)
-    assert t.is_alive(), "get() must block while the credit is used up"
-    q.release(1000)
-    t.join(WAIT)
-    assert not t.is_alive() and box["value"].key == 2
-    assert q.inflight == 1000
-
-
-def test_tasks_that_fit_the_credit_go_together():
-    q = PriorityCreditQueue(credit_bytes=3000)
-    for k in range(4):
-        q.put(make_task(k, nbytes=1000))
-    assert [q.get(timeout=WAIT).key for _ in range(3)] == [0, 1, 2]
-    assert q.get(timeout=0.05) is None
-    q.release(1000)
-    assert q.get(timeout=WAIT).key == 3
-
-
-def test_one_task_always_goes_when_nothing_is_in_flight():
-    q = PriorityCreditQueue(credit_bytes=100)
-    q.put(make_task(1, nbytes=10_000))
-    q.put(make_task(2, nbytes=10_000))
-    assert q.get(timeout=WAIT).key == 1  # larger than the whole credit, but nothing in flight
-    assert q.get(timeout=0.05) is None
-    q.release(10_000)
-    assert q.inflight == 0
-    assert q.get(timeout=WAIT).key == 2
-
-
-def test_credit_zero_is_unlimited():
-    q = PriorityCreditQueue(credit_bytes=0)
-    for k in range(50):
-        q.put(make_task(k, nbytes=1 << 30))
-    assert [q.get(timeout=WAIT).key for _ in range(50)] == list(range(50))
-    assert q.inflight == 50 << 30
-
-
-def test_release_never_goes_negative():
-    q = PriorityCreditQueue(credit_bytes=100)
-    q.release(500)
-    assert q.inflight == 0
-
-
 def test_maxsize_put_raises_full_after_timeout():
-    q = PriorityCreditQueue(credit_bytes=0, maxsize=2)
+    q = PriorityQueue(maxsize=2)
     q.put(make_task(1))
     q.put(make_task(2))
     with pytest.raises(queue.Full):
@@ -189,7 +138,7 @@ def test_maxsize_put_raises_full_after_timeout():
 
 
 def test_maxsize_put_blocks_until_a_get():
-    q = PriorityCreditQueue(credit_bytes=0, maxsize=1)
+    q = PriorityQueue(maxsize=1)
     q.put(make_task(1))
     t, box = run_in_thread(q.put, make_task(2))
     t.join(0.05)
@@ -201,7 +150,7 @@ def test_maxsize_put_blocks_until_a_get():
 
 
 def test_close_wakes_getters():
-    q = PriorityCreditQueue(credit_bytes=0)
+    q = PriorityQueue()
     getters = [run_in_thread(q.get) for _ in range(3)]
     for t, _ in getters:
         t.join(0.02)
@@ -212,21 +161,8 @@ def test_close_wakes_getters():
         assert not t.is_alive() and box["value"] is None
 
 
-def test_close_wakes_a_getter_blocked_on_credit():
-    q = PriorityCreditQueue(credit_bytes=10)
-    q.put(make_task(1, nbytes=10))
-    q.put(make_task(2, nbytes=10))
-    q.get(timeout=WAIT)
-    t, box = run_in_thread(q.get)
-    t.join(0.02)
-    assert t.is_alive()
-    q.close()
-    t.join(WAIT)
-    assert not t.is_alive() and box["value"] is None
-
-
 def test_close_wakes_a_blocked_putter():
-    q = PriorityCreditQueue(credit_bytes=0, maxsize=1)
+    q = PriorityQueue(maxsize=1)
     q.put(make_task(1))
     t, box = run_in_thread(q.put, make_task(2))
     t.join(0.02)
@@ -238,11 +174,12 @@ def test_close_wakes_a_blocked_putter():
 
 # ------------------------------------------------------------------------------ Pipeline
 class AsyncPushRig:
-    """A Pipeline whose PUSH handler records the order it sees tasks and returns False; an
-    'acker' thread plays the server: once ``gate`` opens it acknowledges each push (releases its
-    credit) and advances the task, as the runtime does on PUSH_ACK / PULL_RESP."""
+    """A Pipeline whose PUSH handler records the order it sees tasks and returns False, as the
+    native data plane's hand-over does; the first push holds the push thread until ``gate``
+    opens (a busy hand-over), so what is submitted meanwhile queues. An 'acker' thread plays the
+    data plane's completion and advances each task."""
 
-    def __init__(self, credit_bytes: int, expect: int):
+    def __init__(self, expect: int):
         self.pushed: list[int] = []
         self.first_pushed = threading.Event()
         self.all_done = threading.Event()
@@ -251,7 +188,7 @@ class AsyncPushRig:
         self.errors: list = []
         self.expect = expect
         self._acks: queue.Queue = queue.Queue()
-        self.pipe = Pipeline({PUSH: self._push}, queue_depth=64, credit_bytes=credit_bytes,
+        self.pipe = Pipeline({PUSH: self._push}, queue_depth=64,
                              on_error=lambda task, exc: self.errors.append((task.key, exc)))
         self.pipe.on_complete = self._complete
         self._acker = threading.Thread(target=self._ack_loop, daemon=True)
@@ -259,6 +196,7 @@ class AsyncPushRig:
     def _push(self, task: Task) -> bool:
         self.pushed.append(task.key)
         self.first_pushed.set()
+        self.gate.wait(WAIT)
         self._acks.put(task)
         return False
 
@@ -267,8 +205,6 @@ class AsyncPushRig:
             task = self._acks.get()
             if task is None:
                 return
-            self.gate.wait(WAIT)
-            self.pipe.queues[PUSH].release(task.nbytes)
             self.pipe.advance(task)
 
     def _complete(self, task: Task) -> None:
@@ -288,41 +224,29 @@ class AsyncPushRig:
         self._acker.join(WAIT)
 
 
-def test_later_high_priority_task_overtakes_queued_bulk_traffic():
-    """With a credit of one task, ten low-priority partitions queue behind the one in flight;
-    a high-priority partition submitted afterwards is pushed second, not eleventh."""
+def test_a_later_high_priority_task_is_handed_over_before_queued_bulk_traffic():
+    """While the push stage hands one partition over, ten low-priority ones queue; a
+    high-priority partition submitted after them is handed to the data plane second, not
+    eleventh (the data plane's own credit then keeps that order on the wire: the native
+    client's priority tests)."""
     HIGH = 100
-    with AsyncPushRig(credit_bytes=1000, expect=11) as rig:
+    with AsyncPushRig(expect=11) as rig:
         for k in range(10):
             rig.pipe.submit(make_task(k, nbytes=1000, priority=0))
         assert rig.first_pushed.wait(WAIT)
-        assert len(rig.pipe.queues[PUSH]) == 9, "credit must hold the other nine back"
+        assert wait_until(lambda: len(rig.pipe.queues[PUSH]) == 9)
         rig.pipe.submit(make_task(HIGH, nbytes=1000, priority=10))
-        rig.gate.set()  # the server starts acknowledging
+        rig.gate.set()  # the hand-over goes on
         assert rig.all_done.wait(WAIT), f"only {rig.completed} completed"
     assert rig.errors == []
     assert rig.pushed == [0, HIGH, 1, 2, 3, 4, 5, 6, 7, 8, 9]
-    assert rig.completed == rig.pushed
-
-
-def test_without_credit_the_late_task_cannot_overtake():
-    """The contrast: with unlimited credit (0) everything already queued is pushed at once, so
-    the late high-priority task goes last. Credit is what makes priority effective."""
-    HIGH = 100
-    with AsyncPushRig(credit_bytes=0, expect=11) as rig:
-        for k in range(10):
-            rig.pipe.submit(make_task(k, nbytes=1000, priority=0))
-        assert wait_until(lambda: len(rig.pushed) == 10), rig.pushed
-        rig.pipe.submit(make_task(HIGH, nbytes=1000, priority=10))
-        rig.gate.set()
-        assert rig.all_done.wait(WAIT)
-    assert rig.pushed == list(range(10)) + [HIGH]
+    assert sorted(rig.completed) == sorted(rig.pushed)
 
 
 def test_observers_see_start_and_end_of_every_stage():
     events = []
     done = queue.Queue()
-    pipe = Pipeline({PUSH: lambda t: True, PULL: lambda t: True}, queue_depth=4, credit_bytes=0,
+    pipe = Pipeline({PUSH: lambda t: True, PULL: lambda t: True}, queue_depth=4,
                     on_error=lambda t, e: done.put(("error", t.key, e)))
     pipe.observers.append(lambda task, stage, ev, when: events.append((task.key, stage, ev, when)))
     pipe.on_complete = lambda t: done.put(("done", t.key))
@@ -350,7 +274,7 @@ def test_handler_exception_goes_to_on_error_and_the_stage_keeps_running():
             raise boom
         return True
 
-    pipe = Pipeline({PUSH: lambda t: True, PULL: pull}, queue_depth=4, credit_bytes=0,
+    pipe = Pipeline({PUSH: lambda t: True, PULL: pull}, queue_depth=4,
                     on_error=lambda t, e: errors.put((t.key, e)))
     pipe.on_complete = lambda t: completed.put(t.key)
     pipe.start()
@@ -367,7 +291,7 @@ def test_handler_exception_goes_to_on_error_and_the_stage_keeps_running():
 
 def test_task_with_empty_itinerary_completes_at_submit():
     completed = []
-    pipe = Pipeline({PUSH: lambda t: True}, queue_depth=1, credit_bytes=0,
+    pipe = Pipeline({PUSH: lambda t: True}, queue_depth=1,
                     on_error=lambda t, e: None)
     pipe.on_complete = completed.append
     task = make_task(7, itinerary=())
@@ -376,7 +300,7 @@ def test_task_with_empty_itinerary_completes_at_submit():
 
 
 def test_close_stops_every_stage_thread():
-    pipe = Pipeline({PUSH: lambda t: True, PULL: lambda t: True}, queue_depth=2, credit_bytes=0,
+    pipe = Pipeline({PUSH: lambda t: True, PULL: lambda t: True}, queue_depth=2,
                     on_error=lambda t, e: None)
     pipe.start()
     pipe.close()
@@ -393,7 +317,7 @@ def test_close_stops_a_stage_whose_queue_is_full():
         release.wait(WAIT)
         return True
 
-    pipe = Pipeline({PULL: slow}, queue_depth=1, credit_bytes=0, on_error=lambda t, e: None)
+    pipe = Pipeline({PULL: slow}, queue_depth=1, on_error=lambda t, e: None)
     pipe.start()
     pipe.submit(make_task(1, itinerary=(PULL,)))
     assert entered.wait(WAIT)
