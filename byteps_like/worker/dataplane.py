@@ -183,8 +183,7 @@ class NativeDataPlane:
                 self._ops.pop(op, None)
             h.fail(CommunicationError(f"push_pull of {st.name!r}: {exc}"))
             return
-        flight.bytes_pushed += (sum(c.max_bytes for c in st.compiled)
-                                if coded and st.compiled else st.nbytes)
+        flight.bytes_pushed += st.compiled_bytes if coded and st.compiled else st.nbytes
 
     @staticmethod
     def _declaration(st: TensorState, dtype: str, part: int, coded: bool) -> dict[str, Any]:

@@ -80,6 +80,7 @@ class TensorState:
     # per partition, the worker codec's _core.NativeCodec when every one is compiled (a float32
     # tensor with a built-in codec): the native data plane then runs them itself
     compiled: list[Any] | None = None
+    compiled_bytes: int = 0   # their payloads' bytes together: what a coded round pushes
     # a tensor pushed with a cast compressor (fp16, bf16) through the pipeline: its wire bytes
     # (worker/cast.py; nbytes are then the wire bytes)
     cast_wire: np.ndarray | None = None
@@ -209,6 +210,7 @@ class TensorRegistry:
                     native = None if native is None or params is None else native + [params]
                 st.native_codec = native
                 st.compiled = compiled if native is not None else None
+                st.compiled_bytes = sum(c.max_bytes for c in st.compiled or ())
             return
         if st.spec != wanted:
             raise MismatchError(f"worker rank {rank}: tensor {st.name!r} was first "
