@@ -265,8 +265,9 @@ def test_a_flood_of_table_requests_is_held_back_by_tcp_not_queued_on_the_server(
     thread (server/sparse.py QUEUE_BYTES) or 32 MiB wait for their client to read its answers
     (zmq_transport _WAITING_MAX), and ZeroMQ keeps 4 of a client's messages (CLIENT_RECV_HWM);
     the rest waits at the sender and in TCP. Before, the server took them all (+548 MiB for 60
-    pulls; about 190-230 MiB now, with 64 MiB of answers). Every pull is answered, the hold is
-    logged, and the job's tensors and tables stay exact."""
+    pulls; about 190-230 MiB now, with 64 MiB of answers). Every pull is answered and the job's
+    tensors and tables stay exact. Which bound holds first depends on the machine's timing (the
+    queue's own, logged, is checked without sockets in tests/unit/test_sparse.py)."""
     from .zmq_unread_replies import EXTRA, float_rounds
     pulls, n, dim = 100, 1 << 20, 4
     c = ProcCluster(tmp_path, machines=2, extra=EXTRA)
@@ -316,8 +317,6 @@ def test_a_flood_of_table_requests_is_held_back_by_tcp_not_queued_on_the_server(
     finally:
         codes = _close(c, ctx, rss)
     assert codes == [0, 0], c.log_tail()
-    with open(c.logs[1], errors="replace") as f:
-        assert "embedding-table requests are queued" in f.read(), c.log_tail()
 
 
 def test_many_small_tensors_in_flight_lose_no_reply_at_the_high_water_mark(tmp_path):

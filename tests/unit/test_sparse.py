@@ -3,6 +3,9 @@
 written here from their formulas, and a one-process job's table."""
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -16,6 +19,8 @@ from byteps_like.embedding import (
     state_bytes,
     sum_rows,
 )
+from byteps_like.wire import Header, Message, MsgType
+from tests.support import wait_until
 
 
 @pytest.mark.parametrize("kw,text", [
@@ -283,3 +288,38 @@ def test_sparse_embedding_alone_is_nn_embedding_with_sgd_and_one_forward_per_ste
     finally:
         default_runtime().shutdown()
         reset_default_runtime()
+
+
+def test_the_servers_request_queue_holds_its_clients_at_the_bound_and_resumes_at_half(caplog):
+    """server/sparse.py: requests queued for the tables' thread count their payload and
+    QUEUED_OVERHEAD; reaching QUEUE_BYTES holds the server's clients (once, logged), and the
+    thread serving the queue down to half releases them. Without sockets: the thread is not
+    started until the queue is full, so the order is fixed."""
+    from byteps_like.server import sparse as sp
+
+    holds: list[bool] = []
+    served: list[int] = []
+    srv = SimpleNamespace(cfg=SimpleNamespace(server=SimpleNamespace(sparse_max_ids=1 << 20)),
+                          required=2, rank=0, async_mode=False,
+                          ep=SimpleNamespace(hold_clients=holds.append))
+    service = sp.SparseService(srv)
+    service.process = lambda route, msg: served.append(msg.header.key)   # type: ignore
+    payload = np.zeros((1 << 20) - sp.QUEUED_OVERHEAD, np.uint8)   # 1 MiB a request
+    per = payload.nbytes + sp.QUEUED_OVERHEAD
+    n = sp.QUEUE_BYTES // per
+    with caplog.at_level(logging.WARNING, logger="byteps_like.server"):
+        for key in range(n - 1):
+            service.submit("route", Message(Header(MsgType.SPARSE_PULL, key=key), payload))
+        assert holds == [] and service.queued_bytes == (n - 1) * per
+        service.submit("route", Message(Header(MsgType.SPARSE_PULL, key=n - 1), payload))
+        assert holds == [True] and service.queue_holds == 1
+        service.submit("route", Message(Header(MsgType.SPARSE_PULL, key=n), payload))
+        assert holds == [True]   # held once, whatever came in the batch that crossed it
+    assert "embedding-table requests are queued" in caplog.text
+    service.start()
+    try:
+        assert wait_until(lambda: len(served) == n + 1 and service.queued_bytes == 0)
+    finally:
+        service.close()
+    assert served == list(range(n + 1))
+    assert holds == [True, False] and service.queued_bytes == 0
