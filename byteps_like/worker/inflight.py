@@ -42,8 +42,7 @@ class InFlight:
             raise NotInitializedError(f"{self.who()}: the pipeline is closed")
         return self.pipeline
 
-    @staticmethod
-    def fail_task(task: Task, exc: BaseException) -> None:
+    def fail_task(self, task: Task, exc: BaseException) -> None:
         """Fail ``task``'s handle (the pipeline's on_error)."""
         task.handle.fail(exc)
 

@@ -160,43 +160,43 @@ class Task:
         return self.itinerary[self.stage] if self.stage < len(self.itinerary) else None
 
 
-class PriorityQueue:
-    """Bounded queue that hands out the most urgent task (largest priority, then FIFO): the
-    push stage's, which hands each partition to the native data plane. The byte credit that
-    makes priorities hold is the native client's (BYTEPS_SCHEDULING_CREDIT), which queues what
-    it is given by priority too; a second credit here, taken and given back around the
-    hand-over, only ran two schedulers in series.
-    """
+class TaskQueue:
+    """A bounded FIFO of tasks whose close() always wakes its consumer and its producers, even
+    when it is full; :class:`PriorityQueue` hands out the most urgent task first instead."""
 
     def __init__(self, maxsize: int = 0):
         self.maxsize = maxsize
-        self._heap: list = []
-        self._seq = itertools.count()
+        self._items: Any = deque()
         self._cv = threading.Condition()
         self._closed = False
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._items)
+
+    def _push(self, task: Task) -> None:
+        self._items.append(task)
+
+    def _pop(self) -> Task:
+        return self._items.popleft()
 
     def put(self, task: Task, timeout: float | None = None, *, force: bool = False) -> None:
         """Queue ``task``; blocks while the queue is full, unless ``force`` (used by pipeline
         threads, which must never wait on a queue that they themselves drain)."""
         with self._cv:
             if self.maxsize and not force and not self._cv.wait_for(
-                    lambda: self._closed or len(self._heap) < self.maxsize, timeout):
+                    lambda: self._closed or len(self._items) < self.maxsize, timeout):
                 raise queue.Full
-            task.seq = next(self._seq)
-            heapq.heappush(self._heap, (-task.priority, task.seq, task))
+            self._push(task)
             self._cv.notify_all()
 
     def get(self, timeout: float | None = None) -> Task | None:
-        """The most urgent task; None once closed (or after ``timeout`` with none)."""
+        """The next task; None once closed (or after ``timeout`` with none)."""
         with self._cv:
-            if not self._cv.wait_for(lambda: self._closed or bool(self._heap), timeout):
+            if not self._cv.wait_for(lambda: self._closed or bool(self._items), timeout):
                 return None
             if self._closed:
                 return None
-            _p, _s, task = heapq.heappop(self._heap)
+            task = self._pop()
             self._cv.notify_all()
             return task
 
@@ -204,6 +204,26 @@ class PriorityQueue:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+
+
+class PriorityQueue(TaskQueue):
+    """The push stage's queue: the most urgent task first (largest priority, then FIFO), each
+    handed to the native data plane. The byte credit that makes priorities hold is the native
+    client's (BYTEPS_SCHEDULING_CREDIT), which queues what it is given by priority too; a
+    second credit here, taken and given back around the hand-over, only ran two schedulers in
+    series."""
+
+    def __init__(self, maxsize: int = 0):
+        super().__init__(maxsize)
+        self._items = []
+        self._seq = itertools.count()
+
+    def _push(self, task: Task) -> None:
+        task.seq = next(self._seq)
+        heapq.heappush(self._items, (-task.priority, task.seq, task))
+
+    def _pop(self) -> Task:
+        return heapq.heappop(self._items)[2]
 
 
 Observer = Callable[[Any, Stage, str, float], None]  # (task, stage, "start"|"end", time)
@@ -269,7 +289,7 @@ class Pipeline:
             if stage == PUSH:
                 self.queues[stage] = PriorityQueue(queue_depth)
             else:
-                self.queues[stage] = _ClosableQueue(queue_depth)
+                self.queues[stage] = TaskQueue(queue_depth)
         self.on_complete: Callable[[Task], None] = lambda task: None
         pool = codec_threads(codec_threads_setting)
         self._threads = [threading.Thread(target=self._loop, args=(s,), name=f"bpsl-{s}",
@@ -331,35 +351,3 @@ class Pipeline:
         for t in self._threads:
             if t.is_alive() and t is not threading.current_thread():
                 t.join(5.0)
-
-
-class _ClosableQueue:
-    """A bounded FIFO whose close() always wakes the consumer, even when the queue is full."""
-
-    def __init__(self, maxsize: int):
-        self._q: deque = deque()
-        self._maxsize = maxsize
-        self._cv = threading.Condition()
-        self._closed = False
-
-    def put(self, task: Task, *, force: bool = False) -> None:
-        with self._cv:
-            if not force:
-                self._cv.wait_for(lambda: self._closed or not self._maxsize
-                                  or len(self._q) < self._maxsize)
-            self._q.append(task)
-            self._cv.notify_all()
-
-    def get(self) -> Task | None:
-        with self._cv:
-            self._cv.wait_for(lambda: self._closed or self._q)
-            if self._closed:
-                return None
-            task = self._q.popleft()
-            self._cv.notify_all()
-            return task
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
