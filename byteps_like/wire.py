@@ -91,6 +91,11 @@ class MsgType(enum.IntEnum):
     EPOCH_START = _T["EPOCH_START"]  # elastic: scheduler -> workers: the new epoch is formed
     EXITED = _T["EXITED"]            # launcher -> scheduler: a process it started exited (pid,
     #                                  host, how)
+    # losing a server (docs/reliability.md): the key is the failover's number
+    FAILOVER = _T["FAILOVER"]        # scheduler -> workers: a server is lost; its keys move
+    SEEDED = _T["SEEDED"]            # worker -> scheduler: its moved keys are re-seeded
+    RESUME = _T["RESUME"]            # scheduler -> workers: every worker has seeded; go on
+    STREAM_LOST = _T["STREAM_LOST"]  # worker -> scheduler: its data streams to a server closed
     # data plane (worker <-> server)
     PUSH = _T["PUSH"]
     PUSH_ACK = _T["PUSH_ACK"]
@@ -139,6 +144,8 @@ FLAG_AUTH: int = _F["FLAG_AUTH"]            # the native data plane's authentica
 FLAG_CONTRIB: int = _F["FLAG_CONTRIB"]      # PULL_RESP of a round fewer workers pushed (some
 CONTRIB_SHIFT: int = _SPEC["contrib_shift"]  # had joined): the pushes summed are in
 #                                              flags >> CONTRIB_SHIFT; averages divide by it
+FLAG_SEED: int = _F["FLAG_SEED"]            # a PUSH carrying its round's completed sum (failover)
+FLAG_RETRY: int = _F["FLAG_RETRY"]          # a push re-sent to a key's new server (failover)
 
 
 def contrib_flags(pushes: int, num_workers: int) -> int:

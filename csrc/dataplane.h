@@ -67,12 +67,16 @@ struct Counters {
   // payload is the store's or the caller's, charged there), and the streams that stopped
   // being read because theirs was over its share of kReplyBudget
   std::atomic<std::uint64_t> queued_bytes{0}, paused{0};
+  // losing a server (dataplane_server_failover.cc): seeds a server took as a round's sum, and
+  // retried pushes it answered from one
+  std::atomic<std::uint64_t> seeds{0}, retries_answered{0};
   // the traffic counters every stream keeps, by name
   std::map<std::string, std::uint64_t> snapshot() const {
     return {{"bytes_in", bytes_in},           {"bytes_out", bytes_out},
             {"msgs_in", msgs_in},             {"msgs_out", msgs_out},
             {"unread_closed", unread_closed}, {"queued_bytes", queued_bytes},
-            {"paused", paused}};
+            {"paused", paused},               {"seeds", seeds},
+            {"retries_answered", retries_answered}};
   }
 };
 
@@ -194,6 +198,15 @@ class DataClient {
   void set_paused(bool paused);
   // The keys of the partitions sent since the last call, in order (the first 4096).
   std::vector<std::uint64_t> take_dispatch_log();
+  // Losing a server (dataplane_failover.h): with failover on, a lost stream parks its
+  // server's parts (and completes a "server_lost" notice) instead of failing them;
+  // failover(lost, hold) moves the keys of the lost servers to the others and, with hold,
+  // seeds them and holds their pushes until resume(); wait_seeds says "" once every seed was
+  // taken, else why not.
+  void set_failover(bool on);
+  void failover(const std::vector<int>& lost, bool hold);
+  std::string wait_seeds(double timeout);
+  void resume();
 
  private:
   std::unique_ptr<ClientImpl> impl_;

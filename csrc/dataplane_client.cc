@@ -15,6 +15,7 @@
 
 #include "dataplane_auth.h"
 #include "dataplane_coder.h"
+#include "dataplane_failover.h"
 #include "dataplane_io.h"
 #include "dataplane_ucx.h"
 #include "dtype.h"
@@ -34,6 +35,7 @@ static_assert(kWireDTypes[kWireUint8].name[0] == 'u' && kWireDTypes[kWireUint8].
 struct Op;
 struct Part {
   PartSpec spec;
+  int at = -1;  // the server it went to: spec.server, or the key's new one once that is lost
   bool dispatched = false, acked = false, done = false;
   double t_sent = 0, t_acked = 0, t_done = 0;
   std::uint64_t wire = 0;  // its bytes on the wire: spec.nbytes, or the codec's payload
@@ -100,12 +102,13 @@ class ClientImpl {
       for (std::size_t i = 0; i < op->parts.size(); ++i) {
         const PartSpec& s = op->parts[i].spec;
         if (s.server < 0 || s.server >= static_cast<int>(servers_.size()) ||
-            servers_[s.server].conns.empty()) {
+            (servers_[s.server].conns.empty() && !servers_[s.server].gone)) {
           fail_locked(*op, "internal", -1, "no data-plane connection to server " +
                       std::to_string(s.server));
           break;
         }
-        if (!servers_[s.server].lost.empty()) {
+        if (failover_ && !s.decl.empty()) keys_[s.key].decl = s.decl;
+        if (!servers_[s.server].lost.empty() && !failover_) {
           fail_locked(*op, "peer_lost", s.server, servers_[s.server].lost);
           break;
         }
@@ -202,6 +205,70 @@ class ClientImpl {
     send_ready(ready, true);
   }
 
+  // ---- losing a server (dataplane_failover.h, dataplane_server_failover.cc) ----
+  // On: a lost stream parks its server's parts instead of failing them (and tells Python, a
+  // "server_lost" completion of id kLostNotice + server), and answers are received into
+  // each key's shadow.
+  void set_failover(bool on) {
+    std::lock_guard<std::mutex> g(mu_);
+    failover_ = on;
+  }
+
+  // The servers in `lost` are gone for good: their keys move to the others (rendezvous
+  // hashing). With `hold`, the moved keys' pushes wait for resume(), and each moved key whose
+  // last round this client completed is seeded on its new server first (wait_seeds()).
+  void failover(const std::vector<int>& lost, bool hold) {
+    std::vector<std::pair<std::shared_ptr<Conn>, Out>> seeds;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (int s : lost) {
+        if (s < 0) continue;
+        if (static_cast<int>(servers_.size()) <= s) servers_.resize(s + 1);
+        ServerSlot& sl = servers_[s];
+        sl.gone = true;
+        if (sl.lost.empty()) sl.lost = "server rank " + std::to_string(s) + " was lost";
+        lost_locked(s, false);
+      }
+      holding_ = hold;
+      seed_error_.clear();
+      for (auto& kv : keys_) {
+        KeyRecord& k = kv.second;
+        const int now = k.owner < 0 ? -1 : route_locked(kv.first, k.orig);
+        if (now < 0 || now == k.owner) continue;
+        k.retry = true;
+        k.owner = now;
+        if (!hold || k.round < 0 || servers_[now].conns.empty()) continue;
+        seeds_out_[{kv.first, k.round}] = now;
+        ServerSlot& s = servers_[now];
+        seeds.emplace_back(s.conns[static_cast<std::size_t>(k.conn) % s.conns.size()],
+                           seed_out(kv.first, k));
+      }
+    }
+    for (auto& so : seeds) so.first->post(std::move(so.second));
+  }
+
+  // Waits up to timeout seconds for every seed to be taken: "" when all were, else why not.
+  std::string wait_seeds(double timeout) {
+    std::unique_lock<std::mutex> g(mu_);
+    const bool ok = cv_.wait_for(g, std::chrono::duration<double>(timeout),
+                                 [&] { return seeds_out_.empty() || closed_; });
+    if (!ok) return std::to_string(seeds_out_.size()) + " seed(s) not acknowledged in time";
+    return seed_error_;
+  }
+
+  // The failover is over on every worker: the parked parts go to the keys' new servers.
+  void resume() {
+    std::vector<Ready> ready;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      holding_ = false;
+      for (auto& q : parked_) pq_.push(q);
+      parked_.clear();
+      dispatch_locked(&ready);
+    }
+    send_ready(ready, true);
+  }
+
   std::vector<std::uint64_t> take_dispatch_log() {
     std::lock_guard<std::mutex> g(mu_);
     std::vector<std::uint64_t> out;
@@ -218,6 +285,8 @@ class ClientImpl {
     s["decode_ns"] = decode_ns_;
     std::lock_guard<std::mutex> g(mu_);
     s["inflight_bytes"] = inflight_bytes_;
+    s["parked"] = parked_.size();
+    s["keys_kept"] = keys_.size();
     s["ops"] = ops_.size();
     std::uint64_t streams = 0;
     for (auto& sv : servers_) streams += sv.conns.size();
@@ -234,6 +303,7 @@ class ClientImpl {
   struct Target {
     std::shared_ptr<Op> op;
     std::size_t idx = 0;
+    char* shadow = nullptr;  // losing a server: the answer lands in the key's shadow
     int contrib = 0;  // > 0: the round summed this many pushes (ranks had joined)
     std::uint64_t len = 0;  // the answer's bytes
   };
@@ -279,6 +349,7 @@ class ClientImpl {
     for (std::size_t i = 0; i < parts.size(); ++i) {
       Part& p = op->parts[i];
       p.spec = std::move(parts[i]);
+      p.at = p.spec.server;
       p.wire = p.spec.nbytes;
       if (!op->coded) continue;
       p.coder = std::move(codecs[i]);
@@ -344,7 +415,7 @@ class ClientImpl {
     }
     if (!err.empty()) {
       std::lock_guard<std::mutex> g(mu_);
-      fail_locked(op, "protocol", p.spec.server, "server " + std::to_string(p.spec.server) +
+      fail_locked(op, "protocol", p.at, "server " + std::to_string(p.at) +
                   "'s answer for key " + std::to_string(p.spec.key) + ": " + err);
     }
     finish_part(t, err.empty() && !skip);
@@ -363,9 +434,10 @@ class ClientImpl {
     std::vector<Ready> ready;
     {
       std::lock_guard<std::mutex> g(mu_);
+      if (seed_answered_locked(server, h, nullptr)) return;
       auto it = inflight_.find(h.key);
       if (it == inflight_.end() || it->second.op->parts[it->second.idx].spec.round != h.round ||
-          it->second.op->parts[it->second.idx].spec.server != server)
+          it->second.op->parts[it->second.idx].at != server)
         return;
       Part& p = it->second.op->parts[it->second.idx];
       if (p.t_acked == 0) p.t_acked = monotonic_now();
@@ -382,7 +454,7 @@ class ClientImpl {
     if (it == inflight_.end()) return nullptr;
     Op& op = *it->second.op;
     Part& p = op.parts[it->second.idx];
-    if (p.spec.round != h.round || p.spec.server != server || op.failed) return nullptr;
+    if (p.spec.round != h.round || p.at != server || op.failed) return nullptr;
     // a compressed answer is the server codec's encoded sum: any size dst has room for (a
     // registered compressor's payloads vary); a coded part's is its codec's payload size; any
     // other answer is the part's exact size
@@ -406,6 +478,12 @@ class ClientImpl {
     t->contrib = (h.flags & kFlagContrib) ? static_cast<int>(h.flags >> kContribShift) : 0;
     if (t->contrib > 0) op.contrib = t->contrib;
     op.active++;
+    if (failover_ && !op.coded) {  // received into the key's shadow, copied out when whole
+      KeyRecord& k = keys_[h.key];
+      k.round = -1;
+      if (k.shadow.size() < h.nbytes) k.shadow.resize(h.nbytes);
+      return t->shadow = k.shadow.data();
+    }
     return op.coded ? reinterpret_cast<char*>(p.in) : op.dst + p.spec.offset;
   }
 
@@ -424,6 +502,7 @@ class ClientImpl {
     Part& p = op.parts[t.idx];
     // an average divides by the ranks that pushed: all of them, or those not joined (join())
     const std::int64_t div = t.contrib > 0 && op.divisor > 1 ? t.contrib : op.divisor;
+    if (ok && t.shadow && !op.failed) copy_into(op.dst + p.spec.offset, t.shadow, t.len, 1);
     if (ok && div > 1 && !op.failed && !op.coded)  // a coded part was divided as decoded
       scale_into(op.kdt, op.dst + p.spec.offset, p.spec.nbytes / itemsize(op.kdt), div, 1);
     std::vector<Ready> ready;
@@ -431,6 +510,7 @@ class ClientImpl {
       std::lock_guard<std::mutex> g(mu_);
       op.active--;
       if (ok && !p.done) {
+        if (failover_) keep_answer_locked(op, p, t);
         release_locked(p);
         p.done = true;
         op.bytes += t.len;  // the answer's own size (a compressed one's varies)
@@ -448,6 +528,7 @@ class ClientImpl {
 
   void on_error(int server, const Header& h, const std::string& meta) {
     std::lock_guard<std::mutex> g(mu_);
+    if (seed_answered_locked(server, h, &meta)) return;
     auto it = inflight_.find(h.key);
     if (it == inflight_.end()) return;
     auto op = it->second.op;
@@ -460,15 +541,20 @@ class ClientImpl {
     std::lock_guard<std::mutex> g(mu_);
     if (closed_) return;
     ServerSlot& s = servers_[server];
-    if (s.lost.empty())
+    const bool first = s.lost.empty();
+    if (first)
       s.lost = "lost the data-plane connection to server rank " + std::to_string(server) + " (" +
                s.where + "): " + why;
+    if (failover_) {  // its parts wait for the key's new server (failover()); Python is told
+      lost_locked(server, first);
+      return;
+    }
     std::vector<std::shared_ptr<Op>> hit;
     for (auto& kv : ops_) {
       Op& op = *kv.second;
       if (op.reported) continue;
       for (auto& p : op.parts)
-        if (p.spec.server == server && !p.done) {
+        if (p.at == server && !p.done) {
           hit.push_back(kv.second);
           break;
         }
@@ -500,10 +586,13 @@ class ClientImpl {
     std::shared_ptr<Op> op;
     std::size_t idx;
     std::shared_ptr<Conn> conn;
+    std::uint32_t flags = 0;  // FLAG_RETRY: a moved key's push, which re-declares it
+    std::string decl;
   };
   struct ServerSlot {
     std::vector<std::shared_ptr<Conn>> conns;
     std::string where, lost;
+    bool gone = false;  // lost for good (failover()): its keys have moved
   };
 
   void release_locked(Part& p) {
@@ -559,14 +648,24 @@ class ClientImpl {
         continue;
       }
       if (credit_ && inflight_bytes_ > 0 && inflight_bytes_ + p.wire > credit_) break;
-      ServerSlot& s = servers_[p.spec.server];
-      if (!s.lost.empty()) {
+      p.at = failover_ ? route_locked(p.spec.key, p.spec.server) : p.spec.server;
+      if (p.at < 0 || !servers_[p.at].lost.empty() ||
+          (holding_ && servers_[p.spec.server].gone)) {
+        const QItem item = top;  // top is gone with the pop
         auto keep = top.op;
         pq_.pop();
-        fail_locked(op, "peer_lost", p.spec.server, s.lost);
+        if (failover_ && p.at >= 0) {  // its server is lost:
+          parked_.push_back(item);  // it waits for the key's new one
+          continue;
+        }
+        fail_locked(op, "peer_lost", p.at < 0 ? p.spec.server : p.at,
+                    p.at < 0 ? "every server of the job was lost" : servers_[p.at].lost);
         maybe_report_locked(keep);
         continue;
       }
+      ServerSlot& s = servers_[p.at];
+      Ready r{top.op, top.idx, s.conns[static_cast<std::size_t>(p.spec.conn) % s.conns.size()]};
+      if (failover_) routed_locked(p, &r);
       p.dispatched = true;
       p.t_sent = monotonic_now();
       if (log_.size() < kDispatchLog) log_.push_back(p.spec.key);
@@ -574,8 +673,7 @@ class ClientImpl {
       inflight_[p.spec.key] = Target{top.op, top.idx};
       if (op.t_first == 0) op.t_first = monotonic_now();
       op.active++;
-      ready->push_back(Ready{top.op, top.idx,
-                             s.conns[static_cast<std::size_t>(p.spec.conn) % s.conns.size()]});
+      ready->push_back(std::move(r));
       pq_.pop();
     }
   }
@@ -587,10 +685,10 @@ class ClientImpl {
       const Part& part = op.parts[r.idx];
       const PartSpec& s = part.spec;
       Out o;
-      std::uint32_t flags = kFlagPull | (op.compressed ? kFlagCompressed : 0);
-      if (!s.decl.empty()) {
+      std::uint32_t flags = kFlagPull | (op.compressed ? kFlagCompressed : 0) | r.flags;
+      if (!s.decl.empty() || !r.decl.empty()) {
         flags |= kFlagDeclare | kFlagMeta;
-        o.meta = s.decl;
+        o.meta = s.decl.empty() ? r.decl : s.decl;
       }
       o.hdr = make_header(kPush, kRoleWorker, rank_, flags, job_, s.key, s.round,
                           static_cast<std::uint8_t>(op.wire_dtype),
@@ -607,6 +705,113 @@ class ClientImpl {
     }
     ready.clear();
   }
+
+  // ---- losing a server (helpers; mu_ held) ----
+  static constexpr std::uint64_t kLostNotice = 1ull << 63;  // + server: a "server_lost" notice
+
+  std::vector<int> alive_locked() const {
+    std::vector<int> a;
+    for (std::size_t i = 0; i < servers_.size(); ++i)
+      if (!servers_[i].gone && !servers_[i].conns.empty()) a.push_back(static_cast<int>(i));
+    return a;
+  }
+  // The server that holds `key`, first assigned to `server`: that one until it is gone.
+  int route_locked(std::uint64_t key, int server) const {
+    if (server >= 0 && server < static_cast<int>(servers_.size()) && !servers_[server].gone)
+      return server;
+    return hrw_owner(key, alive_locked());
+  }
+  // A part about to go to p.at: a moved key's push re-declares it and says it is retried.
+  void routed_locked(const Part& p, Ready* r) {
+    KeyRecord& k = keys_[p.spec.key];
+    if (k.orig < 0) k.orig = p.spec.server;
+    if (k.owner >= 0 && k.owner != p.at) k.retry = true;
+    k.owner = p.at;
+    k.conn = p.spec.conn;
+    if (k.retry && !k.decl.empty()) {
+      r->flags = kFlagRetry;
+      if (p.spec.decl.empty()) r->decl = k.decl;
+    }
+  }
+  // A part's answer is whole: the key's shadow now holds its round (a coded part's answer
+  // was received into its codec's buffer: copied, it is the compressed size).
+  void keep_answer_locked(const Op& op, const Part& p, const Target& t) {
+    KeyRecord& k = keys_[p.spec.key];
+    if (op.coded) k.shadow.assign(reinterpret_cast<const char*>(p.in),
+                                  reinterpret_cast<const char*>(p.in) + t.len);
+    else if (!t.shadow) return;
+    k.round = p.spec.round;
+    k.len = t.len;
+    k.wire_dtype = op.wire_dtype;
+    k.flags = (op.compressed ? kFlagCompressed : 0) |
+              (t.contrib > 0 ? kFlagContrib | (static_cast<std::uint32_t>(t.contrib) << kContribShift)
+                             : 0);
+    k.retry = false;
+  }
+  // The parts in flight to `server` wait for their key's new server; `notify`: tell Python.
+  void lost_locked(int server, bool notify) {
+    for (auto& kv : ops_) {
+      Op& op = *kv.second;
+      if (op.reported || op.failed) continue;
+      for (std::size_t i = 0; i < op.parts.size(); ++i) {
+        Part& p = op.parts[i];
+        if (p.at != server || p.done || !p.dispatched) continue;
+        release_locked(p);
+        p.dispatched = p.acked = false;
+        auto it = inflight_.find(p.spec.key);
+        if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
+        parked_.push_back(QItem{op.priority, seq_++, kv.second, i});
+      }
+    }
+    for (auto it = seeds_out_.begin(); it != seeds_out_.end();) {
+      if (it->second != server) { ++it; continue; }
+      seed_error_ = "server " + std::to_string(server) + " was lost while it was seeded";
+      it = seeds_out_.erase(it);
+    }
+    if (notify) {
+      Completion c;
+      c.op = kLostNotice + static_cast<std::uint64_t>(server);
+      c.ok = false;
+      c.kind = "server_lost";
+      c.server = server;
+      c.message = servers_[server].lost;
+      c.t_first_send = c.t_last_done = 0;
+      c.bytes = 0;
+      done_[c.op] = std::move(c);
+    }
+    cv_.notify_all();
+  }
+  // An acknowledgement or error (meta) that answers a seed: taken here.
+  bool seed_answered_locked(int server, const Header& h, const std::string* meta) {
+    auto it = seeds_out_.find({h.key, h.round});
+    if (it == seeds_out_.end() || it->second != server) return false;
+    if (meta) seed_error_ = "server " + std::to_string(server) + " refused the seed of key " +
+                            std::to_string(h.key) + ": " + *meta;
+    seeds_out_.erase(it);
+    cv_.notify_all();
+    return true;
+  }
+  // The seed of key k: its last completed round's answer, with its declaration.
+  Out seed_out(std::uint64_t key, const KeyRecord& k) const {
+    Out o;
+    auto bytes = std::make_shared<std::vector<char>>(k.shadow.begin(), k.shadow.begin() + k.len);
+    const std::size_t isz = std::max<std::size_t>(1, wire_itemsize(k.wire_dtype));
+    o.hdr = make_header(kPush, kRoleWorker, rank_, kFlagSeed | kFlagDeclare | kFlagMeta | k.flags,
+                        job_, key, k.round, static_cast<std::uint8_t>(k.wire_dtype), k.len / isz,
+                        k.len);
+    o.meta = k.decl;
+    o.payload = bytes->data();
+    o.plen = k.len;
+    o.keep = bytes;
+    return o;
+  }
+
+  bool failover_ = false;
+  bool holding_ = false;      // a failover is in progress: moved keys' parts wait for resume()
+  std::unordered_map<std::uint64_t, KeyRecord> keys_;
+  std::vector<QItem> parked_;  // parts whose server is lost, waiting for its keys' new one
+  std::map<std::pair<std::uint64_t, std::int64_t>, int> seeds_out_;  // (key, round) -> server
+  std::string seed_error_;
 
   const std::uint64_t credit_, max_msg_;
   CoderPool coders_;
@@ -772,6 +977,10 @@ std::vector<Completion> DataClient::completions(double timeout) {
 }
 void DataClient::close() { impl_->close(); }
 void DataClient::set_paused(bool paused) { impl_->set_paused(paused); }
+void DataClient::set_failover(bool on) { impl_->set_failover(on); }
+void DataClient::failover(const std::vector<int>& lost, bool hold) { impl_->failover(lost, hold); }
+std::string DataClient::wait_seeds(double timeout) { return impl_->wait_seeds(timeout); }
+void DataClient::resume() { impl_->resume(); }
 std::vector<std::uint64_t> DataClient::take_dispatch_log() { return impl_->take_dispatch_log(); }
 std::map<std::string, std::uint64_t> DataClient::stats() { return impl_->stats(); }
 

@@ -164,6 +164,7 @@ void ServerImpl::send_value(const std::shared_ptr<Conn>& conn, const Store& st,
 std::shared_ptr<Store> ServerImpl::begin_push(const std::shared_ptr<Conn>& conn, const Header& h,
                                               const std::string& meta, std::uint64_t* gen,
                                               std::uint64_t* staged) {
+  if (h.flags & kFlagSeed) return begin_seed(conn, h, meta, gen, staged);
   const bool compressed = h.flags & kFlagCompressed;
   const int kdt = compressed ? static_cast<int>(DType::kFloat32) : wire_to_kernel_dtype(h.dtype);
   if (compressed && (async_ || h.dtype != kWireUint8)) {
@@ -202,6 +203,7 @@ std::shared_ptr<Store> ServerImpl::begin_push(const std::shared_ptr<Conn>& conn,
   }
   std::lock_guard<std::mutex> g(st->mu);
   std::map<int, std::string> left;
+  if (answer_retry_locked(conn, st, h)) return unstage(staged);
   if (!admit_push_locked(conn, h, meta, *st, &left)) return unstage(staged);
   *gen = st->gen.load();
   if (async_) {
@@ -422,7 +424,9 @@ std::shared_ptr<Store> ServerImpl::make_store_locked(const Header& h, const std:
   }
   st->chunk_mu.reset(new std::mutex[st->nchunks]);
   st->pushed.assign(num_workers_, 0);
-  st->round = round_base_.load();  // a key first declared in a later elastic epoch
+  // a key first declared in a later elastic epoch starts at its base; a key moved here from
+  // a lost server (a retried push) at the round the workers are in
+  st->round = std::max(round_base_.load(), (h.flags & kFlagRetry) ? h.round : 0);
   st->charged = need;
   stores_[h.key] = st;
   store_bytes_ += need;
@@ -520,6 +524,7 @@ void ServerImpl::sum_chunk(Store& st, std::int64_t round, std::size_t offset, co
 // payload: a compressed key's whole payload (null for others, summed chunk by chunk)
 void ServerImpl::finish_push(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
                              const Header& h, std::uint64_t gen, const std::uint8_t* payload) {
+  if (h.flags & kFlagSeed) return finish_seed(conn, st, h, gen, payload);
   std::vector<Store::Pending> answer;
   std::shared_ptr<char> value;  // asynchronous mode: what the answered pulls get
   std::int64_t done_round = -1;

@@ -35,6 +35,8 @@
 namespace bps {
 namespace dp {
 
+constexpr int kWireUint8Code = 7;  // a compressed payload's wire dtype (wire.h)
+
 class ServerConn;
 
 class ServerImpl {
@@ -124,6 +126,15 @@ class ServerImpl {
   void set_members(const std::vector<int>& joined, const std::map<int, std::string>& left);
   void reset_epoch(std::int64_t round_base, int required);
   void handle_pull(const std::shared_ptr<Conn>& conn, const Header& h);
+  // ---- losing a server: a moved key's new server (dataplane_server_failover.cc) ----
+  std::shared_ptr<Store> begin_seed(const std::shared_ptr<Conn>& conn, const Header& h,
+                                    const std::string& meta, std::uint64_t* gen,
+                                    std::uint64_t* staged);
+  void finish_seed(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
+                   const Header& h, std::uint64_t gen, const std::uint8_t* payload);
+  bool answer_retry_locked(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
+                           const Header& h);
+  void ack_locked(const std::shared_ptr<Conn>& conn, const Header& h);
   void fail_key_locked(Store& st, const std::string& text);
 
  private:
@@ -212,6 +223,7 @@ class ServerConn : public FramedConn {
   std::size_t off_ = 0;
   bool hello_ = false, awaiting_mac_ = false;
   bool in_place_ = false;  // this payload is read straight into the store (land_in_place)
+  bool whole_ = false;     // this payload is received whole: a compressed push, or a seed
   int rank_ = -1;
   std::uint64_t stream_ = 0;
   std::uint8_t peer_nonce_[kNonce] = {}, my_nonce_[kNonce] = {}, peer_mac_[32] = {};

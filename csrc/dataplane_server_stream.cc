@@ -22,7 +22,7 @@ ServerConn::ServerConn(std::unique_ptr<Link> link, ServerImpl* srv)
 }
 
 void ServerConn::on_closed() {
-  if (store_ && state_ == kPayload && !store_->codec && !in_place_) {
+  if (store_ && state_ == kPayload && !whole_ && !in_place_) {
     // a span read ahead (UCX) and cut off: its whole chunks are summed, as they would be
     // had they been read one at a time
     const std::size_t whole = static_cast<std::size_t>(rptr_ - scratch_.data()) / kChunk;
@@ -51,7 +51,7 @@ bool ServerConn::advance() {
       give_meta();
       return after_meta();
     case kPayload: {
-      if (store_->codec) {  // a compressed payload, received whole: decoded by finish_push
+      if (whole_) {  // a compressed payload or a seed, received whole: finish_push takes it
         off_ = h_.nbytes;
         return next_chunk();
       }
@@ -219,6 +219,7 @@ bool ServerConn::after_meta() {
   }
   store_ = srv_->begin_push(self, h_, meta_, &gen_, &staged_);
   off_ = 0;
+  whole_ = store_ && (store_->codec || (h_.flags & kFlagSeed));
   if (!store_) {
     discard_left_ = h_.nbytes;
     return next_discard();
@@ -228,13 +229,12 @@ bool ServerConn::after_meta() {
 
 bool ServerConn::next_chunk() {
   if (off_ >= h_.nbytes) {
-    srv_->finish_push(shared_from_this(), store_, h_, gen_,
-                      store_->codec ? cbuf_.data() : nullptr);
+    srv_->finish_push(shared_from_this(), store_, h_, gen_, whole_ ? cbuf_.data() : nullptr);
     store_.reset();
     unstage();
     return read_header();
   }
-  if (store_->codec) {  // staged (charged to the budget by begin_push) and read whole
+  if (whole_) {  // staged (charged to the budget by begin_push) and read whole
     cbuf_.resize(h_.nbytes);
     state_ = kPayload;
     expect(reinterpret_cast<char*>(cbuf_.data()), h_.nbytes);

@@ -14,6 +14,7 @@
 #include "compress.h"
 #include "dataplane.h"
 #include "dataplane_coder.h"
+#include "dataplane_failover.h"
 #include "sha256.h"
 #include "cpu.h"
 #include "dtype.h"
@@ -608,6 +609,9 @@ void bind_ucx(py::module_& m) {
       .def("close", &dp::UcxRawStream::close, py::call_guard<py::gil_scoped_release>());
   m.def("ucx_built", &dp::ucx_built,
         "Whether this _core was built with UCX's headers (it can load UCX at run time).");
+  m.def("failover_owner", &dp::hrw_owner, py::arg("key"), py::arg("alive"),
+        "The server of a key whose first server is lost, among the servers `alive` "
+        "(rendezvous hashing, as the native client routes it); -1 when none is alive.");
 }
 
 // fn() without the GIL; its answer.
@@ -780,6 +784,12 @@ void bind_data_client(py::module_& m) {
       .def("close", &dp::DataClient::close, py::call_guard<py::gil_scoped_release>())
       .def("set_paused", &dp::DataClient::set_paused, py::arg("paused"))
       .def("take_dispatch_log", &dp::DataClient::take_dispatch_log)
+      .def("set_failover", &dp::DataClient::set_failover, py::arg("on"))
+      .def("failover", &dp::DataClient::failover, py::arg("lost"), py::arg("hold"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("wait_seeds", &dp::DataClient::wait_seeds, py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("resume", &dp::DataClient::resume, py::call_guard<py::gil_scoped_release>())
       .def("stats", [](dp::DataClient& c) { return counters_dict(c.stats()); });
 }
 

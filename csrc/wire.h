@@ -40,6 +40,11 @@ constexpr std::uint32_t kMaxMeta = 1u << 20;  // a JSON meta frame's bytes (wire
   X(kReady, READY, 15)             /* elastic: worker left the epoch, ready for the next */    \
   X(kEpochStart, EPOCH_START, 16)  /* elastic: the new epoch is formed (rank, size) */         \
   X(kExited, EXITED, 17)           /* launcher -> scheduler: a process it started exited */    \
+  /* losing a server (docs/reliability.md, "Losing a server"): key = the failover's number */  \
+  X(kFailover, FAILOVER, 18)       /* scheduler -> workers: a server is lost, its keys move */ \
+  X(kSeeded, SEEDED, 19)           /* worker -> scheduler: its moved keys are re-seeded */     \
+  X(kResume, RESUME, 33)           /* scheduler -> workers: every worker seeded; go on */      \
+  X(kStreamLost, STREAM_LOST, 34)  /* worker -> scheduler: its streams to a server closed */   \
   /* data plane (worker <-> server) */                                                         \
   X(kPush, PUSH, 20)                                                                           \
   X(kPushAck, PUSH_ACK, 21)                                                                    \
@@ -72,7 +77,11 @@ constexpr std::uint32_t kMaxMeta = 1u << 20;  // a JSON meta frame's bytes (wire
   X(kFlagAuth, FLAG_AUTH, 5)              /* a HELLO of the authenticated handshake */         \
   /* a PULL_RESP of a round fewer workers pushed (ranks had joined): the number of pushes */   \
   /* summed is in flags >> kContribShift; averages divide by it (join()) */                    \
-  X(kFlagContrib, FLAG_CONTRIB, 6)
+  X(kFlagContrib, FLAG_CONTRIB, 6)                                                             \
+  /* losing a server: a PUSH that carries the completed sum of its round, from a worker */     \
+  /* that received it, to the key's new server; and a push re-sent to a key's new server */    \
+  X(kFlagSeed, FLAG_SEED, 7)                                                                   \
+  X(kFlagRetry, FLAG_RETRY, 8)
 constexpr unsigned kContribShift = 16;
 
 // Sender roles: X(C++ name, Python name (wire.Role), code)
