@@ -191,6 +191,14 @@ class ServerConfig:
                              min=1)
     enable_async: bool = _s("BYTEPS_ENABLE_ASYNC", "bool", False, "Asynchronous training: a "
                             "server applies each push at once instead of waiting for all workers.")
+    failover: bool = _s("BYTEPS_SERVER_FAILOVER", "bool", True, "Losing a server: when a "
+                        "server is lost (its streams close, its process exits, its heartbeat "
+                        "stops) while at least one other survives, its keys move to the "
+                        "survivors and the open rounds are pushed again from the workers' "
+                        "buffers; the job goes on with the same sums (docs/reliability.md, "
+                        "'Losing a server'). Synchronous jobs only (asynchronous mode keeps "
+                        "the model on the servers). 0: a lost server ends the job with "
+                        "PeerLostError, as before.")
     max_bytes: int = _s("BYTEPS_SERVER_MAX_BYTES", "size", 0, "Memory a server may hold for "
                         "its stores and tables together: each key's buffers (two per key; a "
                         "compressed key's float32 accumulator and codec), its declaration and "

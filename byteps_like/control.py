@@ -98,6 +98,10 @@ class ControlClient:
         # hear that their epoch is superseded / workers wait to join, and that the next started
         self.on_epoch = on_epoch
         self.on_epoch_start = on_epoch_start
+        # losing a server (worker/failover.py): a server is lost and its keys move (FAILOVER,
+        # the failover's number and meta), every worker has re-seeded them (RESUME)
+        self.on_failover: Callable[[int, dict], None] | None = None
+        self.on_resume: Callable[[int], None] | None = None
         self.early: list = []      # elastic notices that came before a handler was set
         self.interrupt: BaseException | None = None  # elastic: the epoch ended; waits raise it
         self.epoch = 0             # elastic: the epoch of the node table (0: not elastic)
@@ -245,6 +249,16 @@ class ControlClient:
         """Report stalled synchronous rounds to the scheduler (the stall inspector)."""
         self._send(MsgType.STALL, {"stalls": stalls})
 
+    def seeded(self, failover: int) -> None:
+        """Losing a server (workers): this worker's moved keys are seeded on their new
+        servers; its pushes of them wait for RESUME."""
+        self._send(MsgType.SEEDED, key=failover)
+
+    def stream_lost(self, server: int, why: str) -> None:
+        """Losing a server (workers): this worker's data streams to server rank ``server``
+        closed; the scheduler declares it lost at once, not after the heartbeat timeout."""
+        self._send(MsgType.STREAM_LOST, {"server": server, "reason": why[:1000]})
+
     def abort(self, reason: str) -> None:
         self._send(MsgType.ABORT, {"reason": reason[:4000]})
 
@@ -301,6 +315,10 @@ class ControlClient:
         elif h.type is MsgType.MEMBERS and self.on_members is not None:
             self.on_members(meta)
             self._send(MsgType.MEMBERS, key=h.key)  # applied (or queued before later pushes)
+        elif h.type is MsgType.FAILOVER and self.on_failover is not None:
+            self.on_failover(h.key, meta)
+        elif h.type is MsgType.RESUME and self.on_resume is not None:
+            self.on_resume(h.key)
         elif h.type is MsgType.EPOCH and self.on_epoch is not None:
             self.on_epoch(h.key, meta)
         elif h.type is MsgType.EPOCH_START and self.on_epoch_start is not None:

@@ -412,8 +412,12 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
     grace = args.grace
     if grace is None:
         grace = configs[0].timeouts.heartbeat_timeout + GRACE_MARGIN_S
+    first = configs[0]
     settings = JobSettings(grace=grace, shutdown_timeout=args.timeout_shutdown,
-                           timeout=args.timeout, log_dir=args.log_dir)
+                           timeout=args.timeout, log_dir=args.log_dir,
+                           server_failover=(first.server.failover
+                                            and not first.server.enable_async
+                                            and first.cluster.num_server >= 2))
     lines: list[str] = []
     worker_cfg = next((c for s, c in zip(specs, configs) if s.role == "worker"), None)
     segments = None

@@ -63,6 +63,9 @@ class JobSettings:
     timeout: float | None = None
     log_dir: str | None = None
     kill_after: float = 5.0
+    # losing a server (BYTEPS_SERVER_FAILOVER, docs/reliability.md): a server that exits is
+    # reported to the scheduler, which moves its keys; the job goes on
+    server_failover: bool = False
 
 
 def run_job(specs: Sequence[ChildSpec], base_env: Mapping[str, str], settings: JobSettings, *,
@@ -119,6 +122,7 @@ class _Job:
                 return self._cannot_start(spec, exc)
 
         failures: list[Child] = []  # in the order they were seen
+        lost_servers: list[Child] = []  # servers lost while the job went on (failover)
         grace_deadline = shutdown_deadline = None
         exited = sup.poll_exited()
         while True:
@@ -128,7 +132,9 @@ class _Job:
             if deadline is not None and now >= deadline:
                 return self._timed_out(_blame(failures))
             for child in exited:
-                if child.returncode != 0:
+                if child.returncode != 0 and self._lost_server(child, failures):
+                    lost_servers.append(child)
+                elif child.returncode != 0:
                     self._tell_scheduler(child)
                     self.say(f"{child.describe()} {_failed_how(child)}: "
                              f"{describe_returncode(child.returncode)}")
@@ -157,6 +163,9 @@ class _Job:
             else:
                 workers = [c for c in sup.children if c.role == "worker"]
                 if not running:
+                    if lost_servers:
+                        self.say(f"the job finished without {_names(lost_servers)}, lost "
+                                 "along the way (BYTEPS_SERVER_FAILOVER)")
                     return 0
                 if workers and all(not c.running for c in workers):
                     if shutdown_deadline is None:
@@ -166,9 +175,34 @@ class _Job:
             wake_ups = [t for t in (grace_deadline, shutdown_deadline, deadline) if t is not None]
             exited = sup.wait_any(
                 min([0.5] + [max(0.0, t - time.monotonic()) for t in wake_ups]))
-        blamed = _blame(failures)
+        blamed = _blame(lost_servers + failures)
         assert blamed is not None  # the loop ends only after a failure
         return self._failed(blamed)
+
+    def _lost_server(self, child: Child, failures: list[Child]) -> bool:
+        """A server that exited while the job may lose one: its scheduler hears of it now and
+        moves its keys (True); the job fails only if the scheduler cannot go on without it."""
+        if not (self.settings.server_failover and child.role == "server" and not failures):
+            return False
+        if not any(c.role == "server" and c.running for c in self.sup.children) \
+                and all(c.role != "server" or not c.running or c is child
+                        for c in self.sup.children) and self._all_servers_here():
+            return False  # no server of this job is left: the job cannot go on
+        self._tell_scheduler(child)
+        self.say(f"{child.describe()} {_failed_how(child)}: "
+                 f"{describe_returncode(child.returncode)}; its keys move to the other "
+                 "servers and the job goes on (BYTEPS_SERVER_FAILOVER)")
+        return True
+
+    def _all_servers_here(self) -> bool:
+        """Whether every server of the job is a child of this bpslaunch (--local, or a
+        host that runs them all)."""
+        mine = sum(1 for c in self.sup.children if c.role == "server")
+        env = next(iter(self.envs.values()), {})
+        try:
+            return mine >= int(env.get("DMLC_NUM_SERVER", "0"))
+        except ValueError:
+            return False
 
     # -- outcomes ----------------------------------------------------------------------------
 

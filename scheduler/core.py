@@ -11,7 +11,8 @@ exchanges heartbeats with every node, reports a silent node to all others (who r
   table, the reports while the job forms;
 * :class:`~.barriers.Barriers` (``barriers``): barriers by group and sequence number;
 * :class:`~.join.Joins` (``joins``): ``join()``, ranks that ran out of data;
-* :class:`~.elastic.Epochs` (``epochs``): the membership epochs of elastic jobs.
+* :class:`~.elastic.Epochs` (``epochs``): the membership epochs of elastic jobs;
+* :class:`~.failover.ServerLoss` (``server_loss``): losing a server while the job goes on.
 
 The parts take the narrow :class:`~.nodes.Host` view of the scheduler (its nodes, ``send``,
 ``reject``, ``finish``, ...) and the parts they use, never this module. This module keeps the
@@ -33,6 +34,7 @@ from ..transport.base import Drops
 from ..wire import ERR_PROTOCOL, ERR_REGISTER, Header, MsgType, Role, decode, encode, job_hash
 from .barriers import Barriers
 from .elastic import Epochs
+from .failover import ServerLoss
 from .join import Joins
 from .nodes import BadField, NodeInfo, checked, show, workers
 from .registration import Registration, assign_ranks
@@ -88,6 +90,7 @@ class Scheduler:
         self.joins = Joins(self)
         self.epochs = Epochs(self, self.barriers, self.joins)
         self.registration = Registration(self, self.epochs)
+        self.server_loss = ServerLoss(self, self.barriers)
         self._done = threading.Event()
         self.heartbeats_missed = 0   # metrics: ticks that found a node silent > 2 intervals
         self.metrics: RoleMetrics | None = None
@@ -193,6 +196,10 @@ class Scheduler:
             self.epochs.ready(node, h.key)
         elif h.type is MsgType.EPOCH and node.role is Role.SERVER and self.elastic:
             self.epochs.ack(node, h.key)
+        elif h.type is MsgType.SEEDED and node.role is Role.WORKER:
+            self.server_loss.seeded(node, h.key)
+        elif h.type is MsgType.STREAM_LOST and node.role is Role.WORKER:
+            self._stream_lost(node, meta)
         elif h.type is MsgType.STALL and node.role is Role.SERVER:
             self._stall(node, meta.get("stalls"))
         elif h.type is MsgType.ABORT:
@@ -299,6 +306,17 @@ class Scheduler:
             return
         self._lose(node, why)
 
+    def _stream_lost(self, worker: NodeInfo, meta: dict) -> None:
+        """A worker's data streams to a server closed: that server is lost now (a server that
+        dies without a launcher watching it), not after the heartbeat timeout."""
+        rank = checked(meta, "server", int, lo=0, hi=1 << 20)
+        reason = checked(meta, "reason", str, "")[:1000]
+        found = [n for n in self.nodes.values() if n.role is Role.SERVER and n.rank == rank]
+        if not found or found[0].lost or self.phase != "running":
+            return
+        self._lose(found[0], f"lost {found[0].describe()}: the data streams of "
+                             f"{worker.describe()} to it closed ({reason})")
+
     def _worker_finished(self, node: NodeInfo) -> None:
         node.finished = True
         if self.elastic:
@@ -315,6 +333,9 @@ class Scheduler:
 
     def _lose(self, lost: NodeInfo, why: str, *, tell_lost: bool = False,
               code: int = EXIT_PEER_FAILED) -> None:
+        if not tell_lost and self.server_loss.takes(lost):  # the job goes on (failover.py)
+            self.server_loss.lose(lost, why)
+            return
         if self.elastic and lost.role is Role.WORKER and not tell_lost and self.phase == "running":
             self.epochs.lose(lost, why)
             return
@@ -383,6 +404,8 @@ class Scheduler:
         if self.phase != "running":
             return
         if self.elastic and self.epochs.tick(now):
+            return
+        if self.server_loss.tick(now):
             return
         for n in list(self.nodes.values()):
             self.send(n, MsgType.HEARTBEAT)  # finished workers still wait for SHUTDOWN

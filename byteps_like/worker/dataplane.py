@@ -25,6 +25,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -86,6 +87,11 @@ class NativeDataPlane:
         self._ids = itertools.count(1)
         self._completions: native.Completions | None = None
         self._switch_interval: float | None = None  # what we set sys.setswitchinterval to
+        # losing a server (worker/failover.py): whether a lost server's parts wait for its
+        # keys' new servers, the server indices lost for good, and who hears of a lost stream
+        self.failover_on = False
+        self.gone: list[int] = []
+        self.on_server_lost: Callable[[int, str], None] | None = None
 
     def serves(self, cfg: Config) -> bool:
         """Whether this worker talks to the servers: a local root of a job of several
@@ -107,10 +113,16 @@ class NativeDataPlane:
                                **({"auth_key": key} if key else {}),
                                codec_threads=native_codec_threads(cfg.scheduling.codec_threads))
         self.streams = native.streams(cfg)
+        if self.failover_on:  # before any submit: answers land in the keys' shadows
+            cli.set_failover(True)
         try:
             for idx, p in enumerate(servers):
+                if idx in self.gone:  # lost before this client (an elastic epoch's)
+                    continue
                 cli.connect(idx, p.host, p.data_port, self.streams,
                             min(60.0, cfg.timeouts.register_timeout), ucx=native.uses_ucx(cfg))
+            if self.gone:
+                cli.failover(self.gone, False)
         except RuntimeError as exc:
             cli.close()
             raise CommunicationError(f"worker rank {m.rank}: {exc}") from None
@@ -254,6 +266,10 @@ class NativeDataPlane:
         """One completed native operation (the completion thread, or a waiter)."""
         flight = self.flight
         op, ok, kind, server, message, _t0, _t1, nbytes, times, contrib = comp
+        if kind == "server_lost":  # a notice, no operation: its parts wait (failover.py)
+            if self.on_server_lost is not None:
+                self.on_server_lost(server, message.decode("utf-8", "replace"))
+            return
         with flight.lock:
             entry = self._ops.pop(op, None)
         if entry is None:

@@ -59,6 +59,8 @@ from ..transport.base import Drops, Endpoint
 from .dataplane import NativeDataPlane
 from .dispatch import Dispatcher
 from .elastic_membership import ElasticMembership
+from .failover import ServerFailover
+from .failover import enabled as failover_enabled
 from .handle import Handle
 from .inflight import InFlight
 from .local_reduce import LocalReduction
@@ -106,6 +108,7 @@ class Runtime:
         self.dispatch = Dispatcher(m, self.flight, self.local)
         self.rounds = Rounds(m, self.flight, self.registry, self.local, self.plane)
         self.elastic_m: ElasticMembership | None = None  # elastic jobs (elastic_membership.py)
+        self.failover: ServerFailover | None = None  # losing a server (failover.py)
         self.sparse = SparseTables(self)  # server-held embedding tables (sparse.py)
         self.dispatch.table_answers = self.sparse.on_message
 
@@ -229,6 +232,10 @@ class Runtime:
         m.open(cfg, on_message=self.dispatch.on_message, on_fatal=self._on_fatal)
         if self.elastic_m is not None:
             self.elastic_m.attach_control(m.controller)
+        if failover_enabled(cfg):
+            self.failover = ServerFailover(m, self.plane)
+            self.failover.attach(m.controller)
+            self.plane.failover_on = True
         try:
             m.register()
         except BaseException:
@@ -289,6 +296,8 @@ class Runtime:
             self.telemetry.close()
             self.telemetry = None
         self.plane.close()  # fails what is still in flight, with the reason
+        if self.failover is not None:
+            self.failover.close()
         if self.pipeline is not None:
             self.pipeline.close()
             self.pipeline = None

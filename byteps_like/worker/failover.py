@@ -1,0 +1,160 @@
+"""Losing a server, the worker's side (BYTEPS_SERVER_FAILOVER; docs/reliability.md, "Losing a
+server").
+
+The scheduler decides that a server is lost (its launcher saw it exit, a worker's streams to it
+closed, or its heartbeats stopped) and tells every worker (``FAILOVER``: the failover's number,
+the ranks of every server lost so far). Each worker then, on a thread of its own (never the
+control plane's I/O thread):
+
+1. moves the lost servers' keys to the survivors, in the native client: rendezvous hashing of
+   each key over the servers alive, so only the lost servers' keys move and every worker moves
+   them alike (``DataClient.failover``); the parts that were in flight to a lost server wait;
+2. seeds each moved key on its new server with the answer of the last round it completed (the
+   client keeps it), which repairs a round whose answers reached only some workers, and waits
+   until the servers have taken the seeds (``DataClient.wait_seeds``);
+3. tells the scheduler (``SEEDED``). Once every worker has, the scheduler says ``RESUME`` and
+   each worker re-sends what waited (``DataClient.resume``).
+
+The training script sees none of it: its push_pulls complete late, with the sums they would
+have had. One line in the log names the lost server and how long the job stalled.
+A worker whose streams to a server close tells the scheduler at once (``STREAM_LOST``), which
+is how a server that dies without a launcher watching it is found in milliseconds.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .dataplane import NativeDataPlane
+    from .membership import Membership
+
+log = logging.getLogger("byteps_like.worker")
+
+#: how long a worker waits for its seeds to be taken before it tells the scheduler anyway
+#: (the new server is then lost too, and the next failover seeds again)
+SEED_TIMEOUT_S = 30.0
+
+
+class ServerFailover:
+    """One worker's part in losing servers. Created by the runtime when the job may lose one
+    (BYTEPS_SERVER_FAILOVER, a synchronous job of two servers or more)."""
+
+    def __init__(self, members: Membership, plane: NativeDataPlane):
+        self.members = members
+        self.plane = plane
+        self.current = 0                      # the newest failover heard of
+        self.began: float | None = None       # when this worker first saw the loss
+        self.stalls: list[float] = []         # seconds each failover held the moved keys
+        self._told: set[int] = set()          # servers whose lost streams we reported
+        self._work: queue.SimpleQueue[tuple[int, list[int]] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def attach(self, control: Any) -> None:
+        """Before registering: the control client hands the scheduler's notices here."""
+        control.on_failover = self.on_failover
+        control.on_resume = self.on_resume
+        self.plane.on_server_lost = self.on_stream_lost
+
+    # -- notices ------------------------------------------------------------------------------
+    def on_stream_lost(self, server: int, message: str) -> None:
+        """The native client's streams to server index ``server`` closed (completion thread):
+        the scheduler hears of it at once."""
+        with self._lock:
+            if server in self._told:
+                return
+            self._told.add(server)
+            if self.began is None:
+                self.began = time.monotonic()
+        rank = self._rank_of(server)
+        log.warning("worker %d: %s; the job goes on without it once the scheduler moves its "
+                    "keys (BYTEPS_SERVER_FAILOVER)", self.members.rank, message)
+        self.members.controller.stream_lost(rank, message)
+
+    def on_failover(self, number: int, meta: dict) -> None:
+        """The scheduler's FAILOVER (I/O thread): the work goes to this module's thread."""
+        lost = meta.get("lost")
+        ranks = [r for r in lost if type(r) is int] if isinstance(lost, list) else []
+        with self._lock:
+            if number <= self.current:
+                return
+            self.current = number
+            if self.began is None:
+                self.began = time.monotonic()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="bps-failover", daemon=True)
+            self._thread.start()
+        self._work.put((number, ranks))
+
+    def on_resume(self, number: int) -> None:
+        """The scheduler's RESUME (I/O thread): every worker has seeded; re-send what waited."""
+        with self._lock:
+            if number != self.current:
+                return  # superseded by a later failover, which will be resumed in its turn
+            began, self.began = self.began, None
+        cli = self.plane.client
+        if cli is not None:
+            cli.resume()
+        stall = time.monotonic() - began if began is not None else 0.0
+        self.stalls.append(stall)
+        lost = ", ".join(f"rank {self._rank_of(s)}" for s in self.plane.gone)
+        if self.members.rank == 0:
+            log.warning("worker %d: lost server %s; its keys moved to the other servers and the "
+                        "open rounds were pushed again; the job stalled %.2f s (failover %d)",
+                        self.members.rank, lost, stall, number)
+        else:
+            log.info("worker %d: failover %d done, stalled %.2f s", self.members.rank, number,
+                     stall)
+
+    # -- the work -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            number, ranks = item
+            try:
+                self._fail_over(number, ranks)
+            except Exception as exc:  # noqa: BLE001 - the scheduler's timeout names us
+                log.error("worker %d: failover %d failed: %r", self.members.rank, number, exc)
+
+    def _fail_over(self, number: int, ranks: list[int]) -> None:
+        with self._lock:
+            if number != self.current:
+                return  # a newer one is queued: it covers these servers too
+        servers = [self._index_of(r) for r in ranks]
+        servers = [s for s in servers if s >= 0]
+        cli = self.plane.client
+        if cli is not None:
+            self.plane.gone = sorted(set(self.plane.gone) | set(servers))
+            cli.failover(self.plane.gone, True)
+            why = cli.wait_seeds(SEED_TIMEOUT_S)
+            if why:
+                log.warning("worker %d: failover %d: %s", self.members.rank, number, why)
+        self.members.controller.seeded(number)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._work.put(None)
+            self._thread.join(5.0)
+            self._thread = None
+
+    # -- server ranks and indices ---------------------------------------------------------------
+    def _rank_of(self, index: int) -> int:
+        ranks = self.members.server_ranks
+        return ranks[index] if 0 <= index < len(ranks) else index
+
+    def _index_of(self, rank: int) -> int:
+        ranks = self.members.server_ranks
+        return ranks.index(rank) if rank in ranks else -1
+
+
+def enabled(cfg: Any) -> bool:
+    """Whether this job may lose a server: BYTEPS_SERVER_FAILOVER, synchronous, two servers or
+    more (asynchronous mode keeps the model on the servers)."""
+    return (cfg.server.failover and not cfg.server.enable_async
+            and cfg.cluster.num_server >= 2)

@@ -1,0 +1,114 @@
+"""Losing a server, the scheduler's side (BYTEPS_SERVER_FAILOVER; docs/reliability.md,
+"Losing a server").
+
+A lost server (its launcher saw it exit, a worker's data streams to it closed, its heartbeats
+stopped) no longer ends a synchronous job while another server survives. The scheduler:
+
+1. marks it lost (barriers and the end of the job stop waiting for it; a server that was only
+   cut off is told to shut down, so nobody pushes to a server the others left behind);
+2. tells every worker (``FAILOVER``, the failover's number in the key, the ranks of every
+   server lost so far), and each moves the lost servers' keys to the survivors and seeds
+   them (byteps_like/worker/failover.py);
+3. once every worker has answered ``SEEDED`` with that number, tells them all ``RESUME``: the
+   pushes that waited go to the keys' new servers.
+
+A second loss before the first is resumed starts a new failover that covers both. A worker
+that does not answer within ``BYTEPS_HEARTBEAT_TIMEOUT_SECONDS`` fails the job, naming it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from ..errors import EXIT_PEER_FAILED
+from ..wire import MsgType, Role
+from .barriers import Barriers
+from .nodes import Host, NodeInfo, servers, workers
+
+log = logging.getLogger("byteps_like.scheduler")
+
+
+class ServerLoss:
+    """The failovers of one scheduler."""
+
+    def __init__(self, host: Host, barriers: Barriers):
+        self.host = host
+        self.barriers = barriers
+        cfg = host.cfg
+        self.enabled = (cfg.server.failover and not cfg.server.enable_async
+                        and cfg.cluster.num_server >= 2)
+        self.number = 0                      # failovers so far
+        self.lost: list[NodeInfo] = []       # servers lost, in order
+        self.waiting: set[bytes | None] = set()  # workers that have not seeded the current one
+        self.began = 0.0
+        self.events: list[dict] = []         # every loss and its stall, for status and logs
+
+    def takes(self, node: NodeInfo) -> bool:
+        """Whether losing ``node`` is a failover rather than the end of the job."""
+        return (self.enabled and node.role is Role.SERVER and self.host.phase == "running"
+                and not node.lost and any(s is not node for s in servers(self.host)))
+
+    def lose(self, node: NodeInfo, why: str) -> None:
+        node.lost = node.finished = True
+        self.lost.append(node)
+        self.number += 1
+        self.began = time.monotonic()
+        alive = servers(self.host)
+        log.warning("scheduler: %s; failover %d: its keys move to server rank(s) %s "
+                    "(BYTEPS_SERVER_FAILOVER)", why, self.number,
+                    ", ".join(str(s.rank) for s in alive))
+        self.events.append({"failover": self.number, "server": node.rank, "host": node.host,
+                            "pid": node.pid, "why": why, "at": time.time(), "stall": None})
+        self.host.send(node, MsgType.SHUTDOWN)  # if it still runs, it leaves the job
+        meta = {"lost": [s.rank for s in self.lost], "reason": why[:2000]}
+        live = [w for w in workers(self.host) if not w.lost and not w.finished]
+        self.waiting = {w.route.ident for w in live}
+        for w in workers(self.host):
+            if not w.lost:
+                self.host.send(w, MsgType.FAILOVER, meta, key=self.number)
+        self.barriers.check_all()  # a barrier that waited for the lost server
+        self._maybe_resume()
+
+    def seeded(self, node: NodeInfo, number: int) -> None:
+        if number == self.number:
+            self.waiting.discard(node.route.ident)
+            self._maybe_resume()
+
+    def _maybe_resume(self) -> None:
+        if not self.number or self.waiting:
+            return
+        stall = time.monotonic() - self.began
+        for w in workers(self.host):
+            if not w.lost:
+                self.host.send(w, MsgType.RESUME, key=self.number)
+        self.events[-1]["stall"] = stall
+        log.warning("scheduler: failover %d done: every worker re-seeded the moved keys in "
+                    "%.2f s; the job goes on with %d server(s)", self.number, stall,
+                    len(servers(self.host)))
+        self.began = 0.0
+
+    def tick(self, now: float) -> bool:
+        """Workers lost or finished meanwhile are not waited for; one that does not answer
+        in time fails the job (True: it did)."""
+        if not self.waiting:
+            return False
+        gone = {w.route.ident for w in workers(self.host) if w.lost or w.finished}
+        if self.waiting & gone:
+            self.waiting -= gone
+            self._maybe_resume()
+            return False
+        limit = self.host.cfg.timeouts.heartbeat_timeout
+        if self.began and now - self.began > limit:
+            silent = [n for n in workers(self.host) if n.route.ident in self.waiting]
+            why = (f"failover {self.number} after losing {self.lost[-1].describe()}: "
+                   f"{', '.join(n.describe() for n in silent)} did not re-seed the moved keys "
+                   f"within {limit:g} s (BYTEPS_HEARTBEAT_TIMEOUT_SECONDS)")
+            log.error("scheduler: %s", why)
+            self.waiting = set()
+            for n in self.host.nodes.values():
+                if not n.finished:
+                    self.host.send(n, MsgType.PEER_LOST, {**silent[0].public(), "reason": why}
+                                   if silent else {"reason": why})
+            self.host.finish(EXIT_PEER_FAILED, why)
+            return True
+        return False
