@@ -336,6 +336,9 @@ class Scheduler:
         if not tell_lost and self.server_loss.takes(lost):  # the job goes on (failover.py)
             self.server_loss.lose(lost, why)
             return
+        if lost.role is Role.SERVER and self.server_loss.lost:
+            why += ("; no server of the job is left (lost before: "
+                    + ", ".join(n.describe() for n in self.server_loss.lost) + ")")
         if self.elastic and lost.role is Role.WORKER and not tell_lost and self.phase == "running":
             self.epochs.lose(lost, why)
             return

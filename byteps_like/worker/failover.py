@@ -50,6 +50,7 @@ class ServerFailover:
         self.began: float | None = None       # when this worker first saw the loss
         self.stalls: list[float] = []         # seconds each failover held the moved keys
         self._told: set[int] = set()          # servers whose lost streams we reported
+        self._announced: set[int] = set()     # servers whose loss the log has named
         self._work: queue.SimpleQueue[tuple[int, list[int]] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -101,7 +102,9 @@ class ServerFailover:
             cli.resume()
         stall = time.monotonic() - began if began is not None else 0.0
         self.stalls.append(stall)
-        lost = ", ".join(f"rank {self._rank_of(s)}" for s in self.plane.gone)
+        new = [s for s in self.plane.gone if s not in self._announced] or self.plane.gone
+        self._announced |= set(new)
+        lost = ", ".join(f"rank {self._rank_of(s)}" for s in new)
         if self.members.rank == 0:
             log.warning("worker %d: lost server %s; its keys moved to the other servers and the "
                         "open rounds were pushed again; the job stalled %.2f s (failover %d)",

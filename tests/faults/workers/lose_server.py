@@ -1,11 +1,12 @@
 """SGD on many tensors of mixed sizes with byteps_like's numpy API, deterministic, for the
-server-loss tests. Usage: lose_server.py OUT STEPS [KILL_STEP [SIGNAL [SERVER]]]
+server-loss tests. Usage: lose_server.py OUT STEPS [KILLS [COMPRESSOR]]
 
 Each step every worker computes a gradient from its parameters, its rank and the step, and
-push_pulls every tensor (async, several in flight). With KILL_STEP, worker rank 0 sends SIGNAL
-(KILL or TERM; default KILL) to server rank SERVER (default 1) once it has started that step's
-push_pulls and before it waits for them: the loss lands mid-round. Rank 0 writes the final
-parameters to OUT (.npz), and prints ``STEP_TIMES`` (seconds per step)."""
+push_pulls every tensor (async, all in flight at once). KILLS is a comma-separated list of
+STEP:SERVER:SIGNAL (SIGNAL KILL or TERM): worker rank 0 sends SIGNAL to server rank SERVER
+once it has started that step's push_pulls and before it waits for them, so the loss lands
+mid-round. COMPRESSOR (onebit, fp16, ...) compresses the largest tensor. Every rank writes its
+final parameters to OUT.<rank>.npz; rank 0 prints ``STEP_TIMES`` (seconds per step)."""
 import os
 import signal
 import sys
@@ -14,30 +15,40 @@ import time
 import numpy as np
 
 import byteps_like as bps
+from byteps_like.worker.runtime import default_runtime
 
 out, steps = sys.argv[1], int(sys.argv[2])
-kill_step = int(sys.argv[3]) if len(sys.argv) > 3 else -1
-signame = sys.argv[4] if len(sys.argv) > 4 else "KILL"
-victim = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+kills = {}
+for item in filter(None, (sys.argv[3] if len(sys.argv) > 3 else "").split(",")):
+    step, server, sig = item.split(":")
+    kills.setdefault(int(step), []).append((int(server), sig))
+compressor = sys.argv[4] if len(sys.argv) > 4 else ""
 
 bps.init()
 rank = bps.rank()
-sizes = [3, 1000, 70_000, 250_000, 17, 600_000, 4096, 123_457]  # partitions of 64 KiB..
+sizes = [3, 1000, 70_000, 250_000, 17, 600_000, 4096, 123_457]  # 1 to 10 partitions each
 params = [np.linspace(-1, 1, n, dtype=np.float32) for n in sizes]
+comp = {}
+if compressor:  # the largest tensor (10 partitions); onebit and top-k with error feedback
+    from byteps_like.compression import Compression
+    comp = {5: getattr(Compression, compressor) if compressor in ("fp16", "bf16")
+            else Compression.onebit(error_feedback=True) if compressor == "onebit"
+            else Compression.topk(0.01, error_feedback=True)}
 times = []
 for step in range(steps):
     t0 = time.monotonic()
     grads = [np.sin(p * (1.0 + 0.01 * step) + rank).astype(np.float32) for p in params]
-    handles = [bps.push_pull_async(g, name=f"w{i}", average=True) for i, g in enumerate(grads)]
-    if step == kill_step and rank == 0:
-        from byteps_like.worker.runtime import default_runtime
-        pid = [p.pid for p in default_runtime().members.servers if p.rank == victim][0]
-        os.kill(pid, getattr(signal, f"SIG{signame}"))
-        print(f"KILLED server {victim} pid {pid} at step {step}", flush=True)
+    handles = [bps.push_pull_async(g, name=f"w{i}", average=True,
+                                   **({"compression": comp[i]} if i in comp else {}))
+               for i, g in enumerate(grads)]
+    for server, sig in kills.get(step, []) if rank == 0 else []:
+        pid = [p.pid for p in default_runtime().members.servers if p.rank == server][0]
+        os.kill(pid, getattr(signal, f"SIG{sig}"))
+        print(f"KILLED server {server} pid {pid} at step {step} (SIG{sig})", flush=True)
     for p, h in zip(params, handles):
         p -= np.float32(0.1) * h.wait(timeout=120)
     times.append(time.monotonic() - t0)
+np.savez(f"{out}.{rank}.npz", *params)
 if rank == 0:
-    np.savez(out, *params)
     print("STEP_TIMES " + " ".join(f"{t:.4f}" for t in times), flush=True)
 bps.shutdown()
