@@ -241,7 +241,7 @@ class ClientImpl {
         seeds_out_[{kv.first, k.round}] = now;
         ServerSlot& s = servers_[now];
         seeds.emplace_back(s.conns[static_cast<std::size_t>(k.conn) % s.conns.size()],
-                           seed_out(kv.first, k));
+                           seed_out(rank_, job_, kv.first, k));
       }
     }
     for (auto& so : seeds) so.first->post(std::move(so.second));
@@ -502,8 +502,9 @@ class ClientImpl {
     Part& p = op.parts[t.idx];
     // an average divides by the ranks that pushed: all of them, or those not joined (join())
     const std::int64_t div = t.contrib > 0 && op.divisor > 1 ? t.contrib : op.divisor;
-    if (ok && t.shadow && !op.failed) copy_into(op.dst + p.spec.offset, t.shadow, t.len, 1);
-    if (ok && div > 1 && !op.failed && !op.coded)  // a coded part was divided as decoded
+    if (ok && t.shadow && !op.failed) {  // out of the key's shadow, divided block by block
+      copy_scaled(op.kdt, op.dst + p.spec.offset, t.shadow, t.len, op.compressed ? 1 : div);
+    } else if (ok && div > 1 && !op.failed && !op.coded)  // a coded part was divided as decoded
       scale_into(op.kdt, op.dst + p.spec.offset, p.spec.nbytes / itemsize(op.kdt), div, 1);
     std::vector<Ready> ready;
     {
@@ -791,21 +792,6 @@ class ClientImpl {
     cv_.notify_all();
     return true;
   }
-  // The seed of key k: its last completed round's answer, with its declaration.
-  Out seed_out(std::uint64_t key, const KeyRecord& k) const {
-    Out o;
-    auto bytes = std::make_shared<std::vector<char>>(k.shadow.begin(), k.shadow.begin() + k.len);
-    const std::size_t isz = std::max<std::size_t>(1, wire_itemsize(k.wire_dtype));
-    o.hdr = make_header(kPush, kRoleWorker, rank_, kFlagSeed | kFlagDeclare | kFlagMeta | k.flags,
-                        job_, key, k.round, static_cast<std::uint8_t>(k.wire_dtype), k.len / isz,
-                        k.len);
-    o.meta = k.decl;
-    o.payload = bytes->data();
-    o.plen = k.len;
-    o.keep = bytes;
-    return o;
-  }
-
   bool failover_ = false;
   bool holding_ = false;      // a failover is in progress: moved keys' parts wait for resume()
   std::unordered_map<std::uint64_t, KeyRecord> keys_;

@@ -3,9 +3,16 @@
 // keeps of each key, and where a key goes once servers are lost.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "dataplane_io.h"
+#include "dtype.h"
+#include "ops.h"
 
 namespace bps {
 namespace dp {
@@ -44,6 +51,34 @@ inline int hrw_owner(std::uint64_t key, const std::vector<int>& alive) {
     if (best < 0 || v > top || (v == top && s < best)) best = s, top = v;
   }
   return best;
+}
+
+// dst = src / div (div 1: a copy) in blocks that stay in the cache between the copy and the
+// division, so an answer received into its key's shadow costs about one more read of it
+inline void copy_scaled(DType kdt, char* dst, const char* src, std::size_t len,
+                        std::int64_t div) {
+  constexpr std::size_t kBlock = 64 << 10;
+  const std::size_t isz = itemsize(kdt);
+  for (std::size_t at = 0; at < len; at += kBlock) {
+    const std::size_t n = std::min(kBlock, len - at);
+    std::memcpy(dst + at, src + at, n);
+    if (div > 1) scale_into(kdt, dst + at, n / isz, div, 1);
+  }
+}
+
+// The seed of key k: its last completed round's answer, with its declaration.
+inline Out seed_out(int rank, std::uint32_t job, std::uint64_t key, const KeyRecord& k) {
+  Out o;
+  auto bytes = std::make_shared<std::vector<char>>(k.shadow.begin(), k.shadow.begin() + k.len);
+  const std::size_t isz = std::max<std::size_t>(1, wire_itemsize(k.wire_dtype));
+  o.hdr = make_header(kPush, kRoleWorker, rank, kFlagSeed | kFlagDeclare | kFlagMeta | k.flags,
+                      job, key, k.round, static_cast<std::uint8_t>(k.wire_dtype), k.len / isz,
+                      k.len);
+  o.meta = k.decl;
+  o.payload = bytes->data();
+  o.plen = k.len;
+  o.keep = bytes;
+  return o;
 }
 
 }  // namespace dp

@@ -199,7 +199,7 @@ class Scheduler:
         elif h.type is MsgType.SEEDED and node.role is Role.WORKER:
             self.server_loss.seeded(node, h.key)
         elif h.type is MsgType.STREAM_LOST and node.role is Role.WORKER:
-            self._stream_lost(node, meta)
+            self.server_loss.stream_lost(node, meta, self._lose)
         elif h.type is MsgType.STALL and node.role is Role.SERVER:
             self._stall(node, meta.get("stalls"))
         elif h.type is MsgType.ABORT:
@@ -306,17 +306,6 @@ class Scheduler:
             return
         self._lose(node, why)
 
-    def _stream_lost(self, worker: NodeInfo, meta: dict) -> None:
-        """A worker's data streams to a server closed: that server is lost now (a server that
-        dies without a launcher watching it), not after the heartbeat timeout."""
-        rank = checked(meta, "server", int, lo=0, hi=1 << 20)
-        reason = checked(meta, "reason", str, "")[:1000]
-        found = [n for n in self.nodes.values() if n.role is Role.SERVER and n.rank == rank]
-        if not found or found[0].lost or self.phase != "running":
-            return
-        self._lose(found[0], f"lost {found[0].describe()}: the data streams of "
-                             f"{worker.describe()} to it closed ({reason})")
-
     def _worker_finished(self, node: NodeInfo) -> None:
         node.finished = True
         if self.elastic:
@@ -336,9 +325,7 @@ class Scheduler:
         if not tell_lost and self.server_loss.takes(lost):  # the job goes on (failover.py)
             self.server_loss.lose(lost, why)
             return
-        if lost.role is Role.SERVER and self.server_loss.lost:
-            why += ("; no server of the job is left (lost before: "
-                    + ", ".join(n.describe() for n in self.server_loss.lost) + ")")
+        why = self.server_loss.fatal(lost, why)
         if self.elastic and lost.role is Role.WORKER and not tell_lost and self.phase == "running":
             self.epochs.lose(lost, why)
             return

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from ..errors import EXIT_PEER_FAILED
 from ..wire import MsgType, Role
 from .barriers import Barriers
-from .nodes import Host, NodeInfo, servers, workers
+from .nodes import Host, NodeInfo, checked, servers, workers
 
 log = logging.getLogger("byteps_like.scheduler")
 
@@ -47,6 +48,24 @@ class ServerLoss:
         """Whether losing ``node`` is a failover rather than the end of the job."""
         return (self.enabled and node.role is Role.SERVER and self.host.phase == "running"
                 and not node.lost and any(s is not node for s in servers(self.host)))
+
+    def stream_lost(self, worker: NodeInfo, meta: dict, lose: Callable[[NodeInfo, str], None]
+                    ) -> None:
+        """A worker's data streams to a server closed: that server is lost now (a server that
+        dies without a launcher watching it), not after the heartbeat timeout."""
+        rank = checked(meta, "server", int, lo=0, hi=1 << 20)
+        reason = checked(meta, "reason", str, "")[:1000]
+        found = [n for n in servers(self.host) if n.rank == rank]
+        if found and self.host.phase == "running":
+            lose(found[0], f"lost {found[0].describe()}: the data streams of "
+                           f"{worker.describe()} to it closed ({reason})")
+
+    def fatal(self, node: NodeInfo, why: str) -> str:
+        """Why the job ends with ``node`` lost: says so when no server is left."""
+        if node.role is Role.SERVER and self.lost:
+            why += ("; no server of the job is left (lost before: "
+                    + ", ".join(n.describe() for n in self.lost) + ")")
+        return why
 
     def lose(self, node: NodeInfo, why: str) -> None:
         node.lost = node.finished = True

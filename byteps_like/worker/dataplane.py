@@ -24,8 +24,8 @@ import itertools
 import logging
 import sys
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -92,6 +92,7 @@ class NativeDataPlane:
         self.failover_on = False
         self.gone: list[int] = []
         self.on_server_lost: Callable[[int, str], None] | None = None
+        self.on_close: Callable[[], None] | None = None
 
     def serves(self, cfg: Config) -> bool:
         """Whether this worker talks to the servers: a local root of a job of several
@@ -317,6 +318,8 @@ class NativeDataPlane:
     def close(self) -> None:
         """Close the client, which fails what is still in flight with the reason; finish
         those operations; give the interpreter's switch interval back if we changed it."""
+        if self.on_close is not None:
+            self.on_close()
         cli = self.client
         if cli is None:
             return

@@ -55,11 +55,18 @@ class ServerFailover:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def attach(self, control: Any) -> None:
-        """Before registering: the control client hands the scheduler's notices here."""
+    @classmethod
+    def attach(cls, members: Membership, plane: NativeDataPlane) -> ServerFailover:
+        """Before registering: the control client hands the scheduler's notices to a new
+        instance, and the native plane its lost streams."""
+        self = cls(members, plane)
+        control = members.controller
         control.on_failover = self.on_failover
         control.on_resume = self.on_resume
-        self.plane.on_server_lost = self.on_stream_lost
+        plane.on_server_lost = self.on_stream_lost
+        plane.failover_on = True
+        plane.on_close = self.close
+        return self
 
     # -- notices ------------------------------------------------------------------------------
     def on_stream_lost(self, server: int, message: str) -> None:

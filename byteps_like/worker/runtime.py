@@ -232,10 +232,7 @@ class Runtime:
         m.open(cfg, on_message=self.dispatch.on_message, on_fatal=self._on_fatal)
         if self.elastic_m is not None:
             self.elastic_m.attach_control(m.controller)
-        if failover_enabled(cfg):
-            self.failover = ServerFailover(m, self.plane)
-            self.failover.attach(m.controller)
-            self.plane.failover_on = True
+        self.failover = ServerFailover.attach(m, self.plane) if failover_enabled(cfg) else None
         try:
             m.register()
         except BaseException:
@@ -295,9 +292,7 @@ class Runtime:
         if self.telemetry is not None:  # writes the trace file
             self.telemetry.close()
             self.telemetry = None
-        self.plane.close()  # fails what is still in flight, with the reason
-        if self.failover is not None:
-            self.failover.close()
+        self.plane.close()  # fails what is still in flight, with the reason (and failover's)
         if self.pipeline is not None:
             self.pipeline.close()
             self.pipeline = None
