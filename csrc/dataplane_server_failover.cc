@@ -83,9 +83,9 @@ void ServerImpl::finish_seed(const std::shared_ptr<Conn>& conn, const std::share
   const std::int64_t r = h.round;
   {
     std::lock_guard<std::mutex> g(st->mu);
-    if (st->gen.load() != gen || !st->failed.empty()) return;
-    ack_locked(conn, h);
-    if (r <= st->completed) return;
+    ack_locked(conn, h);  // taken, or superseded: another worker's seed of it came first
+    (void)gen;            // (a seed bumps the generation, so a concurrent one sees it moved)
+    if (r <= st->completed || !st->failed.empty()) return;
     for (std::size_t c = 0; c < st->nchunks; ++c) {  // a push begun here sums nothing more
       std::lock_guard<std::mutex> cg(st->chunk_mu[c]);
       st->fill[0][c] = st->fill[1][c] = 0;

@@ -126,3 +126,14 @@ def test_losing_every_server_ends_the_job_naming_it(tmp_path):
     assert r.rc != 0
     assert "no server of the job is left" in text, text
     assert "failed first: killed by SIGKILL" in text
+
+
+def test_over_ucx_streams(tmp_path, uninterrupted):
+    """The same over the native plane's UCX streams (UCX_TLS=tcp on loopback)."""
+    env = {"BYTEPS_TRANSPORT": "ucx", "UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo",
+           "UCX_WARN_UNUSED_ENV_VARS": "n"}
+    r, out = run(tmp_path, "k", "5:1:KILL", env=env)
+    text = r.out + r.err
+    assert r.rc == 0, text
+    assert "stalled" in text
+    assert_same(params(out, 0), uninterrupted())
