@@ -91,6 +91,8 @@ class MsgType(enum.IntEnum):
     EPOCH_START = _T["EPOCH_START"]  # elastic: scheduler -> workers: the new epoch is formed
     EXITED = _T["EXITED"]            # launcher -> scheduler: a process it started exited (pid,
     #                                  host, how)
+    REPORT = _T["REPORT"]            # node -> scheduler: periodic telemetry (a worker's
+    #                                  progress, a server's traffic and straggler report)
     # data plane (worker <-> server)
     PUSH = _T["PUSH"]
     PUSH_ACK = _T["PUSH_ACK"]

@@ -40,6 +40,7 @@ constexpr std::uint32_t kMaxMeta = 1u << 20;  // a JSON meta frame's bytes (wire
   X(kReady, READY, 15)             /* elastic: worker left the epoch, ready for the next */    \
   X(kEpochStart, EPOCH_START, 16)  /* elastic: the new epoch is formed (rank, size) */         \
   X(kExited, EXITED, 17)           /* launcher -> scheduler: a process it started exited */    \
+  X(kReport, REPORT, 18)           /* node -> scheduler: telemetry (progress, stragglers) */   \
   /* data plane (worker <-> server) */                                                         \
   X(kPush, PUSH, 20)                                                                           \
   X(kPushAck, PUSH_ACK, 21)                                                                    \

@@ -32,10 +32,12 @@ from ..transport import Route, make_endpoint
 from ..transport.base import Drops
 from ..wire import ERR_PROTOCOL, ERR_REGISTER, Header, MsgType, Role, decode, encode, job_hash
 from .barriers import Barriers
+from .dashboard import Dashboard, serve_dashboard
 from .elastic import Epochs
 from .join import Joins
 from .nodes import BadField, NodeInfo, checked, show, workers
 from .registration import Registration, assign_ranks
+from .reports import EventLog, Reports
 
 if TYPE_CHECKING:
     from ..metrics import RoleMetrics
@@ -88,6 +90,10 @@ class Scheduler:
         self.joins = Joins(self)
         self.epochs = Epochs(self, self.barriers, self.joins)
         self.registration = Registration(self, self.epochs)
+        # the nodes' reports and the job's events: the live page, straggler line and metrics
+        self.events = EventLog()
+        self.reports = Reports(self, self.events)
+        self.dashboard: Dashboard | None = None
         self._done = threading.Event()
         self.heartbeats_missed = 0   # metrics: ticks that found a node silent > 2 intervals
         self.metrics: RoleMetrics | None = None
@@ -118,6 +124,8 @@ class Scheduler:
         if self.exit_code is None:
             self.exit_code = code
             self.failure = why
+            self.events.add("end", f"the job ended: exit status {code}"
+                            + (f" ({why[:500]})" if why else ""))
             self.phase = "done"
             self._done.set()
 
@@ -193,6 +201,8 @@ class Scheduler:
             self.epochs.ready(node, h.key)
         elif h.type is MsgType.EPOCH and node.role is Role.SERVER and self.elastic:
             self.epochs.ack(node, h.key)
+        elif h.type is MsgType.REPORT:
+            self.reports.report(node, meta)
         elif h.type is MsgType.STALL and node.role is Role.SERVER:
             self._stall(node, meta.get("stalls"))
         elif h.type is MsgType.ABORT:
@@ -203,7 +213,9 @@ class Scheduler:
             log.warning("scheduler: unexpected %s from %s", h.type.name, node.describe())
 
     def _register(self, route: Route, meta: dict, h: Header) -> None:
+        known, phase = route.ident in self.nodes, self.phase
         self.registration.register(route, meta)
+        self.reports.registered(None if known else self.nodes.get(route.ident), phase)
 
     def _barrier(self, node: NodeInfo, group: str, seq: int) -> None:
         self.barriers.arrive(node, group, seq)
@@ -301,6 +313,7 @@ class Scheduler:
 
     def _worker_finished(self, node: NodeInfo) -> None:
         node.finished = True
+        self.events.add("finished", f"{node.describe()} finished")
         if self.elastic:
             self.epochs.finished(node)
             return
@@ -315,6 +328,7 @@ class Scheduler:
 
     def _lose(self, lost: NodeInfo, why: str, *, tell_lost: bool = False,
               code: int = EXIT_PEER_FAILED) -> None:
+        self.events.add("lost", why)
         if self.elastic and lost.role is Role.WORKER and not tell_lost and self.phase == "running":
             self.epochs.lose(lost, why)
             return
@@ -401,6 +415,7 @@ class Scheduler:
         self.ep.start()
         from byteps_like.metrics import serve_role  # metrics: BYTEPS_METRICS_PORT
         self.metrics = serve_role("scheduler", 0, self.cfg, self._metrics_sample, "node_role")
+        self.dashboard = serve_dashboard(self)  # the live page: BYTEPS_DASHBOARD_PORT
 
     def _metrics_sample(self) -> dict:
         """What the Prometheus endpoint reports (byteps_like/metrics.py)."""
@@ -409,13 +424,17 @@ class Scheduler:
             if not n.lost:
                 nodes[n.role.label] = nodes.get(n.role.label, 0) + 1
         return {"byteps_scheduler_nodes": nodes,
-                "byteps_scheduler_heartbeats_missed": self.heartbeats_missed}
+                "byteps_scheduler_heartbeats_missed": self.heartbeats_missed,
+                **self.reports.metrics()}
 
     def wait(self, timeout: float | None = None) -> int | None:
         self._done.wait(timeout)
         return self.exit_code
 
     def close(self) -> None:
+        if self.dashboard is not None:
+            self.dashboard.close()
+            self.dashboard: Dashboard | None = None
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
