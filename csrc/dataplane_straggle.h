@@ -22,7 +22,7 @@ namespace dp {
 
 struct StraggleRow {
   double held_s = 0;           // the others waited for this rank (merged intervals)
-  std::uint64_t held_rounds = 0;  // rounds in which it pushed last, with others waiting
+  std::uint64_t held_rounds = 0;  // rounds (of any key) it pushed last, others waiting
   double waited_s = 0;         // this rank waited for the last pusher (merged intervals)
 };
 
@@ -50,7 +50,8 @@ class Straggle {
     if (count < 2) return;
     const double end = arrived[last];
     std::lock_guard<std::mutex> g(mu_);
-    if (merge(&rows_[last].held_s, &held_until_[last], second, end)) ++rows_[last].held_rounds;
+    ++rows_[last].held_rounds;
+    merge(&rows_[last].held_s, &held_until_[last], second, end);
     for (int r = 0; r < n; ++r)
       if (pushed[r] && r != last) merge(&rows_[r].waited_s, &waited_until_[r], arrived[r], end);
   }
@@ -61,12 +62,11 @@ class Straggle {
   }
 
  private:
-  // adds [a, b) minus what is already covered up to *until; true when it added anything
-  static bool merge(double* total, double* until, double a, double b) {
-    if (b <= *until || b <= a) return false;
+  // adds [a, b) minus what is already covered up to *until
+  static void merge(double* total, double* until, double a, double b) {
+    if (b <= *until || b <= a) return;
     *total += b - std::max(a, *until);
     *until = b;
-    return true;
   }
 
   std::mutex mu_;

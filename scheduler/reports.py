@@ -94,24 +94,26 @@ class Reports:
         self.interval = m.report_interval
         self.events = events if events is not None else EventLog()
         self._lock = threading.Lock()
-        self.workers: dict[int, deque] = {}
-        self.servers: dict[int, deque] = {}
+        # (time, sample) of each node's reports, by its connection (Route.ident)
+        self.workers: dict[bytes | None, deque] = {}
+        self.servers: dict[bytes | None, deque] = {}
         self.timeline: deque[dict] = deque(maxlen=TIMELINE)
         self.flagged: int | None = None      # the machine the straggler line named
         self._next_point = 0.0
         self.started = time.monotonic()
 
     # -- input (the scheduler's I/O thread) ------------------------------------------------------
-    def report(self, node: NodeInfo, meta: dict) -> None:
-        now = time.monotonic()
+    def report(self, node: NodeInfo, meta: dict, now: float | None = None) -> None:
+        """A node's REPORT (``now``: when it came, monotonic seconds; default: now)."""
+        now = time.monotonic() if now is None else now
         if node.role is Role.WORKER:
             sample = self._worker_sample(meta)
             table = self.workers
         else:
             sample = self._server_sample(meta)
             table = self.servers
-        with self._lock:
-            table.setdefault(node.rank, deque(maxlen=SAMPLES)).append((now, sample))
+        with self._lock:  # by connection: an elastic job renumbers its workers
+            table.setdefault(node.route.ident, deque(maxlen=SAMPLES)).append((now, sample))
         if node.role is Role.SERVER:
             self.check_straggler(now)
         if now >= self._next_point:
@@ -234,28 +236,29 @@ class Reports:
     # -- output (any thread) ---------------------------------------------------------------------
     def _worker_rows(self, now: float, costs: dict[int, dict], flagged: int | None) -> list:
         ls = self.host.cfg.cluster.local_size
-        nodes = {n.rank: n for n in list(self.host.nodes.values())
-                 if n.role is Role.WORKER and n.rank >= 0}
+        nodes = sorted((n for n in list(self.host.nodes.values())
+                        if n.role is Role.WORKER and n.rank >= 0),
+                       key=lambda n: (n.rank, not n.lost))
         with self._lock:
-            samples = {r: deque(s) for r, s in self.workers.items()}
+            samples = {i: deque(s) for i, s in self.workers.items()}
         rows = []
-        for rank in sorted(set(nodes) | set(samples)):
-            node, dq = nodes.get(rank), samples.get(rank, deque())
+        for node in nodes:
+            dq = samples.get(node.route.ident, deque())
             last = dq[-1][1] if dq else {}
-            steps = _rate(dq, now, self.window, lambda s: s["step"])
+            live = not (node.lost or node.finished)
+            steps = _rate(dq, now, self.window, lambda s: s["step"]) if live else None
             busy = _rate(dq, now, self.window, lambda s: s["exchange"])
-            moved = _rate(dq, now, self.window, lambda s: s["bytes"])
-            cost = costs.get(rank // ls, {})
+            moved = _rate(dq, now, self.window, lambda s: s["bytes"]) if live else None
+            cost = costs.get(node.rank // ls, {}) if live else {}
             row: dict[str, Any] = {
-                "rank": rank, "host": node.host if node else "?",
-                "pid": node.pid if node else 0, "state": _state(node),
+                "rank": node.rank, "host": node.host, "pid": node.pid, "state": _state(node),
                 "step": last.get("step"), "steps_per_s": round(steps[0], 3) if steps else None,
                 "bytes_per_s": round(moved[0]) if moved else None,
                 "held_fraction": round(cost.get("held", 0.0), 4),
                 "waited_fraction": round(cost.get("waited", 0.0), 4),
                 "held_s": round(cost.get("held_total", 0.0), 3),
                 "report_age_s": round(now - dq[-1][0], 2) if dq else None,
-                "straggler": flagged is not None and rank // ls == flagged}
+                "straggler": live and flagged is not None and node.rank // ls == flagged}
             if steps and steps[0] > 0:
                 step_time = 1.0 / steps[0]
                 exch = min(1.0, busy[0]) if busy else 0.0
@@ -271,19 +274,21 @@ class Reports:
         return rows
 
     def _server_rows(self, now: float) -> list:
-        nodes = {n.rank: n for n in list(self.host.nodes.values())
-                 if n.role is Role.SERVER and n.rank >= 0}
+        nodes = sorted((n for n in list(self.host.nodes.values())
+                        if n.role is Role.SERVER and n.rank >= 0),
+                       key=lambda n: (n.rank, not n.lost))
         with self._lock:
-            samples = {r: deque(s) for r, s in self.servers.items()}
+            samples = {i: deque(s) for i, s in self.servers.items()}
         rows = []
-        for rank in sorted(set(nodes) | set(samples)):
-            node, dq = nodes.get(rank), samples.get(rank, deque())
+        for node in nodes:
+            dq = samples.get(node.route.ident, deque())
             last = dq[-1][1] if dq else {}
-            moved = _rate(dq, now, self.window, lambda s: s["bytes"])
-            cpu = _rate(dq, now, self.window, lambda s: s["cpu"])
-            rounds = _rate(dq, now, self.window, lambda s: s["rounds"])
-            rows.append({"rank": rank, "host": node.host if node else "?",
-                         "pid": node.pid if node else 0, "state": _state(node),
+            live = not (node.lost or node.finished)
+            moved = _rate(dq, now, self.window, lambda s: s["bytes"]) if live else None
+            cpu = _rate(dq, now, self.window, lambda s: s["cpu"]) if live else None
+            rounds = _rate(dq, now, self.window, lambda s: s["rounds"]) if live else None
+            rows.append({"rank": node.rank, "host": node.host, "pid": node.pid,
+                         "state": _state(node),
                          "bytes_per_s": round(moved[0]) if moved else None,
                          "cpu_cores": round(cpu[0], 3) if cpu else None,
                          "rounds_per_s": round(rounds[0], 2) if rounds else None,
@@ -319,7 +324,8 @@ class Reports:
         except (RuntimeError, KeyError, ValueError):  # a table changing under a reader
             return
         point = {"time": round(time.time(), 3),
-                 "steps_per_s": {str(w["rank"]): w["steps_per_s"] for w in s["workers"]},
+                 "steps_per_s": {str(w["rank"]): w["steps_per_s"] for w in s["workers"]
+                                 if w["state"] == "up"},
                  "samples_per_s": s["job"].get("samples_per_s"),
                  "server_bytes_per_s": sum(x["bytes_per_s"] or 0 for x in s["servers"]),
                  "straggler": s["straggler"]["rank"] if s["straggler"] else None}
@@ -330,16 +336,16 @@ class Reports:
         with self._lock:
             return list(self.timeline)[-n:]
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self, now: float | None = None) -> dict[str, Any]:
         """The scheduler's Prometheus samples of the straggler report (byteps_like/metrics.py)."""
-        costs = self.costs()
+        costs = self.costs(now)
         ls = self.host.cfg.cluster.local_size
         held, frac = {}, {}
         for m, row in costs.items():
             for r in range(m * ls, (m + 1) * ls):
                 held[str(r)] = row["held_total"]
                 frac[str(r)] = row["held"]
-        st = self.straggler()
+        st = self.straggler(now)
         return {"byteps_scheduler_worker_held_seconds": held,
                 "byteps_scheduler_worker_held_fraction": frac,
                 "byteps_scheduler_straggler_rank": st["rank"] if st else -1}

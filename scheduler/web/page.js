@@ -13,7 +13,10 @@
   function el(tag, attrs, children) {
     const e = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
-      if (k === "text") e.textContent = v; else e.setAttribute(k, v);
+      // styles through the CSSOM: the page's Content-Security-Policy refuses style attributes
+      if (k === "text") e.textContent = v;
+      else if (k === "style") Object.assign(e.style, v);
+      else e.setAttribute(k, v);
     }
     for (const c of children || []) e.appendChild(c);
     return e;
@@ -62,8 +65,8 @@
     if (w.step_time_s) {
       for (const part of ["compute", "wait", "exchange"]) {
         const v = w[part + "_s"] || 0;
-        bar.appendChild(el("span", {class: part, style: "width:" +
-          (100 * v / w.step_time_s).toFixed(1) + "%", title: part + " " + ms(v)}));
+        bar.appendChild(el("span", {class: part, style: {width:
+          (100 * v / w.step_time_s).toFixed(1) + "%"}, title: part + " " + ms(v)}));
       }
     }
     const text = w.step_time_s ? ms(w.compute_s) + " | " + ms(w.wait_s) + " | " +
@@ -110,6 +113,7 @@
       }
     }
     if (pts.length < 2 || top <= 0) return;
+    top *= 1.25;  // headroom: a line at the top is still seen
     const t0 = pts[0].time, t1 = pts[pts.length - 1].time, W = 900, H = 160;
     const x = t => (t1 > t0 ? (t - t0) / (t1 - t0) : 0) * W;
     const y = v => H - 8 - (v / top) * (H - 16);
@@ -135,10 +139,11 @@
       path.setAttribute("stroke", color); path.setAttribute("stroke-width", "2");
       path.setAttribute("data-rank", r);
       svg.appendChild(path);
-      legend.appendChild(el("span", {}, [el("i", {style: "background:" + color}),
+      legend.appendChild(el("span", {}, [el("i", {style: {background: color}}),
         document.createTextNode("worker " + r)]));
     });
-    legend.appendChild(el("span", {class: "muted", text: "top: " + fmt(top) + " steps/s"}));
+    legend.appendChild(el("span", {class: "muted", text: "top of the chart: " + fmt(top) +
+      " steps/s"}));
   }
 
   function renderEvents(s) {
