@@ -15,6 +15,7 @@ line naming the worker by rank and host, and one when it recovers.
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import threading
@@ -160,26 +161,30 @@ class Reports:
     def costs(self, now: float | None = None) -> dict[int, dict]:
         """Per worker machine: the fraction of the last window the others waited for it
         ("held") and it waited for others ("waited"), the largest any server saw, with the
-        span measured, and the seconds held since the start."""
+        span measured, and the seconds held since the start. O(servers x machines)."""
         now = time.monotonic() if now is None else now
         out: dict[int, dict] = {}
         with self._lock:
-            servers = {r: list(s) for r, s in self.servers.items()}
-        for samples in servers.values():
-            dq = deque(samples)
-            if not samples:
+            servers = [list(s) for s in self.servers.values()]
+        for samples in servers:
+            if len(samples) < 2:
                 continue
-            for m, (held_total, _waited) in enumerate(samples[-1][1]["straggle"]):
+            t_new, new = samples[-1]
+            # the oldest sample within the window (else the one before the newest)
+            k = bisect.bisect_left([t for t, _ in samples], now - self.window)
+            t_old, old = samples[min(k, len(samples) - 2)]
+            span = t_new - t_old
+            for m, (held_total, waited_total) in enumerate(new["straggle"]):
                 row = out.setdefault(m, {"held": 0.0, "waited": 0.0, "span": 0.0,
                                          "held_total": 0.0})
                 row["held_total"] = max(row["held_total"], held_total)
-                for what, i in (("held", 0), ("waited", 1)):
-                    r = _rate(dq, now, self.window,
-                              lambda s, m=m, i=i: s["straggle"][m][i]
-                              if m < len(s["straggle"]) else None)
-                    if r is not None:
-                        row[what] = max(row[what], min(1.0, r[0]))
-                        row["span"] = max(row["span"], r[1])
+                if span <= 0 or m >= len(old["straggle"]):
+                    continue
+                held0, waited0 = old["straggle"][m]
+                row["held"] = max(row["held"], min(1.0, max(0.0, held_total - held0) / span))
+                row["waited"] = max(row["waited"],
+                                    min(1.0, max(0.0, waited_total - waited0) / span))
+                row["span"] = max(row["span"], span)
         return out
 
     def straggler(self, now: float | None = None) -> dict | None:
