@@ -434,7 +434,7 @@ class Scheduler:
     def close(self) -> None:
         if self.dashboard is not None:
             self.dashboard.close()
-            self.dashboard: Dashboard | None = None
+            self.dashboard = None
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
