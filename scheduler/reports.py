@@ -125,8 +125,15 @@ class Reports:
         """A registration was taken: ``node`` is new (None: not a new node); ``phase``, the
         scheduler's before it."""
         if node is not None:
-            self.events.add("join", f"{node.role.label} registered from {node.host} (pid "
-                            f"{node.pid}){' during the job' if phase == 'running' else ''}")
+            text = f"{node.role.label} registered from {node.host} (pid {node.pid})"
+            lost = [n for n in list(self.host.nodes.values())
+                    if n.role is node.role and n.lost]
+            if phase == "running" and lost:  # an elastic worker's (or a server's) successor
+                self.events.add("replacement", f"{text} during the job, after the loss of "
+                                f"{len(lost)} {node.role.label}(s)")
+            else:
+                self.events.add("join", text + (" during the job" if phase == "running"
+                                                else ""))
         if phase == "register" and self.host.phase == "running":
             self.events.add("formed", f"the job formed: {self.host.counts()}")
 
@@ -243,7 +250,7 @@ class Reports:
         ls = self.host.cfg.cluster.local_size
         nodes = sorted((n for n in list(self.host.nodes.values())
                         if n.role is Role.WORKER and n.rank >= 0),
-                       key=lambda n: (n.rank, not n.lost))
+                       key=lambda n: (n.rank, n.lost))
         with self._lock:
             samples = {i: deque(s) for i, s in self.workers.items()}
         rows = []
@@ -281,7 +288,7 @@ class Reports:
     def _server_rows(self, now: float) -> list:
         nodes = sorted((n for n in list(self.host.nodes.values())
                         if n.role is Role.SERVER and n.rank >= 0),
-                       key=lambda n: (n.rank, not n.lost))
+                       key=lambda n: (n.rank, n.lost))
         with self._lock:
             samples = {i: deque(s) for i, s in self.servers.items()}
         rows = []

@@ -205,8 +205,9 @@ def test_the_page_holds_when_a_worker_is_lost_and_shows_its_replacement(tmp_path
         s = job.wait_for(lambda s: event(s, "lost") is not None, "the loss", timeout=90)
         lost = event(s, "lost")
         assert "worker" in lost["text"], lost
-        s = job.wait_for(lambda s: any(e["kind"] == "join" and "during the job" in e["text"]
-                                       for e in s["events"]), "the replacement", timeout=90)
+        s = job.wait_for(lambda s: event(s, "replacement") is not None, "the replacement",
+                         timeout=90)
+        assert event(s, "replacement")["text"].startswith("worker registered from 127.0.0.1")
         # the survivors and the replacement step on; the lost one stays listed, as lost
         s = job.wait_for(lambda s: sum(1 for w in s["workers"] if w["state"] == "up"
                                        and (w["steps_per_s"] or 0) > 0) == 3,
@@ -215,7 +216,8 @@ def test_the_page_holds_when_a_worker_is_lost_and_shows_its_replacement(tmp_path
         rows_dom = re.findall(r'<tr data-rank="(\d+)" data-state="(\w+)"', dom)
         states = [st for _r, st in rows_dom]
         assert states.count("lost") == 1 and states.count("up") >= 3, rows_dom
-        assert 'data-kind="lost"' in dom and 'class="conn ok"' in dom
+        assert 'data-kind="lost"' in dom and 'data-kind="replacement"' in dom
+        assert 'class="conn ok"' in dom
         steps = {w["rank"]: w["step"] for w in s["workers"] if w["state"] == "up"}
         job.wait_for(lambda s: all((w["step"] or 0) > steps.get(w["rank"], 0)
                                    for w in s["workers"] if w["state"] == "up"),

@@ -254,3 +254,29 @@ def test_event_log_is_bounded_and_ordered():
     ev.add("x" * 100, "y" * 5000)
     last = ev.recent(1)[0]
     assert len(last["kind"]) == 40 and len(last["text"]) == 2000
+
+
+def test_registrations_are_joins_then_the_job_forming_then_replacements():
+    host = _host(workers=2, servers=1)
+    host.phase = "register"
+    events = EventLog()
+    rep = Reports(host, events)
+    w0 = _node(host, Role.WORKER, 0)
+    rep.registered(w0, "register")
+    host.phase = "running"  # the last registration formed the job
+    rep.registered(_node(host, Role.SERVER, 0), "register")
+    rep.registered(None, "running")   # a node registering again: not new
+    w0.lost = True
+    new = NodeInfo(Route(ident=b"w9"), Role.WORKER, "host9", 9999, 999, rank=0)
+    host.nodes[b"w9"] = new
+    rep.registered(new, "running")
+    got = [(e["kind"], e["text"]) for e in events.recent()]
+    assert got == [
+        ("join", "worker registered from host0 (pid 100)"),
+        ("join", "server registered from srvhost (pid 200)"),
+        ("formed", "the job formed: all"),
+        ("replacement", "worker registered from host9 (pid 999) during the job, after the "
+                        "loss of 1 worker(s)")]
+    # the lost worker's row stays, marked lost, beside its successor of the same rank
+    rows = [(w["rank"], w["state"], w["host"]) for w in rep.state()["workers"]]
+    assert rows[:2] == [(0, "up", "host9"), (0, "lost", "host0")]
