@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 _API = ("Handle", "Runtime", "allgather", "barrier", "cross_rank", "cross_size", "declare",
         "get_pushpull_speed", "init", "join", "local_rank", "local_size", "poll",
         "push_pull", "push_pull_async", "rank", "shutdown", "size", "synchronize",
-        "embedding_table")
+        "embedding_table", "set_progress")
 _ERRORS = ("BytePSError", "CommTimeoutError", "CommunicationError", "ConfigError",
            "MembershipChangedError", "MismatchError", "NotInitializedError", "PeerLeftError",
            "PeerLostError", "ProtocolError", "RemoteError", "TooFewWorkersError")

@@ -246,6 +246,10 @@ class DataServer:
         """Rejected messages and streams by reason."""
     def stalls(self, min_age: float) -> list[tuple[int, int, float, list[int], bytes]]:
         """Open rounds older than ``min_age`` s: (key, round, age, pushed ranks, declaration)."""
+    def straggle(self) -> list[tuple[float, int, float]]:
+        """Per worker rank, since the start: (seconds the other ranks waited for it, rounds of
+        any key it pushed last with others waiting, seconds it waited for the last pusher); the
+        intervals of parallel keys merged, not summed (csrc/dataplane_straggle.h)."""
 
 class DataClient:
     """A worker's half: ``streams`` TCP connections (or UCX endpoints) per server, a priority

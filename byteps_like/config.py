@@ -408,6 +408,25 @@ class MetricsConfig:
     summary_interval: float = _s("BYTEPS_TELEMETRY_INTERVAL_SECONDS", "seconds", 10.0,
                                  "Workers log a summary line (throughput, slowest stage) at "
                                  "INFO level this often; 0 turns it off.", unit="seconds")
+    report_interval: float = _s("BYTEPS_REPORT_INTERVAL_SECONDS", "seconds", 1.0, "Workers and "
+                                "servers send the scheduler their telemetry (progress, traffic, "
+                                "the straggler report) this often; the live page and the "
+                                "straggler log read it. 0 turns the reports off.",
+                                unit="seconds", min=0.0)
+    straggler_fraction: float = _s("BYTEPS_STRAGGLER_FRACTION", "float", 0.1, "The scheduler "
+                                   "logs one line naming a worker (rank and host) when the "
+                                   "others waited for it more than this fraction of the job's "
+                                   "time over BYTEPS_STRAGGLER_WINDOW_SECONDS, and one when it "
+                                   "recovers; 0 turns the line off.", min=0.0, max=1.0)
+    straggler_window: float = _s("BYTEPS_STRAGGLER_WINDOW_SECONDS", "seconds", 5.0, "The span "
+                                 "over which a worker's cost to the job is measured for the "
+                                 "straggler line and the live page.", unit="seconds", min=0.5)
+    dashboard_port: int = _s("BYTEPS_DASHBOARD_PORT", "int", 0, "The scheduler serves the live "
+                             "job page (and its JSON, /api/state) on this port; 0 turns it off. "
+                             "`bpslaunch --dashboard` sets it.", min=0, max=65535)
+    dashboard_host: str = _s("BYTEPS_DASHBOARD_HOST", "str", "127.0.0.1", "Address the live "
+                             "page binds to. On any address but loopback it requires the job's "
+                             "secret (BYTEPS_AUTH_SECRET) as a token.")
 # --- end observability -------------------------------------------------------------------------
 
 

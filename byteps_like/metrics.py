@@ -46,8 +46,23 @@ METRIC_NAMES = {
     # scheduler
     "byteps_scheduler_nodes": ("gauge", "Registered nodes (label node_role)."),
     "byteps_scheduler_heartbeats_missed": ("counter", "Heartbeat deadlines nodes missed."),
+    "byteps_scheduler_worker_held_seconds": ("gauge", "Seconds the other workers waited for "
+                                                      "this worker's pushes since the start, "
+                                                      "the most any server saw (label "
+                                                      "worker: its rank; docs/observability.md)."),
+    "byteps_scheduler_worker_held_fraction": ("gauge", "Fraction of the last "
+                                                       "BYTEPS_STRAGGLER_WINDOW_SECONDS the other "
+                                                       "workers waited for this worker (label "
+                                                       "worker)."),
+    "byteps_scheduler_straggler_rank": ("gauge", "Rank of the worker the others wait for more "
+                                                 "than BYTEPS_STRAGGLER_FRACTION of the time "
+                                                 "(its machine's first rank); -1: none."),
     "byteps_up": ("gauge", "1 while the process serves metrics."),
 }
+
+#: the label of a metric whose value is a dict, where it is not the role's default
+LABEL_OF = {"byteps_scheduler_worker_held_seconds": "worker",
+            "byteps_scheduler_worker_held_fraction": "worker"}
 
 _BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0, float("inf"))
 
@@ -84,7 +99,7 @@ class RoleMetrics:
                 for name, value in values.items():
                     kind, help_ = METRIC_NAMES[name]
                     fam_cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-                    extra = [label] if isinstance(value, dict) else []
+                    extra = [LABEL_OF.get(name, label)] if isinstance(value, dict) else []
                     fam = fam_cls(name, help_, labels=["role", "rank", *extra])
                     if isinstance(value, dict):
                         for lv, v in value.items():

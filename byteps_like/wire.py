@@ -96,6 +96,8 @@ class MsgType(enum.IntEnum):
     SEEDED = _T["SEEDED"]            # worker -> scheduler: its moved keys are re-seeded
     RESUME = _T["RESUME"]            # scheduler -> workers: every worker has seeded; go on
     STREAM_LOST = _T["STREAM_LOST"]  # worker -> scheduler: its data streams to a server closed
+    REPORT = _T["REPORT"]            # node -> scheduler: periodic telemetry (a worker's
+    #                                  progress, a server's traffic and straggler report)
     # data plane (worker <-> server)
     PUSH = _T["PUSH"]
     PUSH_ACK = _T["PUSH_ACK"]

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "dataplane_straggle.h"  // StraggleRow
 #include "wire.h"  // the header, message types, flags, roles and dtype codes
 
 namespace bps {
@@ -121,6 +122,9 @@ class DataServer {
   std::map<std::string, std::uint64_t> stats();
   std::map<std::string, std::uint64_t> rejected();
   std::vector<StallInfo> stalls(double min_age);
+  // The straggler report, per worker rank: held (the others waited for it), waited
+  // (dataplane_straggle.h)
+  std::vector<StraggleRow> straggle();
   // Membership (join()): rounds need pushes from every worker rank not in `joined`; a rank in
   // `left` (text: who and why) finished without joining, so a round it has not pushed fails
   // with a "peer_left" error naming it. Open rounds are completed or failed at once.

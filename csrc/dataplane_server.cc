@@ -424,6 +424,7 @@ std::shared_ptr<Store> ServerImpl::make_store_locked(const Header& h, const std:
   }
   st->chunk_mu.reset(new std::mutex[st->nchunks]);
   st->pushed.assign(num_workers_, 0);
+  st->arrived.assign(num_workers_, 0.0);
   // a key first declared in a later elastic epoch starts at its base; a key moved here from
   // a lost server (a retried push) at the round the workers are in
   st->round = std::max(round_base_.load(), (h.flags & kFlagRetry) ? h.round : 0);
@@ -552,6 +553,7 @@ void ServerImpl::finish_push(const std::shared_ptr<Conn>& conn, const std::share
         value = settled_value_locked(*st, &answer);
       } else {
         ++st->finished;
+        st->arrived[h.rank] = monotonic_now();  // the straggler report
         done_round = complete_if_ready_locked(*st, &answer);
       }
     } else {
@@ -646,6 +648,7 @@ std::int64_t ServerImpl::complete_if_ready_locked(Store& st, std::vector<Store::
   const std::int64_t done = st.round;
   if (st.codec && !encode_sum_locked(st, done)) return -1;  // the key failed
   st.contrib[done & 1] = st.finished;
+  straggle_.round(st.pushed, st.arrived);
   st.completed = st.round;
   st.round++;
   st.started = st.finished = 0;
@@ -850,6 +853,7 @@ void DataServer::set_partition_bytes(std::uint64_t n) { impl_->partition_bytes_ 
 std::map<std::string, std::uint64_t> DataServer::stats() { return impl_->stats(); }
 std::map<std::string, std::uint64_t> DataServer::rejected() { return impl_->rejected(); }
 std::vector<StallInfo> DataServer::stalls(double min_age) { return impl_->stalls(min_age); }
+std::vector<StraggleRow> DataServer::straggle() { return impl_->straggle(); }
 void DataServer::set_members(const std::vector<int>& joined,
                              const std::map<int, std::string>& left) {
   impl_->set_members(joined, left);

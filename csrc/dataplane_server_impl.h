@@ -30,6 +30,7 @@
 #include "dataplane_auth.h"
 #include "dataplane_io.h"
 #include "dataplane_store.h"
+#include "dataplane_straggle.h"
 #include "dataplane_ucx.h"
 
 namespace bps {
@@ -57,6 +58,7 @@ class ServerImpl {
   std::map<std::string, std::uint64_t> rejected();
   std::map<std::string, std::uint64_t> stats();
   std::vector<StallInfo> stalls(double min_age);
+  std::vector<StraggleRow> straggle() { return straggle_.snapshot(); }
 
   // ---- called by connections (their loop thread) ----
   Counters c_;
@@ -73,6 +75,7 @@ class ServerImpl {
   std::map<int, std::string> left_;
   std::atomic<int> required_{0};  // pushes that complete a round: workers not joined
   std::atomic<std::int64_t> round_base_{0};  // elastic: the epoch's first round (new keys')
+  Straggle straggle_{num_workers_};  // who held the rounds (dataplane_straggle.h)
   // BYTEPS_PARTITION_BYTES: a compressed key's element count is at most one partition of its
   // dtype (its accumulator's size); 0 refuses compressed keys
   std::atomic<std::uint64_t> partition_bytes_{0};

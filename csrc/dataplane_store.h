@@ -50,6 +50,7 @@ struct Store {
   std::uint64_t charged = 0;                   // its bytes of the memory budget
   int contrib[2] = {0, 0};                     // pushes summed into each buffer's round
   std::vector<std::uint8_t> pushed;            // per worker rank, this round
+  std::vector<double> arrived;                 // per worker rank: when its push was summed
   int started = 0, finished = 0;               // pushes begun / summed this round (async: ever)
   double round_started = 0;
   std::string failed;

@@ -671,7 +671,13 @@ void bind_data_server(py::module_& m) {
               out.append(py::make_tuple(si.key, si.round, si.age, si.pushed, py::bytes(si.decl)));
             return out;
           },
-          py::arg("min_age"));
+          py::arg("min_age"))
+      .def("straggle", [](dp::DataServer& s) {
+        std::vector<dp::StraggleRow> v = nogil([&] { return s.straggle(); });
+        py::list out;
+        for (auto& r : v) out.append(py::make_tuple(r.held_s, r.held_rounds, r.waited_s));
+        return out;
+      });
 }
 
 // DataClient.submit. Holds the GIL: it only checks, queues and returns (the I/O threads

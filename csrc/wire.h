@@ -45,6 +45,7 @@ constexpr std::uint32_t kMaxMeta = 1u << 20;  // a JSON meta frame's bytes (wire
   X(kSeeded, SEEDED, 19)           /* worker -> scheduler: its moved keys are re-seeded */     \
   X(kResume, RESUME, 33)           /* scheduler -> workers: every worker seeded; go on */      \
   X(kStreamLost, STREAM_LOST, 34)  /* worker -> scheduler: its streams to a server closed */   \
+  X(kReport, REPORT, 35)           /* node -> scheduler: telemetry (progress, stragglers) */   \
   /* data plane (worker <-> server) */                                                         \
   X(kPush, PUSH, 20)                                                                           \
   X(kPushAck, PUSH_ACK, 21)                                                                    \

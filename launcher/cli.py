@@ -51,7 +51,7 @@ _USAGE = """\
 bpslaunch [options] [--] COMMAND [ARG ...]
        bpslaunch --local [--workers N] [--servers M] [--local-size L] [--port P] [--host H]
                  [options] -- COMMAND [ARG ...]
-       bpslaunch plan|k8s|slurm ...   (bpslaunch SUBCOMMAND --help)"""
+       bpslaunch plan|k8s|slurm|status ...   (bpslaunch SUBCOMMAND --help)"""
 
 _DESCRIPTION = """\
 Start the processes of a byteps_like job and supervise them (all-or-nothing: when one fails,
@@ -117,6 +117,10 @@ def _port(text: str) -> int:
     return value
 
 
+def _dashboard_port(text: str) -> int:
+    return 0 if text == "0" else _port(text)
+
+
 def _seconds(allow_zero: bool):
     def parse(text: str) -> float:
         try:
@@ -179,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--metrics", action="store_true", default=None,
                        help="give every process a free BYTEPS_METRICS_PORT (Prometheus) and "
                             "print the addresses")
+    parser.add_argument("--dashboard", nargs="?", const=0, type=_dashboard_port,
+                        metavar="PORT", help="the scheduler serves the live job page on "
+                        "127.0.0.1:PORT (--dashboard=PORT; bare: a free port), "
+                        "BYTEPS_DASHBOARD_PORT; bpslaunch prints its address "
+                        "(docs/observability.md)")
     sup = parser.add_argument_group("supervision")
     sup.add_argument("--timeout", type=_seconds(False), metavar="SECONDS",
                      help="wall-clock limit of the whole job; on expiry everything is "
@@ -612,17 +621,21 @@ def package_version() -> str:
 #: ``bpslaunch SUBCOMMAND ...``: tools beside the launch itself (docs/deployment.md).
 SUBCOMMANDS = {"plan": "recommend servers, placement and partition size (launcher/planner.py)",
                "k8s": "write Kubernetes manifests for a job (launcher/k8s.py)",
-               "slurm": "run this SLURM task's share of a job (launcher/slurm.py)"}
+               "slurm": "run this SLURM task's share of a job (launcher/slurm.py)",
+               "status": "a running job's status from its live page (launcher/status.py)"}
 
 
 def run_subcommand(name: str, argv: Sequence[str], env: Mapping[str, str]) -> int:
-    """``bpslaunch plan|k8s|slurm ...``; imported on use."""
+    """``bpslaunch plan|k8s|slurm|status ...``; imported on use."""
     if name == "plan":
         from .planner import main as sub_main
         return sub_main(argv)
     if name == "k8s":
         from .k8s import main as sub_main
         return sub_main(argv)
+    if name == "status":
+        from .status import main as status_main
+        return status_main(argv, env)
     from .slurm import main as slurm_main
     return slurm_main(argv, env)
 
@@ -664,6 +677,14 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
 
 
 def _run(args: argparse.Namespace, launch: Launch) -> int:
+    if args.dashboard is not None:  # the live page (scheduler/dashboard.py)
+        from .status import with_dashboard
+        try:
+            launch, url = with_dashboard(launch, args.dashboard, "127.0.0.1")
+        except ValueError as exc:
+            print(f"bpslaunch: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"bpslaunch: live job page: {url}", file=sys.stderr, flush=True)
     if args.local and (args.status or args.metrics):  # launcher/status.py
         import importlib.util
         if importlib.util.find_spec("prometheus_client") is None:  # before anything starts

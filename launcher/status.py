@@ -135,6 +135,19 @@ class StatusView:
             row.last = (now, moved)
 
     # -- rendering -----------------------------------------------------------------------------
+    def straggler(self) -> str | None:
+        """The scheduler's straggler report (scheduler/reports.py), as a line: the worker the
+        others wait for more than BYTEPS_STRAGGLER_FRACTION of the time; None when none."""
+        sched = next((r for r in self.rows if r.role == "scheduler" and r.metrics), None)
+        if sched is None:
+            return None
+        rank = int(sched.metrics.get("byteps_scheduler_straggler_rank", -1))
+        if rank < 0:
+            return None
+        frac = sched.metrics.get(f"byteps_scheduler_worker_held_fraction{{worker={rank}}}", 0.0)
+        return (f"straggler: worker rank {rank} on {self.host} (the others wait for it "
+                f"{frac:.0%} of the time)")
+
     def render(self, width: int = 100, height: int = 30) -> list[str]:
         workers = [r for r in self.rows if r.role == "worker"]
         servers = [r for r in self.rows if r.role == "server"]
@@ -145,7 +158,9 @@ class StatusView:
         head = (f"byteps_like local cluster: {len(workers)} workers, {len(servers)} servers | "
                 f"up {up:.0f} s | step {int(min(steps)) if steps else '-'} | "
                 f"{total:.1f} MB/s (workers, pushed+pulled)")
-        lines = [head.replace(" 1 servers", " 1 server")[:width], "",
+        slow = self.straggler()
+        lines = [head.replace(" 1 servers", " 1 server")[:width],
+                 (slow.upper()[:1] + slow[1:])[:width] if slow else "",
                  f"{'PROCESS':<12}{'ROLE':<10}{'RANK':>5}  {'STATE':<9}{'STEP':>6}{'ROUNDS':>8}"
                  f"{'PUSHED MB':>11}{'PULLED MB':>11}{'MB/s':>9}{'QUEUED':>8}"]
         for r in self.rows:
@@ -185,7 +200,8 @@ class StatusView:
                              f"{r.mbps:.1f} MB/s")
             else:
                 parts.append(f"{r.name} {r.state}")
-        return "bpslaunch: status " + " | ".join(parts)
+        slow = self.straggler()
+        return "bpslaunch: status " + " | ".join(parts + ([slow] if slow else []))
 
     def draw(self) -> None:
         if self.tty:
@@ -246,3 +262,111 @@ def run_with_status(launch, run_job, host: str, *, metrics_only: bool = False) -
         return run_job(specs, launch.base_env, launch.settings)
     finally:
         view.stop()
+
+
+# -- the live job page (scheduler/dashboard.py) -------------------------------------------------
+def with_dashboard(launch, port: int, host: str):
+    """``launch`` with its scheduler serving the live page on ``port`` (0: a free one) of
+    ``host``; and the page's address. ValueError when this launch starts no scheduler."""
+    if not any(s.role == "scheduler" for s in launch.specs):
+        raise ValueError("--dashboard: this bpslaunch starts no scheduler (DMLC_ROLE); give it "
+                         "to the bpslaunch that runs the scheduler, or read a running job's "
+                         "page with `bpslaunch status HOST:PORT`")
+    port = port or free_port(host)
+    specs = tuple(dataclasses.replace(s, env={**s.env, "BYTEPS_DASHBOARD_PORT": str(port),
+                                              "BYTEPS_DASHBOARD_HOST": host})
+                  if s.role == "scheduler" else s for s in launch.specs)
+    return dataclasses.replace(launch, specs=specs), f"http://{host}:{port}/"
+
+
+def fetch_state(address: str, token: str = "", timeout: float = 5.0) -> dict:
+    """The live page's JSON (``/api/state``) of the scheduler whose page is at ``address``
+    (``HOST:PORT`` or ``http://HOST:PORT/``). OSError/ValueError when it cannot be read."""
+    import json
+    base = address if "://" in address else f"http://{address}"
+    url = base.rstrip("/") + "/api/state"
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token
+                                 else {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        doc = json.loads(r.read().decode("utf-8"))
+    if not isinstance(doc, dict) or "workers" not in doc:
+        raise ValueError(f"{url} is not a byteps_like job page")
+    return doc
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v * 1e3:.0f}"
+
+
+def render_state(doc: dict) -> list[str]:
+    """``bpslaunch status``'s text of a job page's JSON."""
+    j = doc.get("job", {})
+    head = (f"job: {j.get('phase')} | {j.get('workers')} of {j.get('expected_workers')} "
+            f"workers, {j.get('servers')} of {j.get('expected_servers')} servers | up "
+            f"{j.get('uptime_s', 0):.0f} s")
+    if j.get("steps_per_s") is not None:
+        head += f" | {j['steps_per_s']:.2f} steps/s"
+    if j.get("samples_per_s") is not None:
+        head += f" | {j['samples_per_s']:.1f} samples/s"
+    if j.get("eta_s") is not None:
+        head += (f" | step {j.get('progress_step')} of {j.get('total_steps')}, "
+                 f"ETA {j['eta_s']:.0f} s")
+    lines = [head]
+    st = doc.get("straggler")
+    if st:
+        lines.append(f"STRAGGLER: worker rank {', '.join(map(str, st['ranks']))} on {st['host']}:"
+                     f" the others wait for it {st['fraction']:.0%} of the job's time")
+    lines += ["", f"{'WORKER':>6}  {'HOST':<16}{'STATE':<9}{'STEP':>7}{'STEPS/S':>9}"
+                  f"{'COMPUTE ms':>11}{'WAIT ms':>9}{'EXCH ms':>9}{'HELD':>7}"]
+    for w in doc.get("workers", []):
+        step = "-" if w.get("step") is None else str(w["step"])
+        sps = "-" if w.get("steps_per_s") is None else f"{w['steps_per_s']:.2f}"
+        mark = "  <- straggler" if w.get("straggler") else ""
+        lines.append(f"{w['rank']:>6}  {str(w['host'])[:15]:<16}{w['state']:<9}{step:>7}"
+                     f"{sps:>9}{_ms(w.get('compute_s')):>11}{_ms(w.get('wait_s')):>9}"
+                     f"{_ms(w.get('exchange_s')):>9}{w.get('held_fraction', 0):>7.0%}{mark}")
+    lines += ["", f"{'SERVER':>6}  {'HOST':<16}{'STATE':<9}{'MB/s':>9}{'KEYS':>7}{'CPU':>7}"]
+    for s in doc.get("servers", []):
+        mbps = "-" if s.get("bytes_per_s") is None else f"{s['bytes_per_s'] / 1e6:.1f}"
+        cpu = "-" if s.get("cpu_cores") is None else f"{s['cpu_cores']:.2f}"
+        lines.append(f"{s['rank']:>6}  {str(s['host'])[:15]:<16}{s['state']:<9}{mbps:>9}"
+                     f"{str(s.get('keys', '-')):>7}{cpu:>7}")
+    events = doc.get("events", [])[-5:]
+    if events:
+        lines += ["", "recent events:"]
+        lines += [f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))} {e['kind']}: "
+                  f"{e['text']}" for e in events]
+    return lines
+
+
+def main(argv: Sequence[str], env) -> int:
+    """``bpslaunch status ADDRESS``: a running job's status, read from its scheduler's live page
+    (BYTEPS_DASHBOARD_PORT), from any machine that reaches it."""
+    import argparse
+    import json
+    p = argparse.ArgumentParser(prog="bpslaunch status", description=main.__doc__)
+    p.add_argument("address", help="the live page's HOST:PORT (or http://HOST:PORT/)")
+    p.add_argument("--json", action="store_true", help="print the page's JSON")
+    p.add_argument("--watch", type=float, metavar="SECONDS", default=0.0,
+                   help="print it again every SECONDS until interrupted")
+    p.add_argument("--token", default=None, help="the job's secret, for a page exposed "
+                   "beyond loopback (default: BYTEPS_AUTH_SECRET)")
+    args = p.parse_args(list(argv))
+    token = args.token if args.token is not None else env.get("BYTEPS_AUTH_SECRET", "")
+    while True:
+        try:
+            doc = fetch_state(args.address, token)
+        except (OSError, ValueError) as exc:
+            print(f"bpslaunch status: cannot read the job page at {args.address}: {exc} (is "
+                  "the scheduler running with BYTEPS_DASHBOARD_PORT / bpslaunch --dashboard, "
+                  "and is the token right?)", file=sys.stderr)
+            return 1
+        print(json.dumps(doc, indent=1) if args.json else "\n".join(render_state(doc)),
+              flush=True)
+        if args.watch <= 0:
+            return 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+        print()

@@ -33,11 +33,14 @@ from ..transport import Route, make_endpoint
 from ..transport.base import Drops
 from ..wire import ERR_PROTOCOL, ERR_REGISTER, Header, MsgType, Role, decode, encode, job_hash
 from .barriers import Barriers
+from .dashboard import Dashboard, serve_dashboard
 from .elastic import Epochs
 from .failover import ServerLoss
 from .join import Joins
 from .nodes import BadField, NodeInfo, checked, show, workers
 from .registration import Registration, assign_ranks
+from .reports import EventLog, Reports
+from .stalls import report_stalls
 
 if TYPE_CHECKING:
     from ..metrics import RoleMetrics
@@ -91,6 +94,10 @@ class Scheduler:
         self.epochs = Epochs(self, self.barriers, self.joins)
         self.registration = Registration(self, self.epochs)
         self.server_loss = ServerLoss(self, self.barriers)
+        # the nodes' reports and the job's events: the live page, straggler line and metrics
+        self.events = EventLog()
+        self.reports = Reports(self, self.events)
+        self.dashboard: Dashboard | None = None
         self._done = threading.Event()
         self.heartbeats_missed = 0   # metrics: ticks that found a node silent > 2 intervals
         self.metrics: RoleMetrics | None = None
@@ -121,6 +128,8 @@ class Scheduler:
         if self.exit_code is None:
             self.exit_code = code
             self.failure = why
+            self.events.add("end", f"the job ended: exit status {code}"
+                            + (f" ({why[:500]})" if why else ""))
             self.phase = "done"
             self._done.set()
 
@@ -200,6 +209,8 @@ class Scheduler:
             self.server_loss.seeded(node, h.key)
         elif h.type is MsgType.STREAM_LOST and node.role is Role.WORKER:
             self.server_loss.stream_lost(node, meta, self._lose)
+        elif h.type is MsgType.REPORT:
+            self.reports.report(node, meta)
         elif h.type is MsgType.STALL and node.role is Role.SERVER:
             self._stall(node, meta.get("stalls"))
         elif h.type is MsgType.ABORT:
@@ -210,55 +221,16 @@ class Scheduler:
             log.warning("scheduler: unexpected %s from %s", h.type.name, node.describe())
 
     def _register(self, route: Route, meta: dict, h: Header) -> None:
+        known, phase = route.ident in self.nodes, self.phase
         self.registration.register(route, meta)
+        self.reports.registered(None if known else self.nodes.get(route.ident), phase)
 
     def _barrier(self, node: NodeInfo, group: str, seq: int) -> None:
         self.barriers.arrive(node, group, seq)
 
-    def _worker_ranks(self, machines: list[int]) -> list[int]:
-        """Worker ranks of worker machine indices (servers count pushes per machine)."""
-        ls = self.cfg.cluster.local_size
-        return [m * ls + i for m in machines for i in range(ls)]
-
     def _stall(self, server: NodeInfo, stalls) -> None:
-        """The stall inspector: a server reports synchronous rounds that some workers pushed and
-        others did not; log them, aggregated, and fail the job past the shutdown limit."""
-        if not isinstance(stalls, list) or self.phase != "running":
-            return
-        fresh, oldest = [], None
-        for st in stalls[:1000]:
-            try:
-                ident = (server.rank, int(st["key"]), int(st["round"]))
-                age = float(st["age"])
-                missing = self._worker_ranks([int(m) for m in st["missing"]])
-                name = str(st["name"])[:200]
-            except (KeyError, TypeError, ValueError):
-                continue
-            if ident not in self.stalls:
-                fresh.append(f"{name!r} (key {ident[1]}, round {ident[2]}, server {server.rank}, "
-                             f"{age:.0f} s) is missing worker ranks {missing}")
-            self.stalls[ident] = {"name": name, "age": age, "missing": missing}
-            if oldest is None or age > oldest[0]:
-                oldest = (age, name, missing)
-        if fresh:
-            text = (f"stall inspector: {len(fresh)} tensor round(s) pushed by some workers but "
-                    f"not all for over {self.cfg.timeouts.stall_check_time:g} s "
-                    f"(BYTEPS_STALL_CHECK_TIME_SECONDS): " + "; ".join(fresh[:20])
-                    + (f"; and {len(fresh) - 20} more" if len(fresh) > 20 else ""))
-            self.stall_log.append(text)
-            log.warning("scheduler: %s", text)
-        limit = self.cfg.timeouts.stall_shutdown_time
-        if limit > 0 and oldest is not None and oldest[0] >= limit:
-            age, name, missing = oldest
-            names = sorted({v["name"] for v in self.stalls.values()})
-            by_rank = {n.rank: n for n in workers(self)}
-            first = by_rank.get(missing[0]) if missing else None
-            why = (f"stall inspector: tensor {name!r} has waited {age:.0f} s for worker ranks "
-                   f"{missing} (stalled tensors: {', '.join(repr(n) for n in names[:20])}); "
-                   f"BYTEPS_STALL_SHUTDOWN_TIME_SECONDS={limit:g} reached, failing the job")
-            if first is None:
-                first = server
-            self._lose(first, why, tell_lost=True, code=1)  # the scheduler's own verdict
+        """The stall inspector's reports (scheduler/stalls.py)."""
+        report_stalls(self, server, stalls, self._lose)
 
     def _exited(self, route: Route, meta: dict) -> None:
         """A launcher saw a process it started exit (bpslaunch, launcher/notify.py; its parent
@@ -308,6 +280,7 @@ class Scheduler:
 
     def _worker_finished(self, node: NodeInfo) -> None:
         node.finished = True
+        self.events.add("finished", f"{node.describe()} finished")
         if self.elastic:
             self.epochs.finished(node)
             return
@@ -322,6 +295,7 @@ class Scheduler:
 
     def _lose(self, lost: NodeInfo, why: str, *, tell_lost: bool = False,
               code: int = EXIT_PEER_FAILED) -> None:
+        self.events.add("lost", why)
         if not tell_lost and self.server_loss.takes(lost):  # the job goes on (failover.py)
             self.server_loss.lose(lost, why)
             return
@@ -414,6 +388,7 @@ class Scheduler:
         self.ep.start()
         from byteps_like.metrics import serve_role  # metrics: BYTEPS_METRICS_PORT
         self.metrics = serve_role("scheduler", 0, self.cfg, self._metrics_sample, "node_role")
+        self.dashboard = serve_dashboard(self)  # the live page: BYTEPS_DASHBOARD_PORT
 
     def _metrics_sample(self) -> dict:
         """What the Prometheus endpoint reports (byteps_like/metrics.py)."""
@@ -422,13 +397,17 @@ class Scheduler:
             if not n.lost:
                 nodes[n.role.label] = nodes.get(n.role.label, 0) + 1
         return {"byteps_scheduler_nodes": nodes,
-                "byteps_scheduler_heartbeats_missed": self.heartbeats_missed}
+                "byteps_scheduler_heartbeats_missed": self.heartbeats_missed,
+                **self.reports.metrics()}
 
     def wait(self, timeout: float | None = None) -> int | None:
         self._done.wait(timeout)
         return self.exit_code
 
     def close(self) -> None:
+        if self.dashboard is not None:
+            self.dashboard.close()
+            self.dashboard = None
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None

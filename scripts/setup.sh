@@ -51,6 +51,17 @@ if [ "$profile" = full ]; then
       "import byteps_like._core as c, sys; sys.exit(not c.ucx_built())" 2>/dev/null; then
     run "${PIP[@]}" --no-deps -e .
   fi
+  # Debian's chromium: the live job page's tests drive it headless (tests/integration/
+  # test_dashboard.py); the page itself needs no browser on the machines of a job
+  if [ "$dry" = 1 ] || ! command -v chromium >/dev/null; then
+    if [ "$dry" = 1 ] || { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }; then
+      run env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+      run env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+    else
+      echo "setup.sh: chromium is missing and this is not root with apt-get: the live page's" \
+           "browser tests will fail; install Debian's chromium package" >&2
+    fi
+  fi
 else
   run "${PIP[@]}" -e '.[examples]'  # scikit-learn: the quick start's digits
 fi

@@ -272,6 +272,21 @@ class Server:
             self.stall_reports += 1
             self.control.send_stall(stalls[:200])
 
+    def report(self) -> dict:
+        """What this server tells the scheduler every BYTEPS_REPORT_INTERVAL_SECONDS
+        (byteps_like/report.py): its traffic, keys, CPU seconds and, per worker machine, how
+        long the others waited for it and it for them (csrc/dataplane_straggle.h)."""
+        ns = self.native.stats()
+        return {"bytes": ns["bytes_summed"], "pushes": ns["pushes"], "rounds": ns["rounds"],
+                "keys": ns["keys"] + len(self.sparse.tables), "store_bytes": ns["store_bytes"],
+                "cpu": round(time.process_time(), 4),
+                "straggle": [[round(held, 6), rounds, round(waited, 6)]
+                             for held, rounds, waited in self.native.straggle()]}
+
+    def _report_tick(self) -> None:
+        from ..report import send_report
+        send_report(self.control, self.report())
+
     def start(self) -> None:
         self.sparse.start()
         self.native.start()
@@ -282,6 +297,8 @@ class Server:
             check = self.cfg.timeouts.stall_check_time
             self.ep.add_timer(max(0.05, min(check / 2, 5.0)), self._stall_tick)
         self.ep.add_timer(REJECT_SUMMARY_INTERVAL_S, self.log_rejections)
+        if self.cfg.metrics.report_interval > 0:
+            self.ep.add_timer(self.cfg.metrics.report_interval, self._report_tick)
         log.info("server %d: serving on %s (%s mode); native data plane on port %d (%d I/O "
                  "threads)", self.rank, self.address, "async" if self.async_mode else "sync",
                  self.control.data_port, self.native.stats()["io_threads"])

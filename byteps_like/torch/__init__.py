@@ -28,6 +28,7 @@ from ..worker.api import (  # core
     local_rank,
     local_size,
     rank,
+    set_progress,
     size,
 )
 from ..worker.runtime import default_runtime
@@ -137,6 +138,7 @@ __all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank"
            "push_pull_async_inplace", "poll", "synchronize", "Compression",
            "DistributedOptimizer", "DistributedDataParallel", "broadcast_parameters",
            "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed",
+           "set_progress",
            "broadcast", "broadcast_", "barrier", "join", "allgather", "is_initialized",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "Average", "Sum",
            "ReduceOp", "SyncBatchNorm", "cross_rank", "cross_size", "SparseEmbedding",

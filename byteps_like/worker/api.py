@@ -127,6 +127,19 @@ def get_pushpull_speed() -> tuple[int, float]:
     return default_runtime().get_pushpull_speed()
 
 
+def set_progress(step: int, total_steps: int = 0, samples_per_step: int = 0) -> None:
+    """Declare this worker's progress for the live job page (docs/observability.md): the step
+    it is at, the steps the job will run (0: unknown; with it, the page shows an ETA) and the
+    samples one step of this worker takes (0: unknown; with it, the job's samples/s). Cheap:
+    call it every step. Sent with the next report to the scheduler."""
+    rt = default_runtime()
+    tel = rt.telemetry
+    if tel is None:
+        from ..errors import NotInitializedError
+        raise NotInitializedError("set_progress() needs init() first")
+    tel.set_progress(step, total_steps, samples_per_step)
+
+
 def embedding_table(name: str, rows: int, dim: int, **kw: Any) -> EmbeddingTable:
     """A server-held embedding table (docs/sparse.md): ``rows x dim`` float32, sharded by row
     over the servers, updated there by its optimizer. ``table.pull(ids)`` gives the rows,
@@ -138,4 +151,4 @@ def embedding_table(name: str, rows: int, dim: int, **kw: Any) -> EmbeddingTable
 
 __all__ = ["Runtime", "Handle", "init", "shutdown", "rank", "size", "local_rank", "local_size",
            "declare", "barrier", "push_pull", "push_pull_async", "poll", "synchronize",
-           "get_pushpull_speed", "embedding_table"]
+           "get_pushpull_speed", "embedding_table", "set_progress"]

@@ -52,6 +52,37 @@ class StageStats:
         return out
 
 
+class ExchangeClock:
+    """Pipeline observer: wall-clock seconds during which some partition of this worker was in
+    a PUSH or PULL stage (the exchange with the servers, the wait for the other workers'
+    pushes included), overlapping spans counted once. The native plane reports an operation's
+    spans when it completes, after the fact: each span is merged into the time covered so far
+    (spans arrive roughly in the order they end)."""
+
+    _STAGES = frozenset(("push", "pull"))
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spans = Spans()
+        self._until = 0.0
+        self._busy = 0.0
+
+    def __call__(self, task: Any, stage: str, event: str, t: float) -> None:
+        if stage not in self._STAGES:
+            return
+        with self._lock:
+            t0 = self._spans.end(task, str(stage), event, t)
+            if t0 is None or t <= self._until or t <= t0:
+                return
+            self._busy += t - max(t0, self._until)
+            self._until = t
+
+    def busy(self) -> float:
+        """Seconds so far."""
+        with self._lock:
+            return self._busy
+
+
 class Telemetry:
     """The observability of one worker runtime; :meth:`close` at shutdown."""
 
@@ -59,6 +90,10 @@ class Telemetry:
         self.runtime = runtime
         self.interval = interval
         self.stats = StageStats()
+        self.exchange = ExchangeClock()
+        # bps.set_progress(): (step, total steps, samples per step) as the script declares them
+        self.progress: tuple[int, int, int] | None = None
+        self.report_interval = 0.0   # BYTEPS_REPORT_INTERVAL_SECONDS (attach)
         self.tracer: Tracer | None = None
         self.metrics: WorkerMetrics | None = None
         self._samples: deque = deque(maxlen=int(_SPEED_WINDOW_S / _SAMPLE_S) + 2)
@@ -96,14 +131,44 @@ class Telemetry:
         mbps = (total - b0) / dt / 1e6 if dt > 0 else 0.0
         return int(time.time() * 1000), mbps
 
+    def set_progress(self, step: int, total_steps: int = 0, samples_per_step: int = 0) -> None:
+        """The script's own progress (``bps.set_progress``): the live page's samples/s and
+        ETA."""
+        for name, v in (("step", step), ("total_steps", total_steps),
+                        ("samples_per_step", samples_per_step)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"set_progress: {name}={v!r} must be an int >= 0")
+        self.progress = (step, total_steps, samples_per_step)
+
+    def report(self) -> dict:
+        """This worker's REPORT to the scheduler (byteps_like/report.py)."""
+        out: dict[str, Any] = {"step": self.step(), "bytes": self._total(),
+                               "exchange": round(self.exchange.busy(), 4),
+                               "rounds": self.rounds()}
+        if self.progress is not None:
+            step, total, sps = self.progress
+            out["progress"] = {"step": step, "total_steps": total, "samples_per_step": sps}
+        return out
+
+    def _send_report(self) -> None:
+        from ..report import send_report
+        try:
+            send_report(self.runtime.control, self.report())
+        except Exception as exc:  # noqa: BLE001 - telemetry never breaks training
+            log.debug("rank %s: report not sent: %r", self.runtime.rank_, exc)
+
     def start(self) -> None:
         self._thread.start()
 
     def _loop(self) -> None:
         last_summary = time.monotonic()
         last_bytes = self._total()
-        while not self._stop.wait(_SAMPLE_S):
+        last_report = 0.0
+        while not self._stop.wait(min(_SAMPLE_S, self.report_interval or _SAMPLE_S)):
             now = time.monotonic()
+            if self.report_interval > 0 and now - last_report >= self.report_interval - 1e-3:
+                last_report = now
+                self._send_report()
             self._samples.append((now, self._total()))
             if self.interval > 0 and now - last_summary >= self.interval:
                 total = self._total()
@@ -135,6 +200,8 @@ def attach(runtime: Any) -> Telemetry:
     tel = Telemetry(runtime, interval=cfg.metrics.summary_interval)
     observers = runtime.pipeline.observers
     observers.append(tel.stats)
+    observers.append(tel.exchange)
+    tel.report_interval = cfg.metrics.report_interval
     if cfg.trace.on:
         from ..trace import Tracer
         tel.tracer = Tracer(runtime.rank_, cfg.trace.dir, cfg.trace.start_step,
