@@ -87,6 +87,7 @@ class _Job:
         self.say = lambda text: sup.sink.message(f"bpslaunch: {text}")
         self.notices = ExitNotices()
         self.envs: dict[Child, Mapping[str, str]] = {}   # what each child was started with
+        self._over_since: float | None = None  # the job was over, lost servers still ran
 
     def _start(self, spec: ChildSpec, env: Mapping[str, str], **kw) -> Child:
         # bpslaunch reported misspelt settings already, once for all of them (cli.py, slurm.py)
@@ -172,6 +173,11 @@ class _Job:
                         shutdown_deadline = now + settings.shutdown_timeout
                     elif now >= shutdown_deadline:
                         return self._shutdown_timed_out(running)
+                    if self._only_lost_servers_left(running, now):
+                        self.say(f"stopping {_names(running)}: the job is over and the "
+                                 "scheduler lost them (BYTEPS_SERVER_FAILOVER)")
+                        self._stop()
+                        return 0
             wake_ups = [t for t in (grace_deadline, shutdown_deadline, deadline) if t is not None]
             exited = sup.wait_any(
                 min([0.5] + [max(0.0, t - time.monotonic()) for t in wake_ups]))
@@ -193,6 +199,19 @@ class _Job:
                  f"{describe_returncode(child.returncode)}; its keys move to the other "
                  "servers and the job goes on (BYTEPS_SERVER_FAILOVER)")
         return True
+
+    def _only_lost_servers_left(self, running: list[Child], now: float) -> bool:
+        """The job is over (every worker and the scheduler exited 0), and the servers still
+        running had 5 s to exit: a server the scheduler declared lost (hung: its heartbeats
+        stopped) never hears SHUTDOWN, so it is stopped instead of failing the job."""
+        if not self.settings.server_failover or any(c.role != "server" for c in running):
+            return False
+        sched = [c for c in self.sup.children if c.role == "scheduler"]
+        if not sched or sched[0].running or sched[0].returncode != 0:
+            return False
+        if self._over_since is None:
+            self._over_since = now
+        return now - self._over_since >= 5.0
 
     def _all_servers_here(self) -> bool:
         """Whether every server of the job is a child of this bpslaunch (--local, or a

@@ -79,7 +79,11 @@ class ServerLoss:
         self.events.append({"failover": self.number, "server": node.rank, "host": node.host,
                             "pid": node.pid, "why": why, "at": time.time(), "stall": None})
         self.host.send(node, MsgType.SHUTDOWN)  # if it still runs, it leaves the job
-        meta = {"lost": [s.rank for s in self.lost], "reason": why[:2000]}
+        # a server found by its silence stalled the job since it was last heard from
+        silent = time.monotonic() - node.last_seen
+        meta = {"lost": [s.rank for s in self.lost], "reason": why[:2000],
+                "silent": silent if silent > 2 * self.host.cfg.timeouts.heartbeat_interval
+                else 0.0}
         live = [w for w in workers(self.host) if not w.lost and not w.finished]
         self.waiting = {w.route.ident for w in live}
         for w in workers(self.host):

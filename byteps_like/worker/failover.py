@@ -87,12 +87,14 @@ class ServerFailover:
         """The scheduler's FAILOVER (I/O thread): the work goes to this module's thread."""
         lost = meta.get("lost")
         ranks = [r for r in lost if type(r) is int] if isinstance(lost, list) else []
+        silent = meta.get("silent")  # found by its silence: the job stalled since
+        silent = float(silent) if type(silent) in (int, float) and 0 <= silent < 1e6 else 0.0
         with self._lock:
             if number <= self.current:
                 return
             self.current = number
             if self.began is None:
-                self.began = time.monotonic()
+                self.began = time.monotonic() - silent
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="bps-failover", daemon=True)
             self._thread.start()

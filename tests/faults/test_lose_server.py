@@ -137,3 +137,15 @@ def test_over_ucx_streams(tmp_path, uninterrupted):
     assert r.rc == 0, text
     assert "stalled" in text
     assert_same(params(out, 0), uninterrupted())
+
+
+def test_a_hung_server_is_lost_by_its_silence(tmp_path, uninterrupted):
+    """SIGSTOP: the server's streams stay open and nothing exits; the scheduler finds it by
+    its heartbeats (BYTEPS_HEARTBEAT_TIMEOUT_SECONDS, 3 s here), its keys move, and at the end
+    bpslaunch stops it instead of failing the job."""
+    r, out = run(tmp_path, "k", "5:1:STOP")
+    text = r.out + r.err
+    assert r.rc == 0, text
+    assert re.search(r"scheduler: lost server rank 1 .*no heartbeat", text), text
+    assert "stopping server 1" in text
+    assert_same(params(out, 0), uninterrupted())
