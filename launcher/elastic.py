@@ -9,10 +9,12 @@ workers S seconds into the run (at most ``--max-workers`` run at once). The job:
 
 * completes (exit 0) when every worker still in it has exited 0 and the scheduler and servers
   have shut down; the workers lost on the way are listed;
-* fails when the scheduler or a server fails: below ``--min-workers`` for longer than
-  BYTEPS_ELASTIC_TIMEOUT_SECONDS the scheduler exits 1 with a line naming TooFewWorkersError
-  and the workers lost; a lost server is the usual PeerLostError (elastic servers are not
-  supported). Then everything left is stopped and bpslaunch exits non-zero naming the cause.
+* fails when the scheduler fails, or a server while the job cannot lose one (below two
+  servers, or BYTEPS_SERVER_FAILOVER=0: the usual PeerLostError; otherwise its keys move to the
+  other servers and the job goes on, docs/reliability.md): below ``--min-workers`` for longer
+  than BYTEPS_ELASTIC_TIMEOUT_SECONDS the scheduler exits 1 with a line naming
+  TooFewWorkersError and the workers lost. Then everything left is stopped and bpslaunch exits
+  non-zero naming the cause.
 """
 from __future__ import annotations
 
@@ -65,6 +67,7 @@ class _ElasticJob(_Job):
         self.lost: list[str] = []
         self.lost_children: list[Child] = []
         self.finished_ok = 0  # workers that exited 0
+        self.servers_lost: list[Child] = []  # servers lost while the job went on (failover)
 
     def _start_worker(self, template: ChildSpec, base_env: Mapping[str, str],
                       why: str) -> None:
@@ -104,6 +107,10 @@ class _ElasticJob(_Job):
                 return self._timed_out(failure)
             for child in exited:
                 code = child.returncode or 0
+                if code != 0 and child.role == "server" and failure is None \
+                        and self._lost_server(child, []):  # its keys move (failover)
+                    self.servers_lost.append(child)
+                    continue
                 if code != 0:  # the scheduler re-forms without it now, not after the timeout
                     self._tell_scheduler(child)
                 if child.role == "worker":
@@ -137,8 +144,8 @@ class _ElasticJob(_Job):
                                  f"{el.max_restarts} used up")
                     elif len(sup.running()) - len(services) >= el.max_workers:
                         self.say("not replacing the lost worker: --max-workers running")
-                    elif len(services) == len([c for c in sup.children
-                                               if c.role != "worker"]):
+                    elif len(services) == len([c for c in sup.children if c.role != "worker"
+                                               and c not in self.servers_lost]):
                         self.restarts += 1
                         self._start_worker(template, base_env,
                                            f"restart {self.restarts} of {el.max_restarts}")

@@ -149,3 +149,20 @@ def test_a_hung_server_is_lost_by_its_silence(tmp_path, uninterrupted):
     assert re.search(r"scheduler: lost server rank 1 .*no heartbeat", text), text
     assert "stopping server 1" in text
     assert_same(params(out, 0), uninterrupted())
+
+
+def test_an_elastic_job_loses_a_worker_and_a_server(tmp_path):
+    """Elastic workers and failover at once: 3 workers and 2 servers; worker rank 2 dies at
+    step 2 (the job re-forms with 2), then rank 0 SIGKILLs server 0 at step 5 (its keys move).
+    Every sum of every step is exact for the epoch's size (test_elastic's check)."""
+    from tests.integration.harness import worker
+    from tests.integration.test_elastic import check_sums, job_env, records
+    r = bpslaunch(worker("elastic_numpy.py", 10, "kill=2@2", "killserver=5", "slow=0.05"),
+                  workers=3, servers=2, env=job_env(), timeout=150,
+                  extra=["--elastic", "--min-workers", "2", "--max-restarts", "0"])
+    log = r.out + r.err
+    assert r.rc == 0, log
+    recs = records(r.out)
+    check_sums(recs, log)
+    assert max(rec.get("step", -1) for rec in recs) == 10  # every step done (1..10)
+    assert re.search(r"scheduler: lost server rank 0 .*failover 1", log), log
