@@ -58,12 +58,12 @@ class _GatherWithGrad(torch.autograd.Function):
     summed over the ranks that used it (torch.distributed.nn's all_gather does the same)."""
 
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
         ctx.rank = bps.rank()
         return _gather(tensor)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         total = bps.push_pull(grad.contiguous(), average=False, name=_key("gather_grad", grad))
         return total[ctx.rank]
 
@@ -95,7 +95,7 @@ class BytePSStrategy(ParallelStrategy):
     def __init__(self, accelerator: pl.accelerators.Accelerator | None = None,
                  parallel_devices: list[torch.device] | None = None,
                  checkpoint_io=None, precision_plugin=None,
-                 compression=bps.Compression.none, backward_passes_per_step: int = 1,
+                 compression: Any = bps.Compression.none, backward_passes_per_step: int = 1,
                  init_options: dict[str, Any] | None = None):
         if not bps.is_initialized():
             bps.init(**(init_options or {}))
@@ -165,7 +165,7 @@ class BytePSStrategy(ParallelStrategy):
                 bps.broadcast_optimizer_state(opt, root_rank=0)
         bpps = trainer.accumulate_grad_batches if module.automatic_optimization \
             else self._manual_bpps
-        wrapped = []
+        wrapped: list[torch.optim.Optimizer] = []
         for opt in optimizers:
             if not isinstance(opt, bps.DistributedOptimizer):
                 opt = bps.DistributedOptimizer(
