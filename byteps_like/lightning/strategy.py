@@ -108,6 +108,7 @@ class BytePSStrategy(ParallelStrategy):
         self._compression = compression
         self._manual_bpps = backward_passes_per_step
         self._exit_stack: contextlib.ExitStack | None = None
+        self._failed = False
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
 
     # -- who is who -------------------------------------------------------------------------
@@ -248,10 +249,25 @@ class BytePSStrategy(ParallelStrategy):
                              f"(got group={group!r}); every byteps_like collective spans "
                              "the whole job: leave group unset")
 
+    def on_exception(self, exception: BaseException) -> None:
+        self._failed = True
+        super().on_exception(exception)
+
     def teardown(self) -> None:
+        """Every rank leaves ``fit`` (or validate, test, predict) together, as Horovod's
+        strategy made them (a rank that returned first could end its process while a peer
+        still waits for the last round's result); not after an exception, which the job's
+        failure handling reports instead."""
+        if not self._failed:
+            bps.barrier()
+        self._failed = False
         if self._exit_stack is not None:
             self._exit_stack.close()
             self._exit_stack = None
+        # the gradient hooks go with the fit: a later fit of the same model wraps it anew
+        for opt in self.optimizers:
+            if isinstance(opt, bps.DistributedOptimizer):
+                opt.close()
         super().teardown()
 
     def __repr__(self) -> str:

@@ -6,8 +6,8 @@ The strategy runs under bpslaunch and under torchrun (there with gradient accumu
 batches, an odd number of batches per epoch: the last step of each epoch accumulates one). Each
 run is compared with a DDP run of the same settings: the test accuracy within 0.01 (the target;
 in practice the weights agree to 9 digits), the metrics logged with ``sync_dist=True`` under
-every ``reduce_fx``, checkpoints written by rank 0 only, and the strategy's collectives
-(reduce, all_gather with and without gradients, broadcast, barrier).
+every ``reduce_fx``, checkpoints written by rank 0 only, the strategy's collectives (reduce,
+all_gather with and without gradients, broadcast, barrier) and a second fit of the same model.
 """
 from __future__ import annotations
 
@@ -120,6 +120,20 @@ def test_checkpoints_on_rank_0_only_and_restorable(tmp, how, accumulate):
 def test_strategy_collectives(tmp, how, accumulate):
     bps = launch(how, accumulate, tmp)
     assert bps.rc == 0, bps.log
-    for check in ("all_gather", "all_gather_grad", "reduce", "broadcast"):
+    for check in ("all_gather", "all_gather_grad", "reduce", "broadcast", "errors"):
         assert sorted(re.findall(rf"CHECK {check} OK rank (\d+)", bps.out)) == \
             [str(r) for r in range(WORKERS)], f"{check}\n{bps.log}"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("how, accumulate", [("bpslaunch", 1), ("torchrun", 2)])
+def test_a_second_fit_of_the_same_model(tmp, how, accumulate):
+    """A new Trainer and strategy fit the trained model again: the first fit's gradient hooks
+    went with its teardown (DistributedOptimizer.close), and the ranks stay equal."""
+    bps = launch(how, accumulate, tmp)
+    assert bps.rc == 0, bps.log
+    refits = dict(re.findall(r"REFIT rank (\d+) params ([-\d.]+)", bps.out))
+    assert sorted(refits) == [str(r) for r in range(WORKERS)], bps.log
+    assert len(set(refits.values())) == 1, refits
+    first = results(bps)[0]["params"]
+    assert refits["0"] != first, (refits, first)   # it trained

@@ -98,6 +98,28 @@ def check_collectives(strategy, rank: int, size: int, out: Path) -> None:
     assert strategy.broadcast({"epoch": rank, "name": f"r{rank}"}) == {"epoch": 0, "name": "r0"}
     strategy.barrier("check")
     print(f"CHECK broadcast OK rank {rank}", flush=True)
+    for call, needle in ((lambda: strategy.reduce(torch.ones(1), reduce_op="prod"), "'prod'"),
+                         (lambda: strategy.all_gather(torch.ones(1), group=object()),
+                          "process groups are not supported")):
+        try:
+            call()
+        except ValueError as exc:
+            assert needle in str(exc), exc
+        else:
+            raise AssertionError(f"no ValueError ({needle})")
+    print(f"CHECK errors OK rank {rank}", flush=True)
+
+
+def refit(model, train, rank: int) -> None:
+    """A second fit of the same model by a new Trainer (and strategy): the first fit's
+    gradient hooks are gone, every rank ends with the same weights."""
+    from byteps_like.lightning import BytePSStrategy
+    trainer = pl.Trainer(strategy=BytePSStrategy(), accelerator="cpu", devices=1, max_epochs=1,
+                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False)
+    trainer.fit(model, train)
+    checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
+    print(f"REFIT rank {rank} params {checksum:.9f}", flush=True)
 
 
 def main() -> int:
@@ -143,6 +165,7 @@ def main() -> int:
             best_acc = (best(x_test).argmax(1) == y_test).float().mean().item()
         print(f"BEST rank {rank} {Path(ckpt.best_model_path).name} acc {best_acc:.6f}",
               flush=True)
+        refit(model, train, rank)
     return 0
 
 
