@@ -211,6 +211,10 @@ class BytePSStrategy(ParallelStrategy):
             return gathered.amax(0) if op == "max" else gathered.amin(0)
         if t.dtype == torch.bool:
             t = t.to(torch.int32)
+        if op == "mean" and not t.is_floating_point():
+            # as Lightning's DDP: the sum divided by the world size, a float (not floored)
+            total = bps.push_pull(t.contiguous(), average=False, name=_key("sum", t))
+            return total / self.world_size
         return bps.push_pull(t.contiguous(), average=op == "mean", name=_key(op, t))
 
     def all_gather(self, tensor: torch.Tensor, group: Any | None = None,

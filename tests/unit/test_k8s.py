@@ -366,3 +366,10 @@ def test_kubeflow_options_need_kubeflow(capsys):
     rc = cli_main(["k8s", "--name", "bert", "--image", "i", "--workers", "2", "--servers", "1",
                    "--gang", "volcano", "--", "python", "t.py"])
     assert rc == 2 and "need --kubeflow" in capsys.readouterr().err
+
+
+def test_kubeflow_runtime_name_is_shared_by_reference(capsys):
+    objs, _ = kf_generate(capsys, "--runtime-name", "byteps-like-4-servers")
+    assert objs["ClusterTrainingRuntime"]["metadata"]["name"] == "byteps-like-4-servers"
+    assert objs["TrainJob"]["spec"]["runtimeRef"]["name"] == "byteps-like-4-servers"
+    assert kf_errors(objs["ClusterTrainingRuntime"]) == [] and kf_errors(objs["TrainJob"]) == []

@@ -89,6 +89,8 @@ def check_collectives(strategy, rank: int, size: int, out: Path) -> None:
                      ("max", size - 1), ("min", 0)):
         got = strategy.reduce(torch.tensor([float(rank)]), reduce_op=op)
         assert got.tolist() == [want], (op, got)
+    got = strategy.reduce(torch.tensor([rank, 1]), reduce_op="mean")   # integers: as DDP
+    assert got.tolist() == [(size - 1) / 2, 1.0] and got.is_floating_point(), got
     assert strategy.reduce("not a tensor") == "not a tensor"
     assert strategy.reduce_boolean_decision(rank == 0, all=False) is True
     assert strategy.reduce_boolean_decision(rank == 0, all=True) is (size == 1)
