@@ -97,14 +97,14 @@ class BytePSStrategy(ParallelStrategy):
                  checkpoint_io=None, precision_plugin=None,
                  compression: Any = bps.Compression.none, backward_passes_per_step: int = 1,
                  init_options: dict[str, Any] | None = None):
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step={backward_passes_per_step}: must be "
+                             ">= 1")
         if not bps.is_initialized():
             bps.init(**(init_options or {}))
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=None, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin)
-        if backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step={backward_passes_per_step}: must be "
-                             ">= 1")
         self._compression = compression
         self._manual_bpps = backward_passes_per_step
         self._exit_stack: contextlib.ExitStack | None = None
