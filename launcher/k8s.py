@@ -27,12 +27,17 @@ replaced by a fresh one, which joins the running job). Scale it while it runs wi
 pods join at the next commit). Every pod gets BYTEPS_ELASTIC=1 and its bounds; a worker pod runs
 one worker process (BYTEPS_LOCAL_SIZE=1).
 
+``--kubeflow`` (launcher/kubeflow.py): the job for Kubeflow Trainer v2 instead, a
+ClusterTrainingRuntime (a JobSet of scheduler, server and worker replicated jobs) and a TrainJob,
+with gang scheduling by ``--gang kueue|volcano|coscheduling``.
+
 Output is YAML (a small emitter here: the launcher imports the standard library only) or JSON
 (``--format json``, a ``v1 List``); ``kubectl apply -f`` takes either.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -72,6 +77,33 @@ def _resources(cpu: str, memory: str, gpus: int = 0) -> dict[str, Any]:
     if gpus:
         amounts["nvidia.com/gpu"] = str(gpus)
     return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def kubeflow(job: str, image: str, command: Sequence[str], *, workers: int, servers: int,
+             gpus_per_worker: int = 1, namespace: str | None = None, port: int = DEFAULT_PORT,
+             server_port: int = DEFAULT_SERVER_PORT, auth: bool = True,
+             worker_cpu: str = "8", worker_memory: str = "32Gi", server_cpu: str = "4",
+             server_memory: str = "16Gi", shm_size: str = "8Gi",
+             extra_env: Sequence[tuple[str, str]] = (), secret: str | None = None,
+             **options: Any) -> list[dict[str, Any]]:
+    """The Kubeflow Trainer v2 objects of one job (launcher/kubeflow.py): the Secret
+    ``<job>-auth`` (with ``auth`` and ``secret``), a ClusterTrainingRuntime and a TrainJob.
+    ``options``: :func:`launcher.kubeflow.kubeflow_manifests`'s (runtime_name, gang, queue,
+    server_restarts, schedule_timeout). The same checks as :func:`manifests`."""
+    from .kubeflow import kubeflow_manifests
+    plain = manifests(job, image, command, workers=workers, servers=servers,
+                      gpus_per_worker=gpus_per_worker, namespace=namespace, port=port,
+                      server_port=server_port, auth=auth, secret=secret)  # the checks
+    objs = kubeflow_manifests(
+        job, image, command, workers=workers, servers=servers,
+        labels={"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": job},
+        resources={"scheduler": _resources("1", "1Gi"),
+                   "server": _resources(server_cpu, server_memory),
+                   "worker": _resources(worker_cpu, worker_memory, gpus_per_worker)},
+        gpus_per_worker=gpus_per_worker, port=port, server_port=server_port, auth=auth,
+        secret_name=f"{job}-auth", secret_key=SECRET_KEY, namespace=namespace,
+        shm_size=shm_size, extra_env=extra_env, **options)
+    return [o for o in plain if o["kind"] == "Secret"] + objs
 
 
 def manifests(job: str, image: str, command: Sequence[str], *, workers: int, servers: int,
@@ -315,6 +347,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--elastic-timeout", type=float, default=None,
                    help="--elastic: seconds below --min-workers before the job fails, "
                         "BYTEPS_ELASTIC_TIMEOUT_SECONDS (default 60)")
+    p.add_argument("--kubeflow", action="store_true",
+                   help="write a Kubeflow Trainer v2 ClusterTrainingRuntime and TrainJob "
+                        "(a JobSet of scheduler, server and worker jobs) instead of plain "
+                        "Jobs (docs/deployment.md, Kubeflow Trainer)")
+    p.add_argument("--runtime-name", metavar="NAME",
+                   help="--kubeflow: the ClusterTrainingRuntime's name (default "
+                        "byteps-like-JOB)")
+    p.add_argument("--gang", choices=("none", "kueue", "volcano", "coscheduling"),
+                   default=None, help="--kubeflow: gang scheduling (default none)")
+    p.add_argument("--queue", metavar="NAME",
+                   help="--kubeflow: the Kueue LocalQueue (--gang kueue) or Volcano queue")
+    p.add_argument("--server-restarts", type=int, default=None,
+                   help="--kubeflow: failed server pods replaced (their Job's backoffLimit, "
+                        "default 3)")
+    p.add_argument("--schedule-timeout", type=int, default=None,
+                   help="--kubeflow --gang coscheduling: the PodGroup's "
+                        "scheduleTimeoutSeconds")
     p.add_argument("--format", choices=("yaml", "json"), default="yaml")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     return p
@@ -341,6 +390,17 @@ def main(argv: Sequence[str]) -> int:
         print("bpslaunch k8s: error: --min-workers, --max-workers, --max-restarts and "
               "--elastic-timeout need --elastic", file=sys.stderr)
         return 2
+    kf_options = {"runtime_name": args.runtime_name, "gang": args.gang, "queue": args.queue,
+                  "server_restarts": args.server_restarts,
+                  "schedule_timeout": args.schedule_timeout}
+    if not args.kubeflow and any(v is not None for v in kf_options.values()):
+        print("bpslaunch k8s: error: --runtime-name, --gang, --queue, --server-restarts and "
+              "--schedule-timeout need --kubeflow", file=sys.stderr)
+        return 2
+    if args.kubeflow and args.elastic:
+        print("bpslaunch k8s: error: --kubeflow does not take --elastic (a TrainJob's node "
+              "count is fixed); use the plain manifests for an elastic job", file=sys.stderr)
+        return 2
     extra = []
     for item in args.env:
         name, sep, value = item.partition("=")
@@ -349,13 +409,17 @@ def main(argv: Sequence[str]) -> int:
             return 2
         extra.append((name, value))
     try:
-        objs = manifests(args.name, args.image, command, workers=args.workers,
+        make: Any = manifests
+        if args.kubeflow:
+            make = functools.partial(kubeflow, **{k: v for k, v in kf_options.items()
+                                                  if v is not None})
+        objs = make(args.name, args.image, command, workers=args.workers,
                          servers=args.servers, gpus_per_worker=args.gpus_per_worker,
                          namespace=args.namespace, port=args.port, server_port=args.server_port,
                          auth=not args.no_auth, worker_cpu=args.worker_cpu,
                          worker_memory=args.worker_memory, server_cpu=args.server_cpu,
                          server_memory=args.server_memory, shm_size=args.shm_size,
-                         extra_env=extra, elastic=elastic,
+                         extra_env=extra, **({"elastic": elastic} if elastic else {}),
                          secret=None if args.no_auth or args.existing_secret
                          else secrets.token_hex(32))
     except ValueError as exc:

@@ -3,7 +3,7 @@
 # editable. Idempotent; safe to re-run, and to run with the other profile later.
 #
 #   bash scripts/setup.sh            the full profile, what the test suite needs (scripts/test.sh):
-#                                    torch (CPU), tensorflow-cpu, byteps_like[test,examples,bench,ucx,ray,docs]
+#                                    torch (CPU), tensorflow-cpu, byteps_like[test,examples,bench,ucx,ray,lightning,docs]
 #   bash scripts/setup.sh --minimal  only what the PyTorch quick start needs
 #                                    (scripts/quickstart.sh): torch (CPU), byteps_like[examples]
 #
@@ -44,7 +44,9 @@ have torch || run "${PIP[@]}" torch==2.13.0
 if [ "$profile" = full ]; then
   # TensorFlow (CPU build, with Keras 3) for byteps_like.tensorflow / byteps_like.keras
   have tensorflow || run "${PIP[@]}" "tensorflow-cpu==2.21.*"
-  run "${PIP[@]}" -e '.[test,examples,bench,ucx,ray,docs]'  # ray: test_ray.py; docs: test_docs.py
+  # ray: test_ray.py; lightning: test_lightning.py (its torch requirement is met by the pinned
+  # torch above, so pip keeps it); docs: test_docs.py
+  run "${PIP[@]}" -e '.[test,examples,bench,ucx,ray,lightning,docs]'
   # _core is compiled against the libucx wheel's headers when they are there at build time (the
   # data plane's UCX streams); in a fresh .venv the extra arrives after the build: build again
   if [ "$dry" != 1 ] && have libucx && ! .venv/bin/python -c \

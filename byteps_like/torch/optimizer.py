@@ -175,6 +175,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
         return self._opt.step(closure)
 
+    def close(self) -> None:
+        """Stop averaging: remove the hooks this optimizer put on the parameters (and on the
+        model, with CrossBarrier), so that another DistributedOptimizer can wrap them, e.g. a
+        second ``Trainer.fit`` of the same model. Gradients still in flight are forgotten, not
+        waited for. Idempotent; the wrapped optimizer stays usable on its own."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self._cross is not None:
+            for h in self._cross.hooks:
+                h.remove()
+            self._cross.hooks = []
+            self._cross = None
+        self._sync.reset()
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._cross is not None:
             self._cross.zero_grad(set_to_none)

@@ -629,7 +629,7 @@ def test_quick_start_installs_only_what_the_pytorch_demo_needs():
 def test_the_full_set_up_still_installs_everything_the_tests_need():
     commands = _dry_run("setup.sh")
     assert _installed(commands) == ["torch==2.13.0", "tensorflow-cpu==2.21.*", "-e",
-                                    ".[test,examples,bench,ucx,ray,docs]"], commands
+                                    ".[test,examples,bench,ucx,ray,lightning,docs]"], commands
     # scripts/test.sh uses the full set-up, the quick start the minimal one
     assert "bash scripts/setup.sh\n" in (SCRIPTS / "test.sh").read_text()
     assert _installed(_dry_run("setup.sh", "--minimal")) == ["torch==2.13.0", "-e",

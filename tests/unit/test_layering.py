@@ -22,11 +22,11 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 ROOTS = {"byteps_like": "byteps_like", "server": "byteps_like.server",
          "scheduler": "byteps_like.scheduler", "launcher": "byteps_like.launcher"}
 FRAMEWORKS = {"torch", "torchvision", "tensorflow", "keras", "tf_keras", "mxnet", "jax", "jaxlib",
-              "flax", "ray"}
+              "flax", "ray", "lightning", "pytorch_lightning", "lightning_fabric"}
 # plugin folder -> the frameworks it may import (Horovod's keras plugin also imports tensorflow)
 PLUGINS = {"torch": {"torch"}, "tensorflow": {"tensorflow"},
            "keras": {"keras", "tf_keras", "tensorflow"}, "mxnet": {"mxnet"},
-           "ray": {"ray", "torch"}}
+           "ray": {"ray", "torch"}, "lightning": {"lightning", "torch"}}
 PLUGIN_MODULES = tuple(f"byteps_like.{p}" for p in PLUGINS)
 # Top-level modules that belong to the worker side although they sit beside the shared ones:
 # the trace tool (``python -m byteps_like.trace``), the Keras code both Keras plugins share, and
@@ -279,6 +279,22 @@ def test_plugins_import_only_their_own_framework():
             if _top(name) in FRAMEWORKS - own:
                 bad.append(f"{src.rel}:{line} imports {name}")
     _report(bad, "a plugin imports the core and its own framework, nothing else")
+
+
+def test_the_lightning_plugin_reaches_the_core_through_byteps_like_torch_only():
+    """byteps_like.lightning is a Lightning strategy over the PyTorch plugin: it imports torch,
+    lightning and byteps_like.torch (and itself), nothing else of byteps_like."""
+    bad = []
+    srcs = _sources("plugin:lightning")
+    assert {s.module for s in srcs} >= {"byteps_like.lightning", "byteps_like.lightning.strategy"}
+    for src in srcs:
+        for line, name in imported_names(src):
+            if _top(name) != "byteps_like":
+                continue
+            if not any(name == p or name.startswith(p + ".")
+                       for p in ("byteps_like.torch", "byteps_like.lightning")):
+                bad.append(f"{src.rel}:{line} imports {name}")
+    _report(bad, "byteps_like.lightning imports byteps_like.torch, nothing else of the core")
 
 
 # ------------------------------------------------------------------------------ environment reads
