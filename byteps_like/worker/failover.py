@@ -54,12 +54,16 @@ class ServerFailover:
         self._work: queue.SimpleQueue[tuple[int, list[int]] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.tables: dict = {}
 
     @classmethod
-    def attach(cls, members: Membership, plane: NativeDataPlane) -> ServerFailover:
+    def attach(cls, members: Membership, plane: NativeDataPlane,
+               tables: dict | None = None) -> ServerFailover:
         """Before registering: the control client hands the scheduler's notices to a new
-        instance, and the native plane its lost streams."""
+        instance, and the native plane its lost streams. ``tables``: the server-held
+        embedding tables by name, whose shards a lost server takes with it."""
         self = cls(members, plane)
+        self.tables = tables if tables is not None else {}
         control = members.controller
         control.on_failover = self.on_failover
         control.on_resume = self.on_resume
@@ -95,6 +99,15 @@ class ServerFailover:
             self.current = number
             if self.began is None:
                 self.began = time.monotonic() - silent
+        if self.tables:  # their shards went with the server: nothing to move them from
+            from ..errors import PeerLostError
+            self.members.controller.fail(PeerLostError(
+                f"worker {self.members.rank}: {meta.get('reason', 'a server was lost')}; it "
+                f"held shards of the server-held embedding table(s) "
+                f"{', '.join(repr(n) for n in sorted(self.tables))}, which are lost with it: "
+                "restart the job and load the last checkpoint (docs/sparse.md)",
+                role="server", rank=ranks[-1] if ranks else -1))
+            return
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="bps-failover", daemon=True)
             self._thread.start()

@@ -232,7 +232,8 @@ class Runtime:
         m.open(cfg, on_message=self.dispatch.on_message, on_fatal=self._on_fatal)
         if self.elastic_m is not None:
             self.elastic_m.attach_control(m.controller)
-        self.failover = ServerFailover.attach(m, self.plane) if failover_enabled(cfg) else None
+        self.failover = (ServerFailover.attach(m, self.plane, self.sparse.tables)
+                         if failover_enabled(cfg) else None)
         try:
             m.register()
         except BaseException:

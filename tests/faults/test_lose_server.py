@@ -166,3 +166,30 @@ def test_an_elastic_job_loses_a_worker_and_a_server(tmp_path):
     check_sums(recs, log)
     assert max(rec.get("step", -1) for rec in recs) == 10  # every step done (1..10)
     assert re.search(r"scheduler: lost server rank 0 .*failover 1", log), log
+
+
+TABLE_JOB = """
+import os, signal, time
+import numpy as np
+import byteps_like as bps
+from byteps_like.worker.runtime import default_runtime
+bps.init()
+t = bps.embedding_table("emb", 64, 4, optimizer="sgd", lr=1.0)
+for step in range(40):
+    t.pull(np.arange(8))
+    bps.push_pull(np.ones(1000, np.float32), name="dense")
+    if step == 3 and bps.rank() == 0:
+        os.kill([p.pid for p in default_runtime().members.servers if p.rank == 1][0],
+                signal.SIGKILL)
+    time.sleep(0.02)
+bps.shutdown()
+"""
+
+
+def test_a_job_with_server_held_tables_fails_naming_them(tmp_path):
+    """A table's shards live on their server only (replication is not built yet): losing a
+    server of a job with tables is an error that names the tables and says what to do."""
+    r = bpslaunch(["-c", TABLE_JOB], workers=2, servers=2, timeout=120)
+    text = r.out + r.err
+    assert r.rc != 0, text
+    assert "PeerLostError" in text and "'emb'" in text and "load the last checkpoint" in text
