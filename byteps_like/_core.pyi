@@ -285,6 +285,18 @@ class DataClient:
         """Every completion nobody waits on, waiting up to ``timeout`` s for the first."""
     def set_paused(self, paused: bool) -> None:
         """Hold queued partitions, or release them in priority order (for tests)."""
+    def set_failover(self, on: bool) -> None:
+        """Losing a server: a lost stream parks its server's parts (and completes a
+        ``server_lost`` notice, op id 2**63 + server) instead of failing them; answers are
+        received into a per-key shadow and copied out."""
+    def failover(self, lost: list[int], hold: bool) -> None:
+        """Move the keys of the ``lost`` server indices to the others (rendezvous hashing);
+        with ``hold``, seed each moved key on its new server with the last round this client
+        completed and hold its pushes until :meth:`resume`."""
+    def wait_seeds(self, timeout: float) -> str:
+        """"" once every seed was acknowledged, else why not (within ``timeout`` s)."""
+    def resume(self) -> None:
+        """Send the parts held since :meth:`failover` to the keys' new servers."""
     def take_dispatch_log(self) -> list[int]:
         """Keys in the order they were sent since the last call (the first 4096)."""
     def close(self) -> None: ...
@@ -294,6 +306,9 @@ def monotonic() -> float: ...
 def hmac_sha256(key: bytes, msg: bytes) -> bytes: ...
 
 # ---- UCX streams of the data plane (csrc/dataplane_ucx.cc; byteps_like/transport/ucx_native)
+def failover_owner(key: int, alive: list[int]) -> int:
+    """The server of a key whose first server is lost, among ``alive`` (rendezvous hashing,
+    as the native client routes it); -1 when none is alive."""
 def ucx_built() -> bool:
     """Whether this _core was built with UCX's headers (it can load libucp at run time)."""
 def ucx_load(path: str, settings: dict[str, str] = ...) -> str:

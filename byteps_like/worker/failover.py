@@ -91,8 +91,8 @@ class ServerFailover:
         """The scheduler's FAILOVER (I/O thread): the work goes to this module's thread."""
         lost = meta.get("lost")
         ranks = [r for r in lost if type(r) is int] if isinstance(lost, list) else []
-        silent = meta.get("silent")  # found by its silence: the job stalled since
-        silent = float(silent) if type(silent) in (int, float) and 0 <= silent < 1e6 else 0.0
+        given = meta.get("silent")  # found by its silence: the job stalled since
+        silent = float(given) if isinstance(given, (int, float)) and 0 <= given < 1e6 else 0.0
         with self._lock:
             if number <= self.current:
                 return
