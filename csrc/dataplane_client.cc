@@ -214,21 +214,28 @@ class ClientImpl {
     failover_ = on;
   }
 
-  // The servers in `lost` are gone for good: their keys move to the others (rendezvous
-  // hashing). With `hold`, the moved keys' pushes wait for resume(), and each moved key whose
-  // last round this client completed is seeded on its new server first (wait_seeds()).
-  void failover(const std::vector<int>& lost, bool hold) {
+  // The servers in `gone` are lost for good, and only those (a replacement of one, connected
+  // again, is not): every key whose server changes moves (rendezvous hashing over the servers
+  // alive), and its parts in flight wait for the new one. With `hold`, the moving keys'
+  // pushes wait for resume(), and each moving key whose last round this client completed is
+  // seeded on its new server first (wait_seeds()).
+  void failover(const std::vector<int>& gone, bool hold) {
     std::vector<std::pair<std::shared_ptr<Conn>, Out>> seeds;
     {
       std::lock_guard<std::mutex> g(mu_);
-      for (int s : lost) {
+      prev_gone_.assign(servers_.size(), 0);
+      for (std::size_t i = 0; i < servers_.size(); ++i) {
+        prev_gone_[i] = servers_[i].gone;
+        servers_[i].gone = false;
+      }
+      for (int s : gone) {
         if (s < 0) continue;
         if (static_cast<int>(servers_.size()) <= s) servers_.resize(s + 1);
         ServerSlot& sl = servers_[s];
         sl.gone = true;
         if (sl.lost.empty()) sl.lost = "server rank " + std::to_string(s) + " was lost";
-        lost_locked(s, false);
       }
+      repark_locked();
       holding_ = hold;
       seed_error_.clear();
       for (auto& kv : keys_) {
@@ -651,7 +658,7 @@ class ClientImpl {
       if (credit_ && inflight_bytes_ > 0 && inflight_bytes_ + p.wire > credit_) break;
       p.at = failover_ ? route_locked(p.spec.key, p.spec.server) : p.spec.server;
       if (p.at < 0 || !servers_[p.at].lost.empty() ||
-          (holding_ && servers_[p.spec.server].gone)) {
+          (holding_ && route_before_locked(p.spec.key, p.spec.server) != p.at)) {
         const QItem item = top;  // top is gone with the pop
         auto keep = top.op;
         pq_.pop();
@@ -710,17 +717,33 @@ class ClientImpl {
   // ---- losing a server (helpers; mu_ held) ----
   static constexpr std::uint64_t kLostNotice = 1ull << 63;  // + server: a "server_lost" notice
 
-  std::vector<int> alive_locked() const {
-    std::vector<int> a;
-    for (std::size_t i = 0; i < servers_.size(); ++i)
-      if (!servers_[i].gone && !servers_[i].conns.empty()) a.push_back(static_cast<int>(i));
-    return a;
-  }
   // The server that holds `key`, first assigned to `server`: that one until it is gone.
   int route_locked(std::uint64_t key, int server) const {
-    if (server >= 0 && server < static_cast<int>(servers_.size()) && !servers_[server].gone)
-      return server;
-    return hrw_owner(key, alive_locked());
+    return route_key(key, server, servers_.size(), [&](std::size_t i) { return servers_[i].gone; },
+                     [&](std::size_t i) { return !servers_[i].conns.empty(); });
+  }
+  // Where `key` went before the current failover (prev_gone_: the servers gone then).
+  int route_before_locked(std::uint64_t key, int server) const {
+    return route_key(key, server, servers_.size(),
+                     [&](std::size_t i) { return i < prev_gone_.size() && prev_gone_[i]; },
+                     [&](std::size_t i) { return !servers_[i].conns.empty(); });
+  }
+  // Parts in flight whose key's server changed wait for the new one (resume()).
+  void repark_locked() {
+    for (auto& kv : ops_) {
+      Op& op = *kv.second;
+      if (op.reported || op.failed) continue;
+      for (std::size_t i = 0; i < op.parts.size(); ++i) {
+        Part& p = op.parts[i];
+        if (!p.dispatched || p.done || p.at == route_locked(p.spec.key, p.spec.server))
+          continue;
+        release_locked(p);
+        p.dispatched = p.acked = false;
+        auto it = inflight_.find(p.spec.key);
+        if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
+        parked_.push_back(QItem{op.priority, seq_++, kv.second, i});
+      }
+    }
   }
   // A part about to go to p.at: a moved key's push re-declares it and says it is retried.
   void routed_locked(const Part& p, Ready* r) {
@@ -794,6 +817,7 @@ class ClientImpl {
   }
   bool failover_ = false;
   bool holding_ = false;      // a failover is in progress: moved keys' parts wait for resume()
+  std::vector<char> prev_gone_;  // the servers gone before the current failover
   std::unordered_map<std::uint64_t, KeyRecord> keys_;
   std::vector<QItem> parked_;  // parts whose server is lost, waiting for its keys' new one
   std::map<std::pair<std::uint64_t, std::int64_t>, int> seeds_out_;  // (key, round) -> server

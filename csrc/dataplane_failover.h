@@ -53,6 +53,17 @@ inline int hrw_owner(std::uint64_t key, const std::vector<int>& alive) {
   return best;
 }
 
+// The server of `key`, first assigned to `server`, among n: that one until it is gone(), then
+// rendezvous hashing over the servers neither gone() nor down (up() false: no streams).
+template <typename Gone, typename Up>
+int route_key(std::uint64_t key, int server, std::size_t n, Gone gone, Up up) {
+  if (server >= 0 && static_cast<std::size_t>(server) < n && !gone(server)) return server;
+  std::vector<int> alive;
+  for (std::size_t i = 0; i < n; ++i)
+    if (!gone(i) && up(i)) alive.push_back(static_cast<int>(i));
+  return hrw_owner(key, alive);
+}
+
 // dst = src / div (div 1: a copy) in blocks that stay in the cache between the copy and the
 // division, so an answer received into its key's shadow costs about one more read of it
 inline void copy_scaled(DType kdt, char* dst, const char* src, std::size_t len,
