@@ -595,8 +595,9 @@ bool ServerImpl::decode_push_locked(const std::shared_ptr<Conn>& conn, Store& st
                     ": the server's codec failed to decode the push: " + exc.what());
     send_error(conn, h, st.failed_kind.c_str(), st.failed);
     return false;
-  } catch (const std::invalid_argument& exc) {
-    reject("malformed compressed payload");
+  } catch (const std::invalid_argument& exc) {  // counted by sender: a peer that sends NaN,
+    reject("malformed compressed payload from worker rank " +  // inf or repeated indices shows
+           std::to_string(h.rank));                           // in the server's rejections
     st.pushed[h.rank] = 0;
     --st.started;
     if (st.finished > 0) {  // the round cannot complete without it: tell everyone waiting
