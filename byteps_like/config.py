@@ -196,8 +196,17 @@ class ServerConfig:
                         "compressed key's float32 accumulator and codec), its declaration and "
                         "bookkeeping, and the server-held tables' shards. A declaration past "
                         "it is refused with an error naming this setting. 0 means 80% of the "
-                        "machine's memory.",
+                        "machine's memory (or of the cgroup's limit, when lower), shared "
+                        "evenly by the servers of the machine (BYTEPS_SERVER_LOCAL_SIZE).",
                         unit="bytes", min=0)
+    local_servers: int = _s("BYTEPS_SERVER_LOCAL_SIZE", "int", 0, "Servers on this machine "
+                            "that share the default memory budget (BYTEPS_SERVER_MAX_BYTES=0): "
+                            "each takes 80% of the machine's memory divided by this many, so "
+                            "local servers together stay within it. 0 means inferred: every "
+                            "server of the job when this node's address is loopback (bpslaunch "
+                            "--local, a one-node torchrun job), the servers per node under "
+                            "torchrun, else 1. Set it where a launcher puts several servers on "
+                            "one machine with a routable address.", unit="servers", min=0)
     sum_threads: int = _s("BYTEPS_SERVER_SUM_THREADS", "int", 1, "Threads one summation kernel "
                           "call of a server may use; no effect on the native data plane, which "
                           "sums on its I/O threads.", unit="threads", min=1)
@@ -906,6 +915,7 @@ def _torchrun_job(values: dict[str, tuple[Any, str]],
         "cluster.local_rank": (local_rank, "torchrun: LOCAL_RANK"),
         "cluster.local_size": (local_world, "torchrun: LOCAL_WORLD_SIZE"),
         "cluster.num_server": (nnodes * per_node, "torchrun: nodes x servers per node"),
+        "server.local_servers": (per_node, "torchrun: servers per node"),
         "cluster.root_uri": (host, "torchrun: MASTER_ADDR" if nnodes > 1
                              else "torchrun: one node"),
         "cluster.root_port": (torchrun_scheduler_port(job), TORCHRUN_PORT_SOURCE),
