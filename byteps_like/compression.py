@@ -59,6 +59,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import _core
+from .config import REGISTERED_PREFIX
 from .errors import BytePSError
 
 __all__ = [
@@ -917,6 +918,13 @@ def resolve(c: Compressor | None, cfg: Any) -> Compressor:
     if name == "dithering":
         return Compression.dithering(cc.levels, cc.partition, cc.normalize, cc.seed,
                                      cc.error_feedback, momentum)
+    if name.startswith(REGISTERED_PREFIX):  # config.py checked the rest of the name's form
+        name = name[len(REGISTERED_PREFIX):]
+        if name not in registered():
+            raise CompressionError(
+                f"BYTEPS_COMPRESSOR={cc.compressor.strip()!r}: no compressor is registered as "
+                f"{name!r} in this process (registered: {', '.join(registered())}); call "
+                "byteps_like.compression.register before the optimizer is made")
     base = from_spec({"name": name})
     return _wrap(base, cc.error_feedback, momentum) if base.kind == "codec" else base
 

@@ -346,8 +346,10 @@ class CompressionConfig:
                                  "than this travel uncompressed (their compression would cost "
                                  "more than it saves).", unit="bytes", min=0)
     compressor: str = _s("BYTEPS_COMPRESSOR", "str", "", "Compressor of the gradients: onebit, "
-                         "topk, randomk, dithering, fp16, bf16 or a name registered with "
-                         "byteps_like.compression.register; empty = none.")
+                         "topk, randomk, dithering, fp16, bf16, none, or registered:NAME for a "
+                         "compressor the code registers with byteps_like.compression.register; "
+                         "empty = none. Checked when the configuration loads: another name is "
+                         "a ConfigError naming the valid ones.")
     k: float = _s("BYTEPS_COMPRESSOR_K", "float", 0.01, "top-k / random-k: a fraction of each "
                   "partition's elements when below 1, else a count.", min=0)
     error_feedback: bool = _s("BYTEPS_COMPRESSOR_ERROR_FEEDBACK", "bool", False, "Wrap the "
@@ -788,6 +790,7 @@ def _cross_check(cfg: Config) -> None:
             raise ConfigError(f"{who('elastic.enabled')}: elastic jobs run one worker process "
                               f"per machine; {who('cluster.local_size')} is not supported")
     _check_retired(cfg, who)
+    _check_compression(cfg, who)
     if cfg.auth.secret_file and not cfg.auth.secret:  # said at start, not in a child later
         try:
             with open(cfg.auth.secret_file, encoding="utf-8") as f:
@@ -797,6 +800,39 @@ def _cross_check(cfg: Config) -> None:
                               f"{getattr(exc, 'strerror', None) or exc})") from None
         if empty:
             raise ConfigError(f"{who('auth.secret_file')} is empty")
+
+
+#: The compressors BYTEPS_COMPRESSOR names (byteps_like/compression.py registers them under
+#: these names; tests/unit/test_early_errors.py holds the two together). A compressor the code
+#: registers is named REGISTERED_PREFIX + its name: it exists only once the code has run, so only
+#: the form of its name is checked at load.
+BUILTIN_COMPRESSORS = ("onebit", "topk", "randomk", "dithering", "fp16", "bf16", "none")
+REGISTERED_PREFIX = "registered:"
+_REGISTERED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+
+
+def _check_compression(cfg: Config, who: Callable[[str], str]) -> None:
+    """BYTEPS_COMPRESSOR names a compressor and BYTEPS_COMPRESSOR_K suits it, said when the job
+    starts instead of when an optimizer first resolves them (issue 41, item 8)."""
+    name = cfg.compression.compressor.strip()
+    if not name or name in BUILTIN_COMPRESSORS:
+        pass
+    elif name.startswith(REGISTERED_PREFIX):
+        if not _REGISTERED_NAME.fullmatch(name[len(REGISTERED_PREFIX):]):
+            raise ConfigError(f"{who('compression.compressor')}: after {REGISTERED_PREFIX!r} "
+                              "comes the name a compressor was registered under "
+                              "(byteps_like.compression.register), e.g. registered:mine")
+    else:
+        close = difflib.get_close_matches(name, BUILTIN_COMPRESSORS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{who('compression.compressor')} is not a compressor{hint}; valid: "
+                          f"{', '.join(BUILTIN_COMPRESSORS)}, or registered:NAME for one the "
+                          "code registers with byteps_like.compression.register "
+                          "(docs/compression.md)")
+    k = cfg.compression.k
+    if name in ("topk", "randomk") and not (0 < k < 1 or (k >= 1 and float(k).is_integer())):
+        raise ConfigError(f"{who('compression.k')} does not suit {name}: a fraction in (0, 1) "
+                          "of each partition's elements, or a whole count >= 1")
 
 
 def _check_retired(cfg: Config, who: Callable[[str], str]) -> None:
