@@ -224,6 +224,15 @@ class ServerConfig:
                                     "directory (a shared file system across machines) for a "
                                     "restore onto another number of servers. Empty: saving and "
                                     "loading are refused.")
+    sparse_checkpoint_repair: str = _s("BYTEPS_SPARSE_CHECKPOINT_REPAIR", "choice", "refuse",
+                                       "What a load does with the rows of a checkpoint file "
+                                       "that hold NaN or inf, or whose id appears more than "
+                                       "once: refuse the file (the default; the error names "
+                                       "the file, the table and the first such row), or drop "
+                                       "those rows, which start again from their initial "
+                                       "values (logged with their count). A damaged file "
+                                       "(truncated, bit-flipped, another format) is refused "
+                                       "whatever this says.", choices=("refuse", "drop"))
 
 
 @dataclass(frozen=True)
