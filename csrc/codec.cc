@@ -73,42 +73,47 @@ void check_scale(const std::string& name, const char* field, float v) {
         "(the sender's tensor held NaN or inf?)");
 }
 
-void check_values(const std::string& name, const std::uint8_t* v, std::size_t k) {
-  std::uint32_t hit = 0;  // a branch-free pass the compiler vectorises
+// One branch-free pass over a sparse body's k values (and, with idx, its indices): bit 0 set
+// when a value is not finite, bit 1 when the indices do not increase strictly. Each index pair
+// is loaded afresh (no carried value) and compared signed with the top bit flipped (SSE2 and
+// AVX2 compare only signed), so the compiler vectorises the loop; on x86-64 GCC also builds an
+// AVX2 clone, picked at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+std::uint32_t scan_sparse(const std::uint8_t* idx, const std::uint8_t* val, std::size_t k) {
+  std::uint32_t hit = 0, down = 0;
   for (std::size_t j = 0; j < k; ++j) {
     std::uint32_t u;
-    std::memcpy(&u, v + 4 * j, 4);
+    std::memcpy(&u, val + 4 * j, 4);
     hit |= static_cast<std::uint32_t>((u & 0x7F800000u) == 0x7F800000u);
   }
-  if (!hit) return;
-  for (std::size_t j = 0; j < k; ++j) {
+  if (idx) {
+    for (std::size_t j = 1; j < k; ++j) {
+      std::uint32_t a, b;
+      std::memcpy(&a, idx + 4 * (j - 1), 4);
+      std::memcpy(&b, idx + 4 * j, 4);
+      down |= static_cast<std::uint32_t>(static_cast<std::int32_t>(b ^ 0x80000000u) <=
+                                         static_cast<std::int32_t>(a ^ 0x80000000u));
+    }
+  }
+  return hit | (down << 1);
+}
+
+// A sparse body's values are finite and (idx: top-k) its indices distinct: increasing, as
+// every encoder writes them, or else distinct once a copy is sorted (order is not part of the
+// format; repetition is).
+void check_sparse(const std::string& name, const std::uint8_t* idx, const std::uint8_t* val,
+                  std::size_t k) {
+  const std::uint32_t found = scan_sparse(idx, val, k);
+  if (!found) return;
+  for (std::size_t j = 0; (found & 1) && j < k; ++j) {
     float f;
-    std::memcpy(&f, v + 4 * j, 4);
+    std::memcpy(&f, val + 4 * j, 4);
     if (!std::isfinite(f))
       bad(name + " payload: value " + std::to_string(j) + " is " + show(f) + ", not finite "
           "(the sender's tensor held NaN or inf?)");
   }
-}
-
-// Top-k's indices are distinct: increasing, as every encoder writes them (one pass), or else
-// distinct once a copy is sorted (order is not part of the format; repetition is).
-// Whether k u32 (k >= 1) increase strictly: one branch-free pass, each pair loaded afresh (no
-// carried value) and compared signed with the top bit flipped (SSE2 compares only signed), so
-// the compiler vectorises it.
-bool increasing(const std::uint8_t* idx, std::size_t k) {
-  std::uint32_t down = 0;
-  for (std::size_t j = 1; j < k; ++j) {
-    std::uint32_t a, b;
-    std::memcpy(&a, idx + 4 * (j - 1), 4);
-    std::memcpy(&b, idx + 4 * j, 4);
-    down |= static_cast<std::uint32_t>(static_cast<std::int32_t>(b ^ 0x80000000u) <=
-                                       static_cast<std::int32_t>(a ^ 0x80000000u));
-  }
-  return !down;
-}
-
-void check_distinct(const std::string& name, const std::uint8_t* idx, std::size_t k) {
-  if (increasing(idx, k)) return;
   thread_local std::vector<std::uint32_t> c;
   c.resize(k);
   std::memcpy(c.data(), idx, 4 * k);
@@ -242,8 +247,7 @@ std::uint64_t FramedCodec::decode_impl(const std::uint8_t* p, std::size_t len, f
               std::to_string(p_.k));
         {
           const std::uint8_t* vals = p_.id == kTopK ? body + 4 * p_.k : body;
-          if (check) check_values(name, vals, p_.k);
-          if (check && p_.id == kTopK) check_distinct(name, body, p_.k);
+          if (check) check_sparse(name, p_.id == kTopK ? body : nullptr, vals, p_.k);
           if (divisor > 1) {  // the k values divided before they land: 0 / d is 0
             thread_local std::vector<float> dv;
             dv.resize(p_.k);
