@@ -196,7 +196,7 @@ def _header(f: Any, size: int, bad: Callable[[str], Exception]) -> tuple[dict, b
     head = f.read(hlen)
     try:
         header = json.loads(head.decode())
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise bad("its header is not readable JSON; the file is damaged") from None
     if not isinstance(header, dict):
         raise bad("its header is not a JSON object; the file is damaged")

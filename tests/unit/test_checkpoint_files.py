@@ -119,6 +119,11 @@ def test_an_empty_file_is_refused(tmp_path):
 @pytest.mark.parametrize("content,words", [
     (b"\x93NUMPY" + bytes(200), "not a table checkpoint shard"),
     (json.dumps({"format": 2}).encode(), "not a table checkpoint shard"),
+    # a header a JSON parser recurses into until it gives up
+    (shardfile.MAGIC + (200_000).to_bytes(4, "little") + b"[" * 200_000 + bytes(100),
+     "its header is not readable JSON"),
+    (shardfile.MAGIC + (5).to_bytes(4, "little") + b"[1,2]" + bytes(100),
+     "its header is not a JSON object"),
 ])
 def test_a_file_of_another_format_is_refused(tmp_path, content, words):
     (path,) = _saved(tmp_path)
