@@ -2,8 +2,8 @@
 numbers are what no encoder writes for a finite tensor -- a NaN or infinite onebit scale or
 dithering norm, a NaN or infinite top-k / random-k value, a top-k index twice (the audit: 74
 instead of 77) -- is refused by the server with an error naming the sender's rank and counted
-under that rank (a stranger on a job without a secret, claiming rank 0); nothing of it reaches a sum, and the real job, a compressed tensor included,
-stays exact."""
+under that rank (here a stranger on a job without a secret, claiming rank 0); nothing of it
+reaches a sum, and the real job, a compressed tensor included, stays exact."""
 from __future__ import annotations
 
 import pytest
