@@ -194,7 +194,8 @@ class NativeCodec:
         """Encode float32 x (n elements) into out (max_bytes), with error feedback if set."""
     def decode(self, payload: Buffer, out: Buffer, add: bool = False) -> int:
         """out (+)= the payload's values; returns its step. Every field and the length are
-        checked first (ValueError naming the field; out untouched)."""
+        checked first, and the numbers a peer's payload may carry (a finite scale / norm >= 0,
+        finite values, distinct top-k indices): ValueError naming the field; out untouched."""
 
 class DataServer:
     """A server's half: an acceptor and ``io_threads`` epoll threads; pushes are summed into

@@ -22,8 +22,12 @@ lengths and indices again, and validate before writing, so a rejected payload le
 accumulator untouched).
 
 Non-finite values: top-k and random-k carry the values as they are (top-k ranks NaN above
-inf); onebit (with scaling) and dithering fold them into the scale / norm, so a partition
-holding NaN or inf decodes to NaN/inf everywhere instead of silently dropping them. Onebit
+inf); onebit (with scaling) and dithering fold them into the scale / norm. A *decoded* payload
+is a peer's, so its numbers are checked too: a scale or norm that is NaN, inf or negative, a
+value that is NaN or inf, and a top-k index that appears twice are refused (CompressionError;
+on the native plane the server refuses the push, naming and counting the sender, and a worker
+refuses such an answer naming the server). A partition whose gradient holds NaN or inf
+therefore fails its push_pull instead of spreading NaN into every worker's result. Onebit
 without scaling carries only signs.
 
 Randomness: random-k indices and dithering's stochastic rounding derive only from
@@ -55,6 +59,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import _core
+from .config import REGISTERED_PREFIX
 from .errors import BytePSError
 
 __all__ = [
@@ -266,6 +271,35 @@ def _check_out(out: Any, n: int, what: str = "out") -> np.ndarray:
     return out.reshape(-1)
 
 
+def _check_scale(name: str, field: str, v: float) -> None:
+    """A peer's scale / norm: what an encoder writes for a finite tensor (csrc/codec.cc)."""
+    if not (math.isfinite(v) and v >= 0):
+        raise CompressionError(f"{name} payload: its {field} is {_show(v)}, not a finite number "
+                               ">= 0 (the sender's tensor held NaN or inf?)")
+
+
+def _show(v: float) -> str:
+    return "NaN" if math.isnan(v) else ("inf" if v > 0 else "-inf") if math.isinf(v) else f"{v:f}"
+
+
+def _check_values(name: str, vals: np.ndarray) -> None:
+    fin = np.isfinite(vals)
+    if not fin.all():
+        j = int(np.argmin(fin))
+        raise CompressionError(f"{name} payload: value {j} is {_show(float(vals[j]))}, not finite "
+                               "(the sender's tensor held NaN or inf?)")
+
+
+def _check_distinct(name: str, idx: np.ndarray) -> None:
+    if idx.size < 2 or bool((idx[1:] > idx[:-1]).all()):
+        return
+    s = np.sort(idx)
+    dup = np.flatnonzero(s[1:] == s[:-1])
+    if dup.size:
+        raise CompressionError(f"{name} payload: index {int(s[dup[0]])} appears more than once "
+                               "(top-k indices are distinct)")
+
+
 def _check_step(step: Any) -> int:
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step < _U64:
         raise CompressionError(f"encode: step must be an integer in [0, 2^64), got {step!r}")
@@ -311,8 +345,11 @@ class _FramedCodec(Codec):
         except (ValueError, IndexError) as exc:
             raise CompressionError(f"{_ID_NAMES[self._ID]} payload: {exc}") from None
 
-    def _decode(self, payload: Any, out: np.ndarray, add: bool) -> int:
-        """Decode into ``out``, or add to it (``add``); the payload's step."""
+    def _decode(self, payload: Any, out: np.ndarray, add: bool, check: bool = True) -> int:
+        """Decode into ``out``, or add to it (``add``); the payload's step. ``check``: the
+        payload is a peer's, so its numbers are checked too (finite scale / norm >= 0, finite
+        values, distinct top-k indices); False only for a codec's own payload (error
+        feedback's residual)."""
         raise NotImplementedError
 
     def decode(self, payload: Any, out: np.ndarray) -> int:
@@ -333,8 +370,10 @@ class _OneBitCodec(_FramedCodec):
         x, step = _check_x(x, self.n), _check_step(step)
         return self._seal(step, _core.onebit_encode(x, self._body, self.scaling))
 
-    def _decode(self, payload: Any, out: np.ndarray, add: bool) -> int:
+    def _decode(self, payload: Any, out: np.ndarray, add: bool, check: bool = True) -> int:
         body, step, scale = self._open(payload)
+        if check:
+            _check_scale("onebit", "scale", scale)
         self._kernel(_core.onebit_decode, body, scale, _check_out(out, self.n), add)
         return step
 
@@ -367,9 +406,12 @@ class _TopKCodec(_SparseCodec):
         _core.topk_select(x, self._idx, self._val)
         return self._seal(step, self.k)
 
-    def _decode(self, payload: Any, out: np.ndarray, add: bool) -> int:
+    def _decode(self, payload: Any, out: np.ndarray, add: bool, check: bool = True) -> int:
         body, step = self._open_k(payload)
         k = self.k
+        if check:
+            _check_values("topk", body[4 * k:].view(np.float32))
+            _check_distinct("topk", body[:4 * k].view(np.uint32))
         self._kernel(_core.scatter, body[:4 * k], body[4 * k:], _check_out(out, self.n), add)
         return step
 
@@ -398,8 +440,10 @@ class _RandomKCodec(_SparseCodec):
         _core.gather(x, self.indices(step), self._body)
         return self._seal(step, self.k)
 
-    def _decode(self, payload: Any, out: np.ndarray, add: bool) -> int:
+    def _decode(self, payload: Any, out: np.ndarray, add: bool, check: bool = True) -> int:
         body, step = self._open_k(payload)
+        if check:
+            _check_values("randomk", body.view(np.float32))
         self._kernel(_core.scatter, self.indices(step), body, _check_out(out, self.n), add)
         return step
 
@@ -417,8 +461,10 @@ class _DitheringCodec(_FramedCodec):
                                    self.key, step)
         return self._seal(step, norm)
 
-    def _decode(self, payload: Any, out: np.ndarray, add: bool) -> int:
+    def _decode(self, payload: Any, out: np.ndarray, add: bool, check: bool = True) -> int:
         body, step, norm = self._open(payload)
+        if check:
+            _check_scale("dithering", "norm", norm)
         self._kernel(_core.dither_decode, body, norm, _check_out(out, self.n), self.levels,
                      self.natural, add)
         return step
@@ -482,7 +528,10 @@ class _ErrorFeedbackCodec(Codec):
             y[inner.indices(_check_step(step))] -= inner._body.view(np.float32)
             return payload
         d = _scratch("ef_d", self.n)
-        self.inner.decode(payload, d)
+        if isinstance(inner, _FramedCodec):  # its own payload: a NaN norm may stay (residual)
+            inner._decode(payload, _check_out(d, self.n), False, check=False)
+        else:
+            inner.decode(payload, d)
         np.subtract(y, d, out=y)
         return payload
 
@@ -869,6 +918,13 @@ def resolve(c: Compressor | None, cfg: Any) -> Compressor:
     if name == "dithering":
         return Compression.dithering(cc.levels, cc.partition, cc.normalize, cc.seed,
                                      cc.error_feedback, momentum)
+    if name.startswith(REGISTERED_PREFIX):  # config.py checked the rest of the name's form
+        name = name[len(REGISTERED_PREFIX):]
+        if name not in registered():
+            raise CompressionError(
+                f"BYTEPS_COMPRESSOR={cc.compressor.strip()!r}: no compressor is registered as "
+                f"{name!r} in this process (registered: {', '.join(registered())}); call "
+                "byteps_like.compression.register before the optimizer is made")
     base = from_spec({"name": name})
     return _wrap(base, cc.error_feedback, momentum) if base.kind == "codec" else base
 

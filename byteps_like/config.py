@@ -204,8 +204,17 @@ class ServerConfig:
                         "compressed key's float32 accumulator and codec), its declaration and "
                         "bookkeeping, and the server-held tables' shards. A declaration past "
                         "it is refused with an error naming this setting. 0 means 80% of the "
-                        "machine's memory.",
+                        "machine's memory (or of the cgroup's limit, when lower), shared "
+                        "evenly by the servers of the machine (BYTEPS_SERVER_LOCAL_SIZE).",
                         unit="bytes", min=0)
+    local_servers: int = _s("BYTEPS_SERVER_LOCAL_SIZE", "int", 0, "Servers on this machine "
+                            "that share the default memory budget (BYTEPS_SERVER_MAX_BYTES=0): "
+                            "each takes 80% of the machine's memory divided by this many, so "
+                            "local servers together stay within it. 0 means inferred: every "
+                            "server of the job when this node's address is loopback (bpslaunch "
+                            "--local, a one-node torchrun job), the servers per node under "
+                            "torchrun, else 1. Set it where a launcher puts several servers on "
+                            "one machine with a routable address.", unit="servers", min=0)
     sum_threads: int = _s("BYTEPS_SERVER_SUM_THREADS", "int", 1, "Threads one summation kernel "
                           "call of a server may use; no effect on the native data plane, which "
                           "sums on its I/O threads.", unit="threads", min=1)
@@ -223,6 +232,15 @@ class ServerConfig:
                                     "directory (a shared file system across machines) for a "
                                     "restore onto another number of servers. Empty: saving and "
                                     "loading are refused.")
+    sparse_checkpoint_repair: str = _s("BYTEPS_SPARSE_CHECKPOINT_REPAIR", "choice", "refuse",
+                                       "What a load does with the rows of a checkpoint file "
+                                       "that hold NaN or inf, or whose id appears more than "
+                                       "once: refuse the file (the default; the error names "
+                                       "the file, the table and the first such row), or drop "
+                                       "those rows, which start again from their initial "
+                                       "values (logged with their count). A damaged file "
+                                       "(truncated, bit-flipped, another format) is refused "
+                                       "whatever this says.", choices=("refuse", "drop"))
 
 
 @dataclass(frozen=True)
@@ -345,8 +363,10 @@ class CompressionConfig:
                                  "than this travel uncompressed (their compression would cost "
                                  "more than it saves).", unit="bytes", min=0)
     compressor: str = _s("BYTEPS_COMPRESSOR", "str", "", "Compressor of the gradients: onebit, "
-                         "topk, randomk, dithering, fp16, bf16 or a name registered with "
-                         "byteps_like.compression.register; empty = none.")
+                         "topk, randomk, dithering, fp16, bf16, none, or registered:NAME for a "
+                         "compressor the code registers with byteps_like.compression.register; "
+                         "empty = none. Checked when the configuration loads: another name is "
+                         "a ConfigError naming the valid ones.")
     k: float = _s("BYTEPS_COMPRESSOR_K", "float", 0.01, "top-k / random-k: a fraction of each "
                   "partition's elements when below 1, else a count.", min=0)
     error_feedback: bool = _s("BYTEPS_COMPRESSOR_ERROR_FEEDBACK", "bool", False, "Wrap the "
@@ -806,6 +826,7 @@ def _cross_check(cfg: Config) -> None:
             raise ConfigError(f"{who('elastic.enabled')}: elastic jobs run one worker process "
                               f"per machine; {who('cluster.local_size')} is not supported")
     _check_retired(cfg, who)
+    _check_compression(cfg, who)
     if cfg.auth.secret_file and not cfg.auth.secret:  # said at start, not in a child later
         try:
             with open(cfg.auth.secret_file, encoding="utf-8") as f:
@@ -815,6 +836,39 @@ def _cross_check(cfg: Config) -> None:
                               f"{getattr(exc, 'strerror', None) or exc})") from None
         if empty:
             raise ConfigError(f"{who('auth.secret_file')} is empty")
+
+
+#: The compressors BYTEPS_COMPRESSOR names (byteps_like/compression.py registers them under
+#: these names; tests/unit/test_early_errors.py holds the two together). A compressor the code
+#: registers is named REGISTERED_PREFIX + its name: it exists only once the code has run, so only
+#: the form of its name is checked at load.
+BUILTIN_COMPRESSORS = ("onebit", "topk", "randomk", "dithering", "fp16", "bf16", "none")
+REGISTERED_PREFIX = "registered:"
+_REGISTERED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+
+
+def _check_compression(cfg: Config, who: Callable[[str], str]) -> None:
+    """BYTEPS_COMPRESSOR names a compressor and BYTEPS_COMPRESSOR_K suits it, said when the job
+    starts instead of when an optimizer first resolves them (issue 41, item 8)."""
+    name = cfg.compression.compressor.strip()
+    if not name or name in BUILTIN_COMPRESSORS:
+        pass
+    elif name.startswith(REGISTERED_PREFIX):
+        if not _REGISTERED_NAME.fullmatch(name[len(REGISTERED_PREFIX):]):
+            raise ConfigError(f"{who('compression.compressor')}: after {REGISTERED_PREFIX!r} "
+                              "comes the name a compressor was registered under "
+                              "(byteps_like.compression.register), e.g. registered:mine")
+    else:
+        close = difflib.get_close_matches(name, BUILTIN_COMPRESSORS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{who('compression.compressor')} is not a compressor{hint}; valid: "
+                          f"{', '.join(BUILTIN_COMPRESSORS)}, or registered:NAME for one the "
+                          "code registers with byteps_like.compression.register "
+                          "(docs/compression.md)")
+    k = cfg.compression.k
+    if name in ("topk", "randomk") and not (0 < k < 1 or (k >= 1 and float(k).is_integer())):
+        raise ConfigError(f"{who('compression.k')} does not suit {name}: a fraction in (0, 1) "
+                          "of each partition's elements, or a whole count >= 1")
 
 
 def _check_retired(cfg: Config, who: Callable[[str], str]) -> None:
@@ -933,6 +987,7 @@ def _torchrun_job(values: dict[str, tuple[Any, str]],
         "cluster.local_rank": (local_rank, "torchrun: LOCAL_RANK"),
         "cluster.local_size": (local_world, "torchrun: LOCAL_WORLD_SIZE"),
         "cluster.num_server": (nnodes * per_node, "torchrun: nodes x servers per node"),
+        "server.local_servers": (per_node, "torchrun: servers per node"),
         "cluster.root_uri": (host, "torchrun: MASTER_ADDR" if nnodes > 1
                              else "torchrun: one node"),
         "cluster.root_port": (torchrun_scheduler_port(job), TORCHRUN_PORT_SOURCE),

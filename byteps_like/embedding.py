@@ -21,13 +21,19 @@ Shared by the servers (``server/sparse.py`` serves the shards) and by a worker t
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from . import shardfile
+
+log = logging.getLogger(__name__)
 
 #: initializers and their parameters (name -> defaults)
 INITIALIZERS: dict[str, dict[str, float]] = {
@@ -365,8 +371,8 @@ _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 def checkpoint_path(directory: str, tag: str, spec: TableSpec, shard: int, shards: int) -> str:
     """Where shard ``shard`` of ``shards`` of a table is written for checkpoint ``tag``:
-    ``directory/tag/<table>.shard<s>of<S>.npz`` (the table's name with every character but
-    letters, digits, ``_``, ``.`` and ``-`` written as ``%xx``)."""
+    ``directory/tag/<table>.shard<s>of<S>.bpst`` (the table's name with every character but
+    letters, digits, ``_``, ``.`` and ``-`` written as ``%xx``; the format: shardfile.py)."""
     if not directory:
         raise TableError("no checkpoint directory: set BYTEPS_SPARSE_CHECKPOINT_DIR on the "
                          "servers (on the worker for a job without servers)")
@@ -375,80 +381,72 @@ def checkpoint_path(directory: str, tag: str, spec: TableSpec, shard: int, shard
                          "'-', not starting with '.' or '-'")
     name = re.sub(r"[^A-Za-z0-9_.-]", lambda m: "".join(f"%{b:02x}" for b in
                                                          m.group().encode()), spec.name)
-    return os.path.join(directory, tag, f"{name}.shard{shard}of{shards}.npz")
+    return os.path.join(directory, tag, f"{name}.shard{shard}of{shards}{shardfile.SUFFIX}")
 
 
 def save_shard(shard: TableShard, directory: str, tag: str) -> str:
-    """Write ``shard`` (its spec, rows made and optimizer state) for checkpoint ``tag``; the
-    file appears whole or not at all. Returns its path."""
+    """Write ``shard`` (its spec, rows made and optimizer state) for checkpoint ``tag``: 0600,
+    atomically and durably (shardfile.write). Returns its path."""
     path = checkpoint_path(directory, tag, shard.spec, shard.shard, shard.shards)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    spec = np.frombuffer(json.dumps(shard.spec.to_json()).encode(), np.uint8)
-    tmp = path + ".tmp.npz"
-    arrays: dict[str, Any] = {"spec": spec, **shard.state()}
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
-    return path
+    return shardfile.write(path, shard.spec.to_json(), shard.shard, shard.shards, shard.state())
 
 
-def load_shard(shard: TableShard, directory: str, tag: str) -> int:
+def load_shard(shard: TableShard, directory: str, tag: str, *,
+               charge: Callable[[int], bool] | None = None, repair: str = "refuse") -> int:
     """Restore ``shard`` from checkpoint ``tag``, whatever the number of servers that wrote it
-    (every one of their files is read, the rows this shard holds taken); returns the rows
-    taken. TableError when the checkpoint is missing, incomplete or of another table (its
-    rows, dim, initial values or optimizer; the optimizer's parameters may change)."""
+    (every one of their files is read and checked, the rows this shard holds taken); returns
+    the rows taken. TableError naming the file, the table and what is wrong when the
+    checkpoint is missing, incomplete, damaged or of another table (its rows, dim, initial
+    values or optimizer; the optimizer's parameters may change); the shard is then untouched.
+    ``charge``: the memory budget the files' rows are charged to while they are read (a
+    server's), given back once they are taken. ``repair``: "refuse" NaN/inf rows and repeated
+    ids, or "drop" them (BYTEPS_SPARSE_CHECKPOINT_REPAIR)."""
     path = checkpoint_path(directory, tag, shard.spec, 0, 1)
     folder, base = os.path.split(path)
-    stem = base[:-len(".shard0of1.npz")]
+    stem = base[:-len(".shard0of1" + shardfile.SUFFIX)]
     found: dict[int, set[int]] = {}
+    old = False
     try:
         names = os.listdir(folder)
     except OSError as exc:
         raise TableError(f"table {shard.spec.name!r}: checkpoint {tag!r} not found in "
                          f"{directory!r} ({exc.strerror})") from None
     for n in names:
-        m = re.fullmatch(re.escape(stem) + r"\.shard(\d+)of(\d+)\.npz", n)
-        if m:
+        m = re.fullmatch(re.escape(stem) + r"\.shard(\d+)of(\d+)(\.bpst|\.npz)", n)
+        if m and m.group(3) == shardfile.OLD_SUFFIX:
+            old = True
+        elif m:
             found.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
     complete = [k for k, v in found.items() if v == set(range(k))]
     if len(complete) != 1:
+        why = ("no complete set of shard files" if not complete else
+               f"complete sets of shards for {sorted(complete)} servers")
+        if old and not complete:
+            why += (" of this format, only .npz files an older byteps_like wrote (no header or "
+                    "checksum), which this version does not read: convert them once, trusting "
+                    f"them, with `python -m byteps_like.shardfile convert {folder}`")
         raise TableError(f"table {shard.spec.name!r}: checkpoint {tag!r} in {directory!r} has "
-                         + ("no complete set of shard files" if not complete else
-                            f"complete sets of shards for {sorted(complete)} servers")
-                         + f" (found {sorted((k, sorted(v)) for k, v in found.items())})")
-    old = complete[0]
-    want = {k: v for k, v in shard.spec.to_json().items() if k != "optimizer_args"}
-    arrays = []
-    for s in range(old):
-        p = os.path.join(folder, f"{stem}.shard{s}of{old}.npz")
-        with np.load(p, allow_pickle=False) as f:
-            data = {k: f[k] for k in f.files}
-        try:
-            spec = json.loads(data.pop("spec").tobytes().decode())
-        except (KeyError, ValueError, UnicodeDecodeError):
-            raise TableError(f"{p}: not a table checkpoint (no readable spec)") from None
-        got = {k: v for k, v in spec.items() if k != "optimizer_args"}
-        if got != want:
-            raise TableError(f"table {shard.spec.name!r}: checkpoint {p} holds {got}, the "
-                             f"table is {want}")
-        _check_state(p, data, shard)
-        arrays.append(data)
-    shard.forget()
-    return sum(shard.restore(a) for a in arrays)
-
-
-def _check_state(path: str, data: dict, shard: TableShard) -> None:
-    """A checkpoint file's arrays have the shapes and dtypes of the table."""
-    ids = data.get("ids")
-    n = len(ids) if isinstance(ids, np.ndarray) and ids.ndim == 1 else -1
-    d = shard.spec.dim
-    want = {"ids": ((n,), np.int64), "weights": ((n, d), np.float32)}
-    for name in _STATE:
-        if getattr(shard, name) is not None:
-            want[name] = ((n,), np.int32) if name == "t" else ((n, d), np.float32)
-    for name, (shape, dtype) in want.items():
-        arr = data.get(name)
-        if n < 0 or arr is None or arr.shape != shape or arr.dtype != dtype:
-            raise TableError(f"{path}: array {name!r} is missing or not {dtype.__name__} of "
-                             f"shape {shape}")
-    if n and ids is not None and (int(ids.min()) < 0 or int(ids.max()) >= shard.spec.rows):
-        raise TableError(f"{path}: a row id out of the table's range")
+                         f"{why} (found {sorted((k, sorted(v)) for k, v in found.items())})")
+    shards = complete[0]
+    expect = shardfile.Expect(shard.spec.to_json(),
+                              [n for n in _STATE if getattr(shard, n) is not None])
+    arrays, charged, dropped = [], 0, 0
+    try:
+        for s in range(shards):
+            p = os.path.join(folder, f"{stem}.shard{s}of{shards}{shardfile.SUFFIX}")
+            data, nbytes, left_out = shardfile.read(p, s, shards, expect, charge=charge,
+                                                    repair=repair)
+            charged += nbytes
+            dropped += left_out
+            arrays.append(data)
+        shard.forget()
+        taken = sum(shard.restore(a) for a in arrays)
+    finally:
+        arrays.clear()
+        if charge is not None and charged:
+            charge(-charged)
+    if dropped:
+        log.warning("table %r: checkpoint %r loaded without %d row(s) that held NaN/inf or a "
+                    "repeated id (BYTEPS_SPARSE_CHECKPOINT_REPAIR=drop): they start again from "
+                    "their initial values", shard.spec.name, tag, dropped)
+    return taken

@@ -1,6 +1,8 @@
 // The framed codecs (codec.h) over the kernels of compress.h.
 #include "codec.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 
@@ -51,6 +53,75 @@ float bits_float(std::uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+// ---- what a peer's payload may carry (decode_impl with `check`) -------------------------
+// Every number in a payload is what an encoder wrote for a finite tensor: a scale or norm that
+// is finite and >= 0, values that are finite, top-k indices that are distinct. A NaN or inf
+// from one peer would otherwise land in every worker's result, and a duplicated index makes
+// the sum depend on the order of the writes. O(k) or O(1) each: the payload's own bytes.
+
+std::string show(float v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return std::to_string(v);
+}
+
+void check_scale(const std::string& name, const char* field, float v) {
+  if (!std::isfinite(v) || v < 0.0f)
+    bad(name + " payload: its " + field + " is " + show(v) + ", not a finite number >= 0 "
+        "(the sender's tensor held NaN or inf?)");
+}
+
+// One branch-free pass over a sparse body's k values (and, with idx, its indices): bit 0 set
+// when a value is not finite, bit 1 when the indices do not increase strictly. Each index pair
+// is loaded afresh (no carried value) and compared signed with the top bit flipped (SSE2 and
+// AVX2 compare only signed), so the compiler vectorises the loop; on x86-64 GCC also builds an
+// AVX2 clone, picked at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+std::uint32_t scan_sparse(const std::uint8_t* idx, const std::uint8_t* val, std::size_t k) {
+  std::uint32_t hit = 0, down = 0;
+  for (std::size_t j = 0; j < k; ++j) {
+    std::uint32_t u;
+    std::memcpy(&u, val + 4 * j, 4);
+    hit |= static_cast<std::uint32_t>((u & 0x7F800000u) == 0x7F800000u);
+  }
+  if (idx) {
+    for (std::size_t j = 1; j < k; ++j) {
+      std::uint32_t a, b;
+      std::memcpy(&a, idx + 4 * (j - 1), 4);
+      std::memcpy(&b, idx + 4 * j, 4);
+      down |= static_cast<std::uint32_t>(static_cast<std::int32_t>(b ^ 0x80000000u) <=
+                                         static_cast<std::int32_t>(a ^ 0x80000000u));
+    }
+  }
+  return hit | (down << 1);
+}
+
+// A sparse body's values are finite and (idx: top-k) its indices distinct: increasing, as
+// every encoder writes them, or else distinct once a copy is sorted (order is not part of the
+// format; repetition is).
+void check_sparse(const std::string& name, const std::uint8_t* idx, const std::uint8_t* val,
+                  std::size_t k) {
+  const std::uint32_t found = scan_sparse(idx, val, k);
+  if (!found) return;
+  for (std::size_t j = 0; (found & 1) && j < k; ++j) {
+    float f;
+    std::memcpy(&f, val + 4 * j, 4);
+    if (!std::isfinite(f))
+      bad(name + " payload: value " + std::to_string(j) + " is " + show(f) + ", not finite "
+          "(the sender's tensor held NaN or inf?)");
+  }
+  thread_local std::vector<std::uint32_t> c;
+  c.resize(k);
+  std::memcpy(c.data(), idx, 4 * k);
+  std::sort(c.begin(), c.end());
+  const auto d = std::adjacent_find(c.begin(), c.end());
+  if (d != c.end())
+    bad(name + " payload: index " + std::to_string(*d) + " appears more than once (top-k "
+        "indices are distinct)");
 }
 
 }  // namespace
@@ -140,7 +211,7 @@ const std::uint32_t* FramedCodec::indices(std::uint64_t step) {
 }
 
 std::uint64_t FramedCodec::decode_impl(const std::uint8_t* p, std::size_t len, float* out,
-                                       bool add, std::int64_t divisor, bool stream) {
+                                       bool add, std::int64_t divisor, bool stream, bool check) {
   if (add || divisor < 1) divisor = 1;
   const float div = static_cast<float>(divisor);
   const std::string name = id_name(p_.id);
@@ -165,6 +236,7 @@ std::uint64_t FramedCodec::decode_impl(const std::uint8_t* p, std::size_t len, f
   try {
     switch (p_.id) {
       case kOneBit:  // (+-s) / d is +-(s / d), bit for bit
+        if (check) check_scale(name, "scale", bits_float(f.field));
         onebit_decode(body, n_, divisor > 1 ? bits_float(f.field) / div : bits_float(f.field),
                       out, add, stream);
         break;
@@ -175,6 +247,7 @@ std::uint64_t FramedCodec::decode_impl(const std::uint8_t* p, std::size_t len, f
               std::to_string(p_.k));
         {
           const std::uint8_t* vals = p_.id == kTopK ? body + 4 * p_.k : body;
+          if (check) check_sparse(name, p_.id == kTopK ? body : nullptr, vals, p_.k);
           if (divisor > 1) {  // the k values divided before they land: 0 / d is 0
             thread_local std::vector<float> dv;
             dv.resize(p_.k);
@@ -189,6 +262,7 @@ std::uint64_t FramedCodec::decode_impl(const std::uint8_t* p, std::size_t len, f
         }
         break;
       default:
+        if (check) check_scale(name, "norm", bits_float(f.field));
         dither_decode(body, blen, n_, p_.levels, p_.natural, bits_float(f.field), out, add);
         if (divisor > 1)
           for (std::size_t i = 0; i < n_; ++i) out[i] = out[i] / div;
@@ -263,7 +337,7 @@ std::size_t FramedCodec::encode(const float* x, std::uint64_t step, std::uint8_t
   thread_local std::vector<float> td;
   if (td.size() < n_) td.resize(n_);
   float* d = td.data();
-  decode(out, max_bytes_, d, false);
+  decode_impl(out, max_bytes_, d, false, 1, false, false);  // its own payload: NaN may stay
   for (std::size_t i = 0; i < n_; ++i) y[i] = y[i] - d[i];
   return max_bytes_;
 }

@@ -2,7 +2,8 @@
 // (dataplane_server.cc): a payload is the 20-byte little-endian header -- magic "BC", version
 // (1), compressor id (1 onebit, 2 top-k, 3 random-k, 4 dithering), element count n (u32), step
 // (u64), one 4-byte field (onebit: the scale f32; top-k, random-k: k u32; dithering: the norm
-// f32) -- then the body the kernels of compress.h write. Byte for byte what compression.py's
+// f32) -- then the body the kernels of compress.h write. A decoded payload is a peer's: its
+// scale / norm must be finite and >= 0, its values finite, its top-k indices distinct. Byte for byte what compression.py's
 // _FramedCodec writes and reads, so worker-side Python codecs and server-side C++ codecs
 // interoperate (tests/unit/test_native_codec.py holds them together).
 //
@@ -88,10 +89,12 @@ class FramedCodec : public ServerCodec {
   // memory budget.
   std::size_t held_bytes() const override;
   // Decodes (add: adds) a payload into out[n]; returns its step. Every field and the exact
-  // length are checked first; throws std::invalid_argument (what() names the field) and
-  // leaves out untouched on a malformed payload.
+  // length are checked first, and what the numbers may be: a finite scale / norm >= 0, finite
+  // values, distinct top-k indices (a peer's NaN or inf would land in every worker's result);
+  // throws std::invalid_argument (what() names the field) and leaves out untouched on a
+  // malformed payload.
   std::uint64_t decode(const std::uint8_t* p, std::size_t len, float* out, bool add) override {
-    return decode_impl(p, len, out, add, 1, false);
+    return decode_impl(p, len, out, add, 1, false, true);
   }
   // decode() without add, each value divided by divisor (>= 1) as it lands, bit for bit
   // decode-then-divide (an average, with no pass of its own over out), into an out that is
@@ -99,7 +102,7 @@ class FramedCodec : public ServerCodec {
   // can).
   std::uint64_t decode_divided(const std::uint8_t* p, std::size_t len, float* out,
                                std::int64_t divisor) {
-    return decode_impl(p, len, out, false, divisor, true);
+    return decode_impl(p, len, out, false, divisor, true, true);
   }
   // Two buffers of max_bytes() (0 and 1), made at the first call and kept: the native
   // client's encoded push and received answer of this codec's partition.
@@ -116,7 +119,7 @@ class FramedCodec : public ServerCodec {
  private:
   void encode_plain(const float* x, std::uint64_t step, std::uint8_t* out);
   std::uint64_t decode_impl(const std::uint8_t* p, std::size_t len, float* out, bool add,
-                            std::int64_t divisor, bool stream);
+                            std::int64_t divisor, bool stream, bool check);
   const std::uint32_t* indices(std::uint64_t step);  // random-k, cached per step
   CodecParams p_;
   std::uint64_t key_;

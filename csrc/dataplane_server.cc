@@ -243,9 +243,12 @@ std::shared_ptr<Store> ServerImpl::store_for_push(const std::shared_ptr<Conn>& c
     if (!may_declare_locked(conn, h, meta)) return nullptr;
   }
   // a compressed key's codec, made without the map's lock (a registered compressor's is
-  // Python: it takes the GIL, which no thread may wait for while holding a lock of ours)
-  if ((h.flags & kFlagCompressed) && !(codec = make_codec(conn, h, meta))) return nullptr;
+  // Python: it takes the GIL, which no thread may wait for while holding a lock of ours), its
+  // memory charged to the budget before it is made (pre); the store's charge replaces it
+  std::uint64_t pre = 0;
+  if ((h.flags & kFlagCompressed) && !(codec = make_codec(conn, h, meta, &pre))) return nullptr;
   std::lock_guard<std::mutex> g(map_mu_);
+  store_bytes_ -= std::min<std::uint64_t>(pre, store_bytes_);
   auto it = stores_.find(h.key);
   if (it != stores_.end()) return it->second;  // another stream declared it meanwhile
   // two buffers (async: one), the declaration kept for comparisons, per-chunk bookkeeping;
@@ -340,7 +343,8 @@ std::size_t ServerImpl::declared_count(const std::string& meta, std::string* why
 // the push's payload at most its max_bytes. Null after an error reply.
 std::unique_ptr<compress::ServerCodec> ServerImpl::make_codec(const std::shared_ptr<Conn>& conn,
                                                               const Header& h,
-                                                              const std::string& meta) {
+                                                              const std::string& meta,
+                                                              std::uint64_t* pre) {
   std::string why;
   std::unique_ptr<compress::ServerCodec> codec;
   try {
@@ -355,9 +359,16 @@ std::unique_ptr<compress::ServerCodec> ServerImpl::make_codec(const std::shared_
       // why says it
     } else if (native) {
       const compress::CodecParams p = compress::params_from_list(list);
-      compress::validate(p, n);
+      compress::validate(p, n);  // its sum, two encoded sums, residual, indices: charged first
+      const std::uint64_t est = 4 * n + 2 * compress::payload_bytes(p, n) + (p.ef ? 4 * n : 0) +
+                                (p.id == compress::kRandomK ? 4 * p.k : 0) +
+                                sizeof(compress::FramedCodec);
+      if (!precharge(conn, h, est)) return nullptr;
+      *pre = est;
       codec.reset(new compress::FramedCodec(p, h.key, n));
-    } else {
+    } else {  // a Python codec: its sum and an n-float state charged first, the rest after
+      if (!precharge(conn, h, 8 * static_cast<std::uint64_t>(n))) return nullptr;
+      *pre = 8 * static_cast<std::uint64_t>(n);
       codec = python_codec(h, meta, n);
     }
     if (codec && codec->max_bytes() > max_msg_) {
@@ -373,12 +384,32 @@ std::unique_ptr<compress::ServerCodec> ServerImpl::make_codec(const std::shared_
     }
   } catch (const std::invalid_argument& exc) {
     why = exc.what();
+  } catch (...) {  // the codec could not be made (CodecFault, bad_alloc): nothing stays charged
+    reserve(-static_cast<std::int64_t>(*pre));
+    *pre = 0;
+    throw;
   }
+  reserve(-static_cast<std::int64_t>(*pre));
+  *pre = 0;
   reject("bad compressor declaration");
   send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": compressed "
              "push of key " + std::to_string(h.key) + " (" + describe_decl(meta) +
              ") from worker rank " + std::to_string(h.rank) + ": " + why);
   return nullptr;  // codec, if any, is dropped here: no lock of ours is held
+}
+
+// The memory a compressed declaration's codec will take, charged to the budget before the codec
+// is made (a declaration costs a peer a few bytes; its codec up to a partition's worth); false
+// after an error reply when it does not fit.
+bool ServerImpl::precharge(const std::shared_ptr<Conn>& conn, const Header& h,
+                           std::uint64_t bytes) {
+  if (reserve(static_cast<std::int64_t>(bytes))) return true;
+  reject("server memory budget exhausted");
+  send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": key " +
+             std::to_string(h.key) + " from worker rank " + std::to_string(h.rank) +
+             ": its codec needs " + std::to_string(bytes) + " bytes, over what is left of the "
+             "budget of " + std::to_string(max_store_) + " (BYTEPS_SERVER_MAX_BYTES)");
+  return false;
 }
 
 // A registered compressor's server codec, from the factory the server process gave
@@ -602,8 +633,9 @@ bool ServerImpl::decode_push_locked(const std::shared_ptr<Conn>& conn, Store& st
                     ": the server's codec failed to decode the push: " + exc.what());
     send_error(conn, h, st.failed_kind.c_str(), st.failed);
     return false;
-  } catch (const std::invalid_argument& exc) {
-    reject("malformed compressed payload");
+  } catch (const std::invalid_argument& exc) {  // counted by sender: a peer that sends NaN,
+    reject("malformed compressed payload from worker rank " +  // inf or repeated indices shows
+           std::to_string(h.rank));                           // in the server's rejections
     st.pushed[h.rank] = 0;
     --st.started;
     if (st.finished > 0) {  // the round cannot complete without it: tell everyone waiting

@@ -96,7 +96,9 @@ class ServerImpl {
                           const std::string& meta);
   std::size_t declared_count(const std::string& meta, std::string* why);
   std::unique_ptr<compress::ServerCodec> make_codec(const std::shared_ptr<Conn>& conn,
-                                                    const Header& h, const std::string& meta);
+                                                    const Header& h, const std::string& meta,
+                                                    std::uint64_t* pre);
+  bool precharge(const std::shared_ptr<Conn>& conn, const Header& h, std::uint64_t bytes);
   std::unique_ptr<compress::ServerCodec> python_codec(const Header& h, const std::string& meta,
                                                       std::size_t n);
   bool encode_sum_locked(Store& st, std::int64_t round);

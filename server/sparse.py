@@ -410,7 +410,8 @@ class SparseService(threading.Thread):
                 path = save_shard(table.shard, directory, tag)
                 log.info("server %d: table %r saved as %s", srv.rank, table.spec.name, path)
             else:
-                n = load_shard(table.shard, directory, tag)
+                n = load_shard(table.shard, directory, tag, charge=srv.charge,
+                               repair=srv.cfg.server.sparse_checkpoint_repair)
                 log.info("server %d: table %r loaded from checkpoint %r: %d rows", srv.rank,
                          table.spec.name, tag, n)
         except (TableError, OSError, ValueError) as exc:

@@ -81,13 +81,42 @@ def streams(cfg) -> int:
 
 
 def store_budget(cfg) -> int:
+    """A server's memory budget: BYTEPS_SERVER_MAX_BYTES, or by default 80% of the memory this
+    machine (or its cgroup, when that is lower) has, divided among the servers that share the
+    machine (:func:`local_servers`): two local servers took 160% of it between them before."""
     if cfg.server.max_bytes:
         return cfg.server.max_bytes
+    return int(machine_memory() * 0.8) // local_servers(cfg)
+
+
+def machine_memory() -> int:
+    """Physical memory, or the cgroup's memory limit (v2 memory.max, v1 limit_in_bytes) when
+    that is lower: a container sees the host's memory in sysconf."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):  # pragma: no cover
         total = 16 << 30
-    return int(total * 0.8)
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                raw = f.read().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and 0 < int(raw) < total:
+            total = int(raw)
+    return total
+
+
+def local_servers(cfg) -> int:
+    """The servers that share this machine's default budget: BYTEPS_SERVER_LOCAL_SIZE, else
+    every server of the job when this node's address is loopback (a loopback node serves only
+    this machine: bpslaunch --local, a one-node torchrun job), else 1."""
+    if cfg.server.local_servers:
+        return cfg.server.local_servers
+    host = cfg.cluster.node_host or cfg.cluster.root_uri
+    if host == "localhost" or host.startswith("127.") or host == "::1":
+        return max(1, cfg.cluster.num_server)
+    return 1
 
 
 def fd_budget() -> int:

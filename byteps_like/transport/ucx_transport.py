@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CommunicationError, ConfigError
-from .base import Endpoint, Route, Timers
+from .base import Drops, Endpoint, Route, Timers
 
 log = logging.getLogger("byteps_like.transport")
 
@@ -386,7 +386,7 @@ class _Connections:
         try:
             conn.ep = ep.listener.create_endpoint_from_conn_request(conn_request, True)
         except Exception as exc:  # noqa: BLE001
-            log.warning("%s: could not accept a UCX connection: %s", ep.name, exc)
+            ep.drops("UCX connection that could not be accepted", str(exc)[:500])
             return
         self.conns[cid] = conn
         self.by_ident[ident] = conn
@@ -415,7 +415,7 @@ class _Connections:
             return
         if error:
             self.ep.stats["rejected"] += 1
-            log.error("%s: closing UCX connection %s: %s", self.ep.name, conn.label, error)
+            self.ep.drops("UCX connection closed for what it sent", f"{conn.label}: {error}"[:500])
         conn.closed = True
         conn.ready = False
         conn.pending.clear()
@@ -535,8 +535,7 @@ class _Receiver:
                 self.discard(p)
                 if cid not in cs.dead:
                     ep.stats["rejected"] += 1
-                    log.warning("%s: UCX message for unknown connection %d dropped", ep.name,
-                                cid)
+                    ep.drops("UCX message for an unknown connection", f"connection {cid}")
                 continue
             n = p.length
             if not _HEAD.size < n <= HEAD_MAX:
@@ -648,6 +647,9 @@ class UcxEndpoint(Endpoint):
         self.name = name
         self.max_message_bytes = int(max_message_bytes)
         self.ucx_env = dict(ucx_env or {})
+        # refusals (a bad message, an unknown connection, an accept that failed): counted and
+        # logged at a bounded rate, as the ZeroMQ endpoint's
+        self.drops = Drops(log, name)
         self.L, self.Array = import_ucxx()
         L = self.L
         try:
@@ -907,6 +909,7 @@ class UcxEndpoint(Endpoint):
             self._shutdown()
 
     def _shutdown(self) -> None:
+        self.drops.flush()  # the last window's refusals, which no later one will write
         # flush what was already handed to UCX, for at most linger seconds
         deadline = time.monotonic() + self._linger
         try:

@@ -209,7 +209,8 @@ class EmbeddingTable:
                 if mtype is MsgType.SPARSE_SAVE:
                     save_shard(self.local, directory, tag)
                 else:
-                    load_shard(self.local, directory, tag)
+                    load_shard(self.local, directory, tag,
+                               repair=self.owner.rt.config.server.sparse_checkpoint_repair)
             except (TableError, OSError, ValueError) as exc:
                 raise TableError(f"table {self.name!r} on worker rank {self.owner.rank}: "
                                  f"{exc}") from None

@@ -239,7 +239,7 @@ def test_a_checkpoint_restores_onto_another_number_of_servers(tmp_path, opt, kw)
     with running_cluster(workers=2, servers=2, extra=extra) as c:
         want = ok(c.run_all(first))[0]
     assert sorted(p.name for p in (tmp_path / "step3").iterdir()) == [
-        "emb.shard0of2.npz", "emb.shard1of2.npz"]
+        "emb.shard0of2.bpst", "emb.shard1of2.bpst"]
     with running_cluster(workers=2, servers=3, extra=extra) as c:
         got = ok(c.run_all(second))
     assert np.array_equal(got[0], want) and np.array_equal(got[1], want)

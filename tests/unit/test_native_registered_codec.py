@@ -185,7 +185,7 @@ def test_a_payload_the_codec_calls_malformed_is_refused_alone(cleanup):
     for i, cli in enumerate(clis):
         _submit(cli, 2, good, outs[i], 0, decl)
     assert all(_take(cli, 2)[1] for cli in clis)
-    assert srv.rejected() == {"malformed compressed payload": 1}
+    assert srv.rejected() == {"malformed compressed payload from worker rank 0": 1}
 
 
 def test_a_payload_over_the_codecs_max_bytes_is_refused_before_it_is_read(cleanup):
