@@ -57,13 +57,16 @@ class ServerFailover:
         self.tables: dict = {}
 
     @classmethod
-    def attach(cls, members: Membership, plane: NativeDataPlane,
-               tables: dict | None = None) -> ServerFailover:
-        """Before registering: the control client hands the scheduler's notices to a new
-        instance, and the native plane its lost streams. ``tables``: the server-held
-        embedding tables by name, whose shards a lost server takes with it."""
+    def attach(cls, members: Membership, plane: NativeDataPlane, tables: dict,
+               cfg: Any) -> ServerFailover | None:
+        """Before registering, when the job may lose a server (:func:`enabled`): the control
+        client hands the scheduler's notices to a new instance, and the native plane its lost
+        streams. ``tables``: the server-held embedding tables by name, whose shards a lost
+        server takes with it."""
+        if not enabled(cfg):
+            return None
         self = cls(members, plane)
-        self.tables = tables if tables is not None else {}
+        self.tables = tables
         control = members.controller
         control.on_failover = self.on_failover
         control.on_resume = self.on_resume

@@ -60,7 +60,6 @@ from .dataplane import NativeDataPlane
 from .dispatch import Dispatcher
 from .elastic_membership import ElasticMembership
 from .failover import ServerFailover
-from .failover import enabled as failover_enabled
 from .handle import Handle
 from .inflight import InFlight
 from .local_reduce import LocalReduction
@@ -232,8 +231,7 @@ class Runtime:
         m.open(cfg, on_message=self.dispatch.on_message, on_fatal=self._on_fatal)
         if self.elastic_m is not None:
             self.elastic_m.attach_control(m.controller)
-        self.failover = (ServerFailover.attach(m, self.plane, self.sparse.tables)
-                         if failover_enabled(cfg) else None)
+        self.failover = ServerFailover.attach(m, self.plane, self.sparse.tables, cfg)
         try:
             m.register()
         except BaseException:
