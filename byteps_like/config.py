@@ -80,6 +80,10 @@ class ClusterConfig:
                         min=1, max=65535)
     worker_id: int | None = _s("DMLC_WORKER_ID", "int", None, "Index of this worker machine, "
                                "0 .. num_worker - 1; unset when not given.", min=0)
+    server_id: int | None = _s("BYTEPS_SERVER_ID", "int", None, "Index of this server, "
+                               "0 .. num_server - 1, which becomes its server rank when every "
+                               "server gives one (bpslaunch sets it, so its 'server N' is the "
+                               "job's server rank N); unset: servers rank by address.", min=0)
     node_host: str = _s("DMLC_NODE_HOST", "str", "", "Address this node advertises to the others; "
                         "empty picks one automatically.")
     local_rank: int = _s("BYTEPS_LOCAL_RANK", "int", 0, "Index of this process on its machine, "

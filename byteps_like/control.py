@@ -135,6 +135,7 @@ class ControlClient:
         meta = {"role": self.role.label, "host": self.host, "port": self.port,
                 "data_port": self.data_port, "pid": os.getpid(), "pgid": os.getpgid(0),
                 "worker_id": c.worker_id, "local_rank": c.local_rank, "local_size": c.local_size,
+                "server_id": c.server_id,
                 "num_worker": c.num_worker, "num_server": c.num_server}
         self._send(MsgType.REGISTER, meta)
         self.ep.add_timer(self.cfg.timeouts.heartbeat_interval, self._tick)

@@ -196,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="after the first failure, how long the others may take to exit on "
                           "their own before SIGTERM (default: heartbeat timeout + "
                           f"{GRACE_MARGIN_S:g} s)")
+    sup.add_argument("--server-restarts", type=int, default=3, metavar="N",
+                     help="a server lost while the job goes on (BYTEPS_SERVER_FAILOVER) is "
+                          "started again, at most N times in all; the new one takes its keys "
+                          "back (default 3; 0: never)")
     sup.add_argument("--timeout-shutdown", type=_seconds(False), metavar="SECONDS",
                      default=DEFAULT_SHUTDOWN_TIMEOUT,
                      help="after the last worker exits 0, how long the scheduler and servers "
@@ -243,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _VALUE_OPTIONS = frozenset({"--workers", "--servers", "--local-size", "--port", "--host",
                             "--timeout", "--grace", "--timeout-shutdown", "--log-dir",
+                            "--server-restarts",
                             "--min-workers", "--max-workers", "--elastic-timeout",
                             "--max-restarts", "--add-workers", "--add-after",
                             _ROLE_CMD_OPTION})
@@ -426,7 +431,8 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
                            timeout=args.timeout, log_dir=args.log_dir,
                            server_failover=(first.server.failover
                                             and not first.server.enable_async
-                                            and first.cluster.num_server >= 2))
+                                            and first.cluster.num_server >= 2),
+                           server_restarts=max(0, args.server_restarts))
     lines: list[str] = []
     worker_cfg = next((c for s, c in zip(specs, configs) if s.role == "worker"), None)
     segments = None

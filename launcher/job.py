@@ -66,6 +66,7 @@ class JobSettings:
     # losing a server (BYTEPS_SERVER_FAILOVER, docs/reliability.md): a server that exits is
     # reported to the scheduler, which moves its keys; the job goes on
     server_failover: bool = False
+    server_restarts: int = 0   # lost servers started again, in all (their keys move back)
 
 
 def run_job(specs: Sequence[ChildSpec], base_env: Mapping[str, str], settings: JobSettings, *,
@@ -87,6 +88,8 @@ class _Job:
         self.say = lambda text: sup.sink.message(f"bpslaunch: {text}")
         self.notices = ExitNotices()
         self.envs: dict[Child, Mapping[str, str]] = {}   # what each child was started with
+        self.specs: dict[Child, ChildSpec] = {}
+        self.server_restarts = 0
         self._over_since: float | None = None  # the job was over, lost servers still ran
 
     def _start(self, spec: ChildSpec, env: Mapping[str, str], **kw) -> Child:
@@ -95,6 +98,7 @@ class _Job:
         child = self.sup.start(spec.name, spec.launch_argv, env, role=spec.role, rank=spec.rank,
                                log_name=spec.log_name, **kw)
         self.envs[child] = env
+        self.specs[child] = spec
         return child
 
     def _tell_scheduler(self, child: Child) -> None:
@@ -198,7 +202,26 @@ class _Job:
         self.say(f"{child.describe()} {_failed_how(child)}: "
                  f"{describe_returncode(child.returncode)}; its keys move to the other "
                  "servers and the job goes on (BYTEPS_SERVER_FAILOVER)")
+        self._restart_server(child)
         return True
+
+    def _restart_server(self, child: Child) -> None:
+        """A lost server started again (--server-restarts): it registers with the running
+        job, takes the lost one's rank, and its keys move back to it."""
+        spec, env = self.specs.get(child), self.envs.get(child)
+        limit = self.settings.server_restarts
+        if spec is None or env is None or self.server_restarts >= limit:
+            if spec is not None and limit:
+                self.say(f"not restarting {child.name}: --server-restarts {limit} used up")
+            return
+        self.server_restarts += 1
+        try:
+            new = self._start(spec, env)
+        except (OSError, AffinityError) as exc:
+            self.say(f"cannot restart {child.name}: {exc}")
+            return
+        self.say(f"restarted {child.name} as pid {new.pid} (restart {self.server_restarts} of "
+                 f"{limit}): it takes the lost server's keys back")
 
     def _only_lost_servers_left(self, running: list[Child], now: float) -> bool:
         """The job is over (every worker and the scheduler exited 0), and the servers still

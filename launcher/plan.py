@@ -116,7 +116,7 @@ def local_cluster_plan(cluster: LocalCluster) -> list[ChildSpec]:
     specs = [ChildSpec("scheduler", None, role_argv("scheduler", cluster.role_argv),
                        {**service, "DMLC_ROLE": "scheduler"})]
     specs += [ChildSpec("server", index, role_argv("server", cluster.role_argv),
-                        {**service, "DMLC_ROLE": "server"})
+                        {**service, "DMLC_ROLE": "server", "BYTEPS_SERVER_ID": str(index)})
               for index in range(cluster.servers)]
     specs += [ChildSpec("worker", worker_id * cluster.local_size + local_rank,
                         tuple(cluster.command),

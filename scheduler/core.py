@@ -94,6 +94,7 @@ class Scheduler:
         self.epochs = Epochs(self, self.barriers, self.joins)
         self.registration = Registration(self, self.epochs)
         self.server_loss = ServerLoss(self, self.barriers)
+        self.registration.replacement = self.server_loss.replace
         # the nodes' reports and the job's events: the live page, straggler line and metrics
         self.events = EventLog()
         self.reports = Reports(self, self.events)

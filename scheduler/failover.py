@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import EXIT_PEER_FAILED
+from ..transport import Route
 from ..wire import MsgType, Role
 from .barriers import Barriers
 from .nodes import Host, NodeInfo, checked, servers, workers
@@ -81,16 +82,55 @@ class ServerLoss:
         self.host.send(node, MsgType.SHUTDOWN)  # if it still runs, it leaves the job
         # a server found by its silence stalled the job since it was last heard from
         silent = time.monotonic() - node.last_seen
-        meta = {"lost": [s.rank for s in self.lost], "reason": why[:2000],
-                "silent": silent if silent > 2 * self.host.cfg.timeouts.heartbeat_interval
-                else 0.0}
-        live = [w for w in workers(self.host) if not w.lost and not w.finished]
-        self.waiting = {w.route.ident for w in live}
+        if silent <= 2 * self.host.cfg.timeouts.heartbeat_interval:
+            silent = 0.0  # found by its exit or its streams, not its silence
+        self._announce(why, silent=silent, count=False)
+        self.barriers.check_all()  # a barrier that waited for the lost server
+
+    def _announce(self, why: str, *, silent: float = 0.0, joined: list | None = None,
+                  count: bool = True) -> None:
+        """FAILOVER to every worker: the servers gone, the ones that joined; then wait for
+        every live worker's SEEDED."""
+        if count:
+            self.number += 1
+            self.began = time.monotonic()
+        meta = {"lost": [s.rank for s in self.lost], "reason": why[:2000], "silent": silent,
+                "joined": joined or []}
+        self.waiting = {w.route.ident for w in workers(self.host)
+                        if not w.lost and not w.finished}
         for w in workers(self.host):
             if not w.lost:
                 self.host.send(w, MsgType.FAILOVER, meta, key=self.number)
-        self.barriers.check_all()  # a barrier that waited for the lost server
         self._maybe_resume()
+
+    def replace(self, route: Route, info: NodeInfo) -> bool:
+        """A server registering while the job runs takes the place of the first server lost
+        (its rank, its keys: they move back at once, as a failover moves them away). False when
+        no lost server waits for a replacement (the registration is refused as usual)."""
+        host = self.host
+        if not (self.enabled and self.lost and host.phase == "running"):
+            return False
+        # the lost server it was started for (BYTEPS_SERVER_ID), else the first lost
+        same = [n for n in self.lost if info.server_id is not None and n.rank == info.server_id]
+        old = same[0] if same else self.lost[0]
+        self.lost.remove(old)
+        info.rank = old.rank
+        host.nodes.pop(old.route.ident, None)
+        host.nodes[route.ident] = info
+        host.table = [info.public() if d.get("role") == "server" and d.get("rank") == old.rank
+                      else d for d in host.table]
+        c = host.cfg.cluster
+        host.send(info, MsgType.NODE_TABLE, {"rank": info.rank, "nodes": host.table,
+                                             "num_worker": c.num_worker,
+                                             "local_size": c.local_size})
+        why = f"{info.describe()} replaces {old.describe()}"
+        log.warning("scheduler: %s; failover %d: its keys move back to it", why,
+                    self.number + 1)
+        self.events.append({"failover": self.number + 1, "server": info.rank,
+                            "host": info.host, "pid": info.pid, "why": why,
+                            "at": time.time(), "stall": None})
+        self._announce(why, joined=[info.public()])
+        return True
 
     def seeded(self, node: NodeInfo, number: int) -> None:
         if number == self.number:

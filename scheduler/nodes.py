@@ -34,6 +34,7 @@ class NodeInfo:
     data_port: int = 0
     told_removed: bool = False   # elastic: a worker declared lost that spoke again was told
     pgid: int = 0                # its process group (bpslaunch's child: see _exited)
+    server_id: int | None = None  # BYTEPS_SERVER_ID: a server's rank as its launcher named it
 
     def describe(self) -> str:
         return f"{self.role.label} rank {self.rank} on {self.host} (pid {self.pid})"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 from ..transport import Route
 from ..wire import ERR_REGISTER, MsgType, Role
@@ -20,7 +21,7 @@ log = logging.getLogger("byteps_like.scheduler")
 def assign_ranks(nodes: list[NodeInfo], local_size: int) -> None:
     """Deterministic ranks: a worker with DMLC_WORKER_ID gets worker_id*local_size+local_rank;
     the others fill the free ranks in (host, pid, local_rank) order; servers rank by
-    (host, port)."""
+    BYTEPS_SERVER_ID when every one gives a distinct one of 0..n-1, else by (host, port)."""
     everyone = [n for n in nodes if n.role is Role.WORKER]
     taken = set()
     for n in everyone:
@@ -32,6 +33,9 @@ def assign_ranks(nodes: list[NodeInfo], local_size: int) -> None:
                     key=lambda n: (n.host, n.pid, n.local_rank)):
         n.rank = next(free)
     servers = sorted((n for n in nodes if n.role is Role.SERVER), key=lambda n: (n.host, n.port))
+    ids = [n.server_id for n in servers]
+    if all(i is not None for i in ids) and sorted(ids) == list(range(len(servers))):
+        servers.sort(key=lambda n: n.server_id)  # BYTEPS_SERVER_ID, as its launcher named it
     for i, n in enumerate(servers):
         n.rank = i
 
@@ -42,6 +46,8 @@ class Registration:
     def __init__(self, host: Host, epochs: Epochs):
         self.host = host
         self.epochs = epochs
+        # a server registering while the job runs: whether it took a lost server's place
+        self.replacement: Callable[[Route, NodeInfo], bool] | None = None
 
     def register(self, route: Route, meta: dict) -> None:
         host = self.host
@@ -66,6 +72,8 @@ class Registration:
                             local_rank)
             info.data_port = checked(meta, "data_port", int, 0, lo=0, hi=65535)
             info.pgid = checked(meta, "pgid", int, 0, lo=0, hi=(1 << 31) - 1)
+            info.server_id = checked(meta, "server_id", int, None, lo=0, hi=1 << 20,
+                                     what="BYTEPS_SERVER_ID")
             # the job size this node was told (absent from nodes of older releases)
             sizes = {"DMLC_NUM_WORKER": checked(meta, "num_worker", int, None, lo=1,
                                                 hi=1 << 20, what="DMLC_NUM_WORKER"),
@@ -81,6 +89,9 @@ class Registration:
                             and local_size == c.local_size):
             self.epochs.register_joiner(route, info)
             return
+        if err is None and role is Role.SERVER and host.phase == "running" \
+                and self.replacement is not None and self.replacement(route, info):
+            return  # takes a lost server's place (scheduler/failover.py)
         if err is None:  # the job size first: a node told another size may trip these too
             err = self.refusal(info, local_size)
         if err:

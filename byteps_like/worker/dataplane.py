@@ -93,6 +93,7 @@ class NativeDataPlane:
         self.gone: list[int] = []
         self.on_server_lost: Callable[[int, str], None] | None = None
         self.on_close: Callable[[], None] | None = None
+        self.cfg: Config | None = None     # the job's, once connected
 
     def serves(self, cfg: Config) -> bool:
         """Whether this worker talks to the servers: a local root of a job of several
@@ -114,6 +115,7 @@ class NativeDataPlane:
                                **({"auth_key": key} if key else {}),
                                codec_threads=native_codec_threads(cfg.scheduling.codec_threads))
         self.streams = native.streams(cfg)
+        self.cfg = cfg
         if self.failover_on:  # before any submit: answers land in the keys' shadows
             cli.set_failover(True)
         try:
@@ -138,6 +140,15 @@ class NativeDataPlane:
                  "I/O threads%s", m.rank, self.streams,
                  "UCX" if native.uses_ucx(cfg) else "TCP", len(servers),
                  cli.stats()["io_threads"], ", authenticated streams" if key else "")
+
+    def reconnect(self, idx: int, peer: PeerInfo) -> None:
+        """Open the streams to server index ``idx`` again: a replacement of a lost server
+        (worker/failover.py); raises RuntimeError when it cannot be reached."""
+        cli, cfg = self.client, self.cfg
+        if cli is None or cfg is None:
+            return
+        cli.connect(idx, peer.host, peer.data_port, self.streams,
+                    min(60.0, cfg.timeouts.register_timeout), ucx=native.uses_ucx(cfg))
 
     @property
     def active_client(self) -> _core.DataClient:

@@ -51,7 +51,8 @@ class ServerFailover:
         self.stalls: list[float] = []         # seconds each failover held the moved keys
         self._told: set[int] = set()          # servers whose lost streams we reported
         self._announced: set[int] = set()     # servers whose loss the log has named
-        self._work: queue.SimpleQueue[tuple[int, list[int]] | None] = queue.SimpleQueue()
+        self.replacements = 0                 # replacement servers connected
+        self._work: queue.SimpleQueue[tuple[int, list[int], list] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.tables: dict = {}
@@ -114,7 +115,8 @@ class ServerFailover:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="bps-failover", daemon=True)
             self._thread.start()
-        self._work.put((number, ranks))
+        joined = meta.get("joined")
+        self._work.put((number, ranks, joined if isinstance(joined, list) else []))
 
     def on_resume(self, number: int) -> None:
         """The scheduler's RESUME (I/O thread): every worker has seeded; re-send what waited."""
@@ -127,10 +129,15 @@ class ServerFailover:
             cli.resume()
         stall = time.monotonic() - began if began is not None else 0.0
         self.stalls.append(stall)
-        new = [s for s in self.plane.gone if s not in self._announced] or self.plane.gone
+        new = [s for s in self.plane.gone if s not in self._announced]
         self._announced |= set(new)
         lost = ", ".join(f"rank {self._rank_of(s)}" for s in new)
-        if self.members.rank == 0:
+        if self.members.rank == 0 and not new:  # a replacement took its keys back
+            log.warning("worker %d: a replacement server joined; its keys moved back to it, the "
+                        "job stalled %.2f s (failover %d; servers still lost: %s)",
+                        self.members.rank, stall, number,
+                        ", ".join(str(self._rank_of(s)) for s in self.plane.gone) or "none")
+        elif self.members.rank == 0:
             log.warning("worker %d: lost server %s; its keys moved to the other servers and the "
                         "open rounds were pushed again; the job stalled %.2f s (failover %d)",
                         self.members.rank, lost, stall, number)
@@ -144,26 +151,54 @@ class ServerFailover:
             item = self._work.get()
             if item is None:
                 return
-            number, ranks = item
+            number, ranks, joined = item
             try:
-                self._fail_over(number, ranks)
+                self._fail_over(number, ranks, joined)
             except Exception as exc:  # noqa: BLE001 - the scheduler's timeout names us
                 log.error("worker %d: failover %d failed: %r", self.members.rank, number, exc)
 
-    def _fail_over(self, number: int, ranks: list[int]) -> None:
+    def _fail_over(self, number: int, ranks: list[int], joined: list) -> None:
+        for new in joined:  # a replacement first: connected before its keys move back
+            self._replaced(new)
         with self._lock:
             if number != self.current:
                 return  # a newer one is queued: it covers these servers too
         servers = [self._index_of(r) for r in ranks]
-        servers = [s for s in servers if s >= 0]
         cli = self.plane.client
         if cli is not None:
-            self.plane.gone = sorted(set(self.plane.gone) | set(servers))
+            self.plane.gone = sorted(s for s in servers if s >= 0)
             cli.failover(self.plane.gone, True)
             why = cli.wait_seeds(SEED_TIMEOUT_S)
             if why:
                 log.warning("worker %d: failover %d: %s", self.members.rank, number, why)
         self.members.controller.seeded(number)
+
+    def _replaced(self, new: Any) -> None:
+        """A replacement server took a lost one's rank: its address in the node table, and
+        this worker's streams to it."""
+        from ..control import PeerInfo
+        try:
+            peer = PeerInfo("server", int(new["rank"]), str(new["host"])[:255],
+                            int(new["port"]), int(new["pid"]), int(new["data_port"]))
+        except (KeyError, TypeError, ValueError):
+            log.warning("worker %d: a malformed replacement server in FAILOVER: %.200r",
+                        self.members.rank, new)
+            return
+        idx = self._index_of(peer.rank)
+        if idx < 0:
+            return
+        self.members.servers[idx] = peer
+        self._told.discard(idx)
+        self._announced.discard(idx)
+        try:
+            self.plane.reconnect(idx, peer)
+        except RuntimeError as exc:  # the scheduler's timeout names this worker
+            log.error("worker %d: cannot reach the replacement %s: %s", self.members.rank,
+                      peer.describe(), exc)
+            return
+        self.replacements += 1
+        log.info("worker %d: connected to the replacement %s", self.members.rank,
+                 peer.describe())
 
     def close(self) -> None:
         if self._thread is not None:

@@ -5,7 +5,8 @@ Each step every worker computes a gradient from its parameters, its rank and the
 push_pulls every tensor (async, all in flight at once). KILLS is a comma-separated list of
 STEP:SERVER:SIGNAL (SIGNAL KILL or TERM): worker rank 0 sends SIGNAL to server rank SERVER
 once it has started that step's push_pulls and before it waits for them, so the loss lands
-mid-round. COMPRESSOR (onebit, fp16, ...) compresses the largest tensor. Every rank writes its
+mid-round; SIGNAL WAIT (after a loss) first waits until the worker has connected to a
+replacement server (bpslaunch --server-restarts) before going on. COMPRESSOR (onebit, fp16, ...) compresses the largest tensor. Every rank writes its
 final parameters to OUT.<rank>.npz; rank 0 prints ``STEP_TIMES`` (seconds per step)."""
 import os
 import signal
@@ -42,6 +43,13 @@ for step in range(steps):
                                    **({"compression": comp[i]} if i in comp else {}))
                for i, g in enumerate(grads)]
     for server, sig in kills.get(step, []) if rank == 0 else []:
+        if sig == "WAIT":
+            fo = default_runtime().failover
+            t_wait = time.monotonic()
+            while fo.replacements < server and time.monotonic() - t_wait < 60:
+                time.sleep(0.01)
+            print(f"REPLACED {fo.replacements} after {time.monotonic() - t_wait:.2f} s", flush=True)
+            continue
         pid = [p.pid for p in default_runtime().members.servers if p.rank == server][0]
         os.kill(pid, getattr(signal, f"SIG{sig}"))
         print(f"KILLED server {server} pid {pid} at step {step} (SIG{sig})", flush=True)
