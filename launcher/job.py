@@ -133,12 +133,15 @@ class _Job:
                     self.say(f"{child.describe()} {_failed_how(child)}: "
                              f"{describe_returncode(child.returncode)}")
                     failures.append(child)
-                    if grace_deadline is None:
-                        grace_deadline = now + settings.grace
+                    gone = child.role == "scheduler" and not _secondary(child)
+                    if grace_deadline is None or gone:
+                        grace = (min(settings.grace, SCHEDULER_GONE_GRACE_S) if gone
+                                 else settings.grace)
+                        grace_deadline = min(grace_deadline or now + grace, now + grace)
                         others = len(sup.running())
                         if others:
                             self.say(f"{child.name} {_failed_how(child)}; giving the other "
-                                     f"{others} process(es) {settings.grace:g} s to exit "
+                                     f"{others} process(es) {grace:g} s to exit "
                                      f"before stopping them")
             running = sup.running()
             if failures:
@@ -239,6 +242,13 @@ class _Job:
         self.say(f"error: cannot execute {spec.launch_argv[0]!r} for {spec.name}: {reason}"
                  + (f" (stopped {_names(started)})" if started else ""))
         return EXIT_NOT_FOUND if exc.errno == errno.ENOENT else EXIT_CANNOT_EXECUTE
+
+
+#: A scheduler that failed on its own (killed, crashed; there is no restarting it today): the
+#: other processes get this long to fail on their own (each does within
+#: BYTEPS_SCHEDULER_LOST_GRACE_SECONDS, 1 s, of its connection closing, naming the scheduler),
+#: then they are stopped. A scheduler that failed at start leaves nobody to wait for either.
+SCHEDULER_GONE_GRACE_S = 1.5
 
 
 def _names(children: Sequence[Child]) -> str:

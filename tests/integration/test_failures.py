@@ -67,6 +67,28 @@ def test_worker_killed_mid_run():
     assert not wait_gone(pids), f"processes left behind\n{run.log}"
 
 
+def test_scheduler_killed_mid_run_ends_the_job_within_seconds():
+    """Issue 40: every node sees the scheduler's connection close and fails within
+    BYTEPS_SCHEDULER_LOST_GRACE_SECONDS (1 s) naming it; bpslaunch stops whatever is left soon
+    after. The heartbeat timeout is its default, 20 s (the job used to end 21.1 s after the
+    kill, the workers training on meanwhile)."""
+    run = bpslaunch(worker("faults.py", "kill-scheduler"), workers=2, servers=1, timeout=90,
+                    env={"BYTEPS_HEARTBEAT_TIMEOUT_SECONDS": "20"})
+    ended = time.time()
+    assert run.rc == 128 + signal.SIGKILL, run.log   # the scheduler is blamed
+    assert re.search(r"scheduler \(pid \d+\) failed first: killed by SIGKILL", run.err), run.log
+    killed = float(run.lines("KILLING scheduler at")[0].split()[-1])
+    lost = run.lines("PEER_LOST")
+    assert len(lost) == 2, run.log
+    for ln in lost:
+        assert "lost the scheduler" in ln and "connection closed" in ln, ln
+        raised = float(re.search(r" at ([\d.]+) step", ln).group(1))
+        assert raised - killed < 3, ln   # the 1 s grace, on loaded machines
+    # 2 s is the target (issue 40); the margin is for CI's 2 loaded cores
+    assert ended - killed < 4, f"the job ended {ended - killed:.1f} s after the kill\n{run.log}"
+    assert not wait_gone(pids_in(run.out)), f"processes left behind\n{run.log}"
+
+
 def test_local_rank_killed_mid_run_leaves_no_shared_memory():
     import glob
     before = set(glob.glob("/dev/shm/bpsl-*"))
