@@ -49,7 +49,7 @@ class Host(Protocol):
     cfg: Config
     nodes: dict[bytes | None, NodeInfo]   # by the routing id of the node's connection
     expected: dict[Role, int]             # nodes the job needs, by role
-    phase: str                            # register | running | done
+    phase: str                            # register | running | done | refused
     elastic: bool                         # membership epochs (BYTEPS_ELASTIC)
     table: list[dict]                     # the node table, once published
 

@@ -157,8 +157,21 @@ class Membership:
         ep.start()
 
     def register(self) -> None:
-        """Register with the scheduler and wait for the node table."""
-        self.controller.connect_and_register()
+        """Register with the scheduler and wait for the node table. A registration that
+        fails because another process did (the scheduler refused another node, or was lost)
+        makes an uncaught error exit with EXIT_PEER_FAILED, as it would after the table:
+        bpslaunch then blames the process that failed on its own."""
+        try:
+            self.controller.connect_and_register()
+        except CommunicationError:
+            prev = sys.excepthook
+            if not getattr(prev, "_bpsl_peer_exit", False):
+                def hook(tp, val, tb):
+                    prev(tp, val, tb)
+                    exit_if_peer_failed(val)
+                hook._bpsl_peer_exit = True  # type: ignore[attr-defined]
+                sys.excepthook = hook
+            raise
 
     def meet_peers(self, cfg: Config) -> None:
         """With the node table in: take the rank, connect to the local root (a local rank) and

@@ -89,6 +89,29 @@ def test_scheduler_killed_mid_run_ends_the_job_within_seconds():
     assert not wait_gone(pids_in(run.out)), f"processes left behind\n{run.log}"
 
 
+def test_a_node_refused_at_registration_ends_the_job_naming_it():
+    """Issue 40: worker 1 was told DMLC_NUM_WORKER=3 in a job of 2. The scheduler refuses it
+    and tells every other node at once (PeerLostError naming it and why, exit 75): the job
+    ends in seconds, bpslaunch blaming the refused worker, with the default registration
+    timeout (120 s: the others used to wait all of it, then blame 'worker ids not seen')."""
+    run = bpslaunch(worker("wrong_size.py"), workers=2, servers=1, timeout=90,
+                    env={"BYTEPS_REGISTER_TIMEOUT_SECONDS": "120"})
+    ended = time.time()
+    assert run.rc == 1, run.log
+    why = ("worker on 127.0.0.1 (pid {pid}, DMLC_WORKER_ID=1) has DMLC_NUM_WORKER=3 but the "
+           "scheduler has DMLC_NUM_WORKER=2")
+    m = re.search(r"worker 1 \(pid (\d+)\) failed first: exit status 1", run.err)
+    assert m, run.log
+    assert "ConfigError: the scheduler refused this worker: " + why.format(pid=m.group(1)) \
+        in run.err, run.log
+    assert ("PeerLostError: worker on 127.0.0.1: the job cannot form: the scheduler refused "
+            + why.format(pid=m.group(1))) in run.err, run.log
+    assert re.search(r"worker 0 \(pid \d+\) exited because another process", run.err), run.log
+    started = min(float(ln.split()[-1]) for ln in run.lines("STARTED"))
+    assert ended - started < 10, f"{ended - started:.1f} s\n{run.log}"   # 3 s is the target
+    assert "INIT OK" not in run.out, run.log
+
+
 def test_local_rank_killed_mid_run_leaves_no_shared_memory():
     import glob
     before = set(glob.glob("/dev/shm/bpsl-*"))

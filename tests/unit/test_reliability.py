@@ -136,8 +136,37 @@ def test_a_node_told_another_job_size_is_refused(sched, field, value, text):
     (_route, mtype, err), = sent
     assert mtype is MsgType.ERROR and err["kind"] == "register" and not s.nodes
     assert err["message"].startswith("worker on 10.0.0.7 (pid 42, DMLC_WORKER_ID=1) has " + text)
-    s._register(Route(ident=b"w"), meta, Header(MsgType.REGISTER))   # the right sizes: in
-    assert list(s.nodes) == [b"w"]
+    assert s.phase == "refused" and s.exit_code is None   # the others are yet to be told
+
+
+def test_a_refused_node_ends_the_forming_job_telling_every_node_why(sched):
+    """Issue 40: a node refused while the job forms ends the job at once, every node that has
+    registered or registers later told with PEER_LOST naming the refused node and why, not
+    left to wait out BYTEPS_REGISTER_TIMEOUT_SECONDS."""
+    s, srv, sent = sched
+    s.phase, s.nodes = "register", {}
+    meta = {"role": "worker", "host": "10.0.0.7", "pid": 42, "worker_id": 0, "local_rank": 0,
+            "local_size": 2, "num_worker": 2, "num_server": 1}
+    s._register(Route(ident=b"w0"), meta, Header(MsgType.REGISTER))   # admitted
+    s._register(Route(ident=b"s"), {"role": "server", "host": "h", "pid": 7, "port": 5,
+                                    "num_worker": 2, "num_server": 1}, Header(MsgType.REGISTER))
+    assert set(s.nodes) == {b"w0", b"s"} and not sent
+    s._register(Route(ident=b"bad"), {**meta, "pid": 43, "worker_id": 1, "num_worker": 3},
+                Header(MsgType.REGISTER))
+    refused = "worker on 10.0.0.7 (pid 43, DMLC_WORKER_ID=1) has DMLC_NUM_WORKER=3"
+    (r0, t0, m0), *told = sent
+    assert r0 == Route(ident=b"bad") and t0 is MsgType.ERROR and refused in m0["message"]
+    assert sorted(n.route.ident for n, t, _m in told if t is MsgType.PEER_LOST) == [b"s", b"w0"]
+    assert all(m["reason"].startswith("the job cannot form: the scheduler refused " + refused)
+               for _n, _t, m in told)
+    assert s.phase == "refused" and s.exit_code is None   # 2 of the 4 nodes are still to come
+    sent.clear()
+    for ident in (b"w2", b"w3"):   # later ones are told at once, whatever they send
+        s._register(Route(ident=ident), {**meta, "worker_id": 1, "local_rank": 1},
+                    Header(MsgType.REGISTER))
+    assert [(r.ident, t) for r, t, _m in sent] == [(b"w2", MsgType.PEER_LOST),
+                                                  (b"w3", MsgType.PEER_LOST)]
+    assert s.exit_code == 75 and refused in s.failure   # every node of the job was told
 
 
 # ---- issue 30: quiet start-ups ------------------------------------------------------------
