@@ -14,3 +14,18 @@ def test_push_pull_refuses_a_name_that_is_not_a_str(call, name):
     with pytest.raises(TypeError, match=r"name must be a str.*push_pull\(array, name=None, "
                                         r"average=True"):
         call(np.ones(3, np.float32), name)
+
+
+@pytest.mark.parametrize("op", ["Adasum", "Min", "Max", "Product"])
+def test_horovods_other_reductions_exist_and_are_refused_naming_the_op(op):
+    """Issue 40: ``hvd.Adasum`` in a Horovod script is the documented ValueError naming the op
+    where it is passed, not an AttributeError where it is named."""
+    from byteps_like import reduce_op
+    from byteps_like.reduce_op import resolve_average
+    value = getattr(reduce_op, op)
+    assert int(value) == {"Adasum": 2, "Min": 3, "Max": 4, "Product": 5}[op]  # Horovod's
+    with pytest.raises(ValueError, match=rf"allreduce: op={op} is not supported: byteps_like "
+                                         "reduces with Average or Sum only"):
+        resolve_average(value, None, "allreduce")
+    import byteps_like.torch as hvd
+    assert getattr(hvd, op) is value and op in hvd.__all__
