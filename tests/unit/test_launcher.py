@@ -642,3 +642,50 @@ def test_setup_refuses_an_unknown_profile():
     p = subprocess.run(["bash", str(SCRIPTS / "setup.sh"), "--tiny"], capture_output=True,
                        text=True, timeout=60, env={**_clean_env(), "SETUP_DRY_RUN": "1"})
     assert p.returncode == 2 and "--tiny" in p.stderr, p.stderr
+
+
+def test_setup_does_not_rebuild_an_unchanged_tree(tmp_path):
+    """Issue 40: re-running the quick start (scripts/setup.sh) does not `pip install -e` (and
+    so rebuild the C++ extension) when byteps_like is installed from this tree and its build
+    files and C++ sources did not change; a changed C++ source is built again. On a copy of
+    the script in a tree of its own, whose .venv/bin/python logs pip's installs instead of
+    running them (and runs everything else with this interpreter)."""
+    import shutil
+    import subprocess
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPTS / "setup.sh", tree / "scripts" / "setup.sh")
+    (tree / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tree / "setup.py").write_text("# build\n")
+    (tree / "csrc").mkdir()
+    (tree / "csrc" / "a.cc").write_text("int a() { return 1; }\n")
+    (tree / "byteps_like").mkdir()
+    (tree / "byteps_like" / "__init__.py").write_text("__version__ = 'test'\n")
+    (tree / "byteps_like" / "_core.py").write_text("def cpu_features():\n    return {}\n")
+    (tree / ".venv" / "bin").mkdir(parents=True)
+    python = tree / ".venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nif [ "$1 $2" = "-m pip" ]; then echo "$*" >> "{tree}/pip.log"; '
+                      f'exit 0; fi\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    env = {**_clean_env(), "PYTHONPATH": str(tree)}
+    env.pop("SETUP_PROFILE", None)
+    env.pop("SETUP_DRY_RUN", None)
+
+    def setup() -> tuple[str, list[str]]:
+        p = subprocess.run(["bash", "scripts/setup.sh", "--minimal"], cwd=tree, env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        log = tree / "pip.log"
+        return p.stdout, [ln for ln in (log.read_text() if log.exists() else "").splitlines()
+                          if " -e " in ln]
+
+    out, installs = setup()
+    assert len(installs) == 1 and installs[0].endswith("-e .[examples]"), installs
+    assert (tree / ".venv" / ".byteps_like-minimal.stamp").is_file()
+    out, installs = setup()   # nothing changed: no install
+    assert len(installs) == 1 and "not rebuilt" in out, (out, installs)
+    (tree / "csrc" / "a.cc").write_text("int a() { return 2; }\n")
+    out, installs = setup()   # a C++ source changed: built again
+    assert len(installs) == 2 and "not rebuilt" not in out, (out, installs)
+    out, installs = setup()
+    assert len(installs) == 2 and "not rebuilt" in out, (out, installs)
