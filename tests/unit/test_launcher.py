@@ -689,3 +689,30 @@ def test_setup_does_not_rebuild_an_unchanged_tree(tmp_path):
     assert len(installs) == 2 and "not rebuilt" not in out, (out, installs)
     out, installs = setup()
     assert len(installs) == 2 and "not rebuilt" in out, (out, installs)
+
+
+def test_local_says_which_exported_sizes_it_overrides():
+    """Issue 40: --local sets the sizes from its options; exported ones that differ are named
+    (the children never see them), equal ones are no news."""
+    env = _clean_env(DMLC_NUM_WORKER="4", DMLC_NUM_SERVER="1", BYTEPS_LOCAL_SIZE="3")
+    launch = plan_launch(*parse_args(["--local", "--workers", "2", "--", "true"]), env)
+    assert launch.notes == (
+        "note: --local runs --workers 2: ignoring the exported DMLC_NUM_WORKER=4 (pass "
+        "--workers 4 to use it)",
+        "note: --local runs --local-size 1: ignoring the exported BYTEPS_LOCAL_SIZE=3 (pass "
+        "--local-size 3 to use it)"), launch.notes
+    assert {s.env["DMLC_NUM_WORKER"] for s in launch.specs} == {"2"}
+    env = _clean_env(DMLC_NUM_WORKER="2")
+    assert plan_launch(*parse_args(["--local", "--workers", "2", "--", "true"]), env).notes == ()
+
+
+def test_a_command_without_local_or_a_dmlc_environment_is_told_what_it_runs():
+    """Issue 40: `bpslaunch train.py` alone runs a one-worker job: said, with what to pass."""
+    launch = plan_launch(*parse_args(["--", "true", "train.py"]), _clean_env())
+    (note,) = launch.notes
+    assert note.startswith("note: no --local and no DMLC_* environment: running true train.py "
+                           "as a job of one worker process with no scheduler and no servers; "
+                           "bpslaunch --local --workers N"), note
+    assert [s.argv for s in launch.specs] == [("true", "train.py")]
+    launch = plan_launch(*parse_args(["--", "true"]), _clean_env(DMLC_NUM_WORKER="1"))
+    assert launch.notes == ()   # a DMLC environment: the user chose it
