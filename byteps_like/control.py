@@ -295,9 +295,11 @@ class ControlClient:
         elif h.type is MsgType.PEER_LOST:
             me = (f"{self.role.label} {self.rank}" if self.rank >= 0  # no rank before the table
                   else f"{self.role.label} on {self.host}")
+            pid = meta.get("pid")
             self.fail(PeerLostError(f"{me}: {meta.get('reason', 'a peer was lost')}",
                                      role=meta.get("role"), rank=meta.get("rank"),
-                                     host=meta.get("host")))
+                                     host=meta.get("host"),
+                                     pid=pid if type(pid) is int and pid > 0 else None))
         elif h.type is MsgType.JOIN_DONE:
             self._join_result = dict(meta)
             self._join_done.set()
