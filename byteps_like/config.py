@@ -330,7 +330,7 @@ class TimeoutsConfig:
         "naming the address; a scheduler that refuses (not started yet) is waited for up to "
         "BYTEPS_REGISTER_TIMEOUT_SECONDS. 0 turns it off.", unit="seconds", min=0)
     scheduler_lost_grace: float = _s(
-        "BYTEPS_SCHEDULER_LOST_GRACE_SECONDS", "float", 1.0, "A node whose connection to the "
+        "BYTEPS_SCHEDULER_LOST_GRACE_SECONDS", "float", 0.5, "A node whose connection to the "
         "scheduler closes (the scheduler exited or was killed) fails with PeerLostError naming "
         "it after this long, unless the connection is back by then (a scheduler restarted on "
         "its address); a scheduler that hangs is found by BYTEPS_HEARTBEAT_TIMEOUT_SECONDS.",

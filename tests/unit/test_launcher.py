@@ -716,3 +716,67 @@ def test_a_command_without_local_or_a_dmlc_environment_is_told_what_it_runs():
     assert [s.argv for s in launch.specs] == [("true", "train.py")]
     launch = plan_launch(*parse_args(["--", "true"]), _clean_env(DMLC_NUM_WORKER="1"))
     assert launch.notes == ()   # a DMLC environment: the user chose it
+
+
+def test_a_traceback_is_held_back_until_released_and_other_lines_are_not(tmp_path):
+    """Issue 40 (one failure, one report): bpslaunch's supervisor holds a child's stderr back
+    from a traceback on (the failure report shows the root cause's, the others are
+    summarised); release_held prints it in order, at once or once it is old enough."""
+    import io
+
+    from byteps_like.launcher.procs import Supervisor
+    from tests.support import wait_until
+    go = tmp_path / "go"
+    code = ("import sys, os, time\nprint('before', file=sys.stderr, flush=True)\n"
+            "print('Traceback (most recent call last):', file=sys.stderr, flush=True)\n"
+            "print('ValueError: handled', file=sys.stderr, flush=True)\n"
+            "print('on stdout', flush=True)\n"
+            f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\n")
+    out, err = io.StringIO(), io.StringIO()
+    sup = Supervisor(stdout=out, stderr=err, hold_tracebacks=True)
+    try:
+        child = sup.start("worker 0", [sys.executable, "-c", code], dict(os.environ))
+        assert wait_until(lambda: "ValueError: handled" in child.stderr_tail
+                          and "on stdout" in out.getvalue(), 30), (out.getvalue(),
+                                                                   err.getvalue())
+        assert err.getvalue() == "[worker 0] before\n"   # the traceback is held
+        sup.release_held(older_than=3600)                # not old enough
+        assert "handled" not in err.getvalue()
+        sup.release_held()
+        assert err.getvalue() == ("[worker 0] before\n[worker 0] Traceback (most recent call "
+                                  "last):\n[worker 0] ValueError: handled\n")
+    finally:
+        go.touch()
+        sup.close()
+
+
+def test_the_failure_report_ends_with_the_root_causes_exception_whole():
+    """The report's tail reaches back to the root cause's final exception however long its
+    message, and the final line states it whole (no truncation)."""
+    import collections
+    from types import SimpleNamespace
+
+    from byteps_like.launcher import report
+    long = "x" * 2000
+    tail = ["Traceback (most recent call last):", '  File "t.py", line 1, in <module>',
+            "tensorflow.UnknownError: Graph execution error:", *(["  frame"] * 12),
+            f"byteps_like.errors.PeerLeftError: worker rank 1 ended without join() {long}",
+            "call join()", "\t [[{{node EagerPyFunc}}]]"]
+    child = SimpleNamespace(stderr_tail=collections.deque(tail), returncode=1,
+                            describe=lambda: "worker 0 (pid 7)")
+    other = SimpleNamespace(stderr_tail=collections.deque(), returncode=75,
+                            describe=lambda: "worker 1 (pid 8)")
+    lines = report.failure_report(child, [child, other], set())
+    assert lines[0] == "the other processes: worker 1 (pid 8) exited because of it"
+    assert lines[1].startswith("last stderr lines of worker 0 (pid 7) on ")
+    assert lines[2:-1] == [f"| {ln}" for ln in tail[-10:]]
+    assert lines[-1] == ("error: worker 0 (pid 7) failed first: exit status 1; last stderr: "
+                         f"byteps_like.errors.PeerLeftError: worker rank 1 ended without join() "
+                         f"{long} | call join() | [[{{{{node EagerPyFunc}}}}]]")
+    # a message of 15 more lines: the tail starts where the exception does, not 10 lines up
+    message = ["ValueError: the first line", *(f"line {i}" for i in range(15))]
+    child.stderr_tail = collections.deque(tail[:2] + message)
+    lines = report.failure_report(child, [child], set())
+    assert lines[1:] == [*(f"| {ln}" for ln in message),
+                         "error: worker 0 (pid 7) failed first: exit status 1; last stderr: "
+                         + " | ".join(message)], lines
