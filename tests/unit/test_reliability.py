@@ -207,3 +207,58 @@ def test_a_node_waits_for_the_table_at_info_until_the_startup_warning_time(
     assert [lv for lv, _m in reports] == ["INFO", "INFO", "WARNING", "WARNING", "WARNING"]
     assert all("may still be starting" in m for lv, m in reports if lv == "INFO"), reports
     assert all("not running or not reachable" in m for lv, m in reports if lv == "WARNING")
+
+
+def test_a_node_fails_when_the_schedulers_connection_closes_unless_it_comes_back(zmq_context):
+    """Issue 40: the scheduler's connection closed: the node fails with PeerLostError naming
+    the scheduler once BYTEPS_SCHEDULER_LOST_GRACE_SECONDS pass, unless the connection is back
+    by then (a scheduler restarted on its address: issue 37 relies on this)."""
+    import threading
+
+    from byteps_like.control import ControlClient
+    from byteps_like.errors import PeerLostError
+    from byteps_like.transport import ZmqEndpoint
+    from byteps_like.wire import decode, encode, job_hash
+    from tests.support import free_port, wait_until
+    port = free_port()
+    cfg = load(env={"BYTEPS_SCHEDULER_LOST_GRACE_SECONDS": "4",
+                    "DMLC_PS_ROOT_PORT": str(port)})
+
+    def scheduler() -> ZmqEndpoint:
+        ep = ZmqEndpoint("fake-scheduler", context=zmq_context)
+        ep.bind(f"tcp://127.0.0.1:{port}")
+
+        def answer(route, frames):
+            if decode(frames, 1 << 20).header.type is MsgType.REGISTER:
+                ep.send(route, encode(Header(MsgType.NODE_TABLE, role=Role.SCHEDULER,
+                                             job=job_hash(cfg.cluster.job_id)),
+                                      meta={"rank": 0, "nodes": []}))
+        ep.on_message = answer
+        ep.start()
+        return ep
+
+    sched = scheduler()
+    node_ep = ZmqEndpoint("node", context=zmq_context)
+    node_ep.start()
+    client = ControlClient(cfg, node_ep, Role.SERVER)
+    node_ep.on_message = lambda route, frames: client.handle(decode(frames, 1 << 20))
+    try:
+        registered = threading.Thread(target=client.connect_and_register, daemon=True)
+        registered.start()
+        registered.join(10)
+        assert client.rank == 0 and client._link.up
+        sched.close(linger=0)
+        assert wait_until(lambda: client._link.down_since is not None, 10)
+        sched = scheduler()   # back on its address within the grace
+        assert wait_until(lambda: client._link.up, 10), "the connection did not come back"
+        assert client.fatal is None
+        sched.close(linger=0)   # gone for good: the node fails after the grace
+        assert wait_until(lambda: client.fatal is not None, 10)
+        exc = client.fatal
+        assert isinstance(exc, PeerLostError) and exc.role == "scheduler", exc
+        assert (f"lost the scheduler at tcp://127.0.0.1:{port}: its connection closed (the "
+                "scheduler exited or was killed) and was not back within 4 s") in str(exc)
+        assert time.monotonic() - client._link.down_since >= 4
+    finally:
+        node_ep.close(linger=0)
+        sched.close(linger=0)
