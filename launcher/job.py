@@ -252,7 +252,7 @@ class _Job:
 #: BYTEPS_SCHEDULER_LOST_GRACE_SECONDS, 0.5 s, of its connection closing, naming the scheduler,
 #: and exits), then they are stopped. A scheduler that failed at start leaves nobody to wait
 #: for either.
-SCHEDULER_GONE_GRACE_S = 3.0
+SCHEDULER_GONE_GRACE_S = 2.0
 
 
 def _names(children: Sequence[Child]) -> str:
