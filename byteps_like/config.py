@@ -353,6 +353,18 @@ class TimeoutsConfig:
                                     "inspector: fail the whole job (every node raises "
                                     "PeerLostError naming the missing ranks) once a round has "
                                     "stalled this long; 0 turns it off.", unit="seconds", min=0)
+    scheduler_connect_timeout: float = _s(
+        "BYTEPS_SCHEDULER_CONNECT_TIMEOUT_SECONDS", "float", 15.0, "A node whose connection "
+        "attempts to the scheduler's address get no answer at all (no connection, no refusal: "
+        "an unroutable or firewalled DMLC_PS_ROOT_URI) fails after this long with one error "
+        "naming the address; a scheduler that refuses (not started yet) is waited for up to "
+        "BYTEPS_REGISTER_TIMEOUT_SECONDS. 0 turns it off.", unit="seconds", min=0)
+    scheduler_lost_grace: float = _s(
+        "BYTEPS_SCHEDULER_LOST_GRACE_SECONDS", "float", 0.5, "A node whose connection to the "
+        "scheduler closes (the scheduler exited or was killed) fails with PeerLostError naming "
+        "it after this long, unless the connection is back by then (a scheduler restarted on "
+        "its address); a scheduler that hangs is found by BYTEPS_HEARTBEAT_TIMEOUT_SECONDS.",
+        unit="seconds", min=0)
     startup_warn: float = _s("BYTEPS_STARTUP_WARN_SECONDS", "seconds", 30.0, "While the job "
                              "forms, the scheduler and each node waiting for it log what they "
                              "wait for every 5 s: at INFO while the others may merely be "

@@ -116,6 +116,7 @@ class ControlClient:
         self._lock = threading.Lock()
         self._last_heard = time.monotonic()
         self._heartbeats = False
+        self._link = _Link()       # the scheduler's connection, as ZeroMQ's monitor sees it
 
     # -- sending ----------------------------------------------------------------------------
     def _send(self, mtype: MsgType, meta: dict | None = None, key: int = 0) -> None:
@@ -128,6 +129,8 @@ class ControlClient:
         if address is None:
             resolve_root(self.cfg)  # an unresolvable host fails now, not after the timeout
             address = f"tcp://{c.root_uri}:{c.root_port}"
+        if address.startswith("tcp://") and self.ep.watch_link("scheduler", self._link.event):
+            self.ep.add_timer(_LINK_CHECK_S, lambda: self._check_link(address))
         self.ep.connect("scheduler", address)
         # pgid: bpslaunch starts every process in a session of its own, so a process whose
         # launcher saw it exit is found by it even behind a wrapper script (tell_exited);
@@ -307,9 +310,11 @@ class ControlClient:
         elif h.type is MsgType.PEER_LOST:
             me = (f"{self.role.label} {self.rank}" if self.rank >= 0  # no rank before the table
                   else f"{self.role.label} on {self.host}")
+            pid = meta.get("pid")
             self.fail(PeerLostError(f"{me}: {meta.get('reason', 'a peer was lost')}",
                                      role=meta.get("role"), rank=meta.get("rank"),
-                                     host=meta.get("host")))
+                                     host=meta.get("host"),
+                                     pid=pid if type(pid) is int and pid > 0 else None))
         elif h.type is MsgType.JOIN_DONE:
             self._join_result = dict(meta)
             self._join_done.set()
@@ -348,6 +353,32 @@ class ControlClient:
         else:
             log.warning("%s: unexpected %s from the scheduler", self.role.label, h.type.name)
 
+    def _check_link(self, address: str) -> None:
+        """The scheduler's connection (I/O thread, every _LINK_CHECK_S): closed for longer
+        than BYTEPS_SCHEDULER_LOST_GRACE_SECONDS (not back: a restarted scheduler would be),
+        or its address silent since the first attempt for
+        BYTEPS_SCHEDULER_CONNECT_TIMEOUT_SECONDS."""
+        if self._shutdown.is_set() or self.fatal is not None:
+            return
+        t, link, now = self.cfg.timeouts, self._link, time.monotonic()
+        me = (f"{self.role.label} {self.rank}" if self.rank >= 0
+              else f"{self.role.label} on {self.host}")
+        if link.down_since is not None and now - link.down_since >= t.scheduler_lost_grace:
+            self.fail(PeerLostError(
+                f"{me}: lost the scheduler at {address}: its connection closed (the scheduler "
+                f"exited or was killed) and was not back within {t.scheduler_lost_grace:g} s "
+                "(BYTEPS_SCHEDULER_LOST_GRACE_SECONDS)", role="scheduler", rank=0,
+                host=self.cfg.cluster.root_uri))
+        elif (not link.answered and t.scheduler_connect_timeout > 0
+              and now - link.since >= t.scheduler_connect_timeout):
+            # raised by connect_and_register, which waits for it: said once, not logged too
+            self.fatal = (CommTimeoutError(
+                f"{me}: no answer from the scheduler's address {address} within "
+                f"{t.scheduler_connect_timeout:g} s (BYTEPS_SCHEDULER_CONNECT_TIMEOUT_SECONDS): "
+                "no connection and no refusal, so the address is not reachable from this "
+                "host; check DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT, and that no firewall "
+                "drops the port"))
+
     def _tick(self) -> None:
         if self._shutdown.is_set() or self.fatal is not None:
             return
@@ -362,6 +393,30 @@ class ControlClient:
                 f"{self.role.label} {self.rank}: lost the scheduler at {c.root_uri}:{c.root_port}: "
                 f"no heartbeat for {silent:.1f} s (BYTEPS_HEARTBEAT_TIMEOUT_SECONDS={limit:g})",
                 role="scheduler", rank=0, host=c.root_uri))
+
+
+#: How often the scheduler's connection is looked at (ControlClient._check_link).
+_LINK_CHECK_S = 0.1
+
+
+class _Link:
+    """What ZeroMQ's socket monitor said of a node's connection to the scheduler (events on
+    the I/O thread, read by its timer): whether the address ever answered (a connection or a
+    refusal), and since when an established connection is down (None: it is not)."""
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+        self.answered = False
+        self.up = False
+        self.down_since: float | None = None
+
+    def event(self, what: str) -> None:
+        if what != "down":
+            self.answered = True
+        if what == "up":
+            self.up, self.down_since = True, None
+        elif what == "down" and self.up:
+            self.up, self.down_since = False, time.monotonic()
 
 
 def tell_exited(cfg: Config, exited: Mapping[str, object], *, linger: float = 2.0) -> None:

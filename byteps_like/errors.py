@@ -30,13 +30,13 @@ class CommunicationError(BytePSError):
 
 
 class _FromNode(Exception):
-    """An error about one node of the job: its ``role``, ``rank`` and ``host`` (None where not
-    known) besides the message."""
+    """An error about one node of the job: its ``role``, ``rank``, ``host`` and process id
+    ``pid`` (None where not known) besides the message."""
 
     def __init__(self, message: str, *, role: str | None = None, rank: int | None = None,
-                 host: str | None = None):
+                 host: str | None = None, pid: int | None = None):
         super().__init__(message)
-        self.role, self.rank, self.host = role, rank, host
+        self.role, self.rank, self.host, self.pid = role, rank, host, pid
 
 
 class PeerLostError(_FromNode, CommunicationError):

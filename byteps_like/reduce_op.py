@@ -25,8 +25,24 @@ class ReduceOp(IntEnum):
 Average = ReduceOp.Average
 Sum = ReduceOp.Sum
 
+
+class UnsupportedOp(IntEnum):
+    """Horovod's other reductions, with Horovod's values. They exist so that a Horovod script
+    (``hvd.Adasum``) gets the ``ValueError`` naming the op where it passes one, not an
+    ``AttributeError`` where it names one; no call accepts them."""
+    Adasum = 2
+    Min = 3
+    Max = 4
+    Product = 5
+
+
+Adasum = UnsupportedOp.Adasum
+Min = UnsupportedOp.Min
+Max = UnsupportedOp.Max
+Product = UnsupportedOp.Product
+
 # Horovod's other reductions, by value: named in the refusal
-_UNSUPPORTED = {2: "Adasum", 3: "Min", 4: "Max", 5: "Product"}
+_UNSUPPORTED = {int(op): op.name for op in UnsupportedOp}
 
 
 def resolve_average(op: Any, average: Any, what: str) -> bool:

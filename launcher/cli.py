@@ -400,6 +400,7 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
             servers=args.servers or default_servers(args, env),
             local_size=args.local_size or DEFAULT_LOCAL_SIZE, host=host,
             role_argv=role_overrides)
+        note_overridden_sizes(cluster, env, notes)
         specs = local_cluster_plan(cluster)
         if elastic is not None:
             from .elastic import elastic_worker_specs
@@ -407,6 +408,14 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
     else:
         cfg = _load(env, notes)
         resolve_root(cfg)  # an unresolvable scheduler host: now, not after the registration timeout
+        if command and not any(k.startswith("DMLC_") or k == "BYTEPS_LOCAL_SIZE" for k in env):
+            notes.append(f"note: no --local and no DMLC_* environment: running "
+                         f"{' '.join(os.path.basename(c) for c in command)} as a job of one "
+                         "worker process with no scheduler and no servers; "
+                         "bpslaunch --local --workers N runs a "
+                         "cluster on this machine, and a job of several machines needs "
+                         "DMLC_ROLE, DMLC_NUM_WORKER, DMLC_NUM_SERVER, DMLC_PS_ROOT_URI and "
+                         "DMLC_PS_ROOT_PORT on each (docs/launcher.md)")
         role = cfg.cluster.role
         if role == "worker" and not command:
             raise UsageError("missing the worker command (DMLC_ROLE is "
@@ -482,6 +491,20 @@ def elastic_env(args: argparse.Namespace, env: Mapping[str, str]):
         min_workers=lo, max_workers=hi,
         max_restarts=DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts,
         add_workers=args.add_workers or 0, add_after=args.add_after or 0.0)
+
+
+def note_overridden_sizes(cluster: LocalCluster, env: Mapping[str, str],
+                          notes: list[str]) -> None:
+    """--local sets the job's sizes from its options (or their defaults): say so when the
+    environment exported other ones, which the children do not get."""
+    used = {"DMLC_NUM_WORKER": (cluster.workers, "--workers"),
+            "DMLC_NUM_SERVER": (cluster.servers, "--servers"),
+            "BYTEPS_LOCAL_SIZE": (cluster.local_size, "--local-size")}
+    for name, (value, option) in used.items():
+        exported = env.get(name, "").strip()
+        if exported and exported != str(value):
+            notes.append(f"note: --local runs {option} {value}: ignoring the exported "
+                         f"{name}={exported} (pass {option} {exported} to use it)")
 
 
 def local_job_env(args: argparse.Namespace, env: Mapping[str, str],

@@ -30,8 +30,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from byteps_like.errors import EXIT_PEER_FAILED
-
 from .notify import ExitNotices
 from .plan import ChildSpec, child_environment
 from .procs import (
@@ -42,6 +40,10 @@ from .procs import (
     exit_status_for,
     signal_name,
 )
+from .report import failed_how as _failed_how
+from .report import failure_report
+from .report import failure_summary as _failure_summary
+from .report import secondary as _secondary
 
 EXIT_FAILURE = 1
 EXIT_CANNOT_EXECUTE = 126
@@ -50,10 +52,9 @@ EXIT_TIMEOUT = 124
 #: A scheduler (or server) that exits 2 could not start: a bad setting, its port taken
 #: (byteps_like/roles.py's role_main).
 EXIT_SCHEDULER_CANNOT_START = 2
-#: Lines of the failed child's stderr shown in the report, and on the one-line summary.
-REPORT_TAIL_LINES = 10
-SUMMARY_TAIL_LINES = 3
-_SUMMARY_MAX_CHARS = 600
+#: A traceback a child printed is held back (launcher/report.py) until the job fails, the child
+#: exits 0, or this many seconds pass with the job still running (it went on after printing it).
+HOLD_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def run_job(specs: Sequence[ChildSpec], base_env: Mapping[str, str], settings: J
             stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Start ``specs`` (in order), supervise them to the end and return the exit status."""
     sup = Supervisor(stdout=stdout, stderr=stderr, log_dir=settings.log_dir,
-                     kill_after=settings.kill_after)
+                     kill_after=settings.kill_after, hold_tracebacks=True)
     sup.install_signal_handlers()
     try:
         return _Job(sup, settings).run(specs, base_env)
@@ -91,6 +92,7 @@ class _Job:
         self.specs: dict[Child, ChildSpec] = {}
         self.server_restarts = 0
         self._over_since: float | None = None  # the job was over, lost servers still ran
+        self.stopped: set[Child] = set()   # running when bpslaunch stopped the job
 
     def _start(self, spec: ChildSpec, env: Mapping[str, str], **kw) -> Child:
         # bpslaunch reported misspelt settings already, once for all of them (cli.py, slurm.py)
@@ -137,6 +139,8 @@ class _Job:
             if deadline is not None and now >= deadline:
                 return self._timed_out(_blame(failures))
             for child in exited:
+                if child.returncode == 0:
+                    sup.release_held(children=[child])   # a traceback it went on after
                 if child.returncode != 0 and self._lost_server(child, failures):
                     lost_servers.append(child)
                 elif child.returncode != 0:
@@ -144,12 +148,15 @@ class _Job:
                     self.say(f"{child.describe()} {_failed_how(child)}: "
                              f"{describe_returncode(child.returncode)}")
                     failures.append(child)
-                    if grace_deadline is None:
-                        grace_deadline = now + settings.grace
+                    gone = child.role == "scheduler" and not _secondary(child)
+                    if grace_deadline is None or gone:
+                        grace = (min(settings.grace, SCHEDULER_GONE_GRACE_S) if gone
+                                 else settings.grace)
+                        grace_deadline = min(grace_deadline or now + grace, now + grace)
                         others = len(sup.running())
                         if others:
                             self.say(f"{child.name} {_failed_how(child)}; giving the other "
-                                     f"{others} process(es) {settings.grace:g} s to exit "
+                                     f"{others} process(es) {grace:g} s to exit "
                                      f"before stopping them")
             running = sup.running()
             if failures:
@@ -166,8 +173,10 @@ class _Job:
                     self._stop()
                     break
             else:
+                sup.release_held(HOLD_S)   # tracebacks of children that went on after them
                 workers = [c for c in sup.children if c.role == "worker"]
                 if not running:
+                    sup.release_held()
                     if lost_servers:
                         self.say(f"the job finished without {_names(lost_servers)}, lost "
                                  "along the way (BYTEPS_SERVER_FAILOVER)")
@@ -249,6 +258,7 @@ class _Job:
     # -- outcomes ----------------------------------------------------------------------------
 
     def _stop(self) -> None:
+        self.stopped.update(self.sup.running())
         killed = self.sup.terminate_all()
         if killed:
             self.say(f"sent SIGKILL to {_names(killed)}: still running "
@@ -256,15 +266,16 @@ class _Job:
 
     def _failed(self, child: Child) -> int:
         self._stop()  # grandchildren left in the groups
-        self.sup.sink.mute_children()
-        tail = [line for line in child.stderr_tail if line.strip()]
-        if tail:
-            self.say(f"last stderr lines of {child.describe()}:")
-            for line in tail[-REPORT_TAIL_LINES:]:
-                self.say(f"| {line}")
-        self.say("error: " + ("no process failed on its own; " if _secondary(child) else "")
-                 + _failure_summary(child))
+        self.sup.sink.mute_children()   # what they held back: in the report, or summarised
+        for line in failure_report(child, self.sup.children, self.stopped):
+            self.say(line)
         return exit_status_for(child.returncode) or EXIT_FAILURE
+
+    def _end(self) -> None:
+        """A job ending otherwise than by a failure: stop it, print what was held back."""
+        self._stop()
+        self.sup.release_held()
+        self.sup.sink.mute_children()
 
     def _interrupted(self, first_failure: Child | None) -> int:
         signum = self.sup.signal_received
@@ -272,8 +283,7 @@ class _Job:
         running = self.sup.running()
         if running:
             self.say(f"received {signal_name(signum)}; stopping {_names(running)}")
-        self._stop()
-        self.sup.sink.mute_children()
+        self._end()
         cause = f"interrupted by {signal_name(signum)}"
         if first_failure is not None:
             cause += f" after the first failure: {_failure_summary(first_failure)}"
@@ -282,8 +292,7 @@ class _Job:
 
     def _timed_out(self, first_failure: Child | None) -> int:
         running = self.sup.running()
-        self._stop()
-        self.sup.sink.mute_children()
+        self._end()
         cause = f"job exceeded --timeout {self.settings.timeout:g} s"
         if running:
             cause += f"; stopped {_names(running)}"
@@ -293,44 +302,39 @@ class _Job:
         return EXIT_TIMEOUT
 
     def _shutdown_timed_out(self, running: list[Child]) -> int:
-        self._stop()
-        self.sup.sink.mute_children()
+        self._end()
         self.say(f"error: all workers exited 0 but {_names(running)} did not exit within "
                  f"--timeout-shutdown {self.settings.shutdown_timeout:g} s; stopped them")
         return EXIT_FAILURE
 
     def _cannot_bind(self, exc: AffinityError) -> int:
         started = self.sup.running()
-        self._stop()
-        self.sup.sink.mute_children()
+        self._end()
         self.say(f"error: {exc.strerror}; bpslaunch --no-bind starts without binding"
                  + (f" (stopped {_names(started)})" if started else ""))
         return EXIT_FAILURE
 
     def _cannot_start(self, spec: ChildSpec, exc: OSError) -> int:
         started = self.sup.running()
-        self._stop()
-        self.sup.sink.mute_children()
+        self._end()
         reason = exc.strerror or str(exc)
         self.say(f"error: cannot execute {spec.launch_argv[0]!r} for {spec.name}: {reason}"
                  + (f" (stopped {_names(started)})" if started else ""))
         return EXIT_NOT_FOUND if exc.errno == errno.ENOENT else EXIT_CANNOT_EXECUTE
 
 
+#: A scheduler that failed on its own (killed, crashed; there is no restarting it today): the
+#: other processes get this long to fail on their own (each does within
+#: BYTEPS_SCHEDULER_LOST_GRACE_SECONDS, 0.5 s, of its connection closing, naming the scheduler,
+#: and exits), then they are stopped. A scheduler that failed at start leaves nobody to wait
+#: for either.
+SCHEDULER_GONE_GRACE_S = 2.0
+
+
 def _names(children: Sequence[Child]) -> str:
     if len(children) > 6:
         return f"{len(children)} processes"
     return ", ".join(c.describe() for c in children)
-
-
-def _secondary(child: Child) -> bool:
-    """Whether the child exited only because another process of the job failed."""
-    return child.returncode == EXIT_PEER_FAILED
-
-
-def _failed_how(child: Child) -> str:
-    return ("exited because another process of the job failed" if _secondary(child)
-            else "failed")
 
 
 def _blame(failures: Sequence[Child]) -> Child | None:
@@ -353,23 +357,6 @@ def _blame(failures: Sequence[Child]) -> Child | None:
         if child.role == "scheduler":
             return child
     return failures[0] if failures else None
-
-
-def _failure_summary(child: Child) -> str:
-    """One line: who failed first (or, when no process failed on its own, who reacted to the
-    failure elsewhere), how, and the last few lines of its stderr."""
-    text = (f"{child.describe()} {_failed_how(child)}" if _secondary(child)
-            else f"{child.describe()} failed first")
-    text += f": {describe_returncode(child.returncode)}"
-    tail = [line.strip() for line in child.stderr_tail if line.strip()]
-    if tail:
-        last = " | ".join(tail[-SUMMARY_TAIL_LINES:])
-        if len(last) > _SUMMARY_MAX_CHARS:
-            last = "..." + last[-_SUMMARY_MAX_CHARS:]
-        text += f"; last stderr: {last}"
-    else:
-        text += "; it wrote nothing to stderr"
-    return text
 
 
 __all__ = ["JobSettings", "run_job", "EXIT_FAILURE", "EXIT_TIMEOUT", "EXIT_NOT_FOUND",

@@ -30,7 +30,14 @@ KILL_AFTER_S = 5.0
 #: How often the supervisor polls its children.
 POLL_INTERVAL_S = 0.05
 #: How many of a child's last stderr lines are kept for the failure report.
-TAIL_LINES = 20
+TAIL_LINES = 60
+#: With ``hold_tracebacks`` (bpslaunch's jobs), a child's stderr from a ``Traceback (most
+#: recent call last):`` line on is held back instead of printed: the job's failure report
+#: shows the root cause's, in full and last, and summarises the others'; a child that goes on
+#: (or exits 0) gets its held lines printed after all (``release_held``). At most this many
+#: lines are held per child; more are printed as they come.
+HELD_MAX_LINES = 5000
+TRACEBACK_START = "Traceback (most recent call last):"
 #: How long to wait for a pump thread to drain a pipe after its child exited (a grandchild
 #: may still hold the pipe open, so this is bounded).
 PUMP_JOIN_S = 0.5
@@ -164,6 +171,11 @@ class Child:
     reported: bool = False
     group_gone: bool = False
     log_lock: threading.Lock = field(default_factory=threading.Lock)
+    # stderr held back since a traceback began (Supervisor.hold_tracebacks): the lines, as
+    # they would have been printed, and since when (None: nothing held)
+    held: list[str] | None = None
+    held_since: float = 0.0
+    hold_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def pid(self) -> int:
@@ -192,9 +204,11 @@ class Supervisor:
     """
 
     def __init__(self, *, stdout: TextIO | None = None, stderr: TextIO | None = None,
-                 log_dir: str | os.PathLike | None = None, kill_after: float = KILL_AFTER_S):
+                 log_dir: str | os.PathLike | None = None, kill_after: float = KILL_AFTER_S,
+                 hold_tracebacks: bool = False):
         self.sink = OutputSink(stdout if stdout is not None else sys.stdout,
                                stderr if stderr is not None else sys.stderr)
+        self.hold_tracebacks = hold_tracebacks
         self.children: list[Child] = []
         self.kill_after = kill_after
         self._log_dir = os.fspath(log_dir) if log_dir is not None else None
@@ -263,6 +277,8 @@ class Supervisor:
                     text = text[:-1]
                 if which == "stderr":
                     child.stderr_tail.append(text)
+                    if self.hold_tracebacks and self._hold(child, prefix + text, text):
+                        continue
                 self.sink.child_line(which, prefix + text)
         except (OSError, ValueError):
             pass
@@ -271,6 +287,34 @@ class Supervisor:
                 stream.close()
             except OSError:
                 pass
+
+    def _hold(self, child: Child, line: str, text: str) -> bool:
+        """Hold ``line`` back (True) when a traceback began on the child's stderr."""
+        with child.hold_lock:
+            if child.held is None:
+                if not text.startswith(TRACEBACK_START):
+                    return False
+                child.held, child.held_since = [], time.monotonic()
+            if len(child.held) >= HELD_MAX_LINES:  # no report needs more: print them after all
+                for held in child.held:
+                    self.sink.child_line("stderr", held)
+                child.held = None
+                return False
+            child.held.append(line)
+            return True
+
+    def release_held(self, older_than: float = 0.0,
+                     children: Iterable[Child] | None = None) -> None:
+        """Print the stderr held back of the given (default: all) children whose hold began
+        at least ``older_than`` seconds ago, in order, before any later line of theirs."""
+        now = time.monotonic()
+        for child in list(self.children if children is None else children):
+            with child.hold_lock:
+                if child.held is None or now - child.held_since < older_than:
+                    continue
+                for line in child.held:
+                    self.sink.child_line("stderr", line)
+                child.held = None
 
     # -- watching ------------------------------------------------------------------------------
 

@@ -366,6 +366,8 @@ class Scheduler:
                     self.send(n, MsgType.ERROR, {"kind": ERR_REGISTER, "message": why})
                 self.finish(1, why)
             return
+        if self.phase == "refused":   # a node was refused: the job cannot form
+            self.registration.refused_tick(now)
         if self.phase != "running":
             return
         if self.elastic and self.epochs.tick(now):

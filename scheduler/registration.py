@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Callable
 
+from ..errors import EXIT_PEER_FAILED
 from ..transport import Route
 from ..wire import ERR_REGISTER, MsgType, Role
 from .elastic import Epochs
@@ -48,10 +49,18 @@ class Registration:
         self.epochs = epochs
         # a server registering while the job runs: whether it took a lost server's place
         self.replacement: Callable[[Route, NodeInfo], bool] | None = None
+        # phase "refused" (cannot_form): the PEER_LOST notice, who was told, how many refused
+        self.refused: dict = {}
+        self.told: set[bytes | None] = set()
+        self.refusals = 0
 
     def register(self, route: Route, meta: dict) -> None:
         host = self.host
         c = host.cfg.cluster
+        if host.phase == "refused":  # the job cannot form: a node that comes now is told why
+            self.tell_refused(route)
+            self.refused_tick(time.monotonic())
+            return
         try:  # every field of its type and in range: a registration becomes the node table
             role_name = checked(meta, "role", str)
             if role_name not in ("worker", "server"):
@@ -97,6 +106,8 @@ class Registration:
         if err:
             host.reject(route, "registration refused", err, ERR_REGISTER,
                         log_as=f"a {role.label} from {info.host}: {err}")
+            if host.phase == "register":
+                self.cannot_form(info, err)
             return
         host.nodes[route.ident] = info
         log.info("scheduler: %s joined from %s:%d (%s)", role.label, info.host, info.port,
@@ -142,6 +153,42 @@ class Registration:
         who += f", DMLC_WORKER_ID={info.worker_id})" if info.worker_id is not None else ")"
         return (f"{who} has {' and '.join(wrong)}: every process of a job needs the same "
                 "DMLC_NUM_WORKER and DMLC_NUM_SERVER")
+
+    def cannot_form(self, info: NodeInfo, err: str) -> None:
+        """A node of the forming job was refused: the job can never form as it was started
+        (the refused process exits on its ConfigError). Every registered node, and every node
+        that registers from now on, is told at once (PeerLostError naming the refused node and
+        why) instead of waiting out BYTEPS_REGISTER_TIMEOUT_SECONDS for a node that is not
+        coming; the scheduler ends once every node of the job was told (phase ``refused``),
+        at the latest when the registration would have timed out (:meth:`refused_tick`)."""
+        host = self.host
+        self.refusals += 1
+        if host.phase != "refused":
+            who = f"{info.role.label} on {info.host} (pid {info.pid}"
+            self.refused = {"role": info.role.label, "rank": -1, "host": info.host,
+                            "port": info.port, "pid": info.pid,
+                            "reason": (f"the job cannot form: the scheduler refused {err}"
+                                       if err.startswith(who) else
+                                       f"the job cannot form: the scheduler refused {who}): "
+                                       f"{err}")}
+            log.error("scheduler: %s", self.refused["reason"])
+            host.phase = "refused"
+            for n in host.nodes.values():
+                self.tell_refused(n)
+        self.refused_tick(time.monotonic())
+
+    def tell_refused(self, node: NodeInfo | Route) -> None:
+        self.host.send(node, MsgType.PEER_LOST, self.refused)
+        self.told.add(node.route.ident if isinstance(node, NodeInfo) else node.ident)
+
+    def refused_tick(self, now: float) -> None:
+        """Phase ``refused``: end once every node the job expects was told, or when the
+        registration would have timed out."""
+        host = self.host
+        everyone = sum(host.expected.values())
+        timeout = host.cfg.timeouts.register_timeout
+        if len(self.told) + self.refusals >= everyone or now - host.started > timeout:
+            host.finish(EXIT_PEER_FAILED, self.refused["reason"])
 
     def publish_table(self) -> None:
         host = self.host

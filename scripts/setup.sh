@@ -33,7 +33,9 @@ fi
 # run CMD...: run it, or in a dry run print it
 run() { if [ "$dry" = 1 ]; then echo "+ $*"; else "$@"; fi; }
 # have MODULE: whether .venv imports it already (never in a dry run: it shows a fresh clone)
-have() { [ "$dry" != 1 ] && .venv/bin/python -c "import $1" 2>/dev/null; }
+# (found, not imported: importing torch takes seconds)
+have() { [ "$dry" != 1 ] && .venv/bin/python -c \
+  "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }
 
 if [ "$dry" = 1 ] || [ ! -x .venv/bin/python ]; then run "$PY" -m venv .venv; fi
 PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
@@ -41,6 +43,30 @@ PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 # a multi-GB CUDA build. It serves the PyTorch plugin, the quick start and the gloo baselines of
 # the benchmark.
 have torch || run "${PIP[@]}" torch==2.13.0
+# `pip install -e` rebuilds the C++ extension every time (a minute); it is skipped when this
+# .venv already has byteps_like installed from this tree, built from the same build files and
+# C++ sources by the same interpreter for this profile (or the full one, a superset): the stamp
+# .venv/.byteps_like-<profile>.stamp records what the last install was made from.
+sources_stamp() {
+  { .venv/bin/python -VV; cat pyproject.toml setup.py
+    find csrc -type f | LC_ALL=C sort | while read -r f; do echo "$f"; cat "$f"; done
+  } | sha256sum | cut -d' ' -f1
+}
+installed_here() {
+  .venv/bin/python -c "import os, sys, byteps_like, byteps_like._core
+sys.exit(os.path.dirname(os.path.abspath(byteps_like.__file__)) != os.path.abspath('byteps_like'))" \
+    2>/dev/null
+}
+if [ "$dry" != 1 ] && installed_here; then
+  stamp=$(sources_stamp)
+  for p in "$profile" full; do
+    if [ "$(cat ".venv/.byteps_like-$p.stamp" 2>/dev/null)" = "$stamp" ]; then
+      echo "setup ($profile): byteps_like is installed from this tree and its build files and" \
+           "C++ sources are unchanged since (.venv/.byteps_like-$p.stamp): not rebuilt"
+      exit 0
+    fi
+  done
+fi
 if [ "$profile" = full ]; then
   # TensorFlow (CPU build, with Keras 3) for byteps_like.tensorflow / byteps_like.keras
   have tensorflow || run "${PIP[@]}" "tensorflow-cpu==2.21.*"
@@ -68,4 +94,5 @@ else
   run "${PIP[@]}" -e '.[examples]'  # scikit-learn: the quick start's digits
 fi
 [ "$dry" = 1 ] && exit 0
+sources_stamp > ".venv/.byteps_like-$profile.stamp"
 echo "setup ($profile): $(.venv/bin/python -c 'import byteps_like, byteps_like._core as c, zmq, numpy; print("byteps_like", byteps_like.__version__, "| pyzmq", zmq.__version__, "| numpy", numpy.__version__, "| kernels", c.cpu_features().get("kernel_fp16", "?"))')"

@@ -17,7 +17,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
                       "(or torch itself)") from exc
 
 from ..compression import Compression
-from ..reduce_op import Average, ReduceOp, Sum
+from ..reduce_op import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from ..worker.api import (  # core
     barrier,
     cross_rank,
@@ -141,6 +141,7 @@ __all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank"
            "set_progress",
            "broadcast", "broadcast_", "barrier", "join", "allgather", "is_initialized",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "Average", "Sum",
+           "Adasum", "Min", "Max", "Product",
            "ReduceOp", "SyncBatchNorm", "cross_rank", "cross_size", "SparseEmbedding",
            "SparseEmbeddingBag"]
 

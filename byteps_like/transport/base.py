@@ -63,6 +63,15 @@ class Endpoint(abc.ABC):
         takes this as a no-op."""
         return None
 
+    def watch_link(self, peer: str, fn: Callable[[str], None]) -> bool:
+        """Before ``connect(peer, ...)``: call ``fn`` on the I/O thread with what happens to
+        the first connection to ``peer``: ``"connected"`` (TCP is up), ``"up"`` (the handshake
+        succeeded: the peer answers), ``"refused"`` (an attempt failed; retried),
+        ``"rejected"`` (the handshake failed: wrong keys, another protocol), ``"down"`` (it
+        closed: the peer exited, or the network failed; retried). Returns False where the
+        transport cannot tell (``fn`` is then never called)."""
+        return False
+
     @abc.abstractmethod
     def add_timer(self, interval: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread every ``interval`` seconds."""

@@ -1020,6 +1020,9 @@ class UcxZmqEndpoint(Endpoint):
             self._zmq_peers.add(peer)
             self.zmq.connect(peer, address, connections, routing_id)
 
+    def watch_link(self, peer: str, fn: Callable[[str], None]) -> bool:
+        return self.zmq.watch_link(peer, fn)  # the scheduler's connection is ZeroMQ's
+
     def send(self, route: Route, frames: Sequence[Any]) -> None:
         if route.ident is not None:
             ep = self.ucx if route.ident[:1] == b"U" else self.zmq

@@ -56,6 +56,12 @@ _BACKLOG_RETRY_S = (0.002, 0.05)  # held replies are offered again this often, b
 _MARK = 1 << 20              # a reply handed to ZeroMQ is tracked at least once per this many bytes
 _STALL_S = 0.25              # a client that read nothing this long does not read, for now
 _UNREAD_S = 10.0             # a client over its share that reads nothing this long is disconnected
+#: what the socket monitor of a watched connection (watch_link) reports, in its words
+_LINK_EVENTS = {zmq.EVENT_CONNECTED: "connected", zmq.EVENT_CONNECT_RETRIED: "refused",
+                zmq.EVENT_DISCONNECTED: "down", zmq.EVENT_HANDSHAKE_SUCCEEDED: "up",
+                zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "rejected",
+                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "rejected",
+                zmq.EVENT_HANDSHAKE_FAILED_AUTH: "rejected"}
 _WAITING_MAX = _BUDGET // 2  # requests of clients that are owed replies, waiting, all of them:
                              # past it the listener is not read until half of them are served
                              # (above the quarter those of clients that do not read stay under)
@@ -408,6 +414,10 @@ class ZmqEndpoint(Endpoint):
         self.max_connections = int(max_connections)  # clients of the listening socket; 0: any
         self.drops = Drops(log, name)                # what this endpoint dropped, by reason
         self._monitor: zmq.Socket | None = None
+        # watch_link: a peer's watcher, and each watched connection's monitor -> (its socket,
+        # the watcher)
+        self._watchers: dict[str, Callable[[str], None]] = {}
+        self._links: dict[zmq.Socket, tuple[zmq.Socket, Callable[[str], None]]] = {}
         self._accepted: set[int] = set()             # descriptors of the listener's clients
         self.replies = _Replies(self)    # what the listening socket holds for its clients
         self._port = 0
@@ -526,11 +536,38 @@ class ZmqEndpoint(Endpoint):
                 if routing_id is not None:
                     s.setsockopt(zmq.ROUTING_ID, routing_id if connections == 1
                                  else routing_id + b".%d" % i)
+                fn = self._watchers.get(peer) if i == 0 else None
+                if fn is not None:
+                    self._watch(s, fn)
                 s.connect(address)
                 self._dealers[(peer, i)] = s
                 self._sock_route[s] = Route(peer=peer, conn=i)
                 self._poller.register(s, zmq.POLLIN)
         self._on_io_thread(do)
+
+    def watch_link(self, peer: str, fn: Callable[[str], None]) -> bool:
+        self._watchers[peer] = fn
+        return True
+
+    def _watch(self, s: zmq.Socket, fn: Callable[[str], None]) -> None:
+        addr = f"inproc://bpsl-link-{uuid.uuid4().hex}"
+        s.monitor(addr, zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED
+                  | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        m = self.ctx.socket(zmq.PAIR)
+        m.setsockopt(zmq.LINGER, 0)
+        m.setsockopt(zmq.RCVHWM, 0)
+        m.connect(addr)
+        self._links[m] = (s, fn)
+        self._poller.register(m, zmq.POLLIN)
+
+    def _on_link_event(self, m: zmq.Socket) -> None:
+        frames = m.recv_multipart()
+        event = struct.unpack_from("=H", frames[0])[0]
+        what = _LINK_EVENTS.get(event)
+        if what is not None:
+            self._links[m][1](what)
 
     def connections(self, peer: str) -> int:
         return sum(1 for (p, _i) in self._dealers if p == peer)
@@ -661,6 +698,8 @@ class ZmqEndpoint(Endpoint):
                             self.replies.from_client(sock.recv_multipart(copy=False))
                         elif sock is self._monitor:
                             self._on_monitor_event()
+                        elif sock in self._links:
+                            self._on_link_event(sock)
                         else:
                             self._deliver(self._sock_route[sock], sock.recv_multipart(copy=False))
                         if self._stop or not sock.get(zmq.EVENTS) & zmq.POLLIN:
@@ -685,6 +724,13 @@ class ZmqEndpoint(Endpoint):
                 pass
             self._monitor.close(0)
             self._monitor = None
+        for m, (watched, _fn) in self._links.items():
+            try:
+                watched.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            m.close(0)
+        self._links.clear()
         for s in [self._router, *self._dealers.values()]:
             if s is not None:
                 s.close(self._linger_ms)

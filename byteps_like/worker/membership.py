@@ -20,6 +20,8 @@ Who calls it: the :class:`~byteps_like.worker.runtime.Runtime` facade, in this o
 from __future__ import annotations
 
 import logging
+import os
+import re
 import sys
 import time
 import traceback
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING
 from .. import local
 from ..config import Config, report_unknown_settings
 from ..control import ControlClient, PeerInfo
-from ..errors import CommunicationError, ConfigError, NotInitializedError
+from ..errors import CommunicationError, ConfigError, NotInitializedError, PeerLostError
 from ..partition import ServerAssigner, mixed_mode_weights
 from ..roles import exit_if_peer_failed
 from ..transport import Route, data_scheme, local_peers, make_endpoint
@@ -44,6 +46,51 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("byteps_like.worker")
 
+
+
+#: How long a process that fails because of another one of its torchrun node waits for that
+#: one to be gone before it exits itself (wait_for_the_cause).
+CAUSE_EXIT_WAIT_S = 10.0
+
+
+def brief_exception(tp: type, val: BaseException) -> str:
+    """One line for an exception, for the scheduler's abort notice (which every node logs):
+    ``Type: message`` when the message is one line; else the last line of it that states an
+    exception (``PeerLeftError: ...`` inside TensorFlow's ``UnknownError: Graph execution
+    error:`` and its graph trace), else its first line."""
+    text = "".join(traceback.format_exception_only(tp, val)).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return text
+    stated = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b[^:]*: \S",
+                                             ln)]
+    return (stated[-1] if stated else lines[0])[:1000]
+
+
+def wait_for_the_cause(exc: BaseException | None, host: str) -> None:
+    """Under torchrun: a process that fails because another process of its node failed (a
+    ``PeerLostError`` naming that process's pid on this host) waits, at most CAUSE_EXIT_WAIT_S,
+    until that process is gone (reaped by torchrun) before it exits. torchrun names the first
+    failure it sees as the root cause, and the process that failed on its own is often still
+    reporting when the others have heard of it; torchrun stops the waiting ones itself."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, PeerLostError):
+            break
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    pid = getattr(exc, "pid", None)
+    if exc is None or not pid or pid == os.getpid() or getattr(exc, "host", None) != host:
+        return
+    deadline = time.monotonic() + CAUSE_EXIT_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)   # a zombie counts: torchrun has not seen it exit yet
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            return
+        time.sleep(0.05)
 
 class Membership:
     """One worker's place in the job: its identity, connections and the job's topology."""
@@ -157,8 +204,21 @@ class Membership:
         ep.start()
 
     def register(self) -> None:
-        """Register with the scheduler and wait for the node table."""
-        self.controller.connect_and_register()
+        """Register with the scheduler and wait for the node table. A registration that
+        fails because another process did (the scheduler refused another node, or was lost)
+        makes an uncaught error exit with EXIT_PEER_FAILED, as it would after the table:
+        bpslaunch then blames the process that failed on its own."""
+        try:
+            self.controller.connect_and_register()
+        except CommunicationError:
+            prev = sys.excepthook
+            if not getattr(prev, "_bpsl_peer_exit", False):
+                def hook(tp, val, tb):
+                    prev(tp, val, tb)
+                    exit_if_peer_failed(val)
+                hook._bpsl_peer_exit = True  # type: ignore[attr-defined]
+                sys.excepthook = hook
+            raise
 
     def meet_peers(self, cfg: Config) -> None:
         """With the node table in: take the rank, connect to the local root (a local rank) and
@@ -227,10 +287,12 @@ class Membership:
 
         def hook(tp, val, tb):
             if self.control is not None and live():
-                reason = "".join(traceback.format_exception_only(tp, val)).strip()
-                self.control.abort(f"unhandled {reason}")
+                self.control.abort(f"unhandled {brief_exception(tp, val)}")
                 time.sleep(0.2)  # let the I/O thread flush the abort before exit
             prev(tp, val, tb)
+            if self.cfg is not None and self.cfg.torchrun is not None and \
+                    self.control is not None:
+                wait_for_the_cause(val, self.control.host)
             exit_if_peer_failed(val)  # a lost peer's fault: exit with EXIT_PEER_FAILED
         sys.excepthook = hook
 

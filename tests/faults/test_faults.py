@@ -59,7 +59,9 @@ CASES = [
     ("scheduler", "kill", "push", "PeerLostError", "lost the scheduler",
      r"scheduler \(pid \d+\) failed first: killed by SIGKILL"),
     ("scheduler", "stop", "pull", "PeerLostError", "lost the scheduler", None),
-    ("scheduler", "exception", "rendezvous", "CommTimeoutError", "no node table from the scheduler",
+    # a scheduler that failed on its own: bpslaunch stops the others 2 s later (issue 40),
+    # not after their registration timeout
+    ("scheduler", "exception", "rendezvous", None, None,
      r"scheduler \(pid \d+\) failed first: exit status 1; last stderr: .*injected fault"),
     ("scheduler", "exception", "push", "PeerLostError", "lost the scheduler",
      r"scheduler \(pid \d+\) failed first: exit status 1"),

@@ -146,3 +146,25 @@ def test_the_torch_backend_collectives_uneven_fit_and_round_trip(tmp_path):
     assert "backend torch" in run.out, run.log
     for case in cases:
         check(run, case)
+
+
+def test_uneven_fit_without_join_fails_with_one_short_report_ending_in_the_advice():
+    """Issue 40: fit on uneven shards without JoinCallback fails (the rank with fewer batches
+    ends, the other can never complete its round), and the job prints one report: at most 40
+    lines in all (254 before: TensorFlow's traceback three times), the root cause last and whole,
+    its advice (join()) included."""
+    run = bpslaunch([str(Path(__file__).parent / "workers" / "keras_uneven_fails.py")],
+                    workers=2, servers=1, env=TF_ENV, timeout=TIMEOUT)
+    assert run.rc == 1, run.log
+    printed = (run.out + run.err).splitlines()
+    assert len(printed) <= 40, f"{len(printed)} lines\n{run.log}"
+    last = run.err.splitlines()[-1]
+    assert last.startswith("bpslaunch: error: worker 0 (pid "), run.log
+    assert "failed first: exit status 1; last stderr: byteps_like.errors.PeerLeftError: " \
+        "push_pull of 'DistributedOptimizer." in last, run.log
+    assert "has finished (its script ended without join())" in last, run.log
+    assert "Ranks that run fewer steps must call join() when they are done" in last, run.log
+    assert run.lines("FIT DONE rank 1") and not run.lines("FIT DONE rank 0"), run.log
+    # the failure is told once by the report: no process printed TensorFlow's traceback
+    assert "Traceback (most recent call last)" not in "\n".join(
+        ln for ln in printed if not ln.startswith("bpslaunch: |")), run.log

@@ -67,6 +67,53 @@ def test_worker_killed_mid_run():
     assert not wait_gone(pids), f"processes left behind\n{run.log}"
 
 
+def test_scheduler_killed_mid_run_ends_the_job_within_seconds():
+    """Issue 40: every node sees the scheduler's connection close and fails within
+    BYTEPS_SCHEDULER_LOST_GRACE_SECONDS (0.5 s) naming it; bpslaunch stops whatever is left
+    soon after. The heartbeat timeout is its default, 20 s (the job used to end 21.1 s after the
+    kill, the workers training on meanwhile)."""
+    run = bpslaunch(worker("faults.py", "kill-scheduler"), workers=2, servers=1, timeout=90,
+                    env={"BYTEPS_HEARTBEAT_TIMEOUT_SECONDS": "20"})
+    ended = time.time()
+    assert run.rc == 128 + signal.SIGKILL, run.log   # the scheduler is blamed
+    assert re.search(r"scheduler \(pid \d+\) failed first: killed by SIGKILL", run.err), run.log
+    killed = float(run.lines("KILLING scheduler at")[0].split()[-1])
+    lost = run.lines("PEER_LOST")
+    assert len(lost) == 2, run.log
+    for ln in lost:
+        assert "lost the scheduler" in ln and "connection closed" in ln, ln
+        raised = float(re.search(r" at ([\d.]+) step", ln).group(1))
+        assert raised - killed < 5, ln   # the 0.5 s grace, on loaded machines
+    # 2 s is the target (issue 40, measured in docs/reliability.md); the margin is for CI's 2
+    # loaded cores: the heartbeat timeout (20 s) is what it tells apart
+    assert ended - killed < 8, f"the job ended {ended - killed:.1f} s after the kill\n{run.log}"
+    assert not wait_gone(pids_in(run.out)), f"processes left behind\n{run.log}"
+
+
+def test_a_node_refused_at_registration_ends_the_job_naming_it():
+    """Issue 40: worker 1 was told DMLC_NUM_WORKER=3 in a job of 2. The scheduler refuses it
+    and tells every other node at once (PeerLostError naming it and why, exit 75): the job
+    ends in seconds, bpslaunch blaming the refused worker, with the default registration
+    timeout (120 s: the others used to wait all of it, then blame 'worker ids not seen')."""
+    run = bpslaunch(worker("wrong_size.py"), workers=2, servers=1, timeout=90,
+                    env={"BYTEPS_REGISTER_TIMEOUT_SECONDS": "120"})
+    ended = time.time()
+    assert run.rc == 1, run.log
+    why = ("worker on 127.0.0.1 (pid {pid}, DMLC_WORKER_ID=1) has DMLC_NUM_WORKER=3 but the "
+           "scheduler has DMLC_NUM_WORKER=2")
+    m = re.search(r"worker 1 \(pid (\d+)\) failed first: exit status 1", run.err)
+    assert m, run.log
+    assert "ConfigError: the scheduler refused this worker: " + why.format(pid=m.group(1)) \
+        in run.err, run.log
+    assert re.search(r"\[worker 0\] \[.*ERROR.*\] worker on 127\.0\.0\.1: the job cannot form: "
+                     r"the scheduler refused " + re.escape(why.format(pid=m.group(1))),
+                     run.err), run.log
+    assert re.search(r"worker 0 \(pid \d+\) exited because another process", run.err), run.log
+    started = min(float(ln.split()[-1]) for ln in run.lines("STARTED"))
+    assert ended - started < 10, f"{ended - started:.1f} s\n{run.log}"   # 3 s is the target
+    assert "INIT OK" not in run.out, run.log
+
+
 def test_local_rank_killed_mid_run_leaves_no_shared_memory():
     import glob
     before = set(glob.glob("/dev/shm/bpsl-*"))

@@ -92,3 +92,15 @@ def test_local_rank_0_killed_takes_its_scheduler_with_it():
     pids = pids_in(r.out)
     assert len(pids) == 3, r.log  # both workers and the scheduler
     assert not wait_gone(pids), r.log
+
+
+def test_torchruns_root_cause_is_the_rank_that_failed_first():
+    """Issue 40: rank 1 raises; rank 0 fails because of it (PeerLostError, exit 75) but waits
+    for rank 1's process to be gone before exiting, so torchrun sees rank 1's failure first and
+    its summary's "Root Cause" names rank 1 (it named rank 0, exit 75, before)."""
+    r = run([*torchrun_cmd(), "--standalone", "--nproc_per_node", "2",
+             *worker("torchrun_raise.py")], 90, env(), what="torchrun --standalone")
+    assert r.rc != 0, r.log
+    root = r.err[r.err.index("Root Cause (first observed failure):"):]
+    assert re.search(r"rank\s*: 1 \(local_rank: 1\)\s*\n\s*exitcode\s*: 1 ", root), r.log
+    assert "RuntimeError: rank 1 fails on purpose" in r.err, r.log

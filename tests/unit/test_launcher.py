@@ -642,3 +642,141 @@ def test_setup_refuses_an_unknown_profile():
     p = subprocess.run(["bash", str(SCRIPTS / "setup.sh"), "--tiny"], capture_output=True,
                        text=True, timeout=60, env={**_clean_env(), "SETUP_DRY_RUN": "1"})
     assert p.returncode == 2 and "--tiny" in p.stderr, p.stderr
+
+
+def test_setup_does_not_rebuild_an_unchanged_tree(tmp_path):
+    """Issue 40: re-running the quick start (scripts/setup.sh) does not `pip install -e` (and
+    so rebuild the C++ extension) when byteps_like is installed from this tree and its build
+    files and C++ sources did not change; a changed C++ source is built again. On a copy of
+    the script in a tree of its own, whose .venv/bin/python logs pip's installs instead of
+    running them (and runs everything else with this interpreter)."""
+    import shutil
+    import subprocess
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPTS / "setup.sh", tree / "scripts" / "setup.sh")
+    (tree / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tree / "setup.py").write_text("# build\n")
+    (tree / "csrc").mkdir()
+    (tree / "csrc" / "a.cc").write_text("int a() { return 1; }\n")
+    (tree / "byteps_like").mkdir()
+    (tree / "byteps_like" / "__init__.py").write_text("__version__ = 'test'\n")
+    (tree / "byteps_like" / "_core.py").write_text("def cpu_features():\n    return {}\n")
+    (tree / ".venv" / "bin").mkdir(parents=True)
+    python = tree / ".venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nif [ "$1 $2" = "-m pip" ]; then echo "$*" >> "{tree}/pip.log"; '
+                      f'exit 0; fi\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    env = {**_clean_env(), "PYTHONPATH": str(tree)}
+    env.pop("SETUP_PROFILE", None)
+    env.pop("SETUP_DRY_RUN", None)
+
+    def setup() -> tuple[str, list[str]]:
+        p = subprocess.run(["bash", "scripts/setup.sh", "--minimal"], cwd=tree, env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        log = tree / "pip.log"
+        return p.stdout, [ln for ln in (log.read_text() if log.exists() else "").splitlines()
+                          if " -e " in ln]
+
+    out, installs = setup()
+    assert len(installs) == 1 and installs[0].endswith("-e .[examples]"), installs
+    assert (tree / ".venv" / ".byteps_like-minimal.stamp").is_file()
+    out, installs = setup()   # nothing changed: no install
+    assert len(installs) == 1 and "not rebuilt" in out, (out, installs)
+    (tree / "csrc" / "a.cc").write_text("int a() { return 2; }\n")
+    out, installs = setup()   # a C++ source changed: built again
+    assert len(installs) == 2 and "not rebuilt" not in out, (out, installs)
+    out, installs = setup()
+    assert len(installs) == 2 and "not rebuilt" in out, (out, installs)
+
+
+def test_local_says_which_exported_sizes_it_overrides():
+    """Issue 40: --local sets the sizes from its options; exported ones that differ are named
+    (the children never see them), equal ones are no news."""
+    env = _clean_env(DMLC_NUM_WORKER="4", DMLC_NUM_SERVER="1", BYTEPS_LOCAL_SIZE="3")
+    launch = plan_launch(*parse_args(["--local", "--workers", "2", "--", "true"]), env)
+    assert launch.notes == (
+        "note: --local runs --workers 2: ignoring the exported DMLC_NUM_WORKER=4 (pass "
+        "--workers 4 to use it)",
+        "note: --local runs --local-size 1: ignoring the exported BYTEPS_LOCAL_SIZE=3 (pass "
+        "--local-size 3 to use it)"), launch.notes
+    assert {s.env["DMLC_NUM_WORKER"] for s in launch.specs} == {"2"}
+    env = _clean_env(DMLC_NUM_WORKER="2")
+    assert plan_launch(*parse_args(["--local", "--workers", "2", "--", "true"]), env).notes == ()
+
+
+def test_a_command_without_local_or_a_dmlc_environment_is_told_what_it_runs():
+    """Issue 40: `bpslaunch train.py` alone runs a one-worker job: said, with what to pass."""
+    launch = plan_launch(*parse_args(["--", "true", "train.py"]), _clean_env())
+    (note,) = launch.notes
+    assert note.startswith("note: no --local and no DMLC_* environment: running true train.py "
+                           "as a job of one worker process with no scheduler and no servers; "
+                           "bpslaunch --local --workers N"), note
+    assert [s.argv for s in launch.specs] == [("true", "train.py")]
+    launch = plan_launch(*parse_args(["--", "true"]), _clean_env(DMLC_NUM_WORKER="1"))
+    assert launch.notes == ()   # a DMLC environment: the user chose it
+
+
+def test_a_traceback_is_held_back_until_released_and_other_lines_are_not(tmp_path):
+    """Issue 40 (one failure, one report): bpslaunch's supervisor holds a child's stderr back
+    from a traceback on (the failure report shows the root cause's, the others are
+    summarised); release_held prints it in order, at once or once it is old enough."""
+    import io
+
+    from byteps_like.launcher.procs import Supervisor
+    from tests.support import wait_until
+    go = tmp_path / "go"
+    code = ("import sys, os, time\nprint('before', file=sys.stderr, flush=True)\n"
+            "print('Traceback (most recent call last):', file=sys.stderr, flush=True)\n"
+            "print('ValueError: handled', file=sys.stderr, flush=True)\n"
+            "print('on stdout', flush=True)\n"
+            f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\n")
+    out, err = io.StringIO(), io.StringIO()
+    sup = Supervisor(stdout=out, stderr=err, hold_tracebacks=True)
+    try:
+        child = sup.start("worker 0", [sys.executable, "-c", code], dict(os.environ))
+        assert wait_until(lambda: "ValueError: handled" in child.stderr_tail
+                          and "on stdout" in out.getvalue(), 30), (out.getvalue(),
+                                                                   err.getvalue())
+        assert err.getvalue() == "[worker 0] before\n"   # the traceback is held
+        sup.release_held(older_than=3600)                # not old enough
+        assert "handled" not in err.getvalue()
+        sup.release_held()
+        assert err.getvalue() == ("[worker 0] before\n[worker 0] Traceback (most recent call "
+                                  "last):\n[worker 0] ValueError: handled\n")
+    finally:
+        go.touch()
+        sup.close()
+
+
+def test_the_failure_report_ends_with_the_root_causes_exception_whole():
+    """The report's tail reaches back to the root cause's final exception however long its
+    message, and the final line states it whole (no truncation)."""
+    import collections
+    from types import SimpleNamespace
+
+    from byteps_like.launcher import report
+    long = "x" * 2000
+    tail = ["Traceback (most recent call last):", '  File "t.py", line 1, in <module>',
+            "tensorflow.UnknownError: Graph execution error:", *(["  frame"] * 12),
+            f"byteps_like.errors.PeerLeftError: worker rank 1 ended without join() {long}",
+            "call join()", "\t [[{{node EagerPyFunc}}]]"]
+    child = SimpleNamespace(stderr_tail=collections.deque(tail), returncode=1,
+                            describe=lambda: "worker 0 (pid 7)")
+    other = SimpleNamespace(stderr_tail=collections.deque(), returncode=75,
+                            describe=lambda: "worker 1 (pid 8)")
+    lines = report.failure_report(child, [child, other], set())
+    assert lines[0] == "the other processes: worker 1 (pid 8) exited because of it"
+    assert lines[1].startswith("last stderr lines of worker 0 (pid 7) on ")
+    assert lines[2:-1] == [f"| {ln}" for ln in tail[-10:]]
+    assert lines[-1] == ("error: worker 0 (pid 7) failed first: exit status 1; last stderr: "
+                         f"byteps_like.errors.PeerLeftError: worker rank 1 ended without join() "
+                         f"{long} | call join() | [[{{{{node EagerPyFunc}}}}]]")
+    # a message of 15 more lines: the tail starts where the exception does, not 10 lines up
+    message = ["ValueError: the first line", *(f"line {i}" for i in range(15))]
+    child.stderr_tail = collections.deque(tail[:2] + message)
+    lines = report.failure_report(child, [child], set())
+    assert lines[1:] == [*(f"| {ln}" for ln in message),
+                         "error: worker 0 (pid 7) failed first: exit status 1; last stderr: "
+                         + " | ".join(message)], lines

@@ -136,8 +136,37 @@ def test_a_node_told_another_job_size_is_refused(sched, field, value, text):
     (_route, mtype, err), = sent
     assert mtype is MsgType.ERROR and err["kind"] == "register" and not s.nodes
     assert err["message"].startswith("worker on 10.0.0.7 (pid 42, DMLC_WORKER_ID=1) has " + text)
-    s._register(Route(ident=b"w"), meta, Header(MsgType.REGISTER))   # the right sizes: in
-    assert list(s.nodes) == [b"w"]
+    assert s.phase == "refused" and s.exit_code is None   # the others are yet to be told
+
+
+def test_a_refused_node_ends_the_forming_job_telling_every_node_why(sched):
+    """Issue 40: a node refused while the job forms ends the job at once, every node that has
+    registered or registers later told with PEER_LOST naming the refused node and why, not
+    left to wait out BYTEPS_REGISTER_TIMEOUT_SECONDS."""
+    s, srv, sent = sched
+    s.phase, s.nodes = "register", {}
+    meta = {"role": "worker", "host": "10.0.0.7", "pid": 42, "worker_id": 0, "local_rank": 0,
+            "local_size": 2, "num_worker": 2, "num_server": 1}
+    s._register(Route(ident=b"w0"), meta, Header(MsgType.REGISTER))   # admitted
+    s._register(Route(ident=b"s"), {"role": "server", "host": "h", "pid": 7, "port": 5,
+                                    "num_worker": 2, "num_server": 1}, Header(MsgType.REGISTER))
+    assert set(s.nodes) == {b"w0", b"s"} and not sent
+    s._register(Route(ident=b"bad"), {**meta, "pid": 43, "worker_id": 1, "num_worker": 3},
+                Header(MsgType.REGISTER))
+    refused = "worker on 10.0.0.7 (pid 43, DMLC_WORKER_ID=1) has DMLC_NUM_WORKER=3"
+    (r0, t0, m0), *told = sent
+    assert r0 == Route(ident=b"bad") and t0 is MsgType.ERROR and refused in m0["message"]
+    assert sorted(n.route.ident for n, t, _m in told if t is MsgType.PEER_LOST) == [b"s", b"w0"]
+    assert all(m["reason"].startswith("the job cannot form: the scheduler refused " + refused)
+               for _n, _t, m in told)
+    assert s.phase == "refused" and s.exit_code is None   # 2 of the 4 nodes are still to come
+    sent.clear()
+    for ident in (b"w2", b"w3"):   # later ones are told at once, whatever they send
+        s._register(Route(ident=ident), {**meta, "worker_id": 1, "local_rank": 1},
+                    Header(MsgType.REGISTER))
+    assert [(r.ident, t) for r, t, _m in sent] == [(b"w2", MsgType.PEER_LOST),
+                                                  (b"w3", MsgType.PEER_LOST)]
+    assert s.exit_code == 75 and refused in s.failure   # every node of the job was told
 
 
 # ---- issue 30: quiet start-ups ------------------------------------------------------------
@@ -178,3 +207,58 @@ def test_a_node_waits_for_the_table_at_info_until_the_startup_warning_time(
     assert [lv for lv, _m in reports] == ["INFO", "INFO", "WARNING", "WARNING", "WARNING"]
     assert all("may still be starting" in m for lv, m in reports if lv == "INFO"), reports
     assert all("not running or not reachable" in m for lv, m in reports if lv == "WARNING")
+
+
+def test_a_node_fails_when_the_schedulers_connection_closes_unless_it_comes_back(zmq_context):
+    """Issue 40: the scheduler's connection closed: the node fails with PeerLostError naming
+    the scheduler once BYTEPS_SCHEDULER_LOST_GRACE_SECONDS pass, unless the connection is back
+    by then (a scheduler restarted on its address: issue 37 relies on this)."""
+    import threading
+
+    from byteps_like.control import ControlClient
+    from byteps_like.errors import PeerLostError
+    from byteps_like.transport import ZmqEndpoint
+    from byteps_like.wire import decode, encode, job_hash
+    from tests.support import free_port, wait_until
+    port = free_port()
+    cfg = load(env={"BYTEPS_SCHEDULER_LOST_GRACE_SECONDS": "4",
+                    "DMLC_PS_ROOT_PORT": str(port)})
+
+    def scheduler() -> ZmqEndpoint:
+        ep = ZmqEndpoint("fake-scheduler", context=zmq_context)
+        ep.bind(f"tcp://127.0.0.1:{port}")
+
+        def answer(route, frames):
+            if decode(frames, 1 << 20).header.type is MsgType.REGISTER:
+                ep.send(route, encode(Header(MsgType.NODE_TABLE, role=Role.SCHEDULER,
+                                             job=job_hash(cfg.cluster.job_id)),
+                                      meta={"rank": 0, "nodes": []}))
+        ep.on_message = answer
+        ep.start()
+        return ep
+
+    sched = scheduler()
+    node_ep = ZmqEndpoint("node", context=zmq_context)
+    node_ep.start()
+    client = ControlClient(cfg, node_ep, Role.SERVER)
+    node_ep.on_message = lambda route, frames: client.handle(decode(frames, 1 << 20))
+    try:
+        registered = threading.Thread(target=client.connect_and_register, daemon=True)
+        registered.start()
+        registered.join(10)
+        assert client.rank == 0 and client._link.up
+        sched.close(linger=0)
+        assert wait_until(lambda: client._link.down_since is not None, 10)
+        sched = scheduler()   # back on its address within the grace
+        assert wait_until(lambda: client._link.up, 10), "the connection did not come back"
+        assert client.fatal is None
+        sched.close(linger=0)   # gone for good: the node fails after the grace
+        assert wait_until(lambda: client.fatal is not None, 10)
+        exc = client.fatal
+        assert isinstance(exc, PeerLostError) and exc.role == "scheduler", exc
+        assert (f"lost the scheduler at tcp://127.0.0.1:{port}: its connection closed (the "
+                "scheduler exited or was killed) and was not back within 4 s") in str(exc)
+        assert time.monotonic() - client._link.down_since >= 4
+    finally:
+        node_ep.close(linger=0)
+        sched.close(linger=0)

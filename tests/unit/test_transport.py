@@ -426,3 +426,34 @@ def test_close_with_a_timer_pending_does_not_hang(make_node):
     t0 = time.monotonic()
     close_within(node.ep, WAIT)
     assert time.monotonic() - t0 < WAIT
+
+
+# ------------------------------------------------------------------------------ watch_link
+def test_a_watched_connection_reports_up_down_and_refused(make_node):
+    """Issue 40: the node side of the scheduler's liveness: ZeroMQ's socket monitor on the
+    connection says when the peer answers (up), when its connection closes (down) and when an
+    attempt is refused."""
+    srv = make_node("srv")
+    bound = srv.ep.bind("tcp://127.0.0.1:0")
+    srv.ep.start()
+    cli = make_node("cli")
+    seen: queue.Queue = queue.Queue()
+    assert cli.ep.watch_link("srv", seen.put)
+    cli.ep.start()
+    cli.ep.connect("srv", bound)
+
+    def until(what: str) -> list[str]:
+        got = []
+        while what not in got:
+            got.append(seen.get(timeout=WAIT))
+        return got
+
+    assert "connected" in until("up")
+    close_within(srv.ep, WAIT)   # the peer goes: its connection closes
+    until("down")
+    assert "refused" in until("refused")   # and reconnecting is refused (nothing listens)
+
+
+def test_an_unwatched_connection_has_no_monitor(make_node, address):
+    srv, cli, _bound = start_pair(make_node, address)
+    assert not cli.ep._links

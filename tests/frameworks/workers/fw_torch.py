@@ -273,6 +273,9 @@ def reduce_op(rank, size):
            "not both")
     expect(ValueError, lambda: bps.push_pull(x(), name="op.adasum", op=2), "op=Adasum",
            "Average or Sum")
+    for other in ("Adasum", "Min", "Max", "Product"):   # hvd.Adasum: there, and refused
+        expect(ValueError, lambda: bps.allreduce(x(), name="op.hvd", op=getattr(bps, other)),
+               f"op={other} is not supported")
     expect(TypeError, lambda: bps.push_pull(x(), name="op.bool", op=True), "op must be")
     # gradients: d(loss)/dw = rank + 1 everywhere; weight and bias share a fused bucket
     for op, want in ((bps.Sum, s), (bps.Average, s / size)):

@@ -2,6 +2,7 @@
 
 kill-server  rank 0 SIGKILLs server 0 after a few rounds; everyone keeps pushing
 kill-worker  the last rank SIGKILLs itself after a few rounds (printing ``KILLING MYSELF at T``)
+kill-scheduler  rank 0 SIGKILLs the scheduler after a few rounds (``KILLING scheduler at T``)
 mismatch     the last rank declares tensor 'w' with another shape
 async        asynchronous mode: pushes are deltas, a pull returns the current value
 Prints ``PIDS ...`` (every process of the job, from rank 0), then ``PEER_LOST <message>`` or
@@ -51,13 +52,17 @@ def main():
             if step == 5 and mode == "kill-server" and rank == 0:
                 print(f"KILLING server rank 0 pid {server0.pid}", flush=True)
                 os.kill(server0.pid, signal.SIGKILL)
+            if step == 5 and mode == "kill-scheduler" and rank == 0:
+                scheduler = next(p for p in peers if p.role == "scheduler")
+                print(f"KILLING scheduler at {time.time():.3f}", flush=True)
+                os.kill(scheduler.pid, signal.SIGKILL)
             if step == 5 and mode == "kill-worker" and rank == size - 1:
                 print(f"KILLING MYSELF at {time.time():.3f}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             bps.push_pull(x, name="x", timeout=60)
             time.sleep(0.01)
     except bps.PeerLostError as exc:
-        print(f"PEER_LOST rank {rank}: {exc}", flush=True)
+        print(f"PEER_LOST rank {rank} at {time.time():.3f} step {step}: {exc}", flush=True)
         sys.exit(1)
     print("NO FAILURE SEEN", flush=True)
 
