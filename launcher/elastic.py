@@ -156,6 +156,11 @@ class _ElasticJob(_Job):
                         self._start_worker(template, base_env, "--add-workers")
                 if not running:
                     return self._completed()
+                if not workers and self._only_lost_servers_left(running, now):
+                    self.say(f"stopping {_names(running)}: the job is over (servers the "
+                             "scheduler lost, or a replacement that came too late)")
+                    self._stop()
+                    return self._completed()
                 if not workers and not restart_due:
                     # no worker left: the scheduler ends the job (done, or too few workers)
                     if shutdown_deadline is None:

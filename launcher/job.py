@@ -177,9 +177,7 @@ class _Job:
                 workers = [c for c in sup.children if c.role == "worker"]
                 if not running:
                     sup.release_held()
-                    if lost_servers:
-                        self.say(f"the job finished without {_names(lost_servers)}, lost "
-                                 "along the way (BYTEPS_SERVER_FAILOVER)")
+                    self._finished_without(lost_servers)
                     return 0
                 if workers and all(not c.running for c in workers):
                     if shutdown_deadline is None:
@@ -187,9 +185,10 @@ class _Job:
                     elif now >= shutdown_deadline:
                         return self._shutdown_timed_out(running)
                     if self._only_lost_servers_left(running, now):
-                        self.say(f"stopping {_names(running)}: the job is over and the "
-                                 "scheduler lost them (BYTEPS_SERVER_FAILOVER)")
+                        self.say(f"stopping {_names(running)}: the job is over (servers the "
+                                 "scheduler lost, or a replacement that came too late)")
                         self._stop()
+                        self._finished_without(lost_servers)
                         return 0
             wake_ups = [t for t in (grace_deadline, shutdown_deadline, deadline) if t is not None]
             exited = sup.wait_any(
@@ -231,6 +230,11 @@ class _Job:
             return
         self.say(f"restarted {child.name} as pid {new.pid} (restart {self.server_restarts} of "
                  f"{limit}): it takes the lost server's keys back")
+
+    def _finished_without(self, lost: list[Child]) -> None:
+        if lost:
+            self.say(f"the job finished without {_names(lost)}, lost along the way "
+                     "(BYTEPS_SERVER_FAILOVER)")
 
     def _only_lost_servers_left(self, running: list[Child], now: float) -> bool:
         """The job is over (every worker and the scheduler exited 0), and the servers still

@@ -19,11 +19,14 @@ STEPS = 12
 
 
 def run(tmp_path, tag: str, kills: str = "", *, workers: int = 2, servers: int = 2,
-        local_size: int = 1, compressor: str = "", env: dict | None = None):
+        local_size: int = 1, compressor: str = "", env: dict | None = None,
+        restarts: int = 0, steps: int = STEPS):
+    """The job under bpslaunch --local; ``restarts``: --server-restarts (0 here unless a test
+    is about replacements: a lost server stays lost)."""
     out = tmp_path / tag
-    args = [SCRIPT, str(out), str(STEPS), kills] + ([compressor] if compressor else [])
+    args = [SCRIPT, str(out), str(steps), kills] + ([compressor] if compressor else [])
     r = bpslaunch(args, workers=workers, servers=servers, local_size=local_size,
-                  env=env, timeout=150)
+                  env=env, timeout=150, extra=["--server-restarts", str(restarts)])
     return r, out
 
 
@@ -192,4 +195,25 @@ def test_a_job_with_server_held_tables_fails_naming_them(tmp_path):
     r = bpslaunch(["-c", TABLE_JOB], workers=2, servers=2, timeout=120)
     text = r.out + r.err
     assert r.rc != 0, text
-    assert "PeerLostError" in text and "'emb'" in text and "load the last checkpoint" in text
+    assert "'emb', which are lost with it" in text and "load the last checkpoint" in text
+
+
+def test_a_replacement_takes_its_keys_back(tmp_path, uninterrupted):
+    """bpslaunch starts a lost server again (--server-restarts); the new one takes the lost
+    one's rank, and its keys move back to it at a round boundary. Server 1 then server 0 are
+    lost and replaced, one after the other: the parameters are still bit for bit those of the
+    uninterrupted job."""
+    r, out = run(tmp_path, "k", "3:1:KILL,4:1:WAIT,8:0:KILL,9:2:WAIT", restarts=3, steps=16)
+    text = r.out + r.err
+    assert r.rc == 0, text
+    assert "REPLACED 1" in text and "REPLACED 2" in text, text
+    assert re.search(r"server rank 1 on .* replaces server rank 1 on", text), text
+    assert re.search(r"server rank 0 on .* replaces server rank 0 on", text), text
+    assert len(re.findall(r"a replacement server joined; its keys moved back", text)) == 2
+    assert "restarted server 1 as pid" in text and "restarted server 0 as pid" in text
+    ref_dir = tmp_path / "ref16"
+    ref_dir.mkdir()
+    r2, ref = run(ref_dir, "u", steps=16)
+    assert r2.rc == 0, r2.out + r2.err
+    assert_same(params(out, 0), params(ref, 0))
+    assert_same(params(out, 1), params(ref, 0))
