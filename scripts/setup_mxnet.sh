@@ -2,6 +2,8 @@
 # Create (or refresh) .venv-mxnet: MXNet 1.9.1 with numpy 1.23.5 and byteps_like (editable, with
 # its test and example extras). MXNet 1.9.1, its last release, breaks on numpy >= 1.24, so it
 # cannot share .venv (numpy 2). Idempotent: a stamp of the build inputs skips the reinstall.
+# The editable install builds .venv-mxnet's own _core into its site-packages (setup.py): it never
+# replaces .venv's (which has UCX; this one is built without the ucx extra).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-}
