@@ -13,7 +13,7 @@ fi
 VENV=.venv-mxnet
 [ -x $VENV/bin/python ] || "$PY" -m venv $VENV
 STAMP=$VENV/.byteps_like-stamp
-want=$(cat pyproject.toml setup.py csrc/* scripts/setup_mxnet.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml setup.py byteps_like/_native.py csrc/* scripts/setup_mxnet.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat $STAMP 2>/dev/null)" != "$want" ] || ! $VENV/bin/python -c \
     "import byteps_like._core, byteps_like.server, byteps_like.launcher, pytest, sklearn" \
     2>/dev/null; then
