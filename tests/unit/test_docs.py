@@ -85,6 +85,7 @@ GENERATED = {
 }
 _SPAN = re.compile(r"`([^`\n]+)`")
 _LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\s]+)\)")
+_FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 _EXTENSIONS = {"py", "pyi", "md", "sh", "cc", "h", "toml", "yml", "yaml", "txt", "json", "cfg",
                "ini", "csv", "c", "cpp", "so", "whl", "in", "ipynb"}
 
@@ -120,27 +121,33 @@ def _looks_like_a_path(token: str, tops: set[str]) -> bool:
 
 def named_paths(page: Path, text: str, tops: set[str]) -> list[tuple[str, str, str]]:
     """(path as written, path relative to the repository or "" when outside it, how named)
-    for each repository-looking path in a code span or a link of ``text``. A code span that is
-    the text of a link to a web address names a file of another project: not checked."""
+    for each repository-looking path in a code span, a fenced code block or a link of
+    ``text``. A link is relative to its page; a path in code to the repository's root (where
+    the docs' commands run), to its page when it starts with ./ or ../ and names a file from
+    there, or, for the package's folders, to ``byteps_like/``. A code span
+    that is the text of a link to a web address names a file of another project: not
+    checked."""
     out = []
     external = set()
     for m in _LINK.finditer(text):
-        label, target = m.groups()
+        target = m.group(2)
         if re.match(r"^[a-z][a-z0-9+.\-]*:", target):  # https:, mailto:
             external.add(m.start(1))
             continue
         target = target.split("#")[0]
         if target:
             out.append((target, _inside(page.parent / target), "link"))
-    for m in _SPAN.finditer(text):
-        if m.start() in external or m.start() - 1 in external:
-            continue
-        for raw in m.group(1).split():
+    spans = [m.group(1) for m in _SPAN.finditer(text)
+             if m.start() not in external and m.start() - 1 not in external]
+    spans += [line for block in _FENCED.findall(text) for line in block.splitlines()]
+    for span in spans:
+        for raw in span.split():
             token = _clean(raw)
             if "=" in raw or not _looks_like_a_path(token, tops):
                 continue
-            if token.startswith(("./", "../")):
-                rel = _inside(page.parent / token)
+            if token.startswith(("./", "../")):   # from the root, or from the page
+                rel = next((r for r in (_inside(REPO / token), _inside(page.parent / token))
+                            if r and (REPO / r).exists()), _inside(REPO / token))
             else:   # from the root, or the package's folders named from the package
                 rel = next((r for r in (token, "byteps_like/" + token) if
                             (REPO / r.rstrip("/")).exists() or "*" in r), token)
@@ -196,7 +203,8 @@ def test_the_path_check_sees_what_it_should():
             "`csrc/wire.h:12` `python tests/frameworks/workers/gone.py ops` "
             "`shared/ARCHITECTURE.md` [up](../../elsewhere.md) [ok](architecture.md#roles) "
             "[`horovod/torch/CMakeLists.txt`](https://github.com/horovod/horovod) "
-            "`S/B` `n/a` `.venv/bin/python` `compress.h` `BYTEPS_TRACE_DIR=./trace`")
+            "`S/B` `n/a` `.venv/bin/python` `compress.h` `BYTEPS_TRACE_DIR=./trace`\n"
+            "```bash\npython scripts/no_such_script.py --x 1\n```\n")
     tops = {p.split("/")[0] for p in _tracked()}
     got = {token: rel for token, rel, _how in named_paths(page, text, tops)}
     assert got["byteps_like/wire.py"] == "byteps_like/wire.py"
@@ -209,7 +217,7 @@ def test_the_path_check_sees_what_it_should():
     for name in ("horovod/torch/CMakeLists.txt", "S/B", "n/a", "compress.h", "./trace"):
         assert name not in got, name
     missing = "\n".join(missing_paths([(page, text)]))
-    for gone in ("gone.py", "shared/ARCHITECTURE.md"):
+    for gone in ("gone.py", "shared/ARCHITECTURE.md", "scripts/no_such_script.py"):
         assert gone in missing, missing
     for fine in ("wire.py'", "pipeline.py", ".venv/bin/python"):
         assert fine not in missing, missing
