@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import importlib
 
+from ._native import environment_core_dir as _core_dir
+
 __version__ = "0.1.0"
+
+# an editable install's _core lives in this environment's site-packages, not in this folder
+# (_native.py: one build per environment)
+if (_where := _core_dir(__path__[0])) is not None:
+    __path__.insert(0, _where)
 
 _API = ("Handle", "Runtime", "allgather", "barrier", "cross_rank", "cross_size", "declare",
         "get_pushpull_speed", "init", "join", "local_rank", "local_size", "poll",

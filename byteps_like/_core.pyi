@@ -331,11 +331,15 @@ class UcxRawStream:
         RuntimeError('timed out') after ``timeout`` seconds."""
     def close(self) -> None: ...
 
-# ---- the wire protocol's one definition (csrc/wire.h), read by byteps_like/wire.py ----
+# ---- the wire protocol's and the codec frame's one definitions (csrc/wire.h, csrc/codec.h) ----
 def wire_spec() -> dict[str, Any]:
     """magic (bytes), version, header_size, header: [(field, offset, size, struct code)],
     msg_types / flags / roles: {Python name: value}, dtypes: [(name, itemsize, summable)] in
     code order, contrib_shift, max_meta."""
+def codec_frame_spec() -> dict[str, Any]:
+    """The codec frame's one definition (csrc/codec.h), read by byteps_like/compression.py:
+    magic (bytes), version, header_size, header: [(field, offset, size, struct code)], codecs:
+    [(name, id, the struct code of the header's 4-byte field: "f" or "I")]."""
 def wire_pack_header(type: int, dtype: int, role: int, rank: int, flags: int, job: int,
                      key: int, round: int, count: int, nbytes: int) -> bytes:
     """A header packed by the native data plane's struct (tests)."""

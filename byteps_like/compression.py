@@ -15,7 +15,8 @@ Two kinds of compressor, both immutable descriptions (:class:`Compressor`):
 
 Payloads start with a 20-byte little-endian header: magic ``b"BC"``, version (1), compressor
 id (1 onebit, 2 top-k, 3 random-k, 4 dithering), element count n (u32), step (u64), and one
-4-byte field (onebit: the scale f32; top-k, random-k: k u32; dithering: the norm f32). Every
+4-byte field (onebit: the scale f32; top-k, random-k: k u32; dithering: the norm f32), defined
+once in csrc/codec.h and read here from ``_core.codec_frame_spec()``. Every
 field and the exact payload length are checked on decode; a malformed payload raises
 :class:`CompressionError` and never touches memory outside the buffers (the C++ kernels check
 lengths and indices again, and validate before writing, so a rejected payload leaves an
@@ -59,6 +60,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import _core
+from ._native import REBUILD
 from .config import REGISTERED_PREFIX
 from .errors import BytePSError
 
@@ -236,12 +238,47 @@ class Codec:
         return step
 
 
-MAGIC = b"BC"
-VERSION = 1
-_HDR_F = struct.Struct("<2sBBIQf")
-_HDR_I = struct.Struct("<2sBBIQI")
-HEADER_BYTES = _HDR_F.size  # 20
-_ID_NAMES = {1: "onebit", 2: "topk", 3: "randomk", 4: "dithering"}
+# The frame's one definition lives in csrc/codec.h, which the native data plane compiles and
+# _core.codec_frame_spec() exports: the header's fields (struct codes and offsets), magic,
+# version, and each built-in codec's id and the struct code of its 4-byte field. The structs
+# below are built from it; a codec missing on either side refuses the import
+# (tests/unit/test_codec_frame.py).
+try:
+    _FRAME = _core.codec_frame_spec()
+except AttributeError:  # a _core built before the frame was exported
+    raise ImportError("byteps_like._core has no codec_frame_spec(): it was built from older "
+                      "sources. " + REBUILD) from None
+MAGIC: bytes = _FRAME["magic"]
+VERSION: int = _FRAME["version"]
+HEADER_BYTES: int = _FRAME["header_size"]  # 20
+_BUILTIN = ("onebit", "topk", "randomk", "dithering")  # the codecs this module implements
+_CODEC_IDS: dict[str, int] = {name: cid for name, cid, _code in _FRAME["codecs"]}
+_ID_NAMES = {cid: name for name, cid in _CODEC_IDS.items()}
+
+
+def _frame_struct(field_code: str) -> struct.Struct:
+    """The header as a struct whose 4-byte field reads as ``field_code`` ('f' or 'I'), checked
+    against the C++ struct's offsets and size."""
+    codes, offset = [], 0
+    for name, off, size, code in _FRAME["header"]:
+        code = field_code if name == "field" else code
+        if off != offset or struct.calcsize("<" + code) != size:
+            raise ImportError(f"byteps_like.compression: frame field {name} is at {off} with "
+                              f"{size} bytes in _core, the struct code {code!r} puts it at "
+                              f"{offset} with {struct.calcsize('<' + code)}: rebuild _core")
+        codes.append(code)
+        offset += size
+    if offset != HEADER_BYTES:
+        raise ImportError(f"byteps_like.compression: frame header of {offset} bytes, _core's is "
+                          f"{HEADER_BYTES}: rebuild _core")
+    return struct.Struct("<" + "".join(codes))
+
+
+if sorted(_CODEC_IDS) != sorted(_BUILTIN):
+    raise ImportError(f"byteps_like.compression implements the codecs {sorted(_BUILTIN)}, "
+                      f"_core's frame (csrc/codec.h) defines {sorted(_CODEC_IDS)}: rebuild _core "
+                      "from these sources")
+_HEADERS = {name: _frame_struct(code) for name, _cid, code in _FRAME["codecs"]}
 _U64 = 1 << 64
 
 
@@ -308,8 +345,14 @@ def _check_step(step: Any) -> int:
 
 class _FramedCodec(Codec):
     """A built-in codec: fixed payload size, header with one 4-byte field."""
+    _NAME: ClassVar[str]
     _ID: ClassVar[int]
     _HDR: ClassVar[struct.Struct]
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if "_NAME" in cls.__dict__:   # a concrete codec: its id and header from the frame
+            cls._ID, cls._HDR = _CODEC_IDS[cls._NAME], _HEADERS[cls._NAME]
 
     def __init__(self, n: int, body_bytes: int):
         self.n = n
@@ -360,7 +403,7 @@ class _FramedCodec(Codec):
 
 
 class _OneBitCodec(_FramedCodec):
-    _ID, _HDR = 1, _HDR_F
+    _NAME = "onebit"
 
     def __init__(self, n: int, scaling: bool):
         super().__init__(n, (n + 7) // 8)
@@ -379,8 +422,6 @@ class _OneBitCodec(_FramedCodec):
 
 
 class _SparseCodec(_FramedCodec):
-    _HDR = _HDR_I
-
     def __init__(self, n: int, k: int, body_bytes: int):
         super().__init__(n, body_bytes)
         self.k = k
@@ -395,7 +436,7 @@ class _SparseCodec(_FramedCodec):
 
 class _TopKCodec(_SparseCodec):
     """Payload body: k u32 indices (increasing), then their k float32 values."""
-    _ID = 2
+    _NAME = "topk"
 
     def __init__(self, n: int, k: int):
         super().__init__(n, k, 8 * k)
@@ -418,7 +459,7 @@ class _TopKCodec(_SparseCodec):
 
 class _RandomKCodec(_SparseCodec):
     """Payload body: the k float32 values at the indices drawn from (seed, key, step)."""
-    _ID = 3
+    _NAME = "randomk"
 
     def __init__(self, n: int, k: int, seed: int, key: int):
         super().__init__(n, k, 4 * k)
@@ -449,7 +490,7 @@ class _RandomKCodec(_SparseCodec):
 
 
 class _DitheringCodec(_FramedCodec):
-    _ID, _HDR = 4, _HDR_F
+    _NAME = "dithering"
 
     def __init__(self, n: int, levels: int, natural: bool, l2: bool, seed: int, key: int):
         super().__init__(n, _core.dither_bytes(n, levels))
@@ -944,14 +985,15 @@ def native_params(c: Compressor, n: int) -> list[int] | None:
             ef, c = 1, c.inner
         else:
             break
+    ids = _CODEC_IDS
     if type(c) is OneBit:
-        return [1, ef, int(c.scaling), 0, 0, 0, 0, 0]
+        return [ids["onebit"], ef, int(c.scaling), 0, 0, 0, 0, 0]
     if type(c) is TopK:
-        return [2, ef, 0, _k_count(c.k, n), 0, 0, 0, 0]
+        return [ids["topk"], ef, 0, _k_count(c.k, n), 0, 0, 0, 0]
     if type(c) is RandomK:
-        return [3, ef, 0, _k_count(c.k, n), c.seed, 0, 0, 0]
+        return [ids["randomk"], ef, 0, _k_count(c.k, n), c.seed, 0, 0, 0]
     if type(c) is Dithering:
-        return [4, ef, 0, 0, c.seed, c.levels, int(c.partition == "natural"),
+        return [ids["dithering"], ef, 0, 0, c.seed, c.levels, int(c.partition == "natural"),
                 int(c.normalize == "l2")]
     return None
 

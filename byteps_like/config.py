@@ -20,8 +20,8 @@ from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from .cpulist import CpuListError, format_cpu_list, parse_cpu_list
 from .errors import ConfigError
-from .topology import CpuListError, format_cpu_list, parse_cpu_list
 
 _log = logging.getLogger(__name__)
 

@@ -21,70 +21,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+# the CPU-list syntax lives in its own module, which config.py reads too (no import circle)
+from .cpulist import CpuListError, format_cpu_list, parse_cpu_list
+
 __all__ = ["Topology", "NumaNode", "Gpu", "Nic", "Placement", "RankPlacement", "CpuListError",
            "discover", "place", "parse_cpu_list", "format_cpu_list", "normalize_bus_id",
            "format_bus_id", "allowed_cpus", "cuda_visible"]
 
-#: Largest CPU number a CPU list may name (Linux's NR_CPUS is at most 8192 today).
-MAX_CPU = 65535
 NVIDIA_VENDOR = 0x10DE
 #: PCI base class of display controllers (VGA 0x0300xx and 3D controllers 0x0302xx).
 DISPLAY_CLASS = 0x03
 _BDF_RE = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _BUS_ID_RE = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])")
-_CPU_RANGE_RE = re.compile(r"(\d+)(?:-(\d+))?")
 
 
 # ------------------------------------------------------------------------------ CPU lists
-class CpuListError(ValueError):
-    """Text that is not a CPU list; ``reason`` says why without repeating the text."""
-
-    def __init__(self, text: str, reason: str):
-        super().__init__(f"{text!r} is not a CPU list: {reason} (expected e.g. 0-3,8,10-11)")
-        self.text = text
-        self.reason = reason
-
-
-def parse_cpu_list(text: str) -> tuple[int, ...]:
-    """``"0-3,8,10-11"`` -> ``(0, 1, 2, 3, 8, 10, 11)``: sorted, without duplicates.
-
-    The syntax of Linux's ``cpulist`` files and of ``taskset -c``; spaces around items are
-    allowed and an empty string is the empty list. Raises :class:`CpuListError`.
-    """
-    cpus: set[int] = set()
-    if not text.strip():
-        return ()
-    for item in text.split(","):
-        m = _CPU_RANGE_RE.fullmatch(item.strip())
-        if m is None:
-            reason = "empty item" if not item.strip() else f"{item.strip()!r} is not N or N-M"
-            raise CpuListError(text, reason)
-        lo = int(m[1])
-        hi = lo if m[2] is None else int(m[2])
-        if hi < lo:
-            raise CpuListError(text, f"range {item.strip()} runs backwards")
-        if hi > MAX_CPU:
-            raise CpuListError(text, f"CPU {hi} is beyond {MAX_CPU}")
-        cpus.update(range(lo, hi + 1))
-    return tuple(sorted(cpus))
-
-
-def format_cpu_list(cpus: Iterable[int]) -> str:
-    """``(0, 1, 2, 3, 8)`` -> ``"0-3,8"``; the inverse of :func:`parse_cpu_list`."""
-    items: list[str] = []
-    run: list[int] = []
-    for cpu in sorted(set(cpus)):
-        if run and cpu == run[-1] + 1:
-            run.append(cpu)
-            continue
-        if run:
-            items.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-        run = [cpu]
-    if run:
-        items.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-    return ",".join(items)
-
-
 def allowed_cpus() -> tuple[int, ...] | None:
     """The CPUs this process may run on (its affinity mask, which a container's cpuset or a
     ``taskset`` of the caller narrows), or None where the platform cannot tell."""

@@ -14,34 +14,26 @@ namespace {
 
 const char* id_name(int id) {
   switch (id) {
-    case kOneBit: return "onebit";
-    case kTopK: return "topk";
-    case kRandomK: return "randomk";
-    case kDithering: return "dithering";
+#define BPS_CODEC_NAME(cname, pyname, id, field) \
+  case cname: return #pyname;
+    BPS_CODECS(BPS_CODEC_NAME)
+#undef BPS_CODEC_NAME
     default: return "unknown";
   }
 }
 
 void bad(const std::string& what) { throw std::invalid_argument(what); }
 
-// The header's layout (compression.py: struct "<2sBBIQf" / "<2sBBIQI").
-struct Frame {
-  std::uint8_t id;
-  std::uint32_t n;
-  std::uint64_t step;
-  std::uint32_t field;  // the 4 bytes of the field (a float's bits for onebit and dithering)
-};
-
 void put_header(std::uint8_t* out, int id, std::size_t n, std::uint64_t step,
                 std::uint32_t field) {
-  out[0] = 'B';
-  out[1] = 'C';
-  out[2] = kFrameVersion;
-  out[3] = static_cast<std::uint8_t>(id);
-  const std::uint32_t n32 = static_cast<std::uint32_t>(n);
-  std::memcpy(out + 4, &n32, 4);  // the build is little-endian only (x86-64, aarch64)
-  std::memcpy(out + 8, &step, 8);
-  std::memcpy(out + 16, &field, 4);
+  FrameHeader h;  // codec.h: the frame's one definition
+  std::memcpy(h.magic, kFrameMagic, sizeof h.magic);
+  h.version = kFrameVersion;
+  h.id = static_cast<std::uint8_t>(id);
+  h.n = static_cast<std::uint32_t>(n);
+  h.step = step;
+  h.field = field;
+  std::memcpy(out, &h, sizeof h);
 }
 
 std::uint32_t float_bits(float f) {
@@ -218,13 +210,11 @@ std::uint64_t FramedCodec::decode_impl(const std::uint8_t* p, std::size_t len, f
   if (len != max_bytes_)
     bad(name + " payload has " + std::to_string(len) + " bytes; " + std::to_string(n_) +
         " elements need exactly " + std::to_string(max_bytes_));
-  Frame f;
-  if (p[0] != 'B' || p[1] != 'C' || p[2] != kFrameVersion)
-    bad(name + " payload: bad magic/version; expected b'BC'/" + std::to_string(kFrameVersion));
-  f.id = p[3];
-  std::memcpy(&f.n, p + 4, 4);
-  std::memcpy(&f.step, p + 8, 8);
-  std::memcpy(&f.field, p + 16, 4);
+  FrameHeader f;
+  std::memcpy(&f, p, sizeof f);
+  if (std::memcmp(f.magic, kFrameMagic, sizeof f.magic) != 0 || f.version != kFrameVersion)
+    bad(name + " payload: bad magic/version; expected b'" + std::string(kFrameMagic, 2) + "'/" +
+        std::to_string(kFrameVersion));
   if (f.id != p_.id)
     bad(name + " payload carries compressor id " + std::to_string(f.id) + " (" +
         id_name(f.id) + "), expected " + std::to_string(p_.id));

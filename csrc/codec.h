@@ -1,11 +1,17 @@
 // The framed codecs of byteps_like/compression.py in C++, for the native data plane's server
-// (dataplane_server.cc): a payload is the 20-byte little-endian header -- magic "BC", version
-// (1), compressor id (1 onebit, 2 top-k, 3 random-k, 4 dithering), element count n (u32), step
-// (u64), one 4-byte field (onebit: the scale f32; top-k, random-k: k u32; dithering: the norm
-// f32) -- then the body the kernels of compress.h write. A decoded payload is a peer's: its
-// scale / norm must be finite and >= 0, its values finite, its top-k indices distinct. Byte for byte what compression.py's
-// _FramedCodec writes and reads, so worker-side Python codecs and server-side C++ codecs
-// interoperate (tests/unit/test_native_codec.py holds them together).
+// (dataplane_server.cc): a payload is the 20-byte little-endian header (FrameHeader) -- magic
+// "BC", version (1), compressor id (BPS_CODECS), element count n (u32), step (u64), one 4-byte
+// field (onebit: the scale f32; top-k, random-k: k u32; dithering: the norm f32) -- then the
+// body the kernels of compress.h write. A decoded payload is a peer's: its scale / norm must be
+// finite and >= 0, its values finite, its top-k indices distinct.
+//
+// The frame's one definition is here: compression.py builds its header structs, magic, version
+// and codec ids from _core.codec_frame_spec() (module.cc), which exports FrameHeader and
+// BPS_CODECS, and refuses to import when a codec is missing on either side; so worker-side
+// Python codecs and server-side C++ codecs write and read the same bytes
+// (tests/unit/test_codec_frame.py packs and parses frames both ways, tests/unit/
+// test_native_codec.py compares whole payloads). A change here is a change of the frame: bump
+// kFrameVersion.
 //
 // No JSON here: Python turns a compressor spec into CodecParams (compression.native_params);
 // the server reads them from the declaration's flat "native_codec" array and checks them with
@@ -22,9 +28,34 @@
 namespace bps {
 namespace compress {
 
-constexpr std::size_t kFrameHeader = 20;
+// The built-in codecs: X(C++ id, name (compression.py's), id on the wire, the Python struct
+// code of the header's 4-byte field)
+#define BPS_CODECS(X)                                                                          \
+  X(kOneBit, onebit, 1, "f")       /* field: the scale, f32 */                                 \
+  X(kTopK, topk, 2, "I")           /* field: k, u32 */                                         \
+  X(kRandomK, randomk, 3, "I")     /* field: k, u32 */                                         \
+  X(kDithering, dithering, 4, "f") /* field: the norm, f32 */
+
+#define BPS_CODEC_ID_ITEM(cname, pyname, id, field) cname = id,
+enum CodecId : int { BPS_CODECS(BPS_CODEC_ID_ITEM) };
+#undef BPS_CODEC_ID_ITEM
+
+constexpr char kFrameMagic[2] = {'B', 'C'};
 constexpr std::uint8_t kFrameVersion = 1;
-enum CodecId : int { kOneBit = 1, kTopK = 2, kRandomK = 3, kDithering = 4 };
+// The header: little-endian (the build is little-endian only: x86-64, aarch64), packed, in
+// this order (BPS_FRAME_FIELDS lists the fields for codec_frame_spec()).
+#pragma pack(push, 1)
+struct FrameHeader {
+  char magic[2];
+  std::uint8_t version, id;
+  std::uint32_t n;
+  std::uint64_t step;
+  std::uint32_t field;  // the 4 bytes of the codec's field (a float's bits: onebit, dithering)
+};
+#pragma pack(pop)
+#define BPS_FRAME_FIELDS(X) X(magic) X(version) X(id) X(n) X(step) X(field)
+constexpr std::size_t kFrameHeader = sizeof(FrameHeader);
+static_assert(kFrameHeader == 20, "the codec frame's header is 20 bytes");
 
 struct CodecParams {
   int id = 0;             // CodecId

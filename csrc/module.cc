@@ -857,6 +857,28 @@ py::dict wire_spec() {
   return d;
 }
 
+py::dict codec_frame_spec() {
+  namespace c = compress;
+  py::dict d;
+  d["magic"] = py::bytes(c::kFrameMagic, sizeof c::kFrameMagic);
+  d["version"] = c::kFrameVersion;
+  d["header_size"] = sizeof(c::FrameHeader);
+  py::list fields;
+#define BPS_FIELD(f)                                                                          \
+  fields.append(py::make_tuple(#f, offsetof(c::FrameHeader, f), sizeof(c::FrameHeader::f),    \
+                               dp::StructCode<decltype(c::FrameHeader::f)>::value));
+  BPS_FRAME_FIELDS(BPS_FIELD)
+#undef BPS_FIELD
+  d["header"] = fields;
+  py::list codecs;  // (name, id, the struct code of the header's field)
+#define BPS_CODEC(cname, pyname, id, field) \
+  codecs.append(py::make_tuple(#pyname, static_cast<int>(c::cname), field));
+  BPS_CODECS(BPS_CODEC)
+#undef BPS_CODEC
+  d["codecs"] = codecs;
+  return d;
+}
+
 // A header as the native data plane writes it (magic and version its own).
 py::bytes wire_pack_header(int type, int dtype, int role, std::int32_t rank, std::uint32_t flags,
                            std::uint32_t job, std::uint64_t key, std::int64_t round,
@@ -901,6 +923,10 @@ void bind_wire(py::module_& m) {
         "The wire protocol's definition (csrc/wire.h): magic, version, header size and fields "
         "(name, offset, size, struct code), message types, flags, roles, dtypes (name, "
         "itemsize, summable) in code order, contrib_shift, max_meta.");
+  m.def("codec_frame_spec", &codec_frame_spec,
+        "The codec frame's definition (csrc/codec.h): magic, version, header size and fields "
+        "(name, offset, size, struct code), and the built-in codecs (name, id, the struct code "
+        "of the header's 4-byte field).");
   m.def("wire_pack_header", &wire_pack_header, py::arg("type"), py::arg("dtype"),
         py::arg("role"), py::arg("rank"), py::arg("flags"), py::arg("job"), py::arg("key"),
         py::arg("round"), py::arg("count"), py::arg("nbytes"),

@@ -175,8 +175,10 @@ constexpr bool count_matches(const Header& h, std::size_t isz) {
   return isz != 0 && h.nbytes % isz == 0 && h.count == h.nbytes / isz;
 }
 
-// The Python struct code of a header field's type.
+// The Python struct code of a header field's type (this header's, and the codec frame's:
+// codec.h, _core.codec_frame_spec()).
 template <class T> struct StructCode;
+template <> struct StructCode<char[2]> { static constexpr const char* value = "2s"; };
 template <> struct StructCode<char[4]> { static constexpr const char* value = "4s"; };
 template <> struct StructCode<std::uint8_t> { static constexpr const char* value = "B"; };
 template <> struct StructCode<std::int32_t> { static constexpr const char* value = "i"; };

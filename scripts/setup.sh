@@ -95,4 +95,4 @@ else
 fi
 [ "$dry" = 1 ] && exit 0
 sources_stamp > ".venv/.byteps_like-$profile.stamp"
-echo "setup ($profile): $(.venv/bin/python -c 'import byteps_like, byteps_like._core as c, zmq, numpy; print("byteps_like", byteps_like.__version__, "| pyzmq", zmq.__version__, "| numpy", numpy.__version__, "| kernels", c.cpu_features().get("kernel_fp16", "?"))')"
+echo "setup ($profile): $(.venv/bin/python -c 'import byteps_like, byteps_like._core as c, zmq, numpy; print("byteps_like", byteps_like.__version__, "| pyzmq", zmq.__version__, "| numpy", numpy.__version__, "| kernels", c.cpu_features().get("kernel_fp16", "?"), "| UCX streams", "built" if c.ucx_built() else "not built")')"

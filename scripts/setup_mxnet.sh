@@ -2,6 +2,8 @@
 # Create (or refresh) .venv-mxnet: MXNet 1.9.1 with numpy 1.23.5 and byteps_like (editable, with
 # its test and example extras). MXNet 1.9.1, its last release, breaks on numpy >= 1.24, so it
 # cannot share .venv (numpy 2). Idempotent: a stamp of the build inputs skips the reinstall.
+# The editable install builds .venv-mxnet's own _core into its site-packages (setup.py): it never
+# replaces .venv's (which has UCX; this one is built without the ucx extra).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-}
@@ -11,7 +13,7 @@ fi
 VENV=.venv-mxnet
 [ -x $VENV/bin/python ] || "$PY" -m venv $VENV
 STAMP=$VENV/.byteps_like-stamp
-want=$(cat pyproject.toml setup.py csrc/* scripts/setup_mxnet.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml setup.py byteps_like/_native.py csrc/* scripts/setup_mxnet.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat $STAMP 2>/dev/null)" != "$want" ] || ! $VENV/bin/python -c \
     "import byteps_like._core, byteps_like.server, byteps_like.launcher, pytest, sklearn" \
     2>/dev/null; then

@@ -61,6 +61,10 @@ class RawUcx:
         self._s.close()
 
 
+UCX_EXTRA = ("libucx (the `ucx` extra, which scripts/setup.sh installs into .venv) is "
+             "installed in this environment")
+
+
 def ucx_skip_reason(monkeypatch) -> str:
     """Why the native plane's UCX streams cannot be tested here ("" when they can). UCX runs
     on loopback TCP (UCX_TLS=tcp UCX_NET_DEVICES=lo) unless the environment says otherwise;
@@ -73,3 +77,20 @@ def ucx_skip_reason(monkeypatch) -> str:
         if k not in os.environ:
             monkeypatch.setenv(k, v)
     return ucx_native.unavailable()
+
+
+def require_ucx(monkeypatch) -> None:
+    """Skip a UCX test only in an environment without the `ucx` extra (nothing asked for UCX
+    there); where the extra is installed, UCX streams that cannot load are a broken setup (a
+    _core built before the extra arrived, or shared with another environment), and the test
+    fails naming it instead of skipping."""
+    import importlib.util
+
+    import pytest
+    why = ucx_skip_reason(monkeypatch)
+    if not why:
+        return
+    if importlib.util.find_spec("libucx") is None:
+        pytest.skip(f"UCX streams unavailable, no `ucx` extra here: {why}")
+    pytest.fail(f"{UCX_EXTRA}, but the native plane's UCX streams are unavailable: {why}. "
+                "Build _core again in this environment: `pip install --no-deps -e .`")

@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import netns
-from ._cluster_worker import COMPRESSORS, compressor_label, model_tensors
+from ._cluster_worker import COMPRESSORS, compressor_label
 from .harness import (
     ChildFailed,
     Job,
@@ -58,6 +58,7 @@ from .harness import (
     slowest_median,
 )
 from .report import OthersMeter, markdown_table
+from .vgg16 import model_tensors
 
 PROG = "python -m byteps_like.bench cluster"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

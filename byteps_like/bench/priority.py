@@ -22,8 +22,8 @@ import statistics
 import sys
 import time
 
-from ._cluster_worker import VGG16_LAYERS, model_tensors
 from .report import emit
+from .vgg16 import VGG16_LAYERS, model_tensors
 
 
 def compute_delays(total_compute_s: float) -> tuple[list[float], list[float]]:

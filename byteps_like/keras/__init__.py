@@ -15,8 +15,6 @@ is Keras 3); the Keras logic itself is in :mod:`byteps_like._keras`.
 """
 from __future__ import annotations
 
-from typing import Any
-
 try:
     import keras
 except ImportError as exc:  # pragma: no cover - exercised only without keras
@@ -27,17 +25,7 @@ from .. import _keras as _impl
 from ..compression import Compression
 from ..worker.api import barrier, join, local_rank, local_size, rank, size
 from ..worker.runtime import default_runtime
-
-
-def _make_ops():
-    if keras.backend.backend() == "tensorflow":
-        from ..tensorflow import ops
-        return ops
-    from ._eager_ops import EagerOps
-    return EagerOps(keras)
-
-
-_ops: Any = _make_ops()  # byteps_like.tensorflow.ops or an EagerOps
+from ._backend import ops as _ops  # byteps_like.tensorflow.ops or an EagerOps
 
 
 def init(lazy: bool = True, **overrides) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import keras
 
 from .. import _keras as _impl
-from . import _ops
+from ._backend import ops as _ops
 
 (BroadcastGlobalVariablesCallback, MetricAverageCallback, LearningRateScheduleCallback,
  LearningRateWarmupCallback, JoinCallback) = _impl.callback_classes(keras, _ops, __name__)

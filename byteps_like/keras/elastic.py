@@ -26,7 +26,7 @@ import keras
 from ..errors import MembershipChangedError, TooFewWorkersError
 from ..tensorflow import elastic as _impl
 from ..worker.elastic import ObjectState, State, StateHandler
-from . import _ops
+from ._backend import ops as _ops
 
 run = _impl.run
 

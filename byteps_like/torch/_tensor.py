@@ -6,10 +6,7 @@ import numpy as np
 import torch
 
 from ..worker.sync import GradBuffer
-
-WIRE_DTYPE = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
-              torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64"}
-TORCH_DTYPE = {name: dtype for dtype, name in WIRE_DTYPE.items()}
+from ._dtypes import wire_dtype
 
 _copy_streams: dict = {}
 
@@ -22,14 +19,6 @@ def copy_stream(device: torch.device, purpose: str) -> torch.cuda.Stream:
     if s is None:
         s = _copy_streams[(device, purpose)] = torch.cuda.Stream(device)
     return s
-
-
-def wire_dtype(t: torch.Tensor, what: str = "tensor") -> str:
-    try:
-        return WIRE_DTYPE[t.dtype]
-    except KeyError:
-        raise TypeError(f"{what} has dtype {t.dtype}; push_pull sums "
-                        f"{', '.join(str(d) for d in WIRE_DTYPE)}") from None
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:

@@ -9,7 +9,8 @@ import torch
 
 from ..worker import broadcast as core_broadcast
 from ..worker.runtime import default_runtime
-from ._tensor import WIRE_DTYPE, as_numpy
+from ._dtypes import WIRE_DTYPE
+from ._tensor import as_numpy
 
 
 def _pairs(params) -> list[tuple[str, torch.Tensor]]:

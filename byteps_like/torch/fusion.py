@@ -49,7 +49,8 @@ from ..worker.handle import Handle
 from ..worker.runtime import Runtime
 from ..worker.sync import Bucket, GradBuffer, dtype_layout
 from . import nccl
-from ._tensor import TORCH_DTYPE, WIRE_DTYPE, as_numpy, copy_stream, device_pipelined
+from ._dtypes import TORCH_DTYPE, WIRE_DTYPE
+from ._tensor import as_numpy, copy_stream, device_pipelined
 
 log = logging.getLogger("byteps_like.torch")
 

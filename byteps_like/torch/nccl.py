@@ -28,7 +28,7 @@ import torch
 
 from .. import local
 from ..worker.runtime import Runtime
-from ._tensor import wire_dtype
+from ._dtypes import wire_dtype
 
 _groups: dict = {}
 _registered: dict = {}   # address of a shared reduction buffer -> its length, pinned for CUDA

@@ -5,29 +5,11 @@
 ``inproc://`` addresses the same class is the in-process transport the unit tests use.
 """
 from .base import Endpoint, Route
+from .secret import auth_secret
 from .zmq_transport import CurveKeys, ZmqEndpoint, derive_curve_keys
 
 __all__ = ["CurveKeys", "Endpoint", "Route", "ZmqEndpoint", "auth_secret", "data_scheme",
            "derive_curve_keys", "make_endpoint"]
-
-
-def auth_secret(cfg) -> str:
-    """The job's shared secret: BYTEPS_AUTH_SECRET, else the contents of
-    BYTEPS_AUTH_SECRET_FILE, else "" (authentication off)."""
-    if cfg.auth.secret:
-        return cfg.auth.secret
-    if cfg.auth.secret_file:
-        from ..errors import ConfigError
-        try:
-            with open(cfg.auth.secret_file, encoding="utf-8") as f:
-                secret = f.read().strip()
-        except OSError as exc:
-            raise ConfigError(f"BYTEPS_AUTH_SECRET_FILE={cfg.auth.secret_file!r}: cannot read "
-                              f"the secret ({exc.strerror})") from None
-        if not secret:
-            raise ConfigError(f"BYTEPS_AUTH_SECRET_FILE={cfg.auth.secret_file!r} is empty")
-        return secret
-    return ""
 
 
 def data_scheme(cfg) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..wire import DTYPE_CODE, SUMMABLE
+from .secret import auth_secret
 
 log = logging.getLogger("byteps_like.native")
 
@@ -62,7 +63,6 @@ def auth_key(cfg) -> bytes:
     import hashlib
     import hmac
 
-    from . import auth_secret
     secret = auth_secret(cfg)
     if not secret:
         return b""

@@ -2,14 +2,18 @@
 transfer.
 
 A float tensor pushed with a cast compressor travels, and is summed by the servers, in the
-narrower dtype (float16 or bfloat16), exactly as if the caller had converted it first. Where
-the pipeline carries the tensor partition by partition (a distributed job, one local rank, a
-host tensor) the conversion is part of each partition's itinerary: COMPRESS narrows the
-partition of the caller's input into its slice of the tensor's wire buffer just before its
-push, and DECOMPRESS widens the pulled (and averaged) sum into the caller's output, on the
-codec thread pool (``BYTEPS_CODEC_THREADS``). So partition i converts while partition i-1 is
-on the wire, and nothing is converted in the caller's thread. The conversion is elementwise,
-so the bits are those of a whole-tensor conversion.
+narrower dtype (float16 or bfloat16), exactly as if the caller had converted it first. A
+host tensor of several partitions in a distributed job of one local rank converts partition by
+partition. A float32 one is a single native operation: the native client narrows each
+partition before its push and widens the sum after its pull on its codec threads
+(``_core.NativeCast``; ``Rounds.start``, :mod:`.dataplane`), and nothing here runs for it. For
+another float dtype (float64; bfloat16 under fp16) the conversion is part of each partition's
+itinerary in the pipeline: COMPRESS narrows the partition of the caller's input into its slice
+of the tensor's wire buffer just before its push, and DECOMPRESS widens the pulled (and
+averaged) sum into the caller's output, on the codec thread pool (``BYTEPS_CODEC_THREADS``). So
+partition i converts while partition i-1 is on the wire, and nothing is converted in the
+caller's thread. The conversion is elementwise, so the bits are those of a whole-tensor
+conversion.
 
 Elsewhere (a tensor of one partition, which has nothing to overlap; a standalone job; several
 local ranks per machine, whose local reduction sums the narrowed tensors) the tensor is

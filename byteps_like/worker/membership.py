@@ -2,11 +2,14 @@
 
 :class:`Membership` holds a worker's identity (rank, size, local rank, machine) and its
 connections: the endpoint, the control client that registers with the scheduler and receives
-the node table, the data connections to the servers (only the local root has them), and, with
-several worker processes per machine, the local root's listening socket and the local ranks'
-connections to it (authenticated by a token file, :mod:`byteps_like.transport.local_peers`).
-It also holds what the node table decides about the data path: the routes to each server, the
-server ranks a reply must come from, and the assigner that spreads partitions over servers.
+the node table, the ZeroMQ connections to the servers (only the local root has them; they carry
+the server-held tables' requests, :mod:`.sparse`: a dense tensor's bytes travel on the native
+data plane's own streams, :mod:`.dataplane`), and, with several worker processes per machine,
+the local root's listening socket and the local ranks' connections to it (authenticated by a
+token file, :mod:`byteps_like.transport.local_peers`).
+It also holds what the node table decides about the servers: the routes to each (those ZeroMQ
+connections), the server ranks a reply must come from, and the assigner that spreads partitions
+over servers.
 
 The job-wide operations go through it too: ``barrier``, ``join`` (the rounds the job is at),
 the shutdown handshake (``finish``) and the unhandled-exception hook that aborts the job.
@@ -14,8 +17,8 @@ the shutdown handshake (``finish``) and the unhandled-exception hook that aborts
 Who calls it: the :class:`~byteps_like.worker.runtime.Runtime` facade, in this order:
 :meth:`configure` (``init``), then for a distributed job :meth:`open`, :meth:`register` and
 :meth:`meet_peers` (``Runtime._connect``), and :meth:`close` last at teardown.
-:mod:`.dispatch` checks incoming messages against it; :mod:`.stages` and
-:mod:`.local_reduce` send through its endpoint.
+:mod:`.dispatch` checks incoming messages against it; :mod:`.local_reduce` and :mod:`.sparse`
+send through its endpoint.
 """
 from __future__ import annotations
 

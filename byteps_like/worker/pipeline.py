@@ -8,9 +8,10 @@ observers (tracing, metrics) subscribe to stage start and end without living ins
 Who calls it: :class:`~byteps_like.worker.runtime.Runtime` builds one :class:`Pipeline` when it
 connects, with the stage executors of :mod:`~byteps_like.worker.stages` and
 :mod:`~byteps_like.worker.local_reduce` as its handlers, and submits the tasks of each
-push_pull (``Rounds.start``). Network replies (:mod:`~byteps_like.worker.dispatch`) and native
-completions (:mod:`~byteps_like.worker.dataplane`) move a waiting task on with
-:meth:`Pipeline.advance`; the local reduction's gate with :meth:`Pipeline.resume`.
+push_pull (``Rounds.start``). The native data plane's completions
+(:mod:`~byteps_like.worker.dataplane`) move a task waiting on its PUSH on with
+:meth:`Pipeline.advance`; the local reduction's gate moves a parked one with
+:meth:`Pipeline.resume`.
 """
 from __future__ import annotations
 
@@ -275,8 +276,8 @@ def native_codec_threads(setting: int = 0) -> int:
 
 class Pipeline:
     """Stage threads joined by bounded queues. ``handlers[stage](task)`` does a stage's work and
-    returns True when the task should move on at once, False when something else (a network
-    reply) will call :meth:`advance` for it later."""
+    returns True when the task should move on at once, False when something else (the native
+    data plane's completion) will call :meth:`advance` for it later."""
 
     def __init__(self, handlers: dict[Stage, Callable[[Task], bool]], *, queue_depth: int,
                  on_error: Callable[[Task, BaseException], None],

@@ -174,7 +174,7 @@ def test_theory_formulas():
 
 
 def test_model_tensors_sum_exactly():
-    from byteps_like.bench._cluster_worker import model_tensors
+    from byteps_like.bench.vgg16 import model_tensors
     for mib in (16, 64, 256):
         specs = model_tensors(mib << 20)
         assert sum(c for _n, c, _l in specs) * 4 == mib << 20

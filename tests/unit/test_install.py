@@ -74,3 +74,43 @@ def test_roles_ignore_a_byteps_like_tree_in_the_working_directory(tmp_path):
                            text=True, timeout=120, stdin=subprocess.DEVNULL)
         assert p.returncode == 0 and "shadowed" not in p.stderr, (role, p.stderr)
         assert f"python -m byteps_like.{role}" in p.stdout, p.stdout
+
+
+def test_an_editable_install_keeps_its_core_in_its_environment_not_in_the_tree():
+    """One build per environment: .venv and .venv-mxnet are installed editable from one tree,
+    so a build in the tree would be shared, and replaced by whichever installed last."""
+    import byteps_like
+    from byteps_like import _core
+    from byteps_like._native import CORE_DIR, _cores_in, environment_core_dir
+    pkg = str(REPO / "byteps_like")
+    own = environment_core_dir(pkg)
+    assert own is not None, f"no {CORE_DIR}/ for {pkg} on sys.path: not installed editable here?"
+    assert Path(own).parent in map(Path, site.getsitepackages()), own
+    assert Path(_core.__file__).parent == Path(own), _core.__file__
+    assert byteps_like.__path__[0] == own
+    assert _cores_in(pkg) == [], "a build in the source tree would be shared by environments"
+
+
+def test_the_first_build_on_the_path_for_this_tree_is_the_one_loaded(tmp_path):
+    """Environments see each other's site-packages (a worktree's .venv through a .pth line):
+    a build for another source tree is passed over, the first one for this tree is loaded."""
+    from byteps_like import _core
+    from byteps_like._native import CORE_DIR
+    real = Path(_core.__file__)
+    sites = []
+    for name, source in (("other", tmp_path / "elsewhere" / "byteps_like"),
+                         ("mine", REPO / "byteps_like"), ("later", REPO / "byteps_like")):
+        d = tmp_path / name / CORE_DIR
+        d.mkdir(parents=True)
+        (d / "SOURCE").write_text(f"{source}\n")
+        shutil.copy(real, d / real.name)
+        sites.append(d.parent)
+    code = ("import byteps_like._core as c, byteps_like._native as n; print(c.__file__); "
+            "print(n.environment_core_dir(n.os.path.dirname(n.__file__)))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120,
+                       env={"PYTHONPATH": ":".join(map(str, sites)), "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 0, p.stderr
+    loaded, found = p.stdout.split()
+    assert loaded == str(sites[1] / CORE_DIR / real.name), p.stdout
+    assert found == str(sites[1] / CORE_DIR), p.stdout

@@ -212,11 +212,12 @@ def test_the_worker_package_holds_what_only_workers_run():
             "byteps_like.worker.sync", "byteps_like.worker.api"} <= worker
 
 
-# What the launcher may import besides the standard library. byteps_like.topology and
+# What the launcher may import besides the standard library. byteps_like.topology,
+# byteps_like.cpulist (the CPU-list syntax config and topology both read) and
 # byteps_like.shm_names are allowed because they are themselves held to the same rule (the next
 # test): standard library, config, errors.
 LAUNCHER_DEPS = ("byteps_like.config", "byteps_like.errors", "byteps_like.topology",
-                 "byteps_like.shm_names")
+                 "byteps_like.cpulist", "byteps_like.shm_names")
 
 
 def _imports_outside(src: Source, allowed_prefixes: tuple[str, ...]) -> list[str]:
@@ -266,7 +267,7 @@ def test_what_the_launcher_imports_imports_only_stdlib_config_and_errors():
     for src in SOURCES:
         if src.module in LAUNCHER_DEPS:  # tomli: tomllib's backport, on Python 3.10 only
             bad += _imports_outside(src, (*LAUNCHER_DEPS, "tomli"))
-    _report(bad, "byteps_like.config, .errors, .topology and .shm_names (the launcher's "
+    _report(bad, "byteps_like.config, .errors, .topology, .cpulist and .shm_names (the launcher's "
                  "dependencies) "
                  "import the standard library and each other only")
 
@@ -809,3 +810,100 @@ def test_no_cpp_function_is_over_80_lines():
             if n > MAX_CPP_FUNCTION_LINES:
                 bad.append(f"csrc/{path.name}:{first} {name}: {n} lines")
     _report(bad, f"no C++ function is over {MAX_CPP_FUNCTION_LINES} lines")
+
+
+# ---- no import circles between files ----------------------------------------------------------
+def _type_checking_lines(src: Source) -> set[int]:
+    """Lines of the imports under ``if TYPE_CHECKING:`` (types only: never run)."""
+    lines = set()
+    for node in ast.walk(src.tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            lines |= {n.lineno for stmt in node.body for n in ast.walk(stmt)
+                      if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return lines
+
+
+def import_graph(sources: list[Source]) -> dict[str, set[str]]:
+    """module -> the modules of ``sources`` it imports, wherever in the file (a function's
+    import is a dependency too, only a later one: deferring an import hides a circle, it does
+    not break it), importlib's with a constant name included, TYPE_CHECKING's left out. ``from
+    pkg import name`` counts pkg.name when that is a module, else pkg; the compiled
+    ``byteps_like._core`` is a module that imports none of these."""
+    mods = {s.module for s in sources} | {"byteps_like._core"}
+    graph: dict[str, set[str]] = {}
+    for src in sources:
+        skip = _type_checking_lines(src)
+        deps = set()
+        for line, name in imported_names(src):
+            if line in skip:
+                continue
+            while name and name not in mods:
+                name = name.rpartition(".")[0]
+            if name and name != src.module:
+                deps.add(name)
+        graph[src.module] = deps
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(groups)
+
+
+def test_no_import_circles_between_files():
+    """Two files that import each other (at the top or inside a function) are one unit split in
+    two: move the piece both need into a module of its own (as byteps_like/cpulist.py,
+    transport/secret.py, torch/_dtypes.py, keras/_backend.py, bench/vgg16.py did)."""
+    graph = import_graph(SOURCES)
+    circles = import_circles(graph)
+    _report([" <-> ".join(c) + ": " + "; ".join(f"{a} imports {b}" for a in c
+                                                for b in sorted(graph[a] & set(c)))
+             for c in circles], "import circles between files")
+
+
+def test_the_circle_check_finds_circles_deferred_or_not():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
+    assert import_circles(graph) == [["a", "b", "c"]]
+    code = ("from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from .b import B\n"
+            "def f():\n    from . import b\n    return b\n")
+    a = Source(REPO / "x" / "a.py", "byteps_like/a.py", "byteps_like.a", "byteps_like",
+               ast.parse(code))
+    b = Source(REPO / "x" / "b.py", "byteps_like/b.py", "byteps_like.b", "byteps_like",
+               ast.parse("import byteps_like.a\n"))
+    assert import_graph([a, b]) == {"byteps_like.a": {"byteps_like.b"},
+                                    "byteps_like.b": {"byteps_like.a"}}
+    assert import_circles(import_graph([a, b])) == [["byteps_like.a", "byteps_like.b"]]
+    a_types_only = Source(a.path, a.rel, a.module, a.package,
+                          ast.parse(code.split("def f")[0]))
+    assert import_circles(import_graph([a_types_only, b])) == []

@@ -14,7 +14,7 @@ import pytest
 from byteps_like import _core
 from byteps_like.transport.native import WIRE_CODE, decode_error
 
-from ..native_stream import HDR, RawUcx, closed_by_peer, recv_exact, ucx_skip_reason
+from ..native_stream import HDR, RawUcx, closed_by_peer, recv_exact, require_ucx
 
 JOB = 0xC0FFEE
 MAXMSG = 1 << 28
@@ -29,11 +29,9 @@ STREAM = {"kind": "tcp"}
 def stream(request, monkeypatch):
     """Every test of the module (and of test_native_async) once over TCP streams and once
     over UCX streams (UCX_TLS=tcp on loopback unless the environment says otherwise, read
-    when the process first loads UCX; skipped where _core cannot load UCX)."""
+    when the process first loads UCX; skipped only without the `ucx` extra)."""
     if request.param == "ucx":
-        why = ucx_skip_reason(monkeypatch)
-        if why:
-            pytest.skip(f"UCX streams unavailable: {why}")
+        require_ucx(monkeypatch)
     STREAM["kind"] = request.param
     yield request.param
     STREAM["kind"] = "tcp"

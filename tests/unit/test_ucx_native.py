@@ -3,6 +3,8 @@ cannot load UCX (a ConfigError at start naming what to install: the ucxx engine 
 to is retired), and what _core reports about it."""
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from byteps_like import _core
@@ -10,7 +12,7 @@ from byteps_like.config import load
 from byteps_like.errors import ConfigError
 from byteps_like.transport import native, ucx_native
 
-from ..native_stream import ucx_skip_reason
+from ..native_stream import UCX_EXTRA, ucx_skip_reason
 
 
 @pytest.fixture
@@ -51,3 +53,16 @@ def test_core_says_whether_ucx_streams_are_usable(monkeypatch):
         assert "built without UCX's headers" in why
     elif ucx_native.libucp_path() is not None:
         assert why == "", why   # the wheel is there and _core was built against it
+
+
+def test_an_environment_with_the_ucx_extra_has_a_core_built_with_ucx():
+    """scripts/setup.sh installs the `ucx` extra into .venv and builds _core against its
+    headers; an environment with the extra and a _core without UCX (built before the extra
+    arrived, or another environment's build) fails here rather than skipping the UCX tests."""
+    if importlib.util.find_spec("libucx") is not None:
+        assert _core.ucx_built(), (f"{UCX_EXTRA}, but {_core.__file__} was built without "
+                                   "UCX's headers: build again here, `pip install --no-deps -e .`")
+        assert ucx_native.libucp_path() is not None
+    else:   # an environment without the extra (.venv-mxnet): UCX jobs say what to install
+        with pytest.raises(ConfigError, match=r"install byteps_like\[ucx\]"):
+            native.check(load(env={"BYTEPS_TRANSPORT": "ucx"}))

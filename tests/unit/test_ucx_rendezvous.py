@@ -21,7 +21,7 @@ from byteps_like import _core
 from byteps_like.transport import ucx_native
 from byteps_like.transport.native import WIRE_CODE
 
-from ..native_stream import HDR, RawUcx, ucx_skip_reason
+from ..native_stream import HDR, RawUcx, require_ucx
 
 JOB = 0xBEEF
 MAXMSG = 1 << 28
@@ -33,9 +33,7 @@ WORKER = 2
 
 @pytest.fixture(autouse=True)
 def ucx(monkeypatch):
-    why = ucx_skip_reason(monkeypatch)
-    if why:
-        pytest.skip(f"UCX streams unavailable: {why}")
+    require_ucx(monkeypatch)
 
 
 def server(cleanup, workers: int, *, async_mode: bool = False, tcp: bool = False):
