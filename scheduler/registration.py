@@ -34,9 +34,9 @@ def assign_ranks(nodes: list[NodeInfo], local_size: int) -> None:
                     key=lambda n: (n.host, n.pid, n.local_rank)):
         n.rank = next(free)
     servers = sorted((n for n in nodes if n.role is Role.SERVER), key=lambda n: (n.host, n.port))
-    ids = [n.server_id for n in servers]
-    if all(i is not None for i in ids) and sorted(ids) == list(range(len(servers))):
-        servers.sort(key=lambda n: n.server_id)  # BYTEPS_SERVER_ID, as its launcher named it
+    ids = [-1 if n.server_id is None else n.server_id for n in servers]
+    if sorted(ids) == list(range(len(servers))):  # BYTEPS_SERVER_ID, as its launcher named it
+        servers = [n for _, n in sorted(zip(ids, servers), key=lambda p: p[0])]
     for i, n in enumerate(servers):
         n.rank = i
 
