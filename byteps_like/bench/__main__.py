@@ -9,6 +9,7 @@ Subcommands:
   gil        push_pull while the main thread runs Python (GIL contention), and the loop's rate
   train      real models on synthetic data: byteps_like vs no communication vs DDP (Horovod)
   sparse     a DLRM-shaped model: server-held embedding tables vs the same tables pushed dense
+  failover   a server lost while a real model trains: stall, steps lost, step time after
 
 Their processes run on bpslaunch's plan and supervisor (:mod:`.harness`); what they print is
 :mod:`.report`'s.
@@ -42,6 +43,8 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
               "real models on synthetic data: byteps_like vs local (no communication) vs DDP"),
     "sparse": (_run("sparse"),
                "DLRM-shaped model: server-held embedding tables vs the same tables dense"),
+    "failover": (_run("failover"),
+                 "a server lost while a real model trains: stall, steps lost, step time after"),
 }
 
 
