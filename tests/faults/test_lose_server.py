@@ -219,18 +219,20 @@ def test_a_replacement_takes_its_keys_back(tmp_path, uninterrupted):
     assert_same(params(out, 1), params(ref, 0))
 
 
-def test_bench_failover_reports_a_real_model_losing_and_replacing_a_server(tmp_path):
-    """`python -m byteps_like.bench failover` (the MLP on the CPU): the loss costs no step, the
-    replacement is connected, and the final parameters equal the uninterrupted run's."""
+def test_bench_failover_reports_a_real_model_losing_a_server(tmp_path):
+    """`python -m byteps_like.bench failover` (the MLP on the CPU, no replacement: whether one
+    comes before the last of 16 quick steps is the machine's timing): the loss costs no step
+    and the final parameters equal the uninterrupted run's."""
     import json
     import subprocess
     import sys
     out = tmp_path / "f.json"
     r = subprocess.run([sys.executable, "-m", "byteps_like.bench", "failover", "--model", "mlp",
-                        "--steps", "16", "--batch", "16", "--json", str(out)],
+                        "--steps", "16", "--batch", "16", "--server-restarts", "0",
+                        "--json", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     rec = json.loads(out.read_text())
     assert rec["steps_lost"] == 0 and rec["max_param_diff"] == 0.0, rec
-    assert rec["replaced_at_step"] >= 0, rec
-    assert "| mlp |" in r.stdout.replace("  ", " ") or "mlp" in r.stdout
+    assert rec["replaced_at_step"] == -1 and rec["stall_s"] >= 0, rec
+    assert "run-to-run |dparam|" in r.stdout
