@@ -130,9 +130,11 @@ def job_command(kind: str, info: str, stop: str) -> tuple[list[str], dict[str, s
         env.pop("UCX_NET_DEVICES", None)
         return ([py, "-m", "byteps_like.launcher", "--local", "--workers", "2", "--servers",
                  "1", "--", py, TARGET, info, stop], env)
+    env = clean_env("MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_",
+                    "ROLE_", "TORCHELASTIC_", **FAST_ENV)
     env["BYTEPS_FORCE_DISTRIBUTED"] = "1"   # one machine: push through the job's server
-    return ([py, "-m", "byteps_like.launcher.torchrun", "--standalone", "--nproc-per-node",
-             "2", TARGET, info, stop], env)
+    return ([py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+             TARGET, info, stop], env)
 
 
 def attack(kind: str, tries: int, timeout: float = 240.0) -> dict:
