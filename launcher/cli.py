@@ -650,10 +650,11 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
         print(f"bpslaunch: {note}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     if args.local and launch.segments is not None:  # what killed (SIGKILL) launches left
-        removed = shm.sweep_dead_local_jobs(launch.segments[0])
+        removed = (shm.sweep_dead_local_jobs(launch.segments[0])
+                   + shm.sweep_orphans(launch.segments[0]))   # of any launcher (issue 41)
         if removed:
-            print(f"bpslaunch: removed {len(removed)} shared-memory segment(s) of local jobs "
-                  f"whose bpslaunch was killed from {launch.segments[0]}", file=sys.stderr,
+            print(f"bpslaunch: removed {len(removed)} shared-memory segment(s) of dead jobs "
+                  f"(their processes killed) from {launch.segments[0]}", file=sys.stderr,
                   flush=True)
     try:
         return _run(args, launch)

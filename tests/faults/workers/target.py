@@ -35,7 +35,8 @@ def main() -> int:
                 "scheduler": f"{rt.cfg.cluster.root_uri}:{rt.cfg.cluster.root_port}",
                 "auth": bool(rt.cfg.auth.secret or rt.cfg.auth.secret_file),
                 "job": job_hash(rt.cfg.cluster.job_id),
-                "pids": sorted({p.pid for p in peers} | {os.getpid()})}
+                "pids": sorted({p.pid for p in peers} | {os.getpid()}),
+                "workers": {str(p.rank): p.pid for p in peers if p.role == "worker"}}
         tmp = info_file + ".tmp"
         with open(tmp, "w") as f:
             json.dump(info, f)
