@@ -908,7 +908,8 @@ def _torchrun_job(values: dict[str, tuple[Any, str]],
                       max_restarts=number("TORCHELASTIC_MAX_RESTARTS", 0))
     # one node: everything on this host, nothing reachable from others
     host = job.master_addr if nnodes > 1 else "127.0.0.1"
-    derived = {
+    job_id = f"torchrun-{job.run_id or 'none'}-{port}-{job.restart_count}"
+    derived: dict[str, tuple[Any, str]] = {
         "cluster.num_worker": (nnodes, "torchrun: WORLD_SIZE / LOCAL_WORLD_SIZE"),
         "cluster.worker_id": (node_rank, "torchrun: GROUP_RANK"),
         "cluster.local_rank": (local_rank, "torchrun: LOCAL_RANK"),
@@ -917,12 +918,10 @@ def _torchrun_job(values: dict[str, tuple[Any, str]],
         "cluster.root_uri": (host, "torchrun: MASTER_ADDR" if nnodes > 1
                              else "torchrun: one node"),
         "cluster.root_port": (torchrun_scheduler_port(job), TORCHRUN_PORT_SOURCE),
-        "cluster.job_id": (f"torchrun-{job.run_id or 'none'}-{port}-{job.restart_count}",
-                           "torchrun: TORCHELASTIC_RUN_ID, MASTER_PORT, restart"),
+        "cluster.job_id": (job_id, "torchrun: TORCHELASTIC_RUN_ID, MASTER_PORT, restart"),
     }
     if nnodes == 1 and _torchrun_makes_secret(values):
-        derived["auth.secret_file"] = (torchrun_secret_path(derived["cluster.job_id"][0]),
-                                       TORCHRUN_SECRET_SOURCE)
+        derived["auth.secret_file"] = (torchrun_secret_path(job_id), TORCHRUN_SECRET_SOURCE)
     for path, value in derived.items():
         if values[path][1] == "default":
             values[path] = value

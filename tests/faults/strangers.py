@@ -120,24 +120,29 @@ def on_loopback(addr: str) -> bool:
     return host.startswith("127.") or host == "::1" or host == "::ffff:127.0.0.1"
 
 
-def job_command(kind: str, info: str, stop: str) -> tuple[list[str], dict[str, str]]:
+def job_command(kind: str, info: str, stop: str,
+                no_auth: bool = False) -> tuple[list[str], dict[str, str]]:
     """The job to attack: bpslaunch --local over UCX (UCX_TLS=tcp, its default
-    authentication), or a single-node torchrun job of two processes (its default too)."""
+    authentication), or a single-node torchrun job of two processes (its default too);
+    ``no_auth``: opted out by name (--no-auth, BYTEPS_AUTH_OFF=1), to show what a stranger
+    gets from a job without a secret."""
     env = clean_env(**FAST_ENV)
     py = sys.executable
     if kind == "ucx":
         env.update({"BYTEPS_TRANSPORT": "ucx", "UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n"})
         env.pop("UCX_NET_DEVICES", None)
         return ([py, "-m", "byteps_like.launcher", "--local", "--workers", "2", "--servers",
-                 "1", "--", py, TARGET, info, stop], env)
+                 "1", *(["--no-auth"] if no_auth else []), "--", py, TARGET, info, stop], env)
     env = clean_env("MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_",
                     "ROLE_", "TORCHELASTIC_", **FAST_ENV)
     env["BYTEPS_FORCE_DISTRIBUTED"] = "1"   # one machine: push through the job's server
+    if no_auth:
+        env["BYTEPS_AUTH_OFF"] = "1"
     return ([py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
              TARGET, info, stop], env)
 
 
-def attack(kind: str, tries: int, timeout: float = 240.0) -> dict:
+def attack(kind: str, tries: int, timeout: float = 240.0, no_auth: bool = False) -> dict:
     """Start the job, wait for its info, attack it ``tries`` times, stop it, and report."""
     if kind == "ucx":   # the stranger's own UCX: TCP on loopback
         for k, v in {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo",
@@ -149,7 +154,7 @@ def attack(kind: str, tries: int, timeout: float = 240.0) -> dict:
             raise RuntimeError(f"UCX streams unavailable here: {why}")
     with tempfile.TemporaryDirectory(prefix="bpsl-stranger-") as tmp:
         info_path, stop = os.path.join(tmp, "info.json"), os.path.join(tmp, "stop")
-        cmd, env = job_command(kind, info_path, stop)
+        cmd, env = job_command(kind, info_path, stop, no_auth)
         proc = spawn(cmd, env)
         result: dict = {"kind": kind, "tries": 0, "accepted": 0}
         try:
@@ -187,8 +192,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", choices=("ucx", "torchrun"))
     ap.add_argument("--tries", type=int, default=10000)
+    ap.add_argument("--no-auth", action="store_true",
+                    help="attack a job that opted out of authentication (the 'before')")
     a = ap.parse_args(argv)
-    r = attack(a.kind, a.tries)
+    r = attack(a.kind, a.tries, no_auth=a.no_auth)
     r.pop("log")
     print(json.dumps(r))
     return 0 if r["accepted"] == 0 and r["rc"] == 0 and not r["wrong"] else 1
