@@ -8,8 +8,9 @@ secret, tries to push forged values into a running job; and what a job listens o
 start a job (a ``bpslaunch --local`` job over UCX with ``UCX_TLS=tcp``, or a single-node
 torchrun job), attack it while it runs rounds of an exact int64 sum
 (tests/faults/workers/target.py), and print one JSON line: tries, accepted (streams the
-server answered past the hello), refused, the job's rounds and whether every sum was exact,
-and the job's listening sockets that are not on loopback.
+server answered past the hello), the job's rounds and whether every sum was exact, the job's
+listening sockets that are not on loopback, and whether a plain ZeroMQ client gets through
+the scheduler's handshake (``scheduler``: "refused" under CURVE).
 """
 from __future__ import annotations
 
@@ -80,6 +81,33 @@ def _try(s, job: int, push: bytes, attempt: int) -> bool:
     s.sendall(native_msg(NATIVE_HELLO, 0, job, flags=FLAG_AUTH, nbytes=32) + os.urandom(32))
     s.sendall(push)
     return bool(_recv(s, HDR.size))
+
+
+def control_handshake(address: str, timeout: float = 20.0) -> str:
+    """A plain ZeroMQ client (no CURVE keys) at a job's ZeroMQ socket (the scheduler's):
+    "refused" when the handshake fails (a CURVE server refuses a client without the keys, so
+    none of its messages reaches the application), "open" when it succeeds (its messages
+    would be read). Waits for the handshake's event, ``timeout`` at most ("no answer")."""
+    import zmq
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                  | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    try:
+        sock.connect(f"tcp://{address}")
+        if not mon.poll(int(timeout * 1000)):
+            return "no answer"
+        from zmq.utils.monitor import recv_monitor_message
+        event = recv_monitor_message(mon)["event"]
+        return "open" if event == zmq.EVENT_HANDSHAKE_SUCCEEDED else "refused"
+    finally:
+        sock.disable_monitor()
+        mon.close(0)
+        sock.close(0)
+        ctx.term()
 
 
 def listening_sockets(pids: list[int]) -> list[str]:
@@ -172,7 +200,8 @@ def attack(kind: str, tries: int, timeout: float = 240.0, no_auth: bool = False)
             server = info["servers"][0]
             sockets = listening_sockets(info["pids"])
             result.update(auth=info["auth"], listening=sockets,
-                          non_loopback=[a for a in sockets if not on_loopback(a)])
+                          non_loopback=[a for a in sockets if not on_loopback(a)],
+                          scheduler=control_handshake(info["scheduler"]))
             t0 = time.monotonic()
             for i in range(tries):
                 result["tries"] += 1

@@ -20,6 +20,7 @@ def test_a_stranger_cannot_push_into_a_local_ucx_job():
     log = r.pop("log")
     assert r["auth"], log                       # the secret was made for the job
     assert r["tries"] == 100 and r["accepted"] == 0, r
+    assert r["scheduler"] == "refused", r       # the control plane is on CURVE too
     assert r["non_loopback"] == [] and r["listening"], r
     assert r["rc"] == 0 and len(r["exact"]) == 2 and not r["wrong"], log
     # every try was refused by the proof of the secret, and the server said so
@@ -35,6 +36,7 @@ def test_a_stranger_cannot_push_into_a_single_node_torchrun_job():
     log = r.pop("log")
     assert r["auth"], log
     assert r["tries"] == 200 and r["accepted"] == 0, r
+    assert r["scheduler"] == "refused", r
     assert r["non_loopback"] == [] and r["listening"], r
     assert r["rc"] == 0 and len(r["exact"]) == 2 and not r["wrong"], log
     assert log.count("authenticated with a one-time secret of the job") == 1, log
