@@ -207,6 +207,7 @@ def attack(kind: str, tries: int, timeout: float = 240.0, no_auth: bool = False)
                 result["tries"] += 1
                 result["accepted"] += forged_push(kind, server["data_port"], info["job"], i)
             result["attack_s"] = round(time.monotonic() - t0, 1)
+            result["job_ran_throughout"] = proc.poll() is None   # every try met a live job
         finally:
             Path(stop).touch()
             if proc.returncode is None:
@@ -227,7 +228,8 @@ def main(argv=None) -> int:
     r = attack(a.kind, a.tries, no_auth=a.no_auth)
     r.pop("log")
     print(json.dumps(r))
-    return 0 if r["accepted"] == 0 and r["rc"] == 0 and not r["wrong"] else 1
+    return 0 if (r["accepted"] == 0 and r["rc"] == 0 and not r["wrong"]
+                 and r["job_ran_throughout"]) else 1
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ def test_a_stranger_cannot_push_into_a_local_ucx_job():
     r = attack("ucx", tries=100)
     log = r.pop("log")
     assert r["auth"], log                       # the secret was made for the job
-    assert r["tries"] == 100 and r["accepted"] == 0, r
+    assert r["tries"] == 100 and r["accepted"] == 0 and r["job_ran_throughout"], r
     assert r["scheduler"] == "refused", r       # the control plane is on CURVE too
     assert r["non_loopback"] == [] and r["listening"], r
     assert r["rc"] == 0 and len(r["exact"]) == 2 and not r["wrong"], log
@@ -35,7 +35,7 @@ def test_a_stranger_cannot_push_into_a_single_node_torchrun_job():
     r = attack("torchrun", tries=200)
     log = r.pop("log")
     assert r["auth"], log
-    assert r["tries"] == 200 and r["accepted"] == 0, r
+    assert r["tries"] == 200 and r["accepted"] == 0 and r["job_ran_throughout"], r
     assert r["scheduler"] == "refused", r
     assert r["non_loopback"] == [] and r["listening"], r
     assert r["rc"] == 0 and len(r["exact"]) == 2 and not r["wrong"], log
