@@ -415,6 +415,11 @@ class AuthConfig:
     secret_file: str = _s("BYTEPS_AUTH_SECRET_FILE", "str", "", "File whose contents (stripped) "
                           "are the shared secret; used when BYTEPS_AUTH_SECRET is empty, so the "
                           "secret need not appear in the environment.")
+    off: bool = _s("BYTEPS_AUTH_OFF", "bool", False, "Run without authentication where "
+                   "byteps_like would make the job's secret itself: a single-node torchrun job "
+                   "makes a one-time secret (shared through a file of its owner's, mode 0600) "
+                   "unless this is 1; the job then says once that it is unauthenticated. "
+                   "(bpslaunch --local has --no-auth for the same.)")
 
 
 # --- observability (docs/observability.md): timeline traces, metrics, telemetry ---------------
@@ -843,7 +848,10 @@ def _cross_check(cfg: Config) -> None:
                               f"per machine; {who('cluster.local_size')} is not supported")
     _check_retired(cfg, who)
     _check_compression(cfg, who)
-    if cfg.auth.secret_file and not cfg.auth.secret:  # said at start, not in a child later
+    if (cfg.auth.secret_file and not cfg.auth.secret
+            and cfg.source("auth.secret_file") != TORCHRUN_SECRET_SOURCE):
+        # said at start, not in a child later (a torchrun job's file is made by its local
+        # rank 0 when it joins: launcher/torchrun.py)
         try:
             with open(cfg.auth.secret_file, encoding="utf-8") as f:
                 empty = not f.read().strip()
@@ -997,7 +1005,8 @@ def _torchrun_job(values: dict[str, tuple[Any, str]],
                       max_restarts=number("TORCHELASTIC_MAX_RESTARTS", 0))
     # one node: everything on this host, nothing reachable from others
     host = job.master_addr if nnodes > 1 else "127.0.0.1"
-    derived = {
+    job_id = f"torchrun-{job.run_id or 'none'}-{port}-{job.restart_count}"
+    derived: dict[str, tuple[Any, str]] = {
         "cluster.num_worker": (nnodes, "torchrun: WORLD_SIZE / LOCAL_WORLD_SIZE"),
         "cluster.worker_id": (node_rank, "torchrun: GROUP_RANK"),
         "cluster.local_rank": (local_rank, "torchrun: LOCAL_RANK"),
@@ -1007,13 +1016,39 @@ def _torchrun_job(values: dict[str, tuple[Any, str]],
         "cluster.root_uri": (host, "torchrun: MASTER_ADDR" if nnodes > 1
                              else "torchrun: one node"),
         "cluster.root_port": (torchrun_scheduler_port(job), TORCHRUN_PORT_SOURCE),
-        "cluster.job_id": (f"torchrun-{job.run_id or 'none'}-{port}-{job.restart_count}",
-                           "torchrun: TORCHELASTIC_RUN_ID, MASTER_PORT, restart"),
+        "cluster.job_id": (job_id, "torchrun: TORCHELASTIC_RUN_ID, MASTER_PORT, restart"),
     }
+    if nnodes == 1 and _torchrun_makes_secret(values):
+        derived["auth.secret_file"] = (torchrun_secret_path(job_id), TORCHRUN_SECRET_SOURCE)
     for path, value in derived.items():
         if values[path][1] == "default":
             values[path] = value
     return job
+
+
+#: The source of a single-node torchrun job's secret file (its local rank 0 writes it)
+TORCHRUN_SECRET_SOURCE = "torchrun: one-time secret of the job"
+
+
+def _torchrun_makes_secret(values: Mapping[str, tuple[Any, str]]) -> bool:
+    """Whether a single-node torchrun job makes its own secret: none set, not opted out."""
+    if values["auth.secret"][0] or values["auth.secret_file"][0]:
+        return False
+    try:
+        return not _parse(_BY_PATH["auth.off"], values["auth.off"][0])
+    except _Bad:
+        return False   # _build names the bad value
+
+
+def torchrun_secret_path(job_id: str) -> str:
+    """Where a single-node torchrun job keeps its one-time secret: a file in a directory of
+    its owner's (mode 0700) under the temporary directory, named after the job (issue 41)."""
+    import hashlib
+    import tempfile
+    # torchrun's agent (the workers' parent) too: two runs with one run id and port (no
+    # --standalone, a fixed --rdzv-id) never share a file
+    name = hashlib.sha256(f"{job_id}/{os.getppid()}".encode()).hexdigest()[:24]
+    return os.path.join(tempfile.gettempdir(), f"byteps_like-{os.getuid()}", f"{name}.secret")
 
 
 def resolve_root(cfg: Config, *, retry_s: float = 5.0) -> None:

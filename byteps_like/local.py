@@ -21,6 +21,8 @@ leftovers of a crashed run of the same job at start, and bpslaunch sweeps its jo
 """
 from __future__ import annotations
 
+import atexit
+import logging
 import mmap
 import os
 import threading
@@ -34,6 +36,44 @@ from .errors import BytePSError
 from .shm_names import segment_prefix as segment_prefix  # the runtime names segments by it
 
 SHM_DIR = "/dev/shm"
+log = logging.getLogger("byteps_like.worker")
+
+
+_holds: dict[tuple[str, str], int] = {}
+_holds_lock = threading.Lock()
+
+
+def hold(prefix: str, shm_dir: str = SHM_DIR) -> None:
+    """This process uses the files of ``prefix`` (a job on this machine) until it ends or
+    :func:`release` (shm_names.hold: what makes them an orphan's once every user is gone).
+    The first hold of a process first removes the orphans of dead jobs in ``shm_dir``, of any
+    launcher (issue 41)."""
+    with _holds_lock:
+        if (shm_dir, prefix) in _holds:
+            return
+        if not any(d == shm_dir for d, _ in _holds):
+            removed = shm_names.sweep_orphans(shm_dir)
+            if removed:
+                log.info("removed %d shared-memory file(s) of dead jobs from %s: %s",
+                         len(removed), shm_dir, ", ".join(removed[:8]))
+        _holds[(shm_dir, prefix)] = shm_names.hold(shm_dir, prefix)
+        if len(_holds) == 1:
+            atexit.register(release_all)
+
+
+def release(prefix: str, shm_dir: str = SHM_DIR) -> None:
+    """Give up the hold on ``prefix``; the last process to do so removes its files."""
+    with _holds_lock:
+        fd = _holds.pop((shm_dir, prefix), None)
+    if fd is not None:
+        shm_names.release(fd, shm_dir, prefix)
+
+
+def release_all() -> None:
+    """At exit: every hold given up (a process killed by a signal gives them up too, to the
+    kernel, and the next job's first hold sweeps what it left)."""
+    for shm_dir, prefix in list(_holds):
+        release(prefix, shm_dir)
 
 
 def sweep(prefix: str, shm_dir: str = SHM_DIR) -> list[str]:

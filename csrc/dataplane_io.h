@@ -42,10 +42,12 @@ constexpr std::size_t kReadBudget = 16u << 20;      // bytes one connection read
 constexpr double kHelloTimeout = 5.0;               // seconds a stream may take to say hello
 constexpr std::size_t kStoreOverhead = 1024;        // a store's own bytes beyond its buffers
 // Replies queued unwritten, for the whole server (Counters::queued_bytes): each stream may hold
-// its share, kReplyBudget over the streams open, at least kMinShare; a stream over its share is
-// not read (its peer's next requests wait in the kernel) until it is down to half of it, and
-// one that stays over it for kUnreadTimeout without taking a byte is closed. So a peer that
-// never reads its replies costs the server at most its share, whatever it sends.
+// its share, kReplyBudget over the streams open, at least kMinShare (only kMinShare while the
+// server's queues together are over kReplyBudget, whatever order the streams came in); a
+// stream over its share is not read (its peer's next requests wait in the kernel) until it is
+// down to half of it, and one that stays over it for kUnreadTimeout without taking a byte is
+// closed. So a peer that never reads its replies costs the server at most its share, whatever
+// it sends, and all of them together the budget and kMinShare a stream.
 constexpr std::size_t kReplyBudget = 32u << 20;
 constexpr std::size_t kMinShare = 16u << 10;
 constexpr double kUnreadTimeout = 10.0;

@@ -510,8 +510,9 @@ def note_overridden_sizes(cluster: LocalCluster, env: Mapping[str, str],
 def local_job_env(args: argparse.Namespace, env: Mapping[str, str],
                   notes: list[str]) -> dict[str, str]:
     """The environment of a ``--local`` job: a job id of its own unless BYTEPS_JOB_ID is set
-    (two local jobs never merge, even on one port), and a one-time secret unless one is set,
-    the transport cannot use one (UCX), or ``--no-auth``."""
+    (two local jobs never merge, even on one port), a one-time secret unless one is set or
+    ``--no-auth`` (whatever the transport), and, on a loopback host, UCX on the loopback
+    device only (UCX_NET_DEVICES=lo unless set)."""
     env = dict(env)
     if args.auth and args.no_auth:
         raise UsageError("--auth and --no-auth contradict each other")
@@ -522,14 +523,16 @@ def local_job_env(args: argparse.Namespace, env: Mapping[str, str],
         if dropped:
             notes.append(f"note: --no-auth: not passing {' and '.join(dropped)} on")
     elif not any(env.get(name, "").strip() for name in AUTH_VARIABLES):
-        transport = {k: v for k, v in env.items()
-                     if k in ("BYTEPS_TRANSPORT", "DMLC_ENABLE_RDMA", "DMLC_ENABLE_UCX")}
-        if _load(transport, notes).transport.transport == "ucx":
-            notes.append("note: authentication off: UCX cannot authenticate its traffic "
-                         "(docs/transports.md); run the job on a trusted network")
-        else:
-            import secrets
-            env["BYTEPS_AUTH_SECRET"] = secrets.token_hex(32)  # 256 bits, this job only
+        # every transport: over UCX the data plane's streams prove the secret as TCP streams
+        # do, and the control plane stays on ZeroMQ with CURVE (issue 41)
+        import secrets
+        env["BYTEPS_AUTH_SECRET"] = secrets.token_hex(32)  # 256 bits, this job only
+    host = (args.host or DEFAULT_HOST).strip("[]")
+    if ((host == "localhost" or host.startswith("127.") or host == "::1")
+            and not env.get("UCX_NET_DEVICES")):
+        # a job on loopback listens on loopback only: UCX's TCP transport would listen on
+        # every interface's address, once per UCP worker (issue 41)
+        env["UCX_NET_DEVICES"] = "lo"
     return env
 
 
@@ -693,10 +696,11 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
         print(f"bpslaunch: {note}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     if args.local and launch.segments is not None:  # what killed (SIGKILL) launches left
-        removed = shm.sweep_dead_local_jobs(launch.segments[0])
+        removed = (shm.sweep_dead_local_jobs(launch.segments[0])
+                   + shm.sweep_orphans(launch.segments[0]))   # of any launcher (issue 41)
         if removed:
-            print(f"bpslaunch: removed {len(removed)} shared-memory segment(s) of local jobs "
-                  f"whose bpslaunch was killed from {launch.segments[0]}", file=sys.stderr,
+            print(f"bpslaunch: removed {len(removed)} shared-memory segment(s) of dead jobs "
+                  f"(their processes killed) from {launch.segments[0]}", file=sys.stderr,
                   flush=True)
     try:
         return _run(args, launch)

@@ -7,7 +7,9 @@ at exit. A worker killed by a signal cannot, so bpslaunch removes its job's segm
 job ends, however it ends. When bpslaunch itself is killed
 (SIGKILL), its children follow it (procs.py, PR_SET_PDEATHSIG) and the segments stay; a job id
 that ``bpslaunch --local`` generates carries the launcher's pid (:func:`local_job_id`), so the
-next ``bpslaunch --local`` removes the segments of such jobs whose launcher is gone.
+next ``bpslaunch --local`` removes the segments of such jobs whose launcher is gone, and
+those of any job (torchrun, SLURM, Ray, ...) whose processes all died
+(``shm_names.sweep_orphans``: their lock is free).
 """
 from __future__ import annotations
 
@@ -15,11 +17,11 @@ import os
 import re
 import secrets
 
-from byteps_like.shm_names import matching, segment_prefix, sweep, unlink_all
+from byteps_like.shm_names import matching, segment_prefix, sweep, sweep_orphans, unlink_all
 
 from .procs import pid_alive
 
-__all__ = ["local_job_id", "segment_prefix", "sweep", "sweep_dead_local_jobs"]
+__all__ = ["local_job_id", "segment_prefix", "sweep", "sweep_dead_local_jobs", "sweep_orphans"]
 
 LOCAL_JOB_PREFIX = "local-"
 _DEAD_LOCAL = re.compile(r"^bpsl-local-(\d+)-(\d+)-[0-9a-f]+-")

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from byteps_like.config import TORCHRUN_PORT_SOURCE, Config
+from byteps_like.config import TORCHRUN_PORT_SOURCE, TORCHRUN_SECRET_SOURCE, Config
 from byteps_like.errors import ConfigError
 
 from .plan import ChildSpec, child_environment, role_argv
@@ -66,6 +66,8 @@ def service_specs(cfg: Config) -> list[ChildSpec]:
     }
     if job.nnodes == 1 and not c.node_host:
         service["DMLC_NODE_HOST"] = c.root_uri
+    if makes_secret(cfg):   # the job's one-time secret (share_secret)
+        service["BYTEPS_AUTH_SECRET_FILE"] = cfg.auth.secret_file
     specs = []
     if job.node_rank == 0:
         specs.append(ChildSpec("scheduler", None, role_argv("scheduler"),
@@ -91,9 +93,84 @@ def describe(cfg: Config) -> str:
     return (f"byteps_like: joined the torchrun job as one byteps_like job of {job.world_size} "
             f"workers ({job.nnodes} node(s) x {job.local_world_size} processes; the scheduler "
             f"on node 0 at {c.root_uri}:{c.root_port} ({port}), {servers}, started by each "
-            f"node's local rank 0){restart}. Not applied: torchrun's elasticity (--nnodes "
-            "MIN:MAX, --max-restarts): a lost process fails the job, and a restart runs the "
-            "script again as a new job from its first step")
+            f"node's local rank 0){restart}; {_auth_note(cfg)}. Not applied: torchrun's "
+            "elasticity (--nnodes MIN:MAX, --max-restarts): a lost process fails the job, and "
+            "a restart runs the script again as a new job from its first step")
+
+
+def _auth_note(cfg: Config) -> str:
+    """How the job authenticates its peers, for describe (said once, by global rank 0)."""
+    if makes_secret(cfg):
+        return "authenticated with a one-time secret of the job (BYTEPS_AUTH_OFF=1 turns it off)"
+    if cfg.auth.secret or cfg.auth.secret_file:
+        return "authenticated with the secret BYTEPS_AUTH_SECRET(_FILE) gives"
+    if cfg.auth.off:
+        return ("authentication OFF (BYTEPS_AUTH_OFF=1): any process that reaches the job's "
+                "ports can join it and push into it")
+    return ("NOT authenticated: a job of several nodes needs the same BYTEPS_AUTH_SECRET (or "
+            "BYTEPS_AUTH_SECRET_FILE) on every node; any process that reaches the job's ports "
+            "can join it and push into it")
+
+
+def makes_secret(cfg: Config) -> bool:
+    """Whether this single-node torchrun job makes its own one-time secret (config.py)."""
+    return cfg.source("auth.secret_file") == TORCHRUN_SECRET_SOURCE
+
+
+def share_secret(cfg: Config, wait: float) -> None:
+    """A single-node torchrun job's one-time secret: local rank 0 writes it (256 random bits,
+    a file of mode 0600 in a directory of mode 0700 of this user's, written whole and
+    renamed into place, removed at its exit); the other local ranks wait up to ``wait``
+    seconds for it. Raises ConfigError when the directory is not this user's own or the
+    secret does not come."""
+    if not makes_secret(cfg):
+        return
+    path = cfg.auth.secret_file
+    folder = os.path.dirname(path)
+    if cfg.torchrun is not None and cfg.torchrun.local_rank == 0:
+        import secrets
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        _check_private(folder)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, secrets.token_hex(32).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        atexit.register(_remove, path)
+        return
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            if os.path.getsize(path) > 0:
+                _check_private(folder)
+                return
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            raise ConfigError(f"this torchrun job's one-time secret did not appear at {path} "
+                              f"within {wait:g} s (local rank 0 writes it when it joins); "
+                              "set BYTEPS_AUTH_SECRET for every process, or BYTEPS_AUTH_OFF=1 "
+                              "to run unauthenticated")
+        time.sleep(0.05)
+
+
+def _check_private(folder: str) -> None:
+    import stat
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ConfigError(f"{folder}, where this torchrun job keeps its one-time secret, is not "
+                          "a directory of this user's that only it can read (mode 0700); "
+                          "remove it, or set BYTEPS_AUTH_SECRET for every process")
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def join(cfg: Config, *, on_failure: Callable[[str], None],
@@ -110,6 +187,7 @@ def join(cfg: Config, *, on_failure: Callable[[str], None],
     out = sys.stderr if out is None else out
     if job.rank == 0:
         print(describe(cfg), file=out, flush=True)
+    share_secret(cfg, cfg.timeouts.register_timeout)
     if job.local_rank != 0:
         return None
     specs = service_specs(cfg)
@@ -268,4 +346,5 @@ class NodeServices:
         self._thread.join()
 
 
-__all__ = ["NodeServices", "describe", "join", "service_specs", "wait_for_port"]
+__all__ = ["NodeServices", "describe", "join", "makes_secret", "service_specs", "share_secret",
+           "wait_for_port"]

@@ -14,18 +14,23 @@ import os
 import secrets
 
 from ..errors import BytePSError
-from ..local import segment_prefix
+from ..local import hold, segment_prefix
+
+PEERS = "peers"
 
 
 def token_path(cluster) -> str:
     """The token file of this machine (``cluster``: the ClusterConfig); the local root's
     sweep of leftovers at start removes an old one with the segments."""
     return os.path.join(cluster.shm_dir, segment_prefix(cluster.job_id, cluster.root_port)
-                        + f"m{cluster.worker_id}-peers")
+                        + f"m{cluster.worker_id}-{PEERS}")
 
 
 def create_token(path: str) -> bytes:
-    """Write a fresh token that only this user can read (the local root)."""
+    """Write a fresh token that only this user can read (the local root), in the job's files
+    of this machine, which the local root holds from now on (local.hold)."""
+    shm_dir, name = os.path.split(path)
+    hold(name[:-len(PEERS)], shm_dir)
     token = secrets.token_hex(16).encode()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

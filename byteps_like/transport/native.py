@@ -43,13 +43,21 @@ def check(cfg) -> None:
     if cfg.transport.transport != "ucx":
         return
     from . import ucx_native
-    unavailable = ucx_native.unavailable()
+    unavailable = ucx_native.load(loopback=loopback_job(cfg))
     if unavailable:
         raise ConfigError(
             f"BYTEPS_TRANSPORT=ucx: the native data plane's UCX streams are unavailable "
             f"({unavailable}); install byteps_like[ucx] so that _core loads libucp (rebuild "
             "_core if it was built before the extra), or unset BYTEPS_TRANSPORT for TCP "
             "(docs/transports.md)")
+
+
+def loopback_job(cfg) -> bool:
+    """Whether this node's job lives on loopback (its advertised host, DMLC_NODE_HOST, else
+    the scheduler's, is a loopback address): a ``bpslaunch --local`` job, a single-node
+    torchrun job. Such a job listens on loopback only, UCX's own sockets included."""
+    host = (cfg.cluster.node_host or cfg.cluster.root_uri or "").strip().strip("[]")
+    return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
 def uses_ucx(cfg) -> bool:

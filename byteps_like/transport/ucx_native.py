@@ -39,10 +39,13 @@ def libucp_path() -> str | None:
     return None
 
 
-def load() -> str:
+def load(loopback: bool = False) -> str:
     """Make the data plane's UCX streams usable in this process: "" when they are, else the
     reason they are not (the first answer holds for the process). The UCX_* environment
-    (UCX_TLS, UCX_NET_DEVICES, ...) is read by UCX now."""
+    (UCX_TLS, UCX_NET_DEVICES, ...) is read by UCX now. ``loopback`` (a job on loopback,
+    native.loopback_job): UCX uses the loopback device only unless UCX_NET_DEVICES says
+    otherwise, so its transports listen on no other interface (without it, UCX's TCP
+    transport listens on every interface's address, once per UCP worker: issue 41)."""
     global _why
     with _lock:
         if _why == "":   # loaded: still usable, unless this is a child forked since
@@ -67,7 +70,8 @@ def load() -> str:
             return _why
         from ..config import ucx_environment
         env = ucx_environment()
-        _why = _core.ucx_load(path, {k: v for k, v in SETTINGS.items() if "UCX_" + k not in env})
+        settings = {**SETTINGS, **({"NET_DEVICES": "lo"} if loopback else {})}
+        _why = _core.ucx_load(path, {k: v for k, v in settings.items() if "UCX_" + k not in env})
         if _why:
             log.warning("native data plane: UCX streams unavailable: %s", _why)
         return _why

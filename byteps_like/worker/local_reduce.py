@@ -45,6 +45,7 @@ class LocalReduction:
     def __init__(self, members: Membership, flight: InFlight):
         self.members = members
         self.segments: dict[int, local.Segment] = {}    # decl_id -> the tensor's segment
+        self._held: tuple[str, str] | None = None       # local.hold's (prefix, directory)
         self.routes: dict[int, Route] = {}  # local root: local rank -> the way back to it
         self.gate = local.Gate(lambda task: flight.active_pipeline.resume(task))
         self.ready = local.Counter(1)       # local root: inputs in place, per token
@@ -61,8 +62,11 @@ class LocalReduction:
         if seg is None:
             m = self.members
             c = m.config.cluster
-            name = (local.segment_prefix(c.job_id, c.root_port)
-                    + f"m{m.machine}-t{st.decl_id}")
+            prefix = local.segment_prefix(c.job_id, c.root_port) + f"m{m.machine}-"
+            # held while this process may use them: an orphan's only once every user is gone
+            local.hold(prefix, c.shm_dir)
+            self._held = (prefix, c.shm_dir)
+            name = prefix + f"t{st.decl_id}"
             seg = local.Segment(name, st.nbytes, m.local_size,
                                 what=f"tensor {st.name!r} on worker rank {m.rank}",
                                 shm_dir=c.shm_dir)
@@ -180,3 +184,6 @@ class LocalReduction:
         for seg in self.segments.values():
             seg.close(unlink=True)
         self.segments = {}
+        if self._held is not None:   # the last process to let go removes what is left
+            local.release(*self._held)
+            self._held = None

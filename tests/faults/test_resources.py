@@ -232,8 +232,7 @@ def test_a_killed_bpslaunch_takes_its_job_with_it(small_tmpfs, script):
                     servers=None, local_size=2, timeout=60,
                     env={"BYTEPS_SHM_DIR": str(small_tmpfs)})
     assert run.rc == 0, run.log
-    assert re.search(r"removed \d+ shared-memory segment\(s\) of local jobs whose bpslaunch "
-                     r"was killed", run.err), run.log
+    assert re.search(r"removed \d+ shared-memory segment\(s\) of dead jobs", run.err), run.log
     assert os.listdir(small_tmpfs) == [], run.log
 
 

@@ -6,6 +6,7 @@ never read the error replies. The server's resident memory is measured before, a
 and after the connections close:
 
     .venv/bin/python -m tests.faults.unread_replies --conns 150 --pulls 65000
+    .venv/bin/python -m tests.faults.unread_replies --conns 150 --pulls 65000 --one-by-one
 
 prints one JSON line (bytes): ``base``, ``peak``, ``after`` and the server's counters.
 """
@@ -109,6 +110,47 @@ def attack(port: int, conns: int, pulls: int, stall: float = 1.0) -> list[socket
     return socks
 
 
+def attack_one_by_one(server: Server, conns: int, pulls: int,
+                      timeout: float = 20.0) -> tuple[list[socket.socket], int]:
+    """The same streams opened one at a time (issue 41): each says hello and sends its pulls
+    until the server has either answered them all or stopped reading it (its ``paused``
+    count went up), before the next one opens, so the first streams are read while few are
+    open. Returns the streams, open, their replies unread, and the highest resident memory
+    the server had after each stream."""
+    socks, peak = [], server.rss()
+    for i in range(conns):
+        before = server.ask("stats")
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        s.sendall(native_msg(NATIVE_HELLO, 0, JOB, key=i))
+        recv_exact(s, 52)
+        s.setblocking(False)
+        socks.append(s)
+        data = memoryview(b"".join(native_msg(NATIVE_PULL, 0, JOB, key=1_000_000 + k)
+                                   for k in range(pulls)))
+        deadline = time.monotonic() + timeout
+        while True:
+            if len(data):
+                _, writable, _ = select.select([], [s], [], 0.05)
+                if writable:
+                    try:
+                        data = data[s.send(data[:1 << 20]):]
+                    except (BlockingIOError, InterruptedError):
+                        pass
+                    continue
+            st = server.ask("stats")   # the server's answer to this stream's pulls so far
+            if st["paused"] > before["paused"] or st["unread_closed"] > before["unread_closed"]:
+                break                  # it stopped reading this stream: the rest waits here
+            if not len(data) and st["rejected"] - before["rejected"] >= pulls:
+                break                  # every pull read and answered
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"stream {i}: the server neither answered its {pulls} pulls "
+                                   f"nor stopped reading it in {timeout:g} s: {st}")
+            if not len(data):
+                time.sleep(0.01)
+        peak = max(peak, server.rss())
+    return socks, peak
+
+
 def settle(server: Server, key: str, timeout: float = 10.0) -> dict:
     """The server's stats once ``key`` stopped changing for half a second."""
     deadline = time.monotonic() + timeout
@@ -122,20 +164,27 @@ def settle(server: Server, key: str, timeout: float = 10.0) -> dict:
     return prev
 
 
-def measure(conns: int, pulls: int) -> dict:
+def measure(conns: int, pulls: int, one_by_one: bool = False) -> dict:
+    """``one_by_one``: each stream opens after the server answered or paused the one before
+    (attack_one_by_one), else all open first and then send (attack); ``peak`` is the
+    highest resident memory seen."""
     server = Server()
     try:
         base = server.rss()
-        socks = attack(server.port, conns, pulls)
+        if one_by_one:
+            socks, peak = attack_one_by_one(server, conns, pulls)
+        else:
+            socks, peak = attack(server.port, conns, pulls), 0
         stats = settle(server, "rejected")
-        peak = server.rss()
+        peak = max(peak, server.rss())
         for s in socks:
             s.close()
         deadline = time.monotonic() + 10
         while server.ask("stats").get("live_connections", 0) > 0 and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.5)  # the I/O loops' tick gives freed memory back
-        return {"conns": conns, "pulls": pulls, "base": base, "peak": peak,
+        return {"conns": conns, "pulls": pulls, "one_by_one": one_by_one, "base": base,
+                "peak": peak,
                 "after": server.rss(), "stats": stats, "rejected": server.ask("rejected")}
     finally:
         server.close()
@@ -145,8 +194,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--conns", type=int, default=150)
     ap.add_argument("--pulls", type=int, default=65000)
+    ap.add_argument("--one-by-one", action="store_true",
+                    help="open each stream after the server answered or paused the one before")
     a = ap.parse_args(argv)
-    r = measure(a.conns, a.pulls)
+    r = measure(a.conns, a.pulls, a.one_by_one)
     print(json.dumps(r))
     mb = 1 << 20
     print(f"server RSS {r['base'] / mb:.0f} MB -> {r['peak'] / mb:.0f} MB under {a.conns} "

@@ -75,10 +75,19 @@ def test_no_auth_runs_without_a_secret(tmp_path):
         parse_args(["--no-auth", "python", "t.py"])
 
 
-def test_no_secret_is_generated_for_ucx():
+def test_a_ucx_job_gets_its_secret_and_loopback_ucx_too():
+    """Issue 41: UCX jobs authenticate like TCP ones (their native streams run the HMAC
+    hello), so --local makes the secret for them too and says nothing about it being off;
+    a job on loopback keeps UCX on the loopback device unless UCX_NET_DEVICES is set."""
     ucx = plan(env={"BYTEPS_TRANSPORT": "ucx"})
-    assert "BYTEPS_AUTH_SECRET" not in ucx.base_env
-    assert any("UCX" in n for n in ucx.notes), ucx.notes
+    assert len(ucx.base_env["BYTEPS_AUTH_SECRET"]) == 64
+    assert not any("authentication off" in n for n in ucx.notes), ucx.notes
+    assert ucx.base_env["UCX_NET_DEVICES"] == "lo"
+    assert plan(env={"BYTEPS_TRANSPORT": "ucx", "UCX_NET_DEVICES": "mlx5_0:1"}
+                ).base_env["UCX_NET_DEVICES"] == "mlx5_0:1"
+    from byteps_like.launcher.cli import local_job_env
+    args, _ = parse_args(["--local", "--host", "10.1.2.3", "--", "python", "t.py"])
+    assert "UCX_NET_DEVICES" not in local_job_env(args, {"BYTEPS_TRANSPORT": "ucx"}, [])
 
 
 def test_with_a_secret_the_native_data_plane_authenticates_its_streams():

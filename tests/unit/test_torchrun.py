@@ -135,9 +135,63 @@ def test_the_start_line_says_what_of_torchrun_does_not_apply():
 
 
 def test_only_rank_0_speaks_and_only_local_rank_0_starts_anything(capsys):
-    got = torchrun.join(load(env=tr_env(rank=1, local_rank=1)), on_failure=print,
-                        job_over=lambda: True)
+    got = torchrun.join(load(env=tr_env(rank=1, local_rank=1, BYTEPS_AUTH_SECRET="s")),
+                        on_failure=print, job_over=lambda: True)
     assert got is None and capsys.readouterr().err == ""
+
+
+# -- issue 41: a single-node torchrun job authenticates by default -----------------------------
+
+def test_a_single_node_job_makes_its_secret_and_its_local_ranks_share_it(tmp_path, monkeypatch):
+    """Local rank 0 writes a one-time secret (0600, in a 0700 directory of this user's); the
+    other local ranks and the services read the same file; it goes at local rank 0's exit."""
+    import atexit
+    import stat
+
+    from byteps_like.transport import auth_secret
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    removers = []
+    monkeypatch.setattr(atexit, "register", lambda f, *a: removers.append((f, a)))
+    cfgs = [load(env=tr_env(rank=r, local_rank=r)) for r in (0, 1)]
+    path = cfgs[0].auth.secret_file
+    assert path and path == cfgs[1].auth.secret_file and str(tmp_path) in path
+    assert torchrun.makes_secret(cfgs[0]) and not os.path.exists(path)
+    torchrun.share_secret(cfgs[0], 1.0)          # local rank 0 writes it
+    torchrun.share_secret(cfgs[1], 1.0)          # local rank 1 finds it
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    secret = auth_secret(cfgs[1])
+    assert len(secret) == 64 and secret == auth_secret(cfgs[0])
+    assert dict(torchrun.service_specs(cfgs[0])[0].env)["BYTEPS_AUTH_SECRET_FILE"] == path
+    assert "authenticated with a one-time secret" in torchrun.describe(cfgs[0])
+    for f, a in removers:
+        f(*a)
+    assert not os.path.exists(path)
+
+
+def test_a_torchrun_job_is_unauthenticated_only_by_name_and_says_so():
+    off = load(env=tr_env(BYTEPS_AUTH_OFF="1"))
+    assert not off.auth.secret_file and not torchrun.makes_secret(off)
+    assert "authentication OFF (BYTEPS_AUTH_OFF=1)" in torchrun.describe(off)
+    given = load(env=tr_env(BYTEPS_AUTH_SECRET="s3cret"))
+    assert not torchrun.makes_secret(given) and "the secret BYTEPS_AUTH_SECRET" in \
+        torchrun.describe(given)
+    # several nodes: no file can be shared; the job says it is not authenticated
+    multi = load(env=tr_env(world=4, local_world=2))
+    assert not torchrun.makes_secret(multi)
+    assert "NOT authenticated" in torchrun.describe(multi)
+
+
+def test_local_ranks_wait_for_the_secret_and_name_it_when_it_does_not_come(tmp_path,
+                                                                          monkeypatch):
+    import tempfile
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    cfg = load(env=tr_env(rank=1, local_rank=1))
+    with pytest.raises(ConfigError, match="one-time secret did not appear.*BYTEPS_AUTH_OFF=1"):
+        torchrun.share_secret(cfg, 0.2)
 
 
 def test_every_node_derives_the_same_scheduler_port_outside_the_ephemeral_ports():

@@ -302,16 +302,26 @@ def test_rdma_flag_contradicting_explicit_zmq_is_refused():
         load(env={"DMLC_ENABLE_RDMA": "1", "BYTEPS_TRANSPORT": "zmq"})
 
 
-def test_auth_secret_with_ucx_is_refused():
-    cfg = load(env={"BYTEPS_TRANSPORT": "ucx", "BYTEPS_AUTH_SECRET": "s3cret"})
-    with pytest.raises(ConfigError, match="UCX traffic is neither authenticated"):
-        make_endpoint("server", cfg)
+@pytest.mark.parametrize("env", [{"BYTEPS_AUTH_SECRET": "s3cret", "DMLC_NODE_HOST": "10.1.2.3"},
+                                 {}])
+def test_a_ucx_job_with_a_secret_or_on_loopback_keeps_its_endpoint_on_zeromq(env):
+    """Issue 41: the ucxx endpoint can neither authenticate nor listen on one address, so a
+    UCX job with a secret (CURVE) or on loopback keeps its endpoint on ZeroMQ; the native
+    data plane's UCX streams carry the data and prove the secret themselves."""
+    from byteps_like.transport import ZmqEndpoint, data_scheme
+    cfg = load(env={"BYTEPS_TRANSPORT": "ucx", **env})
+    ep = make_endpoint("server", cfg)
+    try:
+        assert isinstance(ep, ZmqEndpoint) and data_scheme(cfg) == "tcp"
+        assert (ep.curve is not None) == bool(env), ep.curve
+    finally:
+        ep.close(linger=0)
 
 
 def test_ucx_transport_keeps_control_on_zeromq_and_one_io_thread():
     import zmq
     ctx = zmq.Context()
-    cfg = load(env={"BYTEPS_TRANSPORT": "ucx"})
+    cfg = load(env={"BYTEPS_TRANSPORT": "ucx", "DMLC_NODE_HOST": "10.1.2.3"})
     a = make_endpoint("a", cfg, context=ctx)
     b = make_endpoint("b", cfg, context=ctx)
     assert isinstance(a, UcxZmqEndpoint)
