@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from . import shardfile
+from .shardfile import TableError
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +54,6 @@ TABLE_OVERHEAD = 4096
 _INIT_CHUNK_ELEMS = 1 << 20
 _MAX_NAME = 200
 
-
-class TableError(ValueError):
-    """A table declaration or request that cannot be served (the text says why)."""
 
 
 def _number(what: str, value: Any) -> float:

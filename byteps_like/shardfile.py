@@ -45,6 +45,11 @@ from typing import Any
 
 import numpy as np
 
+
+class TableError(ValueError):
+    """A server-held table's declaration, request or checkpoint file that cannot be served
+    (the text says why); byteps_like.embedding re-exports it."""
+
 MAGIC = b"BPSLSHRD"
 FORMAT = 2
 SUFFIX = ".bpst"
@@ -60,7 +65,6 @@ REPAIRS = ("refuse", "drop")
 
 
 def _error(path: str, table: str, what: str) -> Exception:
-    from .embedding import TableError  # embedding imports this module
     return TableError(f"checkpoint file {path} (table {table!r}): {what}")
 
 
@@ -297,7 +301,6 @@ def convert(folder: str) -> list[str]:
     """Rewrite every ``.npz`` shard file of a checkpoint folder in this format (trusting them:
     they are read with numpy, whose zip reader decompresses a member whole). The old files are
     left in place. Returns the new paths."""
-    from .embedding import TableError
     out = []
     for name in sorted(os.listdir(folder)):
         if not name.endswith(OLD_SUFFIX) or ".shard" not in name:

@@ -45,8 +45,7 @@ def _job(a: argparse.Namespace, out: str, kill: str) -> dict:
         cmd += ["--kill", kill]
     print(f"[failover] {'kill ' + kill if kill else 'uninterrupted'}: {' '.join(cmd[3:9])} ...",
           file=sys.stderr, flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
-                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
     lines = [ln for ln in r.stdout.splitlines() if "FAILOVER_RESULT " in ln]
     if r.returncode != 0 or not lines:
         sys.stderr.write(r.stdout[-4000:] + r.stderr[-4000:])
