@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "dataplane_auth.h"
+#include "dataplane_client_ops.h"
 #include "dataplane_coder.h"
 #include "dataplane_failover.h"
 #include "dataplane_io.h"
@@ -32,41 +33,6 @@ static_assert(kWireDTypes[kWireUint8].name[0] == 'u' && kWireDTypes[kWireUint8].
 // =============================================================================================
 // client
 // =============================================================================================
-struct Op;
-struct Part {
-  PartSpec spec;
-  int at = -1;  // the server it went to: spec.server, or the key's new one once that is lost
-  bool dispatched = false, acked = false, done = false;
-  double t_sent = 0, t_acked = 0, t_done = 0;
-  std::uint64_t wire = 0;  // its bytes on the wire: spec.nbytes, or the codec's payload
-  // a coded operation's: the coder that encodes src and decodes into dst, and the encoded
-  // push (out) and the server's encoded sum (in), the codec's own buffers (a codec serves one
-  // operation at a time: no allocation, no page faults, round after round)
-  std::shared_ptr<PartCoder> coder;
-  std::uint8_t *out = nullptr, *in = nullptr;
-};
-struct Op {
-  std::uint64_t id = 0;
-  int priority = 0;
-  const char* src = nullptr;
-  char* dst = nullptr;
-  int wire_dtype = 0;
-  DType kdt = DType::kFloat32;
-  std::size_t isz = 4;            // the wire dtype's itemsize
-  bool compressed = false;        // codec payloads (uint8): nothing summed or scaled here
-  std::uint64_t dst_bytes = 0;    // compressed: dst's size, room for an answer of any size
-  bool coded = false;             // float32 in and out, each part encoded/decoded by its coder
-  int contrib = 0;                // pushes the server's round summed when fewer than all
-  std::int64_t divisor = 1;
-  std::vector<Part> parts;
-  std::size_t remaining = 0;
-  int active = 0;                 // sends and receives touching src/dst right now
-  bool failed = false, reported = false;
-  std::string kind, message;
-  int err_server = -1;
-  double t_first = 0, t_last = 0;
-  std::uint64_t bytes = 0;
-};
 
 class ClientConn;
 
@@ -311,6 +277,7 @@ class ClientImpl {
     std::shared_ptr<Op> op;
     std::size_t idx = 0;
     char* shadow = nullptr;  // losing a server: the answer lands in the key's shadow
+    bool copied = false;     // ... and was copied out into the operation's dst
     int contrib = 0;  // > 0: the round summed this many pushes (ranks had joined)
     std::uint64_t len = 0;  // the answer's bytes
   };
@@ -499,6 +466,20 @@ class ClientImpl {
       if (!coders_.post([this, t] { decode_part(t); })) coded_dropped(t.op);
       return;
     }
+    if (ok && t.shadow) {  // copied out of the key's shadow on a codec thread: the I/O
+      Target c = t;        // thread goes on reading
+      c.copied = true;
+      if (!coders_.post([this, c] {
+            const Op& op = *c.op;
+            const std::int64_t div = c.contrib > 0 && op.divisor > 1 ? c.contrib : op.divisor;
+            if (!op.failed)
+              copy_scaled(op.kdt, op.dst + op.parts[c.idx].spec.offset, c.shadow, c.len,
+                          op.compressed ? 1 : div);
+            finish_part(c, true);
+          }))
+        coded_dropped(t.op);
+      return;
+    }
     finish_part(t, ok);
   }
 
@@ -509,9 +490,9 @@ class ClientImpl {
     Part& p = op.parts[t.idx];
     // an average divides by the ranks that pushed: all of them, or those not joined (join())
     const std::int64_t div = t.contrib > 0 && op.divisor > 1 ? t.contrib : op.divisor;
-    if (ok && t.shadow && !op.failed) {  // out of the key's shadow, divided block by block
+    if (ok && t.shadow && !t.copied && !op.failed) {  // out of the key's shadow, divided
       copy_scaled(op.kdt, op.dst + p.spec.offset, t.shadow, t.len, op.compressed ? 1 : div);
-    } else if (ok && div > 1 && !op.failed && !op.coded)  // a coded part was divided as decoded
+    } else if (ok && div > 1 && !op.failed && !op.coded && !t.copied)  // coded: as decoded
       scale_into(op.kdt, op.dst + p.spec.offset, p.spec.nbytes / itemsize(op.kdt), div, 1);
     std::vector<Ready> ready;
     {

@@ -1,0 +1,55 @@
+// The native client's records of its operations (dataplane_client.cc): an operation (one
+// tensor's push_pull, several partitions) and each of its parts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dataplane.h"
+#include "dataplane_coder.h"
+#include "dtype.h"
+
+namespace bps {
+namespace dp {
+
+struct Op;
+struct Part {
+  PartSpec spec;
+  int at = -1;  // the server it went to: spec.server, or the key's new one once that is lost
+  bool dispatched = false, acked = false, done = false;
+  double t_sent = 0, t_acked = 0, t_done = 0;
+  std::uint64_t wire = 0;  // its bytes on the wire: spec.nbytes, or the codec's payload
+  // a coded operation's: the coder that encodes src and decodes into dst, and the encoded
+  // push (out) and the server's encoded sum (in), the codec's own buffers (a codec serves one
+  // operation at a time: no allocation, no page faults, round after round)
+  std::shared_ptr<PartCoder> coder;
+  std::uint8_t *out = nullptr, *in = nullptr;
+};
+struct Op {
+  std::uint64_t id = 0;
+  int priority = 0;
+  const char* src = nullptr;
+  char* dst = nullptr;
+  int wire_dtype = 0;
+  DType kdt = DType::kFloat32;
+  std::size_t isz = 4;            // the wire dtype's itemsize
+  bool compressed = false;        // codec payloads (uint8): nothing summed or scaled here
+  std::uint64_t dst_bytes = 0;    // compressed: dst's size, room for an answer of any size
+  bool coded = false;             // float32 in and out, each part encoded/decoded by its coder
+  int contrib = 0;                // pushes the server's round summed when fewer than all
+  std::int64_t divisor = 1;
+  std::vector<Part> parts;
+  std::size_t remaining = 0;
+  int active = 0;                 // sends and receives touching src/dst right now
+  bool failed = false, reported = false;
+  std::string kind, message;
+  int err_server = -1;
+  double t_first = 0, t_last = 0;
+  std::uint64_t bytes = 0;
+};
+
+}  // namespace dp
+}  // namespace bps
