@@ -354,7 +354,7 @@ class TimeoutsConfig:
                                     "PeerLostError naming the missing ranks) once a round has "
                                     "stalled this long; 0 turns it off.", unit="seconds", min=0)
     scheduler_connect_timeout: float = _s(
-        "BYTEPS_SCHEDULER_CONNECT_TIMEOUT_SECONDS", "float", 15.0, "A node whose connection "
+        "BYTEPS_SCHEDULER_CONNECT_TIMEOUT_SECONDS", "float", 13.0, "A node whose connection "
         "attempts to the scheduler's address get no answer at all (no connection, no refusal: "
         "an unroutable or firewalled DMLC_PS_ROOT_URI) fails after this long with one error "
         "naming the address; a scheduler that refuses (not started yet) is waited for up to "
@@ -1020,6 +1020,14 @@ def _torchrun_job(values: dict[str, tuple[Any, str]],
     }
     if nnodes == 1 and _torchrun_makes_secret(values):
         derived["auth.secret_file"] = (torchrun_secret_path(job_id), TORCHRUN_SECRET_SOURCE)
+    elif nnodes > 1 and _torchrun_makes_secret(values):
+        # torchrun's own store authenticates nothing, so nothing can carry a secret to the
+        # other nodes safely: the user gives one, or opts out by name (issue 41)
+        raise ConfigError(f"{where}: a torchrun job of {nnodes} nodes needs the job's secret "
+                          "on every node: set the same BYTEPS_AUTH_SECRET (or "
+                          "BYTEPS_AUTH_SECRET_FILE) on each, or BYTEPS_AUTH_OFF=1 to run it "
+                          "unauthenticated (any process that reaches its ports could push "
+                          "into it)")
     for path, value in derived.items():
         if values[path][1] == "default":
             values[path] = value

@@ -62,7 +62,9 @@ def test_torchrun_two_nodes_with_a_rendezvous_endpoint():
     meeting at a c10d rendezvous endpoint: one job of 4, a server on each node."""
     rdzv = ["--nnodes", "2", "--nproc_per_node", "2", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "bpsl-test"]
-    procs = [spawn([*torchrun_cmd(), *rdzv, *CHECK], env()), spawn([*MODULE, *rdzv, *CHECK], env())]
+    secret = {"BYTEPS_AUTH_SECRET": "two-nodes-test-secret"}  # several nodes: no secret made
+    procs = [spawn([*torchrun_cmd(), *rdzv, *CHECK], env(**secret)),
+             spawn([*MODULE, *rdzv, *CHECK], env(**secret))]
     runs = []
     try:
         for p in procs:

@@ -18,13 +18,18 @@ from tests.support import expect
 
 
 def tr_env(rank=0, world=2, local_rank=0, local_world=2, group=None, **extra) -> dict:
-    """What torchrun gives a worker (GROUP_RANK from the ranks unless given)."""
+    """What torchrun gives a worker (GROUP_RANK from the ranks unless given); a job of several
+    nodes gets the secret its user must give it (byteps_like refuses one without)."""
     env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank),
            "LOCAL_WORLD_SIZE": str(local_world),
            "GROUP_RANK": str(rank // local_world if group is None else group),
            "MASTER_ADDR": "node0.example", "MASTER_PORT": "29500",
            "TORCHELASTIC_RUN_ID": "run7", "TORCHELASTIC_RESTART_COUNT": "0",
            "TORCHELASTIC_MAX_RESTARTS": "0"}
+    several = str(world).isdigit() and str(local_world).isdigit() and \
+        int(world) > int(local_world)
+    if several and "BYTEPS_AUTH_OFF" not in extra:
+        env["BYTEPS_AUTH_SECRET"] = "several-nodes-secret"
     env.update(extra)
     return env
 
@@ -178,10 +183,14 @@ def test_a_torchrun_job_is_unauthenticated_only_by_name_and_says_so():
     given = load(env=tr_env(BYTEPS_AUTH_SECRET="s3cret"))
     assert not torchrun.makes_secret(given) and "the secret BYTEPS_AUTH_SECRET" in \
         torchrun.describe(given)
-    # several nodes: no file can be shared; the job says it is not authenticated
-    multi = load(env=tr_env(world=4, local_world=2))
-    assert not torchrun.makes_secret(multi)
-    assert "NOT authenticated" in torchrun.describe(multi)
+    # several nodes: no file can be shared, so the job needs the user's secret or the opt-out
+    with pytest.raises(ConfigError, match="needs the job's secret on every node"):
+        load(env={k: v for k, v in tr_env(world=4, local_world=2).items()
+                  if k != "BYTEPS_AUTH_SECRET"})
+    multi = load(env=tr_env(world=4, local_world=2, BYTEPS_AUTH_SECRET="s3cret"))
+    assert not torchrun.makes_secret(multi) and "the secret" in torchrun.describe(multi)
+    off2 = load(env=tr_env(world=4, local_world=2, BYTEPS_AUTH_OFF="1"))
+    assert "authentication OFF" in torchrun.describe(off2)
 
 
 def test_local_ranks_wait_for_the_secret_and_name_it_when_it_does_not_come(tmp_path,
