@@ -80,6 +80,11 @@ class ClusterConfig:
                         min=1, max=65535)
     worker_id: int | None = _s("DMLC_WORKER_ID", "int", None, "Index of this worker machine, "
                                "0 .. num_worker - 1; unset when not given.", min=0)
+    scheduler_restart: int = _s("BYTEPS_SCHEDULER_RESTART", "int", 0, "How many times the "
+                                "job's scheduler was started again (bpslaunch "
+                                "--scheduler-restarts sets it; informational: a scheduler "
+                                "that sees the nodes of a running job register again rebuilds "
+                                "its membership from them whatever this says).", min=0)
     server_id: int | None = _s("BYTEPS_SERVER_ID", "int", None, "Index of this server, "
                                "0 .. num_server - 1, which becomes its server rank when every "
                                "server gives one (bpslaunch sets it, so its 'server N' is the "

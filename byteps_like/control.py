@@ -113,6 +113,14 @@ class ControlClient:
         self._shutdown = threading.Event()
         self._barrier_seq = 0
         self._barriers: dict[int, threading.Event] = {}
+        # a restarted scheduler (issue 37): what this node registered with, the groups of its
+        # barriers in flight, whether it has finished, and what it tells a new scheduler of the
+        # job's state (worker/failover.py: the failover's number, the servers gone)
+        self._register_meta: dict = {}
+        self._barrier_groups: dict[int, str] = {}
+        self._finished = False
+        self._downs_seen = 0
+        self.rejoin_state: dict = {}
         self._lock = threading.Lock()
         self._last_heard = time.monotonic()
         self._heartbeats = False
@@ -140,6 +148,7 @@ class ControlClient:
                 "worker_id": c.worker_id, "local_rank": c.local_rank, "local_size": c.local_size,
                 "server_id": c.server_id,
                 "num_worker": c.num_worker, "num_server": c.num_server}
+        self._register_meta = meta
         self._send(MsgType.REGISTER, meta)
         self.ep.add_timer(self.cfg.timeouts.heartbeat_interval, self._tick)
         t = self.cfg.timeouts.register_timeout
@@ -190,6 +199,7 @@ class ControlClient:
             seq = self._barrier_seq
             self._barrier_seq += 1
             ev = self._barriers[seq] = threading.Event()
+            self._barrier_groups[seq] = group
         self._send(MsgType.BARRIER, {"group": group}, key=seq)
         timeout = self.cfg.timeouts.op_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
@@ -202,6 +212,7 @@ class ControlClient:
 
     def finish(self, timeout: float) -> bool:
         """Tell the scheduler this worker is done; wait for the job's shutdown notice."""
+        self._finished = True
         self._send(MsgType.FINISH)
         deadline = time.monotonic() + timeout
         while not self._shutdown.wait(0.05):
@@ -305,6 +316,7 @@ class ControlClient:
         elif h.type is MsgType.BARRIER_DONE:
             with self._lock:
                 ev = self._barriers.pop(h.key, None)
+                self._barrier_groups.pop(h.key, None)
             if ev is not None:
                 ev.set()
         elif h.type is MsgType.PEER_LOST:
@@ -335,6 +347,9 @@ class ControlClient:
             self._shutdown.set()
             if self.on_shutdown is not None:
                 self.on_shutdown()
+        elif h.type is MsgType.ERROR and meta.get("kind") == "rejoin":
+            if self._table.is_set():  # a restarted scheduler asks the job's nodes to come back
+                self._rejoin(f"{self.role.label} {self.rank}")
         elif h.type is MsgType.ERROR:
             text = str(meta.get("message", "unknown error"))
             exc: BaseException
@@ -363,6 +378,10 @@ class ControlClient:
         t, link, now = self.cfg.timeouts, self._link, time.monotonic()
         me = (f"{self.role.label} {self.rank}" if self.rank >= 0
               else f"{self.role.label} on {self.host}")
+        if link.up and link.downs > self._downs_seen:
+            self._downs_seen = link.downs
+            if self._table.is_set():  # back: a restarted scheduler, maybe: register again
+                self._rejoin(me)
         if link.down_since is not None and now - link.down_since >= t.scheduler_lost_grace:
             self.fail(PeerLostError(
                 f"{me}: lost the scheduler at {address}: its connection closed (the scheduler "
@@ -378,6 +397,24 @@ class ControlClient:
                 "no connection and no refusal, so the address is not reachable from this "
                 "host; check DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT, and that no firewall "
                 "drops the port"))
+
+    def _rejoin(self, me: str) -> None:
+        """The scheduler's connection came back after it closed (I/O thread): a scheduler
+        restarted at the same address knows nothing of the job, so this node registers again
+        with its rank and what it knows of the job (the servers lost), then asks again for
+        its barriers in flight and says again that it finished. A scheduler that never went
+        away ignores the registration of a node it has (scheduler/registration.py)."""
+        log.warning("%s: the scheduler's connection is back; registering again (a restarted "
+                    "scheduler rebuilds the job's membership from its nodes)", me)
+        self._last_heard = time.monotonic()
+        self._send(MsgType.REGISTER, {**self._register_meta,
+                                      "rejoin": {"rank": self.rank, **self.rejoin_state}})
+        with self._lock:
+            pending = dict(self._barrier_groups)
+        for seq, group in sorted(pending.items()):
+            self._send(MsgType.BARRIER, {"group": group}, key=seq)
+        if self._finished:
+            self._send(MsgType.FINISH)
 
     def _tick(self) -> None:
         if self._shutdown.is_set() or self.fatal is not None:
@@ -409,6 +446,7 @@ class _Link:
         self.answered = False
         self.up = False
         self.down_since: float | None = None
+        self.downs = 0   # times an established connection closed
 
     def event(self, what: str) -> None:
         if what != "down":
@@ -417,6 +455,7 @@ class _Link:
             self.up, self.down_since = True, None
         elif what == "down" and self.up:
             self.up, self.down_since = False, time.monotonic()
+            self.downs += 1
 
 
 def tell_exited(cfg: Config, exited: Mapping[str, object], *, linger: float = 2.0) -> None:

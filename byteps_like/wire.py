@@ -167,6 +167,7 @@ ERR_REGISTER = "register"
 ERR_INTERNAL = "internal"
 ERR_PEER_LEFT = "peer_left"   # a rank finished without join(): the round can never complete
 ERR_EPOCH = "epoch"           # elastic: the round's membership epoch ended; it was dropped
+ERR_REJOIN = "rejoin"          # a restarted scheduler: register again (not an error of the node)
 ERR_TOO_FEW = "too_few_workers"  # elastic: below the minimum of workers for too long
 
 #: Elastic jobs carry the membership epoch in a data message's round: the high 32 bits hold

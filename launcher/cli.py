@@ -200,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a server lost while the job goes on (BYTEPS_SERVER_FAILOVER) is "
                           "started again, at most N times in all; the new one takes its keys "
                           "back (default 3; 0: never)")
+    sup.add_argument("--scheduler-restarts", type=int, default=3, metavar="N",
+                     help="a scheduler that fails while the job runs is started again at the "
+                          "same address, at most N times; the nodes register again with it "
+                          "(default 3; 0: a lost scheduler ends the job)")
     sup.add_argument("--timeout-shutdown", type=_seconds(False), metavar="SECONDS",
                      default=DEFAULT_SHUTDOWN_TIMEOUT,
                      help="after the last worker exits 0, how long the scheduler and servers "
@@ -247,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _VALUE_OPTIONS = frozenset({"--workers", "--servers", "--local-size", "--port", "--host",
                             "--timeout", "--grace", "--timeout-shutdown", "--log-dir",
-                            "--server-restarts",
+                            "--server-restarts", "--scheduler-restarts",
                             "--min-workers", "--max-workers", "--elastic-timeout",
                             "--max-restarts", "--add-workers", "--add-after",
                             _ROLE_CMD_OPTION})
@@ -441,7 +445,8 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
                            server_failover=(first.server.failover
                                             and not first.server.enable_async
                                             and first.cluster.num_server >= 2),
-                           server_restarts=max(0, args.server_restarts))
+                           server_restarts=max(0, args.server_restarts),
+                           scheduler_restarts=max(0, args.scheduler_restarts))
     lines: list[str] = []
     worker_cfg = next((c for s, c in zip(specs, configs) if s.role == "worker"), None)
     segments = None

@@ -68,6 +68,7 @@ class JobSettings:
     # reported to the scheduler, which moves its keys; the job goes on
     server_failover: bool = False
     server_restarts: int = 0   # lost servers started again, in all (their keys move back)
+    scheduler_restarts: int = 0  # a lost scheduler started again, times in all (issue 37)
 
 
 def run_job(specs: Sequence[ChildSpec], base_env: Mapping[str, str], settings: JobSettings, *,
@@ -91,12 +92,18 @@ class _Job:
         self.envs: dict[Child, Mapping[str, str]] = {}   # what each child was started with
         self.specs: dict[Child, ChildSpec] = {}
         self.server_restarts = 0
+        self.scheduler_restarts = 0
         self._over_since: float | None = None  # the job was over, lost servers still ran
         self.stopped: set[Child] = set()   # running when bpslaunch stopped the job
 
     def _start(self, spec: ChildSpec, env: Mapping[str, str], **kw) -> Child:
         # bpslaunch reported misspelt settings already, once for all of them (cli.py, slurm.py)
         env = {**env, "BYTEPS_REPORT_UNKNOWN_SETTINGS": "0"}
+        if self.settings.scheduler_restarts and spec.role != "scheduler" \
+                and "BYTEPS_SCHEDULER_LOST_GRACE_SECONDS" not in env:
+            # the nodes wait for the scheduler bpslaunch starts again (it takes a second or
+            # two to listen); bpslaunch itself stops the job at once when it cannot
+            env["BYTEPS_SCHEDULER_LOST_GRACE_SECONDS"] = str(SCHEDULER_RESTART_GRACE_S)
         child = self.sup.start(spec.name, spec.launch_argv, env, role=spec.role, rank=spec.rank,
                                log_name=spec.log_name, **kw)
         self.envs[child] = env
@@ -143,6 +150,8 @@ class _Job:
                     sup.release_held(children=[child])   # a traceback it went on after
                 if child.returncode != 0 and self._lost_server(child, failures):
                     lost_servers.append(child)
+                elif child.returncode != 0 and self._restart_scheduler(child, failures):
+                    pass
                 elif child.returncode != 0:
                     self._tell_scheduler(child)
                     self.say(f"{child.describe()} {_failed_how(child)}: "
@@ -211,6 +220,31 @@ class _Job:
                  f"{describe_returncode(child.returncode)}; its keys move to the other "
                  "servers and the job goes on (BYTEPS_SERVER_FAILOVER)")
         self._restart_server(child)
+        return True
+
+    def _restart_scheduler(self, child: Child, failures: list[Child]) -> bool:
+        """A scheduler that failed on its own while the job runs, started again at the same
+        address (--scheduler-restarts): the nodes register again with it and the job goes on
+        (its data never crosses the scheduler). True when it was."""
+        spec, env = self.specs.get(child), self.envs.get(child)
+        limit = self.settings.scheduler_restarts
+        if child.role != "scheduler" or failures or spec is None or env is None \
+                or _secondary(child) or not any(c.role == "worker" and c.running
+                                                for c in self.sup.children):
+            return False
+        if self.scheduler_restarts >= limit:
+            if limit:
+                self.say(f"not restarting the scheduler: --scheduler-restarts {limit} used up")
+            return False
+        self.scheduler_restarts += 1
+        self.say(f"{child.describe()} {_failed_how(child)}: "
+                 f"{describe_returncode(child.returncode)}; restarting it (restart "
+                 f"{self.scheduler_restarts} of {limit}): the nodes register again with it")
+        try:
+            self._start(spec, {**env, "BYTEPS_SCHEDULER_RESTART": str(self.scheduler_restarts)})
+        except (OSError, AffinityError) as exc:
+            self.say(f"cannot restart the scheduler: {exc}")
+            return False
         return True
 
     def _restart_server(self, child: Child) -> None:
@@ -333,6 +367,9 @@ class _Job:
 #: and exits), then they are stopped. A scheduler that failed at start leaves nobody to wait
 #: for either.
 SCHEDULER_GONE_GRACE_S = 2.0
+#: With --scheduler-restarts: how long the nodes wait for a restarted scheduler
+#: (BYTEPS_SCHEDULER_LOST_GRACE_SECONDS in their environment, unless the user set it)
+SCHEDULER_RESTART_GRACE_S = 15.0
 
 
 def _names(children: Sequence[Child]) -> str:

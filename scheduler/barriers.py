@@ -21,6 +21,8 @@ class Barriers:
         self.check(group, seq)
 
     def check(self, group: str, seq: int) -> None:
+        if self.host.phase == "register":  # a restarted scheduler's nodes still coming back
+            return
         pending = self.waiting_to_join()
         members = [n for n in self.host.nodes.values()
                    if (group == "all" or n.role.label == group) and not n.lost

@@ -31,7 +31,17 @@ from ..control import WAIT_REPORT_INTERVAL_S, wait_level
 from ..errors import EXIT_PEER_FAILED, ProtocolError
 from ..transport import Route, make_endpoint
 from ..transport.base import Drops
-from ..wire import ERR_PROTOCOL, ERR_REGISTER, Header, MsgType, Role, decode, encode, job_hash
+from ..wire import (
+    ERR_PROTOCOL,
+    ERR_REGISTER,
+    ERR_REJOIN,
+    Header,
+    MsgType,
+    Role,
+    decode,
+    encode,
+    job_hash,
+)
 from .barriers import Barriers
 from .dashboard import Dashboard, serve_dashboard
 from .elastic import Epochs
@@ -94,7 +104,11 @@ class Scheduler:
         self.epochs = Epochs(self, self.barriers, self.joins)
         self.registration = Registration(self, self.epochs)
         self.server_loss = ServerLoss(self, self.barriers)
+        self.asked_back: set[bytes | None] = set()  # a restart: nodes asked to register again
         self.registration.replacement = self.server_loss.replace
+        self.registration.on_rejoin_state = self.server_loss.adopt
+        self.registration.on_recovered = self._recovered
+        self.registration.on_missing = self.server_loss.missing
         # the nodes' reports and the job's events: the live page, straggler line and metrics
         self.events = EventLog()
         self.reports = Reports(self, self.events)
@@ -185,6 +199,15 @@ class Scheduler:
             self._register(route, meta, h)
         elif h.type is MsgType.EXITED:  # from a launcher, which is no node of the job
             self._exited(route, meta)
+        elif node is None and h.rank >= 0 and self.phase == "register":
+            # a node of a running job (it has a rank) that this scheduler, a restart, does not
+            # know yet: its registration again follows (control.py, rejoin)
+            self.rejections("rejoining", f"{h.type.name} from a node of rank {h.rank} that has "
+                            "not registered again yet")
+            if route.ident not in self.asked_back:  # once: it registers again (control.py)
+                self.asked_back.add(route.ident)
+                self.send(route, MsgType.ERROR, {"kind": ERR_REJOIN, "message": (
+                    "this scheduler was restarted: register again with your rank")})
         elif node is None:
             self.reject(route, "unregistered", f"{h.type.name} from an unregistered node",
                         ERR_REGISTER)
@@ -279,8 +302,17 @@ class Scheduler:
             return
         self._lose(node, why)
 
+    def _recovered(self) -> None:
+        """A restart has its nodes back: barriers and the end of the job they asked for."""
+        self.server_loss.failover_missing()
+        self.barriers.check_all()
+        if all(n.finished for n in workers(self)):
+            self.shutdown_all()
+
     def _worker_finished(self, node: NodeInfo) -> None:
         node.finished = True
+        if self.phase == "register":  # a restart whose nodes are still coming back: the job
+            return                    # ends once they all have (registration.py)
         self.events.add("finished", f"{node.describe()} finished")
         if self.elastic:
             self.epochs.finished(node)
@@ -348,6 +380,8 @@ class Scheduler:
     def _tick(self) -> None:
         now = time.monotonic()
         t = self.cfg.timeouts
+        if self.phase == "register" and self.registration.recovering:
+            self.registration.recovery_tick(now)  # a restart: its nodes coming back
         if self.phase == "register":
             # the report first, also when a late tick is already past the timeout: it comes
             # before the error

@@ -44,6 +44,7 @@ class ServerLoss:
         self.waiting: set[bytes | None] = set()  # workers that have not seeded the current one
         self.began = 0.0
         self.events: list[dict] = []         # every loss and its stall, for status and logs
+        self.pending_missing: list[int] = []  # a restart's servers that did not come back
 
     def takes(self, node: NodeInfo) -> bool:
         """Whether losing ``node`` is a failover rather than the end of the job."""
@@ -103,6 +104,44 @@ class ServerLoss:
                 self.host.send(w, MsgType.FAILOVER, meta, key=self.number)
         self._maybe_resume()
 
+    def adopt(self, number: int, gone: list[int]) -> None:
+        """A restarted scheduler: what a re-registering worker says of the failovers so far
+        (their number, the ranks of the servers gone), so that a server lost or replaced later
+        is handled as before the restart."""
+        self.number = max(self.number, number)
+        known = {n.rank for n in self.lost}
+        for rank in gone:
+            if rank not in known:
+                ghost = NodeInfo(Route(ident=b"lost-server-%d" % rank), Role.SERVER, "", 0, 0,
+                                 rank=rank, lost=True, finished=True)
+                self.lost.append(ghost)
+                known.add(rank)
+
+    def missing(self, ranks: list[int]) -> bool:
+        """A restart's servers that did not come back: lost (their keys move once the job
+        runs again, failover_missing). False when the job cannot lose them."""
+        known = {n.rank for n in self.lost}
+        fresh = [r for r in ranks if r not in known]
+        if not self.enabled or len(fresh) + len(known) >= self.host.expected[Role.SERVER]:
+            return False
+        self.adopt(self.number, ranks)
+        self.pending_missing = fresh
+        return True
+
+    def failover_missing(self) -> None:
+        """After a restart came back without some servers: tell the workers (a failover)."""
+        fresh, self.pending_missing = self.pending_missing, []
+        if fresh:
+            self.number += 1
+            self.began = time.monotonic()
+            why = (f"server rank(s) {', '.join(map(str, fresh))} did not register again with "
+                   "the restarted scheduler")
+            log.warning("scheduler: %s; failover %d: their keys move to the other servers",
+                        why, self.number)
+            self.events.append({"failover": self.number, "server": fresh[0], "host": "",
+                                "pid": 0, "why": why, "at": time.time(), "stall": None})
+            self._announce(why, count=False)
+
     def replace(self, route: Route, info: NodeInfo) -> bool:
         """A server registering while the job runs takes the place of the first server lost
         (its rank, its keys: they move back at once, as a failover moves them away). False when
@@ -144,7 +183,8 @@ class ServerLoss:
         for w in workers(self.host):
             if not w.lost:
                 self.host.send(w, MsgType.RESUME, key=self.number)
-        self.events[-1]["stall"] = stall
+        if self.events:
+            self.events[-1]["stall"] = stall
         log.warning("scheduler: failover %d done: every worker re-seeded the moved keys in "
                     "%.2f s; the job goes on with %d server(s)", self.number, stall,
                     len(servers(self.host)))

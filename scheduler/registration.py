@@ -49,6 +49,14 @@ class Registration:
         self.epochs = epochs
         # a server registering while the job runs: whether it took a lost server's place
         self.replacement: Callable[[Route, NodeInfo], bool] | None = None
+        # a restarted scheduler (rejoin): since when its nodes come back (0: not a restart),
+        # the servers they say were lost, and who hears of the job's state and the recovery
+        self.recovering = 0.0
+        self.servers_gone = 0
+        self.on_rejoin_state: Callable[[int, list[int]], None] | None = None
+        self.on_recovered: Callable[[], None] | None = None
+        # servers that did not come back to a restart: True when they may be taken as lost
+        self.on_missing: Callable[[list[int]], bool] | None = None
         # phase "refused" (cannot_form): the PEER_LOST notice, who was told, how many refused
         self.refused: dict = {}
         self.told: set[bytes | None] = set()
@@ -93,6 +101,10 @@ class Registration:
         except BadField as exc:
             host.reject(route, "bad registration", f"bad registration: {exc}", ERR_REGISTER)
             return
+        rejoin = meta.get("rejoin")
+        if rejoin is not None and self.size_mismatch(info, sizes) is None:
+            self.rejoin(route, info, rejoin)
+            return
         err = self.size_mismatch(info, sizes)
         if err is None and (host.elastic and role is Role.WORKER and host.phase == "running"
                             and local_size == c.local_size):
@@ -115,6 +127,78 @@ class Registration:
         if all(sum(n.role is r for n in host.nodes.values()) == k
                for r, k in host.expected.items()):
             self.publish_table()
+
+    def rejoin(self, route: Route, info: NodeInfo, rejoin: object) -> None:
+        """A node of a running job registering again, with its rank: its scheduler lost the
+        connection and this one may be a restart (issue 37). A scheduler that is still
+        forming its job takes it as the job's membership coming back (a restart knows nothing
+        else of it); one that runs the job already knows it and ignores it."""
+        host = self.host
+        if not isinstance(rejoin, dict):
+            host.reject(route, "bad registration", "bad registration: rejoin is not an object",
+                        ERR_REGISTER)
+            return
+        try:
+            info.rank = checked(rejoin, "rank", int, lo=0, hi=1 << 20)
+            gone = rejoin.get("servers_gone", [])
+            gone = [checked({"r": r}, "r", int, lo=0, hi=1 << 20) for r in gone] \
+                if isinstance(gone, list) else []
+            number = checked(rejoin, "failover", int, 0, lo=0, hi=1 << 30)
+        except BadField as exc:
+            host.reject(route, "bad registration", f"bad rejoin: {exc}", ERR_REGISTER)
+            return
+        if host.phase != "register" or host.elastic:
+            return  # the scheduler never went away (a blip of the connection), or elastic
+        if not self.recovering:
+            self.recovering = time.monotonic()
+            log.warning("scheduler: a node of a running job registers again: this scheduler "
+                        "is a restart; rebuilding the job's membership from its nodes")
+        host.nodes[route.ident] = info
+        if self.on_rejoin_state is not None and info.role is Role.WORKER:
+            self.on_rejoin_state(number, gone)
+        self.servers_gone = max(self.servers_gone, len(gone))
+        have = {r: sum(n.role is r for n in host.nodes.values()) for r in host.expected}
+        if have[Role.WORKER] == host.expected[Role.WORKER] and \
+                have[Role.SERVER] + self.servers_gone >= host.expected[Role.SERVER]:
+            self.publish_recovered()
+
+    def recovery_tick(self, now: float) -> None:
+        """A restart whose nodes come back (the scheduler's tick): heartbeats to those that
+        have, so they wait; once every worker is back, a server that has not come back within
+        the heartbeat timeout is taken as lost (a failover, when the job can lose one)."""
+        host = self.host
+        for n in host.nodes.values():
+            host.send(n, MsgType.HEARTBEAT)
+        back = [n for n in host.nodes.values() if n.role is Role.SERVER]
+        if (sum(n.role is Role.WORKER for n in host.nodes.values())
+                < host.expected[Role.WORKER] or not back
+                or now - self.recovering < host.cfg.timeouts.heartbeat_timeout):
+            return
+        ranks = {n.rank for n in back}
+        missing = [r for r in range(host.expected[Role.SERVER]) if r not in ranks]
+        if self.on_missing is not None and self.on_missing(missing):
+            self.servers_gone = host.expected[Role.SERVER] - len(back)
+            self.publish_recovered()
+
+    def publish_recovered(self) -> None:
+        """Every node of the job is back: the node table again (ranks kept), and the job
+        runs on."""
+        host = self.host
+        c = host.cfg.cluster
+        me = {"role": "scheduler", "rank": 0, "host": c.root_uri, "port": c.root_port,
+              "pid": os.getpid()}
+        host.table = [me] + sorted((n.public() for n in host.nodes.values()),
+                                   key=lambda d: (d["role"], d["rank"]))
+        now = time.monotonic()
+        for n in host.nodes.values():
+            n.last_seen = now
+            host.send(n, MsgType.NODE_TABLE, {"rank": n.rank, "nodes": host.table,
+                      "num_worker": c.num_worker, "local_size": c.local_size})
+        host.phase = "running"
+        log.warning("scheduler: restarted: all %d nodes of the job re-registered in %.2f s; the "
+                    "job goes on", len(host.nodes), now - self.recovering)
+        if self.on_recovered is not None:
+            self.on_recovered()
 
     def refusal(self, info: NodeInfo, local_size: int) -> str | None:
         """Why a node whose job size is right cannot register (None: it can)."""

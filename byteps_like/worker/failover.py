@@ -101,6 +101,9 @@ class ServerFailover:
             if number <= self.current:
                 return
             self.current = number
+        # what this worker tells a restarted scheduler (control.py, rejoin)
+        self.members.controller.rejoin_state = {"failover": number, "servers_gone": ranks}
+        with self._lock:
             if self.began is None:
                 self.began = time.monotonic() - silent
         if self.tables:  # their shards went with the server: nothing to move them from

@@ -236,3 +236,35 @@ def test_bench_failover_reports_a_real_model_losing_a_server(tmp_path):
     assert rec["steps_lost"] == 0 and rec["max_param_diff"] == 0.0, rec
     assert rec["replaced_at_step"] == -1 and rec["stall_s"] >= 0, rec
     assert "run-to-run |dparam|" in r.stdout
+
+
+@pytest.mark.parametrize("kills", ["5:scheduler:KILL", "5:scheduler:KILL,25:1:KILL"],
+                         ids=["scheduler", "scheduler-then-a-server"])
+def test_a_restarted_scheduler_is_found_again(tmp_path, uninterrupted, kills):
+    """The scheduler SIGKILLed mid-run: bpslaunch starts it again at the same address
+    (--scheduler-restarts), every node registers again with its rank, and the job goes on: no
+    data round stops (no data crosses the scheduler), no step is lost, the parameters are bit
+    for bit the uninterrupted run's. Then a server lost while the new scheduler gathers the
+    nodes, or after (the machine's timing decides which): either way it is lost and its keys
+    move."""
+    r, out = run(tmp_path, "k", kills, steps=40)
+    text = r.out + r.err
+    assert r.rc == 0, text
+    assert "restarting it (restart 1 of 3)" in text, text
+    assert re.search(r"scheduler: restarted: all \d nodes of the job re-registered", text), text
+    if "25:1" in kills:
+        assert re.search(r"did not register again with the restarted scheduler|"
+                         r"scheduler: lost server rank 1 ", text), text
+    ref_dir = tmp_path / "ref40"
+    ref_dir.mkdir()
+    r2, ref = run(ref_dir, "u", steps=40)
+    assert r2.rc == 0, r2.out + r2.err
+    assert_same(params(out, 0), params(ref, 0))
+
+
+def test_with_scheduler_restarts_off_a_lost_scheduler_ends_the_job(tmp_path):
+    out = tmp_path / "k"
+    r = bpslaunch([SCRIPT, str(out), "20", "5:scheduler:KILL"], workers=2, servers=2,
+                  timeout=120, extra=["--scheduler-restarts", "0", "--server-restarts", "0"])
+    assert r.rc != 0
+    assert re.search(r"scheduler \(pid \d+\) failed first: killed by SIGKILL", r.err), r.out + r.err

@@ -71,9 +71,11 @@ def test_scheduler_killed_mid_run_ends_the_job_within_seconds():
     """Issue 40: every node sees the scheduler's connection close and fails within
     BYTEPS_SCHEDULER_LOST_GRACE_SECONDS (0.5 s) naming it; bpslaunch stops whatever is left
     soon after. The heartbeat timeout is its default, 20 s (the job used to end 21.1 s after the
-    kill, the workers training on meanwhile)."""
+    kill, the workers training on meanwhile). With restarts off: a restarted scheduler is
+    tests/faults/test_lose_server.py's."""
     run = bpslaunch(worker("faults.py", "kill-scheduler"), workers=2, servers=1, timeout=90,
-                    env={"BYTEPS_HEARTBEAT_TIMEOUT_SECONDS": "20"})
+                    env={"BYTEPS_HEARTBEAT_TIMEOUT_SECONDS": "20"},
+                    extra=["--scheduler-restarts", "0"])
     ended = time.time()
     assert run.rc == 128 + signal.SIGKILL, run.log   # the scheduler is blamed
     assert re.search(r"scheduler \(pid \d+\) failed first: killed by SIGKILL", run.err), run.log

@@ -3,7 +3,7 @@ server-loss tests. Usage: lose_server.py OUT STEPS [KILLS [COMPRESSOR]]
 
 Each step every worker computes a gradient from its parameters, its rank and the step, and
 push_pulls every tensor (async, all in flight at once). KILLS is a comma-separated list of
-STEP:SERVER:SIGNAL (SIGNAL KILL or TERM): worker rank 0 sends SIGNAL to server rank SERVER
+STEP:SERVER:SIGNAL (SIGNAL KILL, TERM or STOP; SERVER a server rank or ``scheduler``): worker rank 0 sends SIGNAL to server rank SERVER
 once it has started that step's push_pulls and before it waits for them, so the loss lands
 mid-round; SIGNAL WAIT (after a loss) first waits until the worker has connected to a
 replacement server (bpslaunch --server-restarts) before going on. COMPRESSOR (onebit, fp16, ...) compresses the largest tensor. Every rank writes its
@@ -21,8 +21,8 @@ from byteps_like.worker.runtime import default_runtime
 out, steps = sys.argv[1], int(sys.argv[2])
 kills = {}
 for item in filter(None, (sys.argv[3] if len(sys.argv) > 3 else "").split(",")):
-    step, server, sig = item.split(":")
-    kills.setdefault(int(step), []).append((int(server), sig))
+    step, server, sig = item.split(":")  # SERVER: a server rank, or "scheduler"
+    kills.setdefault(int(step), []).append((server, sig))
 compressor = sys.argv[4] if len(sys.argv) > 4 else ""
 
 bps.init()
@@ -46,11 +46,13 @@ for step in range(steps):
         if sig == "WAIT":
             fo = default_runtime().failover
             t_wait = time.monotonic()
-            while fo.replacements < server and time.monotonic() - t_wait < 60:
+            while fo.replacements < int(server) and time.monotonic() - t_wait < 60:
                 time.sleep(0.01)
             print(f"REPLACED {fo.replacements} after {time.monotonic() - t_wait:.2f} s", flush=True)
             continue
-        pid = [p.pid for p in default_runtime().members.servers if p.rank == server][0]
+        peers = default_runtime().members.controller.peers
+        pid = [p.pid for p in peers if (p.role == "scheduler" if server == "scheduler" else
+                                        p.role == "server" and p.rank == int(server))][0]
         os.kill(pid, getattr(signal, f"SIG{sig}"))
         print(f"KILLED server {server} pid {pid} at step {step} (SIG{sig})", flush=True)
     for p, h in zip(params, handles):
