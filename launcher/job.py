@@ -229,9 +229,9 @@ class _Job:
         spec, env = self.specs.get(child), self.envs.get(child)
         limit = self.settings.scheduler_restarts
         if child.role != "scheduler" or failures or spec is None or env is None \
-                or _secondary(child) or not any(c.role == "worker" and c.running
-                                                for c in self.sup.children):
-            return False
+                or _secondary(child) or child.returncode == ROLE_CONFIG_ERROR \
+                or not any(c.role == "worker" and c.running for c in self.sup.children):
+            return False  # (exit 2: its configuration or port; a restart would fail alike)
         if self.scheduler_restarts >= limit:
             if limit:
                 self.say(f"not restarting the scheduler: --scheduler-restarts {limit} used up")
@@ -367,6 +367,9 @@ class _Job:
 #: and exits), then they are stopped. A scheduler that failed at start leaves nobody to wait
 #: for either.
 SCHEDULER_GONE_GRACE_S = 2.0
+#: The exit status of a role that stopped on its configuration (a ConfigError, its port taken:
+#: byteps_like/roles.py): a restart would fail alike
+ROLE_CONFIG_ERROR = 2
 #: With --scheduler-restarts: how long the nodes wait for a restarted scheduler
 #: (BYTEPS_SCHEDULER_LOST_GRACE_SECONDS in their environment, unless the user set it)
 SCHEDULER_RESTART_GRACE_S = 15.0

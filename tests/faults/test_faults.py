@@ -83,6 +83,8 @@ def test_fault(target, action, point, etype, etext, first):
     env = {"BYTEPS_REGISTER_TIMEOUT_SECONDS": "4"} if point == "rendezvous" else {}
     if action == "stop":  # the hung process never exits: SIGTERM/SIGKILL it soon after
         extra = [*extra, "--grace", "2"]
+    if target == "scheduler":  # fail-fast here; a restarted scheduler: test_lose_server.py
+        extra = [*extra, "--scheduler-restarts", "0"]
     run = bpslaunch([INJECT, target, action, point], workers=workers, servers=1,
                     local_size=local_size, env=env, extra=extra, timeout=90)
     assert run.rc != 0, run.log
