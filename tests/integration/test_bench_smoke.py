@@ -181,6 +181,10 @@ def _copy_tree(dst, layout: str):
     root = package_root()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(os.path.join(root, "byteps_like"), dst / "byteps_like", ignore=ignore)
+    # the compiled part: this environment's build (kept in its site-packages for an editable
+    # install, which names the tree it was built for), inside the copy as a wheel has it
+    import byteps_like._core as core
+    shutil.copy2(core.__file__, dst / "byteps_like" / os.path.basename(core.__file__))
     for role in ("server", "scheduler", "launcher"):
         src = importlib.util.find_spec(f"byteps_like.{role}").submodule_search_locations[0]
         target = dst / role if layout == "source" else dst / "byteps_like" / role

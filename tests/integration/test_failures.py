@@ -33,15 +33,17 @@ def test_mismatch_raises_on_every_worker_naming_both_sides():
 
 
 def test_server_killed_mid_run():
-    run = bpslaunch(worker("faults.py", "kill-server"), workers=2, servers=2, timeout=90)
+    """With failover off (the fail-fast behaviour; a job that loses a server and goes on is
+    tests/faults/test_lose_server.py's)."""
+    run = bpslaunch(worker("faults.py", "kill-server"), workers=2, servers=2, timeout=90,
+                    env={"BYTEPS_SERVER_FAILOVER": "0"})
     assert run.rc != 0, run.log
     lost = run.lines("PEER_LOST")
     assert len(lost) == 2, run.log
     assert all("server rank 0" in ln for ln in lost), run.log
-    # bpslaunch numbers servers in launch order, the scheduler ranks them by address: the
-    # process bpslaunch blames is the one killed, whatever its number
+    # bpslaunch's "server N" is the job's server rank N (BYTEPS_SERVER_ID, issue 41)
     victim = run.lines("KILLING server rank 0 pid")[0].split()[-1]
-    assert re.search(rf"server \d \(pid {victim}\) failed first: killed by SIGKILL", run.err), \
+    assert re.search(rf"server 0 \(pid {victim}\) failed first: killed by SIGKILL", run.err), \
         run.log
     pids = pids_in(run.out)
     assert len(pids) == 5, run.log  # scheduler, 2 servers, 2 workers
