@@ -327,8 +327,10 @@ class Job:
         from byteps_like.launcher.cli import local_job_env
         args = argparse.Namespace(auth=True if self.spec.auth else None,
                                   no_auth=None if self.spec.auth else True)
-        return local_job_env(args, {**self.spec.env, "BYTEPS_JOB_ID": self.job_id},
-                             self.notes)
+        # a lost server actor ends the attempt and Ray Train retries from the last checkpoint
+        # (its own recovery, docs/deployment.md), unless the user's settings say otherwise
+        return local_job_env(args, {"BYTEPS_SERVER_FAILOVER": "0", **self.spec.env,
+                                    "BYTEPS_JOB_ID": self.job_id}, self.notes)
 
     def _plan(self, port: int) -> list[Any]:
         from byteps_like.launcher.plan import LocalCluster, local_cluster_plan
