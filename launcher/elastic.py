@@ -69,6 +69,10 @@ class _ElasticJob(_Job):
         self.finished_ok = 0  # workers that exited 0
         self.servers_lost: list[Child] = []  # servers lost while the job went on (failover)
 
+    def _restart_server(self, child: Child) -> None:
+        """An elastic job's lost server is not replaced: its servers follow the membership
+        epochs, which a replacement cannot join (its keys stay on the others)."""
+
     def _start_worker(self, template: ChildSpec, base_env: Mapping[str, str],
                       why: str) -> None:
         spec = replace(template, rank=self.next_rank, binding=None)

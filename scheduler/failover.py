@@ -147,7 +147,9 @@ class ServerLoss:
         (its rank, its keys: they move back at once, as a failover moves them away). False when
         no lost server waits for a replacement (the registration is refused as usual)."""
         host = self.host
-        if not (self.enabled and self.lost and host.phase == "running"):
+        # (an elastic job's servers follow its membership epochs, which a replacement would
+        # have to join between the seeds and the resumed pushes: not supported)
+        if not (self.enabled and self.lost and host.phase == "running") or host.elastic:
             return False
         # the lost server it was started for (BYTEPS_SERVER_ID), else the first lost
         same = [n for n in self.lost if info.server_id is not None and n.rank == info.server_id]
