@@ -60,7 +60,8 @@ def run_elastic_job(specs: Sequence[ChildSpec], base_env: Mapping[str, str],
 
 class _ElasticJob(_Job):
     def __init__(self, sup: Supervisor, settings: JobSettings, elastic: ElasticSettings):
-        super().__init__(sup, settings)
+        # no restarted scheduler: an elastic job's epochs are not rebuilt by one
+        super().__init__(sup, replace(settings, scheduler_restarts=0))
         self.elastic = elastic
         self.restarts = 0
         self.next_rank = 0
