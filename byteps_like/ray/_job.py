@@ -326,7 +326,8 @@ class Job:
     def _base_env(self) -> dict[str, str]:
         from byteps_like.launcher.cli import local_job_env
         args = argparse.Namespace(auth=True if self.spec.auth else None,
-                                  no_auth=None if self.spec.auth else True, host=None)
+                                  no_auth=None if self.spec.auth else True,
+                                  host=self.roles[0].ip if self.roles else None)
         # a lost server actor ends the attempt and Ray Train retries from the last checkpoint
         # (its own recovery, docs/deployment.md), unless the user's settings say otherwise
         return local_job_env(args, {"BYTEPS_SERVER_FAILOVER": "0", **self.spec.env,
