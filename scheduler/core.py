@@ -295,8 +295,10 @@ class Scheduler:
             return
         why = (f"lost {node.describe()}: its process exited ({how}; reported by its launcher "
                "at once)")
-        if self.phase == "register" and self.elastic:
-            # no rank or epoch yet: its place is free again, for a replacement
+        if self.phase == "register" and (self.elastic or (node.role is Role.SERVER
+                                                          and self.server_loss.enabled)):
+            # no rank or epoch yet: its place is free again, for a replacement (a server that
+            # bpslaunch starts again, --server-restarts)
             del self.nodes[node.route.ident]
             log.warning("scheduler: %s before the job formed; waiting for a replacement", why)
             return
