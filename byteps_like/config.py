@@ -571,6 +571,14 @@ class Config:
         section, name = _resolve(path, "argument").path.split(".")
         return getattr(getattr(self, section), name)
 
+    @property
+    def can_lose_servers(self) -> bool:
+        """Whether this job goes on when a server is lost (docs/reliability.md):
+        BYTEPS_SERVER_FAILOVER, synchronous (asynchronous mode keeps the model on the servers),
+        two servers or more."""
+        return (self.server.failover and not self.server.enable_async
+                and self.cluster.num_server >= 2)
+
     def source(self, path: str) -> str:
         """Where the value at ``path`` came from ("default", "environment", ...)."""
         return self._sources.get(_resolve(path, "argument").path, "default")

@@ -490,9 +490,8 @@ class ClientImpl {
     Part& p = op.parts[t.idx];
     // an average divides by the ranks that pushed: all of them, or those not joined (join())
     const std::int64_t div = t.contrib > 0 && op.divisor > 1 ? t.contrib : op.divisor;
-    if (ok && t.shadow && !t.copied && !op.failed) {  // out of the key's shadow, divided
-      copy_scaled(op.kdt, op.dst + p.spec.offset, t.shadow, t.len, op.compressed ? 1 : div);
-    } else if (ok && div > 1 && !op.failed && !op.coded && !t.copied)  // coded: as decoded
+    // a coded part was divided as decoded, a shadowed one as copied out (resp_done)
+    if (ok && div > 1 && !op.failed && !op.coded && !t.copied)
       scale_into(op.kdt, op.dst + p.spec.offset, p.spec.nbytes / itemsize(op.kdt), div, 1);
     std::vector<Ready> ready;
     {
@@ -709,15 +708,16 @@ class ClientImpl {
                      [&](std::size_t i) { return i < prev_gone_.size() && prev_gone_[i]; },
                      [&](std::size_t i) { return !servers_[i].conns.empty(); });
   }
-  // Parts in flight whose key's server changed wait for the new one (resume()).
-  void repark_locked() {
+  // The parts in flight (sent, not answered) that `which` picks wait for resume(): their
+  // credit comes back and an answer from their old server is no longer theirs.
+  template <typename Which>
+  void park_locked(Which which) {
     for (auto& kv : ops_) {
       Op& op = *kv.second;
       if (op.reported || op.failed) continue;
       for (std::size_t i = 0; i < op.parts.size(); ++i) {
         Part& p = op.parts[i];
-        if (!p.dispatched || p.done || p.at == route_locked(p.spec.key, p.spec.server))
-          continue;
+        if (!p.dispatched || p.done || !which(p)) continue;
         release_locked(p);
         p.dispatched = p.acked = false;
         auto it = inflight_.find(p.spec.key);
@@ -725,6 +725,10 @@ class ClientImpl {
         parked_.push_back(QItem{op.priority, seq_++, kv.second, i});
       }
     }
+  }
+  // Parts in flight whose key's server changed wait for the new one (resume()).
+  void repark_locked() {
+    park_locked([this](const Part& p) { return p.at != route_locked(p.spec.key, p.spec.server); });
   }
   // A part about to go to p.at: a moved key's push re-declares it and says it is retried.
   void routed_locked(const Part& p, Ready* r) {
@@ -755,19 +759,7 @@ class ClientImpl {
   }
   // The parts in flight to `server` wait for their key's new server; `notify`: tell Python.
   void lost_locked(int server, bool notify) {
-    for (auto& kv : ops_) {
-      Op& op = *kv.second;
-      if (op.reported || op.failed) continue;
-      for (std::size_t i = 0; i < op.parts.size(); ++i) {
-        Part& p = op.parts[i];
-        if (p.at != server || p.done || !p.dispatched) continue;
-        release_locked(p);
-        p.dispatched = p.acked = false;
-        auto it = inflight_.find(p.spec.key);
-        if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
-        parked_.push_back(QItem{op.priority, seq_++, kv.second, i});
-      }
-    }
+    park_locked([server](const Part& p) { return p.at == server; });
     for (auto it = seeds_out_.begin(); it != seeds_out_.end();) {
       if (it->second != server) { ++it; continue; }
       seed_error_ = "server " + std::to_string(server) + " was lost while it was seeded";

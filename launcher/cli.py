@@ -442,9 +442,7 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
     first = configs[0]
     settings = JobSettings(grace=grace, shutdown_timeout=args.timeout_shutdown,
                            timeout=args.timeout, log_dir=args.log_dir,
-                           server_failover=(first.server.failover
-                                            and not first.server.enable_async
-                                            and first.cluster.num_server >= 2),
+                           server_failover=first.can_lose_servers,
                            server_restarts=max(0, args.server_restarts),
                            scheduler_restarts=max(0, args.scheduler_restarts))
     lines: list[str] = []

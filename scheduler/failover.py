@@ -37,8 +37,7 @@ class ServerLoss:
         self.host = host
         self.barriers = barriers
         cfg = host.cfg
-        self.enabled = (cfg.server.failover and not cfg.server.enable_async
-                        and cfg.cluster.num_server >= 2)
+        self.enabled = cfg.can_lose_servers
         self.number = 0                      # failovers so far
         self.lost: list[NodeInfo] = []       # servers lost, in order
         self.waiting: set[bytes | None] = set()  # workers that have not seeded the current one
@@ -72,29 +71,29 @@ class ServerLoss:
     def lose(self, node: NodeInfo, why: str) -> None:
         node.lost = node.finished = True
         self.lost.append(node)
-        self.number += 1
-        self.began = time.monotonic()
+        self._begin(why, node.rank, node.host, node.pid)
         alive = servers(self.host)
         log.warning("scheduler: %s; failover %d: its keys move to server rank(s) %s "
                     "(BYTEPS_SERVER_FAILOVER)", why, self.number,
                     ", ".join(str(s.rank) for s in alive))
-        self.events.append({"failover": self.number, "server": node.rank, "host": node.host,
-                            "pid": node.pid, "why": why, "at": time.time(), "stall": None})
         self.host.send(node, MsgType.SHUTDOWN)  # if it still runs, it leaves the job
         # a server found by its silence stalled the job since it was last heard from
         silent = time.monotonic() - node.last_seen
         if silent <= 2 * self.host.cfg.timeouts.heartbeat_interval:
             silent = 0.0  # found by its exit or its streams, not its silence
-        self._announce(why, silent=silent, count=False)
+        self._announce(why, silent=silent)
         self.barriers.check_all()  # a barrier that waited for the lost server
 
-    def _announce(self, why: str, *, silent: float = 0.0, joined: list | None = None,
-                  count: bool = True) -> None:
-        """FAILOVER to every worker: the servers gone, the ones that joined; then wait for
-        every live worker's SEEDED."""
-        if count:
-            self.number += 1
-            self.began = time.monotonic()
+    def _begin(self, why: str, server: int, host: str, pid: int) -> None:
+        """The next failover: its number, when it began, its event (status and logs)."""
+        self.number += 1
+        self.began = time.monotonic()
+        self.events.append({"failover": self.number, "server": server, "host": host,
+                            "pid": pid, "why": why, "at": time.time(), "stall": None})
+
+    def _announce(self, why: str, *, silent: float = 0.0, joined: list | None = None) -> None:
+        """FAILOVER (the current one, _begin) to every worker: the servers gone, the ones that
+        joined; then wait for every live worker's SEEDED."""
         meta = {"lost": [s.rank for s in self.lost], "reason": why[:2000], "silent": silent,
                 "joined": joined or []}
         self.waiting = {w.route.ident for w in workers(self.host)
@@ -132,15 +131,12 @@ class ServerLoss:
         """After a restart came back without some servers: tell the workers (a failover)."""
         fresh, self.pending_missing = self.pending_missing, []
         if fresh:
-            self.number += 1
-            self.began = time.monotonic()
             why = (f"server rank(s) {', '.join(map(str, fresh))} did not register again with "
                    "the restarted scheduler")
+            self._begin(why, fresh[0], "", 0)
             log.warning("scheduler: %s; failover %d: their keys move to the other servers",
                         why, self.number)
-            self.events.append({"failover": self.number, "server": fresh[0], "host": "",
-                                "pid": 0, "why": why, "at": time.time(), "stall": None})
-            self._announce(why, count=False)
+            self._announce(why)
 
     def replace(self, route: Route, info: NodeInfo) -> bool:
         """A server registering while the job runs takes the place of the first server lost
@@ -165,11 +161,8 @@ class ServerLoss:
                                              "num_worker": c.num_worker,
                                              "local_size": c.local_size})
         why = f"{info.describe()} replaces {old.describe()}"
-        log.warning("scheduler: %s; failover %d: its keys move back to it", why,
-                    self.number + 1)
-        self.events.append({"failover": self.number + 1, "server": info.rank,
-                            "host": info.host, "pid": info.pid, "why": why,
-                            "at": time.time(), "stall": None})
+        self._begin(why, info.rank, info.host, info.pid)
+        log.warning("scheduler: %s; failover %d: its keys move back to it", why, self.number)
         self._announce(why, joined=[info.public()])
         return True
 

@@ -64,7 +64,7 @@ class ServerFailover:
         client hands the scheduler's notices to a new instance, and the native plane its lost
         streams. ``tables``: the server-held embedding tables by name, whose shards a lost
         server takes with it."""
-        if not enabled(cfg):
+        if not cfg.can_lose_servers:
             return None
         self = cls(members, plane)
         self.tables = tables
@@ -219,8 +219,4 @@ class ServerFailover:
         return ranks.index(rank) if rank in ranks else -1
 
 
-def enabled(cfg: Any) -> bool:
-    """Whether this job may lose a server: BYTEPS_SERVER_FAILOVER, synchronous, two servers or
-    more (asynchronous mode keeps the model on the servers)."""
-    return (cfg.server.failover and not cfg.server.enable_async
-            and cfg.cluster.num_server >= 2)
+
