@@ -8,6 +8,7 @@ import os
 import pathlib
 import signal
 import sys
+import tempfile
 
 import pytest
 
@@ -480,8 +481,12 @@ def test_impossible_binding_is_a_note_by_default_and_an_error_when_asked_for(
 
 def _run_python_workers(*options: str) -> int:
     quick = json.dumps([sys.executable, "-c", "pass"])
-    return main([*options, "--_role-cmd", f"scheduler={quick}", "--_role-cmd",
-                 f"server={quick}", "--", sys.executable, "-c", "pass"], environ=_clean_env())
+    # a shared-memory directory of its own: segments that other tests' killed jobs left in
+    # /dev/shm would be swept (rightly) and reported on the stderr these tests read
+    with tempfile.TemporaryDirectory() as shm_dir:
+        return main([*options, "--_role-cmd", f"scheduler={quick}", "--_role-cmd",
+                     f"server={quick}", "--", sys.executable, "-c", "pass"],
+                    environ=_clean_env(BYTEPS_SHM_DIR=shm_dir))
 
 
 def test_main_reports_the_binding_on_stderr(monkeypatch, capsys):
