@@ -241,6 +241,24 @@ class ServerConfig:
                                     "directory (a shared file system across machines) for a "
                                     "restore onto another number of servers. Empty: saving and "
                                     "loading are refused.")
+    sparse_survival: str = _s("BYTEPS_SPARSE_SURVIVAL", "choice", "none", "What keeps the "
+                              "server-held embedding tables when a server is lost "
+                              "(docs/sparse.md, 'Losing a server'): none (its shards are lost "
+                              "and the job ends, naming the last checkpoint to load), replicate "
+                              "(each shard also lives on the next server, which applies every "
+                              "round before the round's last push is acknowledged; a loss "
+                              "moves the shard's requests to that copy and the tables stay "
+                              "exactly as they would have been; twice the tables' memory and "
+                              "push traffic), or snapshot (every BYTEPS_SPARSE_SNAPSHOT_STEPS "
+                              "rounds each server writes the rows changed since its last "
+                              "snapshot under BYTEPS_SPARSE_CHECKPOINT_DIR; a loss rolls every "
+                              "table back to the newest snapshot all its shards have, and the "
+                              "workers log how many steps that was). Every node must use the "
+                              "same value.", choices=("none", "replicate", "snapshot"))
+    sparse_snapshot_steps: int = _s("BYTEPS_SPARSE_SNAPSHOT_STEPS", "int", 100, "Rounds between "
+                                    "two incremental snapshots of the server-held tables "
+                                    "(BYTEPS_SPARSE_SURVIVAL=snapshot): the most steps a lost "
+                                    "server rolls the tables back.", unit="rounds", min=1)
     sparse_checkpoint_repair: str = _s("BYTEPS_SPARSE_CHECKPOINT_REPAIR", "choice", "refuse",
                                        "What a load does with the rows of a checkpoint file "
                                        "that hold NaN or inf, or whose id appears more than "

@@ -150,6 +150,33 @@ class TableSpec:
 
 
 # -- sharding -------------------------------------------------------------------------------------
+#: tables a job has at most (a table id is below this); a request names a table's shard s as
+#: the key ``table id + MAX_TABLES * s`` (wire_key)
+MAX_TABLES = 4096
+
+
+def wire_key(table_id: int, shard: int) -> int:
+    """The key of shard ``shard`` of table ``table_id`` in a request's header."""
+    return table_id + MAX_TABLES * shard
+
+
+def held_shards(rank: int, servers: int, survival: str) -> list[int]:
+    """The shards of every table server ``rank`` of ``servers`` holds from the start: its own,
+    and with replication the one of the server before it (docs/sparse.md, "Losing a
+    server")."""
+    if survival == "replicate" and servers > 1:
+        return sorted({rank, (rank - 1) % servers})
+    return [rank]
+
+
+def shard_holders(shard: int, servers: int, survival: str, lost: frozenset | set = frozenset()
+                  ) -> list[int]:
+    """The servers that hold shard ``shard`` now, its primary first (it answers pulls): the
+    server of its number, and with replication the next one, less the servers ``lost``."""
+    first = [shard, (shard + 1) % servers] if survival == "replicate" and servers > 1 else [shard]
+    return [s for s in first if s not in lost]
+
+
 def shard_rows(rows: int, shard: int, shards: int) -> int:
     """Rows of shard ``shard`` of ``shards`` (cyclic: rows shard, shard + S, ...)."""
     return max(0, (rows - shard + shards - 1) // shards)

@@ -35,9 +35,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..embedding import (
+    MAX_TABLES,
     TableError,
     TableShard,
     TableSpec,
+    held_shards,
     load_shard,
     save_shard,
     state_bytes,
@@ -64,8 +66,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("byteps_like.server")
 
-#: tables one server holds at most (a table id is below this)
-MAX_TABLES = 4096
 #: bytes of requests queued for the tables' thread (each counted with its payload and
 #: QUEUED_OVERHEAD) at which the server stops reading its clients (Endpoint.hold_clients) until
 #: the thread has served the queue down to half of it: peers that send faster than the tables
@@ -288,14 +288,20 @@ class SparseService(threading.Thread):
     def _create(self, route: Route, msg: Message) -> None:
         h, srv, meta = msg.header, self.server, msg.meta or {}
         try:
-            if not 0 <= h.key < MAX_TABLES:
-                raise TableError(f"table id {h.key} is not below {MAX_TABLES}")
+            if not 0 <= h.key < MAX_TABLES * srv.cfg.cluster.num_server:
+                raise TableError(f"table key {h.key} is not below {MAX_TABLES} tables x "
+                                 f"{srv.cfg.cluster.num_server} shards")
             spec = TableSpec.from_json(meta.get("spec"))
             shard, shards = meta.get("shard"), meta.get("shards")
-            if shards != srv.cfg.cluster.num_server or shard != srv.rank:
+            held = held_shards(srv.rank, srv.cfg.cluster.num_server,
+                               srv.cfg.server.sparse_survival)
+            if (shards != srv.cfg.cluster.num_server or shard not in held
+                    or shard != h.key // MAX_TABLES):
                 raise TableError(f"table {spec.name!r}: declared as shard {shard!r} of "
                                  f"{shards!r} to server {srv.rank} of "
-                                 f"{srv.cfg.cluster.num_server}")
+                                 f"{srv.cfg.cluster.num_server}, which holds shard(s) {held} "
+                                 f"(BYTEPS_SPARSE_SURVIVAL={srv.cfg.server.sparse_survival} "
+                                 "here: every node must use the same value)")
         except TableError as exc:
             self._refuse(route, h, "bad table declaration", f"declaration of table id {h.key} "
                          f"from worker rank {h.rank}: {exc}")
@@ -323,8 +329,9 @@ class SparseService(threading.Thread):
             return
         self.tables[h.key] = Table(spec, TableShard(spec, shard, shards), shards, h.rank, need,
                                    applied=self.round_base, key=h.key)
-        log.info("server %d: table %s, shard %d of %d: %d rows, %d bytes charged", srv.rank,
-                 spec.describe(), shard, shards, nrows, need)
+        log.info("server %d: table %s, shard %d of %d%s: %d rows, %d bytes charged", srv.rank,
+                 spec.describe(), shard, shards, "" if shard == srv.rank else " (a replica)",
+                 nrows, need)
         srv.reply(route, MsgType.SPARSE_ACK, h)
 
     def _ids(self, table: Table, route: Route, h: Header, buf, count: int) -> np.ndarray | None:
@@ -471,8 +478,10 @@ class SparseService(threading.Thread):
         if self.left and self._doom_if_left(table):
             self._reply_failed(table, route, h)
             return
-        self.server.reply(route, MsgType.SPARSE_ACK, h)
+        # applied before the last push is acknowledged: a replica holds the round once every
+        # worker's push to it is acknowledged (BYTEPS_SPARSE_SURVIVAL=replicate)
         self._complete_if_ready(table)
+        self.server.reply(route, MsgType.SPARSE_ACK, h)
 
     def _apply_now(self, table: Table, route: Route, h: Header, ids: np.ndarray,
                    grads: np.ndarray, average: bool) -> None:

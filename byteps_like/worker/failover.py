@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .dataplane import NativeDataPlane
     from .membership import Membership
+    from .sparse import SparseTables
 
 log = logging.getLogger("byteps_like.worker")
 
@@ -55,15 +56,15 @@ class ServerFailover:
         self._work: queue.SimpleQueue[tuple[int, list[int], list] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self.tables: dict = {}
+        self.tables: SparseTables | None = None
 
     @classmethod
-    def attach(cls, members: Membership, plane: NativeDataPlane, tables: dict,
+    def attach(cls, members: Membership, plane: NativeDataPlane, tables: SparseTables,
                cfg: Any) -> ServerFailover | None:
         """Before registering, when the job may lose a server (:func:`enabled`): the control
         client hands the scheduler's notices to a new instance, and the native plane its lost
-        streams. ``tables``: the server-held embedding tables by name, whose shards a lost
-        server takes with it."""
+        streams. ``tables``: the server-held embedding tables, whose shards a lost server
+        takes with it unless they have a copy (BYTEPS_SPARSE_SURVIVAL)."""
         if not cfg.can_lose_servers:
             return None
         self = cls(members, plane)
@@ -106,14 +107,13 @@ class ServerFailover:
         with self._lock:
             if self.began is None:
                 self.began = time.monotonic() - silent
-        if self.tables:  # their shards went with the server: nothing to move them from
+        why = (self.tables.servers_lost([self._index_of(r) for r in ranks])
+               if self.tables is not None else None)
+        if why is not None:  # a table's shard went with the server, and no copy is left
             from ..errors import PeerLostError
             self.members.controller.fail(PeerLostError(
-                f"worker {self.members.rank}: {meta.get('reason', 'a server was lost')}; it "
-                f"held shards of the server-held embedding table(s) "
-                f"{', '.join(repr(n) for n in sorted(self.tables))}, which are lost with it: "
-                "restart the job and load the last checkpoint (docs/sparse.md)",
-                role="server", rank=ranks[-1] if ranks else -1))
+                f"worker {self.members.rank}: {meta.get('reason', 'a server was lost')}; "
+                f"{why}", role="server", rank=ranks[-1] if ranks else -1))
             return
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="bps-failover", daemon=True)

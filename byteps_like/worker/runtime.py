@@ -231,7 +231,7 @@ class Runtime:
         m.open(cfg, on_message=self.dispatch.on_message, on_fatal=self._on_fatal)
         if self.elastic_m is not None:
             self.elastic_m.attach_control(m.controller)
-        self.failover = ServerFailover.attach(m, self.plane, self.sparse.tables, cfg)
+        self.failover = ServerFailover.attach(m, self.plane, self.sparse, cfg)
         try:
             m.register()
         except BaseException:

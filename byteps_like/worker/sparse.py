@@ -22,13 +22,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..embedding import (
+    MAX_TABLES,
     TableError,
     TableShard,
     TableSpec,
     load_shard,
     save_shard,
+    shard_holders,
     split_by_shard,
     sum_rows,
+    wire_key,
 )
 from ..errors import BytePSError, CommTimeoutError, MembershipChangedError
 from ..transport import Route
@@ -80,14 +83,30 @@ _JOIN_PREFIX = "\x00table "
 _POLL_S = 0.05
 
 
+#: requests a shard's primary alone answers; the others go to every server holding the shard
+_PRIMARY_ONLY = frozenset({MsgType.SPARSE_PULL, MsgType.SPARSE_SAVE})
+
+
 @dataclass
 class _Call:
-    """One request sent to several servers, waiting for every answer."""
-    servers: set
-    expect: dict = field(default_factory=dict)    # pull: server index -> the rows' bytes
-    answers: dict = field(default_factory=dict)   # server index -> payload (or None)
+    """One request sent to the servers holding each shard, waiting for every answer."""
+    table: EmbeddingTable
+    mtype: MsgType
+    rnd: int
+    frames: list                                  # shard -> the request's frames (re-sent)
+    want: set = field(default_factory=set)        # (server index, shard) asked
+    got: dict = field(default_factory=dict)       # (server index, shard) -> payload or None
+    expect: dict = field(default_factory=dict)    # pull: shard -> the rows' bytes
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
+
+    def answers(self) -> dict:
+        """Each shard's answer (its primary's for a pull)."""
+        return {sh: p for (_s, sh), p in self.got.items()}
+
+    def check_done(self) -> None:
+        if self.error is not None or self.want <= set(self.got):
+            self.done.set()
 
 
 @dataclass
@@ -238,6 +257,9 @@ class SparseTables:
         self.tables: dict[str, EmbeddingTable] = {}
         self._calls: dict[tuple, _Call] = {}
         self._lock = threading.Lock()
+        # servers lost (by index): their shards are served by the copies left (replication);
+        # a replacement server that takes a lost one's rank holds no table
+        self.lost: set[int] = set()
         # the next table's id: a declaration the servers refused keeps its id, so every
         # worker's next table gets the same one whichever worker saw the refusal
         self._next_id = 0
@@ -249,6 +271,10 @@ class SparseTables:
     @property
     def num_servers(self) -> int:
         return len(self.rt.members.servers)
+
+    @property
+    def survival(self) -> str:
+        return self.rt.config.server.sparse_survival
 
     @property
     def max_ids(self) -> int:
@@ -327,45 +353,107 @@ class SparseTables:
     # -- requests and their answers -------------------------------------------------------------
     def call(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
              timeout: float | None, metas: list | None = None) -> dict:
-        """Send ``mtype`` to every server (payload i: (ids, grads) or (None, None)) and wait
-        for every answer; returns the answers' payloads by server index."""
-        rt, m = self.rt, self.rt.members
+        """Send ``mtype`` for every shard (payload i: shard i's (ids, grads) or (None, None))
+        to the servers that hold it (its primary alone for a pull or a save), and wait for
+        every answer; returns each shard's answer payload by shard."""
+        rt = self.rt
         rt.check()
         if rt.elastic_m is not None:   # an epoch that is over: raise at once
             rt.elastic_m.check_collective()
         key = (table.table_id, _KIND[mtype.name], rnd)
-        call = _Call(set(range(len(payloads))))
-        if mtype is MsgType.SPARSE_PULL:
-            call.expect = {s: len(ids) * table.spec.row_bytes
-                           for s, (ids, _g) in enumerate(payloads)}
+        call = _Call(table, mtype, rnd, [])
+        for sh, (ids, grads) in enumerate(payloads):
+            if mtype is MsgType.SPARSE_PULL:
+                call.expect[sh] = len(ids) * table.spec.row_bytes
+            call.frames.append(self._frames(table, mtype, rnd, sh, ids, grads,
+                                            metas[sh] if metas else None))
         with self._lock:
             if key in self._calls:
                 raise BytePSError(f"table {table.name!r}: a {key[1]} of step {rnd} is already "
                                   "in flight (one pull and one push per step, one thread)")
             self._calls[key] = call
+            sends = []
+            for sh in range(len(payloads)):
+                holders = self._holders(sh)
+                if not holders:
+                    call.error = self._shard_lost(table, sh)
+                    break
+                for srv in holders[:1] if mtype in _PRIMARY_ONLY else holders:
+                    call.want.add((srv, sh))
+                    sends.append((srv, sh))
         try:
-            for s, (ids, grads) in enumerate(payloads):
-                if mtype is MsgType.SPARSE_PULL:
-                    payload: Any = ids
-                    hdr = Header(mtype, "int64", Role.WORKER, m.push_rank, 0, m.job,
-                                 table.table_id, rnd, len(ids), ids.nbytes)
-                elif mtype is MsgType.SPARSE_PUSH:
-                    payload = np.concatenate([ids.view(np.uint8),
-                                              grads.reshape(-1).view(np.uint8)])
-                    hdr = Header(mtype, "uint8", Role.WORKER, m.push_rank, 0, m.job,
-                                 table.table_id, rnd, payload.nbytes, payload.nbytes)
-                else:
-                    payload = None
-                    hdr = Header(mtype, "none", Role.WORKER, m.push_rank, 0, m.job,
-                                 table.table_id, rnd)
-                frames = encode(hdr, payload, metas[s] if metas else None)
-                table.stats.bytes_sent += sum(memoryview(f).nbytes for f in frames)
-                m.endpoint.send(m.routes[s][0], frames)
+            for srv, sh in sends:
+                if call.error is None:
+                    self._send(call, srv, sh)
             self._wait(table, call, mtype, rnd, timeout)
         finally:
             with self._lock:
                 self._calls.pop(key, None)
-        return call.answers
+        return call.answers()
+
+    def _frames(self, table: EmbeddingTable, mtype: MsgType, rnd: int, sh: int, ids, grads,
+                meta: dict | None) -> list:
+        m, key = self.rt.members, wire_key(table.table_id, sh)
+        if mtype is MsgType.SPARSE_PULL:
+            payload: Any = ids
+            hdr = Header(mtype, "int64", Role.WORKER, m.push_rank, 0, m.job, key, rnd,
+                         len(ids), ids.nbytes)
+        elif mtype is MsgType.SPARSE_PUSH:
+            payload = np.concatenate([ids.view(np.uint8), grads.reshape(-1).view(np.uint8)])
+            hdr = Header(mtype, "uint8", Role.WORKER, m.push_rank, 0, m.job, key, rnd,
+                         payload.nbytes, payload.nbytes)
+        else:
+            payload = None
+            hdr = Header(mtype, "none", Role.WORKER, m.push_rank, 0, m.job, key, rnd)
+        return encode(hdr, payload, meta)
+
+    def _send(self, call: _Call, srv: int, sh: int) -> None:
+        frames = call.frames[sh]
+        call.table.stats.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+        m = self.rt.members
+        m.endpoint.send(m.routes[srv][0], frames)
+
+    # -- losing a server (docs/sparse.md, "Losing a server") -----------------------------------
+    def _holders(self, shard: int) -> list[int]:
+        return shard_holders(shard, self.num_servers, self.survival, self.lost)
+
+    def _shard_lost(self, table: EmbeddingTable, shard: int) -> BaseException:
+        from ..errors import PeerLostError
+        copies = ("both servers holding it (its own and the next: "
+                  "BYTEPS_SPARSE_SURVIVAL=replicate) were lost" if self.survival == "replicate"
+                  else "its server was lost (BYTEPS_SPARSE_SURVIVAL=none: no copy)")
+        return PeerLostError(f"worker rank {self.rank}: shard {shard} of table "
+                             f"{table.name!r} is lost: {copies}; restart the job and load the "
+                             "last checkpoint (docs/sparse.md)", role="server", rank=shard)
+
+    def servers_lost(self, servers: list[int]) -> str | None:
+        """The servers of these indices are lost (the scheduler's FAILOVER; any thread). With
+        replication each of their shards goes on on its copy: requests waiting for a lost
+        server are sent to the copy (a pull, a save) or no longer wait for it (the copy was
+        asked too). Returns why the tables cannot go on (a shard without a copy left), or
+        None."""
+        resend = []
+        with self._lock:
+            self.lost.update(servers)
+            if not self.tables:
+                return None
+            for sh in range(self.num_servers):
+                if not self._holders(sh):
+                    name = min(self.tables)
+                    return str(self._shard_lost(self.tables[name], sh))
+            for call in self._calls.values():
+                for srv, sh in sorted(call.want - set(call.got)):
+                    if srv not in self.lost:
+                        continue
+                    call.want.discard((srv, sh))
+                    if not any(other == sh for _s, other in call.want):   # no copy asked
+                        copy = self._holders(sh)[0]
+                        call.want.add((copy, sh))
+                        resend.append((call, copy, sh))
+                call.check_done()
+        for call, srv, sh in resend:
+            self._send(call, srv, sh)
+        return None
 
     def _wait(self, table: EmbeddingTable, call: _Call, mtype: MsgType, rnd: int,
               timeout: float | None) -> None:
@@ -377,7 +465,7 @@ class SparseTables:
             if rt.elastic_m is not None:   # and so does a new membership epoch
                 rt.elastic_m.check_collective()
             if time.monotonic() > deadline:
-                missing = sorted(call.servers - set(call.answers))
+                missing = sorted({srv for srv, _sh in call.want - set(call.got)})
                 raise CommTimeoutError(f"table {table.name!r}: {mtype.name} of step {rnd} on "
                                        f"worker rank {rt.rank_}: no answer from server(s) "
                                        f"{missing} within {limit:g} s (a worker that has not "
@@ -397,18 +485,22 @@ class SparseTables:
             s = m.server_ranks.index(h.rank)
         except ValueError:
             s = -1
+        tid, sh = h.key % MAX_TABLES, h.key // MAX_TABLES
         with self._lock:
             calls = [(k, c) for k, c in self._calls.items()
-                     if k[0] == h.key and k[2] == h.round and k[1] in kinds]
-        ok = (s >= 0 and route == m.routes[s][0] and h.job == m.job
-              and h.role is Role.SERVER and len(calls) == 1 and s in calls[0][1].servers)
-        if not ok or s in calls[0][1].answers:
+                     if k[0] == tid and k[2] == h.round and k[1] in kinds]
+            ok = (s >= 0 and route == m.routes[s][0] and h.job == m.job
+                  and h.role is Role.SERVER and len(calls) == 1 and (s, sh) in calls[0][1].want
+                  and (s, sh) not in calls[0][1].got)
+            if ok:
+                self._answer(calls[0][0], calls[0][1], s, sh, msg)
+        if not ok:
             m.dropped("table answer that matches no request in flight",
                       f"{h.type.name} table {h.key} round {h.round} from {route}")
-            return
-        (tid, what, rnd), call = calls[0]
-        table = next((t for t in self.tables.values() if t.table_id == tid), None)
-        name = table.name if table is not None else f"table id {tid}"
+
+    def _answer(self, key: tuple, call: _Call, s: int, sh: int, msg: Message) -> None:
+        h = msg.header
+        what, name = key[1], call.table.name
         if h.type is MsgType.ERROR:
             meta = msg.meta if isinstance(msg.meta, dict) else {}
             if meta.get("kind") == ERR_EPOCH:   # the server reset first: the epoch is over
@@ -420,15 +512,13 @@ class SparseTables:
                 exc = server_error(f"{what} of table {name!r}", meta.get("kind"),
                                    str(meta.get("message", "error")), h.rank, meta)
             call.error = call.error or exc
-            call.answers[s] = None
-        elif what == "pull" and (h.dtype != "float32" or h.nbytes != call.expect[s]):
+            call.got[(s, sh)] = None
+        elif what == "pull" and (h.dtype != "float32" or h.nbytes != call.expect[sh]):
             call.error = call.error or BytePSError(
                 f"pull of table {name!r}: server {h.rank} answered with {h.nbytes} bytes of "
-                f"{h.dtype}, expected {call.expect[s]} bytes of float32")
-            call.answers[s] = None
+                f"{h.dtype}, expected {call.expect[sh]} bytes of float32")
+            call.got[(s, sh)] = None
         else:
-            call.answers[s] = msg.payload
-            if table is not None:
-                table.stats.bytes_received += HEADER_SIZE + h.nbytes
-        if len(call.answers) == len(call.servers):
-            call.done.set()
+            call.got[(s, sh)] = msg.payload
+            call.table.stats.bytes_received += HEADER_SIZE + h.nbytes
+        call.check_done()

@@ -171,31 +171,102 @@ def test_an_elastic_job_loses_a_worker_and_a_server(tmp_path):
     assert re.search(r"scheduler: lost server rank 0 .*failover 1", log), log
 
 
-TABLE_JOB = """
-import os, signal, time
-import numpy as np
-import byteps_like as bps
-from byteps_like.worker.runtime import default_runtime
-bps.init()
-t = bps.embedding_table("emb", 64, 4, optimizer="sgd", lr=1.0)
-for step in range(40):
-    t.pull(np.arange(8))
-    bps.push_pull(np.ones(1000, np.float32), name="dense")
-    if step == 3 and bps.rank() == 0:
-        os.kill([p.pid for p in default_runtime().members.servers if p.rank == 1][0],
-                signal.SIGKILL)
-    time.sleep(0.02)
-bps.shutdown()
-"""
+TABLES = "tests/faults/workers/lose_server_tables.py"
+
+
+def run_tables(tmp_path, tag: str, kills: str = "", *, servers: int = 2, survival: str = "",
+               optimizer: str = "sgd", restarts: int = 0, steps: int = 12, env: dict | None = None):
+    out = tmp_path / tag
+    full = {"BYTEPS_SPARSE_SURVIVAL": survival} if survival else {}
+    full.update(env or {})
+    r = bpslaunch([TABLES, str(out), str(steps), kills, optimizer], workers=2, servers=servers,
+                  env=full, timeout=150, extra=["--server-restarts", str(restarts)])
+    return r, out
+
+
+def tables(out, rank: int) -> dict:
+    with np.load(f"{out}.{rank}.npz") as f:
+        return {k: f[k] for k in f.files}
+
+
+@pytest.fixture(scope="module")
+def tables_uninterrupted(tmp_path_factory):
+    """The reference for the table jobs, without replication (it changes no bit), by
+    (servers, optimizer)."""
+    tmp = tmp_path_factory.mktemp("tables-reference")
+    cache: dict = {}
+
+    def get(servers: int = 2, optimizer: str = "sgd") -> dict:
+        if (servers, optimizer) not in cache:
+            r, out = run_tables(tmp, f"ref{servers}{optimizer}", servers=servers,
+                                optimizer=optimizer)
+            assert r.rc == 0, r.out + r.err
+            cache[servers, optimizer] = tables(out, 0)
+        return cache[servers, optimizer]
+    return get
+
+
+def assert_same_tables(got: dict, ref: dict) -> None:
+    for k in ref:
+        assert np.array_equal(got[k], ref[k]), f"{k}: max difference {np.abs(got[k] - ref[k]).max()}"
 
 
 def test_a_job_with_server_held_tables_fails_naming_them(tmp_path):
-    """A table's shards live on their server only (replication is not built yet): losing a
-    server of a job with tables is an error that names the tables and says what to do."""
-    r = bpslaunch(["-c", TABLE_JOB], workers=2, servers=2, timeout=120)
+    """Without replication a table's shard lives on its server only: losing a server of a job
+    with tables is an error that names the shard, the table and what to do."""
+    r, _ = run_tables(tmp_path, "k", "3:1:pull")
     text = r.out + r.err
     assert r.rc != 0, text
-    assert "'emb', which are lost with it" in text and "load the last checkpoint" in text
+    assert "shard 1 of table 'emb' is lost: its server was lost" in text, text
+    assert "load the last checkpoint" in text
+
+
+@pytest.mark.parametrize("kills,optimizer", [("5:1:push", "sgd"), ("4:0:pull", "adam"),
+                                             ("6:0:push", "adagrad")],
+                         ids=["mid-push", "before-pull-adam", "primary-mid-push-adagrad"])
+def test_replicated_tables_survive_a_lost_server_bit_for_bit(tmp_path, tables_uninterrupted,
+                                                             kills, optimizer):
+    """BYTEPS_SPARSE_SURVIVAL=replicate: each shard also lives on the next server, which
+    applies every round; a SIGKILLed server's shards are served by their copies and the tables
+    (rows and optimizer state) end exactly as in the uninterrupted job."""
+    r, out = run_tables(tmp_path, "k", kills, survival="replicate", optimizer=optimizer)
+    text = r.out + r.err
+    assert r.rc == 0, text
+    assert "KILLED server" in text and "rejected" not in text and "dropped" not in text, text
+    ref = tables_uninterrupted(optimizer=optimizer)
+    assert_same_tables(tables(out, 0), ref)
+    assert_same_tables(tables(out, 1), ref)
+
+
+def test_replicated_tables_lose_two_servers_that_are_not_neighbours(tmp_path,
+                                                                    tables_uninterrupted):
+    """Four servers, 0 then 2 lost: every shard keeps one copy (shard s lives on s and s+1)."""
+    r, out = run_tables(tmp_path, "k", "3:0:push,7:2:pull", servers=4, survival="replicate")
+    text = r.out + r.err
+    assert r.rc == 0, text
+    assert "failover 2" in text
+    assert_same_tables(tables(out, 1), tables_uninterrupted(servers=4))
+
+
+def test_losing_both_copies_of_a_shard_ends_the_job_naming_it(tmp_path):
+    r, _ = run_tables(tmp_path, "k", "3:1:push,7:2:pull", servers=4, survival="replicate")
+    text = r.out + r.err
+    assert r.rc != 0, text
+    assert "shard 1 of table 'emb' is lost: both servers holding it" in text, text
+
+
+def test_a_replacement_server_leaves_the_tables_on_their_copies(tmp_path, tables_uninterrupted):
+    """bpslaunch starts the lost server again: it takes its dense keys back, while its table
+    shards stay on their copies (a replacement holds no table)."""
+    r, out = run_tables(tmp_path, "k", "4:1:push", survival="replicate", restarts=1, steps=16)
+    text = r.out + r.err
+    assert r.rc == 0, text
+    assert "restarted server 1 as pid" in text, text
+    ref_dir = tmp_path / "ref16"
+    ref_dir.mkdir()
+    r2, ref = run_tables(ref_dir, "u", steps=16)
+    assert r2.rc == 0, r2.out + r2.err
+    assert_same_tables(tables(out, 0), tables(ref, 0))
 
 
 def test_a_replacement_takes_its_keys_back(tmp_path, uninterrupted):
