@@ -877,6 +877,10 @@ def _cross_check(cfg: Config) -> None:
         if c.local_size != 1:
             raise ConfigError(f"{who('elastic.enabled')}: elastic jobs run one worker process "
                               f"per machine; {who('cluster.local_size')} is not supported")
+        if cfg.server.sparse_survival == "snapshot":
+            raise ConfigError(f"{who('server.sparse_survival')}: a rollback of the tables "
+                              "and an elastic job's membership epochs do not go together; use "
+                              "replicate (or none) in an elastic job")
     _check_retired(cfg, who)
     _check_compression(cfg, who)
     if (cfg.auth.secret_file and not cfg.auth.secret

@@ -172,7 +172,11 @@ def held_shards(rank: int, servers: int, survival: str) -> list[int]:
 def shard_holders(shard: int, servers: int, survival: str, lost: frozenset | set = frozenset()
                   ) -> list[int]:
     """The servers that hold shard ``shard`` now, its primary first (it answers pulls): the
-    server of its number, and with replication the next one, less the servers ``lost``."""
+    server of its number, and with replication the next one, less the servers ``lost``; with
+    snapshots, the first server left from its own on (which rebuilt it from its snapshots)."""
+    if survival == "snapshot":
+        return next(([c] for k in range(servers) if (c := (shard + k) % servers) not in lost),
+                    [])
     first = [shard, (shard + 1) % servers] if survival == "replicate" and servers > 1 else [shard]
     return [s for s in first if s not in lost]
 
@@ -195,8 +199,9 @@ def split_by_shard(ids: np.ndarray, shards: int) -> tuple[np.ndarray, list[np.nd
 
 def state_bytes(spec: TableSpec, nrows: int) -> int:
     """What a shard of ``nrows`` rows holds, charged to the server's memory budget: the
-    weights, the optimizer's state, a byte per row (made yet) and the table's own overhead."""
-    per_row = spec.row_bytes + 1
+    weights, the optimizer's state, two bytes per row (made yet; changed since the last
+    snapshot) and the table's own overhead."""
+    per_row = spec.row_bytes + 2
     if spec.optimizer == "adagrad":
         per_row += spec.row_bytes
     elif spec.optimizer == "adam":
@@ -287,6 +292,7 @@ class TableShard:
         # grows with the rows touched
         self.weights = np.zeros((n, d), np.float32)
         self.made = np.zeros(n, np.bool_)
+        self.changed = np.zeros(n, np.bool_)   # rows updated since the last snapshot
         a = spec.optimizer_args
         self.acc = self.m = self.v = self.t = None
         if spec.optimizer == "adagrad":
@@ -322,10 +328,11 @@ class TableShard:
                 state[new] = 0
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def state(self) -> dict[str, np.ndarray]:
-        """The rows made so far, by global id, and their optimizer state (what a checkpoint
-        holds; rows never touched are their initial values, made again on a restore)."""
-        local = np.flatnonzero(self.made)
+    def state(self, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The rows made so far (or the local ``rows``), by global id, and their optimizer
+        state (what a checkpoint holds; rows never touched are their initial values, made again
+        on a restore). A copy."""
+        local = np.flatnonzero(self.made) if rows is None else rows
         out: dict[str, np.ndarray] = {"ids": local * self.shards + self.shard,
                                       "weights": self.weights[local]}
         for name in _STATE:
@@ -351,6 +358,14 @@ class TableShard:
     def forget(self) -> None:
         """Every row back to its initial value (made again when next touched)."""
         self.made[:] = False
+        self.changed[:] = False
+
+    def take_changes(self) -> dict[str, np.ndarray]:
+        """The rows updated since the last call and their optimizer state (an incremental
+        snapshot; a copy), and from now on none."""
+        rows = np.flatnonzero(self.changed)
+        self.changed[rows] = False
+        return self.state(rows)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """The current rows of global ids (a new float32 array, ``len(ids) x dim``)."""
@@ -365,6 +380,7 @@ class TableShard:
             return
         u = self.local(ids)
         self._make(u)
+        self.changed[u] = True
         w, lr = self.weights, self._lr
         opt = self.spec.optimizer
         if opt == "sgd":

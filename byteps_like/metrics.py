@@ -43,6 +43,18 @@ METRIC_NAMES = {
     "byteps_server_table_rows_updated": ("counter", "Table rows a server's optimizers updated."),
     "byteps_server_table_bytes": ("gauge", "Bytes a server's tables hold (as charged to "
                                            "BYTEPS_SERVER_MAX_BYTES)."),
+    "byteps_server_table_snapshots": ("counter", "Incremental snapshots of table shards a "
+                                                 "server took (BYTEPS_SPARSE_SURVIVAL=snapshot)."),
+    "byteps_server_table_snapshot_changed_bytes": ("counter", "Bytes of the changed rows "
+                                                              "(ids, rows, optimizer state) the "
+                                                              "snapshots held."),
+    "byteps_server_table_snapshot_bytes_written": ("counter", "Bytes of snapshot and checkpoint "
+                                                              "files a server wrote."),
+    "byteps_server_table_snapshot_write_s": ("counter", "Seconds a server's writer thread spent "
+                                                        "writing snapshots and checkpoints."),
+    "byteps_server_table_rollbacks": ("counter", "Tables a server rolled back to a snapshot "
+                                                 "after a lost server."),
+    "byteps_server_table_rounds_rolled_back": ("counter", "Rounds those rollbacks undid."),
     # scheduler
     "byteps_scheduler_nodes": ("gauge", "Registered nodes (label node_role)."),
     "byteps_scheduler_heartbeats_missed": ("counter", "Heartbeat deadlines nodes missed."),

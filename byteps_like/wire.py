@@ -155,6 +155,17 @@ def contrib_flags(pushes: int, num_workers: int) -> int:
     return 0 if pushes >= num_workers else FLAG_CONTRIB | (pushes << CONTRIB_SHIFT)
 
 
+def generation_flags(generation: int) -> int:
+    """A table request's (or its answer's) flags carrying the rollback generation of its worker
+    (server/sparse_survival.py): in the bits a PULL_RESP's contributors use."""
+    return generation << CONTRIB_SHIFT
+
+
+def generation(flags: int) -> int:
+    """The rollback generation in a table message's flags."""
+    return flags >> CONTRIB_SHIFT
+
+
 def contributors(flags: int) -> int:
     """The pushes a PULL_RESP's round summed when fewer than all (0: all of them)."""
     return flags >> CONTRIB_SHIFT if flags & FLAG_CONTRIB else 0
@@ -169,6 +180,7 @@ ERR_PEER_LEFT = "peer_left"   # a rank finished without join(): the round can ne
 ERR_EPOCH = "epoch"           # elastic: the round's membership epoch ended; it was dropped
 ERR_REJOIN = "rejoin"          # a restarted scheduler: register again (not an error of the node)
 ERR_TOO_FEW = "too_few_workers"  # elastic: below the minimum of workers for too long
+ERR_ROLLBACK = "rolled_back"  # tables: a lost server rolled them back to a snapshot
 
 #: Elastic jobs carry the membership epoch in a data message's round: the high 32 bits hold
 #: epoch - 1, the low 32 the round within the epoch; so a push or pull of an older epoch is out

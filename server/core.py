@@ -32,6 +32,8 @@ from ..wire import (
     decode_header,
     encode,
     epoch_round_base,
+    generation,
+    generation_flags,
     job_hash,
 )
 from .codecs import make_server_codec
@@ -131,7 +133,11 @@ class Server:
               job: int | None = None) -> None:
         """Answer a peer; ``job``: the tag to answer with when the peer's is not known to be
         this job's (its own, so an outsider learns nothing)."""
+        # a table request's flags carry the worker's rollback generation: echoed, so the worker
+        # knows an answer to a request from before a rollback (server/sparse_survival.py)
         hdr = Header(mtype, role=Role.SERVER, rank=self.rank,
+                     flags=generation_flags(generation(h.flags))
+                     if h.type in SPARSE_REQUESTS else 0,
                      job=self.job if job is None else job, key=h.key, round=h.round)
         self.ep.send(route, encode(hdr, meta=meta))
 
@@ -313,7 +319,8 @@ class Server:
                 "byteps_server_pushes": ns["pushes"], "byteps_server_rounds": ns["rounds"],
                 "byteps_server_table_rounds": self.sparse.rounds_applied,
                 "byteps_server_table_rows_updated": self.sparse.rows_updated,
-                "byteps_server_table_bytes": self.sparse.held_bytes()}
+                "byteps_server_table_bytes": self.sparse.held_bytes(),
+                **{f"byteps_server_table_{k}": v for k, v in self.sparse.keep.stats().items()}}
 
     def rejections(self) -> dict[str, int]:
         """Rejected messages by reason, the native plane's and ZeroMQ's."""

@@ -29,7 +29,6 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,8 +39,6 @@ from ..embedding import (
     TableShard,
     TableSpec,
     held_shards,
-    load_shard,
-    save_shard,
     state_bytes,
     sum_rows,
 )
@@ -58,8 +55,12 @@ from ..wire import (
     Role,
     as_buffer,
     encode,
+    generation,
+    generation_flags,
 )
+from .sparse_survival import Survival
 from .stalls import fail_if_left
+from .table import Table
 
 if TYPE_CHECKING:
     from .core import Server
@@ -76,38 +77,6 @@ QUEUE_BYTES = 64 << 20
 QUEUED_OVERHEAD = 1024
 #: seconds between two warnings that the queue is full
 QUEUE_WARN_INTERVAL_S = 10.0
-
-
-@dataclass
-class Table:
-    spec: TableSpec
-    shard: TableShard
-    shards: int
-    decl_rank: int
-    charged: int
-    applied: int = 0                        # rounds applied: the open round is this one
-    pushes: dict = field(default_factory=dict)   # rank -> (ids, grads) of the open round
-    pending: list = field(default_factory=list)  # (route, msg, ids) waiting for the round
-    failed: str | None = None
-    failed_kind: str = ERR_MISMATCH
-    failed_extra: dict = field(default_factory=dict)   # peer_left: rank, last_round
-    average: bool | None = None                  # the open round's pushes: averaged or summed
-    done: dict = field(default_factory=dict)     # (type, tag) -> round of a save/load done
-    round_started: float | None = None           # monotonic time of the open round's 1st push
-    key: int = -1                                # the table's id
-
-    # what the stall inspector reads of a store (server/stalls.py)
-    @property
-    def round(self) -> int:
-        return self.applied
-
-    @property
-    def pushed(self) -> dict:
-        return self.pushes
-
-    @property
-    def decl(self) -> dict:
-        return {"name": f"table {self.spec.name}"}
 
 
 class SparseService(threading.Thread):
@@ -133,6 +102,7 @@ class SparseService(threading.Thread):
         self.left: dict[int, str] = {}
         self.required = server.required
         self.round_base = 0   # elastic: the epoch's first round
+        self.keep = Survival(self)   # checkpoints, snapshots, rollbacks (sparse_survival.py)
 
     def members(self, joined: frozenset, left: dict[int, str]) -> None:
         """join(): queue a membership change behind the requests that came before it."""
@@ -179,6 +149,7 @@ class SparseService(threading.Thread):
         if self.is_alive():
             self.q.put(None)
             self.join(5.0)
+        self.keep.close()
 
     def held_bytes(self) -> int:
         return sum(t.charged for t in list(self.tables.values()))
@@ -189,9 +160,11 @@ class SparseService(threading.Thread):
             if item is None:
                 return
             route, msg, cost = item
-            if route is None:  # a membership change, in queue order
+            if route is None:  # a membership change or a save written, in queue order
                 if msg[0] == "epoch":
                     self.apply_epoch(*msg[1:])
+                elif msg[0] == "saved":
+                    self.keep.saved(*msg[1:])
                 else:
                     self.apply_members(*msg[1:])
                 continue
@@ -211,16 +184,21 @@ class SparseService(threading.Thread):
         if h.type is MsgType.SPARSE_CREATE:
             self._create(route, msg)
             return
+        if h.type is MsgType.SPARSE_LOAD and "restore" in (msg.meta or {}):
+            self.keep.restore(route, msg)
+            return
+        if self.keep.refuse_unrolled(route, msg):
+            return
         table = self.tables.get(h.key)
         if table is None:
-            self._refuse(route, h, "request for an unknown table", f"{h.type.name} of table id "
+            self.refuse(route, h, "request for an unknown table", f"{h.type.name} of table id "
                          f"{h.key} from worker rank {h.rank}: no such table (create it first)")
             return
         if table.failed is not None:
             self._reply_failed(table, route, h)
             return
         if h.round < self.round_base:   # elastic: sent in an epoch that has ended
-            self._refuse(route, h, "sparse request of a superseded epoch", f"table "
+            self.refuse(route, h, "sparse request of a superseded epoch", f"table "
                          f"{table.spec.name!r}: {h.type.name} of round {h.round} from worker rank "
                          f"{h.rank} belongs to a membership epoch that has ended", ERR_EPOCH)
             return
@@ -281,9 +259,9 @@ class SparseService(threading.Thread):
         if table.pushes and len(table.pushes) >= self.required - len(self.joined):
             self._apply(table)
 
-    def _refuse(self, route: Route, h: Header, reason: str, text: str,
-                kind: str = ERR_PROTOCOL) -> None:
-        self.server.refuse(route, h, reason, kind, f"server {self.server.rank}: {text}")
+    def refuse(self, route: Route, h: Header, reason: str, text: str,
+               kind: str = ERR_PROTOCOL, extra: dict | None = None) -> None:
+        self.server.refuse(route, h, reason, kind, f"server {self.server.rank}: {text}", extra)
 
     def _create(self, route: Route, msg: Message) -> None:
         h, srv, meta = msg.header, self.server, msg.meta or {}
@@ -292,9 +270,10 @@ class SparseService(threading.Thread):
                 raise TableError(f"table key {h.key} is not below {MAX_TABLES} tables x "
                                  f"{srv.cfg.cluster.num_server} shards")
             spec = TableSpec.from_json(meta.get("spec"))
+            self.keep.folder_for(spec, 0, 1)   # snapshots: the directory is set
             shard, shards = meta.get("shard"), meta.get("shards")
-            held = held_shards(srv.rank, srv.cfg.cluster.num_server,
-                               srv.cfg.server.sparse_survival)
+            held = sorted({*held_shards(srv.rank, srv.cfg.cluster.num_server,
+                                        srv.cfg.server.sparse_survival), *self.keep.adopted})
             if (shards != srv.cfg.cluster.num_server or shard not in held
                     or shard != h.key // MAX_TABLES):
                 raise TableError(f"table {spec.name!r}: declared as shard {shard!r} of "
@@ -303,7 +282,7 @@ class SparseService(threading.Thread):
                                  f"(BYTEPS_SPARSE_SURVIVAL={srv.cfg.server.sparse_survival} "
                                  "here: every node must use the same value)")
         except TableError as exc:
-            self._refuse(route, h, "bad table declaration", f"declaration of table id {h.key} "
+            self.refuse(route, h, "bad table declaration", f"declaration of table id {h.key} "
                          f"from worker rank {h.rank}: {exc}")
             return
         table = self.tables.get(h.key)
@@ -321,7 +300,7 @@ class SparseService(threading.Thread):
         nrows = (spec.rows - shard + shards - 1) // shards
         need = state_bytes(spec, nrows)
         if not srv.charge(need):
-            self._refuse(route, h, "server memory budget exhausted", (
+            self.refuse(route, h, "server memory budget exhausted", (
                 f"table {spec.name!r} (table id {h.key}) from worker rank {h.rank}: its shard "
                 f"of {nrows} rows x {spec.dim} needs {need} bytes with the {spec.optimizer} "
                 f"state, over the budget of {srv.budget} bytes (BYTEPS_SERVER_MAX_BYTES); "
@@ -340,7 +319,7 @@ class SparseService(threading.Thread):
         spec = table.spec
         what = f"table {spec.name!r}: {h.type.name} from worker rank {h.rank}"
         if count > self.max_ids:
-            self._refuse(route, h, "too many ids", f"{what} carries {count} ids, more than "
+            self.refuse(route, h, "too many ids", f"{what} carries {count} ids, more than "
                          f"{self.max_ids} (BYTEPS_SPARSE_MAX_IDS)")
             return None
         ids = np.frombuffer(buf, np.int64, count)
@@ -356,19 +335,19 @@ class SparseService(threading.Thread):
             first = int(ids[np.flatnonzero(ids % table.shards != table.shard.shard)[0]])
             bad = (first, f"held by server {first % table.shards}, not this one")
         if bad is not None:
-            self._refuse(route, h, "bad row id", f"{what}: row id {bad[0]} is {bad[1]}")
+            self.refuse(route, h, "bad row id", f"{what}: row id {bad[0]} is {bad[1]}")
             return None
         return ids
 
     def _pull(self, table: Table, route: Route, msg: Message) -> None:
         h = msg.header
         if h.dtype != "int64":
-            self._refuse(route, h, "wrong dtype for row ids", f"table {table.spec.name!r}: "
+            self.refuse(route, h, "wrong dtype for row ids", f"table {table.spec.name!r}: "
                          f"SPARSE_PULL from worker rank {h.rank} carries {h.dtype}, not int64")
             return
         reply_bytes = h.count * table.spec.row_bytes
         if h.count <= self.max_ids and reply_bytes > self.server.cfg.transport.max_message_bytes:
-            self._refuse(route, h, "reply too large", f"table {table.spec.name!r}: "
+            self.refuse(route, h, "reply too large", f"table {table.spec.name!r}: "
                          f"{h.count} rows of {table.spec.row_bytes} bytes would be a reply of "
                          f"{reply_bytes} bytes, over BYTEPS_MAX_MESSAGE_BYTES")
             return
@@ -385,7 +364,7 @@ class SparseService(threading.Thread):
         elif h.round == table.applied + 1 and len(table.pending) < 2 * self.server.num_workers:
             table.pending.append((route, msg, ids))
         else:  # neither the open round nor the next: a worker out of step, or a flood
-            self._refuse(route, h, "sparse request out of round", f"table {table.spec.name!r}:"
+            self.refuse(route, h, "sparse request out of round", f"table {table.spec.name!r}:"
                          f" {h.type.name} of round {h.round} from worker rank {h.rank} is out "
                          "of round")
 
@@ -393,55 +372,21 @@ class SparseService(threading.Thread):
         if msg.header.type is MsgType.SPARSE_PULL:
             self._answer(table, route, msg.header, ids)
         else:
-            self._checkpoint(table, route, msg)
-
-    def _checkpoint(self, table: Table, route: Route, msg: Message) -> None:
-        """Save or load the shard for the tag in the meta, once per (tag, round): every worker
-        may ask, the first one does it. A load needs the round not yet pushed by anyone."""
-        h, srv = msg.header, self.server
-        tag = (msg.meta or {}).get("tag")
-        tag = tag if isinstance(tag, str) else ""   # refused by the tag's check
-        key = (h.type, tag)
-        what = "save" if h.type is MsgType.SPARSE_SAVE else "load"
-        if table.done.get(key) == h.round:
-            srv.reply(route, MsgType.SPARSE_ACK, h)
-            return
-        if what == "load" and table.pushes:
-            self._refuse(route, h, "load during an open round", f"table {table.spec.name!r}: "
-                         f"load of {tag!r} from worker rank {h.rank} while round {h.round} is "
-                         "being pushed; load before the step's pushes")
-            return
-        directory = srv.cfg.server.sparse_checkpoint_dir
-        try:
-            if what == "save":
-                path = save_shard(table.shard, directory, tag)
-                log.info("server %d: table %r saved as %s", srv.rank, table.spec.name, path)
-            else:
-                n = load_shard(table.shard, directory, tag, charge=srv.charge,
-                               repair=srv.cfg.server.sparse_checkpoint_repair)
-                log.info("server %d: table %r loaded from checkpoint %r: %d rows", srv.rank,
-                         table.spec.name, tag, n)
-        except (TableError, OSError, ValueError) as exc:
-            self._refuse(route, h, f"sparse {what} failed", f"table {table.spec.name!r}: "
-                         f"{what} of checkpoint {tag!r} from worker rank {h.rank}: {exc}")
-            return
-        if len(table.done) > 64:
-            table.done.clear()
-        table.done[key] = h.round
-        srv.reply(route, MsgType.SPARSE_ACK, h)
+            self.keep.checkpoint(table, route, msg)
 
     def _answer(self, table: Table, route: Route, h: Header, ids: np.ndarray) -> None:
         srv = self.server
         rows = table.shard.rows(ids)
-        hdr = Header(MsgType.SPARSE_ROWS, "float32", Role.SERVER, srv.rank, 0, srv.job, h.key,
-                     h.round, rows.size, rows.nbytes)
+        hdr = Header(MsgType.SPARSE_ROWS, "float32", Role.SERVER, srv.rank,
+                     generation_flags(generation(h.flags)), srv.job, h.key, h.round, rows.size,
+                     rows.nbytes)
         srv.ep.send(route, encode(hdr, rows))
 
     def _push(self, table: Table, route: Route, msg: Message) -> None:
         h, spec = msg.header, table.spec
         per = 8 + spec.row_bytes
         if h.dtype != "uint8" or h.nbytes % per:
-            self._refuse(route, h, "malformed sparse push", f"table {spec.name!r}: SPARSE_PUSH "
+            self.refuse(route, h, "malformed sparse push", f"table {spec.name!r}: SPARSE_PUSH "
                          f"from worker rank {h.rank}: {h.nbytes} bytes of {h.dtype}, not "
                          f"uint8 records of {per} bytes (an int64 id and {spec.dim} float32)")
             return
@@ -456,17 +401,17 @@ class SparseService(threading.Thread):
             self._apply_now(table, route, h, ids, grads, average)
             return
         if h.round != table.applied or h.rank in table.pushes:
-            self._refuse(route, h, "sparse push out of round", f"table {spec.name!r}: push of "
+            self.refuse(route, h, "sparse push out of round", f"table {spec.name!r}: push of "
                          f"round {h.round} from worker rank {h.rank}, a round that is not open "
                          "or that this rank has pushed already")
             return
         if h.rank in self.joined:
-            self._refuse(route, h, "push after join()", f"table {spec.name!r}: push from "
+            self.refuse(route, h, "push after join()", f"table {spec.name!r}: push from "
                          f"worker rank {h.rank}, which has called join(); a joined rank pushes "
                          "again only after every rank has joined")
             return
         if table.average is not None and average != table.average:
-            self._refuse(route, h, "averaged and summed pushes in one round", (
+            self.refuse(route, h, "averaged and summed pushes in one round", (
                 f"table {spec.name!r}: push of round {h.round} from worker rank {h.rank} is "
                 f"{'averaged' if average else 'summed'}, the round's first push was not; every "
                 "worker must push a table the same way"), ERR_MISMATCH)
@@ -513,3 +458,5 @@ class SparseService(threading.Thread):
         waiting, table.pending = table.pending, []
         for route, msg, pids in waiting:
             self._serve(table, route, msg, pids)
+        self.keep.after_apply(table)
+        self.keep.try_deferred(table.key % MAX_TABLES)

@@ -107,7 +107,7 @@ class ServerFailover:
         with self._lock:
             if self.began is None:
                 self.began = time.monotonic() - silent
-        why = (self.tables.servers_lost([self._index_of(r) for r in ranks])
+        why = (self.tables.servers_lost([self._index_of(r) for r in ranks], number)
                if self.tables is not None else None)
         if why is not None:  # a table's shard went with the server, and no copy is left
             from ..errors import PeerLostError
@@ -175,6 +175,15 @@ class ServerFailover:
             if why:
                 log.warning("worker %d: failover %d: %s", self.members.rank, number, why)
         self.members.controller.seeded(number)
+        if self.tables is not None:   # snapshots: the tables go back to the newest one
+            try:
+                self.tables.after_failover(number)
+            except Exception as exc:  # noqa: BLE001 - the job cannot go on with its tables
+                from ..errors import PeerLostError
+                self.members.controller.fail(PeerLostError(
+                    f"worker {self.members.rank}: the server-held tables could not go back to "
+                    f"their snapshot after failover {number}: {exc}", role="server",
+                    rank=ranks[-1] if ranks else -1))
 
     def _replaced(self, new: Any) -> None:
         """A replacement server took a lost one's rank: its address in the node table, and

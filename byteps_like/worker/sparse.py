@@ -14,6 +14,7 @@ again by every server before it allocates anything.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from ..errors import BytePSError, CommTimeoutError, MembershipChangedError
 from ..transport import Route
 from ..wire import (
     ERR_EPOCH,
+    ERR_ROLLBACK,
     HEADER_SIZE,
     SPARSE_ANSWERS,
     Header,
@@ -44,8 +46,12 @@ from ..wire import (
     MsgType,
     Role,
     encode,
+    generation,
+    generation_flags,
 )
 from .dispatch import server_error
+
+log = logging.getLogger("byteps_like.worker")
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -83,6 +89,15 @@ _JOIN_PREFIX = "\x00table "
 _POLL_S = 0.05
 
 
+class _RolledBack(Exception):
+    """A lost server rolled the tables back to a snapshot (failover ``number``): the request
+    is sent again at the round the tables went back to, once this worker has gone back."""
+
+    def __init__(self, number: int):
+        super().__init__(f"rolled back by failover {number}")
+        self.number = number
+
+
 #: requests a shard's primary alone answers; the others go to every server holding the shard
 _PRIMARY_ONLY = frozenset({MsgType.SPARSE_PULL, MsgType.SPARSE_SAVE})
 
@@ -94,6 +109,7 @@ class _Call:
     mtype: MsgType
     rnd: int
     frames: list                                  # shard -> the request's frames (re-sent)
+    g: int = 0                                    # the rollback generation it was sent in
     want: set = field(default_factory=set)        # (server index, shard) asked
     got: dict = field(default_factory=dict)       # (server index, shard) -> payload or None
     expect: dict = field(default_factory=dict)    # pull: shard -> the rows' bytes
@@ -105,7 +121,9 @@ class _Call:
         return {sh: p for (_s, sh), p in self.got.items()}
 
     def check_done(self) -> None:
-        if self.error is not None or self.want <= set(self.got):
+        """Done once every server asked answered (an error too: a later request of the same
+        kind and round must not take a late answer of this one)."""
+        if self.want <= set(self.got):
             self.done.set()
 
 
@@ -116,6 +134,7 @@ class TableStats:
     ids_pulled: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
+    rolled_back: int = 0     # steps lost servers rolled the table back (snapshots)
 
 
 class EmbeddingTable:
@@ -129,6 +148,10 @@ class EmbeddingTable:
         # first round (0 outside elastic jobs)
         self.step = owner.round_base
         self.stats = TableStats()
+        # snapshots: (failover, round) the newest rollback sent the table back to, and the
+        # newest failover whose round the table took (SparseTables._rewind)
+        self.rewind: tuple[int, int] | None = None
+        self.rewound = 0
 
     @property
     def name(self) -> str:
@@ -175,7 +198,7 @@ class EmbeddingTable:
             return self.local.rows(ids)
         order, per_server = self._split(ids)
         answers = self.owner.call(self, MsgType.SPARSE_PULL, self.step,
-                                  [(p, None) for p in per_server], timeout)
+                                  [(p, None) for p in per_server], timeout) or {}
         out = np.empty((len(ids), self.dim), np.float32)
         got = np.concatenate([np.frombuffer(answers[s], np.float32).reshape(-1, self.dim)
                               for s in range(len(per_server))]) if len(ids) else out
@@ -203,8 +226,9 @@ class EmbeddingTable:
             g = g[order]
             bounds = np.cumsum([0] + [len(p) for p in per_server])
             payloads = [(p, g[a:b]) for p, a, b in zip(per_server, bounds[:-1], bounds[1:])]
-            self.owner.call(self, MsgType.SPARSE_PUSH, self.step, payloads, timeout,
-                            [{"average": True}] * len(payloads) if average else None)
+            if self.owner.call(self, MsgType.SPARSE_PUSH, self.step, payloads, timeout,
+                               [{"average": True}] * len(payloads) if average else None) is None:
+                return   # its round was rolled back (snapshots): the push goes with it
         self.step += 1
         self.stats.steps += 1
 
@@ -257,9 +281,13 @@ class SparseTables:
         self.tables: dict[str, EmbeddingTable] = {}
         self._calls: dict[tuple, _Call] = {}
         self._lock = threading.Lock()
-        # servers lost (by index): their shards are served by the copies left (replication);
-        # a replacement server that takes a lost one's rank holds no table
+        # servers lost (by index): their shards are served by the copies left (replication)
+        # or by the next server, which rebuilt them from snapshots; a replacement server that
+        # takes a lost one's rank holds no table
         self.lost: set[int] = set()
+        self.to_restore = 0   # snapshots: the newest failover whose rollback is pending...
+        self.restored = 0     # ...and the newest done
+        self._restored_cv = threading.Condition(self._lock)
         # the next table's id: a declaration the servers refused keeps its id, so every
         # worker's next table gets the same one whichever worker saw the refusal
         self._next_id = 0
@@ -352,7 +380,39 @@ class SparseTables:
 
     # -- requests and their answers -------------------------------------------------------------
     def call(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
-             timeout: float | None, metas: list | None = None) -> dict:
+             timeout: float | None, metas: list | None = None) -> dict | None:
+        """:meth:`_call_once`, sent again at the round the tables went back to when a lost
+        server rolls them back (BYTEPS_SPARSE_SURVIVAL=snapshot); None for a push of a round
+        the rollback undid (it goes with its round)."""
+        while True:
+            self._wait_restored(self.to_restore, timeout)
+            if mtype is not MsgType.SPARSE_CREATE and self._rewind(table):
+                if mtype is MsgType.SPARSE_PUSH and table.step != rnd:
+                    return None
+                rnd = table.step
+            try:
+                return self._call_once(table, mtype, rnd, payloads, timeout, metas)
+            except _RolledBack as rb:
+                self._wait_restored(rb.number, timeout)
+
+    def _rewind(self, table: EmbeddingTable) -> bool:
+        """Take the round a rollback sent the table back to (on the thread that calls the
+        table, so no step of the old timeline counts after it); True if it did now."""
+        with self._lock:
+            if table.rewind is None or table.rewind[0] <= table.rewound:
+                return False
+            number, rnd = table.rewind
+            back, table.step, table.rewound = table.step - rnd, rnd, number
+        table.stats.rolled_back += max(0, back)
+        (log.warning if self.rank == 0 else log.info)(
+            "worker %d: table %r went back %d step(s) to round %d, the newest snapshot of the "
+            "lost server(s) (failover %d; BYTEPS_SPARSE_SURVIVAL=snapshot, every %d rounds)",
+            self.rank, table.name, back, rnd, number,
+            self.rt.config.server.sparse_snapshot_steps)
+        return True
+
+    def _call_once(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
+                   timeout: float | None, metas: list | None = None) -> dict:
         """Send ``mtype`` for every shard (payload i: shard i's (ids, grads) or (None, None))
         to the servers that hold it (its primary alone for a pull or a save), and wait for
         every answer; returns each shard's answer payload by shard."""
@@ -361,30 +421,32 @@ class SparseTables:
         if rt.elastic_m is not None:   # an epoch that is over: raise at once
             rt.elastic_m.check_collective()
         key = (table.table_id, _KIND[mtype.name], rnd)
-        call = _Call(table, mtype, rnd, [])
+        call = _Call(table, mtype, rnd, [], self.restored)
         for sh, (ids, grads) in enumerate(payloads):
             if mtype is MsgType.SPARSE_PULL:
                 call.expect[sh] = len(ids) * table.spec.row_bytes
             call.frames.append(self._frames(table, mtype, rnd, sh, ids, grads,
-                                            metas[sh] if metas else None))
+                                            metas[sh] if metas else None, call.g))
         with self._lock:
             if key in self._calls:
                 raise BytePSError(f"table {table.name!r}: a {key[1]} of step {rnd} is already "
                                   "in flight (one pull and one push per step, one thread)")
-            self._calls[key] = call
+            if (self.to_restore > self.restored or call.g != self.restored
+                    or (table.rewind is not None and table.rewind[0] > table.rewound
+                        and mtype is not MsgType.SPARSE_CREATE)):
+                raise _RolledBack(self.to_restore)   # a rollback began since the call began
             sends = []
             for sh in range(len(payloads)):
                 holders = self._holders(sh)
                 if not holders:
-                    call.error = self._shard_lost(table, sh)
-                    break
+                    raise self._shard_lost(table, sh)
                 for srv in holders[:1] if mtype in _PRIMARY_ONLY else holders:
                     call.want.add((srv, sh))
                     sends.append((srv, sh))
+            self._calls[key] = call
         try:
             for srv, sh in sends:
-                if call.error is None:
-                    self._send(call, srv, sh)
+                self._send(call, srv, sh)   # every one, whatever answers meanwhile
             self._wait(table, call, mtype, rnd, timeout)
         finally:
             with self._lock:
@@ -392,19 +454,20 @@ class SparseTables:
         return call.answers()
 
     def _frames(self, table: EmbeddingTable, mtype: MsgType, rnd: int, sh: int, ids, grads,
-                meta: dict | None) -> list:
-        m, key = self.rt.members, wire_key(table.table_id, sh)
+                meta: dict | None, g: int) -> list:
+        """A request's frames; its flags carry the rollback generation ``g``."""
+        m, key, flags = self.rt.members, wire_key(table.table_id, sh), generation_flags(g)
         if mtype is MsgType.SPARSE_PULL:
             payload: Any = ids
-            hdr = Header(mtype, "int64", Role.WORKER, m.push_rank, 0, m.job, key, rnd,
+            hdr = Header(mtype, "int64", Role.WORKER, m.push_rank, flags, m.job, key, rnd,
                          len(ids), ids.nbytes)
         elif mtype is MsgType.SPARSE_PUSH:
             payload = np.concatenate([ids.view(np.uint8), grads.reshape(-1).view(np.uint8)])
-            hdr = Header(mtype, "uint8", Role.WORKER, m.push_rank, 0, m.job, key, rnd,
+            hdr = Header(mtype, "uint8", Role.WORKER, m.push_rank, flags, m.job, key, rnd,
                          payload.nbytes, payload.nbytes)
         else:
             payload = None
-            hdr = Header(mtype, "none", Role.WORKER, m.push_rank, 0, m.job, key, rnd)
+            hdr = Header(mtype, "none", Role.WORKER, m.push_rank, flags, m.job, key, rnd)
         return encode(hdr, payload, meta)
 
     def _send(self, call: _Call, srv: int, sh: int) -> None:
@@ -426,7 +489,7 @@ class SparseTables:
                              f"{table.name!r} is lost: {copies}; restart the job and load the "
                              "last checkpoint (docs/sparse.md)", role="server", rank=shard)
 
-    def servers_lost(self, servers: list[int]) -> str | None:
+    def servers_lost(self, servers: list[int], number: int = 0) -> str | None:
         """The servers of these indices are lost (the scheduler's FAILOVER; any thread). With
         replication each of their shards goes on on its copy: requests waiting for a lost
         server are sent to the copy (a pull, a save) or no longer wait for it (the copy was
@@ -441,6 +504,12 @@ class SparseTables:
                 if not self._holders(sh):
                     name = min(self.tables)
                     return str(self._shard_lost(self.tables[name], sh))
+            if self.survival == "snapshot":   # every request waits for the rollback
+                self.to_restore = max(self.to_restore, number)
+                for call in self._calls.values():
+                    call.error = call.error or _RolledBack(number)
+                    call.done.set()
+                return None
             for call in self._calls.values():
                 for srv, sh in sorted(call.want - set(call.got)):
                     if srv not in self.lost:
@@ -473,14 +542,76 @@ class SparseTables:
         if call.error is not None:
             raise call.error
 
+    def _wait_restored(self, number: int, timeout: float | None) -> None:
+        """Wait until this worker went back for failover ``number`` (snapshots)."""
+        if self.restored >= number:
+            return
+        limit = self.rt.config.timeouts.op_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while self.restored < number:
+            self.rt.check()   # the job's fatal error (a failed rollback) ends the wait
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(f"worker rank {self.rank}: the server-held tables did "
+                                       f"not go back to their snapshot after failover {number} "
+                                       f"within {limit:g} s")
+            with self._restored_cv:
+                self._restored_cv.wait(_POLL_S)
+
+    def after_failover(self, number: int, timeout: float | None = None) -> None:
+        """Snapshots (BYTEPS_SPARSE_SURVIVAL=snapshot), on the failover's thread once the dense
+        keys are seeded: ask every server left to roll each table back to the newest snapshot
+        of the lost shards (server/sparse_survival.py), then go on from that round."""
+        with self._lock:
+            if self.survival != "snapshot" or number <= self.restored or not self.tables:
+                self.restored = max(self.restored, number)
+                self._restored_cv.notify_all()
+                return
+            tables = sorted(self.tables.values(), key=lambda t: t.table_id)
+            lost, alive = sorted(self.lost), [s for s in range(self.num_servers)
+                                             if s not in self.lost]
+        holders = {str(sh): self.rt.members.server_ranks[self._holders(sh)[0]]
+                   for sh in range(self.num_servers)}
+        meta = {"restore": number, "lost": lost, "holders": holders}
+        for table in tables:
+            rounds = self._restore_one(table, number, alive, meta, timeout)
+            if len(set(rounds)) != 1:
+                raise BytePSError(f"table {table.name!r}: the servers went back to different "
+                                  f"rounds {sorted(set(rounds))} after failover {number}")
+            with self._lock:
+                table.rewind = (number, rounds[0])
+        with self._lock:
+            self.restored = max(self.restored, number)
+            self._restored_cv.notify_all()
+
+    def _restore_one(self, table: EmbeddingTable, number: int, alive: list[int], meta: dict,
+                     timeout: float | None) -> list[int]:
+        key = (table.table_id, "restore", number)
+        call = _Call(table, MsgType.SPARSE_LOAD, number, [None] * self.num_servers, number)
+        for srv in alive:
+            call.frames[srv] = self._frames(table, MsgType.SPARSE_LOAD, number, srv, None, None,
+                                            meta, number)
+            call.want.add((srv, srv))
+        with self._lock:
+            self._calls[key] = call
+        try:
+            for srv in alive:
+                self._send(call, srv, srv)
+            self._wait(table, call, MsgType.SPARSE_LOAD, number, timeout)
+        finally:
+            with self._lock:
+                self._calls.pop(key, None)
+        return [int(a.get("round", -1)) if isinstance(a, dict) else -1
+                for a in call.got.values()]
+
     def on_message(self, route: Route, msg: Message) -> None:
         """A server's answer to a table request (the dispatcher's I/O thread)."""
         h, m = msg.header, self.rt.members
         if h.type in SPARSE_ANSWERS:
             kinds = ({"pull"} if h.type is MsgType.SPARSE_ROWS
-                     else {"create", "push", "save", "load"})
+                     else {"create", "push", "save", "load", "restore"})
         else:  # an ERROR: the request's type is in its meta
             kinds = {_KIND.get(str((msg.meta or {}).get("type")), "")}
+            kinds |= {"restore"} if "load" in kinds else set()
         try:
             s = m.server_ranks.index(h.rank)
         except ValueError:
@@ -492,9 +623,13 @@ class SparseTables:
             ok = (s >= 0 and route == m.routes[s][0] and h.job == m.job
                   and h.role is Role.SERVER and len(calls) == 1 and (s, sh) in calls[0][1].want
                   and (s, sh) not in calls[0][1].got)
-            if ok:
+            stale = ok and generation(h.flags) != calls[0][1].g   # sent before a rollback
+            if ok and not stale:
                 self._answer(calls[0][0], calls[0][1], s, sh, msg)
-        if not ok:
+        if stale:
+            log.debug("worker %d: an answer to a table request sent before a rollback: %s",
+                      self.rank, h)
+        elif not ok:
             m.dropped("table answer that matches no request in flight",
                       f"{h.type.name} table {h.key} round {h.round} from {route}")
 
@@ -503,9 +638,11 @@ class SparseTables:
         what, name = key[1], call.table.name
         if h.type is MsgType.ERROR:
             meta = msg.meta if isinstance(msg.meta, dict) else {}
-            if meta.get("kind") == ERR_EPOCH:   # the server reset first: the epoch is over
+            if meta.get("kind") == ERR_ROLLBACK and type(meta.get("failover")) is int:
+                exc: BaseException = _RolledBack(meta["failover"])
+            elif meta.get("kind") == ERR_EPOCH:   # the server reset first: the epoch is over
                 em = self.rt.elastic_m
-                exc: BaseException = MembershipChangedError(
+                exc = MembershipChangedError(
                     f"{what} of table {name!r}: {meta.get('message', 'epoch ended')}",
                     epoch=(em.epoch + 1) if em is not None else 0)
             else:
@@ -519,6 +656,6 @@ class SparseTables:
                 f"{h.dtype}, expected {call.expect[sh]} bytes of float32")
             call.got[(s, sh)] = None
         else:
-            call.got[(s, sh)] = msg.payload
+            call.got[(s, sh)] = msg.meta if what == "restore" else msg.payload
             call.table.stats.bytes_received += HEADER_SIZE + h.nbytes
         call.check_done()

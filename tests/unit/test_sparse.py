@@ -168,11 +168,11 @@ def test_sgd_is_bit_exact_against_float32_numpy():
 
 def test_state_bytes_count_the_optimizer_state():
     sgd = TableSpec.make("e", 1000, 16)
-    assert state_bytes(sgd, 1000) - state_bytes(sgd, 0) == 1000 * (64 + 1)
+    assert state_bytes(sgd, 1000) - state_bytes(sgd, 0) == 1000 * (64 + 2)
     ada = TableSpec.make("e", 1000, 16, optimizer="adagrad")
-    assert state_bytes(ada, 1000) - state_bytes(ada, 0) == 1000 * (128 + 1)
+    assert state_bytes(ada, 1000) - state_bytes(ada, 0) == 1000 * (128 + 2)
     adam = TableSpec.make("e", 1000, 16, optimizer="adam")
-    assert state_bytes(adam, 1000) - state_bytes(adam, 0) == 1000 * (192 + 4 + 1)
+    assert state_bytes(adam, 1000) - state_bytes(adam, 0) == 1000 * (192 + 4 + 2)
 
 
 def test_a_one_process_job_holds_its_table_itself():
@@ -299,7 +299,9 @@ def test_the_servers_request_queue_holds_its_clients_at_the_bound_and_resumes_at
 
     holds: list[bool] = []
     served: list[int] = []
-    srv = SimpleNamespace(cfg=SimpleNamespace(server=SimpleNamespace(sparse_max_ids=1 << 20)),
+    srv = SimpleNamespace(cfg=SimpleNamespace(server=SimpleNamespace(
+                              sparse_max_ids=1 << 20, sparse_survival="none",
+                              sparse_snapshot_steps=100, sparse_checkpoint_dir="")),
                           required=2, rank=0, async_mode=False,
                           ep=SimpleNamespace(hold_clients=holds.append))
     service = sp.SparseService(srv)

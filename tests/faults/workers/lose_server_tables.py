@@ -6,7 +6,9 @@ between the workers), makes gradients from them, pushes them, and push_pulls one
 KILLS is a comma-separated list of STEP:SERVER:PHASE: worker rank 0 SIGKILLs server rank SERVER
 at that step, before the step's pull (PHASE pull) or right before its push (PHASE push).
 OPTIMIZER: sgd (the default), adagrad or adam. At the end every rank pulls every row and writes
-them and the dense tensor to OUT.<rank>.npz; rank 0 prints ``STEP_TIMES``."""
+them and the dense tensor to OUT.<rank>.npz, with every row as each step began (``trace``, by
+the table's round ``trace_rounds``: a rollback repeats rounds); rank 0 prints ``STEP_TIMES``
+and each rank ``ROLLED_BACK`` with the steps lost servers rolled the table back."""
 import os
 import signal
 import sys
@@ -39,10 +41,12 @@ def kill(step: int, phase: str) -> None:
         print(f"KILLED server {server} pid {pid} at step {step} before its {phase}", flush=True)
 
 
-times = []
+times, trace, trace_rounds = [], [], []
 for step in range(steps):
     t0 = time.monotonic()
     kill(step, "pull")
+    trace.append(table.pull(np.arange(ROWS)))
+    trace_rounds.append(table.step)   # after the pull: a rollback may have moved it
     ids = np.unique((np.arange(40) * (7 + rank) + 13 * step) % ROWS)
     rows = table.pull(ids)
     grads = (np.sin(rows * (1.0 + 0.1 * rank)) + 0.01 * step).astype(np.float32)
@@ -51,8 +55,12 @@ for step in range(steps):
     dense -= np.float32(0.1) * bps.push_pull(np.cos(dense + step + rank), name="dense",
                                              average=True)
     times.append(time.monotonic() - t0)
+# a rollback (snapshots) can leave the ranks one round apart: join() as for uneven inputs
+bps.join()
 final = table.pull(np.arange(ROWS))
-np.savez(f"{out}.{rank}.npz", rows=final, dense=dense)
+np.savez(f"{out}.{rank}.npz", rows=final, dense=dense, trace=np.stack(trace),
+         trace_rounds=np.array(trace_rounds))
+print(f"ROLLED_BACK {table.stats.rolled_back}", flush=True)
 if rank == 0:
     print("STEP_TIMES " + " ".join(f"{t:.4f}" for t in times), flush=True)
 bps.shutdown()

@@ -1,0 +1,146 @@
+"""Incremental snapshots of the server-held tables and the writer that keeps disks off the
+tables' thread (BYTEPS_SPARSE_SURVIVAL=snapshot; docs/sparse.md, "Losing a server").
+
+Every BYTEPS_SPARSE_SNAPSHOT_STEPS rounds (K) a server copies, on the tables' thread, the rows
+of each shard it holds that were updated since its previous snapshot (and their optimizer
+state) and hands the copy to :class:`Writer`, whose thread writes it as one shard file
+(byteps_like/shardfile.py: checksummed, atomic, 0600)::
+
+    BYTEPS_SPARSE_CHECKPOINT_DIR/snapshots-<job>/<table>/shard<s>of<S>/r<round>.bpst
+
+A shard's snapshots form a chain: rounds K, 2K, ..., each file holding the rows that changed in
+the K rounds before it (empty files included, so the chain has no holes). Restoring round R is
+the table's initial rows with the chain up to R laid over them in order. A lost server's chain is
+final: the newest round its chain holds is the round every table goes back to
+(:func:`newest_round`). Checkpoints (``table.save``) go through the same writer.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+
+from .. import shardfile
+from ..embedding import TableShard, TableSpec, checkpoint_path
+
+log = logging.getLogger("byteps_like.server")
+
+#: snapshots and checkpoints handed to the writer and not yet written, at most; the tables'
+#: thread waits for room beyond it (a disk slower than the rounds)
+WRITER_DEPTH = 8
+_ROUND = re.compile(r"r(\d{10})" + re.escape(shardfile.SUFFIX))
+
+
+def chain_dir(directory: str, job: int, spec: TableSpec, shard: int, shards: int) -> str:
+    """The folder of shard ``shard`` of ``shards``' snapshots of the table ``spec``."""
+    if not directory:
+        raise shardfile.TableError("BYTEPS_SPARSE_SURVIVAL=snapshot needs a directory: set "
+                                   "BYTEPS_SPARSE_CHECKPOINT_DIR on the servers")
+    # the table's folder name as a checkpoint names its file (escaped), without the suffix
+    name = os.path.basename(checkpoint_path(directory, "x", spec, shard, shards))
+    table = name[:-len(f".shard{shard}of{shards}{shardfile.SUFFIX}")]
+    return os.path.join(directory, f"snapshots-{job}", table, f"shard{shard}of{shards}")
+
+
+def chain(folder: str, every: int) -> list[int]:
+    """The rounds of the snapshots in ``folder`` from the first (``every``) on, up to the
+    first missing one: the rounds that can be restored."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    have = {int(m.group(1)) for n in names if (m := _ROUND.fullmatch(n))}
+    out, r = [], every
+    while r in have:
+        out.append(r)
+        r += every
+    return out
+
+
+def newest_round(folders: list[str], every: int) -> int:
+    """The newest round that every one of these chains holds (0: none, the initial rows)."""
+    return min((max(chain(f, every), default=0) for f in folders), default=0)
+
+
+def restore(shard: TableShard, folder: str, every: int, upto: int,
+            charge: Callable[[int], bool] | None = None) -> int:
+    """Shard ``shard`` as it was after round ``upto``: its initial rows with the snapshots of
+    ``folder`` (written by a shard of the same number and layout) up to ``upto`` laid over
+    them. Returns the rows read. TableError names a damaged or missing file."""
+    rounds = [r for r in chain(folder, every) if r <= upto]
+    if upto and (not rounds or rounds[-1] != upto):
+        raise shardfile.TableError(f"table {shard.spec.name!r}: the snapshots in {folder} do "
+                                   f"not reach round {upto} (they hold {rounds[-1:] or 'none'})")
+    expect = shardfile.Expect(shard.spec.to_json(),
+                              [n for n in shardfile.STATE_DTYPES if getattr(shard, n) is not None])
+    shard.forget()
+    taken = 0
+    for r in rounds:
+        path = os.path.join(folder, f"r{r:010d}{shardfile.SUFFIX}")
+        data, nbytes, _ = shardfile.read(path, shard.shard, shard.shards, expect, charge=charge)
+        try:
+            taken += shard.restore(data)
+        finally:
+            if charge is not None and nbytes:
+                charge(-nbytes)
+    shard.changed[:] = False
+    return taken
+
+
+class Writer(threading.Thread):
+    """Writes what the tables' thread hands it, in order, on a thread of its own."""
+
+    def __init__(self, rank: Callable[[], int]):
+        super().__init__(name="bpsl-snapshots", daemon=True)
+        self.rank = rank   # the server's, once registered
+        self.q: queue.Queue = queue.Queue(WRITER_DEPTH)
+        self.files = 0
+        self.bytes_written = 0
+        self.seconds = 0.0
+        self.failed: str | None = None
+
+    def put(self, path: str, spec: TableSpec, shard: int, shards: int, state: dict,
+            done: Callable[[str | None], None] | None = None) -> None:
+        """Write ``state`` at ``path`` (shardfile.write) and then call ``done(error)``."""
+        if not self.is_alive():
+            self.start()
+        self.q.put((path, spec, shard, shards, state, done))
+
+    def flush(self) -> None:
+        """Wait until everything handed over is written."""
+        if self.is_alive():
+            self.q.join()
+
+    def close(self) -> None:
+        if self.is_alive():
+            self.q.put(None)
+            self.join(30.0)
+
+    def run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                self.q.task_done()
+                return
+            path, spec, shard, shards, state, done = item
+            error = None
+            t0 = time.monotonic()
+            try:
+                shardfile.write(path, spec.to_json(), shard, shards, state)
+                self.files += 1
+                self.bytes_written += os.path.getsize(path)
+            except (OSError, ValueError) as exc:
+                error = f"cannot write {path}: {exc}"
+                if self.failed is None:
+                    log.error("server %d: %s", self.rank(), error)
+                self.failed = error
+            self.seconds += time.monotonic() - t0
+            try:
+                if done is not None:
+                    done(error)
+            finally:
+                self.q.task_done()
