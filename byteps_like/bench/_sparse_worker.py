@@ -46,9 +46,23 @@ def batch_ids(rank: int, step: int, sizes: list[int], batch: int, zipf: float) -
     return np.stack(cols, axis=1)
 
 
+def kill_server(rt: Any, rank: int) -> None:
+    """SIGKILL server ``rank`` of this job (bench sparse --kill)."""
+    import os
+    import signal
+    pid = [p.pid for p in rt.members.controller.peers if p.role == "server" and p.rank == rank]
+    os.kill(pid[0], signal.SIGKILL)
+    progress(f"killed server {rank} (pid {pid[0]})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m byteps_like.bench._sparse_worker")
-    p.add_argument("mode", choices=("sparse", "dense", "ddp"))
+    p.add_argument("mode", choices=("sparse", "dense", "ddp", "replicate", "snapshot"),
+                   help="replicate, snapshot: sparse, with BYTEPS_SPARSE_SURVIVAL set so")
+    p.add_argument("--kill", default="", metavar="SERVER:STEP",
+                   help="rank 0 SIGKILLs server rank SERVER as step STEP begins")
+    p.add_argument("--sample-out", default="", help="rank 0 writes the first 512 rows of "
+                   "every table here at the end (.npy)")
     p.add_argument("--rank", type=int, default=0, help="ddp")
     p.add_argument("--world", type=int, default=1, help="ddp")
     p.add_argument("--rows", type=int, required=True)
@@ -77,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bps.init()
         rank, rt = bps.rank(), default_runtime()
     sizes = table_rows(a.rows, a.tables)
-    if a.mode == "sparse":
+    if a.mode in ("sparse", "replicate", "snapshot"):
         embs: list[torch.nn.Module] = [
             bps.SparseEmbedding(n, a.dim, name=f"table{i}", init="uniform", seed=i,
                                optimizer=a.optimizer, lr=a.lr)
@@ -117,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if step == a.warmup:
             base_tables = sum(st.bytes_sent + st.bytes_received for st in stats)
             base_pp = 0 if rt is None else rt.bytes_pushed + rt.bytes_pulled
+        if a.kill and rank == 0 and step == int(a.kill.split(":")[1]):
+            kill_server(rt, int(a.kill.split(":")[0]))
         ids_np = batch_ids(rank, step, sizes, a.batch, a.zipf)
         ids = torch.from_numpy(ids_np)
         dense = torch.from_numpy(rng.normal(size=(a.batch, DENSE_FEATURES)).astype(np.float32))
@@ -136,7 +152,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     tables = sum(st.bytes_sent + st.bytes_received for st in stats) - base_tables
     pushpull = (ring * a.steps if rt is None
                 else rt.bytes_pushed + rt.bytes_pulled - base_pp)
+    if a.sample_out and rank == 0:   # before the result: the bench reads it after
+        np.save(a.sample_out, np.stack([e.table.pull(np.arange(min(512, e.table.rows)))
+                                        for e in embs if isinstance(e, bps.SparseEmbedding)]))
     result = {"mode": a.mode, "rank": rank, "step_times_s": steps, "table_bytes": tables,
+              "rolled_back": max((st.rolled_back for st in stats), default=0),
               "pushpull_bytes": pushpull, "floor_bytes": floor, "steps": a.steps,
               "dense_param_bytes": dense_bytes, "table_rows": sizes, "loss": losses[-1]}
     if rt is None:

@@ -259,6 +259,8 @@ class Job:
         self.label = label
         self.log = log if log is not None else sys.stderr
         self.procs: dict[str, Proc] = {}
+        #: children a run kills on purpose (bench sparse --kill): their death is no failure
+        self.may_die: set[str] = set()
         self.sup = Supervisor(stdout=cast(TextIO, _Lines(self, "stdout")),
                               stderr=cast(TextIO, _Lines(self, "stderr")), kill_after=kill_after)
         self._tmp = tempfile.TemporaryDirectory(prefix=f"bpsl-{label}-")
@@ -337,7 +339,7 @@ class Job:
     def _check(self, procs: Iterable[Proc]) -> None:
         for p in procs:
             rc = p.poll()
-            if rc is not None and rc != 0:
+            if rc is not None and rc != 0 and not (rc < 0 and p.name in self.may_die):
                 raise ChildFailed(self.report(f"{p.name} exited with status {rc}" if rc > 0
                                               else f"{p.name} was {describe_returncode(rc)}"))
 

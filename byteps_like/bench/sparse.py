@@ -2,7 +2,7 @@
 
 ``python -m byteps_like.bench sparse [--rows 1000000] [--tables 4] [--dim 64] [--batch 4096]
 [--zipf 1.2] [--workers 2] [--servers 2] [--modes sparse,dense] [--rate 1gbit] [--quick]
-[--optimizer sgd]
+[--optimizer sgd] [--modes sparse,replicate,snapshot --kill 1:8 --snapshot-steps 10]
 [--json PATH]``
 
 A DLRM-shaped model (:mod:`._sparse_worker`: tables of rows, rows/10, ... rows, one Zipf id per
@@ -25,8 +25,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -40,7 +43,9 @@ from .harness import ChildFailed, Job, Proc, base_env, collect, free_port, local
 from .report import exit_on_signals, machine_info, markdown_table, num, report_header
 
 PROG = "python -m byteps_like.bench sparse"
-MODES = ("sparse", "dense", "ddp")
+MODES = ("sparse", "replicate", "snapshot", "dense", "ddp")
+#: the modes with server-held tables: replicate and snapshot set BYTEPS_SPARSE_SURVIVAL so
+SPARSE_MODES = ("sparse", "replicate", "snapshot")
 #: --quick: 2 workers, 2 servers, a 1M-row table (+ 3 smaller), 1 Gbit/s NICs
 QUICK: dict[str, int | str] = {"rows": 1_000_000, "workers": 2, "servers": 2, "rate": "1gbit",
                                "steps": 10, "warmup": 2, "dense_steps": 3, "dense_warmup": 1}
@@ -66,19 +71,34 @@ class Setup:
     timeout: float
     optimizer: str = "sgd"
     cluster: netns.NetnsCluster | None = None
+    kill: str = ""              # SERVER:STEP, in the replicate and snapshot runs
+    snapshot_steps: int = 10
+    work: str = ""              # a directory for the runs' files (samples, snapshots)
 
     @property
     def rate(self) -> str:
         return "loopback" if self.rate_bits is None else fmt_cap(self.rate_bits)
 
     def worker_argv(self, mode: str) -> list[str]:
-        steps, warmup = ((self.steps, self.warmup) if mode == "sparse"
+        steps, warmup = ((self.steps, self.warmup) if mode in SPARSE_MODES
                          else (self.dense_steps, self.dense_warmup))   # dense and ddp
+        extra = (["--kill", self.kill] if self.kill and mode in ("replicate", "snapshot")
+                 else [])
+        if mode in SPARSE_MODES and self.work:
+            extra += ["--sample-out", os.path.join(self.work, f"{mode}.npy")]
         return [sys.executable, "-m", "byteps_like.bench._sparse_worker", mode,
                 "--rows", str(self.rows), "--tables", str(self.tables), "--dim", str(self.dim),
                 "--batch", str(self.batch), "--zipf", str(self.zipf), "--steps", str(steps),
                 "--optimizer", self.optimizer,
-                "--warmup", str(warmup)]
+                "--warmup", str(warmup), *extra]
+
+    def env(self, mode: str) -> dict[str, str]:
+        """A run's environment: the tables' survival mode (and its snapshots' directory)."""
+        if mode not in ("replicate", "snapshot"):
+            return base_env()
+        return {**base_env(), "BYTEPS_SPARSE_SURVIVAL": mode,
+                "BYTEPS_SPARSE_SNAPSHOT_STEPS": str(self.snapshot_steps),
+                "BYTEPS_SPARSE_CHECKPOINT_DIR": os.path.join(self.work, "checkpoints")}
 
 
 class PeakRss:
@@ -137,14 +157,17 @@ def run_mode(s: Setup, mode: str) -> tuple[list[dict], dict[str, int]]:
     placed = on_hosts(local_job(s.worker_argv(mode), free_port(), workers=s.workers,
                                 servers=s.servers, host=host0), s.cluster)
     with Job(f"sparse-{mode}") as g:
-        ws = g.start(placed, base_env())
+        ws = g.start(placed, s.env(mode))
         servers = [p for name, p in g.procs.items() if name.startswith("server")]
+        if s.kill and mode in ("replicate", "snapshot"):
+            g.may_die = {p.name for p in servers}
         with PeakRss(servers) as rss:
             g.wait(s.timeout, relay=ws[0], relay_prefix=f"[sparse] {mode}: ")
         return collect(ws, mode), rss.peak
 
 
-RUNNERS = {"sparse": run_mode, "dense": run_mode, "ddp": lambda s, _mode: run_ddp(s)}
+RUNNERS = {"sparse": run_mode, "replicate": run_mode, "snapshot": run_mode, "dense": run_mode,
+           "ddp": lambda s, _mode: run_ddp(s)}
 
 
 def make_record(s: Setup, mode: str, res: list[dict], rss: dict[str, int]) -> dict:
@@ -161,18 +184,23 @@ def make_record(s: Setup, mode: str, res: list[dict], rss: dict[str, int]) -> di
                     for i, n in enumerate(table_rows_)) for srv in range(s.servers))
     return {"mode": mode, "rows": s.rows, "tables": table_rows_, "dim": s.dim,
             "batch": s.batch, "zipf": s.zipf, "workers": s.workers,
-            "optimizer": s.optimizer if mode == "sparse" else "sgd",
+            "optimizer": s.optimizer if mode in SPARSE_MODES else "sgd",
             "servers": 0 if mode == "ddp" else s.servers,
             "bytes_computed": mode == "ddp",   # the ring all-reduce's, not measured
             "rate": s.rate, "rate_bits": s.rate_bits, "steps": n, "step_s": step,
             "step_times_s": steps, "samples_per_s": s.batch * s.workers / step,
             "bytes_per_step": tables + pushpull, "table_bytes_per_step": tables,
             "pushpull_bytes_per_step": pushpull, "floor_bytes_per_step": floor,
-            "tables_over_floor": (tables / floor if mode == "sparse" else
+            "tables_over_floor": (tables / floor if mode in SPARSE_MODES else
                                   (tables + pushpull) / floor),
             "server_peak_rss_bytes": max(rss.values()) if rss else None,
-            "table_shard_bytes": shard if mode == "sparse" else None,
-            "dense_param_bytes": res[0]["dense_param_bytes"], "loss": res[0]["loss"]}
+            "table_shard_bytes": shard if mode in SPARSE_MODES else None,
+            "dense_param_bytes": res[0]["dense_param_bytes"], "loss": res[0]["loss"],
+            # a server killed (--kill): the longest step over the median, the steps the
+            # tables went back (snapshot), and (add_ratios) the tables' largest difference
+            "killed": s.kill if s.kill and mode in ("replicate", "snapshot") else None,
+            "stall_s": max(steps) - step,
+            "rolled_back_steps": max(r.get("rolled_back", 0) for r in res)}
 
 
 def add_ratios(records: list[dict]) -> None:
@@ -183,6 +211,29 @@ def add_ratios(records: list[dict]) -> None:
                                   if r["mode"] != "sparse" and r["rate"] in sparse else None)
 
 
+def add_differences(records: list[dict], work: str) -> None:
+    """``max_abs_diff``: the largest difference between the first 512 rows of every table at
+    the end of a replicate or snapshot run and of the sparse run (the same seeds)."""
+    import numpy as np
+    ref_path = os.path.join(work, "sparse.npy")
+    for r in records:
+        r["max_abs_diff"] = None
+        path = os.path.join(work, f"{r['mode']}.npy")
+        if r["mode"] in ("replicate", "snapshot") and os.path.exists(ref_path) \
+                and os.path.exists(path):
+            r["max_abs_diff"] = float(np.abs(np.load(path) - np.load(ref_path)).max())
+
+
+def format_survival(records: list[dict]) -> str:
+    """The replicate and snapshot runs against the sparse run."""
+    rows = [(r["mode"], r["killed"] or "-", num(r["step_s"] * 1e3, ".1f"),
+             num(r["dense_over_sparse"], ".3f"), num(r["stall_s"], ".3f"),
+             str(r["rolled_back_steps"]), num(r["max_abs_diff"], ".3g"))
+            for r in records if r["mode"] in ("replicate", "snapshot")]
+    return markdown_table(("mode", "killed SERVER:STEP", "step ms", "step / sparse step",
+                           "stall s", "steps rolled back", "max |diff| vs sparse"), rows, left=2)
+
+
 def format_table(records: list[dict]) -> str:
     rows = []
     for r in records:
@@ -190,7 +241,7 @@ def format_table(records: list[dict]) -> str:
         rows.append((r["mode"], f"{r['rows']:,}", str(r["dim"]), str(r["workers"]),
                      str(r["servers"]), r["rate"], num(r["step_s"] * 1e3, ".1f"),
                      num(r["samples_per_s"], ".0f"), mb(r["bytes_per_step"]),
-                     mb(r["table_bytes_per_step"] if r["mode"] == "sparse" else
+                     mb(r["table_bytes_per_step"] if r["mode"] in SPARSE_MODES else
                         r["pushpull_bytes_per_step"]),
                      mb(r["floor_bytes_per_step"]), num(r["tables_over_floor"], ".3f"),
                      mb(r["server_peak_rss_bytes"]),
@@ -225,6 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="untimed dense steps (default 1)")
     p.add_argument("--quick", action="store_true", help="a run for a 2-core machine: " + ", ".join(
         f"{k.replace('_', '-')} {v}" for k, v in QUICK.items()) + " (explicit options win)")
+    p.add_argument("--kill", default="", metavar="SERVER:STEP",
+                   help="in the replicate and snapshot runs, worker 0 SIGKILLs server rank "
+                        "SERVER as step STEP begins (warm-up steps count); the job goes on "
+                        "and the run reports the stall, the steps the tables went back and "
+                        "their largest difference from the sparse run's")
+    p.add_argument("--snapshot-steps", type=int, default=10,
+                   help="snapshot runs: BYTEPS_SPARSE_SNAPSHOT_STEPS")
     p.add_argument("--timeout", type=float, default=900.0, help="watchdog per run, seconds")
     p.add_argument("--json", metavar="PATH", help="write the records (one per run) here")
     return p
@@ -243,6 +301,10 @@ def plan(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setup, list
     if min(a.rows, a.tables, a.dim, a.batch, a.workers, a.servers, a.steps,
            a.dense_steps) < 1 or a.warmup < 0 or a.dense_warmup < 0 or a.zipf <= 1:
         p.error("sizes, counts and steps must be >= 1, warm-ups >= 0, --zipf > 1")
+    if a.kill and (len(a.kill.split(":")) != 2 or not all(x.isdigit() for x in a.kill.split(":"))
+                   or int(a.kill.split(":")[0]) >= a.servers or a.servers < 2):
+        p.error("--kill SERVER:STEP: a server rank below --servers (two servers or more) and a "
+                "step")
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     if not modes or set(modes) - set(MODES):
         p.error(f"--modes: choose from {', '.join(MODES)}")
@@ -252,7 +314,7 @@ def plan(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setup, list
             p.error(f"--rate: {why}")
     return Setup(a.rows, a.tables, a.dim, a.batch, a.zipf, a.workers, a.servers, a.rate,
                  a.steps, a.warmup, a.dense_steps, a.dense_warmup, a.timeout,
-                 a.optimizer), \
+                 a.optimizer, kill=a.kill, snapshot_steps=a.snapshot_steps), \
         [m for m in MODES if m in modes]
 
 
@@ -268,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{s.dense_steps} steps", flush=True)
     exit_on_signals()
     t_all = time.monotonic()
+    s.work = tempfile.mkdtemp(prefix="bpsl-bench-sparse-")
     records, failures = [], []
     try:
         with ExitStack() as stack:
@@ -295,8 +358,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print()
     add_ratios(records)
+    add_differences(records, s.work)
+    shutil.rmtree(s.work, ignore_errors=True)
     if records:
         print(format_table(records))
+    if any(r["mode"] in ("replicate", "snapshot") for r in records):
+        print("\n" + format_survival(records))
     print("\nstep: median over the timed steps of the slowest worker's step (forward with the "
           "tables' pulls, backward with their pushes, the dense push_pull); MB/step: one "
           "worker's bytes each way together (tables: request and answer messages with their "
