@@ -320,8 +320,9 @@ class Scheduler:
             self.epochs.finished(node)
             return
         everyone = workers(self)
-        if (not self.cfg.server.enable_async and node.rank not in self.joins.joined
-                and not all(n.finished for n in everyone)):
+        if self.cfg.server.enable_async:  # BYTEPS_ASYNC_STALENESS: nobody waits for it now
+            self.joins.depart(node, f"{node.describe()} has finished")
+        elif node.rank not in self.joins.joined and not all(n.finished for n in everyone):
             self.joins.leave(node)
         log.info("scheduler: %s finished (%d of %d)", node.describe(),
                  sum(n.finished for n in everyone), len(everyone))
@@ -350,11 +351,11 @@ class Scheduler:
         self.finish(code, why)  # EXIT_PEER_FAILED: bpslaunch blames the lost node
 
     def _lose_async_worker(self, lost: NodeInfo, why: str) -> None:
-        """Asynchronous mode: no round waits for every worker, so a lost worker does not stop
-        the others. It is logged, left out of barriers, and the job ends (exit status 1, naming
-        it) when the surviving workers finish."""
+        """Asynchronous mode: a lost worker does not stop the others. It is logged, left out of
+        barriers and staleness bounds; the job ends (exit 1, naming it) when the others finish."""
         log.error("scheduler: %s; asynchronous mode: the other workers continue", why)
         lost.lost = lost.finished = True
+        self.joins.depart(lost, why)
         self.lost_workers.append(why)
         self.barriers.check_all()
         everyone = workers(self)

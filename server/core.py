@@ -92,6 +92,8 @@ class Server:
             async_mode=self.async_mode)
         # a compressed key: at most one partition; a registered compressor's codec is Python
         self.native.set_partition_bytes(cfg.partition.partition_bytes)
+        if cfg.server.async_staleness:  # asynchronous mode's bound (dataplane_server_stale.cc)
+            self.native.set_staleness(cfg.server.async_staleness)
         self.native.set_codec_factory(make_server_codec, CompressionError)
         listen = self.native.listen_ucx if native.uses_ucx(cfg) else self.native.listen
         data_port_ = listen(host, native.data_port(cfg))
