@@ -133,8 +133,7 @@ class Scheduler:
 
     def reject(self, route: Route, reason: str, text: str, kind: str = ERR_PROTOCOL, *,
                log_as: str | None = None) -> None:
-        """Refuse one message: count it (by reason), answer it with an ERROR; the job goes
-        on."""
+        """Refuse one message: count it (by reason), answer it with an ERROR; the job goes on."""
         self.rejected += 1
         self.rejections(reason, f"{log_as or text} (from {route})")
         self.send(route, MsgType.ERROR, {"kind": kind, "message": text})
@@ -237,10 +236,11 @@ class Scheduler:
             self.reports.report(node, meta)
         elif h.type is MsgType.STALL and node.role is Role.SERVER:
             self._stall(node, meta.get("stalls"))
-        elif h.type is MsgType.ABORT:
-            reason = str(meta.get("reason", "aborted"))[:4000]
-            self._lose(node, f"{node.describe()} failed: {reason}")
-            self.send(node, MsgType.SHUTDOWN)  # the failed node need not wait for anyone
+        elif h.type is MsgType.ABORT:  # a failed node, or a server announcing its leave
+            if not self.server_loss.leaving(node, meta, self._lose):
+                self._lose(node, f"{node.describe()} failed: "
+                                 f"{str(meta.get('reason', 'aborted'))[:4000]}")
+                self.send(node, MsgType.SHUTDOWN)  # the failed node need not wait for anyone
         else:
             log.warning("scheduler: unexpected %s from %s", h.type.name, node.describe())
 

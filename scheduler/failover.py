@@ -50,6 +50,25 @@ class ServerLoss:
         return (self.enabled and node.role is Role.SERVER and self.host.phase == "running"
                 and not node.lost and any(s is not node for s in servers(self.host)))
 
+    def leaving(self, node: NodeInfo, meta: dict, lose: Callable[[NodeInfo, str], None]
+                ) -> bool:
+        """A server that announces its leave (ABORT with "leave": a preemption notice,
+        server/preempt.py): lost now, before it exits, so nobody waits to detect it (``lose``:
+        the scheduler's). A job that cannot lose it keeps it, saying why. False when ``meta``
+        is no announced leave of a server (an ordinary ABORT)."""
+        if meta.get("leave") is not True or node.role is not Role.SERVER:
+            return False
+        reason = checked(meta, "reason", str, "")[:1000]
+        if self.takes(node):
+            lose(node, f"lost {node.describe()}: it announced its leave ({reason})")
+        elif not node.lost:
+            why = ("BYTEPS_SERVER_FAILOVER is off or the job is asynchronous" if not self.enabled
+                   else "the job is not running" if self.host.phase != "running"
+                   else "it is the job's last server")
+            log.warning("scheduler: %s announced its leave (%s), but the job cannot lose it "
+                        "(%s): it serves on until it goes", node.describe(), reason, why)
+        return True
+
     def stream_lost(self, worker: NodeInfo, meta: dict, lose: Callable[[NodeInfo, str], None]
                     ) -> None:
         """A worker's data streams to a server closed: that server is lost now (a server that

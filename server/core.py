@@ -295,6 +295,9 @@ class Server:
         self.ep.start()
         self.control.connect_and_register(self._scheduler_address)
         self.native.set_rank(self.rank)
+        if self.cfg.server.preemption_notice_file:  # server/preempt.py
+            from .preempt import PreemptionNotice
+            PreemptionNotice(self, self.cfg.server.preemption_notice_file).start()
         if not self.async_mode:
             check = self.cfg.timeouts.stall_check_time
             self.ep.add_timer(max(0.05, min(check / 2, 5.0)), self._stall_tick)
