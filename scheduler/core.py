@@ -111,7 +111,7 @@ class Scheduler:
         self.registration.on_missing = self.server_loss.missing
         # the nodes' reports and the job's events: the live page, straggler line and metrics
         self.events = EventLog()
-        self.reports = Reports(self, self.events)
+        self.reports = Reports(self, self.events, self.server_loss)
         self.dashboard: Dashboard | None = None
         self._done = threading.Event()
         self.heartbeats_missed = 0   # metrics: ticks that found a node silent > 2 intervals

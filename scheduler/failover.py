@@ -103,12 +103,13 @@ class ServerLoss:
         self._announce(why, silent=silent)
         self.barriers.check_all()  # a barrier that waited for the lost server
 
-    def _begin(self, why: str, server: int, host: str, pid: int) -> None:
+    def _begin(self, why: str, server: int, host: str, pid: int, cause: str = "") -> None:
         """The next failover: its number, when it began, its event (status and logs)."""
         self.number += 1
         self.began = time.monotonic()
         self.events.append({"failover": self.number, "server": server, "host": host,
-                            "pid": pid, "why": why, "at": time.time(), "stall": None})
+                            "pid": pid, "why": why, "cause": cause or loss_cause(why),
+                            "at": time.time(), "stall": None})
 
     def _announce(self, why: str, *, silent: float = 0.0, joined: list | None = None) -> None:
         """FAILOVER (the current one, _begin) to every worker: the servers gone, the ones that
@@ -152,7 +153,7 @@ class ServerLoss:
         if fresh:
             why = (f"server rank(s) {', '.join(map(str, fresh))} did not register again with "
                    "the restarted scheduler")
-            self._begin(why, fresh[0], "", 0)
+            self._begin(why, fresh[0], "", 0, "not back after a scheduler restart")
             log.warning("scheduler: %s; failover %d: their keys move to the other servers",
                         why, self.number)
             self._announce(why)
@@ -180,7 +181,7 @@ class ServerLoss:
                                              "num_worker": c.num_worker,
                                              "local_size": c.local_size})
         why = f"{info.describe()} replaces {old.describe()}"
-        self._begin(why, info.rank, info.host, info.pid)
+        self._begin(why, info.rank, info.host, info.pid, "replacement")
         log.warning("scheduler: %s; failover %d: its keys move back to it", why, self.number)
         self._announce(why, joined=[info.public()])
         return True
@@ -229,3 +230,13 @@ class ServerLoss:
             self.host.finish(EXIT_PEER_FAILED, why)
             return True
         return False
+
+
+def loss_cause(why: str) -> str:
+    """How a server was found lost, in a word or two, from the scheduler's text of it."""
+    for needle, cause in (("announced its leave", "announced leave"),
+                          ("process exited", "exit"), ("data streams", "stream lost"),
+                          ("no heartbeat", "heartbeat"), ("failed:", "failed")):
+        if needle in why:
+            return cause
+    return "lost"
