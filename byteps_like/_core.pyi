@@ -247,7 +247,7 @@ class DataServer:
         share is 32 MiB over the streams open, at least 16 KiB), paused (streams not read while
         their replies wait), unread_closed (streams closed for leaving them unread),
         meta_bytes (large meta frames being read, all streams: at most 16 MiB), rejected
-        (total)."""
+        (total), stale_holds (asynchronous pulls a staleness bound held back, each once)."""
     def rejected(self) -> dict[str, int]:
         """Rejected messages and streams by reason."""
     def stalls(self, min_age: float) -> list[tuple[int, int, float, list[int], bytes]]:

@@ -99,6 +99,7 @@ class Telemetry:
         self.metrics: WorkerMetrics | None = None
         self._samples: deque = deque(maxlen=int(_SPEED_WINDOW_S / _SAMPLE_S) + 2)
         self._samples.append((time.monotonic(), self._total()))
+        self._moved: dict[int, list[int]] = {}   # failover -> the keys it moved (keys_moved)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bpsl-telemetry", daemon=True)
 
@@ -153,7 +154,7 @@ class Telemetry:
             owners = key_owners(self.runtime)
             if owners:
                 out["owners"] = owners
-            moved = keys_moved(self.runtime)
+            moved = keys_moved(self.runtime, self._moved)
             if moved:
                 out["moved"] = moved
         return out
@@ -260,18 +261,25 @@ def key_owners(runtime: Any) -> list[list[int]]:
     return rows
 
 
-def keys_moved(runtime: Any) -> list[list[int]]:
+def keys_moved(runtime: Any, cache: dict | None = None) -> list[list[int]]:
     """[failover number, keys it moved, their bytes] for each failover this worker took part
     in (worker/failover.py, ``history``): the keys whose owner the servers it lost, or got
-    back, changed."""
+    back, changed. ``cache``: failover number -> its row, each counted once (with the keys
+    declared when it was first counted)."""
     fo = runtime.failover
-    ranks, parts = _parts(runtime)
-    if fo is None or not ranks:
+    if fo is None or not fo.history:
         return []
-    out = []
+    cache = {} if cache is None else cache
+    ranks, parts = [], []
     for number, before, after in list(fo.history):
+        if number in cache:
+            continue
+        if not parts:
+            ranks, parts = _parts(runtime)
+            if not parts:
+                return []
         old, new = set(before), set(after)
         moved = [n for key, server, n in parts
                  if _owner(key, server, len(ranks), old) != _owner(key, server, len(ranks), new)]
-        out.append([number, len(moved), sum(moved)])
-    return out
+        cache[number] = [number, len(moved), sum(moved)]
+    return [cache[number] for number, _b, _a in list(fo.history) if number in cache]

@@ -54,6 +54,10 @@ def test_each_failover_says_the_keys_it_moved():
     share = [k for k in range(2, 30, 3) if _core.failover_owner(k, [0, 1]) == 1]
     assert moved[3][0] == 10 + len(share)
     assert keys_moved(runtime([])) == []
+    cache: dict = {}   # each failover counted once, then kept
+    assert keys_moved(rt, cache) == keys_moved(rt) and sorted(cache) == [1, 2, 3]
+    rt.tensors = lambda: {}
+    assert keys_moved(rt, cache) == keys_moved(runtime([], history=list(rt.failover.history)))
 
 
 def test_loss_causes():
