@@ -270,7 +270,8 @@ def keys_moved(runtime: Any, cache: dict | None = None) -> list[list[int]]:
     if fo is None or not fo.history:
         return []
     cache = {} if cache is None else cache
-    ranks, parts = [], []
+    ranks: list[int] = []
+    parts: list[tuple[int, int, int]] = []
     for number, before, after in list(fo.history):
         if number in cache:
             continue
