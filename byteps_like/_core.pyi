@@ -232,6 +232,11 @@ class DataServer:
     def reset_epoch(self, round_base: int, required: int) -> None:
         """Elastic jobs: a new membership epoch; open rounds dropped (waiting pulls get an
         "epoch" error), every key restarts at ``round_base``, a round needs ``required``."""
+    def set_staleness(self, rounds: int) -> None:
+        """BYTEPS_ASYNC_STALENESS (``async_mode`` only): a pull of round r is answered once
+        every worker rank not joined or left has pushed round r - ``rounds`` of the key (its
+        answer waits until then; ``stats()["stale_holds"]`` counts the pulls held); 0: unbounded.
+        ValueError for a negative bound or one on a synchronous server."""
     def reserve(self, bytes: int) -> bool:
         """Charge ``bytes`` of a server-held table (server/sparse.py) to the same budget as the
         stores (``max_store_bytes``; negative gives back); False, charging nothing, when over
@@ -242,7 +247,7 @@ class DataServer:
         share is 32 MiB over the streams open, at least 16 KiB), paused (streams not read while
         their replies wait), unread_closed (streams closed for leaving them unread),
         meta_bytes (large meta frames being read, all streams: at most 16 MiB), rejected
-        (total)."""
+        (total), stale_holds (asynchronous pulls a staleness bound held back, each once)."""
     def rejected(self) -> dict[str, int]:
         """Rejected messages and streams by reason."""
     def stalls(self, min_age: float) -> list[tuple[int, int, float, list[int], bytes]]:

@@ -200,6 +200,26 @@ class ServerConfig:
                              min=1)
     enable_async: bool = _s("BYTEPS_ENABLE_ASYNC", "bool", False, "Asynchronous training: a "
                             "server applies each push at once instead of waiting for all workers.")
+    async_staleness: int = _s("BYTEPS_ASYNC_STALENESS", "int", 0, "Bounded staleness for "
+                              "asynchronous mode (BYTEPS_ENABLE_ASYNC=1; stale synchronous "
+                              "parallel): a worker runs at most this many rounds ahead of the "
+                              "slowest worker still in the job; a server holds the answer of a "
+                              "key's round r until every other worker has pushed round r - s "
+                              "of it. Workers that finished, were lost or wait in join() are not "
+                              "waited for. 0 means unbounded (each push is answered at once). "
+                              "Dense keys only: server-held tables are not bounded "
+                              "(docs/architecture.md, 'Asynchronous mode').", unit="rounds",
+                              min=0, max=1 << 40)
+    preemption_notice_file: str = _s("BYTEPS_PREEMPTION_NOTICE_FILE", "str", "", "A file "
+                                     "whose appearance tells a server that its machine is "
+                                     "about to be taken (a spot or preemptible instance's "
+                                     "termination notice, written by a sidecar or the node's "
+                                     "metadata watcher). The server polls it about every "
+                                     "second; once it appears (or changes) the server announces "
+                                     "its leave: the scheduler moves its keys to the other "
+                                     "servers at once and tells it to exit, with no detection "
+                                     "stall (docs/reliability.md, 'Losing a server'). Empty: no "
+                                     "notice file.")
     failover: bool = _s("BYTEPS_SERVER_FAILOVER", "bool", True, "Losing a server: when a "
                         "server is lost (its streams close, its process exits, its heartbeat "
                         "stops) while at least one other survives, its keys move to the "
@@ -881,6 +901,10 @@ def _cross_check(cfg: Config) -> None:
             raise ConfigError(f"{who('server.sparse_survival')}: a rollback of the tables "
                               "and an elastic job's membership epochs do not go together; use "
                               "replicate (or none) in an elastic job")
+    if cfg.server.async_staleness and not cfg.server.enable_async:
+        raise ConfigError(f"{who('server.async_staleness')} bounds asynchronous mode only; set "
+                          f"BYTEPS_ENABLE_ASYNC=1, or 0 for synchronous training (every round "
+                          f"waits for every worker: a staleness of none)")
     _check_retired(cfg, who)
     _check_compression(cfg, who)
     if (cfg.auth.secret_file and not cfg.auth.secret

@@ -277,6 +277,11 @@ class ControlClient:
     def abort(self, reason: str) -> None:
         self._send(MsgType.ABORT, {"reason": reason[:4000]})
 
+    def leave(self, reason: str) -> None:
+        """A server announces that it leaves (a preemption notice: server/preempt.py): the
+        scheduler moves its keys to the other servers, then tells it to shut down."""
+        self._send(MsgType.ABORT, {"reason": reason[:1000], "leave": True})
+
     def check(self) -> None:
         if self.fatal is not None:
             raise self.fatal

@@ -119,6 +119,10 @@ class DataServer {
   // BYTEPS_PARTITION_BYTES: bounds a compressed key's element count (one partition of its
   // dtype); until it is set, compressed pushes are refused.
   void set_partition_bytes(std::uint64_t nbytes);
+  // BYTEPS_ASYNC_STALENESS (asynchronous mode): a pull of round r is answered once every
+  // worker rank not joined or left has pushed round r - rounds of the key; 0 (the default):
+  // unbounded. std::invalid_argument for a negative bound, or a bound in synchronous mode.
+  void set_staleness(std::int64_t rounds);
   std::map<std::string, std::uint64_t> stats();
   std::map<std::string, std::uint64_t> rejected();
   std::vector<StallInfo> stalls(double min_age);

@@ -93,6 +93,7 @@ std::map<std::string, std::uint64_t> ServerImpl::stats() {
   std::uint64_t rej = 0;
   for (auto& kv : rejected()) rej += kv.second;
   s["rejected"] = rej;
+  s["stale_holds"] = stale_holds_.load();
   return s;
 }
 
@@ -581,6 +582,7 @@ void ServerImpl::finish_push(const std::shared_ptr<Conn>& conn, const std::share
       conn->send(std::move(ack));
       if (h.flags & kFlagPull) st->pending.push_back({conn, h.round});
       if (async_) {
+        note_async_push_locked(*st, h);
         value = settled_value_locked(*st, &answer);
       } else {
         ++st->finished;
@@ -652,7 +654,7 @@ bool ServerImpl::decode_push_locked(const std::shared_ptr<Conn>& conn, Store& st
 std::shared_ptr<char> ServerImpl::settled_value_locked(Store& st,
                                                        std::vector<Store::Pending>* answer) {
   if (st.started != st.finished) return nullptr;
-  answer->swap(st.pending);
+  take_due_locked(st, answer);  // all of them, unless a staleness bound holds some back
   return st.value;
 }
 
@@ -741,7 +743,7 @@ void ServerImpl::set_members(const std::vector<int>& joined,
     left_ = left;
     required_.store(num_workers_ - n);
   }
-  if (async_) return;  // no round waits for anyone: nothing to complete or fail
+  if (async_) return release_stale();  // no rounds: only pulls a staleness bound held
   std::vector<std::shared_ptr<Store>> all;
   {
     std::lock_guard<std::mutex> g(map_mu_);
@@ -830,7 +832,8 @@ void ServerImpl::handle_pull(const std::shared_ptr<Conn>& conn, const Header& h)
     const std::string text = st->failed, kind = st->failed_kind, extra = st->failed_extra;
     g.unlock();
     send_error(conn, h, kind.c_str(), text, extra);
-  } else if (async_ && st->started == st->finished) {  // the value, whatever the round
+  } else if (async_ && st->started == st->finished &&  // the value, whatever the round,
+             stale_ok_locked(*st, h.round)) {           // unless a staleness bound holds it
     std::shared_ptr<char> value = st->value;
     g.unlock();
     send_value(conn, *st, std::move(value), h.round);

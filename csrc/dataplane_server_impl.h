@@ -10,6 +10,7 @@
 //                               tick (hello timeout, replies left unread, memory given back)
 //   dataplane_server_stream.cc  ServerConn, a stream's protocol: hello (and the proof of the
 //                               job's secret), header checks, meta, payload chunks
+//   dataplane_server_stale.cc   bounded staleness of asynchronous mode (pulls held back)
 #pragma once
 
 #include <algorithm>
@@ -141,6 +142,14 @@ class ServerImpl {
                            const Header& h);
   void ack_locked(const std::shared_ptr<Conn>& conn, const Header& h);
   void fail_key_locked(Store& st, const std::string& text);
+  // ---- bounded staleness of asynchronous mode (dataplane_server_stale.cc) ----
+  std::atomic<std::int64_t> staleness_{0};     // BYTEPS_ASYNC_STALENESS; 0: unbounded
+  std::atomic<std::uint64_t> stale_holds_{0};  // pulls held back by it (each counted once)
+  void set_staleness(std::int64_t s);
+  void note_async_push_locked(Store& st, const Header& h);
+  bool stale_ok_locked(const Store& st, std::int64_t round);
+  void take_due_locked(Store& st, std::vector<Store::Pending>* answer);
+  void release_stale();
 
  private:
   // ---- admission (dataplane_server_admit.cc) ----

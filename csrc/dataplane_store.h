@@ -55,9 +55,13 @@ struct Store {
   double round_started = 0;
   std::string failed;
   std::string failed_kind = "mismatch", failed_extra;  // the error kind and extra JSON members
+  // Asynchronous mode with a staleness bound (dataplane_server_stale.cc): per worker rank,
+  // the newest round it pushed (-1: none; empty until the first push is noted)
+  std::vector<std::int64_t> last_push;
   struct Pending {
     std::weak_ptr<Conn> conn;
     std::int64_t round;
+    bool held = false;  // held back by the staleness bound (counted once)
   };
   std::vector<Pending> pending;
 };

@@ -325,18 +325,40 @@ def render_state(doc: dict) -> list[str]:
         lines.append(f"{w['rank']:>6}  {str(w['host'])[:15]:<16}{w['state']:<9}{step:>7}"
                      f"{sps:>9}{_ms(w.get('compute_s')):>11}{_ms(w.get('wait_s')):>9}"
                      f"{_ms(w.get('exchange_s')):>9}{w.get('held_fraction', 0):>7.0%}{mark}")
-    lines += ["", f"{'SERVER':>6}  {'HOST':<16}{'STATE':<9}{'MB/s':>9}{'KEYS':>7}{'CPU':>7}"]
+    lines += ["", f"{'SERVER':>6}  {'HOST':<16}{'STATE':<9}{'MB/s':>9}{'KEYS':>7}{'CPU':>7}"
+                  f"{'OWNS KEYS':>11}{'OWNS MB':>9}"]
     for s in doc.get("servers", []):
         mbps = "-" if s.get("bytes_per_s") is None else f"{s['bytes_per_s'] / 1e6:.1f}"
         cpu = "-" if s.get("cpu_cores") is None else f"{s['cpu_cores']:.2f}"
+        owned = "-" if s.get("keys_owned") is None else str(s["keys_owned"])
+        mb = "-" if s.get("bytes_owned") is None else f"{s['bytes_owned'] / 1e6:.1f}"
         lines.append(f"{s['rank']:>6}  {str(s['host'])[:15]:<16}{s['state']:<9}{mbps:>9}"
-                     f"{str(s.get('keys', '-')):>7}{cpu:>7}")
+                     f"{'-' if s.get('keys') is None else s['keys']:>7}{cpu:>7}{owned:>11}{mb:>9}")
+    lines += _failover_lines(doc.get("failovers") or [])
     events = doc.get("events", [])[-5:]
     if events:
         lines += ["", "recent events:"]
         lines += [f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))} {e['kind']}: "
                   f"{e['text']}" for e in events]
     return lines
+
+
+def _failover_lines(failovers: list) -> list[str]:
+    """Every server lost or replaced (scheduler/reports.py, ``failovers``), oldest first."""
+    if not failovers:
+        return []
+    out = ["", f"servers lost and replaced ({len(failovers)}):"]
+    for f in failovers:
+        at = time.strftime("%H:%M:%S", time.localtime(f.get("at") or 0))
+        what = ("replaced: its keys moved back" if f.get("cause") == "replacement"
+                else f"lost ({f.get('cause')}): its keys moved to the others")
+        stall = "stall -" if f.get("stall") is None else f"stall {f['stall']:.2f} s"
+        moved = ("keys moved: ?" if f.get("keys_moved") is None else
+                 f"{f['keys_moved']} keys ({(f.get('bytes_moved') or 0) / 1e6:.1f} MB) moved")
+        out.append(f"  #{f.get('failover')} {at} server {f.get('server')} on {f.get('host') or '?'}"
+                   f" (pid {f.get('pid')}) {what}; {stall}; {moved}")
+        out.append(f"      {str(f.get('why'))[:300]}")
+    return out
 
 
 def main(argv: Sequence[str], env) -> int:

@@ -111,7 +111,7 @@ class Scheduler:
         self.registration.on_missing = self.server_loss.missing
         # the nodes' reports and the job's events: the live page, straggler line and metrics
         self.events = EventLog()
-        self.reports = Reports(self, self.events)
+        self.reports = Reports(self, self.events, self.server_loss)
         self.dashboard: Dashboard | None = None
         self._done = threading.Event()
         self.heartbeats_missed = 0   # metrics: ticks that found a node silent > 2 intervals
@@ -133,8 +133,7 @@ class Scheduler:
 
     def reject(self, route: Route, reason: str, text: str, kind: str = ERR_PROTOCOL, *,
                log_as: str | None = None) -> None:
-        """Refuse one message: count it (by reason), answer it with an ERROR; the job goes
-        on."""
+        """Refuse one message: count it (by reason), answer it with an ERROR; the job goes on."""
         self.rejected += 1
         self.rejections(reason, f"{log_as or text} (from {route})")
         self.send(route, MsgType.ERROR, {"kind": kind, "message": text})
@@ -237,10 +236,11 @@ class Scheduler:
             self.reports.report(node, meta)
         elif h.type is MsgType.STALL and node.role is Role.SERVER:
             self._stall(node, meta.get("stalls"))
-        elif h.type is MsgType.ABORT:
-            reason = str(meta.get("reason", "aborted"))[:4000]
-            self._lose(node, f"{node.describe()} failed: {reason}")
-            self.send(node, MsgType.SHUTDOWN)  # the failed node need not wait for anyone
+        elif h.type is MsgType.ABORT:  # a failed node, or a server announcing its leave
+            if not self.server_loss.leaving(node, meta, self._lose):
+                self._lose(node, f"{node.describe()} failed: "
+                                 f"{str(meta.get('reason', 'aborted'))[:4000]}")
+                self.send(node, MsgType.SHUTDOWN)  # the failed node need not wait for anyone
         else:
             log.warning("scheduler: unexpected %s from %s", h.type.name, node.describe())
 
@@ -320,8 +320,9 @@ class Scheduler:
             self.epochs.finished(node)
             return
         everyone = workers(self)
-        if (not self.cfg.server.enable_async and node.rank not in self.joins.joined
-                and not all(n.finished for n in everyone)):
+        if self.cfg.server.enable_async:  # BYTEPS_ASYNC_STALENESS: nobody waits for it now
+            self.joins.depart(node, f"{node.describe()} has finished")
+        elif node.rank not in self.joins.joined and not all(n.finished for n in everyone):
             self.joins.leave(node)
         log.info("scheduler: %s finished (%d of %d)", node.describe(),
                  sum(n.finished for n in everyone), len(everyone))
@@ -350,11 +351,11 @@ class Scheduler:
         self.finish(code, why)  # EXIT_PEER_FAILED: bpslaunch blames the lost node
 
     def _lose_async_worker(self, lost: NodeInfo, why: str) -> None:
-        """Asynchronous mode: no round waits for every worker, so a lost worker does not stop
-        the others. It is logged, left out of barriers, and the job ends (exit status 1, naming
-        it) when the surviving workers finish."""
+        """Asynchronous mode: a lost worker does not stop the others. It is logged, left out of
+        barriers and staleness bounds; the job ends (exit 1, naming it) when the others finish."""
         log.error("scheduler: %s; asynchronous mode: the other workers continue", why)
         lost.lost = lost.finished = True
+        self.joins.depart(lost, why)
         self.lost_workers.append(why)
         self.barriers.check_all()
         everyone = workers(self)

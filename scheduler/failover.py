@@ -50,6 +50,25 @@ class ServerLoss:
         return (self.enabled and node.role is Role.SERVER and self.host.phase == "running"
                 and not node.lost and any(s is not node for s in servers(self.host)))
 
+    def leaving(self, node: NodeInfo, meta: dict, lose: Callable[[NodeInfo, str], None]
+                ) -> bool:
+        """A server that announces its leave (ABORT with "leave": a preemption notice,
+        server/preempt.py): lost now, before it exits, so nobody waits to detect it (``lose``:
+        the scheduler's). A job that cannot lose it keeps it, saying why. False when ``meta``
+        is no announced leave of a server (an ordinary ABORT)."""
+        if meta.get("leave") is not True or node.role is not Role.SERVER:
+            return False
+        reason = checked(meta, "reason", str, "")[:1000]
+        if self.takes(node):
+            lose(node, f"lost {node.describe()}: it announced its leave ({reason})")
+        elif not node.lost:
+            why = ("BYTEPS_SERVER_FAILOVER is off or the job is asynchronous" if not self.enabled
+                   else "the job is not running" if self.host.phase != "running"
+                   else "it is the job's last server")
+            log.warning("scheduler: %s announced its leave (%s), but the job cannot lose it "
+                        "(%s): it serves on until it goes", node.describe(), reason, why)
+        return True
+
     def stream_lost(self, worker: NodeInfo, meta: dict, lose: Callable[[NodeInfo, str], None]
                     ) -> None:
         """A worker's data streams to a server closed: that server is lost now (a server that
@@ -84,12 +103,13 @@ class ServerLoss:
         self._announce(why, silent=silent)
         self.barriers.check_all()  # a barrier that waited for the lost server
 
-    def _begin(self, why: str, server: int, host: str, pid: int) -> None:
+    def _begin(self, why: str, server: int, host: str, pid: int, cause: str = "") -> None:
         """The next failover: its number, when it began, its event (status and logs)."""
         self.number += 1
         self.began = time.monotonic()
         self.events.append({"failover": self.number, "server": server, "host": host,
-                            "pid": pid, "why": why, "at": time.time(), "stall": None})
+                            "pid": pid, "why": why, "cause": cause or loss_cause(why),
+                            "at": time.time(), "stall": None})
 
     def _announce(self, why: str, *, silent: float = 0.0, joined: list | None = None) -> None:
         """FAILOVER (the current one, _begin) to every worker: the servers gone, the ones that
@@ -133,7 +153,7 @@ class ServerLoss:
         if fresh:
             why = (f"server rank(s) {', '.join(map(str, fresh))} did not register again with "
                    "the restarted scheduler")
-            self._begin(why, fresh[0], "", 0)
+            self._begin(why, fresh[0], "", 0, "not back after a scheduler restart")
             log.warning("scheduler: %s; failover %d: their keys move to the other servers",
                         why, self.number)
             self._announce(why)
@@ -161,7 +181,7 @@ class ServerLoss:
                                              "num_worker": c.num_worker,
                                              "local_size": c.local_size})
         why = f"{info.describe()} replaces {old.describe()}"
-        self._begin(why, info.rank, info.host, info.pid)
+        self._begin(why, info.rank, info.host, info.pid, "replacement")
         log.warning("scheduler: %s; failover %d: its keys move back to it", why, self.number)
         self._announce(why, joined=[info.public()])
         return True
@@ -210,3 +230,13 @@ class ServerLoss:
             self.host.finish(EXIT_PEER_FAILED, why)
             return True
         return False
+
+
+def loss_cause(why: str) -> str:
+    """How a server was found lost, in a word or two, from the scheduler's text of it."""
+    for needle, cause in (("announced its leave", "announced leave"),
+                          ("process exited", "exit"), ("data streams", "stream lost"),
+                          ("no heartbeat", "heartbeat"), ("failed:", "failed")):
+        if needle in why:
+            return cause
+    return "lost"

@@ -33,13 +33,15 @@ class Joins:
         self.release_epoch = 0
         self.joined_all: dict[int, NodeInfo] = {}     # the ranks released by that ack
         self.join_rounds: dict[str, int] = {}         # tensor -> most rounds a joiner pushed
+        # asynchronous mode with a staleness bound: worker machines gone (finished or lost)
+        self.departed: dict[int, str] = {}
 
     def members(self) -> None:
         """Tell every server which worker machines are joined or left (a new epoch)."""
         self.members_epoch += 1
         ls = self.host.cfg.cluster.local_size
         meta = {"joined": sorted({r // ls for r in self.joined}),
-                "left": {str(m): why for m, why in self.left.items()}}
+                "left": {str(m): why for m, why in {**self.departed, **self.left}.items()}}
         for n in servers(self.host):
             self.host.send(n, MsgType.MEMBERS, meta, key=self.members_epoch)
 
@@ -102,3 +104,19 @@ class Joins:
         # nothing needs it any more: it leaves now instead of waiting in shutdown() for the
         # others (which fail with PeerLeftError naming it, or finish: it pushed their rounds)
         self.host.send(node, MsgType.SHUTDOWN)
+
+    def depart(self, node: NodeInfo, why: str) -> None:
+        """Asynchronous mode with a staleness bound (BYTEPS_ASYNC_STALENESS): once every worker
+        of ``node``'s machine finished or was lost, the servers hold no other worker back for
+        it (it is "left" in their membership; an asynchronous server fails nothing for that).
+        Without a bound nothing waits for anyone, so nothing is sent, as before."""
+        if not self.host.cfg.server.async_staleness:
+            return
+        ls = self.host.cfg.cluster.local_size
+        machine = node.rank // ls
+        if machine in self.departed or not all(
+                n.finished or n.lost for n in workers(self.host) if n.rank // ls == machine):
+            return
+        self.departed[machine] = why[:1000]
+        log.info("scheduler: %s; the servers' staleness bound waits for it no more", why)
+        self.members()

@@ -87,8 +87,9 @@ class Reports:
     """The reports of one scheduler's nodes (``worker``/``server``, from its I/O thread) and
     what is made of them (``state``, ``straggler``, ``metrics``, from any thread)."""
 
-    def __init__(self, host: Host, events: EventLog | None = None):
+    def __init__(self, host: Host, events: EventLog | None = None, loss: Any = None):
         self.host = host
+        self.loss = loss                      # the ServerLoss (failover.py): its events
         m = host.cfg.metrics
         self.window = m.straggler_window
         self.threshold = m.straggler_fraction
@@ -102,6 +103,7 @@ class Reports:
         self.flagged: int | None = None      # the machine the straggler line named
         self._next_point = 0.0
         self.started = time.monotonic()
+        self._moved: dict[int, tuple[int, int]] = {}  # failover -> (keys, bytes) it moved
 
     # -- input (the scheduler's I/O thread) ------------------------------------------------------
     def report(self, node: NodeInfo, meta: dict, now: float | None = None) -> None:
@@ -140,6 +142,11 @@ class Reports:
     def _worker_sample(self, meta: dict) -> dict:
         out = {"step": _num(meta, "step", int, 0), "bytes": _num(meta, "bytes", int, 0),
                "exchange": _num(meta, "exchange"), "rounds": _num(meta, "rounds", int, 0)}
+        for name, width in (("owners", 5), ("moved", 3)):  # worker rank 0: where the keys
+            rows = meta.get(name)                          # live, what each failover moved
+            if isinstance(rows, list):
+                out[name] = [[_num({"v": v}, "v", int, 0) for v in row]
+                             for row in rows[:4096] if isinstance(row, list) and len(row) == width]
         prog = meta.get("progress")
         if isinstance(prog, dict):
             out["progress"] = (_num(prog, "step", int, 0), _num(prog, "total_steps", int, 0),
@@ -285,6 +292,39 @@ class Reports:
             rows.append(row)
         return rows
 
+    # -- where the keys live, and the servers lost and replaced (issue 37) -----------------------
+    def _newest(self, name: str) -> list:
+        """The newest worker report's ``name`` rows (worker rank 0 sends them)."""
+        best: tuple[float, list] | None = None
+        with self._lock:
+            for dq in self.workers.values():
+                for t, sample in reversed(dq):
+                    if name in sample:
+                        if best is None or t > best[0]:
+                            best = (t, sample[name])
+                        break
+        return best[1] if best else []
+
+    def owners(self) -> dict[int, list[int]]:
+        """Server rank -> [rank, keys owned now, their bytes, keys first assigned, their
+        bytes] (byteps_like/worker/telemetry.py, key_owners)."""
+        return {row[0]: row for row in self._newest("owners")}
+
+    def failovers(self) -> list[dict]:
+        """Every server lost or replaced: which, when, why (``cause``: exit, stream lost,
+        heartbeat, announced leave, failed, replacement), the stall, and the keys (and bytes)
+        that moved, as the workers moved them (telemetry.py, keys_moved; None until a worker
+        has said)."""
+        for number, keys, nbytes in self._newest("moved"):
+            self._moved[number] = (keys, nbytes)
+        out = []
+        for e in list(getattr(self.loss, "events", []))[-200:]:
+            moved = self._moved.get(e["failover"])
+            out.append(dict(e) | {
+                "keys_moved": moved[0] if moved else None,
+                "bytes_moved": moved[1] if moved else None})
+        return out
+
     def _server_rows(self, now: float) -> list:
         nodes = sorted((n for n in list(self.host.nodes.values())
                         if n.role is Role.SERVER and n.rank >= 0),
@@ -292,10 +332,12 @@ class Reports:
         with self._lock:
             samples = {i: deque(s) for i, s in self.servers.items()}
         rows = []
+        owners = self.owners()
         for node in nodes:
             dq = samples.get(node.route.ident, deque())
             last = dq[-1][1] if dq else {}
             live = not (node.lost or node.finished)
+            own = owners.get(node.rank) if live else None
             moved = _rate(dq, now, self.window, lambda s: s["bytes"]) if live else None
             cpu = _rate(dq, now, self.window, lambda s: s["cpu"]) if live else None
             rounds = _rate(dq, now, self.window, lambda s: s["rounds"]) if live else None
@@ -305,6 +347,8 @@ class Reports:
                          "cpu_cores": round(cpu[0], 3) if cpu else None,
                          "rounds_per_s": round(rounds[0], 2) if rounds else None,
                          "keys": last.get("keys"), "store_bytes": last.get("store_bytes"),
+                         "keys_owned": own[1] if own else (0 if owners else None),
+                         "bytes_owned": own[2] if own else (0 if owners else None),
                          "report_age_s": round(now - dq[-1][0], 2) if dq else None})
         return rows
 
@@ -326,6 +370,7 @@ class Reports:
         job.update(_progress(workers))
         return {"job": job, "workers": workers, "servers": servers, "straggler": st,
                 "events": self.events.recent(100), "timeline": self.points(),
+                "failovers": self.failovers(),
                 "settings": {"straggler_fraction": self.threshold, "window_s": self.window,
                              "report_interval_s": self.interval}}
 

@@ -94,6 +94,8 @@ class Server:
             async_mode=self.async_mode)
         # a compressed key: at most one partition; a registered compressor's codec is Python
         self.native.set_partition_bytes(cfg.partition.partition_bytes)
+        if cfg.server.async_staleness:  # asynchronous mode's bound (dataplane_server_stale.cc)
+            self.native.set_staleness(cfg.server.async_staleness)
         self.native.set_codec_factory(make_server_codec, CompressionError)
         listen = self.native.listen_ucx if native.uses_ucx(cfg) else self.native.listen
         data_port_ = listen(host, native.data_port(cfg))
@@ -299,6 +301,9 @@ class Server:
         self.ep.start()
         self.control.connect_and_register(self._scheduler_address)
         self.native.set_rank(self.rank)
+        if self.cfg.server.preemption_notice_file:  # server/preempt.py
+            from .preempt import PreemptionNotice
+            PreemptionNotice(self, self.cfg.server.preemption_notice_file).start()
         if not self.async_mode:
             check = self.cfg.timeouts.stall_check_time
             self.ep.add_timer(max(0.05, min(check / 2, 5.0)), self._stall_tick)

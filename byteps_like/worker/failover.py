@@ -22,6 +22,7 @@ is how a server that dies without a launcher watching it is found in millisecond
 """
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -53,6 +54,9 @@ class ServerFailover:
         self._told: set[int] = set()          # servers whose lost streams we reported
         self._announced: set[int] = set()     # servers whose loss the log has named
         self.replacements = 0                 # replacement servers connected
+        # (failover, server indices gone before, after): the keys each moved (telemetry.py)
+        self.history: collections.deque[tuple[int, list[int], list[int]]] = \
+            collections.deque(maxlen=200)
         self._work: queue.SimpleQueue[tuple[int, list[int], list] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -169,7 +173,9 @@ class ServerFailover:
         servers = [self._index_of(r) for r in ranks]
         cli = self.plane.client
         if cli is not None:
+            before = list(self.plane.gone)
             self.plane.gone = sorted(s for s in servers if s >= 0)
+            self.history.append((number, before, list(self.plane.gone)))
             cli.failover(self.plane.gone, True)
             why = cli.wait_seeds(SEED_TIMEOUT_S)
             if why:

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from .. import _core
 from .pipeline import Spans
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ class Telemetry:
         self.metrics: WorkerMetrics | None = None
         self._samples: deque = deque(maxlen=int(_SPEED_WINDOW_S / _SAMPLE_S) + 2)
         self._samples.append((time.monotonic(), self._total()))
+        self._moved: dict[int, list[int]] = {}   # failover -> the keys it moved (keys_moved)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bpsl-telemetry", daemon=True)
 
@@ -148,6 +150,13 @@ class Telemetry:
         if self.progress is not None:
             step, total, sps = self.progress
             out["progress"] = {"step": step, "total_steps": total, "samples_per_step": sps}
+        if self.runtime.members.rank == 0:  # one worker says where the keys live
+            owners = key_owners(self.runtime)
+            if owners:
+                out["owners"] = owners
+            moved = keys_moved(self.runtime, self._moved)
+            if moved:
+                out["moved"] = moved
         return out
 
     def _send_report(self) -> None:
@@ -215,3 +224,63 @@ def attach(runtime: Any) -> Telemetry:
         observers.append(tel.metrics.observe)
     tel.start()
     return tel
+
+
+def _parts(runtime: Any) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """The server ranks by index, and every declared partition's (key, first server, bytes)."""
+    ranks = list(runtime.members.server_ranks)
+    if runtime.plane.client is None or not ranks:
+        return [], []
+    return ranks, [(key, server, n) for st in runtime.tensors().values()
+                   for _off, n, key, server in list(st.parts) if 0 <= server < len(ranks)]
+
+
+def _owner(key: int, server: int, nservers: int, gone: set[int]) -> int:
+    """The server index that owns ``key`` (first assigned to ``server``) with ``gone`` lost:
+    its first server until that one is lost, then the survivor the native client moves it to
+    (rendezvous hashing over the servers alive, ``_core.failover_owner``)."""
+    if server not in gone:
+        return server
+    return _core.failover_owner(key, [i for i in range(nservers) if i not in gone])
+
+
+def key_owners(runtime: Any) -> list[list[int]]:
+    """Per server (by index): [its rank, the keys it owns now and their bytes, the keys first
+    assigned to it and their bytes], for ``bpslaunch status`` and the live page; a replacement
+    takes its first keys back. Empty when this worker talks to no server."""
+    ranks, parts = _parts(runtime)
+    gone = set(runtime.plane.gone)
+    rows = [[r, 0, 0, 0, 0] for r in ranks]
+    for key, server, n in parts:
+        owner = _owner(key, server, len(ranks), gone)
+        rows[server][3] += 1
+        rows[server][4] += n
+        if 0 <= owner < len(rows):
+            rows[owner][1] += 1
+            rows[owner][2] += n
+    return rows
+
+
+def keys_moved(runtime: Any, cache: dict | None = None) -> list[list[int]]:
+    """[failover number, keys it moved, their bytes] for each failover this worker took part
+    in (worker/failover.py, ``history``): the keys whose owner the servers it lost, or got
+    back, changed. ``cache``: failover number -> its row, each counted once (with the keys
+    declared when it was first counted)."""
+    fo = runtime.failover
+    if fo is None or not fo.history:
+        return []
+    cache = {} if cache is None else cache
+    ranks: list[int] = []
+    parts: list[tuple[int, int, int]] = []
+    for number, before, after in list(fo.history):
+        if number in cache:
+            continue
+        if not parts:
+            ranks, parts = _parts(runtime)
+            if not parts:
+                return []
+        old, new = set(before), set(after)
+        moved = [n for key, server, n in parts
+                 if _owner(key, server, len(ranks), old) != _owner(key, server, len(ranks), new)]
+        cache[number] = [number, len(moved), sum(moved)]
+    return [cache[number] for number, _b, _a in list(fo.history) if number in cache]

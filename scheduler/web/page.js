@@ -96,7 +96,23 @@
       el("td", {text: v.keys === null || v.keys === undefined ? "-" : String(v.keys)}),
       el("td", {text: fmt(v.cpu_cores)}), el("td", {text: fmt(v.rounds_per_s, 1)}),
       el("td", {text: v.store_bytes === null || v.store_bytes === undefined ? "-" :
-        mb(v.store_bytes) + " MB"})])));
+        mb(v.store_bytes) + " MB"}),
+      el("td", {class: "owns", text: v.keys_owned === null || v.keys_owned === undefined ? "-" :
+        v.keys_owned + " / " + mb(v.bytes_owned) + " MB"})])));
+  }
+
+  function renderFailovers(s) {
+    const list = document.getElementById("failovers");
+    const fos = s.failovers || [];
+    list.replaceChildren(...(fos.length ? fos.map(f => el("li", {
+      "data-cause": f.cause, "data-server": String(f.server)}, [
+      el("span", {class: "muted", text: new Date(f.at * 1000).toLocaleTimeString() + " "}),
+      el("span", {class: "kind", text: f.cause === "replacement" ? "replaced" : "lost: " + f.cause}),
+      document.createTextNode("server " + f.server + " on " + (f.host || "?") + " (pid " + f.pid +
+        "): " + (f.keys_moved === null ? "keys moved: ?" : f.keys_moved + " keys (" +
+        mb(f.bytes_moved) + " MB) moved") + ", stall " +
+        (f.stall === null ? "-" : fmt(f.stall) + " s") + ". " + f.why)])) :
+      [el("li", {class: "muted", text: "none"})]));
   }
 
   function renderTimeline(s) {
@@ -155,7 +171,8 @@
   }
 
   function render(s) {
-    renderJob(s); renderWorkers(s); renderServers(s); renderTimeline(s); renderEvents(s);
+    renderJob(s); renderWorkers(s); renderServers(s); renderFailovers(s); renderTimeline(s);
+    renderEvents(s);
   }
 
   function status(kind, text) {

@@ -107,9 +107,13 @@ def test_fault(target, action, point, etype, etext, first):
     assert set(glob.glob("/dev/shm/bpsl-*")) <= shm_before, "shared memory left behind"
 
 
-def test_async_mode_survives_the_loss_of_a_worker():
+@pytest.mark.parametrize("staleness", ["0", "2"])
+def test_async_mode_survives_the_loss_of_a_worker(staleness):
+    """With a staleness bound (BYTEPS_ASYNC_STALENESS=2) too: the survivors, held back 2 rounds
+    ahead of the lost worker, go on once the scheduler takes it out of the bound."""
     run = bpslaunch([INJECT, "worker", "kill", "push"], workers=3, servers=1,
-                    env={"BYTEPS_ENABLE_ASYNC": "1"}, extra=["--grace", "30"], timeout=90)
+                    env={"BYTEPS_ENABLE_ASYNC": "1", "BYTEPS_ASYNC_STALENESS": staleness},
+                    extra=["--grace", "30"], timeout=90)
     survived = run.lines("ASYNC SURVIVED")
     assert len(survived) == 2, run.log
     assert len(run.lines("FINISHED")) == 2, run.log

@@ -81,6 +81,30 @@ def test_a_lost_server_costs_nothing(tmp_path, uninterrupted, kills):
     print(f"stall (longest step - median step): {stall(text):.3f} s")
 
 
+def test_a_preemption_notice_file_makes_a_server_leave_announced(tmp_path, uninterrupted):
+    """BYTEPS_PREEMPTION_NOTICE_FILE (server/preempt.py): worker rank 0 writes server 1's notice
+    mid-round; the server announces its leave, the scheduler moves its keys before it exits
+    (not found by its exit or its streams: no stall of detection), it exits 0, and the sums
+    are those of the uninterrupted job, bit for bit."""
+    notice = tmp_path / "notice-{rank}"
+    r, out = run(tmp_path, "k", "5:1:NOTICE",
+                 env={"BYTEPS_PREEMPTION_NOTICE_FILE": str(notice)})
+    text = r.out + r.err
+    assert r.rc == 0, text
+    assert re.search(r"NOTICE for server 1 at step 5: failover 1 after", text), text
+    assert re.search(r"server 1: preemption notice in .*notice-1: TERMINATE at .*; announcing "
+                     r"its leave", text), text
+    assert re.search(r"scheduler: lost server rank 1 .*: it announced its leave \(preemption "
+                     r"notice", text), text
+    assert not re.search(r"lost server rank 1 .*(data streams|exited|heartbeat)", text), text
+    assert len(re.findall(r"worker 0: lost server rank 1; .* stalled", text)) == 1, text
+    assert "unexpected" not in text and "failed" not in text.lower(), text
+    assert_same(params(out, 0), uninterrupted())
+    assert_same(params(out, 1), uninterrupted())
+    # (rank 0's step 5 also holds the wait for the server's next look at the file, up to 1 s)
+    print("failover stall: " + re.search(r"the job stalled ([\d.]+ s)", text).group(1))
+
+
 def test_two_servers_lost_one_after_the_other(tmp_path, uninterrupted):
     r, out = run(tmp_path, "k", "3:1:KILL,8:2:KILL", servers=3)
     text = r.out + r.err

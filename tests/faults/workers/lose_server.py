@@ -6,7 +6,9 @@ push_pulls every tensor (async, all in flight at once). KILLS is a comma-separat
 STEP:SERVER:SIGNAL (SIGNAL KILL, TERM or STOP; SERVER a server rank or ``scheduler``): worker rank 0 sends SIGNAL to server rank SERVER
 once it has started that step's push_pulls and before it waits for them, so the loss lands
 mid-round; SIGNAL WAIT (after a loss) first waits until the worker has connected to a
-replacement server (bpslaunch --server-restarts) before going on. COMPRESSOR (onebit, fp16, ...) compresses the largest tensor. Every rank writes its
+replacement server (bpslaunch --server-restarts) before going on; SIGNAL NOTICE writes the
+server's spot-preemption notice (BYTEPS_PREEMPTION_NOTICE_FILE, ``{rank}`` standing for SERVER)
+instead of a signal and waits until this worker has seen a failover. COMPRESSOR (onebit, fp16, ...) compresses the largest tensor. Every rank writes its
 final parameters to OUT.<rank>.npz; rank 0 prints ``STEP_TIMES`` (seconds per step)."""
 import os
 import signal
@@ -49,6 +51,17 @@ for step in range(steps):
             while fo.replacements < int(server) and time.monotonic() - t_wait < 60:
                 time.sleep(0.01)
             print(f"REPLACED {fo.replacements} after {time.monotonic() - t_wait:.2f} s", flush=True)
+            continue
+        if sig == "NOTICE":
+            path = os.environ["BYTEPS_PREEMPTION_NOTICE_FILE"].replace("{rank}", server)
+            with open(path + ".tmp", "w") as f:
+                f.write("TERMINATE at 2026-12-04T21:00:00Z (spot instance-action)\n")
+            os.replace(path + ".tmp", path)
+            fo, t_wait = default_runtime().failover, time.monotonic()
+            while fo.current < 1 and time.monotonic() - t_wait < 60:
+                time.sleep(0.005)
+            print(f"NOTICE for server {server} at step {step}: failover {fo.current} after "
+                  f"{time.monotonic() - t_wait:.2f} s", flush=True)
             continue
         peers = default_runtime().members.controller.peers
         pid = [p.pid for p in peers if (p.role == "scheduler" if server == "scheduler" else

@@ -1,0 +1,84 @@
+"""A spot-preemption notice file (``BYTEPS_PREEMPTION_NOTICE_FILE``; docs/reliability.md,
+"Losing a server", and docs/deployment.md, "Spot and preemptible servers").
+
+A cloud takes a spot or preemptible machine back with a short warning (AWS: two minutes, in the
+instance metadata's ``spot/instance-action``; GCE: about 30 s, ``instance/preempted``; a
+Kubernetes node drain: the pod's termination grace period). Something on the machine that sees
+the warning (a sidecar, the node's metadata watcher, a preStop hook) writes a file; the server
+polls it every :data:`NOTICE_POLL_S` and, once it appears or changes, announces its leave to the
+scheduler (ABORT with ``"leave": true``). The scheduler moves the server's keys to the others at
+once, as for a lost server but with no stall of detection, and tells it to shut down; the
+server exits 0. A job that cannot lose the server (failover off, asynchronous mode, its last
+server) keeps it: the scheduler logs why, and the server serves until the machine goes.
+
+The contract: the file's appearance (or any change of it after the server started) is the
+notice; its first 200 bytes, if any, are quoted in the logs as the reason. A file already there
+when the server starts is an old notice and is ignored until it changes. ``{rank}`` in the path
+is replaced by the server's rank (several servers on one machine).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger("byteps_like.server")
+
+#: seconds between two looks at the notice file (a stat each)
+NOTICE_POLL_S = 1.0
+#: bytes of the file quoted as the reason
+REASON_BYTES = 200
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """What tells one version of the file from another; None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _reason(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(REASON_BYTES)
+    except OSError:
+        return ""
+    text = raw.decode("utf-8", "replace")
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
+class PreemptionNotice:
+    """Watches one server's notice file from its I/O thread (:meth:`start` once it has a
+    rank)."""
+
+    def __init__(self, server: Any, pattern: str):
+        self.server = server
+        self.pattern = pattern
+        self.path = ""
+        self.before: tuple[int, int, int] | None = None
+        self.sent = False
+
+    def start(self) -> None:
+        self.path = self.pattern.replace("{rank}", str(self.server.rank))
+        self.before = _stamp(self.path)
+        if self.before is not None:
+            log.warning("server %d: the preemption notice file %s exists already; taken for an "
+                        "old notice and ignored until it changes (BYTEPS_PREEMPTION_NOTICE_FILE)",
+                        self.server.rank, self.path)
+        self.server.ep.add_timer(NOTICE_POLL_S, self.tick)
+
+    def tick(self) -> None:
+        control = self.server.control
+        if self.sent or control.rank < 0 or control.fatal is not None or control.shutting_down:
+            return
+        now = _stamp(self.path)
+        if now is None or now == self.before:
+            return
+        self.sent = True
+        text = _reason(self.path)
+        reason = f"preemption notice in {self.path}" + (f": {text}" if text else "")
+        log.warning("server %d: %s; announcing its leave: the scheduler moves its keys to the "
+                    "other servers and then stops it", self.server.rank, reason)
+        control.leave(reason)
