@@ -92,6 +92,8 @@ class Server:
             async_mode=self.async_mode)
         # a compressed key: at most one partition; a registered compressor's codec is Python
         self.native.set_partition_bytes(cfg.partition.partition_bytes)
+        if cfg.server.backup_workers:  # averaged keys complete with all but b pushes
+            self.native.set_backup(cfg.server.backup_workers, cfg.server.backup_max_lag)
         self.native.set_codec_factory(make_server_codec, CompressionError)
         listen = self.native.listen_ucx if native.uses_ucx(cfg) else self.native.listen
         data_port_ = listen(host, native.data_port(cfg))
@@ -313,7 +315,10 @@ class Server:
                 "byteps_server_pushes": ns["pushes"], "byteps_server_rounds": ns["rounds"],
                 "byteps_server_table_rounds": self.sparse.rounds_applied,
                 "byteps_server_table_rows_updated": self.sparse.rows_updated,
-                "byteps_server_table_bytes": self.sparse.held_bytes()}
+                "byteps_server_table_bytes": self.sparse.held_bytes(),
+                "byteps_server_backup_rounds": ns["backup_rounds"],
+                "byteps_server_late_pushes_dropped": ns["late_pushes_dropped"],
+                "byteps_server_lag_errors": ns["lag_errors"]}
 
     def rejections(self) -> dict[str, int]:
         """Rejected messages by reason, the native plane's and ZeroMQ's."""
@@ -337,6 +342,12 @@ class Server:
         # from a closed stream
         self.native.close()
         self.log_rejections()  # the last window's rejections, which no timer will write
+        if self.cfg.server.backup_workers:
+            ns = self.native.stats()
+            log.info("server %d: backup workers (BYTEPS_BACKUP_WORKERS=%d): %d rounds "
+                     "completed without every worker's push, %d late pushes dropped, %d "
+                     "workers too far behind", self.rank, self.cfg.server.backup_workers,
+                     ns["backup_rounds"], ns["late_pushes_dropped"], ns["lag_errors"])
 
     def run(self) -> int:
         try:

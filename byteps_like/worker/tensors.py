@@ -89,11 +89,23 @@ class TensorState:
     cast_coders: list[Any] | None = None
 
 
-def declaration(st: TensorState, dtype: str, part: int) -> dict[str, Any]:
-    """What the first round of partition ``part`` declares to its server (both data paths)."""
+def declaration(st: TensorState, dtype: str, part: int,
+                backup: bool = False) -> dict[str, Any]:
+    """What the first round of partition ``part`` declares to its server (both data paths).
+    ``backup``: an averaged tensor of a job with backup workers (:func:`backs_up`), whose
+    rounds complete without the last pushes (csrc/dataplane_server_backup.cc)."""
     assert st.shape is not None
-    return {"name": st.name, "shape": list(st.shape), "dtype": dtype, "part": part,
-            "nparts": len(st.parts)}
+    decl: dict[str, Any] = {"name": st.name, "shape": list(st.shape), "dtype": dtype,
+                            "part": part, "nparts": len(st.parts)}
+    if backup:
+        decl["backup"] = True
+    return decl
+
+
+def backs_up(cfg: Any, average: bool, size: int) -> bool:
+    """Whether a push_pull's rounds may complete without the last BYTEPS_BACKUP_WORKERS
+    pushes: an average (a sum, a broadcast, an allgather waits for every worker)."""
+    return average and size > 1 and cfg is not None and cfg.server.backup_workers > 0
 
 
 def decl_bytes(decl: dict[str, Any]) -> bytes:
