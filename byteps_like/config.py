@@ -217,14 +217,17 @@ class ServerConfig:
                              "late_pushes_dropped) and its worker gets the completed rounds' "
                              "sums in order, so every model stays the same. Sums "
                              "(average=False), broadcasts and allgathers still wait for every "
-                             "worker. Must be below DMLC_NUM_WORKER; refused with "
+                             "worker. A worker setting (bps.init(BYTEPS_BACKUP_WORKERS=b) works "
+                             "too): its declarations tell the servers; every worker must use "
+                             "the same. Must be below DMLC_NUM_WORKER; refused with "
                              "asynchronous mode, elastic jobs, a compressor, join() and "
                              "server failover (set BYTEPS_SERVER_FAILOVER=0 with two servers "
                              "or more). 0: every round waits for every worker.", unit="workers",
                              min=0)
-    backup_max_lag: int = _s("BYTEPS_BACKUP_MAX_LAG", "int", 64, "With BYTEPS_BACKUP_WORKERS: "
-                             "the completed rounds of a tensor a server keeps for a worker that "
-                             "fell behind (each a copy of the partition, charged to "
+    backup_max_lag: int = _s("BYTEPS_BACKUP_MAX_LAG", "int", 64, "With BYTEPS_BACKUP_WORKERS "
+                             "(a server setting): the completed rounds of a tensor a server "
+                             "keeps, besides the newest, for a worker that fell behind (each a "
+                             "copy of the partition, charged to "
                              "BYTEPS_SERVER_MAX_BYTES; fewer when the budget is full). A worker "
                              "further behind gets an error naming it and how far behind it is.",
                              unit="rounds", min=1, max=1 << 20)

@@ -119,10 +119,11 @@ class DataServer {
   // BYTEPS_PARTITION_BYTES: bounds a compressed key's element count (one partition of its
   // dtype); until it is set, compressed pushes are refused.
   void set_partition_bytes(std::uint64_t nbytes);
-  // BYTEPS_BACKUP_WORKERS: a key declared "backup" completes a round with all but `backup`
-  // pushes, keeping each completed round until every rank had it, at most `max_lag` rounds
-  // (dataplane_server_backup.cc). Set before start(); 0 (the default) waits for everyone.
-  void set_backup(int backup, int max_lag);
+  // BYTEPS_BACKUP_MAX_LAG: a key declared with backup workers ("backup": b, the workers'
+  // BYTEPS_BACKUP_WORKERS) completes a round with all but b pushes and keeps each completed
+  // round until every rank had it, the newest and at most `rounds` before it
+  // (dataplane_server_backup.cc; default 64).
+  void set_backup_max_lag(int rounds);
   std::map<std::string, std::uint64_t> stats();
   std::map<std::string, std::uint64_t> rejected();
   std::vector<StallInfo> stalls(double min_age);

@@ -305,11 +305,15 @@ bool ServerImpl::may_declare_locked(const std::shared_ptr<Conn>& conn, const Hea
                " from worker rank " + std::to_string(h.rank) + " carries no declaration");
     return false;
   }
-  if (backup_decl(meta) && (h.flags & kFlagCompressed)) {
-    reject("compressed push with backup workers");
+  const int backup = backup_decl(meta);
+  if (backup < 0 || (backup > 0 && (h.flags & kFlagCompressed))) {
+    reject("bad backup workers declaration");
     send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": key " +
-               std::to_string(h.key) + " from worker rank " + std::to_string(h.rank) +
-               ": BYTEPS_BACKUP_WORKERS does not combine with a compressor; unset one");
+               std::to_string(h.key) + " from worker rank " + std::to_string(h.rank) + ": " +
+               (backup < 0 ? "BYTEPS_BACKUP_WORKERS must be 1 to " +
+                                 std::to_string(num_workers_ - 1) + " (one below the workers)"
+                           : std::string("BYTEPS_BACKUP_WORKERS does not combine with a "
+                                         "compressor; unset one of them")));
     return false;
   }
   if (h.nbytes == 0) {
@@ -458,7 +462,7 @@ std::shared_ptr<Store> ServerImpl::make_store_locked(const Header& h, const std:
   st->nchunks = nchunks;
   st->decl = meta;
   st->decl_rank = h.rank;
-  st->backup = backup_decl(meta);
+  st->backup = std::max(0, backup_decl(meta));
   st->served.assign(num_workers_, -1);
   if (async_) {  // the value starts at zero: every push is added to it
     st->value.reset(new char[nbytes](), std::default_delete<char[]>());
@@ -900,7 +904,7 @@ void DataServer::set_codec_factory(CodecFactory factory) {
   impl_->set_codec_factory(std::move(factory));
 }
 void DataServer::set_partition_bytes(std::uint64_t n) { impl_->partition_bytes_ = n; }
-void DataServer::set_backup(int backup, int max_lag) { impl_->set_backup(backup, max_lag); }
+void DataServer::set_backup_max_lag(int rounds) { impl_->max_lag_ = std::max(1, rounds); }
 std::map<std::string, std::uint64_t> DataServer::stats() { return impl_->stats(); }
 std::map<std::string, std::uint64_t> DataServer::rejected() { return impl_->rejected(); }
 std::vector<StallInfo> DataServer::stalls(double min_age) { return impl_->stalls(min_age); }

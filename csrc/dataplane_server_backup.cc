@@ -20,23 +20,22 @@
 namespace bps {
 namespace dp {
 
-void ServerImpl::set_backup(int backup, int max_lag) {
-  backup_.store(std::max(0, std::min(backup, num_workers_ - 1)));
-  max_lag_.store(std::max(1, max_lag));
-}
-
-// Whether a declaration asks for backup rounds (and this server runs them: synchronous, b > 0).
-bool ServerImpl::backup_decl(const std::string& meta) const {
-  if (backup_.load() <= 0 || async_) return false;
+// The backup workers b a declaration asks for: 0 when it does not (or in asynchronous mode,
+// where no round waits for anyone), -1 when b is not an integer in 1..num_workers - 1.
+int ServerImpl::backup_decl(const std::string& meta) const {
   char kind = 0;
-  return json_field_text(meta, "backup", &kind) == "true";
+  const std::string text = json_field_text(meta, "backup", &kind);
+  if (text.empty() || async_) return 0;
+  if (text.size() > 6 || text.find_first_not_of("0123456789") != std::string::npos) return -1;
+  const int b = std::stoi(text);
+  return b >= 1 && b < num_workers_ ? b : -1;
 }
 
 // The pushes that complete a round of the key: every worker rank not joined, less b for a
 // backup key (at least one).
 int ServerImpl::pushes_needed(const Store& st) const {
   const int req = required_.load();
-  return st.backup ? std::max(1, req - backup_.load()) : req;
+  return st.backup ? std::max(1, req - st.backup) : req;
 }
 
 // Round `round` of a backup key completed (st.mu held): its sum (buf[round % 2], which round

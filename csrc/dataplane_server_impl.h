@@ -82,10 +82,10 @@ class ServerImpl {
   // BYTEPS_PARTITION_BYTES: a compressed key's element count is at most one partition of its
   // dtype (its accumulator's size); 0 refuses compressed keys
   std::atomic<std::uint64_t> partition_bytes_{0};
-  // BYTEPS_BACKUP_WORKERS (dataplane_server_backup.cc): a key declared "backup" completes a
-  // round with all but backup_ pushes; at most max_lag_ completed rounds are kept for a rank
-  // that fell behind. 0: every round waits for every worker (set before start()).
-  std::atomic<int> backup_{0}, max_lag_{0};
+  // BYTEPS_BACKUP_WORKERS (dataplane_server_backup.cc): a key declared with "backup": b
+  // completes a round with all but b pushes; at most max_lag_ completed rounds besides the
+  // newest are kept for a rank that fell behind (BYTEPS_BACKUP_MAX_LAG)
+  std::atomic<int> max_lag_{64};
   std::atomic<std::uint64_t> late_dropped_{0}, backup_rounds_{0}, lag_errors_{0};
 
   void send_error(const std::shared_ptr<Conn>& conn, const Header& h, const char* kind,
@@ -150,8 +150,7 @@ class ServerImpl {
   void ack_locked(const std::shared_ptr<Conn>& conn, const Header& h);
   void fail_key_locked(Store& st, const std::string& text);
   // ---- backup workers (dataplane_server_backup.cc) ----
-  void set_backup(int backup, int max_lag);
-  bool backup_decl(const std::string& meta) const;
+  int backup_decl(const std::string& meta) const;
   int pushes_needed(const Store& st) const;
   bool keep_round_locked(Store& st, std::int64_t round);
   void send_kept_locked(const std::shared_ptr<Conn>& conn, Store& st, std::int64_t round,

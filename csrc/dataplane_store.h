@@ -63,7 +63,7 @@ struct Store {
   };
   std::vector<Pending> pending;
   // Backup workers (BYTEPS_BACKUP_WORKERS, dataplane_server_backup.cc): a key declared with
-  // "backup" completes a round with all but b pushes; every completed round's answer is kept
+  // "backup": b completes a round with all but b pushes; every completed round's answer is kept
   // (a copy, charged to the memory budget) until every worker rank has had it, so a rank that
   // fell behind gets the same sums in the same order. Oldest first; rounds below kept_from
   // were dropped (over BYTEPS_BACKUP_MAX_LAG or the budget): a rank asking for one is named
@@ -73,7 +73,7 @@ struct Store {
     int contrib = 0;
     std::shared_ptr<char> data;
   };
-  bool backup = false;
+  int backup = 0;  // b; 0: every round waits for every worker
   std::deque<Kept> kept;
   std::vector<std::int64_t> served;  // per worker rank: the newest round it was answered
   std::int64_t kept_from = 0;

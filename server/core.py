@@ -92,8 +92,8 @@ class Server:
             async_mode=self.async_mode)
         # a compressed key: at most one partition; a registered compressor's codec is Python
         self.native.set_partition_bytes(cfg.partition.partition_bytes)
-        if cfg.server.backup_workers:  # averaged keys complete with all but b pushes
-            self.native.set_backup(cfg.server.backup_workers, cfg.server.backup_max_lag)
+        # keys declared with backup workers: the completed rounds kept for a late worker
+        self.native.set_backup_max_lag(cfg.server.backup_max_lag)
         self.native.set_codec_factory(make_server_codec, CompressionError)
         listen = self.native.listen_ucx if native.uses_ucx(cfg) else self.native.listen
         data_port_ = listen(host, native.data_port(cfg))
@@ -342,12 +342,12 @@ class Server:
         # from a closed stream
         self.native.close()
         self.log_rejections()  # the last window's rejections, which no timer will write
-        if self.cfg.server.backup_workers:
-            ns = self.native.stats()
-            log.info("server %d: backup workers (BYTEPS_BACKUP_WORKERS=%d): %d rounds "
-                     "completed without every worker's push, %d late pushes dropped, %d "
-                     "workers too far behind", self.rank, self.cfg.server.backup_workers,
-                     ns["backup_rounds"], ns["late_pushes_dropped"], ns["lag_errors"])
+        ns = self.native.stats()
+        if ns["backup_rounds"] or ns["late_pushes_dropped"]:
+            log.info("server %d: backup workers (BYTEPS_BACKUP_WORKERS): %d rounds completed "
+                     "without every worker's push, %d late pushes dropped, %d requests of "
+                     "workers too far behind", self.rank, ns["backup_rounds"],
+                     ns["late_pushes_dropped"], ns["lag_errors"])
 
     def run(self) -> int:
         try:

@@ -212,7 +212,7 @@ class NativeDataPlane:
 
     @staticmethod
     def _declaration(st: TensorState, dtype: str, part: int, coded: bool,
-                     backup: bool = False) -> dict[str, Any]:
+                     backup: int = 0) -> dict[str, Any]:
         """A partition's declaration; a coded one names its codec as the pipeline's does
         (rounds.Rounds.start)."""
         decl = declaration(st, dtype, part, backup)
