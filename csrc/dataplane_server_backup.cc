@@ -26,7 +26,8 @@ int ServerImpl::backup_decl(const std::string& meta) const {
   char kind = 0;
   const std::string text = json_field_text(meta, "backup", &kind);
   if (text.empty() || async_) return 0;
-  if (text.size() > 6 || text.find_first_not_of("0123456789") != std::string::npos) return -1;
+  if (kind == '"' || text.size() > 6 || text.find_first_not_of("0123456789") != std::string::npos)
+    return -1;
   const int b = std::stoi(text);
   return b >= 1 && b < num_workers_ ? b : -1;
 }
