@@ -18,11 +18,11 @@ PARTS = 5  # 70001 float32 in partitions of 64 KiB (BYTEPS_PARTITION_BYTES=64K)
 
 
 def run_job(tmp_path, *, steps: int, gate: int, sleep: float = 0.0, backup: int = 1,
-            servers: int = 1, **env: str):
+            servers: int = 1, slow: int = 2, local_size: int = 1, **env: str):
     base = {"BYTEPS_PARTITION_BYTES": "64K", "BYTEPS_BACKUP_WORKERS": str(backup),
             "BYTEPS_SERVER_FAILOVER": "0", "BYTEPS_LOG_LEVEL": "INFO", **env}
-    return bpslaunch(worker("backup_check.py", steps, 2, gate, sleep, tmp_path),
-                     workers=3, servers=servers, env=base, timeout=180)
+    return bpslaunch(worker("backup_check.py", steps, slow, gate, sleep, tmp_path),
+                     workers=3, servers=servers, env=base, timeout=180, local_size=local_size)
 
 
 def per_rank(run, tag: str) -> dict[int, str]:
@@ -62,6 +62,20 @@ def test_rounds_complete_without_the_straggler_and_it_catches_up(tmp_path, serve
     assert sorted(seq) == [0, 1, 2] and len(set(seq.values())) == 1, run.log
     vals = values(run)
     assert all(v == [1.5 * (s + 1) for s in range(steps)] for v in vals.values()), vals
+    assert server_counts(run) == (steps * PARTS, steps * PARTS), run.log
+
+
+def test_several_processes_per_machine_average_alike(tmp_path):
+    """3 machines of 2 local ranks; machine 0 (ranks 0 and 1) is the slow one: the others
+    complete 4 rounds without it. Every one of the 6 ranks, the local ranks that get the sum
+    from their machine's root included, divides by the same count: the mean of ranks 2-5."""
+    steps = 4
+    run = run_job(tmp_path, steps=steps, gate=steps, slow=0, local_size=2)
+    assert run.rc == 0, run.log
+    seq = per_rank(run, "SEQ")
+    assert sorted(seq) == list(range(6)) and len(set(seq.values())) == 1, run.log
+    vals = values(run)
+    assert all(v == [4.5 * (s + 1) for s in range(steps)] for v in vals.values()), vals
     assert server_counts(run) == (steps * PARTS, steps * PARTS), run.log
 
 

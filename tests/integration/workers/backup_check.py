@@ -3,7 +3,8 @@
 argv: STEPS SLOW_RANK GATE SLEEP GATE_DIR. Each step every rank push_pulls (averages) a gradient
 that depends on its rank and the step, (rank + 1) * (step + 1) + i % 7 at element i, and
 applies it to a model (w -= 0.01 * average). Rank SLOW_RANK first waits until every other rank
-has completed GATE steps (each writes GATE_DIR/rank<r> after its step; a bounded wait, so a job
+has completed GATE steps (each writes GATE_DIR/rank<r>.<step> after it; the ranks of other
+machines, with several processes per machine; a bounded wait, so a job
 whose rounds wait for the slow rank fails here instead of hanging), then sleeps SLEEP seconds a
 step before it pushes. Every rank prints each step's first element (``VALS``) and a digest of
 all its averages and its final model (``SEQ``).
@@ -28,7 +29,9 @@ digest = hashlib.sha256()
 vals = []
 if rank == slow and gate:
     deadline = time.monotonic() + 90
-    others = [r for r in range(size) if r != slow]
+    # the ranks of other machines (this machine's wait for it in the local reduction)
+    ls = bps.local_size()
+    others = [r for r in range(size) if r // ls != slow // ls]
     while not all(os.path.exists(os.path.join(gate_dir, f"rank{r}.{gate}")) for r in others):
         if time.monotonic() > deadline:
             print(f"GATE TIMEOUT rank {rank}: the others never completed {gate} steps "
