@@ -79,6 +79,21 @@ def test_several_processes_per_machine_average_alike(tmp_path):
     assert server_counts(run) == (steps * PARTS, steps * PARTS), run.log
 
 
+def test_the_torch_plugin_fused_gradients_and_broadcast(tmp_path):
+    """DistributedOptimizer with BYTEPS_BACKUP_WORKERS=1: the broadcast waits for every rank
+    (different initial weights become rank 0's); ranks 0 and 1 complete their 5 steps without
+    rank 2, whose fused gradient pushes are all late; every rank ends with the same weights."""
+    steps = 5
+    run = bpslaunch(worker("backup_torch.py", steps, tmp_path), workers=3, servers=1,
+                    env={"BYTEPS_BACKUP_WORKERS": "1", "BYTEPS_SERVER_FAILOVER": "0",
+                         "BYTEPS_LOG_LEVEL": "INFO"}, timeout=180)
+    assert run.rc == 0, run.log
+    params = per_rank(run, "PARAMS")
+    assert sorted(params) == [0, 1, 2] and len(set(params.values())) == 1, run.log
+    short, late = server_counts(run)
+    assert short == late and late >= steps, run.log  # every step's fused keys, all late
+
+
 def test_a_sleeping_straggler_every_rank_applies_the_same_sums(tmp_path):
     """Rank 2 sleeps every step and falls behind by 3 rounds first: whichever rounds
     completed without whom, every rank's averages and final model are the same bits, and each
