@@ -117,3 +117,25 @@ def test_a_bad_backup_declaration_is_refused(cleanup, backup):
     comp = take(clients[0], 1)
     assert not comp[1]
     assert "BYTEPS_BACKUP_WORKERS must be 1 to 2" in comp[4].decode(), comp
+
+
+def test_no_room_to_keep_a_round_fails_the_key_naming_the_budget(cleanup):
+    """A budget with room for the key's two buffers but not for a kept copy of its sum: the
+    round's completion fails the key, every waiting worker told why, nothing kept silently."""
+    KEEP.clear()
+    n = (64 << 10) // 4  # one partition
+    srv, port = make_server(3, budget=2 * (64 << 10) + 4096)
+    clients = [make_client(r, [port]) for r in range(3)]
+    cleanup += [srv] + clients
+    for r in (0, 1):
+        x = np.full(n, r + 1, np.float32)
+        KEEP.extend([x, np.empty_like(x)])
+        clients[r].submit(r, 0, x.view(np.uint8), KEEP[-1].view(np.uint8),
+                          WIRE_CODE["float32"], 3, 0,
+                          parts_of(x.nbytes, 0, 1, decl_extra={"backup": 1}))
+    for r in (0, 1):
+        comp = take(clients[r], r)
+        assert not comp[1], comp
+        text = json.loads(comp[4])["message"]
+        assert "BYTEPS_SERVER_MAX_BYTES" in text and "to keep round 0's sum" in text, text
+    assert srv.stats()["store_bytes"] <= 2 * (64 << 10) + 4096
