@@ -217,6 +217,9 @@ class DataServer:
     def set_partition_bytes(self, nbytes: int) -> None:
         """BYTEPS_PARTITION_BYTES: a compressed key's element count is at most one partition of
         its declared dtype; until set, compressed pushes are refused."""
+    def set_backup_max_lag(self, rounds: int) -> None:
+        """BYTEPS_BACKUP_MAX_LAG: a key declared with backup workers keeps its newest completed
+        round and at most this many before it for a worker that fell behind (default 64)."""
     def set_codec_factory(self, factory: Callable[[int, int, bytes], tuple[Any, int]],
                           malformed: type[BaseException]) -> None:
         """Registered compressors: a compressed key's first push whose declaration carries a

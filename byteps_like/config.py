@@ -228,6 +228,29 @@ class ServerConfig:
                         "'Losing a server'). Synchronous jobs only (asynchronous mode keeps "
                         "the model on the servers). 0: a lost server ends the job with "
                         "PeerLostError, as before.")
+    backup_workers: int = _s("BYTEPS_BACKUP_WORKERS", "int", 0, "Backup workers (synchronous "
+                             "mode; docs/reliability.md, 'Backup workers'): a round of an "
+                             "averaged tensor completes on its server once all but this many "
+                             "workers (worker machines, with several processes per machine) "
+                             "have pushed it; the average divides by the pushes summed, the "
+                             "same on every worker. A late push is dropped (counted as "
+                             "late_pushes_dropped) and its worker gets the completed rounds' "
+                             "sums in order, so every model stays the same. Sums "
+                             "(average=False), broadcasts and allgathers still wait for every "
+                             "worker. A worker setting (bps.init(BYTEPS_BACKUP_WORKERS=b) works "
+                             "too): its declarations tell the servers; every worker must use "
+                             "the same. Must be below DMLC_NUM_WORKER; refused with "
+                             "asynchronous mode, elastic jobs, a compressor, join() and "
+                             "server failover (set BYTEPS_SERVER_FAILOVER=0 with two servers "
+                             "or more). 0: every round waits for every worker.", unit="workers",
+                             min=0)
+    backup_max_lag: int = _s("BYTEPS_BACKUP_MAX_LAG", "int", 64, "With BYTEPS_BACKUP_WORKERS "
+                             "(a server setting): the completed rounds of a tensor a server "
+                             "keeps, besides the newest, for a worker that fell behind (each a "
+                             "copy of the partition, charged to "
+                             "BYTEPS_SERVER_MAX_BYTES; fewer when the budget is full). A worker "
+                             "further behind gets an error naming it and how far behind it is.",
+                             unit="rounds", min=1, max=1 << 20)
     max_bytes: int = _s("BYTEPS_SERVER_MAX_BYTES", "size", 0, "Memory a server may hold for "
                         "its stores and tables together: each key's buffers (two per key; a "
                         "compressed key's float32 accumulator and codec), its declaration and "
@@ -907,6 +930,7 @@ def _cross_check(cfg: Config) -> None:
                           f"waits for every worker: a staleness of none)")
     _check_retired(cfg, who)
     _check_compression(cfg, who)
+    _check_backup(cfg, who)
     if (cfg.auth.secret_file and not cfg.auth.secret
             and cfg.source("auth.secret_file") != TORCHRUN_SECRET_SOURCE):
         # said at start, not in a child later (a torchrun job's file is made by its local
@@ -919,6 +943,31 @@ def _cross_check(cfg: Config) -> None:
                               f"{getattr(exc, 'strerror', None) or exc})") from None
         if empty:
             raise ConfigError(f"{who('auth.secret_file')} is empty")
+
+
+def _check_backup(cfg: Config, who: Callable[[str], str]) -> None:
+    """BYTEPS_BACKUP_WORKERS with what it can serve; every combination it cannot make right is
+    refused here, naming the settings (docs/reliability.md, 'Backup workers')."""
+    b = cfg.server.backup_workers
+    if b == 0:
+        return
+    bw = who("server.backup_workers")
+    if b >= cfg.cluster.num_worker:
+        raise ConfigError(f"{bw} must be below {who('cluster.num_worker')}: a round needs "
+                          "at least one worker's push")
+    if cfg.server.enable_async:
+        raise ConfigError(f"{bw} is for synchronous rounds; {who('server.enable_async')} has "
+                          "none: unset one of them")
+    if cfg.elastic.enabled:
+        raise ConfigError(f"{bw} does not combine with {who('elastic.enabled')}: unset one "
+                          "of them")
+    if cfg.compression.compressor.strip():
+        raise ConfigError(f"{bw} does not combine with {who('compression.compressor')} (a "
+                          "server codec's rounds need every worker's push): unset one of them")
+    if cfg.can_lose_servers:
+        raise ConfigError(f"{bw} does not combine with losing a server "
+                          f"({who('server.failover')} with {who('cluster.num_server')}): set "
+                          "BYTEPS_SERVER_FAILOVER=0 or BYTEPS_BACKUP_WORKERS=0")
 
 
 #: The compressors BYTEPS_COMPRESSOR names (byteps_like/compression.py registers them under

@@ -54,6 +54,17 @@ class PeerLeftError(PeerLostError):
         self.last_round = last_round
 
 
+class FellBehindError(_FromNode, CommunicationError):
+    """Backup workers (BYTEPS_BACKUP_WORKERS): this worker fell further behind the others than
+    the servers keep completed rounds for (BYTEPS_BACKUP_MAX_LAG), so it cannot apply the sums
+    they applied. ``rank`` and ``host`` name it, ``behind`` is how many rounds behind it was."""
+
+    def __init__(self, message: str, *, rank: int | None = None, host: str | None = None,
+                 behind: int | None = None):
+        super().__init__(message, role="worker", rank=rank, host=host)
+        self.behind = behind
+
+
 class MembershipChangedError(CommunicationError):
     """Elastic jobs only (docs/elastic.md): the set of workers changed while this call ran or
     waited, so the collectives of the current step are void. ``epoch`` is the membership epoch
@@ -94,6 +105,6 @@ class RemoteError(_FromNode, BytePSError):
 
 __all__ = [
     "BytePSError", "ConfigError", "NotInitializedError", "CommunicationError", "PeerLostError",
-    "PeerLeftError", "MembershipChangedError", "TooFewWorkersError",
+    "PeerLeftError", "FellBehindError", "MembershipChangedError", "TooFewWorkersError",
     "CommTimeoutError", "ProtocolError", "MismatchError", "RemoteError", "EXIT_PEER_FAILED",
 ]

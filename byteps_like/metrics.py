@@ -38,6 +38,14 @@ METRIC_NAMES = {
                                              "ones), all threads together."),
     "byteps_server_pushes": ("counter", "Push messages a server received."),
     "byteps_server_rounds": ("counter", "Rounds a server completed (all pushes summed)."),
+    "byteps_server_backup_rounds": ("counter", "Rounds a server completed without every "
+                                               "worker's push (BYTEPS_BACKUP_WORKERS)."),
+    "byteps_server_late_pushes_dropped": ("counter", "Pushes a server dropped because their "
+                                                     "round had completed without them "
+                                                     "(BYTEPS_BACKUP_WORKERS)."),
+    "byteps_server_lag_errors": ("counter", "Requests of workers that fell further behind "
+                                            "than BYTEPS_BACKUP_MAX_LAG, answered with an "
+                                            "error."),
     "byteps_server_table_rounds": ("counter", "Rounds of server-held embedding tables a "
                                               "server applied (docs/sparse.md)."),
     "byteps_server_table_rows_updated": ("counter", "Table rows a server's optimizers updated."),

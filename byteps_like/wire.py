@@ -181,6 +181,7 @@ ERR_EPOCH = "epoch"           # elastic: the round's membership epoch ended; it 
 ERR_REJOIN = "rejoin"          # a restarted scheduler: register again (not an error of the node)
 ERR_TOO_FEW = "too_few_workers"  # elastic: below the minimum of workers for too long
 ERR_ROLLBACK = "rolled_back"  # tables: a lost server rolled them back to a snapshot
+ERR_BEHIND = "behind"          # backup workers: a worker asked for a round no longer kept
 
 #: Elastic jobs carry the membership epoch in a data message's round: the high 32 bits hold
 #: epoch - 1, the low 32 the round within the epoch; so a push or pull of an older epoch is out

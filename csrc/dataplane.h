@@ -123,6 +123,11 @@ class DataServer {
   // worker rank not joined or left has pushed round r - rounds of the key; 0 (the default):
   // unbounded. std::invalid_argument for a negative bound, or a bound in synchronous mode.
   void set_staleness(std::int64_t rounds);
+  // BYTEPS_BACKUP_MAX_LAG: a key declared with backup workers ("backup": b, the workers'
+  // BYTEPS_BACKUP_WORKERS) completes a round with all but b pushes and keeps each completed
+  // round until every rank had it, the newest and at most `rounds` before it
+  // (dataplane_server_backup.cc; default 64).
+  void set_backup_max_lag(int rounds);
   std::map<std::string, std::uint64_t> stats();
   std::map<std::string, std::uint64_t> rejected();
   std::vector<StallInfo> stalls(double min_age);

@@ -94,6 +94,9 @@ std::map<std::string, std::uint64_t> ServerImpl::stats() {
   for (auto& kv : rejected()) rej += kv.second;
   s["rejected"] = rej;
   s["stale_holds"] = stale_holds_.load();
+  s["late_pushes_dropped"] = late_dropped_.load();  // backup workers
+  s["backup_rounds"] = backup_rounds_.load();
+  s["lag_errors"] = lag_errors_.load();
   return s;
 }
 
@@ -127,7 +130,8 @@ void ServerImpl::send_error(const std::shared_ptr<Conn>& conn, const Header& h, 
 }
 
 void ServerImpl::send_resp(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
-                           std::int64_t round) {
+                           std::int64_t round, int rank) {
+  if (st->backup) return send_kept(conn, st, round, rank);  // its kept answer
   Out o;
   // st->contrib is written under st->mu when the round completes, before any answer for it
   const int n = st->contrib[round & 1];
@@ -205,6 +209,8 @@ std::shared_ptr<Store> ServerImpl::begin_push(const std::shared_ptr<Conn>& conn,
   std::lock_guard<std::mutex> g(st->mu);
   std::map<int, std::string> left;
   if (answer_retry_locked(conn, st, h)) return unstage(staged);
+  if (st->backup && h.round < st->round && late_push_locked(conn, st, h))
+    return unstage(staged);
   if (!admit_push_locked(conn, h, meta, *st, &left)) return unstage(staged);
   *gen = st->gen.load();
   if (async_) {
@@ -298,6 +304,17 @@ bool ServerImpl::may_declare_locked(const std::shared_ptr<Conn>& conn, const Hea
     reject("push of an undeclared key");
     send_error(conn, h, "protocol", "first push of key " + std::to_string(h.key) +
                " from worker rank " + std::to_string(h.rank) + " carries no declaration");
+    return false;
+  }
+  const int backup = backup_decl(meta);
+  if (backup < 0 || (backup > 0 && (h.flags & kFlagCompressed))) {
+    reject("bad backup workers declaration");
+    send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": key " +
+               std::to_string(h.key) + " from worker rank " + std::to_string(h.rank) + ": " +
+               (backup < 0 ? "BYTEPS_BACKUP_WORKERS must be 1 to " +
+                                 std::to_string(num_workers_ - 1) + " (one below the workers)"
+                           : std::string("BYTEPS_BACKUP_WORKERS does not combine with a "
+                                         "compressor; unset one of them")));
     return false;
   }
   if (h.nbytes == 0) {
@@ -446,6 +463,8 @@ std::shared_ptr<Store> ServerImpl::make_store_locked(const Header& h, const std:
   st->nchunks = nchunks;
   st->decl = meta;
   st->decl_rank = h.rank;
+  st->backup = std::max(0, backup_decl(meta));
+  st->served.assign(num_workers_, -1);
   if (async_) {  // the value starts at zero: every push is added to it
     st->value.reset(new char[nbytes](), std::default_delete<char[]>());
   } else {
@@ -580,7 +599,7 @@ void ServerImpl::finish_push(const std::shared_ptr<Conn>& conn, const std::share
       Out ack;
       ack.hdr = make_header(kPushAck, kRoleServer, rank_.load(), 0, job_, h.key, h.round);
       conn->send(std::move(ack));
-      if (h.flags & kFlagPull) st->pending.push_back({conn, h.round});
+      if (h.flags & kFlagPull) st->pending.push_back({conn, h.round, h.rank});
       if (async_) {
         note_async_push_locked(*st, h);
         value = settled_value_locked(*st, &answer);
@@ -596,7 +615,7 @@ void ServerImpl::finish_push(const std::shared_ptr<Conn>& conn, const std::share
   for (auto& p : answer) {
     auto c = p.conn.lock();
     if (c && async_) send_value(c, *st, value, p.round);
-    else if (c) send_resp(c, st, done_round);
+    else if (c) send_resp(c, st, done_round, p.rank);
   }
 }
 
@@ -677,11 +696,12 @@ void ServerImpl::abort_push(const std::shared_ptr<Store>& st) {
 // The open round is complete once every worker rank that has not joined has pushed (and
 // summed) it: close it, hand its waiting pulls to the caller, return its number (-1: open).
 std::int64_t ServerImpl::complete_if_ready_locked(Store& st, std::vector<Store::Pending>* answer) {
-  const int need = required_.load();
+  const int need = pushes_needed(st);
   if (st.finished == 0 || st.finished < need || st.finished != st.started) return -1;
   const std::int64_t done = st.round;
   if (st.codec && !encode_sum_locked(st, done)) return -1;  // the key failed
   st.contrib[done & 1] = st.finished;
+  if (st.backup && !keep_round_locked(st, done)) return -1;  // the key failed
   straggle_.round(st.pushed, st.arrived);
   st.completed = st.round;
   st.round++;
@@ -759,7 +779,7 @@ void ServerImpl::set_members(const std::vector<int>& joined,
       done = complete_if_ready_locked(*st, &answer);
     }
     for (auto& p : answer) {
-      if (auto c = p.conn.lock()) send_resp(c, st, done);
+      if (auto c = p.conn.lock()) send_resp(c, st, done, p.rank);
     }
   }
 }
@@ -805,6 +825,7 @@ void ServerImpl::reset_epoch(std::int64_t round_base, int required) {
                                         st->failed_extra.clear();
     st->round = round_base;
     st->completed = -1;
+    drop_kept_locked(*st);
     st->started = st->finished = 0;
     std::fill(st->pushed.begin(), st->pushed.end(), 0);
     for (std::size_t c = 0; c < st->nchunks && st->fill[0]; ++c) {
@@ -837,12 +858,13 @@ void ServerImpl::handle_pull(const std::shared_ptr<Conn>& conn, const Header& h)
     std::shared_ptr<char> value = st->value;
     g.unlock();
     send_value(conn, *st, std::move(value), h.round);
-  } else if (!async_ && h.round == st->completed && h.round >= 0) {
+  } else if (!async_ && h.round >= 0 &&
+             (h.round == st->completed || (st->backup && h.round < st->round))) {
     g.unlock();
-    send_resp(conn, st, h.round);
+    send_resp(conn, st, h.round, h.rank);  // backup: a kept round's answer, or the error
   } else if ((async_ || h.round == st->round) &&  // async: once the pushes in flight end
              st->pending.size() < 4 * static_cast<std::size_t>(num_workers_)) {
-    st->pending.push_back({conn, h.round});
+    st->pending.push_back({conn, h.round, h.rank});
   } else {
     const bool crowded = async_ || h.round == st->round;
     g.unlock();
@@ -885,6 +907,7 @@ void DataServer::set_codec_factory(CodecFactory factory) {
   impl_->set_codec_factory(std::move(factory));
 }
 void DataServer::set_partition_bytes(std::uint64_t n) { impl_->partition_bytes_ = n; }
+void DataServer::set_backup_max_lag(int rounds) { impl_->max_lag_ = std::max(1, rounds); }
 std::map<std::string, std::uint64_t> DataServer::stats() { return impl_->stats(); }
 std::map<std::string, std::uint64_t> DataServer::rejected() { return impl_->rejected(); }
 std::vector<StallInfo> DataServer::stalls(double min_age) { return impl_->stalls(min_age); }

@@ -8,6 +8,9 @@
 //                               its streams: accepted sockets and UCX connection requests,
 //                               connection slots, evicting streams without hello, the loops'
 //                               tick (hello timeout, replies left unread, memory given back)
+//   dataplane_server_backup.cc  backup workers: rounds that complete without the last b
+//                               pushes, late pushes, the completed rounds kept for ranks
+//                               that fell behind
 //   dataplane_server_stream.cc  ServerConn, a stream's protocol: hello (and the proof of the
 //                               job's secret), header checks, meta, payload chunks
 //   dataplane_server_stale.cc   bounded staleness of asynchronous mode (pulls held back)
@@ -80,11 +83,16 @@ class ServerImpl {
   // BYTEPS_PARTITION_BYTES: a compressed key's element count is at most one partition of its
   // dtype (its accumulator's size); 0 refuses compressed keys
   std::atomic<std::uint64_t> partition_bytes_{0};
+  // BYTEPS_BACKUP_WORKERS (dataplane_server_backup.cc): a key declared with "backup": b
+  // completes a round with all but b pushes; at most max_lag_ completed rounds besides the
+  // newest are kept for a rank that fell behind (BYTEPS_BACKUP_MAX_LAG)
+  std::atomic<int> max_lag_{64};
+  std::atomic<std::uint64_t> late_dropped_{0}, backup_rounds_{0}, lag_errors_{0};
 
   void send_error(const std::shared_ptr<Conn>& conn, const Header& h, const char* kind,
                   const std::string& text, const std::string& extra = std::string());
   void send_resp(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
-                 std::int64_t round);
+                 std::int64_t round, int rank = -1);
   void send_value(const std::shared_ptr<Conn>& conn, const Store& st, std::shared_ptr<char> value,
                   std::int64_t round);
   std::shared_ptr<Store> begin_push(const std::shared_ptr<Conn>& conn, const Header& h,
@@ -150,6 +158,18 @@ class ServerImpl {
   bool stale_ok_locked(const Store& st, std::int64_t round);
   void take_due_locked(Store& st, std::vector<Store::Pending>* answer);
   void release_stale();
+  // ---- backup workers (dataplane_server_backup.cc) ----
+  int backup_decl(const std::string& meta) const;
+  int pushes_needed(const Store& st) const;
+  bool keep_round_locked(Store& st, std::int64_t round);
+  void send_kept_locked(const std::shared_ptr<Conn>& conn, Store& st, std::int64_t round,
+                        int rank);
+  void send_kept(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
+                 std::int64_t round, int rank);
+  bool late_push_locked(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
+                        const Header& h);
+  void trim_kept_locked(Store& st);
+  void drop_kept_locked(Store& st);
 
  private:
   // ---- admission (dataplane_server_admit.cc) ----

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -62,8 +63,24 @@ struct Store {
     std::weak_ptr<Conn> conn;
     std::int64_t round;
     bool held = false;  // held back by the staleness bound (counted once)
+    int rank = -1;  // the worker rank that waits (-1: not known)
   };
   std::vector<Pending> pending;
+  // Backup workers (BYTEPS_BACKUP_WORKERS, dataplane_server_backup.cc): a key declared with
+  // "backup": b completes a round with all but b pushes; every completed round's answer is kept
+  // (a copy, charged to the memory budget) until every worker rank has had it, so a rank that
+  // fell behind gets the same sums in the same order. Oldest first; rounds below kept_from
+  // were dropped (over BYTEPS_BACKUP_MAX_LAG or the budget): a rank asking for one is named
+  // in an error.
+  struct Kept {
+    std::int64_t round = 0;
+    int contrib = 0;
+    std::shared_ptr<char> data;
+  };
+  int backup = 0;  // b; 0: every round waits for every worker
+  std::deque<Kept> kept;
+  std::vector<std::int64_t> served;  // per worker rank: the newest round it was answered
+  std::int64_t kept_from = 0;
 };
 
 }  // namespace dp

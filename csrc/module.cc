@@ -652,6 +652,7 @@ void bind_data_server(py::module_& m) {
       .def("set_codec_factory", &set_codec_factory, py::arg("factory"), py::arg("malformed"))
       .def("set_partition_bytes", &dp::DataServer::set_partition_bytes, py::arg("nbytes"))
       .def("set_staleness", &dp::DataServer::set_staleness, py::arg("rounds"))
+      .def("set_backup_max_lag", &dp::DataServer::set_backup_max_lag, py::arg("rounds"))
       .def("set_members", &dp::DataServer::set_members, py::arg("joined"), py::arg("left"),
            py::call_guard<py::gil_scoped_release>())
       .def("reset_epoch", &dp::DataServer::reset_epoch, py::arg("round_base"),

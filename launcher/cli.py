@@ -188,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "127.0.0.1:PORT (--dashboard=PORT; bare: a free port), "
                         "BYTEPS_DASHBOARD_PORT; bpslaunch prints its address "
                         "(docs/observability.md)")
+    parser.add_argument("--backup-workers", type=_non_negative_int, metavar="B",
+                        help="BYTEPS_BACKUP_WORKERS: a round of an averaged tensor completes "
+                             "once all but B workers pushed it; the late ones catch up with "
+                             "the same sums (docs/reliability.md, 'Backup workers'; with two "
+                             "servers or more also set BYTEPS_SERVER_FAILOVER=0)")
     sup = parser.add_argument_group("supervision")
     sup.add_argument("--timeout", type=_seconds(False), metavar="SECONDS",
                      help="wall-clock limit of the whole job; on expiry everything is "
@@ -251,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _VALUE_OPTIONS = frozenset({"--workers", "--servers", "--local-size", "--port", "--host",
                             "--timeout", "--grace", "--timeout-shutdown", "--log-dir",
-                            "--server-restarts", "--scheduler-restarts",
+                            "--server-restarts", "--scheduler-restarts", "--backup-workers",
                             "--min-workers", "--max-workers", "--elastic-timeout",
                             "--max-restarts", "--add-workers", "--add-after",
                             _ROLE_CMD_OPTION})
@@ -391,6 +396,8 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
     notes: list[str] = []
     elastic = None
     command = python_script(command, notes)
+    if args.backup_workers is not None:  # every child: checked below with the others
+        env = {**env, "BYTEPS_BACKUP_WORKERS": str(args.backup_workers)}
     if args.elastic:
         env, elastic = elastic_env(args, env)
     if args.local:

@@ -96,6 +96,8 @@ class Server:
         self.native.set_partition_bytes(cfg.partition.partition_bytes)
         if cfg.server.async_staleness:  # asynchronous mode's bound (dataplane_server_stale.cc)
             self.native.set_staleness(cfg.server.async_staleness)
+        # keys declared with backup workers: the completed rounds kept for a late worker
+        self.native.set_backup_max_lag(cfg.server.backup_max_lag)
         self.native.set_codec_factory(make_server_codec, CompressionError)
         listen = self.native.listen_ucx if native.uses_ucx(cfg) else self.native.listen
         data_port_ = listen(host, native.data_port(cfg))
@@ -325,7 +327,10 @@ class Server:
                 "byteps_server_table_rounds": self.sparse.rounds_applied,
                 "byteps_server_table_rows_updated": self.sparse.rows_updated,
                 "byteps_server_table_bytes": self.sparse.held_bytes(),
-                **{f"byteps_server_table_{k}": v for k, v in self.sparse.keep.stats().items()}}
+                **{f"byteps_server_table_{k}": v for k, v in self.sparse.keep.stats().items()},
+                "byteps_server_backup_rounds": ns["backup_rounds"],
+                "byteps_server_late_pushes_dropped": ns["late_pushes_dropped"],
+                "byteps_server_lag_errors": ns["lag_errors"]}
 
     def rejections(self) -> dict[str, int]:
         """Rejected messages by reason, the native plane's and ZeroMQ's."""
@@ -349,6 +354,12 @@ class Server:
         # from a closed stream
         self.native.close()
         self.log_rejections()  # the last window's rejections, which no timer will write
+        ns = self.native.stats()
+        if ns["backup_rounds"] or ns["late_pushes_dropped"]:
+            log.info("server %d: backup workers (BYTEPS_BACKUP_WORKERS): %d rounds completed "
+                     "without every worker's push, %d late pushes dropped, %d requests of "
+                     "workers too far behind", self.rank, ns["backup_rounds"],
+                     ns["late_pushes_dropped"], ns["lag_errors"])
 
     def run(self) -> int:
         try:

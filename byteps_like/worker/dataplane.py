@@ -32,13 +32,13 @@ import numpy as np
 
 from .. import _core
 from ..config import Config
-from ..errors import CommunicationError, PeerLostError, ProtocolError
+from ..errors import CommunicationError, FellBehindError, PeerLostError, ProtocolError
 from ..transport import native
-from ..wire import DTYPE_CODE, ITEMSIZE, first_round
+from ..wire import DTYPE_CODE, ERR_BEHIND, ITEMSIZE, first_round
 from .dispatch import server_error
 from .handle import Handle
 from .pipeline import PULL, PUSH, Task, native_codec_threads
-from .tensors import NativePart, TensorState, decl_bytes, declaration
+from .tensors import NativePart, TensorState, backs_up, decl_bytes, declaration
 
 if TYPE_CHECKING:
     from ..control import PeerInfo
@@ -179,8 +179,9 @@ class NativeDataPlane:
         grow = ITEMSIZE["float32"] // ITEMSIZE[dtype] if cast else 1
         parts: list[NativePart] | None
         if first_round(rnd):  # the declarations travel once per key (and epoch)
+            backup = backs_up(self.cfg, average, self.members.size)
             parts = [(key, server, lane(key), grow * off, grow * n,
-                      decl_bytes(self._declaration(st, dtype, part, coded)))
+                      decl_bytes(self._declaration(st, dtype, part, coded, backup)))
                      for part, (off, n, key, server) in enumerate(st.parts)]
         else:
             parts = st.native_parts
@@ -210,10 +211,11 @@ class NativeDataPlane:
         flight.bytes_pushed += st.compiled_bytes if coded and st.compiled else st.nbytes
 
     @staticmethod
-    def _declaration(st: TensorState, dtype: str, part: int, coded: bool) -> dict[str, Any]:
+    def _declaration(st: TensorState, dtype: str, part: int, coded: bool,
+                     backup: int = 0) -> dict[str, Any]:
         """A partition's declaration; a coded one names its codec as the pipeline's does
         (rounds.Rounds.start)."""
-        decl = declaration(st, dtype, part)
+        decl = declaration(st, dtype, part, backup)
         if coded:
             assert st.native_codec is not None
             decl["native_codec"] = st.native_codec[part]
@@ -264,6 +266,8 @@ class NativeDataPlane:
         where = f"push_pull of {name!r} on worker rank {self.members.rank}"
         if kind == "remote":
             meta = native.decode_error_meta(message)
+            if meta["kind"] == ERR_BEHIND:
+                return self._behind(name, meta["message"], meta.get("behind"))
             return server_error(f"push_pull of {name!r}", meta["kind"], meta["message"],
                                 server, meta)
         if kind == "peer_lost":
@@ -273,6 +277,16 @@ class NativeDataPlane:
         if kind == "closed":
             return CommunicationError(f"{where}: the runtime was shut down before it completed")
         return CommunicationError(f"{where}: {text}")
+
+    def _behind(self, name: str, text: str, behind: Any) -> Exception:
+        """Backup workers: this worker fell further behind than the servers keep rounds for
+        (csrc/dataplane_server_backup.cc); the error names it, its host and how far behind."""
+        from ..control import node_host
+        m = self.members
+        host = node_host(m.config) if m.cfg is not None else "?"
+        return FellBehindError(f"push_pull of {name!r} on worker rank {m.rank} (host {host}): "
+                               f"{text}", rank=m.rank, host=host,
+                               behind=behind if isinstance(behind, int) else None)
 
     def done(self, comp: _core.Completion) -> None:
         """One completed native operation (the completion thread, or a waiter)."""

@@ -24,7 +24,16 @@ from typing import TYPE_CHECKING
 
 from .. import _core, local
 from ..transport import Route
-from ..wire import ITEMSIZE, Header, MsgType, Role, encode
+from ..wire import (
+    CONTRIB_SHIFT,
+    FLAG_CONTRIB,
+    ITEMSIZE,
+    Header,
+    MsgType,
+    Role,
+    contributors,
+    encode,
+)
 from .pipeline import Phase, Task
 from .tensors import TensorState
 
@@ -50,6 +59,9 @@ class LocalReduction:
         self.gate = local.Gate(lambda task: flight.active_pipeline.resume(task))
         self.ready = local.Counter(1)       # local root: inputs in place, per token
         self.reduced = local.Counter(1)     # local root: slices summed, per token
+        # a local rank: the pushes the servers summed of a round fewer machines pushed
+        # (BYTEPS_BACKUP_WORKERS), per token, as the root's LOCAL_DONE says, until it is used
+        self.contrib: dict[tuple[int, int], int] = {}
 
     def reset(self, local_size: int) -> None:
         """Count arrivals for ``local_size`` local ranks (before any local message comes)."""
@@ -74,10 +86,10 @@ class LocalReduction:
         return seg
 
     # -- the stages (pipeline threads) ---------------------------------------------------------
-    def _send(self, mtype: MsgType, task: Task, route: Route) -> None:
+    def _send(self, mtype: MsgType, task: Task, route: Route, flags: int = 0) -> None:
         m = self.members
-        hdr = Header(mtype, role=Role.WORKER, rank=m.rank, job=m.job, key=task.key,
-                     round=task.round)
+        hdr = Header(mtype, role=Role.WORKER, rank=m.rank, flags=flags, job=m.job,
+                     key=task.key, round=task.round)
         m.endpoint.send(route, encode(hdr))
 
     def reduce(self, task: Task) -> bool:
@@ -130,13 +142,16 @@ class LocalReduction:
         seg = task.seg
         assert seg is not None
         token = (task.key, task.round)
-        if m.is_local_root:
+        if m.is_local_root:  # with the pushes summed when fewer than all: every rank averages alike
+            flags = FLAG_CONTRIB | (task.contrib << CONTRIB_SHIFT) if task.contrib else 0
             for route in self.routes.values():
-                self._send(MsgType.LOCAL_DONE, task, route)
+                self._send(MsgType.LOCAL_DONE, task, route, flags)
         elif task.phase < Phase.AWAIT_RESULT:
             task.phase = Phase.AWAIT_RESULT
             if not self.gate.park(("done",) + token, task):
                 return False
+        if not m.is_local_root:  # the root's LOCAL_DONE came (the gate opened)
+            task.contrib = self.contrib.pop(token, 0)
         if not task.prereduced:  # prereduced: the caller reads the shared buffer itself
             _core.copy_into(task.dst, seg.out[task.offset:task.offset + task.nbytes])
         if task.average and m.size > 1 and not task.prereduced:
@@ -177,6 +192,8 @@ class LocalReduction:
         elif h.type is MsgType.LOCAL_REDUCE:
             self.gate.signal(("reduce",) + token)
         elif h.type is MsgType.LOCAL_DONE:
+            if contributors(h.flags):
+                self.contrib[token] = contributors(h.flags)
             self.gate.signal(("done",) + token)
 
     def close(self) -> None:

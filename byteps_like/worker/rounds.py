@@ -29,7 +29,7 @@ from .cast import (
 )
 from .handle import Handle
 from .pipeline import COMPRESS, DECOMPRESS, PULL, PUSH, Phase, Task, itinerary
-from .tensors import DeviceCopier, TensorState, declaration
+from .tensors import DeviceCopier, TensorState, backs_up, declaration
 
 if TYPE_CHECKING:
     from ..compression import _CastCompressor
@@ -237,7 +237,8 @@ class Rounds:
                 task.cast, task.cast_dtype = cast, dtype
                 task.cast_src = element_slice(flat_in, ITEMSIZE[wdt], off, n)
                 task.cast_dst = element_slice(flat_out, ITEMSIZE[wdt], off, n)
-            task.decl = declaration(st, wdt, part) if first_round(rnd) else None
+            task.decl = (declaration(st, wdt, part, backs_up(m.config, average, m.size))
+                         if first_round(rnd) else None)
             task.codec = st.codecs[part] if st.codecs else None
             if task.codec is not None:
                 task.scratch = st.scratch[part]

@@ -80,6 +80,20 @@ __all__ = ["COMPRESSIBLE", "DeviceCopier", "Runtime", "TensorState", "default_ru
 log = logging.getLogger("byteps_like.worker")
 
 
+def _may_join(rank: int, local_size: int, cfg: Config) -> None:
+    """join() refuses what it cannot serve, saying what to do instead."""
+    if local_size > 1:
+        raise BytePSError(
+            f"join() on worker rank {rank}: not supported with several worker "
+            f"processes per machine (BYTEPS_LOCAL_SIZE={local_size}) yet; give "
+            "every rank the same number of steps (e.g. drop the last uneven batches)")
+    if cfg.server.backup_workers:  # a joined rank and a late rank would be told apart wrongly
+        raise BytePSError(
+            f"join() on worker rank {rank}: not supported with backup workers "
+            f"(BYTEPS_BACKUP_WORKERS={cfg.server.backup_workers}); give every rank the same "
+            "number of steps or run without BYTEPS_BACKUP_WORKERS")
+
+
 class Runtime:
     """One worker process's membership in a job and everything it push_pulls (the facade over
     the parts listed in the module docstring). ``init()`` joins the job, ``shutdown()`` leaves
@@ -396,11 +410,7 @@ class Runtime:
         this one and their averages divide by the ranks still in. Returns the rank that joined
         last. A rank that finished without joining makes this raise PeerLeftError."""
         self._check()
-        if self.local_size_ > 1:
-            raise BytePSError(
-                f"join() on worker rank {self.rank_}: not supported with several worker "
-                f"processes per machine (BYTEPS_LOCAL_SIZE={self.local_size_}) yet; give "
-                "every rank the same number of steps (e.g. drop the last uneven batches)")
+        _may_join(self.rank_, self.local_size_, self.members.config)
         return self.rounds.join(self.sparse)
 
     # -- declaration -------------------------------------------------------------------------------

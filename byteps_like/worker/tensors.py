@@ -89,11 +89,23 @@ class TensorState:
     cast_coders: list[Any] | None = None
 
 
-def declaration(st: TensorState, dtype: str, part: int) -> dict[str, Any]:
-    """What the first round of partition ``part`` declares to its server (both data paths)."""
+def declaration(st: TensorState, dtype: str, part: int, backup: int = 0) -> dict[str, Any]:
+    """What the first round of partition ``part`` declares to its server (both data paths).
+    ``backup``: an averaged tensor of a job with b backup workers (:func:`backs_up`), whose
+    rounds complete without the last b pushes (csrc/dataplane_server_backup.cc)."""
     assert st.shape is not None
-    return {"name": st.name, "shape": list(st.shape), "dtype": dtype, "part": part,
-            "nparts": len(st.parts)}
+    decl: dict[str, Any] = {"name": st.name, "shape": list(st.shape), "dtype": dtype,
+                            "part": part, "nparts": len(st.parts)}
+    if backup:
+        decl["backup"] = backup
+    return decl
+
+
+def backs_up(cfg: Any, average: bool, size: int) -> int:
+    """The backup workers b of a push_pull, whose rounds may complete without the last b
+    pushes (BYTEPS_BACKUP_WORKERS): an average's; 0 for a sum, a broadcast, an allgather,
+    which wait for every worker."""
+    return cfg.server.backup_workers if average and size > 1 and cfg is not None else 0
 
 
 def decl_bytes(decl: dict[str, Any]) -> bytes:

@@ -79,6 +79,10 @@ def main() -> None:
                     help="torch threads per worker (0: torch's default alone, 1 in a job of "
                          "several workers: they usually share the machine's cores)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--straggler", metavar="RANK:FACTOR", default="",
+                    help="make worker RANK FACTOR times slower: after each step it sleeps "
+                         "FACTOR - 1 times the step's own time (try with "
+                         "BYTEPS_BACKUP_WORKERS=1; docs/reliability.md, 'Backup workers')")
     args = ap.parse_args()
 
     bps.init()
@@ -114,6 +118,8 @@ def main() -> None:
               f"batch {args.batch_size}/worker, lr {lr:g}"
               f"{'' if args.no_scale_lr else f' ({args.lr:g} x {size} workers)'}, "
               f"{threads} torch thread(s)", flush=True)
+    slow_rank, _, factor = args.straggler.partition(":")
+    slow = float(factor) - 1 if args.straggler and int(slow_rank) == rank else 0.0
     t0 = time.perf_counter()
     g = torch.Generator().manual_seed(100 + rank)
     for epoch in range(args.epochs):
@@ -121,6 +127,7 @@ def main() -> None:
         total = 0.0
         for s in range(steps):
             idx = order[s * args.batch_size:(s + 1) * args.batch_size]
+            t_step = time.perf_counter()
             opt.zero_grad()
             loss = F.cross_entropy(model(xs[idx]), ys[idx])
             loss.backward()
@@ -128,6 +135,8 @@ def main() -> None:
             if sched is not None:
                 sched.step()
             total += loss.item()
+            if slow:  # --straggler: this worker's steps take FACTOR times as long
+                time.sleep(slow * (time.perf_counter() - t_step))
         if rank == 0:
             print(f"epoch {epoch + 1:3d}/{args.epochs}  loss {total / steps:.4f}  "
                   f"test accuracy {accuracy(model, xte, yte):.4f}  "
