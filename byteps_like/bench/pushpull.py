@@ -46,6 +46,7 @@ from .harness import (
     local_job,
     summarize,
 )
+from .servercpu import CpuSampler, core_seconds_per_gb, server_pids
 from .report import (
     OthersMeter,
     emit,
@@ -83,6 +84,7 @@ def _bps_worker(cases: list[Case]) -> int:
     expect = n * (n + 1) / 2
     asynchronous = default_runtime().config.server.enable_async
     out_times: dict[str, list[float]] = {}
+    windows: dict[str, list[tuple[float, float]]] = {}  # the servers' CPU window (servercpu)
     for case in cases:
         arr = np.full(case.nbytes // 4, rank + 1, dtype=np.float32)
         out = np.empty_like(arr)
@@ -91,12 +93,14 @@ def _bps_worker(cases: list[Case]) -> int:
             bps.barrier()
             bps.push_pull(arr, name=name, average=False, out=out)
         times = []
+        spans = windows[str(case.nbytes)] = []
         for _ in range(case.repeats):
             out.fill(0)  # untimed: the result of the timed round must be its own
             bps.barrier()
-            t0 = time.perf_counter()
+            m0, t0 = time.monotonic(), time.perf_counter()
             bps.push_pull(arr, name=name, average=False, out=out)
             times.append(time.perf_counter() - t0)
+            spans.append((m0, time.monotonic()))
         if case.repeats and asynchronous:
             # asynchronous mode (BYTEPS_ENABLE_ASYNC): the server adds every push to the value,
             # so once every worker has pushed, a push of zeros pulls all of them
@@ -116,7 +120,7 @@ def _bps_worker(cases: list[Case]) -> int:
                       f"{fmt_size(case.nbytes)}: done")
         del arr, out
     bps.shutdown()
-    emit({"rank": rank, "times": out_times})
+    emit({"rank": rank, "times": out_times, "windows": windows})
     return 0
 
 
@@ -509,8 +513,12 @@ def run_bps(cases: list[Case], workers: int, servers: int, partition_bytes: int,
                       workers=workers, servers=servers)
     with Job("byteps_like") as g:
         ws = g.start(specs, env)
-        g.wait(timeout, relay=ws[0], relay_prefix="[pushpull] byteps_like ")
-        return collect(ws, "byteps_like")
+        with CpuSampler(server_pids(g.procs.values())) as sampler:
+            g.wait(timeout, relay=ws[0], relay_prefix="[pushpull] byteps_like ")
+        got = collect(ws, "byteps_like")
+        for w in got:   # every worker's record carries the servers' CPU sampler
+            w["server_cpu"] = sampler
+        return got
 
 
 def run_raw(cases: list[Case], workers: int, servers: int, partition_bytes: int,
@@ -545,13 +553,21 @@ def run_gloo(cases: list[Case], workers: int, timeout: float) -> list[dict]:
         return collect(ws, "gloo")
 
 
-COLUMNS = ("size", "bps time ms", "bps GB/s", "raw zmq GB/s", "bps/raw", "gloo GB/s", "bps/gloo")
+COLUMNS = ("size", "bps time ms", "bps GB/s", "server core-s/GB", "raw zmq GB/s", "bps/raw",
+           "gloo GB/s", "bps/gloo")
+
+
+def server_cost(per_worker: list[dict], case: Case) -> float | None:
+    """The servers' core-seconds per GB received over the timed repetitions (servercpu.py):
+    each repetition every worker pushes the tensor's bytes to the servers."""
+    sampler = per_worker[0].get("server_cpu") if per_worker else None
+    return core_seconds_per_gb(sampler, per_worker, case.nbytes, len(per_worker) * case.nbytes)
 
 
 def format_table(rows: list[dict]) -> str:
     return markdown_table(COLUMNS, [
         (fmt_size(r["nbytes"]), num(r["bps"]["median_s"] * 1e3, ".2f"),
-         num(r["bps"]["gbps"], ".3f"),
+         num(r["bps"]["gbps"], ".3f"), num(r["bps"].get("server_core_s_per_gb"), ".3f"),
          num(r["raw"]["gbps"] if r["raw"] else None, ".3f"),
          num(r["bps"]["gbps"] / r["raw"]["gbps"] if r["raw"] else None, ".2f"),
          num(r["gloo"]["gbps"] if r["gloo"] else None, ".3f"),
@@ -694,8 +710,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rows = []
     for case in cases:
+        bps_row = summarize(measured["byteps_like"], case)
+        bps_row["server_core_s_per_gb"] = server_cost(measured["byteps_like"], case)
         rows.append({"nbytes": case.nbytes, "repeats": case.repeats, "warmup": case.warmup,
-                     "bps": summarize(measured["byteps_like"], case),
+                     "bps": bps_row,
                      "raw": summarize(measured["raw zmq"], case) if "raw zmq" in measured
                      else None,
                      "gloo": summarize(measured["gloo"], case) if "gloo" in measured else None,
@@ -710,7 +728,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_transports(rows, ceiling))
         if ceiling_note:
             print(ceiling_note)
-    print("\nGB/s = tensor bytes / (median over repetitions of the slowest worker's time), 1e9 B")
+    print("\nGB/s = tensor bytes / (median over repetitions of the slowest worker's time), 1e9 B;"
+          " server core-s/GB = the servers' CPU time (every thread, /proc) over the timed "
+          "repetitions / the GB they received (workers x tensor bytes a repetition)")
     note = noisy_note({n: c["others_share"] for n, c in cpu.items()}, "phase")
     if note:
         print(note)
