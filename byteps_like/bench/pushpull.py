@@ -46,7 +46,6 @@ from .harness import (
     local_job,
     summarize,
 )
-from .servercpu import CpuSampler, core_seconds_per_gb, server_pids
 from .report import (
     OthersMeter,
     emit,
@@ -63,6 +62,7 @@ from .report import (
     size_arg,
     size_list,
 )
+from .servercpu import CpuSampler, core_seconds_per_gb, server_pids
 
 PROG = "python -m byteps_like.bench pushpull"
 DEFAULT_SIZES = "1M,4M,16M,64M,256M"
