@@ -63,6 +63,7 @@ from .report import (
     size_list,
 )
 from .servercpu import CpuSampler, core_seconds_per_gb, server_pids
+from .shapes import MODELS, shapes_worker, summarize_shapes
 
 PROG = "python -m byteps_like.bench pushpull"
 DEFAULT_SIZES = "1M,4M,16M,64M,256M"
@@ -313,7 +314,10 @@ def _gloo_worker(cases: list[Case], rank: int, world: int, port: int) -> int:
 
 def _worker_main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog=f"{PROG} --_worker")
-    p.add_argument("kind", choices=("bps", "raw-client", "raw-server", "gloo"))
+    p.add_argument("kind", choices=("bps", "raw-client", "raw-server", "gloo", "shapes"))
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--cases", default="")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world", type=int, default=1)
@@ -322,6 +326,9 @@ def _worker_main(argv: Sequence[str]) -> int:
     p.add_argument("--partition-bytes", type=int, default=4096000)
     p.add_argument("--window", type=int, default=0)
     a = p.parse_args(argv)
+    if a.kind == "shapes":
+        emit(shapes_worker(a.model, a.repeats, a.warmup))
+        return 0
     cases = decode_cases(a.cases)
     if a.kind == "bps":
         return _bps_worker(cases)
@@ -521,6 +528,23 @@ def run_bps(cases: list[Case], workers: int, servers: int, partition_bytes: int,
         return got
 
 
+def run_shapes(model: str, workers: int, servers: int, partition_bytes: int, repeats: int,
+               warmup: int, timeout: float) -> dict:
+    """``--shapes``: the model's gradient shapes against one flat tensor (shapes.py), in a job
+    started as bpslaunch --local starts it (its thread shares included)."""
+    env = base_env()
+    env["BYTEPS_PARTITION_BYTES"] = str(partition_bytes)
+    specs = local_job(_worker_argv("shapes", "--model", model, "--repeats", str(repeats),
+                                   "--warmup", str(warmup)), free_port(),
+                      workers=workers, servers=servers)
+    with Job("shapes") as g:
+        ws = g.start(specs, env)
+        for line in g.plan:
+            print(f"plan: {line}")
+        g.wait(timeout, relay=ws[0], relay_prefix="[pushpull] shapes ")
+        return summarize_shapes(collect(ws, "shapes"))
+
+
 def run_raw(cases: list[Case], workers: int, servers: int, partition_bytes: int,
             timeout: float, window: int = 0) -> list[dict]:
     ports = free_ports(servers + 1)
@@ -623,6 +647,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0,
                    help="watchdog per phase, seconds: on expiry every child is killed")
     p.add_argument("--json", metavar="PATH", help="also write every measurement here")
+    p.add_argument("--shapes", choices=sorted(MODELS),
+                   help="instead of --sizes: push_pull this model's gradient shapes (CPU torch "
+                        "tensors; numpy without torch) and one flat tensor of the same bytes, "
+                        "alternately, and print flat time / shapes time")
     p.add_argument("--transport", default="zmq",
                    help="comma-separated transports byteps_like runs over, side by side "
                         "(zmq, ucx); with ucx, ucx_perftest tag_bw is measured as its ceiling "
@@ -648,6 +676,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 capped.append(fmt_size(n))
         cases.append(Case(n, reps, warm))
 
+    if a.shapes:
+        report_header("pushpull", argv, machine_info())
+        print(f"job: {a.workers} workers, {a.servers} servers, partition {a.partition_bytes} B, "
+              f"{a.shapes}'s gradient shapes vs one flat tensor of the same bytes, "
+              f"{a.repeats} repeats + {a.warmup} warm-up, thread shares as bpslaunch's defaults")
+        exit_on_signals()
+        try:
+            r = run_shapes(a.shapes, a.workers, a.servers, a.partition_bytes, a.repeats,
+                           a.warmup, a.timeout)
+        except ChildFailed as exc:
+            print(f"[pushpull] shapes failed:\n{exc}", file=sys.stderr, flush=True)
+            return 1
+        print(markdown_table(("model", "tensors", "bytes", "shapes ms", "flat ms", "flat/shapes"),
+                             [(a.shapes, str(r["tensors"]), f"{r['nbytes'] / 2**20:.1f} MiB",
+                               f"{r['shapes'] * 1e3:.1f}", f"{r['flat'] * 1e3:.1f}",
+                               f"{r['ratio']:.2f}")]))
+        print("\ntimes: median over repetitions of the slowest worker; flat/shapes = 1.00 when "
+              "the many tensors cost no more than their bytes")
+        if a.json:
+            with open(a.json, "w", encoding="utf-8") as f:
+                json.dump({"command": argv, "shapes": a.shapes, "workers": a.workers,
+                           "servers": a.servers, "result": r}, f, indent=1)
+        return 0
     queue_depth = a.queue_depth
     depth_note = f"pipeline queue depth {queue_depth if queue_depth else _configured_queue_depth()}"
 
