@@ -10,6 +10,7 @@
 //                               tick (hello timeout, replies left unread, memory given back)
 //   dataplane_server_stream.cc  ServerConn, a stream's protocol: hello (and the proof of the
 //                               job's secret), header checks, meta, payload chunks
+//   dataplane_server_sum.cc     a chunk's first push received straight into the store
 #pragma once
 
 #include <algorithm>
@@ -120,6 +121,14 @@ class ServerImpl {
               std::uint64_t gen);
   void sum_chunk(Store& st, std::int64_t round, std::size_t offset, const char* data,
                  std::size_t len, std::uint64_t gen);
+  // The round's first push of chunk [offset, offset + len), all of whose bytes wait in the
+  // link's socket: read straight into the round's buffer, the chunk counted as filled
+  // (dataplane_server_sum.cc). len when it was; 0 when it was not (another push filled the
+  // chunk or holds its lock, the bytes are not all there, a UCX link, asynchronous mode or a
+  // compressed key): the caller reads the chunk into scratch and sums it; -1 when the link
+  // broke (*why).
+  ssize_t land_chunk(Store& st, std::int64_t round, std::size_t offset, std::size_t len,
+                     std::uint64_t gen, Link& link, std::string* why);
   void finish_push(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
                    const Header& h, std::uint64_t gen, const std::uint8_t* payload = nullptr);
   bool decode_push_locked(const std::shared_ptr<Conn>& conn, Store& st, const Header& h,

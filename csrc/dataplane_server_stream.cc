@@ -251,6 +251,17 @@ bool ServerConn::next_chunk() {
     expect(at, h_.nbytes);
     return true;
   }
+  // a TCP stream's chunks that are first of their round and all waiting in the socket go
+  // straight into the store (dataplane_server_sum.cc), up to a read budget's worth at a time
+  while (took_ < kReadBudget) {
+    const std::size_t len = std::min<std::size_t>(kChunk, h_.nbytes - off_);
+    const ssize_t n = srv_->land_chunk(*store_, h_.round, off_, len, gen_, *link_, &why_);
+    if (n < 0) return false;
+    if (n == 0) break;
+    took_ += static_cast<std::size_t>(n);
+    off_ += static_cast<std::size_t>(n);
+    if (off_ >= h_.nbytes) return next_chunk();
+  }
   // a UCX stream reads a piece (kUcxPiece, the size its payloads travel in) at a time, so a
   // piece lands whole in place; its chunks are summed when it has
   const std::size_t span = link_->progressed() ? kUcxAhead : kChunk;
