@@ -15,9 +15,12 @@ The shapes are written here (no torchvision needed): ResNet-50's as torchvision 
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 
 def resnet50_shapes() -> list[tuple[str, tuple[int, ...]]]:
@@ -44,46 +47,58 @@ def resnet50_shapes() -> list[tuple[str, tuple[int, ...]]]:
 MODELS = {"resnet50": resnet50_shapes}
 
 
+Side = tuple[Any, list[Any], Any, Callable[[list[Any], str], None]]
+
+
+def _torch_side(shapes: list[tuple[int, ...]]) -> Side:
+    """byteps_like.torch, started; the gradients and the flat tensor as CPU torch tensors; a
+    round (every tensor push_pulled asynchronously, then every sum checked)."""
+    import torch
+
+    import byteps_like.torch as bps
+    bps.init()
+    rank, n = bps.rank(), bps.size()
+    grads = [torch.full(s, float(rank + 1)) for s in shapes]
+    flat = torch.full((sum(math.prod(s) for s in shapes),), float(rank + 1))
+
+    def run(tensors: list[Any], prefix: str) -> None:
+        hs = [bps.push_pull_async(t, average=False, name=f"{prefix}.{i}")
+              for i, t in enumerate(tensors)]
+        outs = [bps.synchronize(h) for h in hs]
+        if not all(bool((o == n * (n + 1) / 2).all()) for o in outs):
+            raise AssertionError(f"worker {rank}: wrong push_pull result ({prefix})")
+    return bps, grads, flat, run
+
+
+def _numpy_side(shapes: list[tuple[int, ...]]) -> Side:
+    """The same with numpy arrays (no torch here)."""
+    import numpy as np
+
+    import byteps_like as bps
+    bps.init()
+    rank, n = bps.rank(), bps.size()
+    grads = [np.full(s, rank + 1, np.float32) for s in shapes]
+    flat = np.full(sum(math.prod(s) for s in shapes), rank + 1, np.float32)
+
+    def run(tensors: list[Any], prefix: str) -> None:
+        outs = [np.empty_like(t) for t in tensors]
+        hs = [bps.push_pull_async(t, average=False, name=f"{prefix}.{i}", out=o)
+              for i, (t, o) in enumerate(zip(tensors, outs))]
+        for h in hs:
+            h.wait()
+        if not all((o == n * (n + 1) / 2).all() for o in outs):
+            raise AssertionError(f"worker {rank}: wrong push_pull result ({prefix})")
+    return bps, grads, flat, run
+
+
 def shapes_worker(model: str, repeats: int, warmup: int) -> dict:
     """In a worker of a running job: the model's shapes and one flat tensor of the same bytes,
     push_pulled alternately (sums checked); returns ``{"shapes": [s...], "flat": [s...]}``,
     this worker's time of each timed repetition."""
     shapes = [s for _n, s in MODELS[model]()]
-    counts = [math.prod(s) for s in shapes]
-    try:
-        import torch
-
-        import byteps_like.torch as bps
-        bps.init()
-        rank, n = bps.rank(), bps.size()
-        grads = [torch.full(s, float(rank + 1)) for s in shapes]
-        flat = torch.full((sum(counts),), float(rank + 1))
-
-        def run(tensors: list, prefix: str) -> None:
-            hs = [bps.push_pull_async(t, average=False, name=f"{prefix}.{i}")
-                  for i, t in enumerate(tensors)]
-            outs = [bps.synchronize(h) for h in hs]
-            want = n * (n + 1) / 2
-            if not all(bool((o == want).all()) for o in outs):
-                raise AssertionError(f"worker {rank}: wrong push_pull result ({prefix})")
-    except ImportError:
-        import numpy as np
-
-        import byteps_like as bps  # type: ignore[no-redef]
-        bps.init()
-        rank, n = bps.rank(), bps.size()
-        grads = [np.full(s, rank + 1, np.float32) for s in shapes]
-        flat = np.full(sum(counts), rank + 1, np.float32)
-
-        def run(tensors: list, prefix: str) -> None:
-            outs = [np.empty_like(t) for t in tensors]
-            hs = [bps.push_pull_async(t, average=False, name=f"{prefix}.{i}", out=o)
-                  for i, (t, o) in enumerate(zip(tensors, outs))]
-            for h in hs:
-                h.wait()
-            if not all((o == n * (n + 1) / 2).all() for o in outs):
-                raise AssertionError(f"worker {rank}: wrong push_pull result ({prefix})")
-
+    side = _torch_side if importlib.util.find_spec("torch") is not None else _numpy_side
+    bps, grads, flat, run = side(shapes)
+    rank = bps.rank()
     times: dict[str, list[float]] = {"shapes": [], "flat": []}
     for rep in range(warmup + repeats):
         for what, tensors in (("flat", [flat]), ("shapes", grads)):
@@ -94,7 +109,7 @@ def shapes_worker(model: str, repeats: int, warmup: int) -> dict:
                 times[what].append(time.perf_counter() - t0)
     bps.shutdown()
     return {"rank": rank, "shapes": times["shapes"], "flat": times["flat"],
-            "tensors": len(shapes), "nbytes": 4 * sum(counts)}
+            "tensors": len(shapes), "nbytes": 4 * sum(math.prod(s) for s in shapes)}
 
 
 def summarize_shapes(per_worker: list[dict]) -> dict:

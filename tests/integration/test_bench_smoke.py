@@ -60,6 +60,17 @@ def test_pushpull_smoke_with_gloo():
     assert float(row["server core-s/GB"]) >= 0, row
 
 
+def test_pushpull_shapes_compares_the_model_with_one_flat_tensor():
+    r = bench("pushpull", "--shapes", "resnet50", "--workers", "2", "--servers", "1",
+              "--repeats", "1", "--warmup", "0", timeout=300)
+    assert r.returncode == 0, dump(r)
+    (row,) = parse_table(r.stdout, ["model", "tensors", "bytes", "shapes ms", "flat ms",
+                                    "flat/shapes"])
+    assert (row["model"], row["tensors"], row["bytes"]) == ("resnet50", "161", "97.5 MiB"), row
+    numeric(row, "shapes ms", "flat ms", "flat/shapes")
+    assert "plan: worker 0 (local rank 0) -> " in r.stdout, r.stdout
+
+
 def test_pushpull_child_failure_exits_nonzero_with_its_stderr():
     # 100-byte partitions are below BYTEPS_PARTITION_BYTES's minimum: every role refuses to start
     r = bench("pushpull", "--sizes", "64K", "--repeats", "1", "--warmup", "0", "--skip-gloo",
