@@ -36,6 +36,10 @@ namespace dp {
 // of a chunk whose bytes are all waiting in the socket is received straight into the store
 // (dataplane_server_sum.cc). Was 512 KiB (docs/performance.md, "Server CPU").
 constexpr std::size_t kChunk = 256 * 1024;
+// A server's TCP stream reads a push's bytes that do not go straight into the store into a
+// span of this many bytes (4 chunks: fewer reads when the bytes wait), summing each chunk of it
+// as soon as it is complete (ServerConn::on_read), while the kernel's copy of it is in cache.
+constexpr std::size_t kTcpAhead = 4 * kChunk;
 // A UCX stream's payloads travel in rendezvous pieces of this size (4 MiB: one per default
 // partition); a server's UCX stream reads a push's chunks a piece at a time. Large pieces,
 // because UCX's TCP transport copies the part of a piece that its receive segment (1 MiB)
@@ -304,6 +308,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
         rleft_ -= static_cast<std::size_t>(n);
         budget -= static_cast<std::size_t>(n);
         counters_->bytes_in += static_cast<std::uint64_t>(n);
+        if (rleft_ > 0) on_read();  // (a full target goes to advance())
         continue;
       }
       if (n == 0) {
@@ -362,6 +367,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
  protected:
   // Called when rleft_ reaches 0: set up the next read target (rptr_, rleft_); false closes.
   virtual bool advance() = 0;
+  // Called after a read that left part of the target to come (the server sums what is whole).
+  virtual void on_read() {}
   virtual void on_closed() {}
   virtual void on_violation() {}  // the peer broke the link's message rules (flooded())
   // The bytes of replies this stream may hold unwritten before it is not read (unbounded: a

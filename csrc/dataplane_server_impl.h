@@ -127,8 +127,10 @@ class ServerImpl {
   // chunk or holds its lock, the bytes are not all there, a UCX link, asynchronous mode or a
   // compressed key): the caller reads the chunk into scratch and sums it; -1 when the link
   // broke (*why).
+  // *avail: the bytes waiting in the link, asked of it at the first chunk that could land
+  // (SIZE_MAX until then), less those landed since.
   ssize_t land_chunk(Store& st, std::int64_t round, std::size_t offset, std::size_t len,
-                     std::uint64_t gen, Link& link, std::string* why);
+                     std::uint64_t gen, Link& link, std::size_t* avail, std::string* why);
   void finish_push(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
                    const Header& h, std::uint64_t gen, const std::uint8_t* payload = nullptr);
   bool decode_push_locked(const std::shared_ptr<Conn>& conn, Store& st, const Header& h,
@@ -218,8 +220,10 @@ class ServerConn : public FramedConn {
   void on_violation() override { srv_->reject("malformed"); }
   std::size_t queue_share() const override;
   bool advance() override;
+  void on_read() override;
 
  private:
+  void sum_span(std::size_t upto);
   bool on_nonce();
   bool on_mac();
   bool on_header();
@@ -235,6 +239,7 @@ class ServerConn : public FramedConn {
   std::uint64_t staged_ = 0;
   std::uint64_t gen_ = 0;   // the store's epoch generation when this push began
   std::size_t off_ = 0;
+  std::size_t summed_ = 0;  // bytes of the scratch span summed (whole chunks as they came)
   bool hello_ = false, awaiting_mac_ = false;
   bool in_place_ = false;  // this payload is read straight into the store (land_in_place)
   bool whole_ = false;     // this payload is received whole: a compressed push, or a seed

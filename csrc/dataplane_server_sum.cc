@@ -14,6 +14,7 @@
 // "Server CPU").
 #include <poll.h>
 
+#include <cstdint>
 #include <mutex>
 #include <string>
 
@@ -24,13 +25,14 @@ namespace dp {
 
 ssize_t ServerImpl::land_chunk(Store& st, std::int64_t round, std::size_t offset,
                                std::size_t len, std::uint64_t gen, Link& link,
-                               std::string* why) {
+                               std::size_t* avail, std::string* why) {
   if (async_ || st.codec || link.progressed() || offset % kChunk != 0) return 0;
   const std::size_t c = offset / kChunk;
   const int par = static_cast<int>(round & 1);
   std::unique_lock<std::mutex> g(st.chunk_mu[c], std::try_to_lock);
   if (!g.owns_lock() || st.gen.load() != gen || st.fill[par][c] != 0) return 0;
-  if (link.waiting() < len) return 0;  // not all here: a scratch piece, as bytes come
+  if (*avail == SIZE_MAX) *avail = link.waiting();  // one question for a run of chunks
+  if (*avail < len) return 0;  // not all here: a scratch span, summed as bytes come
   char* at = st.buf[par].get() + offset;
   std::size_t got = 0;
   while (got < len) {
@@ -52,6 +54,7 @@ ssize_t ServerImpl::land_chunk(Store& st, std::int64_t round, std::size_t offset
     return -1;
   }
   st.fill[par][c]++;
+  *avail -= len;
   c_.bytes_in += len;
   c_.landed_bytes += len;
   return static_cast<ssize_t>(len);
