@@ -71,13 +71,16 @@ struct Counters {
   // losing a server (dataplane_server_failover.cc): seeds a server took as a round's sum, and
   // retried pushes it answered from one
   std::atomic<std::uint64_t> seeds{0}, retries_answered{0};
+  // a server's push bytes received straight into a store's chunk, the chunk's first push with
+  // all of it waiting in the socket (dataplane_server_sum.cc), not into a scratch piece
+  std::atomic<std::uint64_t> landed_bytes{0};
   // the traffic counters every stream keeps, by name
   std::map<std::string, std::uint64_t> snapshot() const {
     return {{"bytes_in", bytes_in},           {"bytes_out", bytes_out},
             {"msgs_in", msgs_in},             {"msgs_out", msgs_out},
             {"unread_closed", unread_closed}, {"queued_bytes", queued_bytes},
             {"paused", paused},               {"seeds", seeds},
-            {"retries_answered", retries_answered}};
+            {"retries_answered", retries_answered}, {"landed_bytes", landed_bytes}};
   }
 };
 

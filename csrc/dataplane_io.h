@@ -6,6 +6,7 @@
 #pragma once
 
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -29,13 +30,22 @@
 namespace bps {
 namespace dp {
 
-constexpr std::size_t kChunk = 512 * 1024;          // summation granule on the server
+// The server's summation granule: a push is received and summed a chunk at a time, as its
+// bytes arrive, in pieces that stay in the core's cache (256 KiB: the bytes the kernel just
+// copied in are added while still in L2, with the store's chunk beside them); the first push
+// of a chunk whose bytes are all waiting in the socket is received straight into the store
+// (dataplane_server_sum.cc). Was 512 KiB (docs/performance.md, "Server CPU").
+constexpr std::size_t kChunk = 256 * 1024;
+// A server's TCP stream reads a push's bytes that do not go straight into the store into a
+// span of this many bytes (4 chunks: fewer reads when the bytes wait), summing each chunk of it
+// as soon as it is complete (ServerConn::on_read), while the kernel's copy of it is in cache.
+constexpr std::size_t kTcpAhead = 4 * kChunk;
 // A UCX stream's payloads travel in rendezvous pieces of this size (4 MiB: one per default
 // partition); a server's UCX stream reads a push's chunks a piece at a time. Large pieces,
 // because UCX's TCP transport copies the part of a piece that its receive segment (1 MiB)
 // took in with the piece's header and receives only the rest in place: 512 KiB pieces were
 // mostly copied (docs/performance.md).
-constexpr std::size_t kUcxPiece = 8 * kChunk;
+constexpr std::size_t kUcxPiece = 4u << 20;
 static_assert(kUcxPiece % kChunk == 0, "a piece is whole chunks");
 constexpr std::size_t kUcxAhead = kUcxPiece;
 constexpr std::size_t kReadBudget = 16u << 20;      // bytes one connection reads per wakeup
@@ -125,6 +135,10 @@ class Link {
   // Reads up to n bytes into p: > 0 bytes read, 0 the peer closed, kAgain or kFailed (*err).
   // A UCX read may stay posted on p: the next call with the same p collects it.
   virtual ssize_t read(char* p, std::size_t n, std::string* err) = 0;
+  // Bytes that a read now would take without waiting, as far as the link knows (0: unknown;
+  // a UCX link says 0). The server receives a chunk straight into its store only when all of
+  // it waits (dataplane_server_sum.cc).
+  virtual std::size_t waiting() const { return 0; }
   // Writes from q, whose front message has q.front().sent bytes written: the bytes now written
   // and done with (their buffers may go), or kAgain / kInFlight / kFailed. A UCX link posts
   // whole messages and reports them when UCX is done with them.
@@ -148,6 +162,10 @@ class TcpLink : public Link {
       *err = std::string("receive failed: ") + std::strerror(errno);
       return kFailed;
     }
+  }
+  std::size_t waiting() const override {
+    int n = 0;
+    return ::ioctl(fd_, FIONREAD, &n) == 0 && n > 0 ? static_cast<std::size_t>(n) : 0;
   }
   ssize_t write(std::deque<Out>& q) override {
     iovec iov[48];
@@ -278,6 +296,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
     while (budget > 0) {
       if (rleft_ == 0) {
         if (!advance()) return false;
+        budget -= std::min(budget, took_);  // bytes advance() received itself (in place)
+        took_ = 0;
         if (queued_.load() > queue_share() && pause_reading()) return true;
         continue;
       }
@@ -288,6 +308,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
         rleft_ -= static_cast<std::size_t>(n);
         budget -= static_cast<std::size_t>(n);
         counters_->bytes_in += static_cast<std::uint64_t>(n);
+        if (rleft_ > 0) on_read();  // (a full target goes to advance())
         continue;
       }
       if (n == 0) {
@@ -346,6 +367,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
  protected:
   // Called when rleft_ reaches 0: set up the next read target (rptr_, rleft_); false closes.
   virtual bool advance() = 0;
+  // Called after a read that left part of the target to come (the server sums what is whole).
+  virtual void on_read() {}
   virtual void on_closed() {}
   virtual void on_violation() {}  // the peer broke the link's message rules (flooded())
   // The bytes of replies this stream may hold unwritten before it is not read (unbounded: a
@@ -361,6 +384,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   Counters* counters_;
   char* rptr_ = nullptr;
   std::size_t rleft_ = 0;
+  std::size_t took_ = 0;  // bytes advance() read from the link itself, for the read budget
   std::string why_;
   std::atomic<bool> closed_flag_{false};
 

@@ -14,6 +14,7 @@
 //   dataplane_server_stream.cc  ServerConn, a stream's protocol: hello (and the proof of the
 //                               job's secret), header checks, meta, payload chunks
 //   dataplane_server_stale.cc   bounded staleness of asynchronous mode (pulls held back)
+//   dataplane_server_sum.cc     a chunk's first push received straight into the store
 #pragma once
 
 #include <algorithm>
@@ -129,6 +130,16 @@ class ServerImpl {
               std::uint64_t gen);
   void sum_chunk(Store& st, std::int64_t round, std::size_t offset, const char* data,
                  std::size_t len, std::uint64_t gen);
+  // The round's first push of chunk [offset, offset + len), all of whose bytes wait in the
+  // link's socket: read straight into the round's buffer, the chunk counted as filled
+  // (dataplane_server_sum.cc). len when it was; 0 when it was not (another push filled the
+  // chunk or holds its lock, the bytes are not all there, a UCX link, asynchronous mode or a
+  // compressed key): the caller reads the chunk into scratch and sums it; -1 when the link
+  // broke (*why).
+  // *avail: the bytes waiting in the link, asked of it at the first chunk that could land
+  // (SIZE_MAX until then), less those landed since.
+  ssize_t land_chunk(Store& st, std::int64_t round, std::size_t offset, std::size_t len,
+                     std::uint64_t gen, Link& link, std::size_t* avail, std::string* why);
   void finish_push(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Store>& st,
                    const Header& h, std::uint64_t gen, const std::uint8_t* payload = nullptr);
   bool decode_push_locked(const std::shared_ptr<Conn>& conn, Store& st, const Header& h,
@@ -238,8 +249,10 @@ class ServerConn : public FramedConn {
   void on_violation() override { srv_->reject("malformed"); }
   std::size_t queue_share() const override;
   bool advance() override;
+  void on_read() override;
 
  private:
+  void sum_span(std::size_t upto);
   bool on_nonce();
   bool on_mac();
   bool on_header();
@@ -255,6 +268,7 @@ class ServerConn : public FramedConn {
   std::uint64_t staged_ = 0;
   std::uint64_t gen_ = 0;   // the store's epoch generation when this push began
   std::size_t off_ = 0;
+  std::size_t summed_ = 0;  // bytes of the scratch span summed (whole chunks as they came)
   bool hello_ = false, awaiting_mac_ = false;
   bool in_place_ = false;  // this payload is read straight into the store (land_in_place)
   bool whole_ = false;     // this payload is received whole: a compressed push, or a seed

@@ -4,6 +4,7 @@
 // received whole), or discarded after an error reply.
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -23,12 +24,10 @@ ServerConn::ServerConn(std::unique_ptr<Link> link, ServerImpl* srv)
 
 void ServerConn::on_closed() {
   if (store_ && state_ == kPayload && !whole_ && !in_place_) {
-    // a span read ahead (UCX) and cut off: its whole chunks are summed, as they would be
-    // had they been read one at a time
+    // a span read ahead and cut off: its whole chunks are summed (a TCP stream's were, as
+    // they came), as they would be had they been read one at a time
     const std::size_t whole = static_cast<std::size_t>(rptr_ - scratch_.data()) / kChunk;
-    for (std::size_t i = 0; i < whole; ++i)
-      srv_->sum_chunk(*store_, h_.round, off_ + i * kChunk, scratch_.data() + i * kChunk,
-                      kChunk, gen_);
+    sum_span(whole * kChunk);
   }
   if (store_) srv_->abort_push(store_);  // cut off in the middle of a push's payload
   store_.reset();
@@ -67,10 +66,9 @@ bool ServerConn::advance() {
         return next_chunk();
       }
       const std::size_t len = static_cast<std::size_t>(rptr_ - scratch_.data());
-      for (std::size_t at = 0; at < len; at += kChunk)  // a UCX stream reads several at once
-        srv_->sum_chunk(*store_, h_.round, off_ + at, scratch_.data() + at,
-                        std::min(kChunk, len - at), gen_);
+      sum_span(len);  // the chunks of the span not summed yet (a UCX stream's: all of them)
       off_ += len;
+      summed_ = 0;
       return next_chunk();
     }
     case kDiscard: return next_discard();
@@ -78,6 +76,22 @@ bool ServerConn::advance() {
     case kMacIn: return on_mac();
   }
   return false;
+}
+
+// Sums the scratch span's chunks from summed_ up to `upto` (a chunk boundary, or the span's
+// end), each into the store at its place.
+void ServerConn::sum_span(std::size_t upto) {
+  for (; summed_ < upto; summed_ += std::min(kChunk, upto - summed_))
+    srv_->sum_chunk(*store_, h_.round, off_ + summed_, scratch_.data() + summed_,
+                    std::min(kChunk, upto - summed_), gen_);
+}
+
+// A TCP stream's span: each chunk summed as soon as all of it is in, while the bytes the kernel
+// just copied are still in cache (a UCX stream's span is read whole and summed in advance()).
+void ServerConn::on_read() {
+  if (state_ != kPayload || !store_ || whole_ || in_place_ || link_->progressed()) return;
+  const std::size_t have = static_cast<std::size_t>(rptr_ - scratch_.data());
+  sum_span(have - have % kChunk);
 }
 
 bool ServerConn::on_nonce() {
@@ -251,11 +265,25 @@ bool ServerConn::next_chunk() {
     expect(at, h_.nbytes);
     return true;
   }
+  // a TCP stream's chunks that are first of their round and all waiting in the socket go
+  // straight into the store (dataplane_server_sum.cc), up to a read budget's worth at a time
+  std::size_t avail = SIZE_MAX;
+  while (took_ < kReadBudget) {
+    const std::size_t len = std::min<std::size_t>(kChunk, h_.nbytes - off_);
+    const ssize_t n =
+        srv_->land_chunk(*store_, h_.round, off_, len, gen_, *link_, &avail, &why_);
+    if (n < 0) return false;
+    if (n == 0) break;
+    took_ += static_cast<std::size_t>(n);
+    off_ += static_cast<std::size_t>(n);
+    if (off_ >= h_.nbytes) return next_chunk();
+  }
   // a UCX stream reads a piece (kUcxPiece, the size its payloads travel in) at a time, so a
   // piece lands whole in place; its chunks are summed when it has
-  const std::size_t span = link_->progressed() ? kUcxAhead : kChunk;
+  const std::size_t span = link_->progressed() ? kUcxAhead : kTcpAhead;
   const std::size_t len = std::min<std::size_t>(span, h_.nbytes - off_);
   if (scratch_.size() < len) scratch_.resize(span);
+  summed_ = 0;
   state_ = kPayload;
   expect(scratch_.data(), len);
   return true;

@@ -142,6 +142,7 @@ def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = ""
     rt = default_runtime()
     result: dict[str, list[float]] = {}
     wire: dict[str, dict[str, int]] = {}
+    windows: dict[str, list[tuple[float, float]]] = {}  # the servers' CPU window (servercpu)
     for total in sizes:
         specs = model_tensors(total)
         if comp is None:
@@ -155,6 +156,7 @@ def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = ""
         tag = f"{compressor}." if compressor else ""
         names = [f"{tag}{total}.{nm}" for nm, _c, _l in specs]
         times = []
+        spans = windows[str(total)] = []
         pushed0 = pulled0 = 0
         for rep in range(warmup + repeats):
             for o in outs:
@@ -162,7 +164,7 @@ def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = ""
             bps.barrier()
             if rep == warmup:
                 pushed0, pulled0 = rt.bytes_pushed, rt.bytes_pulled
-            t0 = time.perf_counter()
+            m0, t0 = time.monotonic(), time.perf_counter()
             hs = [bps.push_pull_async(a, name=nm, average=False, out=o, **kw)
                   for a, nm, o in zip(arrs, names, outs)]
             for h in hs:
@@ -170,6 +172,7 @@ def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = ""
             dt = time.perf_counter() - t0
             if rep >= warmup:
                 times.append(dt)
+                spans.append((m0, time.monotonic()))
         wire[str(total)] = {"pushed": rt.bytes_pushed - pushed0,
                             "pulled": rt.bytes_pulled - pulled0, "rounds": repeats}
         for i, (o, nm) in enumerate(zip(outs, names)):
@@ -187,7 +190,8 @@ def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = ""
                       f"on worker 0")
         del arrs, outs, bases
     bps.shutdown()
-    emit({"rank": rank, "times": result, "wire": wire, "compressor": compressor or None})
+    emit({"rank": rank, "times": result, "wire": wire, "compressor": compressor or None,
+          "windows": windows})
     return 0
 
 

@@ -57,7 +57,8 @@ from .harness import (
     local_job,
     slowest_median,
 )
-from .report import OthersMeter, markdown_table
+from .report import OthersMeter, markdown_table, num
+from .servercpu import CpuSampler, core_seconds_per_gb, server_pids
 from .vgg16 import model_tensors
 
 PROG = "python -m byteps_like.bench cluster"
@@ -175,8 +176,12 @@ def run_bps(env: Env, n: int, k: int, sizes: list[int], repeats: int, warmup: in
     with Job(f"bps-{compressor + '-' if compressor else ''}n{n}-k{k}") as g:
         ws = _start_bps_job(g, env, n, k, port, lambda h: env.argv(h, "bps", *args),
                             {"BYTEPS_PARTITION_BYTES": str(partition_bytes)})
-        g.wait(env.timeout, relay=ws[0], relay_prefix=f"[cluster] {what} n={n} k={k}: ")
-        return collect(ws, f"byteps_like ({compressor})" if compressor else "byteps_like")
+        with CpuSampler(server_pids(g.procs.values())) as sampler:
+            g.wait(env.timeout, relay=ws[0], relay_prefix=f"[cluster] {what} n={n} k={k}: ")
+        got = collect(ws, f"byteps_like ({compressor})" if compressor else "byteps_like")
+        for w in got:   # every worker's record carries the servers' CPU sampler
+            w["server_cpu"] = sampler
+        return got
 
 
 def compression_records(per_worker: list[dict], compressor: str, n: int, k: int,
@@ -314,7 +319,7 @@ def format_table(records: list[dict], by_rate: bool = False) -> str:
     gloo = {(r.get("cap_bits_per_second"), r["n"], r["bytes"]): r["seconds"] for r in records
             if r["system"] == "gloo"}
     cols = ("system", "n", "k", "size", *(("cap", "B Gbit/s") if by_rate else ()), "time s",
-            "theory s", "of optimum", "vs gloo")
+            "theory s", "of optimum", "vs gloo", "server core-s/GB")
     rows = []
     order = {"byteps_like": 0, "gloo": 1, "horovod": 2}
     meas = [r for r in records if r["system"] in order]
@@ -328,7 +333,8 @@ def format_table(records: list[dict], by_rate: bool = False) -> str:
                         f"{r['link_bits_per_second'] / 1e9:.3f}") if by_rate else ()),
                      f"{r['seconds']:.3f}",
                      f"{r['theory_seconds']:.3f}", f"{r['theory_seconds'] / r['seconds']:.2f}",
-                     f"{g / r['seconds']:.2f}x" if g else "n/a"))
+                     f"{g / r['seconds']:.2f}x" if g else "n/a",
+                     num(r.get("server_core_s_per_gb"), ".3f")))
     return markdown_table(cols, rows)
 
 
@@ -562,7 +568,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(format_table(records, by_rate=multi))
         print(f"\ntime: median over {a.repeats} rounds of the slowest worker; theory at "
-              f"{at_b}; 'of optimum' = theory / time; 'vs gloo' = gloo time / time"
+              f"{at_b}; 'of optimum' = theory / time; 'vs gloo' = gloo time / time; server "
+              "core-s/GB = the servers' CPU time (every thread) over the timed rounds / the GB "
+              "the workers pushed to them"
               + ("; cap = the tc rate of every NIC, B = one TCP stream's achieved rate at that "
                  "cap" if multi else ""))
     for line in step_lines:
@@ -605,8 +613,10 @@ def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: 
         cpu[f"{tag}byteps_like n={n} k={k}"] = m.busy
         for s in sizes:
             med, reps = slowest_median(res, s)
+            # every worker pushes the model's bytes to the servers each repetition
+            cost = core_seconds_per_gb(res[0].get("server_cpu"), res, s, n * s)
             records.append({"system": "byteps_like", "n": n, "k": k, "bytes": s,
-                            "seconds": med, "repeats_s": reps,
+                            "seconds": med, "repeats_s": reps, "server_core_s_per_gb": cost,
                             "placement": "colocated" if k == 0 else
                             ("dedicated" if k >= n else "mixed"),
                             "theory_seconds": ps_time(n, k, s, link),

@@ -62,6 +62,8 @@ from .report import (
     size_arg,
     size_list,
 )
+from .servercpu import CpuSampler, core_seconds_per_gb, server_pids
+from .shapes import MODELS, shapes_worker, summarize_shapes
 
 PROG = "python -m byteps_like.bench pushpull"
 DEFAULT_SIZES = "1M,4M,16M,64M,256M"
@@ -83,6 +85,7 @@ def _bps_worker(cases: list[Case]) -> int:
     expect = n * (n + 1) / 2
     asynchronous = default_runtime().config.server.enable_async
     out_times: dict[str, list[float]] = {}
+    windows: dict[str, list[tuple[float, float]]] = {}  # the servers' CPU window (servercpu)
     for case in cases:
         arr = np.full(case.nbytes // 4, rank + 1, dtype=np.float32)
         out = np.empty_like(arr)
@@ -91,12 +94,14 @@ def _bps_worker(cases: list[Case]) -> int:
             bps.barrier()
             bps.push_pull(arr, name=name, average=False, out=out)
         times = []
+        spans = windows[str(case.nbytes)] = []
         for _ in range(case.repeats):
             out.fill(0)  # untimed: the result of the timed round must be its own
             bps.barrier()
-            t0 = time.perf_counter()
+            m0, t0 = time.monotonic(), time.perf_counter()
             bps.push_pull(arr, name=name, average=False, out=out)
             times.append(time.perf_counter() - t0)
+            spans.append((m0, time.monotonic()))
         if case.repeats and asynchronous:
             # asynchronous mode (BYTEPS_ENABLE_ASYNC): the server adds every push to the value,
             # so once every worker has pushed, a push of zeros pulls all of them
@@ -116,7 +121,7 @@ def _bps_worker(cases: list[Case]) -> int:
                       f"{fmt_size(case.nbytes)}: done")
         del arr, out
     bps.shutdown()
-    emit({"rank": rank, "times": out_times})
+    emit({"rank": rank, "times": out_times, "windows": windows})
     return 0
 
 
@@ -309,7 +314,10 @@ def _gloo_worker(cases: list[Case], rank: int, world: int, port: int) -> int:
 
 def _worker_main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog=f"{PROG} --_worker")
-    p.add_argument("kind", choices=("bps", "raw-client", "raw-server", "gloo"))
+    p.add_argument("kind", choices=("bps", "raw-client", "raw-server", "gloo", "shapes"))
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--cases", default="")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world", type=int, default=1)
@@ -318,6 +326,9 @@ def _worker_main(argv: Sequence[str]) -> int:
     p.add_argument("--partition-bytes", type=int, default=4096000)
     p.add_argument("--window", type=int, default=0)
     a = p.parse_args(argv)
+    if a.kind == "shapes":
+        emit(shapes_worker(a.model, a.repeats, a.warmup))
+        return 0
     cases = decode_cases(a.cases)
     if a.kind == "bps":
         return _bps_worker(cases)
@@ -509,8 +520,29 @@ def run_bps(cases: list[Case], workers: int, servers: int, partition_bytes: int,
                       workers=workers, servers=servers)
     with Job("byteps_like") as g:
         ws = g.start(specs, env)
-        g.wait(timeout, relay=ws[0], relay_prefix="[pushpull] byteps_like ")
-        return collect(ws, "byteps_like")
+        with CpuSampler(server_pids(g.procs.values())) as sampler:
+            g.wait(timeout, relay=ws[0], relay_prefix="[pushpull] byteps_like ")
+        got = collect(ws, "byteps_like")
+        for w in got:   # every worker's record carries the servers' CPU sampler
+            w["server_cpu"] = sampler
+        return got
+
+
+def run_shapes(model: str, workers: int, servers: int, partition_bytes: int, repeats: int,
+               warmup: int, timeout: float) -> dict:
+    """``--shapes``: the model's gradient shapes against one flat tensor (shapes.py), in a job
+    started as bpslaunch --local starts it (its thread shares included)."""
+    env = base_env()
+    env["BYTEPS_PARTITION_BYTES"] = str(partition_bytes)
+    specs = local_job(_worker_argv("shapes", "--model", model, "--repeats", str(repeats),
+                                   "--warmup", str(warmup)), free_port(),
+                      workers=workers, servers=servers)
+    with Job("shapes") as g:
+        ws = g.start(specs, env)
+        for line in g.plan:
+            print(f"plan: {line}")
+        g.wait(timeout, relay=ws[0], relay_prefix="[pushpull] shapes ")
+        return summarize_shapes(collect(ws, "shapes"))
 
 
 def run_raw(cases: list[Case], workers: int, servers: int, partition_bytes: int,
@@ -545,13 +577,21 @@ def run_gloo(cases: list[Case], workers: int, timeout: float) -> list[dict]:
         return collect(ws, "gloo")
 
 
-COLUMNS = ("size", "bps time ms", "bps GB/s", "raw zmq GB/s", "bps/raw", "gloo GB/s", "bps/gloo")
+COLUMNS = ("size", "bps time ms", "bps GB/s", "server core-s/GB", "raw zmq GB/s", "bps/raw",
+           "gloo GB/s", "bps/gloo")
+
+
+def server_cost(per_worker: list[dict], case: Case) -> float | None:
+    """The servers' core-seconds per GB received over the timed repetitions (servercpu.py):
+    each repetition every worker pushes the tensor's bytes to the servers."""
+    sampler = per_worker[0].get("server_cpu") if per_worker else None
+    return core_seconds_per_gb(sampler, per_worker, case.nbytes, len(per_worker) * case.nbytes)
 
 
 def format_table(rows: list[dict]) -> str:
     return markdown_table(COLUMNS, [
         (fmt_size(r["nbytes"]), num(r["bps"]["median_s"] * 1e3, ".2f"),
-         num(r["bps"]["gbps"], ".3f"),
+         num(r["bps"]["gbps"], ".3f"), num(r["bps"].get("server_core_s_per_gb"), ".3f"),
          num(r["raw"]["gbps"] if r["raw"] else None, ".3f"),
          num(r["bps"]["gbps"] / r["raw"]["gbps"] if r["raw"] else None, ".2f"),
          num(r["gloo"]["gbps"] if r["gloo"] else None, ".3f"),
@@ -607,6 +647,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0,
                    help="watchdog per phase, seconds: on expiry every child is killed")
     p.add_argument("--json", metavar="PATH", help="also write every measurement here")
+    p.add_argument("--shapes", choices=sorted(MODELS),
+                   help="instead of --sizes: push_pull this model's gradient shapes (CPU torch "
+                        "tensors; numpy without torch) and one flat tensor of the same bytes, "
+                        "alternately, and print flat time / shapes time")
     p.add_argument("--transport", default="zmq",
                    help="comma-separated transports byteps_like runs over, side by side "
                         "(zmq, ucx); with ucx, ucx_perftest tag_bw is measured as its ceiling "
@@ -632,6 +676,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 capped.append(fmt_size(n))
         cases.append(Case(n, reps, warm))
 
+    if a.shapes:
+        report_header("pushpull", argv, machine_info())
+        print(f"job: {a.workers} workers, {a.servers} servers, partition {a.partition_bytes} B, "
+              f"{a.shapes}'s gradient shapes vs one flat tensor of the same bytes, "
+              f"{a.repeats} repeats + {a.warmup} warm-up, thread shares as bpslaunch's defaults")
+        exit_on_signals()
+        try:
+            r = run_shapes(a.shapes, a.workers, a.servers, a.partition_bytes, a.repeats,
+                           a.warmup, a.timeout)
+        except ChildFailed as exc:
+            print(f"[pushpull] shapes failed:\n{exc}", file=sys.stderr, flush=True)
+            return 1
+        print(markdown_table(("model", "tensors", "bytes", "shapes ms", "flat ms", "flat/shapes"),
+                             [(a.shapes, str(r["tensors"]), f"{r['nbytes'] / 2**20:.1f} MiB",
+                               f"{r['shapes'] * 1e3:.1f}", f"{r['flat'] * 1e3:.1f}",
+                               f"{r['ratio']:.2f}")]))
+        print("\ntimes: median over repetitions of the slowest worker; flat/shapes = 1.00 when "
+              "the many tensors cost no more than their bytes")
+        if a.json:
+            with open(a.json, "w", encoding="utf-8") as f:
+                json.dump({"command": argv, "shapes": a.shapes, "workers": a.workers,
+                           "servers": a.servers, "result": r}, f, indent=1)
+        return 0
     queue_depth = a.queue_depth
     depth_note = f"pipeline queue depth {queue_depth if queue_depth else _configured_queue_depth()}"
 
@@ -694,8 +761,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rows = []
     for case in cases:
+        bps_row = summarize(measured["byteps_like"], case)
+        bps_row["server_core_s_per_gb"] = server_cost(measured["byteps_like"], case)
         rows.append({"nbytes": case.nbytes, "repeats": case.repeats, "warmup": case.warmup,
-                     "bps": summarize(measured["byteps_like"], case),
+                     "bps": bps_row,
                      "raw": summarize(measured["raw zmq"], case) if "raw zmq" in measured
                      else None,
                      "gloo": summarize(measured["gloo"], case) if "gloo" in measured else None,
@@ -710,7 +779,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_transports(rows, ceiling))
         if ceiling_note:
             print(ceiling_note)
-    print("\nGB/s = tensor bytes / (median over repetitions of the slowest worker's time), 1e9 B")
+    print("\nGB/s = tensor bytes / (median over repetitions of the slowest worker's time), 1e9 B;"
+          " server core-s/GB = the servers' CPU time (every thread, /proc) over the timed "
+          "repetitions / the GB they received (workers x tensor bytes a repetition)")
     note = noisy_note({n: c["others_share"] for n, c in cpu.items()}, "phase")
     if note:
         print(note)

@@ -17,7 +17,8 @@ from .bench_run import bench, dump, parse_table
 
 pytestmark = pytest.mark.integration
 
-COLUMNS = ["size", "bps time ms", "bps GB/s", "raw zmq GB/s", "bps/raw", "gloo GB/s", "bps/gloo"]
+COLUMNS = ["size", "bps time ms", "bps GB/s", "server core-s/GB", "raw zmq GB/s", "bps/raw",
+           "gloo GB/s", "bps/gloo"]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
@@ -37,6 +38,9 @@ def test_pushpull_smoke_without_gloo(tmp_path):
     for row in rows:
         numeric(row, "bps time ms", "bps GB/s", "raw zmq GB/s", "bps/raw")
         assert row["gloo GB/s"] == "n/a" and row["bps/gloo"] == "n/a", row
+        # the servers' CPU over the timed windows: measured (CPU time moves in 10 ms ticks, so
+        # a tiny size's may be 0)
+        assert float(row["server core-s/GB"]) >= 0, row
     assert "command: python -m byteps_like.bench pushpull" in r.stdout
     assert "nproc=" in r.stdout and "pyzmq" in r.stdout
     assert "[pushpull] byteps_like: done" in r.stderr, r.stderr
@@ -52,7 +56,19 @@ def test_pushpull_smoke_with_gloo():
     assert r.returncode == 0, dump(r)
     (row,) = parse_table(r.stdout, COLUMNS)
     assert row["size"] == "64KiB"
-    numeric(row, *COLUMNS[1:])
+    numeric(row, *(c for c in COLUMNS[1:] if c != "server core-s/GB"))
+    assert float(row["server core-s/GB"]) >= 0, row
+
+
+def test_pushpull_shapes_compares_the_model_with_one_flat_tensor():
+    r = bench("pushpull", "--shapes", "resnet50", "--workers", "2", "--servers", "1",
+              "--repeats", "1", "--warmup", "0", timeout=300)
+    assert r.returncode == 0, dump(r)
+    (row,) = parse_table(r.stdout, ["model", "tensors", "bytes", "shapes ms", "flat ms",
+                                    "flat/shapes"])
+    assert (row["model"], row["tensors"], row["bytes"]) == ("resnet50", "161", "97.5 MiB"), row
+    numeric(row, "shapes ms", "flat ms", "flat/shapes")
+    assert "plan: worker 0 (local rank 0) -> " in r.stdout, r.stdout
 
 
 def test_pushpull_child_failure_exits_nonzero_with_its_stderr():
@@ -121,7 +137,7 @@ def test_cluster_table_has_a_row_per_rate():
     lines = format_table(records, by_rate=True).splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header == ["system", "n", "k", "size", "cap", "B Gbit/s", "time s", "theory s",
-                      "of optimum", "vs gloo"]
+                      "of optimum", "vs gloo", "server core-s/GB"]
     rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
     # 3 measured systems/configurations x 2 rates; theory records are not rows
     assert [(r[0], r[2], r[4]) for r in rows] == [
@@ -134,7 +150,8 @@ def test_cluster_table_has_a_row_per_rate():
     # one rate: the table of earlier versions, no rate columns
     single = format_table(_cluster_records(1e9, 0.95e9, 1.0)).splitlines()[0]
     assert [c.strip() for c in single.strip("|").split("|")] == [
-        "system", "n", "k", "size", "time s", "theory s", "of optimum", "vs gloo"]
+        "system", "n", "k", "size", "time s", "theory s", "of optimum", "vs gloo",
+        "server core-s/GB"]
 
 
 def test_cluster_compression_ratios_are_per_rate():

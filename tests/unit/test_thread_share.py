@@ -17,8 +17,12 @@ from byteps_like.launcher.cli import parse_args, plan_launch
 from byteps_like.launcher.plan import LocalCluster, child_environment, local_cluster_plan, node_plan
 from byteps_like.launcher.shares import (
     INTEROP_VARIABLE,
+    IO_THREADS_MAX,
+    IO_THREADS_MIN,
     THREAD_VARIABLES,
     ShareSettings,
+    compute_threads,
+    io_threads,
     plan_shares,
     share_host,
     sharing,
@@ -95,8 +99,9 @@ def test_a_host_is_shared_by_more_than_one_worker_or_server():
 def check_policy(specs, machine, usable, **settings) -> None:
     """The rules of every bound split: servers and the scheduler float over the usable CPUs
     (bound to all of them, shared); workers have sets of their own, disjoint, together every
-    usable CPU when there are enough, and as many threads as CPUs; a server's thread count is
-    the fair ``usable / n`` of the n workers and servers (the extras go to workers)."""
+    usable CPU when there are enough, and as many threads as CPUs less their part of the data
+    plane's reserve; a server's thread count is the fair ``usable / n`` of the n workers and
+    servers (the extras go to workers)."""
     shares, _ = plan_shares(specs, machine, ShareSettings(**settings))
     workers = [(s, sh) for s, sh in zip(specs, shares) if s.role == "worker"]
     others = [(s, sh) for s, sh in zip(specs, shares) if s.role != "worker"]
@@ -112,17 +117,30 @@ def check_policy(specs, machine, usable, **settings) -> None:
     if len(usable) >= len(workers):
         assert sum(len(s) for s in sets) == len(set().union(*sets)), "workers overlap"
         assert set().union(*sets) == set(usable)
-        for spec, share in workers:
+        nservers = sum(s.role == "server" for s in specs)
+        want, reserve = compute_threads(len(usable), [len(c) for c in sets],
+                                        [len(usable)] * nservers)
+        assert 0 < reserve <= len(usable) // 2 or len(usable) < 2
+        for (spec, share), n in zip(workers, want):
             assert not share.floating and not share.shared, spec.name
-            assert share.threads == len(share.binding.cpus), spec.name
+            assert share.threads == n <= len(share.binding.cpus), spec.name
+        # every thread counted: the workers' compute threads and the plane's reserve fit
+        assert sum(want) + reserve <= max(len(usable), len(workers) + reserve)
 
 
 def test_sixteen_cores_two_workers_two_servers_servers_float_workers_split():
+    # the issue's case: 8 torch threads a worker plus the plane's I/O threads made the 161
+    # ResNet-50 shapes 2.65x slower than one flat tensor; 4 a worker (half the cores left to
+    # the data plane: 2 x 4 of the workers' and 2 x 8 of the servers' I/O threads, capped at
+    # half) made them 1.00x
     got, notes = shares_of(local(workers=2, servers=2), flat(16))
     every = tuple(range(16))
     assert got == {"scheduler": (every, 1), "server 0": (every, 4), "server 1": (every, 4),
-                   "worker 0": (tuple(range(8)), 8), "worker 1": (tuple(range(8, 16)), 8)}
-    assert notes == []
+                   "worker 0": (tuple(range(8)), 4), "worker 1": (tuple(range(8, 16)), 4)}
+    assert notes == ["the native data plane's I/O threads of the 2 worker(s) and 2 server(s) "
+                     "here get 8 of the 16 usable CPUs: the workers' compute threads share the "
+                     "other 8 (BYTEPS_IO_THREADS sets the plane's threads; OMP_NUM_THREADS "
+                     "overrides)"]
     check_policy(local(workers=2, servers=2), flat(16), every)
 
 
@@ -148,13 +166,16 @@ def test_servers_float_and_workers_get_disjoint_sets(workers, servers, local_siz
 
 def test_uneven_counts_give_the_extra_threads_to_workers():
     got, _ = shares_of(local(workers=3, servers=2), flat(16))
-    assert [got[f"worker {r}"][1] for r in range(3)] == [6, 5, 5]
+    # 16 CPUs: 8 left to the plane (3 + 2 + 2 + 8 + 8 I/O threads, capped at half); the
+    # workers' 8 split 3, 3, 2
+    assert [got[f"worker {r}"][1] for r in range(3)] == [3, 3, 2]
     assert [got[f"server {r}"][1] for r in range(2)] == [3, 3]
     cpus = [c for name, (s, _) in got.items() if name.startswith("worker") for c in s]
     assert sorted(cpus) == list(range(16))   # disjoint, and every core used
     got, _ = shares_of(local(workers=2, servers=1), flat(7))
+    # 7 CPUs: 3 to the plane (2 + 2 + 3 I/O threads, capped at 7 // 2)
     assert {k: v[1] for k, v in got.items()} == {"scheduler": 1, "server 0": 2,
-                                                  "worker 0": 4, "worker 1": 3}
+                                                  "worker 0": 2, "worker 1": 2}
 
 
 def test_two_cores_two_workers_two_servers_and_a_scheduler():
@@ -183,9 +204,10 @@ def test_a_worker_machine_of_local_ranks_splits_like_before_and_sets_threads():
                               ShareSettings(local_size=4))
     assert [s.binding.cpus for s in specs] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11),
                                                (12, 13, 14, 15)]
-    assert [omp(s) for s in specs] == ["4"] * 4
+    # each local rank's 2 I/O threads count: 8 of the 16 CPUs left to the plane
+    assert [omp(s) for s in specs] == ["2"] * 4
     assert lines[0] == ("worker 4 (local rank 0) -> CPUs 0-3, NUMA node 0 (sched_setaffinity); "
-                        "4 threads (OMP_NUM_THREADS)")
+                        "2 threads (OMP_NUM_THREADS)")
 
 
 def test_numa_nodes_workers_alternate_and_servers_float_over_both():
@@ -193,7 +215,7 @@ def test_numa_nodes_workers_alternate_and_servers_float_over_both():
     got, _ = shares_of(local(workers=2, servers=2), machine)
     every = tuple(range(16))
     assert got == {"scheduler": (every, 1), "server 0": (every, 4), "server 1": (every, 4),
-                   "worker 0": (tuple(range(8)), 8), "worker 1": (tuple(range(8, 16)), 8)}
+                   "worker 0": (tuple(range(8)), 4), "worker 1": (tuple(range(8, 16)), 4)}
     shares, _ = plan_shares(local(workers=2, servers=2), machine, ShareSettings())
     server, worker = shares[1].binding, shares[3].binding
     assert (server.method, server.numa_node, server.memory_node) == (NUMACTL, None, None)
@@ -207,7 +229,7 @@ def test_hyperthread_siblings_stay_together():
     got, _ = shares_of(local(workers=2, servers=2), two_nodes(8, smt=True))
     for name, (cpus, threads) in got.items():
         if name.startswith("worker"):
-            assert len(cpus) == threads == 8 and all((c + 8 in cpus) or (c - 8 in cpus)
+            assert len(cpus) == 8 and threads == 4 and all((c + 8 in cpus) or (c - 8 in cpus)
                                                      for c in cpus), (name, cpus)
         else:
             assert cpus == tuple(range(16)), name
@@ -218,8 +240,9 @@ def test_gpu_workers_keep_their_local_rank_node_and_split_it_among_machines():
     machine = two_nodes(4, gpus=2)
     got, _ = shares_of(local(workers=2, servers=1, local_size=2), machine, local_size=2)
     assert got["server 0"] == (tuple(range(8)), 1)
-    assert got["worker 0"] == ((0, 1), 2) and got["worker 2"] == ((2, 3), 2)    # GPU 0's node
-    assert got["worker 1"] == ((4, 5), 2) and got["worker 3"] == ((6, 7), 2)    # GPU 1's node
+    # (8 CPUs, half of them left to the plane: one compute thread a worker)
+    assert got["worker 0"] == ((0, 1), 1) and got["worker 2"] == ((2, 3), 1)    # GPU 0's node
+    assert got["worker 1"] == ((4, 5), 1) and got["worker 3"] == ((6, 7), 1)    # GPU 1's node
 
 
 def test_gpu_nodes_too_small_to_split_give_way_to_cpus_of_their_own():
@@ -251,7 +274,7 @@ def test_numa_off_binds_everyone_to_all_usable_cpus_with_fair_counts():
 def test_visible_cpus_and_the_launchers_mask_narrow_the_split():
     machine = flat(16, allowed=tuple(range(8)))
     got, _ = shares_of(local(workers=1, servers=1), machine, visible_cpus=tuple(range(2, 16)))
-    assert got["worker 0"] == ((2, 3, 4, 5, 6, 7), 6) and got["server 0"] == ((2, 3, 4, 5, 6, 7), 3)
+    assert got["worker 0"] == ((2, 3, 4, 5, 6, 7), 3) and got["server 0"] == ((2, 3, 4, 5, 6, 7), 3)
     # the blacklist keeps the floating servers off its CPUs too
     got, _ = shares_of(local(workers=2, servers=1), flat(8), blacklist=(0, 7))
     assert got["server 0"][0] == got["scheduler"][0] == (1, 2, 3, 4, 5, 6)
@@ -262,9 +285,10 @@ def test_no_bind_keeps_the_fair_thread_counts():
     specs, lines = share_host(local(workers=3, servers=2), flat(16), {}, ShareSettings(),
                               bind=False)
     assert all(s.binding is None for s in specs)
-    assert [omp(s) for s in specs] == ["1", "3", "3", "4", "3", "3"]
+    # the fair counts, the workers' cut to their compute share (8 CPUs left to the plane)
+    assert [omp(s) for s in specs] == ["1", "3", "3", "3", "3", "2"]
     assert lines[1] == "server 0 -> not bound; 3 threads (OMP_NUM_THREADS)"
-    assert lines[3] == "worker 0 (local rank 0) -> not bound; 4 threads (OMP_NUM_THREADS)"
+    assert lines[3] == "worker 0 (local rank 0) -> not bound; 3 threads (OMP_NUM_THREADS)"
 
 
 # -- the variables --------------------------------------------------------------------------------
@@ -273,8 +297,8 @@ def test_every_thread_variable_is_set_and_interop_stays_small():
     specs, _ = share_host(local(workers=2, servers=2), flat(16), {}, ShareSettings())
     worker = specs[3].env
     assert {k: worker[k] for k in ALL} == {
-        "OMP_NUM_THREADS": "8", "MKL_NUM_THREADS": "8", "OPENBLAS_NUM_THREADS": "8",
-        "TF_NUM_INTRAOP_THREADS": "8", "TF_NUM_INTEROP_THREADS": "2"}
+        "OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "4",
+        "TF_NUM_INTRAOP_THREADS": "4", "TF_NUM_INTEROP_THREADS": "2"}
     server = specs[1].env
     assert {k: server[k] for k in ALL} == {
         "OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "4",
@@ -312,6 +336,7 @@ def test_settings_come_from_the_config():
     cfg = load(env={"BYTEPS_LOCAL_SIZE": "2", "BYTEPS_NUMA_ON": "0",
                     "BYTEPS_CPU_BLACKLIST": "3", "BYTEPS_VISIBLE_CPU_CORES": "0-5"})
     assert ShareSettings.from_config(cfg) == ShareSettings(2, False, (0, 1, 2, 3, 4, 5), (3,))
+    assert ShareSettings.from_config(load(env={"BYTEPS_IO_THREADS": "3"})).io_threads == 3
     assert load(env={}).placement.thread_share is True
     assert load(env={"BYTEPS_THREAD_SHARE": "0"}).placement.thread_share is False
 
@@ -332,15 +357,18 @@ def test_the_launch_plan_says_each_share(sixteen):
         "scheduler -> floating over CPUs 0-15 (sched_setaffinity); 1 thread (OMP_NUM_THREADS)",
         "server 0 -> floating over CPUs 0-15 (sched_setaffinity); 4 threads (OMP_NUM_THREADS)",
         "server 1 -> floating over CPUs 0-15 (sched_setaffinity); 4 threads (OMP_NUM_THREADS)",
-        "worker 0 (local rank 0) -> CPUs 0-7, NUMA node 0 (sched_setaffinity); 8 threads "
+        "worker 0 (local rank 0) -> CPUs 0-7, NUMA node 0 (sched_setaffinity); 4 threads "
         "(OMP_NUM_THREADS)",
-        "worker 1 (local rank 0) -> CPUs 8-15, NUMA node 0 (sched_setaffinity); 8 threads "
-        "(OMP_NUM_THREADS)")
+        "worker 1 (local rank 0) -> CPUs 8-15, NUMA node 0 (sched_setaffinity); 4 threads "
+        "(OMP_NUM_THREADS)",
+        "note: the native data plane's I/O threads of the 2 worker(s) and 2 server(s) here get 8 "
+        "of the 16 usable CPUs: the workers' compute threads share the other 8 "
+        "(BYTEPS_IO_THREADS sets the plane's threads; OMP_NUM_THREADS overrides)")
     assert launch.notes == ()
     every = tuple(range(16))
     assert [s.binding.affinity for s in launch.specs] == [every, every, every,
                                                           every[:8], every[8:]]
-    assert [omp(s) for s in launch.specs] == ["1", "4", "4", "8", "8"]
+    assert [omp(s) for s in launch.specs] == ["1", "4", "4", "4", "4"]
 
 
 def test_main_prints_the_plan(sixteen, capsys, monkeypatch):
@@ -349,7 +377,7 @@ def test_main_prints_the_plan(sixteen, capsys, monkeypatch):
                     environ=_clean_env()) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0] == ("bpslaunch: scheduler -> floating over CPUs 0-15 (sched_setaffinity); "
-                      "1 thread (OMP_NUM_THREADS)") and len(err) == 5
+                      "1 thread (OMP_NUM_THREADS)") and len(err) == 6
 
 
 @pytest.mark.parametrize("off", [["--no-thread-share"], []])
@@ -411,10 +439,10 @@ def test_a_slurm_node_shares_its_cores(monkeypatch, capsys):
     got = {s.name: (s.binding.cpus, omp(s)) for s in started["specs"]}
     assert got == {"scheduler": (tuple(range(16)), "1"),
                    "server 0": (tuple(range(16)), "5"),
-                   "worker 0": (tuple(range(8)), "8"), "worker 1": (tuple(range(8, 16)), "8")}
+                   "worker 0": (tuple(range(8)), "4"), "worker 1": (tuple(range(8, 16)), "4")}
     err = capsys.readouterr().err
     assert "bpslaunch: worker 1 (local rank 1) -> CPUs 8-15, NUMA node 0 " \
-           "(sched_setaffinity); 8 threads (OMP_NUM_THREADS)" in err
+           "(sched_setaffinity); 4 threads (OMP_NUM_THREADS)" in err
     assert "bpslaunch: server 0 -> floating over CPUs 0-15 (sched_setaffinity); " \
            "5 threads (OMP_NUM_THREADS)" in err
     assert cli.main([*argv, "--no-thread-share", "--", "python", "t.py"], environ=env) == 0
@@ -429,7 +457,7 @@ def test_the_benchmark_harness_gets_the_same_shares(monkeypatch):
     env = _clean_env()
     got, plan = harness.share(specs, env)
     want, lines = share_host(specs, flat(16), env, ShareSettings())
-    assert got == want and plan == lines and [omp(s) for s in got] == ["1", "4", "4", "8", "8"]
+    assert got == want and plan == lines and [omp(s) for s in got] == ["1", "4", "4", "4", "4"]
     assert harness.share(specs, {**env, "BYTEPS_THREAD_SHARE": "0"}) == (specs, [])
     # a bad configuration is left to the children to report, as before
     assert harness.share(specs, {**env, "BYTEPS_PARTITION_BYTES": "4x"}) == (specs, [])
@@ -467,3 +495,47 @@ def _recording(start, calls):
         calls.append(tuple(cpus) if cpus is not None else None)
         return start(*args, cpus=cpus, **kwargs)
     return wrapper
+
+
+# -- the data plane's I/O threads count (compute_threads, pure) ---------------------------------
+
+def test_io_threads_mirror_the_data_planes_own_default(monkeypatch):
+    """The launcher may not import transport/native.py: its copy of the default must agree."""
+    from byteps_like.transport import native
+    for cpus in range(1, 40):
+        monkeypatch.setattr(native, "usable_cpus", lambda cpus=cpus: cpus)
+        for configured in (0, 3):
+            cfg = load(env={"BYTEPS_IO_THREADS": str(configured)})
+            assert io_threads(cpus, configured) == native.io_threads(cfg), (cpus, configured)
+    assert io_threads(1) == IO_THREADS_MIN and io_threads(1000) == IO_THREADS_MAX
+
+
+@pytest.mark.parametrize("usable,workers,servers,io,want,reserve", [
+    (16, [8, 8], [16, 16], 0, [4, 4], 8),       # the issue's 2 workers + 2 servers
+    (16, [8, 8], [16], 0, [4, 4], 8),           # bench pushpull's 2 + 1
+    (16, [16], [16], 0, [8], 8),
+    (16, [4, 4, 4, 4], [], 0, [2, 2, 2, 2], 8),  # a worker machine of 4 local ranks
+    (16, [8, 8], [16, 16], 1, [6, 6], 4),       # BYTEPS_IO_THREADS=1: 4 threads in all
+    (64, [8] * 8, [], 0, [4] * 8, 32),
+    (64, [32, 32], [64], 0, [20, 20], 24),      # a large host: the 8 + 8 + 8 threads counted
+    (7, [4, 3], [7], 0, [2, 2], 3),
+    (2, [1, 1], [2, 2], 0, [1, 1], 1),          # never below one thread
+    (1, [1, 1], [1], 0, [1, 1], 0),
+    (16, [6, 5, 5], [16, 16], 0, [3, 3, 2], 8),  # uneven: the first ones one more
+])
+def test_compute_threads_leave_the_data_plane_its_cpus(usable, workers, servers, io, want,
+                                                       reserve):
+    assert compute_threads(usable, workers, servers, io) == (want, reserve)
+
+
+def test_compute_threads_never_oversubscribe_a_host_with_room():
+    for usable in range(2, 130):
+        for nw in range(1, 9):
+            for ns in range(0, 5):
+                if nw > usable // 2:
+                    continue
+                per = usable // nw
+                threads, reserve = compute_threads(usable, [per] * nw, [usable] * ns)
+                assert reserve <= usable // 2
+                assert sum(threads) + reserve <= usable, (usable, nw, ns)
+                assert all(1 <= t <= per for t in threads)
