@@ -70,6 +70,7 @@ _SAMPLE_S = 0.1      # the measuring thread's period
 _MIN_BUSY_S = 0.02   # a bandwidth window holds at least this much exchange time ...
 _MIN_BYTES = 256 << 10  # ... and these bytes
 _MOVE = 1.25         # the bandwidth moved: by more than this factor either way
+_WINDOWS = 3         # the bandwidth is the median of the last windows
 
 
 def auto_choice(rt: Runtime, auto: AutoCompression, name: str | None, arr: np.ndarray,
@@ -204,6 +205,7 @@ class AutoController:
 
     def _measure(self) -> None:
         last = None
+        recent: deque[float] = deque(maxlen=_WINDOWS)
         while self._live():
             time.sleep(_SAMPLE_S)
             tel = self.rt.telemetry
@@ -217,8 +219,9 @@ class AutoController:
             if dbusy < _MIN_BUSY_S or dbytes < _MIN_BYTES:
                 continue
             last = now
+            recent.append(dbytes / dbusy)
             try:
-                self.observe(dbytes / dbusy)
+                self.observe(sorted(recent)[len(recent) // 2])  # the median of the last few
             except Exception:  # noqa: BLE001 - a measuring thread must not die silently
                 log.exception("auto compression: deciding failed; the last decision stays")
 
@@ -239,8 +242,8 @@ class AutoController:
     def decide(self, bandwidth: float) -> list[Choice]:
         """Choose every size class's candidate at ``bandwidth`` (bytes/s), log it, and send it
         with the next epoch's broadcast."""
-        if self.speeds is None:
-            sample = max(1 << 20, min(16 << 20, self.rt.config.partition.partition_bytes))
+        if self.speeds is None:  # larger than a cache, as the gradients are
+            sample = max(16 << 20, self.rt.config.partition.partition_bytes)
             self.speeds = measure_speeds(self.auto.candidates, sample)
             log.info("auto compression: codec speeds on a %d KiB sample: %s", sample >> 10,
                      ", ".join(f"{s.name} ratio {s.ratio:.3g} encode {s.encode_bps / 1e9:.2f} "
@@ -269,10 +272,11 @@ class AutoController:
                   "why": {_bounds(c): ch.why() for c, ch in used.items()}}
         self.decisions.append(record)
         was = f" (was {previous * 8 / 1e9:.3g})" if previous else ""
-        log.info("auto compression: bandwidth %.3g Gbit/s%s: %s%s", bandwidth * 8 / 1e9, was,
-                 "; ".join(f"{_bounds(c)} -> {ch.name}{' (kept)' if ch.kept else ''} "
-                           f"[{ch.why()}]" for c, ch in used.items()) or "no tensor yet",
-                 f"; from epoch {applies}" if changed else "; unchanged")
+        log.log(logging.INFO if changed or previous is None else logging.DEBUG,
+                "auto compression: bandwidth %.3g Gbit/s%s: %s%s", bandwidth * 8 / 1e9, was,
+                "; ".join(f"{_bounds(c)} -> {ch.name}{' (kept)' if ch.kept else ''} "
+                          f"[{ch.why()}]" for c, ch in used.items()) or "no tensor yet",
+                f"; from epoch {applies}" if changed else "; unchanged")
         return choices
 
 
