@@ -144,3 +144,66 @@ def test_a_wrong_auto_candidate_in_the_environment_fails_at_load():
     from byteps_like.errors import ConfigError
     with pytest.raises(ConfigError, match="BYTEPS_COMPRESSOR_AUTO_CODECS.*zstd"):
         load(env={"BYTEPS_COMPRESSOR": "auto", "BYTEPS_COMPRESSOR_AUTO_CODECS": "fp16,zstd"})
+
+
+# ---- the worker's controller (rank 0's decisions), over a stand-in runtime ----------------------
+
+class _Rt:
+    """What AutoController reads of a runtime; ``initialized`` False keeps its measuring
+    thread from running (the test feeds the bandwidths)."""
+    rank_ = 0
+    initialized = False
+    telemetry = None
+
+    class config:  # noqa: N801
+        class partition:  # noqa: N801
+            partition_bytes = 1 << 20
+
+    class members:  # noqa: N801
+        size, local_size, num_servers = 2, 1, 2
+
+    def __init__(self):
+        self.pushed: list[str] = []
+
+    def push_pull_async(self, arr, name, average, out):
+        self.pushed.append(name)
+        return None
+
+
+def _controller():
+    from byteps_like.worker.autocompress import AutoController
+    rt = _Rt()
+    ctl = AutoController(rt, Compression.auto(allow=("fp16", "onebit")))
+    ctl.speeds = [CodecSpeed("none", 1.0), FP16, ONEBIT]
+    return rt, ctl
+
+
+def test_rank0_decides_at_the_first_window_then_only_when_the_bandwidth_moves():
+    rt, ctl = _controller()
+    ctl.seen.add(size_class(64 * MiB))
+    ctl.observe(gbit(400))                       # the first window: a decision (none)
+    assert len(ctl.decisions) == 1 and not ctl.decisions[0]["changed"]
+    ctl.observe(gbit(440))                       # within 25%: nothing
+    assert len(ctl.decisions) == 1
+    ctl.observe(gbit(1))                         # the link fell: onebit from the next epoch
+    last = ctl.decisions[-1]
+    assert last["changed"] and last["table"] == {"64 MiB-256 MiB": "onebit"}
+    assert last["applies_from_epoch"] == 1
+    # until that epoch is in force its windows are the old table's: not looked at
+    ctl.observe(gbit(400))
+    assert len(ctl.decisions) == 2
+    ctl._epoch = 1                               # the table is in force now
+    ctl.observe(gbit(0.5))                       # the first window under it: the reference
+    assert len(ctl.decisions) == 2 and ctl._ref == gbit(0.5)
+    ctl.observe(gbit(0.55))
+    assert len(ctl.decisions) == 2
+    ctl.observe(gbit(400))                       # the link came back
+    assert ctl.decisions[-1]["changed"]
+    assert ctl.decisions[-1]["table"] == {"64 MiB-256 MiB": "none"}
+
+
+def test_the_tables_travel_in_epoch_order_from_the_first_push_pull():
+    rt, ctl = _controller()
+    name, comp = ctl.resolve("g", 4 * MiB)       # epoch 0: none, and epoch 1's table is sent
+    assert (name, comp) == ("g", Compression.none)
+    assert rt.pushed == ["bpsl.auto"] and ctl._issued == 1
