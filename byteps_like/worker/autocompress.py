@@ -90,9 +90,11 @@ def auto_choice(rt: Runtime, auto: AutoCompression, name: str | None, arr: np.nd
 def controller(rt: Runtime, auto: AutoCompression) -> AutoController:
     """The runtime's controller (made at its first auto push_pull); one ``auto`` per job."""
     ctl: AutoController | None = getattr(rt, "_auto_controller", None)
-    if ctl is None or ctl.closed:
+    if ctl is None or ctl.closed or ctl.epoch != rt.epoch:
         with _MAKE:
             ctl = getattr(rt, "_auto_controller", None)
+            if ctl is not None and ctl.epoch != rt.epoch:
+                ctl.close()   # an elastic job's new epoch declares every name afresh
             if ctl is None or ctl.closed:
                 ctl = AutoController(rt, auto)
                 rt._auto_controller = ctl
@@ -124,6 +126,7 @@ class AutoController:
         self.names = list(auto.candidates)          # a table holds indices into this
         self.digest = zlib.crc32(repr(auto.spec()).encode()) & 0x7FFFFFFF
         self.closed = False
+        self.epoch = rt.epoch   # an elastic job's membership epoch: its names and rounds
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
         self._tables: dict[int, list[int]] = {0: [0] * NUM_CLASSES}
@@ -201,7 +204,7 @@ class AutoController:
 
     # -- rank 0 --------------------------------------------------------------------------------
     def _live(self) -> bool:
-        return not self.closed and self.rt.initialized
+        return not self.closed and self.rt.initialized and self.rt.epoch == self.epoch
 
     def _measure(self) -> None:
         last = None

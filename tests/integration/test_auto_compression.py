@@ -31,3 +31,19 @@ def test_auto_switches_every_rank_at_the_same_round_and_back():
     assert len(dec) == 2 and "epoch=3" in dec[0] and "'onebit'" in dec[0], run.log
     assert "epoch=6" in dec[1] and "'none'" in dec[1], run.log
     assert "auto compression: bandwidth" in run.err and "-> onebit [onebit" in run.err, run.log
+
+
+def test_auto_under_torchs_distributed_optimizer_keeps_every_rank_identical():
+    # the synchronizer's fused host bucket goes through auto: none, then onebit from the step
+    # after rank 0 decided; every rank's parameters stay bit-identical
+    run = bpslaunch(worker("auto_torch.py"), workers=2, servers=1, timeout=180)
+    assert run.rc == 0, run.log
+    crcs: dict[int, dict[int, str]] = {}
+    for ln in run.lines("STEP "):
+        m = re.search(r"STEP (\d+) rank (\d+) crc=(\w+)", ln)
+        assert m, ln
+        crcs.setdefault(int(m[1]), {})[int(m[2])] = m[3]
+    assert sorted(crcs) == list(range(6)), run.log
+    assert all(len(c) == 2 and c[0] == c[1] for c in crcs.values()), (crcs, run.log)
+    names = run.lines("AUTO NAMES")
+    assert len(names) == 2 and all("#auto.onebit" in ln for ln in names), run.log

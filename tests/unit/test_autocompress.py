@@ -154,6 +154,7 @@ class _Rt:
     rank_ = 0
     initialized = False
     telemetry = None
+    epoch = 0
 
     class config:  # noqa: N801
         class partition:  # noqa: N801
