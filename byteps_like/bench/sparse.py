@@ -279,7 +279,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"job: {s.workers} worker(s), {s.servers} server(s), {s.rate}; tables "
           f"{table_rows(s.rows, s.tables)} x {s.dim} float32; batch {s.batch} per worker, Zipf "
           f"{s.zipf}; sparse ({s.optimizer}) {s.warmup}+{s.steps} steps, dense {s.dense_warmup}+"
-          f"{s.dense_steps} steps", flush=True)
+          f"{s.dense_steps} steps"
+          + (f"; straggler: worker {s.straggler.rank} "
+             f"{'NIC at rate / ' if s.rate_bits is not None else 'compute x'}"
+             f"{s.straggler.factor:g}" if s.straggler else "")
+          + (f"; rate schedule {s.schedule.text}" if s.schedule else ""), flush=True)
     exit_on_signals()
     t_all = time.monotonic()
     records, failures = [], []
@@ -306,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rec = make_record(s, mode, res, rss)
                 if sw is not None:
                     rec["rate_switches"] = [(t - sw.t0, r) for t, r in switches]
+                rec["straggler"] = s.straggler.arg() if s.straggler else None
                 records.append(rec)
                 print(f"[sparse] {mode}: step {rec['step_s'] * 1e3:.1f} ms", file=sys.stderr,
                       flush=True)

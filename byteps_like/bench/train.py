@@ -556,6 +556,11 @@ def print_job(plan: Plan, a: argparse.Namespace) -> None:
           + f"; {s.warmup} warm-up + {s.steps} timed steps; exchange {s.exchange_repeats} "
           f"repeats; compression {s.compression}"
           + ("; CrossBarrier" if s.cross_barrier else "")
+          + (f"; straggler: worker {s.straggler.rank} "
+             f"{'NIC at rate' if s.rate_bits is not None else 'compute x'}"
+             f"{' / ' if s.rate_bits is not None else ''}{s.straggler.factor:g}"
+             if s.straggler else "")
+          + (f"; rate schedule {s.schedule.text}" if s.schedule else "")
           + (f"; byteps_like env {' '.join(f'{k}={v}' for k, v in a.env)}" if a.env else ""))
     for mode, why in plan.skipped.items():
         print(f"{mode}: skipped: {why}")
@@ -602,6 +607,7 @@ def run_all(plan: Plan, queue_ms: float) -> tuple[list[dict], list[str]]:
                 rec = make_record(s, name, mode, res, meter.wall)
                 if sw is not None:
                     rec["rate_switches"] = [(t - sw.t0, r) for t, r in switches]
+                rec["straggler"] = s.straggler.arg() if s.straggler else None
                 rec["others_cpu_share"] = meter.others
                 records.append(rec)
                 print(f"{label}: done in {meter.wall:.1f} s: step {rec['step_s'] * 1e3:.1f} ms, "
