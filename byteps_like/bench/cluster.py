@@ -127,6 +127,18 @@ def _switcher(a: argparse.Namespace, env: Env) -> uneven.RateSwitcher | None:
     return uneven.RateSwitcher(env.cluster, a.schedule, scale).start()
 
 
+def auto_report(res: list[dict], tag: str) -> list[dict]:
+    """Print what auto compression chose in a run at one rate (rank 0's decisions that changed
+    its table, with the predictions), and return them all."""
+    decisions: list[dict] = next((r["auto_decisions"] for r in res if r.get("auto_decisions")),
+                                 [])
+    for d in decisions:
+        if d["changed"]:
+            print(f"[auto] {tag}bandwidth {d['bandwidth'] * 8 / 1e9:.3g} Gbit/s -> "
+                  f"{d['table']}; predicted: {d['why']}", flush=True)
+    return decisions
+
+
 def schedule_report(schedule: uneven.RateSchedule, sw: uneven.RateSwitcher, res: list[dict],
                     compressor: str, size: int) -> dict:
     """Stop ``sw`` and print, for the run of ``compressor``: the median round in each segment
@@ -665,6 +677,8 @@ def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: 
                 records += compression_records(res, c, n, k, sizes, link, rate)
                 if sw is not None:
                     records[-1].update(schedule_report(a.schedule, sw, res, c, sizes[0]))
+                elif c == "auto":
+                    records[-1]["auto_decisions"] = auto_report(res, tag)
             continue
         with OthersMeter() as m:
             res = run_bps(env, n, k, sizes, a.repeats, a.warmup, next_port(), a.partition_bytes)
