@@ -21,14 +21,13 @@ residual (worker and server) waits while another candidate is chosen and is appl
 codec is chosen again: error feedback's invariant (what was sent plus the residual is what was
 given) holds across switches.
 
-Measurement (rank 0). A thread samples the bytes this worker pulled (twice that: pushes are as
-large) and the seconds during which one of its partitions was in a push or pull
-(``Telemetry.exchange``); their ratio over a window of at least 20 ms of exchange is the
-bandwidth. Rank 0 decides again when the bandwidth moves by more than 25% from the reference:
-the first window measured under the table now in force (a codec's windows read lower than the
-link, as its messages are short: comparing windows of one table keeps it from flapping). The
-codec speeds are measured once, at the first decision (:func:`byteps_like.autocompress.
-measure_speeds`, a partition-sized sample).
+Measurement (rank 0). A thread samples the bytes the native client moved (in and out) every
+0.1 s; a window that began and ended with operations in flight gives a bandwidth
+(:class:`BandwidthMeter`), and the median of the last three is the measured bandwidth. Rank 0
+decides again when it moves by more than 25% from the reference: the first window measured
+under the table now in force (a codec's windows read lower than the link, as its messages are
+short: comparing windows of one table keeps it from flapping). The codec speeds are measured
+once, at the first decision (:func:`byteps_like.autocompress.measure_speeds`, a 16 MiB sample).
 """
 from __future__ import annotations
 
@@ -207,22 +206,18 @@ class AutoController:
         return not self.closed and self.rt.initialized and self.rt.epoch == self.epoch
 
     def _measure(self) -> None:
-        last = None
+        meter = BandwidthMeter(self.rt)
         recent: deque[float] = deque(maxlen=_WINDOWS)
         while self._live():
             time.sleep(_SAMPLE_S)
-            tel = self.rt.telemetry
-            if tel is None or not self.measuring:
+            if not self.measuring:
                 continue
-            now = (2 * self.rt.bytes_pulled, tel.exchange.busy())
-            if last is None:
-                last = now
+            bw = meter.sample()
+            if bw is None:
                 continue
-            dbytes, dbusy = now[0] - last[0], now[1] - last[1]
-            if dbusy < _MIN_BUSY_S or dbytes < _MIN_BYTES:
-                continue
-            last = now
-            recent.append(dbytes / dbusy)
+            recent.append(bw)
+            if self._ref is None and self._settle_epoch < 0 and len(recent) < _WINDOWS:
+                continue  # the first decision waits for a full median (not the start-up's)
             try:
                 self.observe(sorted(recent)[len(recent) // 2])  # the median of the last few
             except Exception:  # noqa: BLE001 - a measuring thread must not die silently
@@ -247,7 +242,7 @@ class AutoController:
         with the next epoch's broadcast."""
         if self.speeds is None:  # larger than a cache, as the gradients are
             sample = max(16 << 20, self.rt.config.partition.partition_bytes)
-            self.speeds = measure_speeds(self.auto.candidates, sample)
+            self.speeds = measure_speeds(self.auto.candidates, sample, repeats=2)
             log.info("auto compression: codec speeds on a %d KiB sample: %s", sample >> 10,
                      ", ".join(f"{s.name} ratio {s.ratio:.3g} encode {s.encode_bps / 1e9:.2f} "
                                f"GB/s decode {s.decode_bps / 1e9:.2f} GB/s"
@@ -281,6 +276,47 @@ class AutoController:
                           f"[{ch.why()}]" for c, ch in used.items()) or "no tensor yet",
                 f"; from epoch {applies}" if changed else "; unchanged")
         return choices
+
+
+class BandwidthMeter:
+    """Windows of this worker's bandwidth (bytes pushed plus pulled per second). On the native
+    data plane: its client's bytes in and out (counted by its I/O threads as they move) over a
+    period that began and ended with operations in flight, so a window ends within a sampling
+    period of the link's change, whatever the size of the operations; extended until it holds
+    at least 256 KiB. Without a client (no native plane): the bytes this worker pulled (twice)
+    per second of exchange (``Telemetry.exchange``), which move when operations complete."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self._last: tuple[float, float, bool] | None = None
+
+    def sample(self) -> float | None:
+        """The window that ends now, in bytes/s, or None (idle, too few bytes)."""
+        plane = getattr(self.rt, "plane", None)
+        cli = getattr(plane, "client", None)
+        if cli is not None:
+            try:
+                st = cli.stats()
+            except Exception:  # noqa: BLE001 - closing under us: no window
+                return None
+            cur = (time.monotonic(), float(st["bytes_in"] + st["bytes_out"]), st["ops"] > 0)
+        else:
+            tel = self.rt.telemetry
+            if tel is None:
+                return None
+            busy = tel.exchange.busy()
+            cur = (busy, float(2 * self.rt.bytes_pulled), True)
+            if self._last is not None and cur[0] - self._last[0] < _MIN_BUSY_S:
+                return None   # not enough exchange yet: the window goes on
+        prev = self._last
+        if prev is None or not (prev[2] and cur[2]):
+            self._last = cur
+            return None
+        dt, db = cur[0] - prev[0], cur[1] - prev[1]
+        if db < _MIN_BYTES or dt <= 0:
+            return None       # the window goes on (from ``prev``)
+        self._last = cur
+        return db / dt
 
 
 def _bounds(cls: int) -> str:
