@@ -117,3 +117,30 @@ def test_decisions_and_rounds_are_placed_relative_to_the_switches():
     rounds = [(100.5, 0.1), (101.0, 0.3), (112.0, 2.0), (115.0, 4.0), (125.0, 9.0)]
     assert links.segment_medians(sched, 100.0, rounds) == [0.2, 3.0]
     assert links.segment_medians(sched, 200.0, rounds) == [None, None]
+
+
+def test_bench_train_passes_a_compute_straggler_to_its_workers_only_without_a_rate():
+    from byteps_like.bench import train
+    p = train.build_parser()
+    a = p.parse_args(["--models", "mlp", "--modes", "byteps_like", "--workers", "2",
+                      "--device", "cpu", "--straggler", "1:3"])
+    s = train.plan_run(p, a).setup
+    assert s.straggler == links.Straggler(1, 3.0) and s.schedule is None
+    args = s.worker_args("mlp")
+    assert args[args.index("--straggler") + 1] == "1:3"
+    s.rate_bits = 1e9          # with --rate the straggler is its NIC: no compute slowdown
+    assert "--straggler" not in s.worker_args("mlp")
+    with pytest.raises(SystemExit):   # worker 2 of 2 workers
+        train.plan_run(p, p.parse_args(["--models", "mlp", "--modes", "byteps_like",
+                                        "--workers", "2", "--device", "cpu",
+                                        "--straggler", "2:3"]))
+
+
+def test_bench_sparse_takes_a_straggler_and_a_schedule():
+    from byteps_like.bench import sparse
+    p = sparse.build_parser()
+    s, _modes = sparse.plan(p, p.parse_args(["--straggler", "0:2", "--modes", "sparse"]))
+    argv = s.worker_argv("sparse")
+    assert argv[argv.index("--straggler") + 1] == "0:2"
+    a = p.parse_args(["--rate", "1gbit:5s,100mbit:5s"])
+    assert isinstance(a.rate, links.RateSchedule) and a.rate.first == 1e9
