@@ -8,17 +8,22 @@ the bandwidth, lets rank 0 decide and tells the other ranks (every rank switches
 round), is :mod:`byteps_like.worker.autocompress`.
 
 The prediction for a tensor of ``S`` float32 bytes with a candidate of wire ratio ``r`` (wire
-bytes / float32 bytes), encode speed ``E`` and decode speed ``D`` (float32 bytes per second):
+bytes / float32 bytes), encode speed ``E`` and decode speed ``D`` (float32 bytes per second) is a
+pipeline of its ``P`` partitions through these stages:
 
-    T = 2 * r * S / B                       push and pull over the measured bandwidth B
-        + S / E + S / D                     the worker encodes its push, decodes the sum
-        + (W * S / D + S / E) / N           a codec's servers: decode W pushes, encode the sum
+    wire      2 r S / B                 push and pull over the measured bandwidth B
+    encode    S / E                     the worker encodes its push
+    decode    S / D                     ... and decodes the sum
+    server    (W S / D + S / E) / N     a codec's servers: decode W pushes, encode the sum
 
-where ``B`` is the worker's measured bytes on the wire (pushed plus pulled) per second of
-exchange, ``W`` the workers and ``N`` the servers (the keys spread over them). A cast (fp16,
-bf16) is summed by the servers in its own dtype: it has no server term. ``none`` has ``r = 1``
-and no coding time, and is always a candidate, so a choice is never predicted slower than it.
-The terms are added, not overlapped: the prediction leans towards the cheaper codec.
+    T = sum(stages) / P + (P - 1) / P * max(stages)
+
+where ``B`` is the worker's measured bytes on the wire (pushed plus pulled) per second, ``W``
+the workers and ``N`` the servers (the keys spread over them). A cast (fp16, bf16) is summed by
+the servers in its own dtype: it has no server stage. ``none`` has ``r = 1`` and only the wire,
+and is always a candidate, so a choice is never predicted slower than it. Each stage is costed
+on one thread (the codec speeds are measured on one): the prediction leans towards the cheaper
+candidate.
 """
 from __future__ import annotations
 
@@ -98,17 +103,24 @@ NONE_SPEED = CodecSpeed("none", 1.0)
 
 
 def predict(nbytes: int, bandwidth: float, speed: CodecSpeed, *, workers: int = 1,
-            servers: int = 1) -> float:
+            servers: int = 1, partition_bytes: int = 0) -> float:
     """Predicted seconds of one push_pull round of ``nbytes`` float32 bytes with ``speed``'s
-    candidate at ``bandwidth`` bytes/s (pushed plus pulled per second). Pure."""
+    candidate at ``bandwidth`` bytes/s (pushed plus pulled per second), its partitions
+    (``partition_bytes``; 0: one) going through the stages as a pipeline. Pure."""
     if bandwidth <= 0:
         raise ValueError(f"predict: bandwidth must be > 0, got {bandwidth!r}")
-    t = 2.0 * speed.ratio * nbytes / bandwidth
-    t += nbytes / speed.encode_bps + nbytes / speed.decode_bps
-    if speed.server_codec:
-        t += (max(1, workers) * nbytes / speed.decode_bps + nbytes / speed.encode_bps) \
-            / max(1, servers)
-    return t
+    stages = [2.0 * speed.ratio * nbytes / bandwidth]       # the wire, both ways
+    if math.isfinite(speed.encode_bps):
+        stages.append(nbytes / speed.encode_bps)             # the workers encode
+    if math.isfinite(speed.decode_bps):
+        stages.append(nbytes / speed.decode_bps)             # ... and decode the sum
+    if speed.server_codec:                                   # the servers decode W, encode 1
+        stages.append((max(1, workers) * nbytes / speed.decode_bps
+                       + nbytes / speed.encode_bps) / max(1, servers))
+    parts = max(1, math.ceil(nbytes / partition_bytes)) if partition_bytes > 0 else 1
+    # P partitions through k stages: each stage's share per partition, the slowest stage
+    # paced P - 1 times after the first partition went through all
+    return sum(stages) / parts + (parts - 1) / parts * max(stages)
 
 
 @dataclass(frozen=True)
@@ -124,8 +136,8 @@ class Choice:
 
 
 def choose(nbytes: int, bandwidth: float, speeds: Sequence[CodecSpeed], *,
-           workers: int = 1, servers: int = 1, current: str | None = None,
-           margin: float = 0.1) -> Choice:
+           workers: int = 1, servers: int = 1, partition_bytes: int = 0,
+           current: str | None = None, margin: float = 0.1) -> Choice:
     """The candidate of ``speeds`` (``none`` is added when absent) with the least predicted
     round time for ``nbytes`` at ``bandwidth``; ``current`` stays when its prediction is within
     ``margin`` (a fraction) of the best, so that a choice does not flap between two candidates
@@ -135,8 +147,8 @@ def choose(nbytes: int, bandwidth: float, speeds: Sequence[CodecSpeed], *,
     cands = list(speeds)
     if not any(s.name == "none" for s in cands):
         cands.insert(0, NONE_SPEED)
-    predicted = {s.name: predict(nbytes, bandwidth, s, workers=workers, servers=servers)
-                 for s in cands}
+    predicted = {s.name: predict(nbytes, bandwidth, s, workers=workers, servers=servers,
+                                 partition_bytes=partition_bytes) for s in cands}
     best = min(predicted, key=lambda n: (predicted[n], n != "none"))
     if (current is not None and current != best and current in predicted
             and predicted[current] <= predicted[best] * (1 + margin)):

@@ -249,9 +249,11 @@ class AutoController:
                                for s in self.speeds[1:]) or "none only")
         workers = max(1, self.rt.members.size // max(1, self.rt.members.local_size))
         servers = max(1, self.rt.members.num_servers)
+        part = self.rt.config.partition.partition_bytes
         choices = [choose(class_size(c), bandwidth, self.speeds, workers=workers,
-                          servers=servers, current=self.names[self.current[c]],
-                          margin=self.auto.margin) for c in range(NUM_CLASSES)]
+                          servers=servers, partition_bytes=part,
+                          current=self.names[self.current[c]], margin=self.auto.margin)
+                   for c in range(NUM_CLASSES)]
         new = [self.names.index(ch.name) for ch in choices]
         with self._lock:
             changed = new != self.current

@@ -45,6 +45,31 @@ def test_predict_is_wire_time_plus_coding_time():
         predict(n, 0, FP16)
 
 
+def test_partitions_pipeline_through_the_stages():
+    n, part = 256 * MiB, 4 * MiB        # 64 partitions
+    stages = [2 * n / 32 / 1e9, n / 10e9, n / 20e9, (2 * n / 20e9 + n / 10e9) / 2]
+    want = sum(stages) / 64 + 63 / 64 * max(stages)
+    assert predict(n, 1e9, ONEBIT, workers=2, servers=2, partition_bytes=part) == \
+        pytest.approx(want)
+    # one partition: the stages one after the other; none is the wire alone either way
+    assert predict(n, 1e9, ONEBIT, workers=2, servers=2, partition_bytes=n) == \
+        pytest.approx(sum(stages))
+    none = CodecSpeed("none", 1.0)
+    assert predict(n, 1e9, none, partition_bytes=part) == pytest.approx(2 * n / 1e9)
+
+
+@pytest.mark.parametrize("rate,want", [(1, "onebit"), (10, "onebit"), (25, "onebit"),
+                                       (100, "fp16"), (1000, "none")])
+def test_pipelined_choice_with_device_like_speeds(rate, want):
+    # the device cluster (2 workers, 2 servers, 256 MiB): onebit best at 1, 10 and 25
+    # Gbit/s (0.19 and 0.50 of none at 10 and 25), fp16 next (0.52, 0.61)
+    fp16 = CodecSpeed("fp16", 0.5, 20e9, 20e9)
+    onebit = CodecSpeed("onebit", 1 / 32, 10e9, 10e9, server_codec=True)
+    ch = choose(256 * MiB, gbit(rate), [fp16, onebit], workers=2, servers=2,
+                partition_bytes=4096000)
+    assert ch.name == want, ch.why()
+
+
 @pytest.mark.parametrize("rate,want", [(1, "onebit"), (10, "onebit"), (25, "fp16"),
                                        (400, "none")])
 def test_choice_follows_the_bandwidth(rate, want):
