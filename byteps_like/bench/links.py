@@ -195,8 +195,10 @@ class RateSwitcher:
                 self.apply(rate)
                 now = time.time()
                 self.done.append((now, rate))
+                slow = "".join(f", {h} at {rate / f / 1e9:g}" for h, f in self.scale.items()
+                               if f != 1)
                 print(f"RATE SWITCH at {now - self.t0:.2f} s: every NIC -> {rate / 1e9:g} "
-                      f"Gbit/s", file=self.log, flush=True)
+                      f"Gbit/s{slow}", file=self.log, flush=True)
         except BaseException as exc:  # noqa: BLE001 - reported by stop()
             self.error = exc
 
