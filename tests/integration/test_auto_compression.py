@@ -47,3 +47,11 @@ def test_auto_under_torchs_distributed_optimizer_keeps_every_rank_identical():
     assert all(len(c) == 2 and c[0] == c[1] for c in crcs.values()), (crcs, run.log)
     names = run.lines("AUTO NAMES")
     assert len(names) == 2 and all("#auto.onebit" in ln for ln in names), run.log
+
+
+def test_auto_goes_on_after_rank_0_joined():
+    # rank 0 (the one that decides) stops 3 steps early and joins; the other ranks' auto
+    # broadcasts then sum to zeros: the last table stays, no "out of step" error
+    run = bpslaunch(worker("auto_join.py"), workers=2, servers=1)
+    assert run.rc == 0, run.log
+    assert len(run.lines("OK auto join")) == 2, run.log
