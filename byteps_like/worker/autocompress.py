@@ -128,6 +128,7 @@ class AutoController:
         self.epoch = rt.epoch   # an elastic job's membership epoch: its names and rounds
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
+        self._sizes: dict[str, int] = {}             # the names auto has seen, their bytes
         self._tables: dict[int, list[int]] = {0: [0] * NUM_CLASSES}
         self._pending: dict[int, tuple[Handle, np.ndarray]] = {}
         self._issued = 0                             # the last epoch whose broadcast started
@@ -161,10 +162,12 @@ class AutoController:
             table = self._table(epoch, name)
             if self.root:
                 self.seen.add(cls)
+            if name not in self._sizes:
+                self._sizes[name] = nbytes
         cand = self.names[table[cls]]
         if cand == "none":
             return name, Compression.none
-        return f"{name}#auto.{cand}", self.auto.candidates[cand]
+        return variant(name, cand), self.auto.candidates[cand]
 
     def _issue(self, epoch: int) -> None:
         arr = np.zeros(_HEAD + NUM_CLASSES, np.int64)
@@ -198,9 +201,28 @@ class AutoController:
         if any(not 0 <= v < len(self.names) for v in table):
             raise BytePSError(f"worker rank {self.rt.rank_}: auto compression's table of "
                               f"epoch {epoch} names a candidate out of range: {table}")
+        if table != self._tables[max(self._tables)]:
+            self._declare(table)
         self._tables = {e: t for e, t in self._tables.items() if e >= epoch - 1}
         self._tables[epoch] = table
         return table
+
+    def _declare(self, table: list[int]) -> None:
+        """Declare the names a new table makes the known tensors travel under, in the order of
+        their own declarations: a name's key is its place in the order of declarations, which
+        must be the same on every rank whatever order this step's push_pulls come in (the
+        synchronizer declares its buckets up front for that reason)."""
+        declared = self.rt.tensors()
+        order = {n: i for i, n in enumerate(self._sizes)}
+
+        def place(name: str) -> tuple[int, int]:
+            st = declared.get(name)
+            return (st.decl_id if st is not None else 1 << 62, order[name])
+
+        for name in sorted(self._sizes, key=place):
+            cand = self.names[table[size_class(self._sizes[name])]]
+            if cand != "none" and variant(name, cand) not in declared:
+                self.rt.declare(variant(name, cand))
 
     def close(self) -> None:
         self.closed = True
@@ -323,6 +345,11 @@ class BandwidthMeter:
             return None       # the window goes on (from ``prev``)
         self._last = cur
         return db / dt
+
+
+def variant(name: str, candidate: str) -> str:
+    """The name a tensor travels under with a candidate other than none."""
+    return f"{name}#auto.{candidate}"
 
 
 def _bounds(cls: int) -> str:

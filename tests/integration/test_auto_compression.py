@@ -55,3 +55,13 @@ def test_auto_goes_on_after_rank_0_joined():
     run = bpslaunch(worker("auto_join.py"), workers=2, servers=1)
     assert run.rc == 0, run.log
     assert len(run.lines("OK auto join")) == 2, run.log
+
+
+def test_switched_names_get_the_same_keys_whatever_the_push_order():
+    # the ranks push two tensors in opposite orders each step; the names they switch to are
+    # declared in the order of the tensors' own declarations (without that, rank 1 declared
+    # 'b#auto.onebit' under the key rank 0 gave 'a#auto.onebit': a MismatchError)
+    run = bpslaunch(worker("auto_order.py"), workers=2, servers=1)
+    assert run.rc == 0, run.log
+    ok = run.lines("OK auto order")
+    assert len(ok) == 2 and all(ln.endswith("a#auto.onebit b#auto.onebit") for ln in ok), run.log
