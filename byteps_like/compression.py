@@ -53,8 +53,8 @@ import math
 import re
 import struct
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -68,8 +68,12 @@ __all__ = [
     "CompressionError", "Compressor", "FP16Compressor", "BF16Compressor", "CodecCompressor",
     "Codec", "OneBit", "TopK", "RandomK", "Dithering", "ErrorFeedback", "NesterovMomentum",
     "Compression", "from_spec", "register", "unregister", "registered", "resolve", "split",
-    "HEADER_BYTES", "native_params", "compiled_codec", "CompiledCodec",
+    "HEADER_BYTES", "native_params", "compiled_codec", "CompiledCodec", "AutoCompression",
+    "AUTO_CANDIDATES",
 ]
+# Compression.auto is an AutoCompression (kind "auto"): the worker runtime turns it into one of
+# its candidates per tensor before anything is bound (worker/autocompress.py); its model (the
+# prediction, the codec speeds) is byteps_like/autocompress.py
 
 
 class CompressionError(BytePSError, ValueError):
@@ -825,6 +829,108 @@ class Compression:
                   momentum: float | None = None) -> Compressor:
         return _wrap(Dithering(levels, partition, normalize, seed), error_feedback, momentum)
 
+    @staticmethod
+    def auto(allow: Any = ("fp16",), error_feedback: bool = True, k: float = 0.01,
+             seed: int = 0, levels: int = 16, margin: float = 0.1,
+             rounds: int = 1) -> Compressor:
+        """Each tensor travels with none or one of ``allow`` (fp16, bf16, onebit, topk,
+        randomk, dithering), whichever rank 0 predicts fastest for its size at the measured
+        bandwidth; re-decided when the bandwidth changes (``margin``: how much faster another
+        candidate must be predicted to replace the current one; ``rounds``: rounds between
+        the points where every rank may switch). docs/compression.md, "auto"."""
+        return AutoCompression(parse_auto_allow(allow),
+                               error_feedback, k, seed, levels, margin, rounds)
+
+
+#: names Compression.auto may be allowed (BYTEPS_COMPRESSOR_AUTO_CODECS); none is always one
+AUTO_CANDIDATES = ("fp16", "bf16", "onebit", "topk", "randomk", "dithering")
+
+
+# ---- auto: the candidates (byteps_like/autocompress.py holds the model) --------------------
+
+def auto_candidate(name: str, *, error_feedback: bool = True, k: float = 0.01, seed: int = 0,
+              levels: int = 16) -> Compressor:
+    """The compressor a candidate name stands for (none, a cast, or a codec with the given
+    settings; codecs with error feedback by default)."""
+    if name == "none":
+        return Compression.none
+    if name == "fp16":
+        return Compression.fp16
+    if name == "bf16":
+        return Compression.bf16
+    if name == "onebit":
+        return Compression.onebit(True, error_feedback=error_feedback)
+    if name == "topk":
+        return Compression.topk(k, error_feedback=error_feedback)
+    if name == "randomk":
+        return Compression.randomk(k, seed, error_feedback=error_feedback)
+    if name == "dithering":
+        return Compression.dithering(levels, seed=seed, error_feedback=error_feedback)
+    raise CompressionError(f"auto compression: {name!r} is not a candidate; allow some of "
+                           f"{', '.join(AUTO_CANDIDATES)} (none is always one)")
+
+
+def parse_auto_allow(text: str | Iterable[str]) -> tuple[str, ...]:
+    """The allowed candidates of a comma-separated list (or an iterable of names), checked,
+    without duplicates and without ``none`` (always a candidate)."""
+    names = [t.strip() for t in (text.split(",") if isinstance(text, str) else text)]
+    out: list[str] = []
+    for n in names:
+        if not n or n == "none":
+            continue
+        if n not in AUTO_CANDIDATES:
+            raise CompressionError(f"auto compression: {n!r} is not a candidate; allow some "
+                                   f"of {', '.join(AUTO_CANDIDATES)} (none is always one)")
+        if n not in out:
+            out.append(n)
+    return tuple(out)
+
+
+
+# ---- auto: the compressor users pass -----------------------------------------------------------
+
+@dataclass(frozen=True, repr=False)
+class AutoCompression(Compressor):
+    """``Compression.auto(allow=("fp16", "onebit"))``: each tensor travels with the candidate
+    (none or one of ``allow``) that rank 0 predicts fastest for its size class at the measured
+    bandwidth; every rank switches at the same round (:mod:`byteps_like.worker.autocompress`).
+    Codecs come with error feedback unless ``error_feedback=False``. A tensor staged from a
+    device, an integer tensor and one below BYTEPS_MIN_COMPRESS_BYTES travel as none."""
+    allow: tuple[str, ...] = ("fp16",)
+    error_feedback: bool = True
+    k: float = 0.01
+    seed: int = 0
+    levels: int = 16
+    margin: float = 0.1
+    rounds: int = 1
+    candidates: dict[str, Compressor] = field(init=False, compare=False, hash=False)
+    name: ClassVar[str] = "auto"
+    kind: ClassVar[str] = "auto"
+
+    def __post_init__(self) -> None:
+        allow = parse_auto_allow(self.allow)
+        object.__setattr__(self, "allow", allow)
+        if not (isinstance(self.margin, (int, float)) and 0 <= self.margin <= 10):
+            raise CompressionError(f"auto compression: margin must be in [0, 10], got "
+                                   f"{self.margin!r}")
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) \
+                or not 1 <= self.rounds <= 1_000_000:
+            raise CompressionError(f"auto compression: rounds must be an int >= 1, got "
+                                   f"{self.rounds!r}")
+        cands: dict[str, Compressor] = {"none": Compression.none}
+        for n in allow:
+            cands[n] = auto_candidate(n, error_feedback=self.error_feedback, k=self.k,
+                                 seed=self.seed, levels=self.levels)
+        object.__setattr__(self, "candidates", cands)
+
+    def spec(self) -> dict:
+        return {"name": self.name, "allow": ",".join(self.allow),
+                "error_feedback": self.error_feedback, "k": self.k, "seed": self.seed,
+                "levels": self.levels, "margin": self.margin, "rounds": self.rounds}
+
+    def __repr__(self) -> str:
+        return f"Compression.auto(allow={self.allow!r})"
+
 
 # ---- registry ---------------------------------------------------------------------------------
 
@@ -896,7 +1002,7 @@ def from_spec(spec: dict) -> Compressor:
     except TypeError as exc:
         raise CompressionError(f"compressor {name!r}: bad fields {sorted(params)} ({exc})") \
             from None
-    if not isinstance(comp, Compressor) or comp.kind not in ("none", "cast", "codec"):
+    if not isinstance(comp, Compressor) or comp.kind not in ("none", "cast", "codec", "auto"):
         raise CompressionError(f"compressor {name!r}: its factory returned {comp!r}, not a "
                                "Compressor")
     return comp
@@ -924,6 +1030,7 @@ register("randomk", RandomK)
 register("dithering", Dithering)
 register("ef", lambda inner: ErrorFeedback(_inner(inner)))
 register("nesterov", lambda inner, mu=0.9: NesterovMomentum(_inner(inner), mu))
+register("auto", lambda **kw: Compression.auto(**kw))
 
 
 # ---- engine helpers -----------------------------------------------------------------------------
@@ -933,6 +1040,8 @@ def split(c: Compressor | None) -> tuple[Compressor, Compressor | None]:
     its cast."""
     if c is None:
         return Compression.none, None
+    if c.kind == "auto":  # the runtime resolves it per tensor (worker/autocompress.py)
+        return c, None
     return (Compression.none, c) if c.kind == "codec" else (c, None)
 
 
@@ -959,6 +1068,9 @@ def resolve(c: Compressor | None, cfg: Any) -> Compressor:
     if name == "dithering":
         return Compression.dithering(cc.levels, cc.partition, cc.normalize, cc.seed,
                                      cc.error_feedback, momentum)
+    if name == "auto":
+        return Compression.auto(cc.auto_codecs, True, k, cc.seed, cc.levels,
+                                cc.auto_margin, cc.auto_rounds)
     if name.startswith(REGISTERED_PREFIX):  # config.py checked the rest of the name's form
         name = name[len(REGISTERED_PREFIX):]
         if name not in registered():

@@ -445,7 +445,9 @@ class CompressionConfig:
                                  "than this travel uncompressed (their compression would cost "
                                  "more than it saves).", unit="bytes", min=0)
     compressor: str = _s("BYTEPS_COMPRESSOR", "str", "", "Compressor of the gradients: onebit, "
-                         "topk, randomk, dithering, fp16, bf16, none, or registered:NAME for a "
+                         "topk, randomk, dithering, fp16, bf16, none, auto (picks one per "
+                         "tensor size from the measured bandwidth and codec speeds: "
+                         "docs/compression.md), or registered:NAME for a "
                          "compressor the code registers with byteps_like.compression.register; "
                          "empty = none. Checked when the configuration loads: another name is "
                          "a ConfigError naming the valid ones.")
@@ -467,6 +469,18 @@ class CompressionConfig:
                         "dithering: level spacing.", choices=("linear", "natural"))
     normalize: str = _s("BYTEPS_COMPRESSOR_DITHERING_NORMALIZE", "choice", "max",
                         "dithering: the norm values are scaled by.", choices=("max", "l2"))
+    auto_codecs: str = _s("BYTEPS_COMPRESSOR_AUTO_CODECS", "str", "fp16", "auto: the "
+                          "candidates besides none (always one), comma-separated, of fp16, "
+                          "bf16, onebit, topk, randomk, dithering; codecs with error feedback "
+                          "and the BYTEPS_COMPRESSOR_K / _SEED / _DITHERING_LEVELS settings.")
+    auto_margin: float = _s("BYTEPS_COMPRESSOR_AUTO_MARGIN", "float", 0.1, "auto: a candidate "
+                            "replaces the current one only when predicted faster by more than "
+                            "this fraction (hysteresis; the bandwidth must also have moved by "
+                            "25% since the last decision).", min=0, max=10)
+    auto_rounds: int = _s("BYTEPS_COMPRESSOR_AUTO_ROUNDS", "int", 1, "auto: rounds of a tensor "
+                          "between the points where every rank may switch its compressor "
+                          "(each point costs one small broadcast from rank 0).", min=1,
+                          max=1_000_000)
 
 
 @dataclass(frozen=True)
@@ -974,8 +988,11 @@ def _check_backup(cfg: Config, who: Callable[[str], str]) -> None:
 #: these names; tests/unit/test_early_errors.py holds the two together). A compressor the code
 #: registers is named REGISTERED_PREFIX + its name: it exists only once the code has run, so only
 #: the form of its name is checked at load.
-BUILTIN_COMPRESSORS = ("onebit", "topk", "randomk", "dithering", "fp16", "bf16", "none")
+BUILTIN_COMPRESSORS = ("onebit", "topk", "randomk", "dithering", "fp16", "bf16", "none",
+                       "auto")
 REGISTERED_PREFIX = "registered:"
+#: what BYTEPS_COMPRESSOR_AUTO_CODECS may list (byteps_like/autocompress.py's CANDIDATES + none)
+AUTO_CANDIDATES = ("none", "fp16", "bf16", "onebit", "topk", "randomk", "dithering")
 _REGISTERED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
 
 
@@ -997,6 +1014,12 @@ def _check_compression(cfg: Config, who: Callable[[str], str]) -> None:
                           f"{', '.join(BUILTIN_COMPRESSORS)}, or registered:NAME for one the "
                           "code registers with byteps_like.compression.register "
                           "(docs/compression.md)")
+    if name == "auto":
+        bad = [c.strip() for c in cfg.compression.auto_codecs.split(",")
+               if c.strip() and c.strip() not in AUTO_CANDIDATES]
+        if bad:
+            raise ConfigError(f"{who('compression.auto_codecs')}: {', '.join(bad)} is not a "
+                              f"candidate of auto; use some of {', '.join(AUTO_CANDIDATES)}")
     k = cfg.compression.k
     if name in ("topk", "randomk") and not (0 < k < 1 or (k >= 1 and float(k).is_integer())):
         raise ConfigError(f"{who('compression.k')} does not suit {name}: a fraction in (0, 1) "

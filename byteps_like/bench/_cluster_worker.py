@@ -99,10 +99,11 @@ def _compressors() -> dict:
                     lambda: Compression.randomk(0.01, error_feedback=True)),
         "dithering": ("dithering 16 lin max",
                       lambda: Compression.dithering(16, "linear", "max")),
+        "auto": ("auto of none,fp16,onebit+EF", lambda: Compression.auto(("fp16", "onebit"))),
     }
 
 
-COMPRESSORS = ("none", "fp16", "bf16", "onebit", "topk", "randomk", "dithering")
+COMPRESSORS = ("none", "fp16", "bf16", "onebit", "topk", "randomk", "dithering", "auto")
 
 
 def compressor_label(name: str) -> str:
@@ -125,11 +126,25 @@ def _check_sum(rank: int, name: str, comp: str, out, expect) -> None:
         raise AssertionError(f"worker {rank}: wrong push_pull result for {name} ({comp})")
 
 
-def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = "") -> int:
+def _go_on(bps, until: float, rep: int, warmup: int, repeats: int) -> bool:
+    """Another round? ``until`` (a time.time() deadline, bench/links.py's rate schedules): rank
+    0 says, for every worker alike (a push_pull of its answer); else ``repeats`` rounds."""
+    if not until:
+        return rep < warmup + repeats
+    import numpy as np
+    flag = np.array([int(rep < warmup or time.time() < until) if bps.rank() == 0 else 0],
+                    np.int32)
+    return bool(bps.push_pull(flag, name="bench.go", average=False)[0])
+
+
+def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = "",
+               until: float = 0.0) -> int:
     """push_pull of the model-sized tensor list. Without ``compressor``: every worker pushes
     constants and checks the exact sum. With one (``none`` included): the gradients are a
     seeded standard-normal array times (rank + 1), the same on every worker up to that factor,
-    so the expected sum is known; the compressor is passed to push_pull_async."""
+    so the expected sum is known; the compressor is passed to push_pull_async. ``until`` (a
+    rate schedule's end, time.time()): timed rounds until then instead of ``repeats``, each
+    with its start time (``rounds``); rank 0 reports auto compression's decisions."""
     import numpy as np
 
     import byteps_like as bps
@@ -143,6 +158,7 @@ def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = ""
     result: dict[str, list[float]] = {}
     wire: dict[str, dict[str, int]] = {}
     windows: dict[str, list[tuple[float, float]]] = {}  # the servers' CPU window (servercpu)
+    starts_by: dict[str, list[float]] = {}
     for total in sizes:
         specs = model_tensors(total)
         if comp is None:
@@ -155,10 +171,11 @@ def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = ""
         outs = [np.empty_like(a) for a in arrs]
         tag = f"{compressor}." if compressor else ""
         names = [f"{tag}{total}.{nm}" for nm, _c, _l in specs]
-        times = []
+        times, starts = [], []
         spans = windows[str(total)] = []
         pushed0 = pulled0 = 0
-        for rep in range(warmup + repeats):
+        rep = -1
+        while _go_on(bps, until, rep := rep + 1, warmup, repeats):
             for o in outs:
                 o.fill(0)
             bps.barrier()
@@ -173,8 +190,11 @@ def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = ""
             if rep >= warmup:
                 times.append(dt)
                 spans.append((m0, time.monotonic()))
+                starts.append(time.time() - dt)
+        rounds_done = len(times)
         wire[str(total)] = {"pushed": rt.bytes_pushed - pushed0,
-                            "pulled": rt.bytes_pulled - pulled0, "rounds": repeats}
+                            "pulled": rt.bytes_pulled - pulled0, "rounds": rounds_done}
+        starts_by[str(total)] = starts
         for i, (o, nm) in enumerate(zip(outs, names)):
             if bases is None:
                 if not (o == expect).all():
@@ -184,14 +204,16 @@ def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = ""
         result[str(total)] = times
         if rank == 0:
             w = wire[str(total)]
-            per = (w["pushed"] + w["pulled"]) / max(1, repeats) / (1 << 20)
+            per = (w["pushed"] + w["pulled"]) / max(1, rounds_done) / (1 << 20)
             progress(f"{total >> 20} MiB{' ' + compressor if compressor else ''}: "
                       f"{_times_summary(times)}, {per:.1f} MiB pushed+pulled per round "
                       f"on worker 0")
         del arrs, outs, bases
+    from byteps_like.worker.autocompress import decisions
+    auto = decisions(rt)
     bps.shutdown()
     emit({"rank": rank, "times": result, "wire": wire, "compressor": compressor or None,
-          "windows": windows})
+          "windows": windows, "starts": starts_by, "auto_decisions": auto})
     return 0
 
 
@@ -295,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hosts", default="")
     p.add_argument("--port-file", default="")
     p.add_argument("--step", default="", help="JSON parameters of the step benchmark")
+    p.add_argument("--until", type=float, default=0.0,
+                   help="bps: timed rounds until this time.time() (a rate schedule's end)")
     p.add_argument("--compressor", default="", choices=("",) + COMPRESSORS,
                    help="bps: gradient compressor of every push_pull (fixed settings, see "
                         "COMPRESSORS); empty = the plain benchmark")
@@ -305,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.kind == "tcp-send":
         return tcp_send(a.host, a.port, a.seconds)
     if a.kind == "bps":
-        return bps_worker(sizes, a.repeats, a.warmup, a.compressor)
+        return bps_worker(sizes, a.repeats, a.warmup, a.compressor, a.until)
     if a.kind == "gloo":
         return gloo_worker(sizes, a.repeats, a.warmup, a.rank, a.world, a.host, a.port)
     if a.kind == "horovod":

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .links import SlowCompute, straggler_arg
 from .report import emit, end_torch_distributed, progress
 
 DENSE_FEATURES = 13
@@ -75,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--optimizer", default="sgd", help="the sparse tables' (server side)")
+    p.add_argument("--straggler", type=straggler_arg, default=None, metavar="RANK:FACTOR",
+                   help="worker RANK's compute FACTOR times as long (bench/links.py)")
     a = p.parse_args(argv)
 
     import torch
@@ -124,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stats = [e.table.stats for e in embs if isinstance(e, bps.SparseEmbedding)]
     rng = np.random.default_rng(rank)
     steps: list[float] = []
+    slow = SlowCompute(a.straggler, rank)
     floor = 0
     base_tables = base_pp = 0
     losses = []
@@ -138,9 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         dense = torch.from_numpy(rng.normal(size=(a.batch, DENSE_FEATURES)).astype(np.float32))
         label = torch.from_numpy((rng.random(a.batch) < 0.25).astype(np.float32))
         t0 = time.perf_counter()
+        slow.start()
         loss = torch.nn.functional.binary_cross_entropy_with_logits(model(dense, ids), label)
         opt.zero_grad()
+        slow.delay()     # --straggler: this rank's gradients come FACTOR times later
         loss.backward()
+        slow.stop()
         opt.step()
         dt = time.perf_counter() - t0
         losses.append(float(loss))

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import models
+from .links import SlowCompute, straggler_arg
 from .report import emit, end_torch_distributed, progress
 
 PROGRESS_EVERY_S = 10.0
@@ -40,6 +41,7 @@ class Trainer:
         import torch
         self.torch = torch
         self.rank = rank
+        self.slow = SlowCompute(a.straggler, rank)
         if a.threads:
             torch.set_num_threads(a.threads)
         if a.device == "cuda":
@@ -80,9 +82,14 @@ class Trainer:
         for i in range(warmup + steps):
             self.sync()
             t0 = time.perf_counter()
+            self.slow.start()
             opt.zero_grad(set_to_none=True)
             loss = self.loss(model)
+            self.slow.delay()    # --straggler: this rank's gradients come FACTOR times later
             loss.backward()
+            if self.slow.factor > 1:   # its compute: forward and backward (synchronised)
+                self.sync()
+                self.slow.stop()
             opt.step()
             self.sync()
             t1 = time.perf_counter()
@@ -240,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = torch's own")
     p.add_argument("--compression", choices=("none", "fp16"), default="none")
     p.add_argument("--exchange-repeats", type=int, default=5)
+    p.add_argument("--straggler", type=straggler_arg, default=None, metavar="RANK:FACTOR",
+                   help="worker RANK's compute FACTOR times as long (bench/links.py)")
     p.add_argument("--cross-barrier", action="store_true", help="byteps_like: CrossBarrier")
     p.add_argument("--backend", choices=("nccl", "gloo"), default="gloo", help="ddp")
     p.add_argument("--rank", type=int, default=0, help="ddp")

@@ -44,7 +44,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from . import links as uneven
 from . import netns
 from ._cluster_worker import COMPRESSORS, compressor_label
 from .harness import (
@@ -99,9 +101,11 @@ def fmt_rate(bits: float) -> str:
     return f"{bits / 1e9:.3f} Gbit/s" if bits >= 1e9 else f"{bits / 1e6:.1f} Mbit/s"
 
 
-def parse_rates(text: str) -> list[float]:
+def parse_rates(text: str) -> list[float] | uneven.RateSchedule:
     """``--rate``: one rate or a comma-separated list ('10gbit,25gbit,50gbit'), bits/s, in the
-    order given, repeats dropped."""
+    order given, repeats dropped; or a schedule (RATE:DURATION,..., :mod:`.links`)."""
+    if ":" in text:
+        return uneven.parse_rate_schedule(text, parse_rate)
     parts = [t.strip() for t in text.split(",")]
     if not any(parts):
         raise argparse.ArgumentTypeError("--rate: give at least one rate (e.g. 1gbit)")
@@ -116,6 +120,57 @@ def fmt_cap(bits: float) -> str:
 
 
 # ------------------------------------------------------------------------------------ the runs
+def _switcher(a: argparse.Namespace, env: Env) -> uneven.RateSwitcher | None:
+    """With a rate schedule: the switcher of the next run, started (its t0 is the run's)."""
+    if not a.schedule:
+        return None
+    scale = {f"w{a.straggler.rank}": a.straggler.factor} if a.straggler else {}
+    return uneven.RateSwitcher(env.cluster, a.schedule, scale).start()
+
+
+def auto_report(res: list[dict], tag: str) -> list[dict]:
+    """Print what auto compression chose in a run at one rate (rank 0's decisions that changed
+    its table, with the predictions), and return them all."""
+    decisions: list[dict] = next((r["auto_decisions"] for r in res if r.get("auto_decisions")),
+                                 [])
+    for d in decisions:
+        if d["changed"]:
+            print(f"[auto] {tag}bandwidth {d['bandwidth'] * 8 / 1e9:.3g} Gbit/s -> "
+                  f"{d['table']}; predicted: {d['why']}", flush=True)
+    return decisions
+
+
+def schedule_report(schedule: uneven.RateSchedule, sw: uneven.RateSwitcher, res: list[dict],
+                    compressor: str, size: int) -> dict:
+    """Stop ``sw`` and print, for the run of ``compressor``: the median round in each segment
+    of the schedule, and when auto compression re-decided after each switch."""
+    switches = sw.stop()
+    rounds = list(zip(res[0]["starts"][str(size)], slowest_median(res, size)[1]))
+    meds = uneven.segment_medians(schedule, sw.t0, rounds)
+    segs = ", ".join(f"{fmt_cap(r)} {secs:g} s: " + (f"{m * 1e3:.0f} ms" if m else "no round")
+                     for (r, secs), m in zip(schedule.segments, meds))
+    print(f"[schedule] {compressor}: median round per segment: {segs}", flush=True)
+    out: dict[str, Any] = {"schedule": schedule.text, "segment_median_seconds": meds,
+                           "switch_times": [t - sw.t0 for t, _r in switches]}
+    decisions: list[dict] = next((r["auto_decisions"] for r in res if r.get("auto_decisions")),
+                                 [])
+    if compressor == "auto":
+        delays = uneven.after_switches(switches, decisions)
+        for (t, r), (delay, dec) in zip(switches, delays):
+            print(f"[schedule] auto: switch to {fmt_cap(r)} at {t - sw.t0:.1f} s: "
+                  + (f"re-decided after {delay:.2f} s (target <= 2 s): "
+                     f"{'changed to ' + str(dec['table']) if dec['changed'] else 'unchanged'}"
+                     if delay is not None and dec is not None
+                     else "no decision before the next switch"), flush=True)
+        for dec in decisions:
+            if dec["changed"]:
+                print(f"[schedule] auto decision at {dec['time'] - sw.t0:.2f} s: bandwidth "
+                      f"{dec['bandwidth'] * 8 / 1e9:.3g} Gbit/s -> {dec['table']}", flush=True)
+        out["auto_redecide_seconds"] = [delay for delay, _dec in delays]
+        out["auto_decisions"] = [{**d, "time": d["time"] - sw.t0} for d in decisions]
+    return out
+
+
 @dataclass
 class Env:
     cluster: netns.NetnsCluster
@@ -167,11 +222,14 @@ def _start_bps_job(g: Job, env: Env, n: int, k: int, port: int,
 
 
 def run_bps(env: Env, n: int, k: int, sizes: list[int], repeats: int, warmup: int,
-            port: int, partition_bytes: int, compressor: str = "") -> list[dict]:
+            port: int, partition_bytes: int, compressor: str = "",
+            until: float = 0.0) -> list[dict]:
     """One byteps_like job; with ``compressor`` (a name of ``_cluster_worker.COMPRESSORS``)
-    its workers push_pull with it and report their wire bytes."""
+    its workers push_pull with it and report their wire bytes. ``until``: rounds until then
+    (a rate schedule's end, time.time()) instead of ``repeats``."""
     args = ["--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats), "--warmup",
-            str(warmup)] + (["--compressor", compressor] if compressor else [])
+            str(warmup)] + (["--compressor", compressor] if compressor else []) + \
+        (["--until", repr(until)] if until else [])
     what = f"compression {compressor}" if compressor else "byteps_like"
     with Job(f"bps-{compressor + '-' if compressor else ''}n{n}-k{k}") as g:
         ws = _start_bps_job(g, env, n, k, port, lambda h: env.argv(h, "bps", *args),
@@ -407,8 +465,15 @@ def _parse_list(text: str, what: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--straggler", type=uneven.parse_straggler, default=None,
+                   metavar="RANK:FACTOR", help="worker RANK's NIC alone is capped at the rate "
+                   "/ FACTOR (the others at the rate; bench/links.py)")
     p.add_argument("--rate", type=parse_rates, default=[1e9],
-                   help="NIC cap of every host, both directions (e.g. 1gbit, 500mbit), or a "
+                   help="a schedule RATE:DURATION,... (e.g. 25gbit:20s,1gbit:20s,25gbit:20s) "
+                        "changes every NIC's cap mid-run: the runs go on until it ends (one "
+                        "size), and the report places rounds and auto's decisions relative "
+                        "to each switch; or the NIC cap of every host, both directions (e.g. "
+                        "1gbit, 500mbit), or a "
                         "comma-separated list (10gbit,25gbit,50gbit): every phase runs once "
                         "per rate, on a cluster built for it, and the table gets a row per "
                         "rate (default 1gbit)")
@@ -501,7 +566,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     max_n = max(ns_ + ([a.priority_workers] if not a.skip_priority else []))
     max_k = max([k for _n, k in configs] + ([a.priority_servers] if not a.skip_priority else []))
     hosts = [f"w{i}" for i in range(max_n)] + [f"s{j}" for j in range(max_k)]
-    rates = a.rate
+    a.schedule = a.rate if isinstance(a.rate, uneven.RateSchedule) else None
+    rates = [a.schedule.first] if a.schedule else a.rate
+    if a.schedule and len(sizes) != 1:
+        p.error("--rate with a schedule: give one size (--sizes), the runs last the schedule")
+    why = uneven.check_straggler(a.straggler, min(ns_))
+    if why:
+        p.error(why)
     multi = len(rates) > 1
     command = shlex.join(["python", "-m", "byteps_like.bench", "cluster", *argv])
     print(f"command: {command}")
@@ -534,7 +605,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if multi:
                 print(f"[cluster] NIC cap {fmt_rate(rate)} ({rates.index(rate) + 1}/"
                       f"{len(rates)})", file=sys.stderr, flush=True)
-            with netns.NetnsCluster(hosts, rate, latency_ms=a.queue_ms, log=sys.stderr) as cl:
+            slow = uneven.host_rates(a.straggler, rate, f"w{a.straggler.rank}") \
+                if a.straggler else {}
+            with netns.NetnsCluster(hosts, rate, latency_ms=a.queue_ms, log=sys.stderr,
+                                    host_rates=slow) as cl:
                 env = Env(cl, job_env, a.timeout)
                 link = measure_link(env, "w0", "w1", a.link_seconds)
                 links[rate] = link
@@ -602,11 +676,17 @@ def _run_rate(a: argparse.Namespace, env: Env, rate: float, link: float, comps: 
             for i, c in enumerate(comps):
                 print(f"[cluster] compression n={n} k={k}: {compressor_label(c)} "
                       f"({i + 1}/{len(comps)})", file=sys.stderr, flush=True)
+                sw = _switcher(a, env)
                 with OthersMeter() as m:
                     res = run_bps(env, n, k, sizes, a.repeats, a.warmup, next_port(),
-                                  a.partition_bytes, c)
+                                  a.partition_bytes, c,
+                                  sw.t0 + a.schedule.duration if sw else 0.0)
                 cpu[f"{tag}{c} n={n} k={k}"] = m.busy
                 records += compression_records(res, c, n, k, sizes, link, rate)
+                if sw is not None:
+                    records[-1].update(schedule_report(a.schedule, sw, res, c, sizes[0]))
+                elif c == "auto":
+                    records[-1]["auto_decisions"] = auto_report(res, tag)
             continue
         with OthersMeter() as m:
             res = run_bps(env, n, k, sizes, a.repeats, a.warmup, next_port(), a.partition_bytes)

@@ -153,6 +153,8 @@ class NetnsCluster:
     hosts: Sequence[str]
     rate_bits: float = 1e9
     latency_ms: float = 20.0
+    # caps that differ from rate_bits, by host (a straggler's NIC: bench/links.py)
+    host_rates: dict[str, float] = field(default_factory=dict)
     log: TextIO = field(default_factory=lambda: sys.stderr)
     prefix: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}-")
 
@@ -235,11 +237,21 @@ class NetnsCluster:
             _run(["ip", "-n", ns, "addr", "add", f"{self.ip(h)}/24", "dev", "eth0"])
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
             self._write_hosts(h)
-            if self.rate_bits:
-                tbf = tbf_args(self.rate_bits, self.latency_ms)
+            rate = self.host_rates.get(h, self.rate_bits)
+            if rate:
+                tbf = tbf_args(rate, self.latency_ms)
                 _run(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", *tbf])   # egress
                 _run(["tc", "-n", sw, "qdisc", "add", "dev", port, "root", *tbf])     # ingress
         self._wait_reachable()
+
+    def set_rate(self, host: str, rate_bits: float) -> None:
+        """Change ``host``'s cap (both directions) while processes run (``tc qdisc change``):
+        a rate schedule's switch. The cluster must have been built with a cap."""
+        if not self.host_rates.get(host, self.rate_bits):
+            raise NetnsError(f"host {host}: built without a cap, so there is none to change")
+        tbf = tbf_args(rate_bits, self.latency_ms)
+        _run(["tc", "-n", self.ns(host), "qdisc", "change", "dev", "eth0", "root", *tbf])
+        _run(["tc", "-n", self.switch, "qdisc", "change", "dev", f"p-{host}", "root", *tbf])
 
     def _write_hosts(self, host: str) -> None:
         """``ip netns exec`` bind-mounts /etc/netns/<ns>/hosts over /etc/hosts: there the

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 
 from ..embedding import TableSpec, shard_rows, state_bytes
+from . import links as uneven
 from . import netns
 from ._sparse_worker import table_rows
 from .cluster import fmt_cap, parse_rate
@@ -74,6 +75,8 @@ class Setup:
     kill: str = ""              # SERVER:STEP, in the replicate and snapshot runs
     snapshot_steps: int = 10
     work: str = ""              # a directory for the runs' files (samples, snapshots)
+    straggler: uneven.Straggler | None = None      # --straggler (bench/links.py)
+    schedule: uneven.RateSchedule | None = None    # --rate with a schedule
 
     @property
     def rate(self) -> str:
@@ -90,7 +93,9 @@ class Setup:
                 "--rows", str(self.rows), "--tables", str(self.tables), "--dim", str(self.dim),
                 "--batch", str(self.batch), "--zipf", str(self.zipf), "--steps", str(steps),
                 "--optimizer", self.optimizer,
-                "--warmup", str(warmup), *extra]
+                "--warmup", str(warmup), *extra] + (
+                    ["--straggler", self.straggler.arg()]   # without --rate: its compute
+                    if self.straggler and self.rate_bits is None else [])
 
     def env(self, mode: str) -> dict[str, str]:
         """A run's environment: the tables' survival mode (and its snapshots' directory)."""
@@ -264,9 +269,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=None, help="servers (default 2)")
     p.add_argument("--modes", default="sparse,dense,ddp", help=f"of {', '.join(MODES)}")
-    p.add_argument("--rate", type=parse_rate, default=None,
+    p.add_argument("--rate", type=uneven.rate_or_schedule(parse_rate), default=None,
                    help="NIC cap of every host (e.g. 1gbit; root): each worker and server in "
-                        "its own network namespace; default: loopback")
+                        "its own network namespace; default: loopback. A schedule "
+                        "(25gbit:20s,1gbit:20s) changes the caps during each run")
+    p.add_argument("--straggler", type=uneven.parse_straggler, default=None,
+                   metavar="RANK:FACTOR", help="worker RANK is FACTOR times slower: its "
+                   "compute, or with --rate its NIC alone (capped at rate / FACTOR)")
     p.add_argument("--queue-ms", type=float, default=20.0,
                    help="with --rate: queue of each NIC's token bucket, milliseconds")
     p.add_argument("--steps", type=int, default=None, help="timed sparse steps (default 20)")
@@ -312,9 +321,15 @@ def plan(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setup, list
         why = netns.why_unavailable()
         if why:
             p.error(f"--rate: {why}")
-    return Setup(a.rows, a.tables, a.dim, a.batch, a.zipf, a.workers, a.servers, a.rate,
+    why = uneven.check_straggler(a.straggler, a.workers)
+    if why:
+        p.error(why)
+    schedule = a.rate if isinstance(a.rate, uneven.RateSchedule) else None
+    return Setup(a.rows, a.tables, a.dim, a.batch, a.zipf, a.workers, a.servers,
+                 schedule.first if schedule else a.rate,
                  a.steps, a.warmup, a.dense_steps, a.dense_warmup, a.timeout,
-                 a.optimizer, kill=a.kill, snapshot_steps=a.snapshot_steps), \
+                 a.optimizer, kill=a.kill, snapshot_steps=a.snapshot_steps,
+                 straggler=a.straggler, schedule=schedule), \
         [m for m in MODES if m in modes]
 
 
@@ -327,7 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"job: {s.workers} worker(s), {s.servers} server(s), {s.rate}; tables "
           f"{table_rows(s.rows, s.tables)} x {s.dim} float32; batch {s.batch} per worker, Zipf "
           f"{s.zipf}; sparse ({s.optimizer}) {s.warmup}+{s.steps} steps, dense {s.dense_warmup}+"
-          f"{s.dense_steps} steps", flush=True)
+          f"{s.dense_steps} steps"
+          + (f"; straggler: worker {s.straggler.rank} "
+             f"{'NIC at rate / ' if s.rate_bits is not None else 'compute x'}"
+             f"{s.straggler.factor:g}" if s.straggler else "")
+          + (f"; rate schedule {s.schedule.text}" if s.schedule else ""), flush=True)
     exit_on_signals()
     t_all = time.monotonic()
     s.work = tempfile.mkdtemp(prefix="bpsl-bench-sparse-")
@@ -336,17 +355,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         with ExitStack() as stack:
             if s.rate_bits is not None:
                 hosts = [f"w{i}" for i in range(s.workers)] + [f"s{j}" for j in range(s.servers)]
+                slow = uneven.host_rates(s.straggler, s.rate_bits, f"w{s.straggler.rank}") \
+                    if s.straggler else {}
                 s.cluster = stack.enter_context(netns.NetnsCluster(
-                    hosts, s.rate_bits, latency_ms=a.queue_ms, log=sys.stderr))
+                    hosts, s.rate_bits, latency_ms=a.queue_ms, log=sys.stderr,
+                    host_rates=slow))
             for mode in modes:
                 print(f"[sparse] {mode}: starting", file=sys.stderr, flush=True)
+                sw = uneven.start_schedule(s.cluster, s.schedule, s.straggler)
                 try:
                     res, rss = RUNNERS[mode](s, mode)
                 except ChildFailed as exc:
                     failures.append(f"{mode}: {str(exc).splitlines()[0]}")
                     print(f"[sparse] {mode} failed:\n{exc}", file=sys.stderr, flush=True)
                     continue
+                finally:
+                    switches = sw.stop() if sw else []
                 rec = make_record(s, mode, res, rss)
+                if sw is not None:
+                    rec["rate_switches"] = [(t - sw.t0, r) for t, r in switches]
+                rec["straggler"] = s.straggler.arg() if s.straggler else None
                 records.append(rec)
                 print(f"[sparse] {mode}: step {rec['step_s'] * 1e3:.1f} ms", file=sys.stderr,
                       flush=True)

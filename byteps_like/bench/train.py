@@ -41,6 +41,7 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 
+from . import links as uneven
 from . import models, netns
 from .cluster import DEFAULT_HOROVOD_PYTHON, fmt_cap, horovod_unavailable, parse_rate
 from .harness import (
@@ -99,6 +100,8 @@ class Setup:
     ddp_backend: str
     horovod_python: str | None
     cluster: netns.NetnsCluster | None = None
+    straggler: uneven.Straggler | None = None      # --straggler (bench/links.py)
+    schedule: uneven.RateSchedule | None = None    # --rate with a schedule
 
     @property
     def rate(self) -> str:
@@ -121,6 +124,8 @@ class Setup:
             args.append("--no-amp")
         if self.cross_barrier:
             args.append("--cross-barrier")
+        if self.straggler and self.rate_bits is None:   # without --rate: its compute
+            args += ["--straggler", self.straggler.arg()]
         return args
 
     def host_argv(self, host: str, argv: list[str]) -> list[str]:
@@ -411,9 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", action="append", type=_env_pair, default=[], metavar="NAME=VALUE",
                    help="extra environment of the byteps_like processes (repeatable), e.g. "
                         "BYTEPS_PARTITION_BYTES=4M")
-    p.add_argument("--rate", type=parse_rate, default=None,
+    p.add_argument("--rate", type=uneven.rate_or_schedule(parse_rate), default=None,
                    help="NIC cap of every host (e.g. 25gbit): each worker and server host in "
-                        "its own network namespace (root); default: loopback")
+                        "its own network namespace (root); default: loopback. A schedule "
+                        "(25gbit:20s,1gbit:20s) changes the caps during each run")
+    p.add_argument("--straggler", type=uneven.parse_straggler, default=None,
+                   metavar="RANK:FACTOR", help="worker RANK is FACTOR times slower: its "
+                   "compute, or with --rate its NIC alone (capped at rate / FACTOR)")
     p.add_argument("--queue-ms", type=float, default=20.0,
                    help="with --rate: queue of each NIC's token bucket, milliseconds")
     p.add_argument("--threads", type=int, default=0,
@@ -511,18 +520,24 @@ def plan_run(p: argparse.ArgumentParser, a: argparse.Namespace) -> Plan:
         why = netns.why_unavailable()
         if why:
             p.error(f"--rate: {why}")
+    schedule = a.rate if isinstance(a.rate, uneven.RateSchedule) else None
+    why = uneven.check_straggler(a.straggler, a.workers or 1)
+    if why:
+        p.error(why)
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count() or 1
     threads = a.threads or (max(1, usable // a.workers) if device == "cpu" else 0)
     setup = Setup(device=device, gpus=gpus if device == "cuda" else 0,
-                  workers=a.workers, servers=a.servers, rate_bits=a.rate, steps=a.steps,
+                  workers=a.workers, servers=a.servers,
+                  rate_bits=schedule.first if schedule else a.rate, steps=a.steps,
                   warmup=a.warmup, batch=a.batch, amp=not a.no_amp, compression=a.compression,
                   exchange_repeats=a.exchange_repeats, cross_barrier=a.cross_barrier,
                   threads_local=threads,
                   threads_worker=threads, timeout=a.timeout, extra_env=dict(a.env),
-                  ddp_backend=a.ddp_backend, horovod_python=hvd_python)
+                  ddp_backend=a.ddp_backend, horovod_python=hvd_python,
+                  straggler=a.straggler, schedule=schedule)
     return Plan(setup, names, [m for m in modes if m not in skipped], skipped, usable)
 
 
@@ -541,6 +556,11 @@ def print_job(plan: Plan, a: argparse.Namespace) -> None:
           + f"; {s.warmup} warm-up + {s.steps} timed steps; exchange {s.exchange_repeats} "
           f"repeats; compression {s.compression}"
           + ("; CrossBarrier" if s.cross_barrier else "")
+          + (f"; straggler: worker {s.straggler.rank} "
+             f"{'NIC at rate' if s.rate_bits is not None else 'compute x'}"
+             f"{' / ' if s.rate_bits is not None else ''}{s.straggler.factor:g}"
+             if s.straggler else "")
+          + (f"; rate schedule {s.schedule.text}" if s.schedule else "")
           + (f"; byteps_like env {' '.join(f'{k}={v}' for k, v in a.env)}" if a.env else ""))
     for mode, why in plan.skipped.items():
         print(f"{mode}: skipped: {why}")
@@ -557,14 +577,17 @@ def run_all(plan: Plan, queue_ms: float) -> tuple[list[dict], list[str]]:
     with ExitStack() as stack:
         if s.rate_bits is not None:
             hosts = [f"w{i}" for i in range(s.workers)] + [f"s{j}" for j in range(s.servers)]
+            slow = uneven.host_rates(s.straggler, s.rate_bits, f"w{s.straggler.rank}") \
+                if s.straggler else {}
             s.cluster = stack.enter_context(netns.NetnsCluster(
-                hosts, s.rate_bits, latency_ms=queue_ms, log=sys.stderr))
+                hosts, s.rate_bits, latency_ms=queue_ms, log=sys.stderr, host_rates=slow))
         for name in plan.names:
             for mode in list(modes):
                 label = f"[train] {name} {mode}"
                 nproc = 1 if mode == "local" else s.workers
                 print(f"{label}: starting ({nproc} process{'es' if nproc > 1 else ''})",
                       file=sys.stderr, flush=True)
+                sw = uneven.start_schedule(s.cluster, s.schedule, s.straggler)
                 try:
                     with OthersMeter() as meter:
                         res = RUNNERS[mode](s, name)
@@ -579,7 +602,12 @@ def run_all(plan: Plan, queue_ms: float) -> tuple[list[dict], list[str]]:
                     failures.append(f"{name} {mode}: {first}")
                     print(f"{label} failed:\n{exc}", file=sys.stderr, flush=True)
                     continue
+                finally:
+                    switches = sw.stop() if sw else []
                 rec = make_record(s, name, mode, res, meter.wall)
+                if sw is not None:
+                    rec["rate_switches"] = [(t - sw.t0, r) for t, r in switches]
+                rec["straggler"] = s.straggler.arg() if s.straggler else None
                 rec["others_cpu_share"] = meter.others
                 records.append(rec)
                 print(f"{label}: done in {meter.wall:.1f} s: step {rec['step_s'] * 1e3:.1f} ms, "

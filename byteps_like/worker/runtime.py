@@ -56,6 +56,7 @@ from ..errors import (
     NotInitializedError,
 )
 from ..transport.base import Drops, Endpoint
+from .autocompress import auto_choice
 from .dataplane import NativeDataPlane
 from .dispatch import Dispatcher
 from .elastic_membership import ElasticMembership
@@ -441,27 +442,24 @@ class Runtime:
                         prereduced: bool = False, compression: Any = None) -> Handle:
         """Start summing ``array`` across all workers; returns a :class:`Handle`.
 
-        ``out`` receives the result (default: a new array; pass ``out=array`` for in place).
-        ``dtype`` overrides the element type for buffers numpy cannot name (``"bfloat16"`` held
-        as uint16). Integer averages round down (floor division).
+        ``out`` receives the result (default: a new array; ``out=array``: in place). ``dtype``
+        names the element type numpy cannot (``"bfloat16"`` held as uint16). Integers floor.
 
-        ``device`` (framework plugins): ``array``/``out`` are host staging buffers of a tensor
-        that lives on an accelerator; the pipeline copies each partition in with
-        ``device.d2h(offset, nbytes)`` just before pushing it and out with
-        ``device.h2d(offset, nbytes)`` as soon as it is pulled, so copies and network overlap.
+        ``device`` (framework plugins): ``array``/``out`` are host staging buffers of an
+        accelerator's tensor; the pipeline copies each partition in (``device.d2h(offset,
+        nbytes)``) just before its push and out (``h2d``) once pulled: copies and network overlap.
 
-        ``prereduced`` (several local ranks): the local ranks have already summed the tensor
-        into this machine's shared reduction buffer (:meth:`local_out`, e.g. each rank its
-        slice after an NCCL reduce-scatter); pass that buffer as ``array`` and ``out``. The
-        machine's sum of all workers lands in it; ``average`` must be False (the buffer is
-        shared, so the caller scales its own copy).
+        ``prereduced`` (several local ranks): the local ranks summed the tensor into this
+        machine's shared reduction buffer (:meth:`local_out`, e.g. each its slice after an NCCL
+        reduce-scatter); pass it as ``array`` and ``out``. The sum of all workers lands in it;
+        ``average`` must be False (the buffer is shared: the caller scales its own copy).
 
         ``compression``: a codec :class:`~byteps_like.compression.Compressor` (onebit, top-k,
         ...) compresses each partition before its push and decompresses it after its pull; the
         servers decompress, sum and compress the result. Tensors below
         BYTEPS_MIN_COMPRESS_BYTES, integer tensors and standalone jobs are not compressed. A name
-        keeps the compressor of its first push_pull. A cast compressor (fp16, bf16) converts
-        float tensors to the dtype they travel and are summed in (:mod:`.cast`)."""
+        keeps its first compressor. A cast compressor (fp16, bf16) converts float tensors to the
+        dtype they travel and are summed in (:mod:`.cast`); ``auto``: :mod:`.autocompress`."""
         self._check()
         if self.elastic_m is not None:  # an epoch that is over: raise at once
             self.elastic_m.check_collective()
@@ -469,6 +467,9 @@ class Runtime:
             raise ValueError("device staging through the pipeline needs a distributed job "
                              "with one local rank; stage the tensor on the host instead")
         arr, out, wire_dtype = host_arrays(array, out, name, dtype)
+        if getattr(compression, "kind", None) == "auto":  # a candidate (and name) per tensor
+            name, compression = auto_choice(self, compression, name, arr,
+                                            device is not None or prereduced)
         return self.rounds.push_pull(arr, out, name, wire_dtype, average, priority, device,
                                      prereduced, compression, alone=self.alone)
 
