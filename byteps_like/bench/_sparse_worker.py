@@ -160,8 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pushpull = (ring * a.steps if rt is None
                 else rt.bytes_pushed + rt.bytes_pulled - base_pp)
     if a.sample_out and rank == 0:   # before the result: the bench reads it after
-        np.save(a.sample_out, np.stack([e.table.pull(np.arange(min(512, e.table.rows)))
-                                        for e in embs if isinstance(e, bps.SparseEmbedding)]))
+        np.save(a.sample_out, np.concatenate([e.table.pull(np.arange(min(512, e.table.rows)))
+                                              for e in embs
+                                              if isinstance(e, bps.SparseEmbedding)]))
     result = {"mode": a.mode, "rank": rank, "step_times_s": steps, "table_bytes": tables,
               "rolled_back": max((st.rolled_back for st in stats), default=0),
               "pushpull_bytes": pushpull, "floor_bytes": floor, "steps": a.steps,
