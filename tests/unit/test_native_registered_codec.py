@@ -6,7 +6,6 @@ the key with an error naming key, tensor and rank; a payload over ``max_bytes`` 
 before it is read."""
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 
@@ -22,7 +21,7 @@ from byteps_like.compression import (
 )
 from byteps_like.server.codecs import make_server_codec
 from byteps_like.transport.native import decode_error
-from byteps_like.wire import DTYPE_CODE
+from byteps_like.wire import DTYPE_CODE, pack_decl
 
 from .test_native_dataplane import make_client, make_server
 
@@ -86,8 +85,7 @@ def registered():
 
 
 def _decl(n: int, spec: dict, name: str = "w") -> bytes:
-    return json.dumps({"name": name, "shape": [n], "dtype": "float32", "part": 0, "nparts": 1,
-                       "count": n, "compressor": spec}, separators=(",", ":")).encode()
+    return pack_decl(name, [n], "float32", 0, 1, n, compressor=spec)
 
 
 def _servers(cleanup, workers: int, factory: bool = True, budget: int = 1 << 32):
