@@ -234,43 +234,48 @@ void py_onebit_residual(py::handle y, float scale) {
   compress::onebit_residual(static_cast<float*>(ys.data()), n, scale);
 }
 
+// The arguments of a sparse kernel, checked: a dense float32 array of n elements (x, or out),
+// k float32 values (val) and their k uint32 indices (idx).
+struct SparseArgs {
+  SparseArgs(const char* func, py::handle d, const char* dname, bool dense_out, py::handle i,
+             bool idx_out, py::handle v, bool val_out)
+      : dense(d, dense_out, func, dname),
+        idx(i, idx_out, func, "idx"),
+        val(v, val_out, func, "val"),
+        n(f32_count(dense, func, dname)),
+        k(f32_count(val, func, "val")) {
+    need_bytes(idx, 4 * k, func, "idx");
+  }
+  float* dense_f32() const { return static_cast<float*>(dense.data()); }
+  const Buffer dense, idx, val;
+  const std::size_t n, k;
+};
+
 void py_topk_select(py::handle x, py::handle idx, py::handle val) {
-  const Buffer xs(x, false, "topk_select", "x"), is(idx, true, "topk_select", "idx"),
-      vs(val, true, "topk_select", "val");
-  const std::size_t n = f32_count(xs, "topk_select", "x"), k = f32_count(vs, "topk_select", "val");
-  need_bytes(is, 4 * k, "topk_select", "idx");
+  const SparseArgs a("topk_select", x, "x", false, idx, true, val, true);
   py::gil_scoped_release nogil;
-  compress::topk_select(static_cast<const float*>(xs.data()), n, k, is.data(), vs.data());
+  compress::topk_select(a.dense_f32(), a.n, a.k, a.idx.data(), a.val.data());
 }
 
 void py_topk_ef_encode(py::handle x, py::handle r, py::handle idx, py::handle val) {
-  const Buffer xs(x, false, "topk_ef_encode", "x"), rs(r, true, "topk_ef_encode", "r"),
-      is(idx, true, "topk_ef_encode", "idx"), vs(val, true, "topk_ef_encode", "val");
-  const std::size_t n = f32_count(xs, "topk_ef_encode", "x");
-  const std::size_t k = f32_count(vs, "topk_ef_encode", "val");
-  need_bytes(rs, 4 * n, "topk_ef_encode", "r");
-  need_bytes(is, 4 * k, "topk_ef_encode", "idx");
+  const SparseArgs a("topk_ef_encode", x, "x", false, idx, true, val, true);
+  const Buffer rs(r, true, "topk_ef_encode", "r");
+  need_bytes(rs, 4 * a.n, "topk_ef_encode", "r");
   py::gil_scoped_release nogil;
-  compress::topk_ef_encode(static_cast<const float*>(xs.data()), static_cast<float*>(rs.data()),
-                           n, k, is.data(), vs.data());
+  compress::topk_ef_encode(a.dense_f32(), static_cast<float*>(rs.data()), a.n, a.k,
+                           a.idx.data(), a.val.data());
 }
 
 void py_gather(py::handle x, py::handle idx, py::handle val) {
-  const Buffer xs(x, false, "gather", "x"), is(idx, false, "gather", "idx"),
-      vs(val, true, "gather", "val");
-  const std::size_t n = f32_count(xs, "gather", "x"), k = f32_count(vs, "gather", "val");
-  need_bytes(is, 4 * k, "gather", "idx");
+  const SparseArgs a("gather", x, "x", false, idx, false, val, true);
   py::gil_scoped_release nogil;
-  compress::gather(static_cast<const float*>(xs.data()), n, is.data(), k, vs.data());
+  compress::gather(a.dense_f32(), a.n, a.idx.data(), a.k, a.val.data());
 }
 
 void py_scatter(py::handle idx, py::handle val, py::handle out, bool add) {
-  const Buffer is(idx, false, "scatter", "idx"), vs(val, false, "scatter", "val"),
-      os(out, true, "scatter", "out");
-  const std::size_t n = f32_count(os, "scatter", "out"), k = f32_count(vs, "scatter", "val");
-  need_bytes(is, 4 * k, "scatter", "idx");
+  const SparseArgs a("scatter", out, "out", true, idx, false, val, false);
   py::gil_scoped_release nogil;
-  compress::scatter(is.data(), vs.data(), k, static_cast<float*>(os.data()), n, add);
+  compress::scatter(a.idx.data(), a.val.data(), a.k, a.dense_f32(), a.n, add);
 }
 
 void py_randomk_indices(std::uint64_t n, std::uint64_t seed, std::uint64_t key, std::uint64_t step,
@@ -673,11 +678,7 @@ void bind_data_server(py::module_& m) {
       .def(
           "stalls",
           [](dp::DataServer& s, double min_age) {
-            std::vector<dp::StallInfo> v;
-            {
-              py::gil_scoped_release nogil;
-              v = s.stalls(min_age);
-            }
+            const std::vector<dp::StallInfo> v = nogil([&] { return s.stalls(min_age); });
             py::list out;
             for (auto& si : v)
               out.append(py::make_tuple(si.key, si.round, si.age, si.pushed, py::bytes(si.decl)));
@@ -790,11 +791,7 @@ void bind_data_client(py::module_& m) {
       .def(
           "completions",
           [](dp::DataClient& c, double timeout) {
-            std::vector<dp::Completion> v;
-            {
-              py::gil_scoped_release nogil;
-              v = c.completions(timeout);
-            }
+            const std::vector<dp::Completion> v = nogil([&] { return c.completions(timeout); });
             py::list out;
             for (auto& comp : v) out.append(completion_tuple(comp));
             return out;
