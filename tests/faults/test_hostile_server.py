@@ -125,17 +125,23 @@ def _error(msg, label: str = "") -> str:
 
 # ---- item 1: memory amplification by declarations ---------------------------------------------
 
+@contextlib.contextmanager
+def _budget_cluster():
+    """A job of 2 workers whose server has a 64 MiB budget (BYTEPS_SERVER_MAX_BYTES) and 4 MiB
+    partitions, after 2 exact rounds: (cluster, server, its data port, job, RSS now)."""
+    extra = {"BYTEPS_SERVER_MAX_BYTES": "64MiB", "BYTEPS_PARTITION_BYTES": "4MiB"}
+    with running_cluster(workers=2, extra=extra) as c:
+        _exact_rounds(c, 2)
+        srv = c.server
+        yield c, srv, srv.control.data_port, srv.job, rss_bytes()
+
+
 def test_compressed_declarations_cannot_amplify_memory():
     """A compressed declaration of 268M elements with a 28-byte top-k payload made the server
     zero and keep a 1 GiB float32 accumulator (4 messages: 76 MB -> 4.28 GB). Now a declaration
     must fit one partition (BYTEPS_PARTITION_BYTES of its dtype) and every store is charged to
     BYTEPS_SERVER_MAX_BYTES, so a flood of the largest legal declarations stops at the budget."""
-    extra = {"BYTEPS_SERVER_MAX_BYTES": "64MiB", "BYTEPS_PARTITION_BYTES": "4MiB"}
-    with running_cluster(workers=2, extra=extra) as c:
-        _exact_rounds(c, 2)
-        srv = c.server
-        port, job = srv.control.data_port, srv.job
-        before = rss_bytes()
+    with _budget_cluster() as (c, srv, port, job, before):
         big = 268_000_000
         topk, onebit = Compression.topk(1), Compression.onebit()
         attack = [_native_compressed(job, 900_001 + i, topk, big, topk_payload(big))
@@ -174,12 +180,7 @@ def test_declarations_share_one_budget_on_the_native_plane():
     charged too, and compressed stores draw on the same BYTEPS_SERVER_MAX_BYTES; and a
     declaration is at most DECL_MAX_BYTES (csrc/decl.h): a longer meta frame is refused
     unread."""
-    extra = {"BYTEPS_SERVER_MAX_BYTES": "64MiB", "BYTEPS_PARTITION_BYTES": "4MiB"}
-    with running_cluster(workers=2, extra=extra) as c:
-        _exact_rounds(c, 2)
-        srv = c.server
-        port, job = srv.control.data_port, srv.job
-        before = rss_bytes()
+    with _budget_cluster() as (c, srv, port, job, before):
         # compressed stores first (8 MiB accumulators) take from the budget
         part = (4 * MiB) // 2
         topk = Compression.topk(1)
