@@ -76,7 +76,7 @@ ext = Pybind11Extension(
     define_macros=[("BPS_WITH_UCX", "1" if UCX_INCLUDE else "0")],
     cxx_std=17,
     extra_compile_args=["-O3", "-fno-math-errno", "-pthread"],
-    extra_link_args=["-pthread"] + (["-ldl"] if UCX_INCLUDE else []),
+    extra_link_args=["-pthread", "-ldl"],  # dlopen: libucp (UCX), libcrypto (crypto.cc)
 )
 
 PROBE = """#include <Python.h>

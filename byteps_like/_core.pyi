@@ -223,7 +223,7 @@ class DataServer:
     def set_codec_factory(self, factory: Callable[[int, int, bytes], tuple[Any, int]],
                           malformed: type[BaseException]) -> None:
         """Registered compressors: a compressed key's first push whose declaration carries a
-        compressor spec and no ``native_codec`` gets the codec ``factory(key, n, decl_json)``
+        compressor spec and no ``native_codec`` gets the codec ``factory(key, n, decl)``
         returns with the bytes it holds (server/codecs.py); its decode/decode_add/encode run
         with the GIL taken, one call at a time per key, payloads of 1..max_bytes bytes. What
         the factory raises is the error reply's reason; a codec raising ``malformed`` has a
@@ -312,7 +312,15 @@ class DataClient:
     def stats(self) -> dict[str, int]: ...
 
 def monotonic() -> float: ...
-def hmac_sha256(key: bytes, msg: bytes) -> bytes: ...
+def hmac_sha256(key: bytes, msg: bytes) -> bytes:
+    """HMAC-SHA256 of the data plane's handshake, computed by OpenSSL's libcrypto (loaded at
+    run time, csrc/crypto.cc); RuntimeError naming the package to install when it cannot be
+    loaded."""
+def crypto_available() -> tuple[bool, str]:
+    """(whether libcrypto is loaded, loading it now; the error when it cannot be)."""
+def _crypto_set_names(names: str) -> str:
+    """Testing hook: forget libcrypto and load it from these ':'-separated sonames or paths
+    from now on ("" restores the default list); returns the previous list."""
 
 # ---- UCX streams of the data plane (csrc/dataplane_ucx.cc; byteps_like/transport/ucx_native)
 def failover_owner(key: int, alive: list[int]) -> int:
@@ -339,7 +347,8 @@ class UcxRawStream:
         RuntimeError('timed out') after ``timeout`` seconds."""
     def close(self) -> None: ...
 
-# ---- the wire protocol's and the codec frame's one definitions (csrc/wire.h, csrc/codec.h) ----
+# ---- the one definitions of the wire header, the codec frame and the declaration -----------
+# (csrc/wire.h, csrc/codec.h, csrc/decl.h; bound in csrc/module_wire.cc)
 def wire_spec() -> dict[str, Any]:
     """magic (bytes), version, header_size, header: [(field, offset, size, struct code)],
     msg_types / flags / roles: {Python name: value}, dtypes: [(name, itemsize, summable)] in
@@ -354,3 +363,15 @@ def wire_pack_header(type: int, dtype: int, role: int, rank: int, flags: int, jo
 def wire_parse_header(raw: bytes) -> dict[str, Any]:
     """A header's fields as the native data plane reads them, plus valid_data: whether it is a
     PUSH or PULL_RESP of a known dtype whose count fits nbytes (tests)."""
+def decl_spec() -> dict[str, Any]:
+    """The declaration's one definition (csrc/decl.h), read by byteps_like/wire.py: magic
+    (bytes), version, header_size, header: [(field, offset, size, struct code)], max_dims,
+    max_codec, max_name, max_spec, max_bytes."""
+def decl_pack(dtype: int, shape: list[int], part: int, nparts: int, count: int,
+              codec: list[int], name: bytes, spec: bytes) -> bytes:
+    """A declaration packed by the native data plane's struct (tests); ValueError past a
+    limit."""
+def decl_parse(raw: bytes) -> dict[str, Any]:
+    """A declaration's fields as the native data plane's server reads them (dtype code, shape,
+    part, nparts, count, codec, name and spec as bytes) and ``text``, as errors show it;
+    ValueError saying why the server would refuse it (tests)."""

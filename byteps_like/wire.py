@@ -28,39 +28,47 @@ from . import _core
 from ._native import REBUILD
 from .errors import ProtocolError
 
+
+def _check_layout(spec: dict, size: int, what: str) -> None:
+    """The struct built from a spec's field codes has the C++ struct's offsets and size (the
+    wire header's, and the declaration's head below)."""
+    offset = 0
+    for name, off, fsize, code in spec["header"]:
+        if off != offset or struct.calcsize("<" + code) != fsize:
+            raise ImportError(f"byteps_like.wire: {what} field {name} is at {off} with {fsize} "
+                              f"bytes in _core, the struct code {code!r} puts it at {offset} "
+                              f"with {struct.calcsize('<' + code)}: rebuild _core")
+        offset += fsize
+    if offset != spec["header_size"] or size != offset:
+        raise ImportError(f"byteps_like.wire: {what} of {size} bytes, _core's is "
+                          f"{spec['header_size']}: rebuild _core")
+
+
+def _load_spec(export: str, source: str, what: str) -> tuple[dict, struct.Struct,
+                                                              tuple[str, ...]]:
+    """``_core.<export>()`` (a format defined in csrc/``source``), the struct its header's
+    field codes make (checked against the C++ offsets) and the fields' names; ImportError
+    saying to rebuild when _core predates it."""
+    try:
+        spec = getattr(_core, export)()
+    except AttributeError:  # a _core built before that source
+        raise ImportError(f"byteps_like._core has no {export}() (csrc/{source}): it was built "
+                          "from older sources. " + REBUILD) from None
+    packer = struct.Struct("<" + "".join(code for _name, _off, _size, code in spec["header"]))
+    _check_layout(spec, packer.size, what)
+    return spec, packer, tuple(name for name, _off, _size, _code in spec["header"])
+
+
 # The wire's one definition lives in csrc/wire.h, which the native data plane compiles and
 # _core.wire_spec() exports: the header's fields (their struct codes and offsets), magic,
 # version, message types, flags, roles and dtypes. This module takes every value from it and
 # refuses to import when a name is missing on either side (tests/unit/test_wire.py).
-try:
-    _SPEC = _core.wire_spec()
-except AttributeError:  # a _core built before csrc/wire.h
-    raise ImportError("byteps_like._core has no wire_spec(): it was built from older sources. "
-                      + REBUILD) from None
+# magic, version, type, dtype, sender role, sender rank, flags, job, key, round, count, nbytes
+_SPEC, _HEADER, HEADER_FIELDS = _load_spec("wire_spec", "wire.h", "header")
 MAGIC: bytes = _SPEC["magic"]
 VERSION: int = _SPEC["version"]
-# magic, version, type, dtype, sender role, sender rank, flags, job, key, round, count, nbytes
-_HEADER = struct.Struct("<" + "".join(code for _name, _off, _size, code in _SPEC["header"]))
 HEADER_SIZE = _HEADER.size
 MAX_META_BYTES: int = _SPEC["max_meta"]  # JSON control payloads: tables of thousands of nodes fit
-HEADER_FIELDS: tuple[str, ...] = tuple(name for name, _off, _size, _code in _SPEC["header"])
-
-
-def _check_layout() -> None:
-    """The struct built from the fields' codes has the C++ struct's offsets and size."""
-    offset = 0
-    for name, off, size, code in _SPEC["header"]:
-        if off != offset or struct.calcsize("<" + code) != size:
-            raise ImportError(f"byteps_like.wire: header field {name} is at {off} with {size} "
-                              f"bytes in _core, the struct code {code!r} puts it at {offset} "
-                              f"with {struct.calcsize('<' + code)}: rebuild _core")
-        offset += size
-    if offset != _SPEC["header_size"] or HEADER_SIZE != offset:
-        raise ImportError(f"byteps_like.wire: header of {HEADER_SIZE} bytes, _core's is "
-                          f"{_SPEC['header_size']}: rebuild _core")
-
-
-_check_layout()
 _T: dict[str, int] = _SPEC["msg_types"]
 
 
@@ -406,3 +414,102 @@ def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
         if not isinstance(meta, dict):
             raise ProtocolError(f"{header.type.name}: meta frame is not a JSON object")
     return Message(header, payload, meta)
+
+
+# -- declarations (csrc/decl.h) -------------------------------------------------------------------
+# A key's declaration, what the first push of a key tells its server on the native data plane,
+# is a fixed binary layout defined once in csrc/decl.h and exported by _core.decl_spec(): a head
+# (magic, version, dtype code, ndim, ncodec, part, nparts, count, name_len, backup, spec_len),
+# then the shape (int64 each), the built-in codec's parameters (uint64 each), the name (UTF-8)
+# and a compressor's spec (JSON: the one part a registered compressor's Python server codec
+# reads). tests/unit/test_decl.py packs and parses it both ways.
+_DECL, _DECL_HEAD, DECL_FIELDS = _load_spec("decl_spec", "decl.h", "declaration head")
+DECL_MAGIC: bytes = _DECL["magic"]
+DECL_VERSION: int = _DECL["version"]
+DECL_MAX_DIMS: int = _DECL["max_dims"]
+DECL_MAX_CODEC: int = _DECL["max_codec"]
+DECL_MAX_NAME: int = _DECL["max_name"]
+DECL_MAX_SPEC: int = _DECL["max_spec"]
+DECL_MAX_BYTES: int = _DECL["max_bytes"]  # the largest (a server refuses a longer meta unread)
+if DECL_FIELDS != ("magic", "version", "dtype", "ndim", "ncodec", "part", "nparts", "count",
+                   "name_len", "backup", "spec_len"):
+    raise ImportError(f"byteps_like.wire: _core's declaration head has the fields "
+                      f"{DECL_FIELDS}, not the ones wire.py packs: rebuild _core")
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """A key's declaration as the native data plane carries it (csrc/decl.h)."""
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    part: int
+    nparts: int
+    count: int                       # elements of the partition, in dtype
+    native_codec: tuple[int, ...] = ()  # a built-in codec's parameters (native_params)
+    compressor: dict | None = None   # a compressor's spec (a registered one's server codec)
+    backup: int = 0                  # backup workers b of an averaged key; 0: none
+
+
+def pack_decl(name: str, shape: Sequence[int], dtype: str, part: int, nparts: int, count: int,
+              native_codec: Sequence[int] | None = None, compressor: dict | None = None,
+              backup: int = 0, **unknown: Any) -> bytes:
+    """The bytes of a declaration, the same on every worker for the same tensor (the servers
+    compare them). Raises ValueError past a limit of csrc/decl.h."""
+    if unknown:
+        raise ValueError(f"pack_decl: fields no declaration has: {sorted(unknown)}")
+    raw_name = name.encode("utf-8")
+    spec = (b"" if compressor is None else
+            json.dumps(compressor, separators=(",", ":"), allow_nan=False).encode())
+    codec = tuple(native_codec or ())
+    if dtype not in DTYPE_CODE or dtype == "none":
+        raise ValueError(f"pack_decl: tensor {name!r} of dtype {dtype!r}, not a wire dtype")
+    for what, n, limit in (("dims", len(shape), DECL_MAX_DIMS),
+                           ("codec parameters", len(codec), DECL_MAX_CODEC),
+                           ("name bytes", len(raw_name), DECL_MAX_NAME),
+                           ("compressor spec bytes", len(spec), DECL_MAX_SPEC),
+                           ("backup workers", backup, 0xFFFF)):
+        if n > limit:
+            raise ValueError(f"tensor {name[:80]!r}: a declaration of {n} {what}, over the "
+                             f"data plane's limit of {limit} (csrc/decl.h)")
+    head = _DECL_HEAD.pack(DECL_MAGIC, DECL_VERSION, DTYPE_CODE[dtype], len(shape), len(codec),
+                           part, nparts, count, len(raw_name), backup, len(spec))
+    return b"".join((head, struct.pack(f"<{len(shape)}q", *shape),
+                     struct.pack(f"<{len(codec)}Q", *codec), raw_name, spec))
+
+
+def parse_decl(raw: bytes) -> Declaration:
+    """A declaration the native data plane's server holds (its stall reports, a registered
+    compressor's codec factory), with every length checked; ProtocolError saying what is
+    wrong (the server refuses such a declaration before it keeps one)."""
+    raw = bytes(raw)
+    if len(raw) < _DECL_HEAD.size:
+        raise ProtocolError(f"a declaration of {len(raw)} bytes, shorter than its "
+                            f"{_DECL_HEAD.size}-byte head")
+    (magic, version, code, ndim, ncodec, part, nparts, count, name_len, backup,
+     spec_len) = _DECL_HEAD.unpack_from(raw)
+    if magic != DECL_MAGIC or version != DECL_VERSION:
+        raise ProtocolError(f"not a declaration of this version (magic {magic!r}, version "
+                            f"{version}; this side's {DECL_MAGIC!r}, {DECL_VERSION})")
+    want = _DECL_HEAD.size + 8 * (ndim + ncodec) + name_len + spec_len
+    if (ndim > DECL_MAX_DIMS or ncodec > DECL_MAX_CODEC or name_len > DECL_MAX_NAME
+            or spec_len > DECL_MAX_SPEC or len(raw) != want):
+        raise ProtocolError(f"a malformed declaration: {len(raw)} bytes for {ndim} dims, "
+                            f"{ncodec} codec parameters, a name of {name_len} and a spec of "
+                            f"{spec_len} bytes")
+    if not 0 < code < len(DTYPES) or part >= nparts:
+        raise ProtocolError(f"a malformed declaration: dtype code {code}, part {part} of "
+                            f"{nparts}")
+    at = _DECL_HEAD.size
+    shape = struct.unpack_from(f"<{ndim}q", raw, at)
+    at += 8 * ndim
+    codec = struct.unpack_from(f"<{ncodec}Q", raw, at)
+    at += 8 * ncodec
+    try:
+        name = raw[at:at + name_len].decode("utf-8")
+        spec = json.loads(raw[at + name_len:]) if spec_len else None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"a malformed declaration: its name or spec ({exc})") from None
+    if spec is not None and not isinstance(spec, dict):
+        raise ProtocolError("a malformed declaration: its compressor spec is not an object")
+    return Declaration(name, shape, DTYPES[code], part, nparts, count, codec, spec, backup)

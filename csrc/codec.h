@@ -6,7 +6,7 @@
 // finite and >= 0, its values finite, its top-k indices distinct.
 //
 // The frame's one definition is here: compression.py builds its header structs, magic, version
-// and codec ids from _core.codec_frame_spec() (module.cc), which exports FrameHeader and
+// and codec ids from _core.codec_frame_spec() (module_wire.cc), which exports FrameHeader and
 // BPS_CODECS, and refuses to import when a codec is missing on either side; so worker-side
 // Python codecs and server-side C++ codecs write and read the same bytes
 // (tests/unit/test_codec_frame.py packs and parses frames both ways, tests/unit/
@@ -14,7 +14,7 @@
 // kFrameVersion.
 //
 // No JSON here: Python turns a compressor spec into CodecParams (compression.native_params);
-// the server reads them from the declaration's flat "native_codec" array and checks them with
+// the server reads them from the declaration's codec parameters (decl.h) and checks them with
 // validate() before any memory is taken.
 #pragma once
 

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "compress_internal.h"  // with cpu.h and, on x86, immintrin.h
@@ -84,28 +86,6 @@ void dither_codes(const float* x, std::size_t i0, std::size_t cnt, float norm, i
 
 // Packs cnt codes of `bits` bits LSB first into out (bit 0 of out[0] first), writing all
 // ceil(cnt * bits / 8) bytes.
-template <int kBits>
-void pack_codes_fixed(const u32* c, std::size_t cnt, u8* out) {
-  static_assert(kBits >= 1 && kBits <= 8, "8 codes per u64");
-  std::size_t j = 0;
-  u8* o = out;
-  for (; j + 8 <= cnt; j += 8, o += kBits) {
-    u64 w = 0;
-    for (int k = 0; k < 8; ++k) w |= static_cast<u64>(c[j + k]) << (k * kBits);
-    std::memcpy(o, &w, kBits);
-  }
-  u64 w = 0;
-  int nb = 0;
-  for (; j < cnt; ++j, nb += kBits) w |= static_cast<u64>(c[j]) << nb;
-  for (; nb > 0; nb -= 8, w >>= 8) *o++ = static_cast<u8>(w);
-}
-
-#if defined(__SIZEOF_INT128__)
-// 9..16 bits: 8 codes -> kBits bytes through a 128-bit word.
-template <int kBits>
-void pack_codes_wide(const u32* c, std::size_t cnt, u8* out);
-#endif
-
 void pack_codes_generic(const u32* c, std::size_t cnt, int bits, u8* out) {
   u64 acc = 0;
   int nacc = 0;
@@ -124,43 +104,43 @@ void pack_codes_generic(const u32* c, std::size_t cnt, int bits, u8* out) {
   for (; nacc > 0; nacc -= 8, acc >>= 8) out[o++] = static_cast<u8>(acc);
 }
 
-#if defined(__SIZEOF_INT128__)
-template <int kBits>
-void pack_codes_wide(const u32* c, std::size_t cnt, u8* out) {
-  static_assert(kBits > 8 && kBits <= 16, "8 codes per u128");
-  using u128 = unsigned __int128;
+// The same, 8 codes -> kBits bytes at a time through one word W (u64 up to 8 bits, a
+// 128-bit word up to 16), the last codes as above.
+template <int kBits, class W>
+void pack_codes_words(const u32* c, std::size_t cnt, u8* out) {
+  static_assert(kBits >= 1 && kBits <= static_cast<int>(sizeof(W)), "8 codes per word");
   std::size_t j = 0;
   u8* o = out;
   for (; j + 8 <= cnt; j += 8, o += kBits) {
-    u128 w = 0;
-    for (int k = 0; k < 8; ++k) w |= static_cast<u128>(c[j + k]) << (k * kBits);
+    W w = 0;
+    for (int k = 0; k < 8; ++k) w |= static_cast<W>(c[j + k]) << (k * kBits);
     std::memcpy(o, &w, kBits);
   }
   pack_codes_generic(c + j, cnt - j, kBits, o);
 }
-#endif
+
+// f(std::integral_constant<int, B>()) for the B in kLo..kHi that equals bits: the kernels
+// specialised per code width; false (f not called) when bits is out of that range.
+template <int kLo, int kHi, class F>
+bool with_bits(int bits, F&& f) {
+  if constexpr (kLo > kHi) {
+    return false;
+  } else {
+    if (bits != kLo) return with_bits<kLo + 1, kHi>(bits, std::forward<F>(f));
+    f(std::integral_constant<int, kLo>());
+    return true;
+  }
+}
 
 void pack_codes(const u32* c, std::size_t cnt, int bits, u8* out) {
-  switch (bits) {
+  auto narrow = [&](auto b) { pack_codes_words<decltype(b)::value, u64>(c, cnt, out); };
+  if (with_bits<2, 8>(bits, narrow)) return;
 #if defined(__SIZEOF_INT128__)
-    case 9: pack_codes_wide<9>(c, cnt, out); return;
-    case 10: pack_codes_wide<10>(c, cnt, out); return;
-    case 11: pack_codes_wide<11>(c, cnt, out); return;
-    case 12: pack_codes_wide<12>(c, cnt, out); return;
-    case 13: pack_codes_wide<13>(c, cnt, out); return;
-    case 14: pack_codes_wide<14>(c, cnt, out); return;
-    case 15: pack_codes_wide<15>(c, cnt, out); return;
-    case 16: pack_codes_wide<16>(c, cnt, out); return;
+  using u128 = unsigned __int128;
+  auto wide = [&](auto b) { pack_codes_words<decltype(b)::value, u128>(c, cnt, out); };
+  if (with_bits<9, 16>(bits, wide)) return;
 #endif
-    case 2: pack_codes_fixed<2>(c, cnt, out); return;
-    case 3: pack_codes_fixed<3>(c, cnt, out); return;
-    case 4: pack_codes_fixed<4>(c, cnt, out); return;
-    case 5: pack_codes_fixed<5>(c, cnt, out); return;
-    case 6: pack_codes_fixed<6>(c, cnt, out); return;
-    case 7: pack_codes_fixed<7>(c, cnt, out); return;
-    case 8: pack_codes_fixed<8>(c, cnt, out); return;
-    default: pack_codes_generic(c, cnt, bits, out); return;
-  }
+  pack_codes_generic(c, cnt, bits, out);
 }
 
 // Codes i0 .. i0 + cnt of a body (i0 a multiple of 8, so element i0 starts on byte
@@ -219,25 +199,10 @@ void unpack_codes_wide(const u8* in, std::size_t nbytes, std::size_t i0, std::si
 
 void unpack_codes(const u8* in, std::size_t nbytes, std::size_t i0, std::size_t cnt, int bits,
                   u32* c) {
-  switch (bits) {
-    case 9: unpack_codes_wide<9>(in, nbytes, i0, cnt, c); return;
-    case 10: unpack_codes_wide<10>(in, nbytes, i0, cnt, c); return;
-    case 11: unpack_codes_wide<11>(in, nbytes, i0, cnt, c); return;
-    case 12: unpack_codes_wide<12>(in, nbytes, i0, cnt, c); return;
-    case 13: unpack_codes_wide<13>(in, nbytes, i0, cnt, c); return;
-    case 14: unpack_codes_wide<14>(in, nbytes, i0, cnt, c); return;
-    case 15: unpack_codes_wide<15>(in, nbytes, i0, cnt, c); return;
-    case 16: unpack_codes_wide<16>(in, nbytes, i0, cnt, c); return;
-    case 17: unpack_codes_wide<17>(in, nbytes, i0, cnt, c); return;
-    case 2: unpack_codes_fixed<2>(in, nbytes, i0, cnt, c); return;
-    case 3: unpack_codes_fixed<3>(in, nbytes, i0, cnt, c); return;
-    case 4: unpack_codes_fixed<4>(in, nbytes, i0, cnt, c); return;
-    case 5: unpack_codes_fixed<5>(in, nbytes, i0, cnt, c); return;
-    case 6: unpack_codes_fixed<6>(in, nbytes, i0, cnt, c); return;
-    case 7: unpack_codes_fixed<7>(in, nbytes, i0, cnt, c); return;
-    case 8: unpack_codes_fixed<8>(in, nbytes, i0, cnt, c); return;
-    default: unpack_codes_generic(in, nbytes, i0, cnt, bits, c); return;
-  }
+  auto fixed = [&](auto b) { unpack_codes_fixed<decltype(b)::value>(in, nbytes, i0, cnt, c); };
+  auto wide = [&](auto b) { unpack_codes_wide<decltype(b)::value>(in, nbytes, i0, cnt, c); };
+  if (!with_bits<2, 8>(bits, fixed) && !with_bits<9, 17>(bits, wide))
+    unpack_codes_generic(in, nbytes, i0, cnt, bits, c);
 }
 
 float dither_norm_scalar(const float* x, std::size_t n, bool l2) {

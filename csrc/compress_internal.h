@@ -25,22 +25,23 @@ using u64 = std::uint64_t;
 
 constexpr u64 kGolden = 0x9E3779B97F4A7C15ULL;
 
-inline u32 load_u32(const void* p, std::size_t i) {
-  u32 v;
+// The i-th 4-byte value of T at p, which need not be aligned (payloads are byte buffers).
+template <class T>
+inline T load4(const void* p, std::size_t i) {
+  static_assert(sizeof(T) == 4, "4-byte values");
+  T v;
   std::memcpy(&v, static_cast<const u8*>(p) + 4 * i, 4);
   return v;
 }
-inline void store_u32(void* p, std::size_t i, u32 v) {
+template <class T>
+inline void store4(void* p, std::size_t i, T v) {
+  static_assert(sizeof(T) == 4, "4-byte values");
   std::memcpy(static_cast<u8*>(p) + 4 * i, &v, 4);
 }
-inline float load_f32(const void* p, std::size_t i) {
-  float v;
-  std::memcpy(&v, static_cast<const u8*>(p) + 4 * i, 4);
-  return v;
-}
-inline void store_f32(void* p, std::size_t i, float v) {
-  std::memcpy(static_cast<u8*>(p) + 4 * i, &v, 4);
-}
+inline u32 load_u32(const void* p, std::size_t i) { return load4<u32>(p, i); }
+inline void store_u32(void* p, std::size_t i, u32 v) { store4(p, i, v); }
+inline float load_f32(const void* p, std::size_t i) { return load4<float>(p, i); }
+inline void store_f32(void* p, std::size_t i, float v) { store4(p, i, v); }
 inline u32 f32_bits(float f) {
   u32 u;
   std::memcpy(&u, &f, 4);

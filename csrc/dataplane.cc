@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "codec.h"
+#include "decl.h"
 #include "dataplane_io.h"
 #include "dataplane_ucx.h"
 
@@ -45,121 +46,29 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
-namespace {
-
-// The value of "field" in one of our declarations (flat JSON written by the runtime): a
-// string's raw text, or an array's or number's text; empty when absent.
-std::string json_field(const std::string& j, const char* field, char* kind) {
-  const std::string pat = std::string("\"") + field + "\":";
-  const std::size_t at = j.find(pat);
-  if (at == std::string::npos) return "";
-  std::size_t i = at + pat.size();
-  if (i >= j.size()) return "";
-  *kind = j[i];
-  if (j[i] == '"') {
-    std::string out;
-    for (++i; i < j.size() && j[i] != '"'; ++i) {
-      if (j[i] == '\\' && i + 1 < j.size()) ++i;
-      out += j[i];
-    }
-    return out;
-  }
-  const char close = j[i] == '[' ? ']' : ',';
-  const std::size_t end = j.find(j[i] == '[' ? close : ',', i);
-  if (end == std::string::npos) return j.substr(i, j.find('}', i) - i);
-  return j.substr(i, end - i + (close == ']' ? 1 : 0));
-}
-
-// The text of the JSON object "field" holds in a declaration (its braces balanced, strings
-// skipped), at most 200 characters; empty when absent.
-std::string json_object(const std::string& j, const char* field) {
-  const std::string pat = std::string("\"") + field + "\":{";
-  const std::size_t at = j.find(pat);
-  if (at == std::string::npos) return "";
-  const std::size_t start = at + pat.size() - 1;
-  int depth = 0;
-  bool str = false;
-  std::size_t i = start;
-  for (; i < j.size(); ++i) {
-    const char c = j[i];
-    if (str) {
-      if (c == '\\') ++i;
-      else if (c == '"') str = false;
-    } else if (c == '"') {
-      str = true;
-    } else if (c == '{') {
-      ++depth;
-    } else if (c == '}' && --depth == 0) {
-      break;
-    }
-  }
-  const std::string text = j.substr(start, i + 1 - start);
-  return text.size() > 200 ? text.substr(0, 200) + "..." : text;
-}
-
-}  // namespace
-
 // A declaration as people read it, as the ZeroMQ path prints it: 'w' shape (7, 3) float32.
-std::string describe_decl(const std::string& decl) {
-  char k1 = 0, k2 = 0, k3 = 0;
-  const std::string name = json_field(decl, "name", &k1);
-  std::string shape = json_field(decl, "shape", &k2);
-  const std::string dtype = json_field(decl, "dtype", &k3);
-  if (k1 != '"' || k2 != '[' || k3 != '"' || shape.size() < 2) {
-    return decl.size() > 300 ? decl.substr(0, 300) + "..." : decl;  // not ours: as it came
+std::string describe_decl(const std::string& raw) {
+  Decl d;
+  try {
+    d = parse_decl(raw);
+  } catch (const std::invalid_argument& exc) {
+    return std::string("a malformed declaration: ") + exc.what();
   }
-  std::string dims = shape.substr(1, shape.size() - 2), tuple = "(";
-  std::size_t n = 0, start = 0;
-  while (start <= dims.size() && !dims.empty()) {
-    std::size_t comma = dims.find(',', start);
-    if (comma == std::string::npos) comma = dims.size();
-    if (n++) tuple += ", ";
-    tuple += dims.substr(start, comma - start);
-    start = comma + 1;
-  }
-  tuple += n == 1 ? ",)" : ")";
-  std::vector<std::uint64_t> codec;
+  std::string tuple = "(";
+  for (std::size_t i = 0; i < d.shape.size(); ++i)
+    tuple += (i ? ", " : "") + std::to_string(d.shape[i]);
+  tuple += d.shape.size() == 1 ? ",)" : ")";
   std::string how = " uncompressed";
   try {
-    if (decl_codec(decl, &codec))
-      how = " compressed with " + compress::describe(compress::params_from_list(codec));
-    else if (!json_object(decl, "compressor").empty())  // a registered compressor's spec
-      how = " compressed with " + json_object(decl, "compressor");
+    if (!d.codec.empty())
+      how = " compressed with " + compress::describe(compress::params_from_list(d.codec));
+    else if (!d.spec.empty())  // a registered compressor's spec
+      how = " compressed with " + (d.spec.size() > 200 ? d.spec.substr(0, 200) + "..." : d.spec);
   } catch (const std::invalid_argument&) {
     how = " compressed (malformed codec parameters)";
   }
-  return "'" + name + "' shape " + tuple + " " + dtype + how;
-}
-
-std::string json_field_text(const std::string& decl, const char* field, char* kind) {
-  return json_field(decl, field, kind);
-}
-
-bool decl_codec(const std::string& decl, std::vector<std::uint64_t>* out) {
-  char kind = 0;
-  const std::string text = json_field(decl, "native_codec", &kind);
-  if (text.empty()) return false;
-  out->clear();
-  if (kind != '[' || text.size() < 2 || text.back() != ']')
-    throw std::invalid_argument("native_codec: not an array of integers");
-  std::uint64_t v = 0;
-  bool digit = false;
-  for (std::size_t i = 1; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c >= '0' && c <= '9') {
-      const std::uint64_t d = static_cast<std::uint64_t>(c - '0');
-      if (v > (~0ULL - d) / 10) throw std::invalid_argument("native_codec: a value over 2^64");
-      v = v * 10 + d;
-      digit = true;
-    } else if ((c == ',' || c == ']') && digit && out->size() < 16) {
-      out->push_back(v);
-      v = 0;
-      digit = false;
-    } else {
-      throw std::invalid_argument("native_codec: not an array of at most 16 integers");
-    }
-  }
-  return true;
+  const std::string name = d.name.size() > 200 ? d.name.substr(0, 200) + "..." : d.name;
+  return "'" + name + "' shape " + tuple + " " + kWireDTypes[d.dtype].name + how;
 }
 
 const char* type_name(int t) {

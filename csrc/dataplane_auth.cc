@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "dataplane_io.h"
-#include "sha256.h"
+#include "crypto.h"
 
 namespace bps {
 namespace dp {

@@ -70,14 +70,9 @@ constexpr std::size_t kMetaBudget = 16u << 20;
 
 // helpers (dataplane.cc)
 std::string json_escape(const std::string& s);
-// A declaration as people read it, as the ZeroMQ path prints it: 'w' shape (7, 3) float32.
+// A declaration (decl.h) as people read it, as the ZeroMQ path prints it: 'w' shape (7, 3)
+// float32; what is wrong with it when it is malformed.
 std::string describe_decl(const std::string& decl);
-// The "native_codec" array of a compressed key's declaration (compression.native_params):
-// false when the declaration has none; throws std::invalid_argument when it is malformed.
-bool decl_codec(const std::string& decl, std::vector<std::uint64_t>* out);
-// The text of a flat field of one of our declarations (a string's raw text, a number's or an
-// array's text); empty when absent. *kind: its first character.
-std::string json_field_text(const std::string& decl, const char* field, char* kind);
 const char* type_name(int t);  // a message type's name, "?" for an unknown one
 // An ERROR reply's JSON: kind, the text capped at kMaxErrorText bytes, the type it answers,
 // then `extra` (more members, already encoded: ",\"rank\":1", or empty).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "codec.h"
+#include "decl.h"
 #include "dataplane_server_impl.h"
 #include "dtype.h"
 #include "ops.h"
@@ -323,33 +324,34 @@ bool ServerImpl::may_declare_locked(const std::shared_ptr<Conn>& conn, const Hea
                " with no bytes");
     return false;
   }
+  try {
+    parse_decl(meta);
+  } catch (const std::invalid_argument& exc) {
+    reject("malformed declaration");
+    send_error(conn, h, "protocol", "first push of key " + std::to_string(h.key) +
+               " from worker rank " + std::to_string(h.rank) + ": " + exc.what());
+    return false;
+  }
   return true;
 }
 
 // A compressed declaration's element count: at most one partition of the declared dtype
 // (BYTEPS_PARTITION_BYTES); 0 with *why set when it is not one.
-std::size_t ServerImpl::declared_count(const std::string& meta, std::string* why) {
-  char kind = 0;
-  const std::string dtype = json_field_text(meta, "dtype", &kind);
-  const std::string count = json_field_text(meta, "count", &kind);
-  std::size_t isz = 0;
-  if (dtype == "float32") isz = 4;
-  else if (dtype == "float16" || dtype == "bfloat16") isz = 2;
-  else if (dtype == "float64") isz = 8;
-  const std::uint64_t limit = isz ? partition_bytes_.load() / isz : 0;
-  char* end = nullptr;
-  const unsigned long long n =
-      count.empty() || count[0] == '-' ? 0 : std::strtoull(count.c_str(), &end, 10);
-  if (!isz) {
-    *why = "declared dtype '" + dtype.substr(0, 16) + "' is not one workers compress "
+std::size_t ServerImpl::declared_count(const Decl& d, std::string* why) {
+  const std::string dtype = kWireDTypes[d.dtype].name;  // a known code (parse_decl)
+  const bool floating = dtype == "float32" || dtype == "float16" || dtype == "bfloat16" ||
+                        dtype == "float64";
+  const std::uint64_t limit = floating ? partition_bytes_.load() / wire_itemsize(d.dtype) : 0;
+  if (!floating) {
+    *why = "declared dtype '" + dtype + "' is not one workers compress "
            "(float32, float16, bfloat16, float64)";
-  } else if (n == 0 || end == nullptr || *end != '\0' || n > limit) {
-    *why = "element count " + count.substr(0, 24) + " is not an integer in 1.." +
+  } else if (d.count == 0 || d.count > limit) {
+    *why = "element count " + std::to_string(d.count) + " is not an integer in 1.." +
            std::to_string(limit) + ", one partition of " + dtype + " (BYTEPS_PARTITION_BYTES=" +
            std::to_string(partition_bytes_.load()) + " on this server; workers and servers "
            "must use the same)";
   } else {
-    return n;
+    return d.count;
   }
   return 0;
 }
@@ -366,17 +368,15 @@ std::unique_ptr<compress::ServerCodec> ServerImpl::make_codec(const std::shared_
   std::string why;
   std::unique_ptr<compress::ServerCodec> codec;
   try {
-    std::vector<std::uint64_t> list;
-    char kind = 0;
-    const bool native = decl_codec(meta, &list);
-    const bool spec = !json_field_text(meta, "compressor", &kind).empty() && kind == '{';
+    const Decl d = parse_decl(meta);  // checked already (may_declare_locked)
+    const bool native = !d.codec.empty();
     std::size_t n = 0;
-    if (!native && !spec) {
+    if (!native && d.spec.empty()) {
       why = "the declaration carries no native codec parameters and no compressor spec";
-    } else if (!(n = declared_count(meta, &why))) {
+    } else if (!(n = declared_count(d, &why))) {
       // why says it
     } else if (native) {
-      const compress::CodecParams p = compress::params_from_list(list);
+      const compress::CodecParams p = compress::params_from_list(d.codec);
       compress::validate(p, n);  // its sum, two encoded sums, residual, indices: charged first
       const std::uint64_t est = 4 * n + 2 * compress::payload_bytes(p, n) + (p.ef ? 4 * n : 0) +
                                 (p.id == compress::kRandomK ? 4 * p.k : 0) +

@@ -23,13 +23,14 @@ namespace dp {
 // The backup workers b a declaration asks for: 0 when it does not (or in asynchronous mode,
 // where no round waits for anyone), -1 when b is not an integer in 1..num_workers - 1.
 int ServerImpl::backup_decl(const std::string& meta) const {
-  char kind = 0;
-  const std::string text = json_field_text(meta, "backup", &kind);
-  if (text.empty() || async_) return 0;
-  if (kind == '"' || text.size() > 6 || text.find_first_not_of("0123456789") != std::string::npos)
-    return -1;
-  const int b = std::stoi(text);
-  return b >= 1 && b < num_workers_ ? b : -1;
+  std::uint16_t b = 0;
+  try {
+    b = parse_decl(meta).backup;
+  } catch (const std::invalid_argument&) {
+    return 0;  // refused as a malformed declaration (may_declare_locked)
+  }
+  if (b == 0 || async_) return 0;
+  return b < num_workers_ ? b : -1;
 }
 
 // The pushes that complete a round of the key: every worker rank not joined, less b for a

@@ -44,6 +44,7 @@ namespace dp {
 constexpr int kWireUint8Code = 7;  // a compressed payload's wire dtype (wire.h)
 
 class ServerConn;
+struct Decl;  // decl.h
 
 class ServerImpl {
  public:
@@ -104,7 +105,7 @@ class ServerImpl {
                                         const std::string& meta, int kdt);
   bool may_declare_locked(const std::shared_ptr<Conn>& conn, const Header& h,
                           const std::string& meta);
-  std::size_t declared_count(const std::string& meta, std::string* why);
+  std::size_t declared_count(const Decl& d, std::string* why);
   std::unique_ptr<compress::ServerCodec> make_codec(const std::shared_ptr<Conn>& conn,
                                                     const Header& h, const std::string& meta,
                                                     std::uint64_t* pre);

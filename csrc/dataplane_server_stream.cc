@@ -12,7 +12,8 @@
 
 #include "dataplane_auth.h"
 #include "dataplane_server_impl.h"
-#include "sha256.h"
+#include "crypto.h"
+#include "decl.h"
 
 namespace bps {
 namespace dp {
@@ -205,12 +206,14 @@ bool ServerConn::on_header() {
   return after_meta();
 }
 
-// A meta frame's length: within the 1 MiB bound, and a large one within what the server's
-// streams may hold of meta frames being read (kMetaBudget), else the stream is closed.
+// A meta frame's length: at most the largest declaration (decl.h), and a large one within
+// what the server's streams may hold of meta frames being read (kMetaBudget), else the stream
+// is closed.
 bool ServerConn::on_meta_len() {
-  if (meta_len_ > kMaxMeta) {
+  if (meta_len_ > kDeclMaxBytes) {
     srv_->reject("oversized meta");
-    why_ = "meta frame over 1 MiB";
+    why_ = "a meta frame of " + std::to_string(meta_len_) + " bytes, over the largest "
+           "declaration's " + std::to_string(kDeclMaxBytes);
     return false;
   }
   if (meta_len_ > kFreeMeta) {

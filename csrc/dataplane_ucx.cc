@@ -241,6 +241,30 @@ std::unique_ptr<UcxWorker> make_ucx_worker(int wake_fd) {
   return std::unique_ptr<UcxWorker>(new Worker(wake_fd));
 }
 
+namespace {
+
+// A client endpoint of worker w to the address ss (a stream's link, not connected until its
+// first exchange); null and *err when UCX cannot make one.
+std::unique_ptr<UcxLink> client_link(Worker* w, const sockaddr_storage& ss, socklen_t sl,
+                                     std::string* err) {
+  auto* st = new EpState();
+  ucp_ep_params_t ep = ep_params(st);
+  ep.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+  ep.sockaddr.addrlen = sl;
+  ucp_ep_h h = nullptr;
+  const ucs_status_t s = g_api.ucp_ep_create(w->handle(), &ep, &h);
+  if (s != UCS_OK) {
+    delete st;
+    *err = std::string("cannot make a UCX endpoint: ") + status_text(s);
+    return nullptr;
+  }
+  return std::unique_ptr<UcxLink>(new UcxLink(w, h, st));
+}
+
+}  // namespace
+
 std::unique_ptr<Link> ucx_open_stream(UcxWorker* uw, const std::string& host, int port,
                                       int rank, std::uint32_t job, int stream, double deadline,
                                       const std::string& key, std::string* err) {
@@ -250,20 +274,9 @@ std::unique_ptr<Link> ucx_open_stream(UcxWorker* uw, const std::string& host, in
   *err = sockaddr_of(host, port, &ss, &sl, false);
   if (!err->empty()) return nullptr;
   while (true) {  // a server not listening yet refuses: try again until the deadline
-    auto* st = new EpState();
-    ucp_ep_params_t ep = ep_params(st);
-    ep.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
-    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
-    ep.sockaddr.addrlen = sl;
-    ucp_ep_h h = nullptr;
-    const ucs_status_t s = g_api.ucp_ep_create(w->handle(), &ep, &h);
-    if (s != UCS_OK) {
-      delete st;
-      *err = std::string("cannot make a UCX endpoint: ") + status_text(s);
-      return nullptr;
-    }
-    std::unique_ptr<UcxLink> link(new UcxLink(w, h, st));
+    std::unique_ptr<UcxLink> link = client_link(w, ss, sl, err);
+    if (!link) return nullptr;
+    EpState* st = link->state();
     std::size_t got = 0;  // bytes from the server: none means it was not reached
     const IoFull io = [&](char* p, std::size_t n, bool out, double dl, std::string* e) {
       const bool ok = ucx_io_full(link.get(), p, n, out, dl, e);
@@ -305,21 +318,9 @@ UcxRawStream::UcxRawStream(const std::string& host, int port) : impl_(new Impl) 
   impl_->w.reset(new Worker(-1));
   sockaddr_storage ss{};
   socklen_t sl = 0;
-  const std::string e = sockaddr_of(host, port, &ss, &sl, false);
-  if (!e.empty()) throw std::runtime_error(e);
-  auto* st = new EpState();
-  ucp_ep_params_t ep = ep_params(st);
-  ep.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
-  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
-  ep.sockaddr.addrlen = sl;
-  ucp_ep_h h = nullptr;
-  const ucs_status_t s = g_api.ucp_ep_create(impl_->w->handle(), &ep, &h);
-  if (s != UCS_OK) {
-    delete st;
-    throw std::runtime_error(std::string("cannot make a UCX endpoint: ") + status_text(s));
-  }
-  impl_->link.reset(new UcxLink(impl_->w.get(), h, st));
+  std::string e = sockaddr_of(host, port, &ss, &sl, false);
+  if (e.empty()) impl_->link = client_link(impl_->w.get(), ss, sl, &e);
+  if (!impl_->link) throw std::runtime_error(e);
 }
 
 UcxRawStream::~UcxRawStream() { close(); }

@@ -69,6 +69,15 @@ ucs_status_t on_am(void* arg, const void* header, std::size_t hlen, void* data, 
   return rndv ? UCS_INPROGRESS : UCS_OK;
 }
 
+// A UCX request's status: UCS_INPROGRESS while it runs (*req kept), else freed (*req null).
+ucs_status_t reap(void** req) {
+  const ucs_status_t s = g_api.ucp_request_check_status(*req);
+  if (s == UCS_INPROGRESS) return s;
+  g_api.ucp_request_free(*req);
+  *req = nullptr;
+  return s;
+}
+
 }  // namespace
 
 Api g_api;
@@ -237,10 +246,8 @@ ssize_t UcxLink::retire(char* p, std::string* err) {
   while (!posted_.empty()) {
     Posted& f = posted_.front();
     if (f.req) {
-      const ucs_status_t s = g_api.ucp_request_check_status(f.req);
+      const ucs_status_t s = reap(&f.req);
       if (s == UCS_INPROGRESS) break;
-      g_api.ucp_request_free(f.req);
-      f.req = nullptr;
       if (s != UCS_OK) return fail(err, std::string("UCX receive failed: ") + status_text(s));
     }
     done += f.len;
@@ -297,10 +304,8 @@ ssize_t UcxLink::read_pieces(char* p, std::size_t n, std::string* err) {
       if (!r) f.desc = nullptr;
     }
     if (f.req) {
-      const ucs_status_t s = g_api.ucp_request_check_status(f.req);
+      const ucs_status_t s = reap(&f.req);
       if (s == UCS_INPROGRESS) break;
-      g_api.ucp_request_free(f.req);
-      f.req = nullptr;
       if (s != UCS_OK) return fail(err, std::string("UCX receive failed: ") + status_text(s));
       f.desc = nullptr;
     }
@@ -399,9 +404,8 @@ ssize_t UcxLink::write(std::deque<Out>& q) {
   while (!inflight_.empty()) {
     Sent& s = inflight_.front();
     while (!s.reqs.empty()) {
-      const ucs_status_t st = g_api.ucp_request_check_status(s.reqs.back());
+      const ucs_status_t st = reap(&s.reqs.back());
       if (st == UCS_INPROGRESS) break;
-      g_api.ucp_request_free(s.reqs.back());
       s.reqs.pop_back();
       if (st != UCS_OK) return kFailed;
     }
@@ -486,9 +490,8 @@ bool UcxLink::send_bytes(const char* p, std::size_t n, double deadline, std::str
     return false;
   }
   while (r != nullptr) {
-    const ucs_status_t s = g_api.ucp_request_check_status(r);
+    const ucs_status_t s = reap(&r);
     if (s != UCS_INPROGRESS) {
-      g_api.ucp_request_free(r);
       if (s != UCS_OK) *err = status_text(s);
       return s == UCS_OK;
     }

@@ -103,28 +103,26 @@ void scale_int(void* buf, std::size_t n, std::int64_t divisor) {
   }
 }
 
+// dst[i] = conv(src[i]) for n elements of From into To.
+template <class To, class From, class Conv>
+inline void convert_each(void* dst, const void* src, std::size_t n, Conv conv) {
+  u8* __restrict d = static_cast<u8*>(dst);
+  const u8* __restrict s = static_cast<const u8*>(src);
+  for (std::size_t i = 0; i < n; ++i)
+    store<To>(d + sizeof(To) * i, conv(load<From>(s + sizeof(From) * i)));
+}
+
 void f32_to_f16_generic(void* dst, const void* src, std::size_t n) {
-  u8* __restrict d = static_cast<u8*>(dst);
-  const u8* __restrict s = static_cast<const u8*>(src);
-  for (std::size_t i = 0; i < n; ++i) store<std::uint16_t>(d + 2 * i, f32_to_f16(load<float>(s + 4 * i)));
+  convert_each<std::uint16_t, float>(dst, src, n, [](float v) { return f32_to_f16(v); });
 }
-
 void f16_to_f32_generic(void* dst, const void* src, std::size_t n) {
-  u8* __restrict d = static_cast<u8*>(dst);
-  const u8* __restrict s = static_cast<const u8*>(src);
-  for (std::size_t i = 0; i < n; ++i) store<float>(d + 4 * i, f16_to_f32(load<std::uint16_t>(s + 2 * i)));
+  convert_each<float, std::uint16_t>(dst, src, n, [](std::uint16_t v) { return f16_to_f32(v); });
 }
-
 void f32_to_bf16_generic(void* dst, const void* src, std::size_t n) {
-  u8* __restrict d = static_cast<u8*>(dst);
-  const u8* __restrict s = static_cast<const u8*>(src);
-  for (std::size_t i = 0; i < n; ++i) store<std::uint16_t>(d + 2 * i, f32_to_bf16(load<float>(s + 4 * i)));
+  convert_each<std::uint16_t, float>(dst, src, n, [](float v) { return f32_to_bf16(v); });
 }
-
 void bf16_to_f32_generic(void* dst, const void* src, std::size_t n) {
-  u8* __restrict d = static_cast<u8*>(dst);
-  const u8* __restrict s = static_cast<const u8*>(src);
-  for (std::size_t i = 0; i < n; ++i) store<float>(d + 4 * i, bf16_to_f32(load<std::uint16_t>(s + 2 * i)));
+  convert_each<float, std::uint16_t>(dst, src, n, [](std::uint16_t v) { return bf16_to_f32(v); });
 }
 
 // A table filled with this translation unit's copies of the portable kernels.

@@ -9,13 +9,14 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "codec.h"
 #include "compress.h"
 #include "dataplane.h"
 #include "dataplane_coder.h"
 #include "dataplane_failover.h"
-#include "sha256.h"
+#include "crypto.h"
 #include "cpu.h"
 #include "dtype.h"
 #include "ops.h"
@@ -233,43 +234,48 @@ void py_onebit_residual(py::handle y, float scale) {
   compress::onebit_residual(static_cast<float*>(ys.data()), n, scale);
 }
 
+// The arguments of a sparse kernel, checked: a dense float32 array of n elements (x, or out),
+// k float32 values (val) and their k uint32 indices (idx).
+struct SparseArgs {
+  SparseArgs(const char* func, py::handle d, const char* dname, bool dense_out, py::handle i,
+             bool idx_out, py::handle v, bool val_out)
+      : dense(d, dense_out, func, dname),
+        idx(i, idx_out, func, "idx"),
+        val(v, val_out, func, "val"),
+        n(f32_count(dense, func, dname)),
+        k(f32_count(val, func, "val")) {
+    need_bytes(idx, 4 * k, func, "idx");
+  }
+  float* dense_f32() const { return static_cast<float*>(dense.data()); }
+  const Buffer dense, idx, val;
+  const std::size_t n, k;
+};
+
 void py_topk_select(py::handle x, py::handle idx, py::handle val) {
-  const Buffer xs(x, false, "topk_select", "x"), is(idx, true, "topk_select", "idx"),
-      vs(val, true, "topk_select", "val");
-  const std::size_t n = f32_count(xs, "topk_select", "x"), k = f32_count(vs, "topk_select", "val");
-  need_bytes(is, 4 * k, "topk_select", "idx");
+  const SparseArgs a("topk_select", x, "x", false, idx, true, val, true);
   py::gil_scoped_release nogil;
-  compress::topk_select(static_cast<const float*>(xs.data()), n, k, is.data(), vs.data());
+  compress::topk_select(a.dense_f32(), a.n, a.k, a.idx.data(), a.val.data());
 }
 
 void py_topk_ef_encode(py::handle x, py::handle r, py::handle idx, py::handle val) {
-  const Buffer xs(x, false, "topk_ef_encode", "x"), rs(r, true, "topk_ef_encode", "r"),
-      is(idx, true, "topk_ef_encode", "idx"), vs(val, true, "topk_ef_encode", "val");
-  const std::size_t n = f32_count(xs, "topk_ef_encode", "x");
-  const std::size_t k = f32_count(vs, "topk_ef_encode", "val");
-  need_bytes(rs, 4 * n, "topk_ef_encode", "r");
-  need_bytes(is, 4 * k, "topk_ef_encode", "idx");
+  const SparseArgs a("topk_ef_encode", x, "x", false, idx, true, val, true);
+  const Buffer rs(r, true, "topk_ef_encode", "r");
+  need_bytes(rs, 4 * a.n, "topk_ef_encode", "r");
   py::gil_scoped_release nogil;
-  compress::topk_ef_encode(static_cast<const float*>(xs.data()), static_cast<float*>(rs.data()),
-                           n, k, is.data(), vs.data());
+  compress::topk_ef_encode(a.dense_f32(), static_cast<float*>(rs.data()), a.n, a.k,
+                           a.idx.data(), a.val.data());
 }
 
 void py_gather(py::handle x, py::handle idx, py::handle val) {
-  const Buffer xs(x, false, "gather", "x"), is(idx, false, "gather", "idx"),
-      vs(val, true, "gather", "val");
-  const std::size_t n = f32_count(xs, "gather", "x"), k = f32_count(vs, "gather", "val");
-  need_bytes(is, 4 * k, "gather", "idx");
+  const SparseArgs a("gather", x, "x", false, idx, false, val, true);
   py::gil_scoped_release nogil;
-  compress::gather(static_cast<const float*>(xs.data()), n, is.data(), k, vs.data());
+  compress::gather(a.dense_f32(), a.n, a.idx.data(), a.k, a.val.data());
 }
 
 void py_scatter(py::handle idx, py::handle val, py::handle out, bool add) {
-  const Buffer is(idx, false, "scatter", "idx"), vs(val, false, "scatter", "val"),
-      os(out, true, "scatter", "out");
-  const std::size_t n = f32_count(os, "scatter", "out"), k = f32_count(vs, "scatter", "val");
-  need_bytes(is, 4 * k, "scatter", "idx");
+  const SparseArgs a("scatter", out, "out", true, idx, false, val, false);
   py::gil_scoped_release nogil;
-  compress::scatter(is.data(), vs.data(), k, static_cast<float*>(os.data()), n, add);
+  compress::scatter(a.idx.data(), a.val.data(), a.k, a.dense_f32(), a.n, add);
 }
 
 void py_randomk_indices(std::uint64_t n, std::uint64_t seed, std::uint64_t key, std::uint64_t step,
@@ -630,10 +636,21 @@ struct DeleteNoGil {
   }
 };
 
+// py::init of a data server or client whose argument K is the job's key: with a key,
+// libcrypto is loaded first (crypto.h), so where it is missing the error comes now, not at
+// a stream's hello.
+template <class T, std::size_t K, class... A>
+auto init_keyed() {
+  return py::init([](A... a) {
+    if (!std::get<K>(std::tie(a...)).empty()) require_crypto();
+    return new T(std::move(a)...);
+  });
+}
+
 void bind_data_server(py::module_& m) {
   py::class_<dp::DataServer, std::unique_ptr<dp::DataServer, DeleteNoGil>>(m, "DataServer")
-      .def(py::init<int, int, std::uint32_t, int, std::uint64_t, std::uint64_t, int,
-                    std::string, bool>(),
+      .def(init_keyed<dp::DataServer, 7, int, int, std::uint32_t, int, std::uint64_t,
+                      std::uint64_t, int, std::string, bool>(),
            py::arg("num_workers"), py::arg("server_rank"), py::arg("job"),
            py::arg("io_threads"), py::arg("max_message_bytes"), py::arg("max_store_bytes"),
            py::arg("max_connections"), py::arg("auth_key") = py::bytes(),
@@ -663,11 +680,7 @@ void bind_data_server(py::module_& m) {
       .def(
           "stalls",
           [](dp::DataServer& s, double min_age) {
-            std::vector<dp::StallInfo> v;
-            {
-              py::gil_scoped_release nogil;
-              v = s.stalls(min_age);
-            }
+            const std::vector<dp::StallInfo> v = nogil([&] { return s.stalls(min_age); });
             py::list out;
             for (auto& si : v)
               out.append(py::make_tuple(si.key, si.round, si.age, si.pushed, py::bytes(si.decl)));
@@ -753,7 +766,8 @@ void data_client_submit(dp::DataClient& c, std::uint64_t op, int priority, py::h
 
 void bind_data_client(py::module_& m) {
   py::class_<dp::DataClient>(m, "DataClient")
-      .def(py::init<int, std::uint32_t, int, std::uint64_t, std::uint64_t, std::string, int>(),
+      .def(init_keyed<dp::DataClient, 5, int, std::uint32_t, int, std::uint64_t, std::uint64_t,
+                      std::string, int>(),
            py::arg("rank"), py::arg("job"), py::arg("io_threads"), py::arg("credit_bytes"),
            py::arg("max_message_bytes"), py::arg("auth_key") = py::bytes(),
            py::arg("codec_threads") = 1)
@@ -779,11 +793,7 @@ void bind_data_client(py::module_& m) {
       .def(
           "completions",
           [](dp::DataClient& c, double timeout) {
-            std::vector<dp::Completion> v;
-            {
-              py::gil_scoped_release nogil;
-              v = c.completions(timeout);
-            }
+            const std::vector<dp::Completion> v = nogil([&] { return c.completions(timeout); });
             py::list out;
             for (auto& comp : v) out.append(completion_tuple(comp));
             return out;
@@ -801,18 +811,9 @@ void bind_data_client(py::module_& m) {
       .def("stats", [](dp::DataClient& c) { return counters_dict(c.stats()); });
 }
 
-// The data plane's clock and the HMAC of its handshake, for tests.
+// The data plane's clock, for tests.
 void bind_dataplane_tools(py::module_& m) {
   m.def("monotonic", &dp::monotonic_now, "CLOCK_MONOTONIC seconds (time.monotonic()).");
-  m.def(
-      "hmac_sha256",
-      [](py::bytes key, py::bytes msg) {
-        const std::string k = key, s = msg;
-        std::uint8_t out[32];
-        hmac_sha256(k.data(), k.size(), s.data(), s.size(), out);
-        return py::bytes(reinterpret_cast<const char*>(out), 32);
-      },
-      py::arg("key"), py::arg("msg"), "HMAC-SHA256 of the data plane's handshake (for tests).");
 }
 
 void bind_dataplane(py::module_& m) {
@@ -822,122 +823,10 @@ void bind_dataplane(py::module_& m) {
   bind_dataplane_tools(m);
 }
 
-// ---- the wire protocol's one definition (wire.h), for byteps_like/wire.py ----
-py::dict wire_spec() {
-  py::dict d;
-  d["magic"] = py::bytes(dp::kMagic, sizeof dp::kMagic);
-  d["version"] = dp::kVersion;
-  d["header_size"] = sizeof(dp::Header);
-  py::list fields;
-#define BPS_FIELD(f)                                                                          \
-  fields.append(py::make_tuple(#f, offsetof(dp::Header, f), sizeof(dp::Header::f),           \
-                               dp::StructCode<decltype(dp::Header::f)>::value));
-  BPS_WIRE_HEADER_FIELDS(BPS_FIELD)
-#undef BPS_FIELD
-  d["header"] = fields;
-  py::dict types, flags, roles;
-#define BPS_ITEM(dict, cname, pyname, value) dict[#pyname] = static_cast<int>(dp::cname);
-#define BPS_TYPE(cname, pyname, value) BPS_ITEM(types, cname, pyname, value)
-#define BPS_FLAG(cname, pyname, bit) BPS_ITEM(flags, cname, pyname, bit)
-#define BPS_ROLE(cname, pyname, value) BPS_ITEM(roles, cname, pyname, value)
-  BPS_WIRE_MSG_TYPES(BPS_TYPE)
-  BPS_WIRE_FLAGS(BPS_FLAG)
-  BPS_WIRE_ROLES(BPS_ROLE)
-#undef BPS_ITEM
-#undef BPS_TYPE
-#undef BPS_FLAG
-#undef BPS_ROLE
-  d["msg_types"] = types;
-  d["flags"] = flags;
-  d["roles"] = roles;
-  d["contrib_shift"] = dp::kContribShift;
-  d["max_meta"] = dp::kMaxMeta;
-  py::list dtypes;  // (name, itemsize, summable) in code order
-  for (const auto& t : dp::kWireDTypes)
-    dtypes.append(py::make_tuple(t.name, t.itemsize, t.kernel >= 0));
-  d["dtypes"] = dtypes;
-  return d;
-}
-
-py::dict codec_frame_spec() {
-  namespace c = compress;
-  py::dict d;
-  d["magic"] = py::bytes(c::kFrameMagic, sizeof c::kFrameMagic);
-  d["version"] = c::kFrameVersion;
-  d["header_size"] = sizeof(c::FrameHeader);
-  py::list fields;
-#define BPS_FIELD(f)                                                                          \
-  fields.append(py::make_tuple(#f, offsetof(c::FrameHeader, f), sizeof(c::FrameHeader::f),    \
-                               dp::StructCode<decltype(c::FrameHeader::f)>::value));
-  BPS_FRAME_FIELDS(BPS_FIELD)
-#undef BPS_FIELD
-  d["header"] = fields;
-  py::list codecs;  // (name, id, the struct code of the header's field)
-#define BPS_CODEC(cname, pyname, id, field) \
-  codecs.append(py::make_tuple(#pyname, static_cast<int>(c::cname), field));
-  BPS_CODECS(BPS_CODEC)
-#undef BPS_CODEC
-  d["codecs"] = codecs;
-  return d;
-}
-
-// A header as the native data plane writes it (magic and version its own).
-py::bytes wire_pack_header(int type, int dtype, int role, std::int32_t rank, std::uint32_t flags,
-                           std::uint32_t job, std::uint64_t key, std::int64_t round,
-                           std::uint64_t count, std::uint64_t nbytes) {
-  for (int v : {type, dtype, role})
-    if (v < 0 || v > 255) throw py::value_error("wire_pack_header: a code out of 0..255");
-  const dp::Header h = dp::make_header(static_cast<std::uint8_t>(type),
-                                       static_cast<std::uint8_t>(role), rank, flags, job, key,
-                                       round, static_cast<std::uint8_t>(dtype), count, nbytes);
-  return py::bytes(reinterpret_cast<const char*>(&h), sizeof h);
-}
-
-// A header as the native data plane reads it: its fields by name, and whether the data plane
-// would take it as a data message (PUSH or PULL_RESP of a known dtype whose count fits nbytes).
-py::dict wire_parse_header(py::bytes raw) {
-  const std::string s = raw;
-  if (s.size() != sizeof(dp::Header))
-    throw py::value_error("wire_parse_header: " + std::to_string(s.size()) + " bytes, not " +
-                          std::to_string(sizeof(dp::Header)));
-  dp::Header h;
-  std::memcpy(&h, s.data(), sizeof h);
-  py::dict d;
-  d["magic"] = py::bytes(h.magic, sizeof h.magic);
-  d["version"] = h.version;
-  d["type"] = h.type;
-  d["dtype"] = h.dtype;
-  d["role"] = h.role;
-  d["rank"] = h.rank;
-  d["flags"] = h.flags;
-  d["job"] = h.job;
-  d["key"] = h.key;
-  d["round"] = h.round;
-  d["count"] = h.count;
-  d["nbytes"] = h.nbytes;
-  d["valid_data"] = (h.type == dp::kPush || h.type == dp::kPullResp) &&
-                    dp::count_matches(h, dp::wire_itemsize(h.dtype));
-  return d;
-}
-
-void bind_wire(py::module_& m) {
-  m.def("wire_spec", &wire_spec,
-        "The wire protocol's definition (csrc/wire.h): magic, version, header size and fields "
-        "(name, offset, size, struct code), message types, flags, roles, dtypes (name, "
-        "itemsize, summable) in code order, contrib_shift, max_meta.");
-  m.def("codec_frame_spec", &codec_frame_spec,
-        "The codec frame's definition (csrc/codec.h): magic, version, header size and fields "
-        "(name, offset, size, struct code), and the built-in codecs (name, id, the struct code "
-        "of the header's 4-byte field).");
-  m.def("wire_pack_header", &wire_pack_header, py::arg("type"), py::arg("dtype"),
-        py::arg("role"), py::arg("rank"), py::arg("flags"), py::arg("job"), py::arg("key"),
-        py::arg("round"), py::arg("count"), py::arg("nbytes"),
-        "A header packed by the native data plane's struct (for tests).");
-  m.def("wire_parse_header", &wire_parse_header, py::arg("raw"),
-        "A header's fields as the native data plane reads them (for tests).");
-}
-
 }  // namespace
+
+void bind_wire(py::module_& m);  // module_wire.cc
+
 }  // namespace bps
 
 PYBIND11_MODULE(_core, m) {

@@ -1,6 +1,6 @@
 // The wire protocol's one definition: the header's layout, magic and version, every message
 // type, flag, sender role and dtype code. The native data plane (dataplane.cc) reads it here;
-// byteps_like/wire.py reads it through _core.wire_spec() (module.cc) and builds its struct
+// byteps_like/wire.py reads it through _core.wire_spec() (module_wire.cc) and builds its struct
 // format, enums and tables from it, refusing to import when a name is missing on either side
 // (tests/unit/test_wire.py holds the two together, and packs and parses headers both ways).
 //
@@ -129,7 +129,7 @@ constexpr bool wire_dtypes_in_code_order() {
 static_assert(wire_dtypes_in_code_order(), "wire dtype codes are 0, 1, 2, ... in table order");
 
 // The header: little-endian, packed, in this order (BPS_WIRE_HEADER_FIELDS lists the fields
-// for wire_spec(); module.cc checks the list against the struct's offsets).
+// for wire_spec(), module_wire.cc).
 #pragma pack(push, 1)
 struct Header {
   char magic[4];
@@ -181,6 +181,7 @@ template <class T> struct StructCode;
 template <> struct StructCode<char[2]> { static constexpr const char* value = "2s"; };
 template <> struct StructCode<char[4]> { static constexpr const char* value = "4s"; };
 template <> struct StructCode<std::uint8_t> { static constexpr const char* value = "B"; };
+template <> struct StructCode<std::uint16_t> { static constexpr const char* value = "H"; };
 template <> struct StructCode<std::int32_t> { static constexpr const char* value = "i"; };
 template <> struct StructCode<std::uint32_t> { static constexpr const char* value = "I"; };
 template <> struct StructCode<std::int64_t> { static constexpr const char* value = "q"; };

@@ -253,18 +253,25 @@ class Reports:
         return f"{which} on {n['host']}"
 
     # -- output (any thread) ---------------------------------------------------------------------
-    def _worker_rows(self, now: float, costs: dict[int, dict], flagged: int | None) -> list:
-        ls = self.host.cfg.cluster.local_size
+    def _nodes(self, role: Role) -> list[tuple[Any, deque, dict, bool]]:
+        """The ranked nodes of ``role`` in rank order, each with a copy of its reports (taken
+        under the lock), its last report and whether it is live."""
         nodes = sorted((n for n in list(self.host.nodes.values())
-                        if n.role is Role.WORKER and n.rank >= 0),
+                        if n.role is role and n.rank >= 0),
                        key=lambda n: (n.rank, n.lost))
+        table = self.workers if role is Role.WORKER else self.servers
         with self._lock:
-            samples = {i: deque(s) for i, s in self.workers.items()}
-        rows = []
+            samples = {i: deque(s) for i, s in table.items()}
+        out = []
         for node in nodes:
             dq = samples.get(node.route.ident, deque())
-            last = dq[-1][1] if dq else {}
-            live = not (node.lost or node.finished)
+            out.append((node, dq, dq[-1][1] if dq else {}, not (node.lost or node.finished)))
+        return out
+
+    def _worker_rows(self, now: float, costs: dict[int, dict], flagged: int | None) -> list:
+        ls = self.host.cfg.cluster.local_size
+        rows = []
+        for node, dq, last, live in self._nodes(Role.WORKER):
             steps = _rate(dq, now, self.window, lambda s: s["step"]) if live else None
             busy = _rate(dq, now, self.window, lambda s: s["exchange"])
             moved = _rate(dq, now, self.window, lambda s: s["bytes"]) if live else None
@@ -326,17 +333,9 @@ class Reports:
         return out
 
     def _server_rows(self, now: float) -> list:
-        nodes = sorted((n for n in list(self.host.nodes.values())
-                        if n.role is Role.SERVER and n.rank >= 0),
-                       key=lambda n: (n.rank, n.lost))
-        with self._lock:
-            samples = {i: deque(s) for i, s in self.servers.items()}
         rows = []
         owners = self.owners()
-        for node in nodes:
-            dq = samples.get(node.route.ident, deque())
-            last = dq[-1][1] if dq else {}
-            live = not (node.lost or node.finished)
+        for node, dq, last, live in self._nodes(Role.SERVER):
             own = owners.get(node.rank) if live else None
             moved = _rate(dq, now, self.window, lambda s: s["bytes"]) if live else None
             cpu = _rate(dq, now, self.window, lambda s: s["cpu"]) if live else None

@@ -9,10 +9,11 @@ codec's ``decode``/``decode_add``/``encode`` with the GIL taken, one call at a t
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ..compression import Codec, CompressionError, codec_bytes, from_spec, registered
+from ..errors import ProtocolError
+from ..wire import parse_decl
 
 #: what the error of an unknown compressor tells the user to do
 REGISTER_HINT = ("call byteps_like.compression.register({name!r}, factory) in every server "
@@ -25,13 +26,13 @@ def make_server_codec(key: int, n: int, decl: bytes) -> tuple[Codec, int]:
     """The server codec of compressed key ``key`` (``n`` elements, checked by the caller
     against BYTEPS_PARTITION_BYTES) that the declaration's compressor spec describes, and the
     bytes it holds (for the memory budget). The declaration is untrusted: the spec is validated
-    field by field (``compression.from_spec``). Raises :class:`CompressionError` saying why
+    field by field (``compression.from_spec``); the declaration's layout (csrc/decl.h) by
+    ``wire.parse_decl``. Raises :class:`CompressionError` saying why
     there is none, e.g. for a compressor this server process has not registered."""
     try:
-        meta = json.loads(decl)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CompressionError(f"the declaration is not JSON ({exc})") from None
-    spec: Any = meta.get("compressor") if isinstance(meta, dict) else None
+        spec: Any = parse_decl(decl).compressor
+    except ProtocolError as exc:
+        raise CompressionError(str(exc)) from None
     if not isinstance(spec, dict):
         raise CompressionError("the declaration carries no compressor spec")
     name = spec.get("name")

@@ -5,10 +5,12 @@ rule for a round that can never complete: a machine that left the job without pu
 (:func:`fail_if_left`, for the dense keys and the tables alike)."""
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Collection, Iterable
 from collections.abc import Set as AbstractSet
 from typing import Any
+
+from ..errors import ProtocolError
+from ..wire import parse_decl
 
 
 def stall_entry(decl: dict, key: int, rnd: int, age: float, pushed: list, required: int,
@@ -39,13 +41,13 @@ def stalled_rounds(native: Any, now: float, limit: float, required: int,
             continue
         out.append(stall_entry(store.decl, store.key, rnd, now - started, pushed, required,
                                joined))
-    for key, rnd, age, pushed, decl in native.stalls(limit):
+    for key, rnd, age, pushed, raw in native.stalls(limit):
         try:
-            meta = json.loads(decl.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            meta = {}
-        out.append(stall_entry(meta if isinstance(meta, dict) else {}, key, rnd, age,
-                               pushed, required, joined))
+            d = parse_decl(raw)
+            decl = {"name": d.name, "part": d.part}
+        except ProtocolError:  # the server keeps only declarations it parsed: not expected
+            decl = {}
+        out.append(stall_entry(decl, key, rnd, age, pushed, required, joined))
     return out
 
 

@@ -23,18 +23,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without keras
 
 from .. import _keras as _impl
 from ..compression import Compression
-from ..worker.api import barrier, join, local_rank, local_size, rank, size
+from ..worker.api import barrier, join, local_rank, local_size, rank, shutdown, size
+from ..worker.api import plugin_init as init
 from ..worker.runtime import default_runtime
 from ._backend import ops as _ops  # byteps_like.tensorflow.ops or an EagerOps
-
-
-def init(lazy: bool = True, **overrides) -> None:
-    from ..worker.api import init as _init
-    _init(**overrides)
-
-
-def shutdown() -> None:
-    default_runtime().shutdown()
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802

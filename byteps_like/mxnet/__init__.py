@@ -15,21 +15,11 @@ import importlib
 from typing import Any
 
 from ..compression import Compression
-from ..worker.api import join, local_rank, local_size, rank, size  # same as the core's
-from ..worker.runtime import default_runtime
+from ..worker.api import join, local_rank, local_size, rank, shutdown, size  # the core's
+from ..worker.api import plugin_init as init
 from .ops import broadcast_parameters, byteps_declare_tensor, byteps_push_pull
 
 _LAZY = ("DistributedOptimizer", "DistributedTrainer")
-
-
-def init(lazy: bool = True, **overrides: Any) -> None:
-    """Join the job (``lazy`` is accepted for BytePS compatibility)."""
-    from ..worker.api import init as _init
-    _init(**overrides)
-
-
-def shutdown() -> None:
-    default_runtime().shutdown()
 
 
 def __getattr__(name: str) -> Any:

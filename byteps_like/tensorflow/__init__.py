@@ -15,21 +15,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without tensorfl
                       "'byteps_like[tensorflow]' (or tensorflow-cpu itself)") from exc
 
 from ..compression import Compression
-from ..worker.api import declare, join, local_rank, local_size, rank, size  # same as the core's
-from ..worker.runtime import default_runtime
+from ..worker.api import declare, join, local_rank, local_size, rank, shutdown, size  # the core's
+from ..worker.api import plugin_init as init
 from .ops import allgather, broadcast, broadcast_variables, push_pull, push_pull_gradients
 from .sparse import SparseEmbedding
 from .tape import DistributedGradientTape
-
-
-def init(lazy: bool = True, **overrides) -> None:
-    """Join the job (``lazy`` is accepted for BytePS compatibility)."""
-    from ..worker.api import init as _init
-    _init(**overrides)
-
-
-def shutdown() -> None:
-    default_runtime().shutdown()
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",  # noqa: N802

@@ -31,6 +31,7 @@ from ..worker.api import (  # core
     set_progress,
     size,
 )
+from ..worker.api import plugin_init as init
 from ..worker.runtime import default_runtime
 
 # the functions shadow the submodule of the same name on purpose: bps.broadcast(t, 0) is a call
@@ -54,12 +55,6 @@ from .optimizer import DistributedOptimizer
 from .parallel import DistributedDataParallel
 from .sparse import SparseEmbedding, SparseEmbeddingBag
 from .sync_batch_norm import SyncBatchNorm
-
-
-def init(lazy: bool = True, **overrides) -> None:
-    """Join the job (``lazy`` is accepted for BytePS compatibility)."""
-    from ..worker.api import init as _init
-    _init(**overrides)
 
 
 def shutdown() -> None:

@@ -18,6 +18,12 @@ from . import fusion
 from ._tensor import grad_buffer, wire_dtype
 
 
+def _delegated(name: str) -> property:
+    """An attribute of the wrapped optimizer (``self._opt``), read and written through."""
+    return property(lambda self: getattr(self._opt, name),
+                    lambda self, value: setattr(self._opt, name, value))
+
+
 def _named_params(optimizer: torch.optim.Optimizer, named_parameters) -> list[tuple[str, Any]]:
     opt_params = [p for g in optimizer.param_groups for p in g["params"]]
     if named_parameters is None:
@@ -102,29 +108,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return hook
 
     # -- delegation -----------------------------------------------------------------------
-    @property
-    def param_groups(self):
-        return self._opt.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value):
-        self._opt.param_groups = value
-
-    @property
-    def state(self):
-        return self._opt.state
-
-    @state.setter
-    def state(self, value):
-        self._opt.state = value
-
-    @property
-    def defaults(self):
-        return self._opt.defaults
-
-    @defaults.setter
-    def defaults(self, value):
-        self._opt.defaults = value
+    param_groups = _delegated("param_groups")
+    state = _delegated("state")
+    defaults = _delegated("defaults")
 
     def state_dict(self):
         if self._cross is not None:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 
@@ -53,7 +52,6 @@ class DistributedDataParallel(torch.nn.Module):
         self._sync.fuse = fusion.TorchFuser(rt, self._ddp_params, self._sync.compression,
                                             self._average, self._sync.buckets)
         self._callback_queued = False
-        self._sync_enabled = True
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                        for i, p in enumerate(self._ddp_params)]
 
@@ -66,7 +64,7 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _make_hook(self, index: int):
         def hook(_param: torch.Tensor) -> None:
-            if not self._sync_enabled:
+            if not self._sync.enabled:  # inside no_sync()
                 return
             if not self._callback_queued:
                 self._callback_queued = True
@@ -81,10 +79,6 @@ class DistributedDataParallel(torch.nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        prev, self._sync_enabled = self._sync_enabled, False
-        try:
-            yield
-        finally:
-            self._sync_enabled = prev
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        """Backward passes inside accumulate gradients without any push_pull."""
+        return self._sync.disabled()

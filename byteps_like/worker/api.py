@@ -19,6 +19,12 @@ def init(**overrides: Any) -> None:
     default_runtime().init(**overrides)
 
 
+def plugin_init(lazy: bool = True, **overrides: Any) -> None:
+    """A framework plugin's ``init``: join the job (``lazy`` is accepted for BytePS
+    compatibility)."""
+    init(**overrides)
+
+
 def shutdown() -> None:
     """Finish in-flight operations, leave the job and release every resource."""
     default_runtime().shutdown()

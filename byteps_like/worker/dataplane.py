@@ -219,7 +219,6 @@ class NativeDataPlane:
         if coded:
             assert st.native_codec is not None
             decl["native_codec"] = st.native_codec[part]
-            decl["count"] = st.parts[part][1] // 4  # before the spec, as the pipeline's
             decl["compressor"] = st.spec
         return decl
 

@@ -242,11 +242,9 @@ class Rounds:
             task.codec = st.codecs[part] if st.codecs else None
             if task.codec is not None:
                 task.scratch = st.scratch[part]
-                if task.decl is not None:  # the compressor travels once per key, typed JSON
+                if task.decl is not None:  # the compressor travels once per key
                     if st.native_codec is not None:  # a built-in codec's (native_params)
                         task.decl["native_codec"] = st.native_codec[part]
-                    # the count before the spec: the server reads the first "count" field
-                    task.decl["count"] = n // ITEMSIZE[wdt]
                     task.decl["compressor"] = st.spec
             pipeline.submit(task, block=block)
 

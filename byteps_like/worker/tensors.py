@@ -13,7 +13,6 @@ reads the bound partitions to cut a push_pull into pipeline tasks, and the nativ
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,7 @@ import numpy as np
 from ..compression import CompiledCodec, compiled_codec, native_params
 from ..errors import MismatchError
 from ..partition import ServerAssigner, make_key, partition_bounds
-from ..wire import ITEMSIZE
+from ..wire import ITEMSIZE, pack_decl
 from .handle import Handle
 
 if TYPE_CHECKING:
@@ -90,15 +89,15 @@ class TensorState:
 
 
 def declaration(st: TensorState, dtype: str, part: int, backup: int = 0) -> dict[str, Any]:
-    """What the first round of partition ``part`` declares to its server (both data paths).
-    ``backup``: an averaged tensor of a job with b backup workers (:func:`backs_up`), whose
-    rounds complete without the last b pushes (csrc/dataplane_server_backup.cc)."""
+    """What the first round of partition ``part`` declares to its server (both data paths):
+    the fields of a declaration (``wire.pack_decl``); a compressed one gains ``native_codec``
+    and ``compressor``. ``backup``: an averaged tensor of a job with b backup workers
+    (:func:`backs_up`), whose rounds complete without the last b pushes
+    (csrc/dataplane_server_backup.cc)."""
     assert st.shape is not None
-    decl: dict[str, Any] = {"name": st.name, "shape": list(st.shape), "dtype": dtype,
-                            "part": part, "nparts": len(st.parts)}
-    if backup:
-        decl["backup"] = backup
-    return decl
+    return {"name": st.name, "shape": list(st.shape), "dtype": dtype, "part": part,
+            "nparts": len(st.parts), "count": st.parts[part][1] // ITEMSIZE[dtype],
+            "backup": backup}
 
 
 def backs_up(cfg: Any, average: bool, size: int) -> int:
@@ -109,8 +108,9 @@ def backs_up(cfg: Any, average: bool, size: int) -> int:
 
 
 def decl_bytes(decl: dict[str, Any]) -> bytes:
-    """A declaration as the servers compare it: the same JSON bytes on every worker."""
-    return json.dumps(decl, separators=(",", ":"), allow_nan=False).encode()
+    """A declaration as the servers compare it: the same bytes on every worker, in the binary
+    layout csrc/decl.h defines (``wire.pack_decl``)."""
+    return pack_decl(**decl)
 
 
 class TensorRegistry:

@@ -157,29 +157,40 @@ def test_the_last_window_of_rejections_is_summed_up_at_shutdown():
 
 def test_large_meta_frames_being_read_share_one_budget():
     """Streams that said hello announce 1 MiB declarations and send 10 bytes of each: every one
-    made the server hold 1 MiB for as long as it liked (4 GB with 4,096 streams). Large meta
-    frames being read now share 16 MiB for the whole server; a stream past it is closed and
-    counted, and what closed streams held is given back."""
+    made the server hold 1 MiB for as long as it liked (4 GB with 4,096 streams). A meta frame
+    on a data stream is now at most the largest declaration (DECL_MAX_BYTES, csrc/decl.h; a
+    longer one is refused unread), and large ones being read share 16 MiB for the whole
+    server; a stream past it is closed and counted, and what closed streams held is given
+    back."""
+    from byteps_like.wire import DECL_MAX_BYTES
+
+    from ..native_stream import closed_by_peer
     from .hostile import NATIVE_PUSH, native_msg, native_stream
 
-    srv = _core.DataServer(1, 0, JOB, 2, MAXMSG, 1 << 30, 64)
+    n = 250
+    fit = (16 << 20) // DECL_MAX_BYTES   # 238 of the largest declarations
+    srv = _core.DataServer(1, 0, JOB, 2, MAXMSG, 1 << 30, n + 8)
     port = srv.listen("127.0.0.1", 0)
     srv.start()
     streams = []
     try:
         head = native_msg(NATIVE_PUSH, 0, JOB, key=1, dtype=WIRE_CODE["float32"], count=1,
                           nbytes=4, flags=1 | 2)  # META | DECLARE: the length follows
-        for _ in range(20):
+        s = native_stream(port, JOB)
+        s.sendall(head + struct.pack("<I", 1 << 20) + b"{" * 10)
+        assert closed_by_peer(s)   # 1 MiB: no declaration is that long
+        for _ in range(n):
             s = native_stream(port, JOB)
-            s.sendall(head + struct.pack("<I", 1 << 20) + b"{" * 10)
+            s.sendall(head + struct.pack("<I", DECL_MAX_BYTES) + b"{" * 10)
             streams.append(s)
-        deadline = time.monotonic() + 5
-        while ((srv.stats()["msgs_in"] < 40 or srv.stats()["live_connections"] > 16)
+        deadline = time.monotonic() + 10
+        while ((srv.stats()["msgs_in"] < 2 * n + 2 or srv.stats()["live_connections"] > fit)
                and time.monotonic() < deadline):
             time.sleep(0.02)
-        assert srv.stats()["meta_bytes"] == 16 << 20
-        assert srv.rejected() == {"meta frames over the server's budget": 4}
-        assert sum(_closed(s) for s in streams) == 4
+        assert srv.stats()["meta_bytes"] == fit * DECL_MAX_BYTES
+        assert srv.rejected() == {"meta frames over the server's budget": n - fit,
+                                  "oversized meta": 1}
+        assert sum(_closed(s) for s in streams) == n - fit
         for s in streams:
             s.close()
         while srv.stats()["live_connections"] and time.monotonic() < deadline:

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from byteps_like.errors import ProtocolError
-from byteps_like.wire import HEADER_SIZE, MsgType, decode
+from byteps_like.wire import HEADER_SIZE, MsgType, decode, pack_decl
 
 from ..native_stream import closed_by_peer
 from .cluster import running_cluster
@@ -32,6 +32,8 @@ from .hostile import (
 
 pytestmark = pytest.mark.integration
 MAX_MSG = 64 * 1024
+#: a well-formed declaration of another tensor than any real key
+EVIL_DECL = pack_decl("evil", [4096], "float32", 0, 1, 4096)
 SMALL = {"BYTEPS_MAX_MESSAGE_BYTES": str(MAX_MSG), "BYTEPS_PARTITION_BYTES": "16384"}
 
 
@@ -132,7 +134,7 @@ def test_native_data_plane_rejects_hostile_streams_while_the_job_runs():
                 # rejected alone (the round is checked first), the key keeps serving
                 s = native_stream(port, job)
                 s.sendall(native_msg(20, 0, job, key=0, rnd=10 ** 6, dtype=1, count=4096,
-                                      nbytes=16384, flags=2 | 8, meta=b'{"name":"evil"}',
+                                      nbytes=16384, flags=2 | 8, meta=EVIL_DECL,
                                       payload=b"\0" * 16384))
                 h, meta, _ = native_reply(s)
                 assert h[2] == 30 and meta["kind"] == "protocol" and "not open" in meta["message"]

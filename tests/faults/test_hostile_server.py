@@ -19,6 +19,9 @@ import pytest
 
 from byteps_like.compression import Compression, native_params
 from byteps_like.wire import (
+    DECL_MAX_BYTES,
+    DECL_MAX_NAME,
+    DECL_MAX_SPEC,
     ERR_PROTOCOL,
     FLAG_COMPRESSED,
     FLAG_DECLARE,
@@ -26,8 +29,10 @@ from byteps_like.wire import (
     MsgType,
     Role,
     encode,
+    pack_decl,
 )
 
+from ..native_stream import closed_by_peer
 from .cluster import running_cluster
 from .hostile import (
     JOB,
@@ -93,12 +98,11 @@ def _native_compressed(job: int, key: int, comp, count: int, payload: bytes,
                        dtype: str = "float32") -> bytes:
     """A native compressed push that declares ``count`` elements of ``dtype`` (a worker's
     declaration of one partition, with the built-in codec's parameters)."""
-    decl = {"name": f"evil.{key}", "shape": [count], "dtype": dtype, "part": 0, "nparts": 1,
-            "native_codec": native_params(comp, max(1, min(count, 1 << 31))), "count": count,
-            "compressor": comp.spec()}
+    decl = pack_decl(f"evil.{key}", [count], dtype, 0, 1, count,
+                     native_params(comp, max(1, min(count, 1 << 31))), comp.spec())
     return native_msg(NATIVE_PUSH, 0, job, key=key, dtype=7, count=len(payload),
-                      nbytes=len(payload), flags=FLAG_DECLARE | FLAG_COMPRESSED,
-                      meta=json.dumps(decl, separators=(",", ":")).encode(), payload=payload)
+                      nbytes=len(payload), flags=FLAG_DECLARE | FLAG_COMPRESSED, meta=decl,
+                      payload=payload)
 
 
 def _native_replies(s, n: int) -> list:
@@ -121,17 +125,23 @@ def _error(msg, label: str = "") -> str:
 
 # ---- item 1: memory amplification by declarations ---------------------------------------------
 
+@contextlib.contextmanager
+def _budget_cluster():
+    """A job of 2 workers whose server has a 64 MiB budget (BYTEPS_SERVER_MAX_BYTES) and 4 MiB
+    partitions, after 2 exact rounds: (cluster, server, its data port, job, RSS now)."""
+    extra = {"BYTEPS_SERVER_MAX_BYTES": "64MiB", "BYTEPS_PARTITION_BYTES": "4MiB"}
+    with running_cluster(workers=2, extra=extra) as c:
+        _exact_rounds(c, 2)
+        srv = c.server
+        yield c, srv, srv.control.data_port, srv.job, rss_bytes()
+
+
 def test_compressed_declarations_cannot_amplify_memory():
     """A compressed declaration of 268M elements with a 28-byte top-k payload made the server
     zero and keep a 1 GiB float32 accumulator (4 messages: 76 MB -> 4.28 GB). Now a declaration
     must fit one partition (BYTEPS_PARTITION_BYTES of its dtype) and every store is charged to
     BYTEPS_SERVER_MAX_BYTES, so a flood of the largest legal declarations stops at the budget."""
-    extra = {"BYTEPS_SERVER_MAX_BYTES": "64MiB", "BYTEPS_PARTITION_BYTES": "4MiB"}
-    with running_cluster(workers=2, extra=extra) as c:
-        _exact_rounds(c, 2)
-        srv = c.server
-        port, job = srv.control.data_port, srv.job
-        before = rss_bytes()
+    with _budget_cluster() as (c, srv, port, job, before):
         big = 268_000_000
         topk, onebit = Compression.topk(1), Compression.onebit()
         attack = [_native_compressed(job, 900_001 + i, topk, big, topk_payload(big))
@@ -167,13 +177,10 @@ def test_compressed_declarations_cannot_amplify_memory():
 def test_declarations_share_one_budget_on_the_native_plane():
     """The native plane charged a store only its two buffers; a 1 MiB declaration of a 1-element
     key was kept for 8 bytes of budget. Now the declaration and the store's bookkeeping are
-    charged too, and compressed stores draw on the same BYTEPS_SERVER_MAX_BYTES."""
-    extra = {"BYTEPS_SERVER_MAX_BYTES": "64MiB", "BYTEPS_PARTITION_BYTES": "4MiB"}
-    with running_cluster(workers=2, extra=extra) as c:
-        _exact_rounds(c, 2)
-        srv = c.server
-        port, job = srv.control.data_port, srv.job
-        before = rss_bytes()
+    charged too, and compressed stores draw on the same BYTEPS_SERVER_MAX_BYTES; and a
+    declaration is at most DECL_MAX_BYTES (csrc/decl.h): a longer meta frame is refused
+    unread."""
+    with _budget_cluster() as (c, srv, port, job, before):
         # compressed stores first (8 MiB accumulators) take from the budget
         part = (4 * MiB) // 2
         topk = Compression.topk(1)
@@ -185,16 +192,24 @@ def test_declarations_share_one_budget_on_the_native_plane():
         assert all(t == NATIVE_ACK for t, _m in replies), replies
         held = srv.store_bytes()
         assert held >= 3 * 4 * part
-        # then native pushes of one element with a 1 MiB declaration each
-        decl = json.dumps({"name": "x" * (MiB - 100)}).encode()
-        assert len(decl) < MiB
-        refused = 0
+        # a 1 MiB meta frame is no declaration: refused before it is read, the stream closed
         with native_stream(port, job) as s:
-            for i in range(400):
+            big = native_msg(NATIVE_PUSH, 0, job, key=929_999, dtype=1, count=1, nbytes=4,
+                             flags=FLAG_DECLARE, meta=b"x" * (MiB - 100))
+            s.sendall(big[:56])  # its header and the meta's length: enough to be refused
+            assert closed_by_peer(s)
+        assert srv.rejections().get("oversized meta") == 1, srv.rejections()
+        # then native pushes of one element with the largest declaration each
+        spec = {"name": "x" * (DECL_MAX_SPEC - 20)}
+        decl = pack_decl("x" * DECL_MAX_NAME, [1], "float32", 0, 1, 1, compressor=spec)
+        assert len(decl) > DECL_MAX_BYTES - 1000
+        pushes, refused = 800, 0
+        with native_stream(port, job) as s:
+            for i in range(pushes):
                 s.sendall(native_msg(NATIVE_PUSH, 0, job, key=930_000 + i, dtype=1, count=1,
                                      nbytes=4, flags=FLAG_DECLARE, meta=decl,
                                      payload=b"\0" * 4))
-                if i % 16 == 15 or i == 399:   # a round trip now and then: the replies so far
+                if i % 16 == 15 or i == pushes - 1:  # a round trip now and then: the replies
                     s.sendall(native_msg(NATIVE_PULL, 0, job, key=1 << 40))
                     while True:
                         h, meta, _ = native_reply(s)
@@ -203,13 +218,13 @@ def test_declarations_share_one_budget_on_the_native_plane():
                         if h[2] == NATIVE_ERROR:
                             assert "BYTEPS_SERVER_MAX_BYTES" in meta["message"], meta
                             refused += 1
-        taken = 400 - refused
+        taken = pushes - refused
         stats = srv.native.stats()
         grew = rss_bytes() - before
         print(f"\nRSS growth: {grew / MiB:.0f} MiB; native keys taken {taken}, refused "
               f"{refused}; store bytes {stats['store_bytes']}")
         assert stats["store_bytes"] <= 64 * MiB, stats
-        assert taken < 48 and refused > 350, (taken, refused)
+        assert taken * len(decl) <= 64 * MiB - held and refused > 0, (taken, refused)
         assert grew < 300 * MiB, grew
         # and a compressed store past the budget is refused
         with native_stream(port, job) as s:
@@ -217,7 +232,9 @@ def test_declarations_share_one_budget_on_the_native_plane():
                                          "float16"))
             ((t, meta),) = _native_replies(s, 1)
         assert t == NATIVE_ERROR and "BYTEPS_SERVER_MAX_BYTES" in meta["message"], meta
-        _exact_rounds(c, 2)
+        # the keys held keep serving (a compressed push needs room to be received: the flood
+        # left less than one declaration's worth)
+        _exact_rounds(c, 2, compressed=False)
 
 
 # ---- item 4: the round before the declaration -------------------------------------------------
@@ -230,7 +247,7 @@ def test_far_round_push_with_a_false_declaration_fails_nothing_native():
         with native_stream(srv.control.data_port, srv.job) as s:
             s.sendall(native_msg(NATIVE_PUSH, 0, srv.job, key=key, rnd=10 ** 6, dtype=1,
                                  count=N, nbytes=4 * N, flags=FLAG_DECLARE,
-                                 meta=b'{"name":"evil"}', payload=b"\0" * (4 * N)))
+                                 meta=pack_decl("evil", [N], "float32", 0, 1, N), payload=b"\0" * (4 * N)))
             h, meta, _ = native_reply(s)
         assert h[2] == NATIVE_ERROR and meta["kind"] == ERR_PROTOCOL, meta
         assert srv.rejections().get("push out of round") == 1, srv.rejections()

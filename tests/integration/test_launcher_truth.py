@@ -281,23 +281,25 @@ def test_waiting_nodes_and_scheduler_say_what_they_wait_for():
                 os.killpg(p.pid, signal.SIGKILL)
     logs = "\n".join(f"--- {name}: exit {rc}\n{err}" for name, (rc, _out, err) in runs.items())
 
-    # a server with no scheduler at its address: the address, how long so far, the limit
-    rc, _out, err = runs["server"]
-    assert rc == 1, logs
-    waiting = (f"server on 127.0.0.1: no node table yet from the scheduler at "
-               f"tcp://127.0.0.1:{closed} after 5 s (gives up after 8 s, "
-               f"BYTEPS_REGISTER_TIMEOUT_SECONDS)")
-    assert waiting in err, logs
-    assert err.index(waiting) < err.index("within 8 s (BYTEPS_REGISTER_TIMEOUT_SECONDS)"), logs
+    def said_while_waiting(role: str, waiting: str, gave_up: str) -> str:
+        """``role`` exited 1 having said ``waiting`` before it said ``gave_up``: its stderr."""
+        rc, _out, err = runs[role]
+        assert rc == 1, logs
+        assert waiting in err, logs
+        assert err.index(waiting) < err.index(gave_up), logs
+        return err
 
+    # a server with no scheduler at its address: the address, how long so far, the limit
+    said_while_waiting("server", f"server on 127.0.0.1: no node table yet from the scheduler "
+                       f"at tcp://127.0.0.1:{closed} after 5 s (gives up after 8 s, "
+                       f"BYTEPS_REGISTER_TIMEOUT_SECONDS)",
+                       "within 8 s (BYTEPS_REGISTER_TIMEOUT_SECONDS)")
     # the scheduler with 1 of 2 workers and no server: who has joined and who has not
-    rc, _out, err = runs["scheduler"]
-    assert rc == 1, logs
-    waiting = (f"scheduler: waiting for nodes to register at tcp://127.0.0.1:{port} for 5 s "
-               f"(gives up after 8 s, BYTEPS_REGISTER_TIMEOUT_SECONDS): 1 of 2 workers and "
-               f"0 of 1 servers joined; not seen yet: worker ids [1] (DMLC_WORKER_ID), 1 server")
-    assert waiting in err, logs
-    assert err.index(waiting) < err.index("registration timed out after 8 s"), logs
+    err = said_while_waiting(
+        "scheduler", f"scheduler: waiting for nodes to register at tcp://127.0.0.1:{port} for "
+        f"5 s (gives up after 8 s, BYTEPS_REGISTER_TIMEOUT_SECONDS): 1 of 2 workers and 0 of 1 "
+        f"servers joined; not seen yet: worker ids [1] (DMLC_WORKER_ID), 1 server",
+        "registration timed out after 8 s")
     said = [ln for ln in err.splitlines() if "BYTEPS_PARTITON_BYTES" in ln]
     assert len(said) == 1 and said[0].endswith(
         "WARNING scheduler] unknown environment variable(s) ignored: BYTEPS_PARTITON_BYTES "

@@ -41,14 +41,16 @@ def test_two_servers_without_failover_are_fine():
 
 
 def test_b0_declares_the_bytes_it_always_did_and_b_travels_in_the_declaration():
+    from byteps_like.wire import pack_decl, parse_decl
     st = TensorState(decl_id=0, name="w", shape=(3, 4), dtype="float32", nbytes=48,
                      parts=[(0, 48, 0, 0)])
-    assert decl_bytes(declaration(st, "float32", 0)) == (
-        b'{"name":"w","shape":[3,4],"dtype":"float32","part":0,"nparts":1}')
-    assert decl_bytes(declaration(st, "float32", 0, 0)) == decl_bytes(
-        declaration(st, "float32", 0))
-    assert decl_bytes(declaration(st, "float32", 0, 2)) == (
-        b'{"name":"w","shape":[3,4],"dtype":"float32","part":0,"nparts":1,"backup":2}')
+    plain = pack_decl("w", [3, 4], "float32", 0, 1, 12)
+    assert decl_bytes(declaration(st, "float32", 0)) == plain
+    assert decl_bytes(declaration(st, "float32", 0, 0)) == plain
+    two = decl_bytes(declaration(st, "float32", 0, 2))
+    assert parse_decl(two).backup == 2 and parse_decl(plain).backup == 0
+    assert parse_decl(two) == parse_decl(plain).__class__(
+        **{**parse_decl(plain).__dict__, "backup": 2})
 
 
 def test_bpslaunch_backup_workers_sets_every_process_and_is_checked_at_launch():

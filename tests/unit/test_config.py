@@ -99,22 +99,22 @@ def test_bool_error():
         env_load(BYTEPS_ENABLE_ASYNC="maybe")
 
 
-def test_int_parsing_and_errors():
+def test_int_parsing():
     assert env_load(DMLC_NUM_WORKER=" 3 ").cluster.num_worker == 3
-    with pytest.raises(ConfigError, match=r"^DMLC_NUM_WORKER='two' \(environment\) is not an "
-                       r"integer$"):
-        env_load(DMLC_NUM_WORKER="two")
-    with pytest.raises(ConfigError, match=r"^DMLC_NUM_WORKER='1.5' \(environment\)"):
-        env_load(DMLC_NUM_WORKER="1.5")
-    with pytest.raises(ConfigError, match=r"^DMLC_NUM_WORKER='0' \(environment\) must be >= 1$"):
-        env_load(DMLC_NUM_WORKER="0")
-    with pytest.raises(ConfigError, match=r"^BYTEPS_TCP_CONNECTIONS='17' \(environment\) must "
-                       r"be between 1 and 16$"):
-        env_load(BYTEPS_TCP_CONNECTIONS="17")
-    with pytest.raises(ConfigError, match=r"DMLC_PS_ROOT_PORT='0' .* between 1 and 65535"):
-        env_load(DMLC_PS_ROOT_PORT="0")
-    with pytest.raises(ConfigError, match=r"BYTEPS_SCHEDULING_CREDIT='-1' .* must be >= 0"):
-        env_load(BYTEPS_SCHEDULING_CREDIT="-1")
+
+
+@pytest.mark.parametrize("name,value,says", [
+    ("DMLC_NUM_WORKER", "two", r"^DMLC_NUM_WORKER='two' \(environment\) is not an integer$"),
+    ("DMLC_NUM_WORKER", "1.5", r"^DMLC_NUM_WORKER='1.5' \(environment\)"),
+    ("DMLC_NUM_WORKER", "0", r"^DMLC_NUM_WORKER='0' \(environment\) must be >= 1$"),
+    ("BYTEPS_TCP_CONNECTIONS", "17",
+     r"^BYTEPS_TCP_CONNECTIONS='17' \(environment\) must be between 1 and 16$"),
+    ("DMLC_PS_ROOT_PORT", "0", r"DMLC_PS_ROOT_PORT='0' .* between 1 and 65535"),
+    ("BYTEPS_SCHEDULING_CREDIT", "-1", r"BYTEPS_SCHEDULING_CREDIT='-1' .* must be >= 0"),
+])
+def test_int_errors(name, value, says):
+    with pytest.raises(ConfigError, match=says):
+        env_load(**{name: value})
 
 
 def test_int_fields_reject_bool_and_float_overrides():
@@ -242,31 +242,35 @@ def test_unknown_override_key_is_an_error():
 
 
 # ------------------------------------------------------------------------------- cross-field
-def test_worker_id_must_be_below_num_worker():
-    with pytest.raises(ConfigError, match=r"^DMLC_WORKER_ID=2 \(environment\) must be < "
-                       r"DMLC_NUM_WORKER=2 \(environment\)"):
-        env_load(DMLC_WORKER_ID="2", DMLC_NUM_WORKER="2")
+# a setting out of the range another one sets: (environment, overrides, the error naming both,
+# a pair of values just inside, and what it gives)
+CROSS_FIELD = {
+    "worker id": ({"DMLC_WORKER_ID": "2", "DMLC_NUM_WORKER": "2"}, {},
+                  r"^DMLC_WORKER_ID=2 \(environment\) must be < DMLC_NUM_WORKER=2 \(environment\)",
+                  {"DMLC_WORKER_ID": "1", "DMLC_NUM_WORKER": "2"}, ("cluster", "worker_id", 1)),
+    "local rank": ({}, {"cluster.local_rank": 1},
+                   r"^BYTEPS_LOCAL_RANK=1 \(override\) must be < BYTEPS_LOCAL_SIZE=1 \(default\)",
+                   {"BYTEPS_LOCAL_RANK": "1", "BYTEPS_LOCAL_SIZE": "2"},
+                   ("cluster", "local_rank", 1)),
+    "message": ({"BYTEPS_MAX_MESSAGE_BYTES": "4M", "BYTEPS_PARTITION_BYTES": "4M"}, {},
+                r"^BYTEPS_MAX_MESSAGE_BYTES=4194304 \(environment\) must be >= "
+                r"BYTEPS_PARTITION_BYTES=4194304 \(environment\) \+ 4096",
+                {"BYTEPS_MAX_MESSAGE_BYTES": str((4 << 20) + 4096), "BYTEPS_PARTITION_BYTES": "4M"},
+                ("transport", "max_message_bytes", (4 << 20) + 4096)),
+    "heartbeat": ({"BYTEPS_HEARTBEAT_TIMEOUT_SECONDS": "2"}, {},
+                  r"^BYTEPS_HEARTBEAT_TIMEOUT_SECONDS=2.0 \(environment\) must exceed twice "
+                  r"BYTEPS_HEARTBEAT_INTERVAL_SECONDS=1.0 \(default\)",
+                  {"BYTEPS_HEARTBEAT_TIMEOUT_SECONDS": "2.5"},
+                  ("timeouts", "heartbeat_timeout", 2.5)),
+}
 
 
-def test_local_rank_must_be_below_local_size():
-    with pytest.raises(ConfigError, match=r"^BYTEPS_LOCAL_RANK=1 \(override\) must be < "
-                       r"BYTEPS_LOCAL_SIZE=1 \(default\)"):
-        load(env={}, overrides={"cluster.local_rank": 1})
-
-
-def test_max_message_must_hold_a_partition():
-    with pytest.raises(ConfigError, match=r"^BYTEPS_MAX_MESSAGE_BYTES=4194304 \(environment\) "
-                       r"must be >= BYTEPS_PARTITION_BYTES=4194304 \(environment\) \+ 4096"):
-        env_load(BYTEPS_MAX_MESSAGE_BYTES="4M", BYTEPS_PARTITION_BYTES="4M")
-    cfg = env_load(BYTEPS_MAX_MESSAGE_BYTES=str((4 << 20) + 4096), BYTEPS_PARTITION_BYTES="4M")
-    assert cfg.transport.max_message_bytes == (4 << 20) + 4096
-
-
-def test_heartbeat_timeout_must_exceed_twice_interval():
-    with pytest.raises(ConfigError, match=r"^BYTEPS_HEARTBEAT_TIMEOUT_SECONDS=2.0 \(environment\)"
-                       r" must exceed twice BYTEPS_HEARTBEAT_INTERVAL_SECONDS=1.0 \(default\)"):
-        env_load(BYTEPS_HEARTBEAT_TIMEOUT_SECONDS="2")
-    assert env_load(BYTEPS_HEARTBEAT_TIMEOUT_SECONDS="2.5").timeouts.heartbeat_timeout == 2.5
+@pytest.mark.parametrize("case", sorted(CROSS_FIELD))
+def test_a_setting_out_of_anothers_range_is_an_error_naming_both(case):
+    env, overrides, says, inside, (section, name, value) = CROSS_FIELD[case]
+    with pytest.raises(ConfigError, match=says):
+        load(env=env, overrides=overrides)
+    assert getattr(getattr(load(env=inside), section), name) == value
 
 
 # ------------------------------------------------------------------------------- env names

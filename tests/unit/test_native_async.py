@@ -4,7 +4,6 @@ key's value at once, a pull answers the value (whole pushes only), no rounds acr
 the checks of declarations, dtypes, sizes and hostile streams stay (issue 29)."""
 from __future__ import annotations
 
-import json
 import socket
 import struct
 import time
@@ -12,7 +11,7 @@ import time
 import numpy as np
 
 from byteps_like.transport.native import WIRE_CODE, decode_error
-from byteps_like.wire import DTYPE_CODE
+from byteps_like.wire import DTYPE_CODE, pack_decl
 
 from ..native_stream import HDR, RawUcx, closed_by_peer
 from .test_native_dataplane import (  # stream: the module runs over both streams
@@ -46,7 +45,7 @@ def push_pull(cli, x, y, rnd, op, nservers=1, parts=None, timeout=20.0):
 
 
 def one_part(nbytes: int, rnd: int, key: int = 0):
-    decl = json.dumps({"name": "t", "part": 0, "nparts": 1}, separators=(",", ":")).encode()
+    decl = pack_decl("t", [nbytes // 4], "float32", 0, 1, nbytes // 4)
     return [(key, 0, key, 0, nbytes, decl if rnd == 0 else None)]
 
 
@@ -112,7 +111,7 @@ def test_the_checks_of_the_synchronous_mode_stay(cleanup):
     assert not c[1] and "but the key holds" in decode_error(c[4])[1]   # rejected alone
     assert push_pull(clients[0], x, y, 1, 4)[1] and (y == 2).all()
     # a worker declaring another tensor fails the key, naming both sides
-    c = push_pull(clients[1], x, y, 0, 1, parts=parts_of(x.nbytes, 0, 1, decl_extra={"x": 1}))
+    c = push_pull(clients[1], x, y, 0, 1, parts=parts_of(x.nbytes, 0, 1, name="u"))
     kind, text = decode_error(c[4])
     assert not c[1] and kind == "mismatch" and "worker rank 0" in text and "worker rank 1" in text
     c = push_pull(clients[0], x, y, 2, 5)

@@ -110,7 +110,7 @@ def test_without_the_declaration_every_round_waits_for_everyone(cleanup):
     assert srv.stats()["backup_rounds"] == 0
 
 
-@pytest.mark.parametrize("backup", [3, 0.5, "1", True, -1])
+@pytest.mark.parametrize("backup", [3, 7, 0xFFFF])
 def test_a_bad_backup_declaration_is_refused(cleanup, backup):
     srv, clients = job(cleanup)
     submit(clients[0], 1, grad(0, 0), np.empty(N, np.float32), 0, backup=backup)

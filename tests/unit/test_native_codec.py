@@ -5,8 +5,6 @@ others, encode the sum with the server's own codec at the round's step), replaye
 Malformed payloads and declarations are errors naming the key, the tensor and the rank."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -19,7 +17,7 @@ from byteps_like.compression import (
     unregister,
 )
 from byteps_like.transport.native import decode_error
-from byteps_like.wire import DTYPE_CODE
+from byteps_like.wire import DTYPE_CODE, pack_decl
 
 from .test_native_dataplane import (  # stream: the module runs over both streams
     make_client,
@@ -221,11 +219,10 @@ def test_native_codec_params_are_checked(params, field):
 
 # ---- the native server's rounds of compressed pushes ---------------------------------------
 
-def _decl(name: str, comp, n: int, dtype: str = "float32", params=None) -> bytes:
-    d = {"name": name, "shape": [n], "dtype": dtype, "part": 0, "nparts": 1,
-         "native_codec": native_params(comp, n) if params is None else params,
-         "compressor": comp.spec(), "count": n}
-    return json.dumps(d, separators=(",", ":")).encode()
+def _decl(name: str, comp, n: int, dtype: str = "float32", params=None, part: int = 0,
+          nparts: int = 1) -> bytes:
+    return pack_decl(name, [n], dtype, part, nparts, n,
+                     native_params(comp, n) if params is None else params, comp.spec())
 
 
 def _native_server(cleanup, workers: int, partition_bytes: int = 1 << 22, **kw):
@@ -312,7 +309,7 @@ def test_native_server_refuses_a_bad_compressed_declaration(case, text, cleanup)
     decl = {"count": _decl("w", comp, 2000), "params": _decl("w", comp, n, params=[2, 0, 0, 0,
                                                                                    0, 0, 0, 0]),
             "size": _decl("w", Compression.topk(11), n), "dtype": _decl("w", comp, n, "int32"),
-            "none": json.dumps({"name": "w", "count": n}).encode()}[case]
+            "none": pack_decl("w", [n], "float32", 0, 1, n)}[case]
     (c,) = _push_all(clis, [p], [np.empty_like(p)], 0, 1, decl)
     assert not c[1] and c[2] == "remote", c
     kind, msg = decode_error(c[4])
@@ -427,8 +424,7 @@ def test_a_coded_operation_equals_the_pipelines_codecs_bit_for_bit(name, threads
         for r, cli in enumerate(clis):
             parts = []
             for i, (n, k) in enumerate(zip(sizes, keys)):
-                decl = (_decl("t", comp, n).replace(b'"part":0', b'"part":%d' % i)
-                        if rnd == 0 else None)
+                decl = _decl("t", comp, n, part=i, nparts=3) if rnd == 0 else None
                 parts.append((k, k % 2, 0, int(offs[i]) * 4, n * 4, decl))
             cli.submit(rnd + 1, 0, xs[r], outs[r], DTYPE_CODE["float32"], 3, rnd, parts,
                        compressed=True, codecs=[c.native for c in natives[r]])
@@ -502,8 +498,7 @@ def test_a_cast_coded_operation_equals_converting_the_whole_tensor(wire, cleanup
         for r, cli in enumerate(clis):
             parts = []
             for i, (n, k) in enumerate(zip(sizes, keys)):
-                decl = (json.dumps({"name": "c", "part": i, "nparts": 3}).encode()
-                        if rnd == 0 else None)
+                decl = (pack_decl("c", [total], wire, i, 3, n) if rnd == 0 else None)
                 parts.append((k, k % 2, 0, int(offs[i]) * 4, n * 4, decl))
             cli.submit(rnd + 1, 0, xs[r], outs[r], DTYPE_CODE[wire], 3, rnd, parts,
                        codecs=coders[r])

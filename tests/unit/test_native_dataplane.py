@@ -3,7 +3,6 @@ _core.DataClient on loopback: exact sums, averages, several servers and streams,
 name their cause, hostile peers, lost servers, the stall report."""
 from __future__ import annotations
 
-import json
 import socket
 import struct
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from byteps_like import _core
 from byteps_like.transport.native import WIRE_CODE, decode_error
+from byteps_like.wire import ITEMSIZE, pack_decl, parse_decl
 
 from ..native_stream import HDR, RawUcx, closed_by_peer, recv_exact, require_ucx
 
@@ -72,9 +72,11 @@ def parts_of(nbytes: int, rnd: int, nservers: int, name: str = "t", decl_extra: 
     for i, off in enumerate(offs):
         decl = None
         if rnd == 0:
-            d = {"name": name, "part": i, "nparts": len(offs)}
+            d = {"name": name, "shape": [nbytes // 4], "dtype": "float32", "part": i,
+                 "nparts": len(offs)}
             d.update(decl_extra or {})
-            decl = json.dumps(d, separators=(",", ":")).encode()
+            d.setdefault("count", min(PART, nbytes - off) // ITEMSIZE[d["dtype"]])
+            decl = pack_decl(**d)
         key = key_base + i
         out.append((key, key % nservers, key, off, min(PART, nbytes - off), decl))
     return out
@@ -327,7 +329,7 @@ def test_a_count_that_overflows_times_itemsize_is_malformed(cleanup):
     assert HDR.unpack(s.recv(HDR.size, socket.MSG_WAITALL))[2] == 24
     count, nbytes = (1 << 61) + 1000, 8000
     assert count * 8 % (1 << 64) == nbytes   # the wrap a multiplying check falls for
-    decl = json.dumps({"name": "t", "part": 0, "nparts": 1}).encode()
+    decl = pack_decl("t", [1000], "float64", 0, 1, 1000)
     flags = 1 | 2 | 8   # META, DECLARE, PULL
     s.sendall(HDR.pack(b"BPSL", 1, 20, WIRE_CODE["float64"], 2, 0, flags, JOB, 1, 0, count,
                        nbytes) + struct.pack("<I", len(decl)) + decl + b"\0" * nbytes)
@@ -450,7 +452,7 @@ def test_stalls_report_the_pushed_ranks(cleanup):
     assert len(stalls) == 1
     key, rnd, age, pushed, decl = stalls[0]
     assert (key, rnd, pushed) == (0, 0, [1]) and age >= 0
-    assert json.loads(decl)["name"] == "t"
+    assert parse_decl(decl).name == "t"
     assert srv.stalls(3600.0) == []
 
 

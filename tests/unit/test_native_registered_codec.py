@@ -6,7 +6,6 @@ the key with an error naming key, tensor and rank; a payload over ``max_bytes`` 
 before it is read."""
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 
@@ -22,44 +21,35 @@ from byteps_like.compression import (
 )
 from byteps_like.server.codecs import make_server_codec
 from byteps_like.transport.native import decode_error
-from byteps_like.wire import DTYPE_CODE
+from byteps_like.wire import DTYPE_CODE, pack_decl
 
+from ..integration.workers.registered.bps_test_codecs import PairsCodec
 from .test_native_dataplane import make_client, make_server
 
 U8 = DTYPE_CODE["uint8"]
-_HEAD = struct.Struct("<QI")
 
 
-class NonzeroCodec(Codec):
+class NonzeroCodec(PairsCodec):
     """The nonzero elements as (index, value) pairs after the step and their count: payloads of
     12 to 12 + 8n bytes. ``fail``: the method that raises RuntimeError (a codec's bug)."""
+    what = "nonzero"
 
     def __init__(self, n: int, fail: str):
-        self.n, self.max_bytes, self.fail = n, 12 + 8 * n, fail
+        super().__init__(n)
+        self.fail = fail
+
+    def select(self, x: np.ndarray) -> np.ndarray:
+        return np.flatnonzero(x)
 
     def encode(self, x: np.ndarray, step: int) -> np.ndarray:
         if self.fail == "encode":
             raise RuntimeError("encode is broken")
-        idx = np.flatnonzero(x).astype(np.uint32)
-        body = np.empty(len(idx), [("i", "<u4"), ("v", "<f4")])
-        body["i"], body["v"] = idx, x[idx]
-        return np.frombuffer(_HEAD.pack(step, len(idx)) + body.tobytes(), np.uint8)
+        return super().encode(x, step)
 
     def decode(self, payload, out: np.ndarray) -> int:
         if self.fail == "decode":
             raise RuntimeError("decode is broken")
-        raw = bytes(payload)
-        if len(raw) < 12:
-            raise CompressionError(f"nonzero payload of {len(raw)} bytes")
-        step, count = _HEAD.unpack_from(raw)
-        if len(raw) != 12 + 8 * count:
-            raise CompressionError(f"nonzero payload: {count} pairs in {len(raw)} bytes")
-        body = np.frombuffer(raw, [("i", "<u4"), ("v", "<f4")], count, 12)
-        if count and int(body["i"].max()) >= self.n:
-            raise CompressionError("nonzero payload: an index out of range")
-        out[:] = 0
-        out[body["i"]] = body["v"]
-        return step
+        return super().decode(payload, out)
 
 
 @dataclass(frozen=True)
@@ -86,8 +76,7 @@ def registered():
 
 
 def _decl(n: int, spec: dict, name: str = "w") -> bytes:
-    return json.dumps({"name": name, "shape": [n], "dtype": "float32", "part": 0, "nparts": 1,
-                       "count": n, "compressor": spec}, separators=(",", ":")).encode()
+    return pack_decl(name, [n], "float32", 0, 1, n, compressor=spec)
 
 
 def _servers(cleanup, workers: int, factory: bool = True, budget: int = 1 << 32):

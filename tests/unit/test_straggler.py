@@ -17,7 +17,7 @@ from byteps_like.scheduler.nodes import NodeInfo
 from byteps_like.scheduler.reports import EventLog, Reports
 from byteps_like.transport import Route
 from byteps_like.transport.native import WIRE_CODE
-from byteps_like.wire import Role
+from byteps_like.wire import Role, pack_decl
 
 JOB = 0xC0FFEE
 MAXMSG = 1 << 28
@@ -25,13 +25,13 @@ PART = 64 << 10
 
 
 def _parts(nbytes: int, rnd: int) -> list:
-    import json
     out = []
     offs = list(range(0, nbytes, PART))
     for i, off in enumerate(offs):
         decl = None
         if rnd == 0:
-            decl = json.dumps({"name": "t", "part": i, "nparts": len(offs)}).encode()
+            decl = pack_decl("t", [nbytes // 4], "float32", i, len(offs),
+                             min(PART, nbytes - off) // 4)
         out.append((i, 0, i, off, min(PART, nbytes - off), decl))  # key, server, conn, ...
     return out
 

@@ -9,7 +9,6 @@ UCX runs on loopback TCP (UCX_TLS=tcp UCX_NET_DEVICES=lo unless the environment 
 otherwise)."""
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -20,6 +19,7 @@ import pytest
 from byteps_like import _core
 from byteps_like.transport import ucx_native
 from byteps_like.transport.native import WIRE_CODE
+from byteps_like.wire import pack_decl
 
 from ..native_stream import HDR, RawUcx, require_ucx
 
@@ -53,8 +53,10 @@ def client(cleanup, rank: int, port: int, *, credit: int = 64 << 20, tcp: bool =
 
 def parts(nbytes: int, part: int, rnd: int):
     out = []
-    for i, off in enumerate(range(0, nbytes, part)):
-        decl = json.dumps({"name": "big", "part": i}).encode() if rnd == 0 else None
+    offs = range(0, nbytes, part)
+    for i, off in enumerate(offs):
+        decl = (pack_decl("big", [nbytes // 4], "float32", i, len(offs),
+                          min(part, nbytes - off) // 4) if rnd == 0 else None)
         out.append((i, 0, i, off, min(part, nbytes - off), decl))
     return out
 
@@ -124,8 +126,8 @@ def test_an_oversized_rendezvous_piece_is_refused_before_it_is_received(cleanup)
     sender's send fails, the stream is closed and counted as malformed."""
     srv, port = server(cleanup, 2)
     s = raw(port, 0)
-    decl = json.dumps({"name": "t", "part": 0}).encode()
     nbytes = 8 << 20
+    decl = pack_decl("t", [nbytes // 4], "float32", 0, 1, nbytes // 4)
     s.sendall(HDR.pack(b"BPSL", 1, PUSH, F32, WORKER, 0, FLAG_META | FLAG_DECLARE, JOB, 0, 0,
                        nbytes // 4, nbytes) + len(decl).to_bytes(4, "little") + decl)
     with pytest.raises(RuntimeError, match="send failed"):
