@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "dataplane_server_impl.h"
+#include "decl.h"
 
 namespace bps {
 namespace dp {
