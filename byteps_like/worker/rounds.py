@@ -2,10 +2,12 @@
 
 :meth:`Rounds.enqueue` takes a new round of a tensor (the runtime's lock held): it starts at
 once when the name is idle, else it waits behind the round in flight (one round of a key at a
-time), and the next starts when a handle completes (:meth:`Rounds.done`). :meth:`Rounds.start`
-starts a round: a host tensor on the native data plane goes to C++ whole (:mod:`.dataplane`);
-otherwise each partition becomes a :class:`~.pipeline.Task` carrying its itinerary
-(:func:`~.pipeline.itinerary`) into the :class:`~.pipeline.Pipeline`.
+time), and the next starts when a handle completes (:meth:`Rounds.done`). Rounds is the host
+side's executor of the route plan (:mod:`.route`; :meth:`Rounds.plan` asks for it):
+:meth:`Rounds.push_pull` converts a whole fp16/bf16 cast, :meth:`Rounds.start` does what
+:meth:`RoutePlan.submit <.route.RoutePlan.submit>` names: one native operation on the native
+data plane (plain, cast or coded: :mod:`.dataplane`), or one :class:`~.pipeline.Task` per
+partition carrying the plan's itinerary into the :class:`~.pipeline.Pipeline`.
 
 Who calls it: :meth:`Runtime.push_pull_async <byteps_like.worker.runtime.Runtime.
 push_pull_async>` (``host_arrays`` checks its arguments, ``enqueue`` and the first ``start``),
@@ -20,7 +22,6 @@ import numpy as np
 
 from ..errors import CommunicationError
 from ..wire import ITEMSIZE, SUMMABLE, dtype_name, first_round
-from .cast import push_pull_whole
 from .handle import Handle
 from .pipeline import Phase, Task
 from .route import (
@@ -41,6 +42,18 @@ if TYPE_CHECKING:
     from .local_reduce import LocalReduction
     from .membership import Membership
     from .tensors import TensorRegistry
+
+
+#: the most route plans :meth:`Rounds.plan` keeps (one a tensor, as a rule)
+_PLANS = 4096
+#: the most threads one whole-tensor cast takes (the kernel also keeps >= 256 KiB each)
+MAX_CAST_THREADS = 8
+
+
+def cast_threads() -> int:
+    """Threads of a whole-tensor cast: the usable CPUs, at most :data:`MAX_CAST_THREADS`."""
+    from ..transport.native import usable_cpus
+    return max(1, min(MAX_CAST_THREADS, usable_cpus()))
 
 
 def host_arrays(array: Any, out: Any, name: str | None,
@@ -75,6 +88,7 @@ class Rounds:
         self.registry = registry
         self.local = local
         self.plane = plane
+        self._plans: dict[tuple, tuple[Any, RoutePlan]] = {}
 
     def bind(self, st: TensorState, shape: tuple, dtype: str, nbytes: int) -> None:
         """Bind ``st`` at its use (lock held): partitions only in a distributed job."""
@@ -105,8 +119,18 @@ class Rounds:
 
     def plan(self, tensor: TensorFacts, compression: Any = None, *,
              bucket: bool = False) -> RoutePlan:
-        """``Runtime.plan``: the route of a push_pull of ``tensor`` in this job."""
-        return plan_route(tensor, self.job(), compression, bucket=bucket)
+        """``Runtime.plan``: the route of a push_pull of ``tensor`` in this job. Plans are
+        kept (a pure function of hashable facts: a tensor's every round asks the same), at
+        most :data:`_PLANS` of them."""
+        key = (tensor, self.job(), id(compression), bucket)
+        kept = self._plans.get(key)
+        if kept is not None and kept[0] is compression:
+            return kept[1]
+        plan = plan_route(tensor, key[1], compression, bucket=bucket)
+        if len(self._plans) >= _PLANS:
+            self._plans.clear()
+        self._plans[key] = (compression, plan)
+        return plan
 
     def push_pull(self, arr: np.ndarray, out: np.ndarray, name: str | None, dtype: str,
                   average: bool, priority: int, device: DeviceCopier | None, prereduced: bool,
@@ -116,17 +140,22 @@ class Rounds:
         round, or queue it behind the name's round in flight.
 
         A cast ``compression`` (fp16, bf16) of a float tensor: the name is bound and travels
-        in the narrow dtype, converted where the plan says (:mod:`.cast`): partition by
-        partition on the native client, or whole here and back in ``wait()``."""
+        in the narrow dtype, converted where the plan says (:class:`~.route.Cast`): partition
+        by partition on the native client, or (:data:`~.route.WHOLE`) here, narrowed whole
+        with :func:`cast_threads` threads before the push and widened into ``out`` in the
+        handle's first ``wait()`` (``Handle.convert``)."""
         plan = self.plan(TensorFacts(dtype, arr.size, name=name,
                                      staged=device is not None, prereduced=prereduced),
                          compression)
         cast = plan.cast
-        if cast is not None and cast.where == WHOLE:
-            return push_pull_whole(
-                lambda wire, wdt: self.run(plan, wire, wire, name, wdt, average, priority,
-                                           None, False, compression),
-                cast.compressor, arr, out, dtype)
+        if cast is not None and cast.where == WHOLE:  # the host side's one Python cast
+            comp, nthreads = cast.compressor, cast_threads()
+            wire, wdt, ctx = comp.compress(arr, dtype, nthreads=nthreads)
+            h = self.run(plan, wire, wire, name, wdt, average, priority, None, False,
+                         compression)
+            h.input, h.output = arr, out
+            h.convert = lambda: comp.decompress(wire, ctx, out, dtype, nthreads=nthreads)
+            return h
         return self.run(plan, arr, out, name, dtype, average, priority, device, prereduced,
                         compression)
 

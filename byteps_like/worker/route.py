@@ -28,14 +28,13 @@ for the device side (``byteps_like/torch/ops.py`` and ``fusion.py``: memory, str
 events). Nothing else chooses a route. The codec is an input (``compression``): a per-tensor
 choice of codec (automatic compression) is made before :func:`plan_route` and handed to it.
 
-Who calls it: ``Rounds.push_pull`` (every host push_pull, :meth:`~.rounds.Rounds.plan`), the
-PyTorch plugin (``torch/ops.py``, ``torch/optimizer.py``, ``torch/fusion.py``) through
-``Runtime.plan``. tests/unit/test_route.py covers the table.
+Who calls it: ``Rounds.push_pull`` (every host push_pull, :meth:`~.rounds.Rounds.plan`; it
+converts a :data:`WHOLE` cast itself), the PyTorch plugin (``torch/ops.py``,
+``torch/fusion.py``) through ``Runtime.plan``. tests/unit/test_route.py covers the table.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..wire import ITEMSIZE
 from .pipeline import COMPRESS, DECOMPRESS, PULL, PUSH, Stage, itinerary
@@ -66,8 +65,7 @@ PIPELINE = "pipeline"          # one pipeline task per partition
 _CODED = (COMPRESS, PUSH, PULL, DECOMPRESS)
 
 
-@dataclass(frozen=True, slots=True)
-class TensorFacts:
+class TensorFacts(NamedTuple):
     """What the planner needs of a tensor. ``dtype``: its wire name (``wire.ITEMSIZE``'s);
     ``device``: ``"cpu"`` for host memory, else the device's type (``"cuda"``);
     ``contiguous``: the input and the output both are; ``nccl``: the plugin can reduce it among
@@ -75,7 +73,7 @@ class TensorFacts:
     the pipeline copies from and to a device (``push_pull_async(device=...)``);
     ``prereduced``: the machine's sum already in its shared reduction buffer."""
     dtype: str
-    count: int
+    elements: int
     device: str = "cpu"
     name: str | None = "tensor"
     contiguous: bool = True
@@ -89,8 +87,7 @@ class TensorFacts:
         return self.name is not None
 
 
-@dataclass(frozen=True, slots=True)
-class JobFacts:
+class JobFacts(NamedTuple):
     """What the planner needs of the job (``Rounds.job``)."""
     distributed: bool = False      # a scheduler (not standalone)
     single_machine: bool = False   # one worker machine: nothing leaves it
@@ -112,8 +109,7 @@ class JobFacts:
         return self.distributed and self.local_size == 1 and not self.alone
 
 
-@dataclass(frozen=True, slots=True)
-class Cast:
+class Cast(NamedTuple):
     """A cast compressor's conversion: ``dtype`` -> ``wire_dtype`` at ``where`` (:data:`ON_DEVICE`,
     :data:`NATIVE`, :data:`WHOLE`)."""
     compressor: Any
@@ -126,8 +122,7 @@ class Cast:
         return self.where == ON_DEVICE
 
 
-@dataclass(frozen=True, slots=True)
-class RoutePlan:
+class RoutePlan(NamedTuple):
     """How one push_pull travels (see the module docstring)."""
     staging: str
     wire_dtype: str
@@ -238,9 +233,9 @@ def _host_plan(t: TensorFacts, job: JobFacts, cast: Any, wire: str, codec: Any, 
     host_cast = None
     if cast is not None:
         native = (servers and job.local_size == 1 and job.native and t.dtype == "float32"
-                  and spans_partitions(wire, t.count, job.partition_bytes))
+                  and spans_partitions(wire, t.elements, job.partition_bytes))
         host_cast = Cast(cast, t.dtype, wire, NATIVE if native else WHOLE)
-    nbytes = t.count * ITEMSIZE[wire]
+    nbytes = t.elements * ITEMSIZE[wire]
     if not (servers and codec is not None and wire in COMPRESSIBLE
             and nbytes >= job.min_compress_bytes):
         codec = None  # too small to gain, not a float tensor, or nothing to push

@@ -7,8 +7,6 @@ start's native / native-cast / native-coded / pipeline submissions; torch/fusion
 buckets and named CUDA tensors; torch/_tensor.py's grad_buffer)."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from byteps_like.compression import Compression
@@ -33,11 +31,11 @@ ALONE = r.JobFacts(distributed=True, single_machine=True, partition_bytes=PART,
                    fusion_bytes=4 * MB)
 ONE_RANK = r.JobFacts(distributed=True, native=True, partition_bytes=PART, fusion_bytes=4 * MB,
                       min_compress_bytes=1024)
-LOCAL_ROOT = dataclasses.replace(ONE_RANK, local_size=2)
-LOCAL_OTHER = dataclasses.replace(ONE_RANK, local_size=2, local_root=False, native=False)
-ONE_MACHINE_2GPU = dataclasses.replace(ONE_RANK, single_machine=True, local_size=2,
+LOCAL_ROOT = ONE_RANK._replace(local_size=2)
+LOCAL_OTHER = ONE_RANK._replace(local_size=2, local_root=False, native=False)
+ONE_MACHINE_2GPU = ONE_RANK._replace(single_machine=True, local_size=2,
                                        native=False)
-NO_FUSION = dataclasses.replace(ONE_RANK, fusion_bytes=0)
+NO_FUSION = ONE_RANK._replace(fusion_bytes=0)
 
 BIG = 4 * MB          # elements: 16 MiB of float32, several partitions
 SMALL = 200         # elements: 800 bytes of float32, one partition, below min_compress_bytes
@@ -87,7 +85,7 @@ def test_fp16_float32_of_several_partitions_casts_on_the_native_client():
     (cpu(), LOCAL_ROOT, "several local ranks sum the narrowed tensors"),
     (cpu(), STANDALONE, "standalone: converted and back, as if the caller cast"),
     (cpu(), ALONE, "alone"),
-    (cpu(), dataclasses.replace(ONE_RANK, native=False), "no native client"),
+    (cpu(), ONE_RANK._replace(native=False), "no native client"),
 ])
 def test_every_other_host_cast_converts_whole(facts, job, why):
     p = r.plan_route(facts, job, Compression.fp16)
@@ -238,7 +236,7 @@ def test_buckets_the_synchronizer_moves_itself():
 
 def test_the_plan_is_frozen_and_pure():
     p = r.plan_route(cpu(), ONE_RANK, Compression.fp16)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         p.staging = r.NCCL  # type: ignore[misc]
     assert p == r.plan_route(cpu(), ONE_RANK, Compression.fp16)
 
