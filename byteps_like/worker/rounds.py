@@ -88,7 +88,8 @@ class Rounds:
         self.registry = registry
         self.local = local
         self.plane = plane
-        self._plans: dict[tuple, tuple[Any, RoutePlan]] = {}
+        self._plans: dict[tuple, tuple[Any, JobFacts, RoutePlan]] = {}
+        self._job: tuple[tuple, JobFacts, Any] = ((), JobFacts(), None)
 
     def bind(self, st: TensorState, shape: tuple, dtype: str, nbytes: int) -> None:
         """Bind ``st`` at its use (lock held): partitions only in a distributed job."""
@@ -107,29 +108,35 @@ class Rounds:
             return self.local.segment(st).out
 
     def job(self) -> JobFacts:
-        """The job as the route planner sees it (:func:`~.route.plan_route`)."""
+        """The job as the route planner sees it (:func:`~.route.plan_route`), made again
+        when what it is made of changes (a connection, an elastic epoch)."""
         m = self.members
         cfg = m.config
-        return JobFacts(distributed=m.control is not None, single_machine=m.single_machine,
-                        local_size=m.local_size, local_root=m.is_local_root,
-                        native=self.plane.client is not None,
-                        partition_bytes=cfg.partition.partition_bytes,
-                        fusion_bytes=cfg.partition.fusion_bytes,
-                        min_compress_bytes=cfg.compression.min_compress_bytes)
+        now = (m.control is not None, m.single_machine, m.local_size, m.is_local_root,
+               self.plane.client is not None, id(cfg))
+        if now != self._job[0] or self._job[2] is not cfg:
+            self._job = (now, JobFacts(
+                distributed=now[0], single_machine=now[1], local_size=now[2],
+                local_root=now[3], native=now[4],
+                partition_bytes=cfg.partition.partition_bytes,
+                fusion_bytes=cfg.partition.fusion_bytes,
+                min_compress_bytes=cfg.compression.min_compress_bytes), cfg)
+        return self._job[1]
 
     def plan(self, tensor: TensorFacts, compression: Any = None, *,
              bucket: bool = False) -> RoutePlan:
         """``Runtime.plan``: the route of a push_pull of ``tensor`` in this job. Plans are
         kept (a pure function of hashable facts: a tensor's every round asks the same), at
         most :data:`_PLANS` of them."""
-        key = (tensor, self.job(), id(compression), bucket)
+        job = self.job()
+        key = (tensor, id(job), id(compression), bucket)
         kept = self._plans.get(key)
-        if kept is not None and kept[0] is compression:
-            return kept[1]
-        plan = plan_route(tensor, key[1], compression, bucket=bucket)
+        if kept is not None and kept[0] is compression and kept[1] is job:
+            return kept[2]
+        plan = plan_route(tensor, job, compression, bucket=bucket)
         if len(self._plans) >= _PLANS:
             self._plans.clear()
-        self._plans[key] = (compression, plan)
+        self._plans[key] = (compression, job, plan)
         return plan
 
     def push_pull(self, arr: np.ndarray, out: np.ndarray, name: str | None, dtype: str,
