@@ -150,6 +150,12 @@ class RoutePlan(NamedTuple):
         return PIPELINE
 
 
+def fuses(compression: Any) -> bool:
+    """Whether gradients under ``compression`` may travel fused in buckets: not with a codec
+    (onebit, top-k, ...), whose scale, error feedback and selection are per tensor."""
+    return getattr(compression, "kind", "none") != "codec"
+
+
 def spans_partitions(wire_dtype: str, count: int, partition_bytes: int) -> bool:
     """Whether ``count`` elements of ``wire_dtype`` are more than one partition on the wire
     (``partition.partition_bounds``' cut), so that converting them partition by partition

@@ -246,3 +246,8 @@ def test_spans_partitions_follows_the_partition_cut():
     assert r.spans_partitions("float16", PART // 2 + 1, PART)
     assert r.spans_partitions("float32", 2, 4)  # a partition is at least one element
     assert not r.spans_partitions("float32", 1, 4)
+
+
+def test_a_codec_keeps_each_gradient_alone():
+    assert r.fuses(None) and r.fuses(Compression.none) and r.fuses(Compression.fp16)
+    assert not r.fuses(onebit) and not r.fuses(Compression.topk(0.01))
