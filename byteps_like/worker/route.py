@@ -30,7 +30,8 @@ choice of codec (automatic compression) is made before :func:`plan_route` and ha
 
 Who calls it: ``Rounds.push_pull`` (every host push_pull, :meth:`~.rounds.Rounds.plan`; it
 converts a :data:`WHOLE` cast itself), the PyTorch plugin (``torch/ops.py``,
-``torch/fusion.py``) through ``Runtime.plan``. tests/unit/test_route.py covers the table.
+``torch/fusion.py``) through ``Runtime.plan``, and the gradient synchronizer (``sync.py``:
+:func:`fuses`). tests/unit/test_route.py covers the table.
 """
 from __future__ import annotations
 
