@@ -120,7 +120,7 @@ class _CastCompressor(Compressor):
     """Floating-point dtypes of ``_FLOATS`` travel as ``_WIRE`` (held in numpy as ``wire_np``);
     other dtypes are left alone. A subclass converts: :meth:`narrow_into` into the wire array,
     :meth:`widen_into` back into the caller's. Both are elementwise, so converting a tensor
-    partition by partition (what the worker pipeline does, ``worker/cast.py``) gives the same
+    partition by partition (what the native client does, ``worker/route.py``) gives the same
     bits as converting it whole; ``nthreads`` splits one call over threads (``_core``'s
     parallel_for, which keeps at least 256 KiB per thread)."""
     kind = "cast"

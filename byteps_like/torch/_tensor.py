@@ -1,10 +1,13 @@
 """How byteps_like sees a torch tensor: a numpy view of its memory (zero-copy on CPU), its wire
-dtype, and a staging copy for tensors on a device."""
+dtype, the facts the route planner reads (:func:`facts`), and the staging copies of tensors
+on a device (a whole host copy, or a pinned buffer the pipeline fills partition by partition).
+Nothing here chooses a route: ``torch/ops.py`` and ``torch/fusion.py`` run the plan."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from ..worker.route import TensorFacts
 from ..worker.sync import GradBuffer
 from ._dtypes import wire_dtype
 
@@ -96,40 +99,22 @@ def pinned_buffer(key, like: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-def grad_buffer(grad: torch.Tensor, name: str, compression, average: bool = True) -> GradBuffer:
-    """The GradBuffer of a gradient: zero-copy on CPU; for CUDA gradients partition-wise
-    staging through the pipeline where the job allows it (not with a cast compressor such as
-    fp16, which converts whole host arrays; codec compressors run in the pipeline after the
-    device copy), else a whole-tensor host copy. ``average``: False where the gradients are
-    summed (``op=Sum``)."""
-    from ..compression import Compression, split
-    from ..worker.runtime import default_runtime
-    from . import nccl
-    rt = default_runtime()
-    if compression is Compression.none and nccl.available(rt, grad):
-        return nccl.NcclPushPull(rt, grad, grad, "Gradient." + name, average, 0).buffer()
-    if split(compression)[0] is Compression.none:
-        staged = device_stage(grad, grad, "Gradient." + name, "gradient")
-        if staged is not None:
-            buf, copier = staged
-            buf.device = copier
-            return buf
-    return stage(grad, "gradient")
-
-
-def device_pipelined(t: torch.Tensor, out: torch.Tensor, rt) -> bool:
-    """Whether ``t`` (into ``out``) is a CUDA tensor the job stages through the host itself:
-    both contiguous, and a job that pipelines device copies (not standalone, one local rank)."""
-    return (t.device.type == "cuda" and t.is_contiguous() and out.is_contiguous()
-            and rt.device_pipeline)
+def facts(t: torch.Tensor, out: torch.Tensor, name: str | None, what: str,
+          count: int | None = None) -> TensorFacts:
+    """What the route planner (:func:`byteps_like.worker.route.plan_route`) needs of ``t``
+    (into ``out``): its wire dtype (TypeError for one push_pull cannot sum), size, device,
+    name, layout, and whether this process can reduce it with NCCL. ``count``: the elements
+    of the flat buffer a bucket of gradients like ``t`` gathers into."""
+    nccl = (t.device.type == "cuda" and torch.distributed.is_available()
+            and torch.distributed.is_nccl_available())
+    return TensorFacts(wire_dtype(t, what), t.numel() if count is None else count,
+                       device=t.device.type, name=name,
+                       contiguous=t.is_contiguous() and out.is_contiguous(), nccl=nccl)
 
 
 def device_stage(t: torch.Tensor, out: torch.Tensor, name, what: str):
-    """(host GradBuffer, CudaCopier) for a CUDA tensor staged through the pipeline, or None when
-    the job cannot pipeline device copies (standalone, or several local ranks)."""
-    from ..worker.runtime import default_runtime
-    if not device_pipelined(t, out, default_runtime()):
-        return None
+    """(host GradBuffer, CudaCopier) for a CUDA tensor the pipeline stages partition by
+    partition (the route plan's ``DEVICE_PARTITIONS``)."""
     dtype = wire_dtype(t, what)
     host = pinned_buffer(name, t)
     copier = CudaCopier(t, out, host)

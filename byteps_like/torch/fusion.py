@@ -46,11 +46,12 @@ import torch
 
 from ..compression import Compressor
 from ..worker.handle import Handle
-from ..worker.runtime import Runtime
+from ..worker.route import DEVICE_CHUNKS, DEVICE_PARTITIONS, HOST, IDENTITY, NCCL, RoutePlan
+from ..worker.runtime import Runtime, default_runtime
 from ..worker.sync import Bucket, GradBuffer, dtype_layout
 from . import nccl
 from ._dtypes import TORCH_DTYPE, WIRE_DTYPE
-from ._tensor import as_numpy, copy_stream, device_pipelined
+from ._tensor import as_numpy, copy_stream, device_stage, facts, stage
 
 log = logging.getLogger("byteps_like.torch")
 
@@ -58,10 +59,11 @@ log = logging.getLogger("byteps_like.torch")
 _NO_HOST = np.empty(0, np.uint8)
 
 
-def wire_torch_dtype(dtype: torch.dtype, compression: Compressor) -> torch.dtype:
-    """The dtype a gradient of ``dtype`` travels as under ``compression`` (a cast compressor
-    halves floats; the others leave it)."""
-    return TORCH_DTYPE[compression.wire_dtype(WIRE_DTYPE[dtype])]
+def device_cast(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
+    """The device side's one conversion: each of ``src`` into the same-sized ``dst``, cast to
+    ``dst``'s dtype (a cast compressor's narrowing into a flat wire-dtype buffer, and the
+    widening back), one kernel on the caller's stream."""
+    torch._foreach_copy_(list(dst), list(src))
 
 
 class DeferredHandle:
@@ -224,19 +226,19 @@ class ChunkedCopy:
 
 class DeviceBucket:
     """The device side of one bucket of CUDA gradients (see the module docstring): a flat
-    device buffer the members are gathered into (cast to the wire dtype), moved by a
-    :class:`ChunkedCopy` (or the NCCL local reduction with several local ranks) and scattered
-    back.
+    device buffer the members are gathered into (cast to the wire dtype), moved as its route
+    plan says (``plan.staging``): by a :class:`ChunkedCopy`, by the NCCL local reduction with
+    several local ranks, or not at all in a job of one process; then scattered back.
 
     A bucket larger than ``chunk_bytes`` (a single large gradient: VGG-16's 411 MB classifier
     weight) travels as chunks, so its copies overlap its own network transfer."""
 
     def __init__(self, rt: Runtime, bucket: Bucket, params: Sequence[torch.Tensor],
-                 wire_dtype: torch.dtype, average: bool, chunk_bytes: int = 0):
+                 plan: RoutePlan, average: bool):
         self.rt, self.bucket, self.average = rt, bucket, average
         self.params = list(params)
         self.device = self.params[0].device
-        self.wire = wire_dtype
+        self.wire = wire_dtype = TORCH_DTYPE[plan.wire_dtype]
         counts = [p.numel() for p in self.params]
         self.flat = torch.empty(sum(counts), dtype=wire_dtype, device=self.device)
         self.views: list[torch.Tensor] = []
@@ -244,12 +246,12 @@ class DeviceBucket:
         for p, n in zip(self.params, counts):
             self.views.append(self.flat[off:off + n].view(p.shape))
             off += n
-        self.nccl = nccl.available(rt, self.flat)
-        self.direct = rt.alone  # one process, no server: the sum is the input
+        self.nccl = plan.staging == NCCL
+        self.direct = plan.staging == IDENTITY  # one process, no server: the sum is the input
         self.mover: ChunkedCopy | None = None
-        if not self.nccl and not self.direct:
+        if plan.staging == DEVICE_CHUNKS:
             self.mover = ChunkedCopy(rt, bucket.name, self.flat.numel(), wire_dtype, self.device,
-                                     average, chunk_bytes)
+                                     average, plan.chunk_bytes)
         self._nccl_op: nccl.NcclPushPull | None = None
         self._targets: list[torch.Tensor] = []
 
@@ -278,7 +280,7 @@ class DeviceBucket:
         if self.direct:
             return Handle(self.bucket.name, _NO_HOST, _NO_HOST, 0,
                           default_timeout=self.rt.config.timeouts.op_timeout)
-        torch._foreach_copy_(self.views, grads)  # gather (and cast) on the caller's stream
+        device_cast(self.views, grads)  # gather (and cast) on the caller's stream
         if self.nccl:
             self._nccl_op = op = nccl.NcclPushPull(self.rt, self.flat, self.flat,
                                                    self.bucket.name, self.average, priority)
@@ -296,7 +298,7 @@ class DeviceBucket:
         else:
             assert self.mover is not None
             self.mover.finish()
-        torch._foreach_copy_(self._targets, self.views)  # scatter (and cast back)
+        device_cast(self._targets, self.views)  # scatter (and cast back)
         self._targets = []
 
 
@@ -330,36 +332,28 @@ class DeviceTensor:
         src = tensor.detach().reshape(-1)
         dst = out.detach().reshape(-1)
         if self.flat is not None:
-            self.flat.copy_(src)  # cast on the device, on the caller's stream
+            device_cast([self.flat], [src])  # cast on the device, on the caller's stream
             src = dst = self.flat
         return self.mover.start(src, dst, priority)
 
     def finish(self) -> None:
         self.mover.finish()
         if self._held is not None and self.flat is not None:
-            self._held[1].detach().reshape(-1).copy_(self.flat)  # cast back
+            device_cast([self._held[1].detach().reshape(-1)], [self.flat])  # cast back
         self._held = None
 
 
-def device_push_pull(rt: Runtime, tensor: torch.Tensor, out: torch.Tensor, name: str | None,
-                     average: bool, priority: int,
-                     compression: Compressor) -> tuple[DeviceTensor, DeferredHandle] | None:
-    """Start a CUDA ``push_pull`` as a :class:`DeviceTensor` (see there), or None where it does
-    not apply: not a contiguous CUDA tensor, no name (an unnamed push_pull takes a new key each
-    call), a job without the device pipeline (standalone, several local ranks), a codec
-    compressor (it compresses partitions on the host), or fusion off with no cast
-    (``BYTEPS_FUSION_BYTES=0``: the pipeline's partition-by-partition staging)."""
-    if (name is None or compression.kind == "codec" or tensor.dtype not in WIRE_DTYPE
-            or not device_pipelined(tensor, out, rt)):
-        return None
-    wire = wire_torch_dtype(tensor.dtype, compression)
-    chunk_bytes = rt.config.partition.fusion_bytes
-    if chunk_bytes == 0 and wire == tensor.dtype:
-        return None
+def device_push_pull(rt: Runtime, plan: RoutePlan, tensor: torch.Tensor, out: torch.Tensor,
+                     name: str, average: bool,
+                     priority: int) -> tuple[DeviceTensor, DeferredHandle]:
+    """Start a named CUDA ``push_pull`` whose plan is ``DEVICE_CHUNKS`` as a
+    :class:`DeviceTensor` (see there; made once per name and signature)."""
+    wire = TORCH_DTYPE[plan.wire_dtype]
     dt = _device_tensors.get(name)
     if (dt is None or dt.mover.rt is not rt
             or dt.signature != DeviceTensor.signature_of(tensor, wire, average)):
-        dt = _device_tensors[name] = DeviceTensor(rt, name, tensor, wire, average, chunk_bytes)
+        dt = _device_tensors[name] = DeviceTensor(rt, name, tensor, wire, average,
+                                                  plan.chunk_bytes)
     return dt, dt.start(tensor, out, priority)
 
 
@@ -392,7 +386,6 @@ class TorchFuser:
                  average: bool = True, buckets: Sequence[Bucket] = ()):
         self.rt, self.params, self.average = rt, list(params), average
         self.compression = compression
-        self.chunk_bytes = rt.config.partition.fusion_bytes
         self._buckets: dict[int, DeviceBucket | None] = {}
         for b in buckets:
             self._device_bucket(b)
@@ -400,23 +393,41 @@ class TorchFuser:
     def _device_bucket(self, bucket: Bucket) -> DeviceBucket | None:
         if bucket.index in self._buckets:
             return self._buckets[bucket.index]
-        first = self.params[bucket.members[0]]
-        db = None
-        if first.device.type == "cuda" and self.compression.kind != "codec":
-            # (codecs compress each gradient in the pipeline; CPU buckets fuse on the host)
-            wire = wire_torch_dtype(first.dtype, self.compression)
-            if not (self.chunk_bytes == 0 and wire == first.dtype and self.rt.device_pipeline):
-                # its members share dtype and device (layout()'s groups)
-                db = DeviceBucket(self.rt, bucket, [self.params[i] for i in bucket.members],
-                                  wire, self.average, self.chunk_bytes)
-            # else fusion is off: a gradient travelling as it is goes through the pipeline's
-            # partition-by-partition staging (the synchronizer takes its own grad_buffer)
+        members = [self.params[i] for i in bucket.members]  # one dtype and device (layout())
+        first = members[0]
+        plan = self.rt.plan(facts(first, first, bucket.name, f"gradient bucket {bucket.name!r}",
+                                  count=sum(p.numel() for p in members)),
+                            self.compression, bucket=True)
+        # a bucket the plan gathers into a flat device buffer; else (CPU, a codec, fusion off
+        # with nothing to cast) the synchronizer's host fusion or grad_buffer
+        db = DeviceBucket(self.rt, bucket, members, plan, self.average) if plan.gathered else None
         self._buckets[bucket.index] = db
         return db
 
     def __call__(self, bucket: Bucket) -> GradBuffer | None:
         db = self._device_bucket(bucket)
         return db.buffer() if db is not None else None
+
+
+def grad_buffer(grad: torch.Tensor, name: str, compression: Compressor,
+                average: bool = True) -> GradBuffer:
+    """The GradBuffer of a gradient that travels alone (its bucket is not gathered on the
+    device, :class:`TorchFuser`), staged as its route plan says: zero-copy on CPU, the NCCL
+    local reduction, the pipeline's partition-wise device staging (a codec compressor runs in
+    the pipeline after the device copy), or a whole host copy. ``average``: False where the
+    gradients are summed (``op=Sum``)."""
+    rt = default_runtime()
+    plan = rt.plan(facts(grad, grad, name, "gradient"), compression, bucket=True)
+    if plan.staging == NCCL and not plan.gathered:
+        return nccl.NcclPushPull(rt, grad, grad, "Gradient." + name, average, 0).buffer()
+    if plan.staging == DEVICE_PARTITIONS:
+        buf, copier = device_stage(grad, grad, "Gradient." + name, "gradient")
+        buf.device = copier
+        return buf
+    if plan.staging == HOST:
+        return stage(grad, "gradient")
+    raise ValueError(f"gradient {name!r} travels in a bucket gathered on the device "
+                     f"({plan.staging}); TorchFuser moves it, not grad_buffer")
 
 
 def layout(params: Sequence[torch.Tensor], compression: Compressor | None = None,

@@ -60,11 +60,6 @@ def _unpin_all() -> None:
     _registered.clear()
 
 
-def available(rt: Runtime, t: torch.Tensor) -> bool:
-    return (t.device.type == "cuda" and rt.control is not None and rt.local_size_ > 1
-            and torch.distributed.is_available() and torch.distributed.is_nccl_available())
-
-
 def _group(rt: Runtime, device: torch.device):
     key = (id(rt), device)
     pg = _groups.get(key)

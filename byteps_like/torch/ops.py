@@ -6,21 +6,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..compression import Compression, Compressor, split
+from ..compression import Compression, Compressor
 from ..reduce_op import resolve_average
+from ..worker.route import DEVICE_CHUNKS, DEVICE_PARTITIONS, NCCL
 from ..worker.runtime import default_runtime
 from . import nccl
-from ._tensor import device_stage, stage
+from ._tensor import device_stage, facts, stage
 from .fusion import device_push_pull
 
 
 class TorchHandle:
     """What ``push_pull_async`` returns: pass it to ``poll`` or ``synchronize``."""
 
-    def __init__(self, core, out: torch.Tensor, out_buf, wire, ctx, dtype: str,
-                 compression: Compressor):
+    def __init__(self, core, out: torch.Tensor, out_buf):
         self.core, self.out, self.out_buf = core, out, out_buf
-        self.wire, self.ctx, self.dtype, self.compression = wire, ctx, dtype, compression
         self._finished = False
 
     def done(self) -> bool:
@@ -29,8 +28,6 @@ class TorchHandle:
     def wait(self, timeout: float | None = None) -> torch.Tensor:
         if not self._finished:
             self.core.wait(timeout)
-            if self.wire is not self.out_buf.array:
-                self.compression.decompress(self.wire, self.ctx, self.out_buf.array, self.dtype)
             if self.out_buf.writeback is not None:
                 self.out_buf.writeback()
             self._finished = True
@@ -52,40 +49,34 @@ def _average(average: Any, op: Any, name: str | None) -> bool:
 
 def _start(tensor: torch.Tensor, out: torch.Tensor, average: bool, name: str | None,
            priority: int, compression: Compressor) -> TorchHandle:
+    """Run the route plan of a push_pull of ``tensor`` into ``out`` (:mod:`byteps_like.worker.
+    route` chooses; this adapts the tensor's memory, streams and events to it)."""
     rt = default_runtime()
     rt.check()
     what = f"push_pull of {name!r}" if name else "push_pull"
     if name is not None and not isinstance(name, str):
         raise TypeError(f"push_pull: name must be a str, got {name!r}")
-    if compression is Compression.none and nccl.available(rt, tensor):
+    plan = rt.plan(facts(tensor, out, name, what), compression)
+    if plan.staging == NCCL:  # the machine's GPUs reduce first
         op = nccl.NcclPushPull(rt, tensor, out, name or rt.auto_name(), average, priority)
-        buf = op.buffer()
-        return TorchHandle(op.start(), out, buf, buf.array, None, buf.dtype, compression)
-    cast, codec = split(compression)
-    if codec is None:  # CUDA, named: chunks copied on the device side, no Python per partition
-        chunked = device_push_pull(rt, tensor, out, name, average, priority, cast)
-        if chunked is not None:
-            dt, chunks = chunked
-            host = dt.buffer()
-            return TorchHandle(chunks, out, host, host.array, None, str(host.dtype),
-                               Compression.none)
-    if cast is Compression.none:
-        staged = device_stage(tensor, out, name, what)
-        if staged is not None:  # CUDA: partition-wise copies on their own stream
-            buf, copier = staged
-            core = rt.push_pull_async(buf.array, name=name, average=average, priority=priority,
-                                      out=buf.array, dtype=buf.dtype, device=copier,
-                                      compression=codec)
-            return TorchHandle(core, out, buf, buf.array, None, buf.dtype, cast)
+        return TorchHandle(op.start(), out, op.buffer())
+    if plan.staging == DEVICE_CHUNKS:  # named CUDA: chunks copied on the device side
+        assert name is not None
+        dt, chunks = device_push_pull(rt, plan, tensor, out, name, average, priority)
+        return TorchHandle(chunks, out, dt.buffer())
+    if plan.staging == DEVICE_PARTITIONS:  # CUDA: partition-wise copies on their own stream
+        buf, copier = device_stage(tensor, out, name, what)
+        core = rt.push_pull_async(buf.array, name=name, average=average, priority=priority,
+                                  out=buf.array, dtype=buf.dtype, device=copier,
+                                  compression=compression)
+        return TorchHandle(core, out, buf)
     src = stage(tensor, what)
-    if src.dtype is None:  # stage() always sets the wire dtype (or raises for the tensor's)
-        raise TypeError(f"{what}: tensor of dtype {tensor.dtype} has no wire dtype")
     dst = src if out is tensor else stage(out, what, copy_in=False)
     # the sum lands straight in the output's memory (no copy on CPU); a cast compressor (fp16)
-    # converts in the runtime's pipeline, partition by partition as they go
+    # converts where the plan says, on the host
     core = rt.push_pull_async(src.array, name=name, average=average, priority=priority,
                               out=dst.array, dtype=src.dtype, compression=compression)
-    return TorchHandle(core, out, dst, dst.array, None, src.dtype, Compression.none)
+    return TorchHandle(core, out, dst)
 
 
 def push_pull_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,

@@ -15,7 +15,8 @@ from ..reduce_op import Average, resolve_average
 from ..worker.runtime import default_runtime
 from ..worker.sync import GradBuffer, GradientSynchronizer, check_names, model_signature_check
 from . import fusion
-from ._tensor import grad_buffer, wire_dtype
+from ._tensor import wire_dtype
+from .fusion import grad_buffer
 
 
 def _delegated(name: str) -> property:

@@ -9,8 +9,9 @@ from ..reduce_op import Average, resolve_average
 from ..worker.runtime import default_runtime
 from ..worker.sync import GradBuffer, GradientSynchronizer, model_signature_check
 from . import fusion
-from ._tensor import grad_buffer, wire_dtype
+from ._tensor import wire_dtype
 from .broadcast import broadcast_parameters
+from .fusion import grad_buffer
 
 
 class DistributedDataParallel(torch.nn.Module):

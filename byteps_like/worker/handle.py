@@ -37,7 +37,7 @@ class Handle:
         #: blocks (GIL released) until the operation completes and finishes this handle on the
         #: waiting thread, saving a handoff through the completion thread
         self.fast_wait: Callable[[float], None] | None = None
-        #: set for a tensor converted whole by a cast compressor (worker/cast.py): writes the
+        #: set for a tensor converted whole by a cast compressor (worker/rounds.py): writes the
         #: sum into ``output`` in the caller's dtype, once, in the first wait() that succeeds
         self.convert: Callable[[], None] | None = None
         if nparts == 0:

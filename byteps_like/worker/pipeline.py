@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..compression import Codec, _CastCompressor
+    from ..compression import Codec
     from ..local import Segment
     from .handle import Handle
     from .tensors import DeviceCopier
@@ -39,8 +39,7 @@ class Stage(str, Enum):
     """The stages, in the order a partition can meet them. Stages that do not apply to a tensor
     are absent from its itinerary: REDUCE and BROADCAST belong to the local reduction of
     several worker processes on one machine, the copies to device tensors staged by a plugin,
-    COMPRESS and DECOMPRESS to compression (a codec's encode and decode, a cast
-    compressor's conversions); PUSH and PULL reach the servers.
+    COMPRESS and DECOMPRESS to a codec's encode and decode; PUSH and PULL reach the servers.
 
     A ``str``: a stage compares, hashes, formats and serialises as its name (``"push"``), so
     traces, metrics labels and thread names read as they always did."""
@@ -148,13 +147,6 @@ class Task:
     codec: Codec | None = None           # compresses this partition (COMPRESS, DECOMPRESS)
     scratch: np.ndarray | None = None    # float32 staging of a non-float32 compressed tensor
     wire: np.ndarray | None = None       # the compressed payload between COMPRESS and PUSH
-    # a cast compressor (fp16, bf16; worker/cast.py): COMPRESS narrows ``cast_src`` (the
-    # caller's elements, of ``cast_dtype``) into ``push_src``, DECOMPRESS widens ``pull_dst``
-    # into ``cast_dst``; src, dst, push_src and pull_dst are then the tensor's wire bytes
-    cast: _CastCompressor | None = None
-    cast_dtype: str = ""
-    cast_src: np.ndarray | None = None
-    cast_dst: np.ndarray | None = None
 
     @property
     def current(self) -> Stage | None:

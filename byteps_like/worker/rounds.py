@@ -2,10 +2,12 @@
 
 :meth:`Rounds.enqueue` takes a new round of a tensor (the runtime's lock held): it starts at
 once when the name is idle, else it waits behind the round in flight (one round of a key at a
-time), and the next starts when a handle completes (:meth:`Rounds.done`). :meth:`Rounds.start`
-starts a round: a host tensor on the native data plane goes to C++ whole (:mod:`.dataplane`);
-otherwise each partition becomes a :class:`~.pipeline.Task` carrying its itinerary
-(:func:`~.pipeline.itinerary`) into the :class:`~.pipeline.Pipeline`.
+time), and the next starts when a handle completes (:meth:`Rounds.done`). Rounds is the host
+side's executor of the route plan (:mod:`.route`; :meth:`Rounds.plan` asks for it):
+:meth:`Rounds.push_pull` converts a whole fp16/bf16 cast, :meth:`Rounds.start` does what
+:meth:`RoutePlan.submit <.route.RoutePlan.submit>` names: one native operation on the native
+data plane (plain, cast or coded: :mod:`.dataplane`), or one :class:`~.pipeline.Task` per
+partition carrying the plan's itinerary into the :class:`~.pipeline.Pipeline`.
 
 Who calls it: :meth:`Runtime.push_pull_async <byteps_like.worker.runtime.Runtime.
 push_pull_async>` (``host_arrays`` checks its arguments, ``enqueue`` and the first ``start``),
@@ -18,29 +20,40 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import CommunicationError
 from ..wire import ITEMSIZE, SUMMABLE, dtype_name, first_round
-from .cast import (
-    cast_of,
-    check_host,
-    element_slice,
-    push_pull_whole,
-    spans_partitions,
-    wire_buffer,
-)
 from .handle import Handle
-from .pipeline import COMPRESS, DECOMPRESS, PULL, PUSH, Phase, Task, itinerary
+from .pipeline import Phase, Task
+from .route import (
+    NATIVE_CAST,
+    NATIVE_CODED,
+    NATIVE_WHOLE,
+    WHOLE,
+    JobFacts,
+    RoutePlan,
+    TensorFacts,
+    plan_route,
+)
 from .tensors import DeviceCopier, TensorState, backs_up, declaration
 
 if TYPE_CHECKING:
-    from ..compression import _CastCompressor
     from .dataplane import NativeDataPlane
     from .inflight import InFlight
     from .local_reduce import LocalReduction
     from .membership import Membership
     from .tensors import TensorRegistry
 
-#: the itinerary of a compressed host partition of a machine's only rank
-_CODED = (COMPRESS, PUSH, PULL, DECOMPRESS)
+
+#: the most route plans :meth:`Rounds.plan` keeps (one a tensor, as a rule)
+_PLANS = 4096
+#: the most threads one whole-tensor cast takes (the kernel also keeps >= 256 KiB each)
+MAX_CAST_THREADS = 8
+
+
+def cast_threads() -> int:
+    """Threads of a whole-tensor cast: the usable CPUs, at most :data:`MAX_CAST_THREADS`."""
+    from ..transport.native import usable_cpus
+    return max(1, min(MAX_CAST_THREADS, usable_cpus()))
 
 
 def host_arrays(array: Any, out: Any, name: str | None,
@@ -75,6 +88,8 @@ class Rounds:
         self.registry = registry
         self.local = local
         self.plane = plane
+        self._plans: dict[tuple, tuple[Any, JobFacts, RoutePlan]] = {}
+        self._job: tuple[tuple, JobFacts, Any] = ((), JobFacts(), None)
 
     def bind(self, st: TensorState, shape: tuple, dtype: str, nbytes: int) -> None:
         """Bind ``st`` at its use (lock held): partitions only in a distributed job."""
@@ -92,31 +107,73 @@ class Rounds:
             self.bind(st, shape, dtype, nbytes)
             return self.local.segment(st).out
 
+    def job(self) -> JobFacts:
+        """The job as the route planner sees it (:func:`~.route.plan_route`), made again
+        when what it is made of changes (a connection, an elastic epoch)."""
+        m = self.members
+        cfg = m.config
+        now = (m.control is not None, m.single_machine, m.local_size, m.is_local_root,
+               self.plane.client is not None, id(cfg))
+        if now != self._job[0] or self._job[2] is not cfg:
+            self._job = (now, JobFacts(
+                distributed=now[0], single_machine=now[1], local_size=now[2],
+                local_root=now[3], native=now[4],
+                partition_bytes=cfg.partition.partition_bytes,
+                fusion_bytes=cfg.partition.fusion_bytes,
+                min_compress_bytes=cfg.compression.min_compress_bytes), cfg)
+        return self._job[1]
+
+    def plan(self, tensor: TensorFacts, compression: Any = None, *,
+             bucket: bool = False) -> RoutePlan:
+        """``Runtime.plan``: the route of a push_pull of ``tensor`` in this job. Plans are
+        kept (a pure function of hashable facts: a tensor's every round asks the same), at
+        most :data:`_PLANS` of them."""
+        job = self.job()
+        key = (tensor, id(job), id(compression), bucket)
+        kept = self._plans.get(key)
+        if kept is not None and kept[0] is compression and kept[1] is job:
+            return kept[2]
+        plan = plan_route(tensor, job, compression, bucket=bucket)
+        if len(self._plans) >= _PLANS:
+            self._plans.clear()
+        self._plans[key] = (compression, job, plan)
+        return plan
+
     def push_pull(self, arr: np.ndarray, out: np.ndarray, name: str | None, dtype: str,
                   average: bool, priority: int, device: DeviceCopier | None, prereduced: bool,
-                  compression: Any, *, alone: bool) -> Handle:
+                  compression: Any) -> Handle:
         """``Runtime.push_pull_async`` once its arguments are checked (:func:`host_arrays`):
-        bind the name, make the handle and start the round, or queue it behind the name's
-        round in flight. ``alone``: a push_pull is the identity.
+        plan the route (:mod:`.route`), then bind the name, make the handle and start the
+        round, or queue it behind the name's round in flight.
 
-        A cast ``compression`` (fp16, bf16; :mod:`.cast`) of a float tensor: the name is bound
-        and travels in the narrow dtype. In a distributed job of one local rank the pipeline
-        converts each partition of a tensor of several as it goes; otherwise the tensor is
-        converted whole, and back
-        in ``wait()`` (``Handle.convert``). Not with ``device`` or ``prereduced``
-        (ValueError): a plugin casts a device tensor itself."""
+        A cast ``compression`` (fp16, bf16) of a float tensor: the name is bound and travels
+        in the narrow dtype, converted where the plan says (:class:`~.route.Cast`): partition
+        by partition on the native client, or (:data:`~.route.WHOLE`) here, narrowed whole
+        with :func:`cast_threads` threads before the push and widened into ``out`` in the
+        handle's first ``wait()`` (``Handle.convert``)."""
+        plan = self.plan(TensorFacts(dtype, arr.size, name=name,
+                                     staged=device is not None, prereduced=prereduced),
+                         compression)
+        cast = plan.cast
+        if cast is not None and cast.where == WHOLE:  # the host side's one Python cast
+            comp, nthreads = cast.compressor, cast_threads()
+            wire, wdt, ctx = comp.compress(arr, dtype, nthreads=nthreads)
+            h = self.run(plan, wire, wire, name, wdt, average, priority, None, False,
+                         compression)
+            h.input, h.output = arr, out
+            h.convert = lambda: comp.decompress(wire, ctx, out, dtype, nthreads=nthreads)
+            return h
+        return self.run(plan, arr, out, name, dtype, average, priority, device, prereduced,
+                        compression)
+
+    def run(self, plan: RoutePlan, arr: np.ndarray, out: np.ndarray, name: str | None,
+            dtype: str, average: bool, priority: int, device: DeviceCopier | None,
+            prereduced: bool, compression: Any) -> Handle:
+        """Run ``plan`` for host arrays ``arr`` -> ``out`` (of ``dtype``; with a
+        :data:`~.route.WHOLE` cast, already the wire arrays)."""
         m, cfg = self.members, self.members.config
         distributed = m.control is not None
-        cast = cast_of(compression, dtype)
-        if cast is not None:
-            check_host(cast, name, device, prereduced)
-            if (not distributed or alone or m.local_size > 1 or not spans_partitions(
-                    cast, dtype, arr.size, cfg.partition.partition_bytes)):
-                return push_pull_whole(
-                    lambda wire, wdt: self.push_pull(wire, wire, name, wdt, average, priority,
-                                                     None, False, compression, alone=alone),
-                    cast, arr, out, dtype)
-        wdtype = dtype if cast is None else cast.wire_dtype(dtype)
+        wdtype = plan.wire_dtype
         with self.flight.lock:
             if name is None:
                 name = self.registry.auto_name()
@@ -127,15 +184,15 @@ class Rounds:
                     st, compression, rank=m.rank,
                     min_bytes=cfg.compression.min_compress_bytes,
                     makes_codecs=m.is_local_root)  # only the local root pushes
-            nparts = len(st.parts) if distributed and not alone else 0
+            nparts = len(st.parts) if plan.servers else 0
             h = Handle(name, arr, out, nparts, default_timeout=cfg.timeouts.op_timeout,
                        describe_pending=self.describe_pending)
-            if not distributed or alone:  # the sum over one worker is the input
+            if not plan.servers:  # the sum over one worker is the input
                 if out is not arr:
                     np.copyto(out, arr)
                 return h
-            start = self.enqueue(st, h, arr, out, dtype, average, priority, device, prereduced,
-                                 cast)
+            start = self.enqueue(st, h, plan, arr, out, dtype, average, priority, device,
+                                 prereduced)
         if start is not None:
             try:
                 start(True)  # outside the lock: may block on a full queue (back-pressure)
@@ -144,17 +201,16 @@ class Rounds:
                 raise
         return h
 
-    def enqueue(self, st: TensorState, h: Handle, arr: np.ndarray, out: np.ndarray,
-                dtype: str, average: bool, priority: int, device: DeviceCopier | None,
-                prereduced: bool,
-                cast: _CastCompressor | None = None) -> Callable[[bool], None] | None:
+    def enqueue(self, st: TensorState, h: Handle, plan: RoutePlan, arr: np.ndarray,
+                out: np.ndarray, dtype: str, average: bool, priority: int,
+                device: DeviceCopier | None, prereduced: bool) -> Callable[[bool], None] | None:
         """Take a new round of ``st`` (lock held). Returns its start (call it outside the lock)
         when the name is idle; None when it waits behind the round in flight."""
         self.flight.handles.add(h)
 
         def start(block: bool) -> None:
-            self.start(st, h, arr, out, dtype, average, priority, block, device, prereduced,
-                       cast)
+            self.start(st, h, plan, arr, out, dtype, average, priority, block, device,
+                       prereduced)
         idle = st.busy is None
         if idle:
             st.busy = h
@@ -164,12 +220,13 @@ class Rounds:
         h.add_done_callback(lambda hh: self.done(st, hh))
         return start if idle else None
 
-    def start(self, st: TensorState, h: Handle, arr: np.ndarray, out: np.ndarray, dtype: str,
-              average: bool, priority: int, block: bool, device: DeviceCopier | None = None,
-              prereduced: bool = False, cast: _CastCompressor | None = None) -> None:
-        """Start the next round of ``st``: one native operation for a host tensor on the
-        native data plane, else one pipeline task per partition. ``dtype`` is the caller's;
-        with a ``cast`` compressor the tasks carry the tensor's wire bytes and convert."""
+    def start(self, st: TensorState, h: Handle, plan: RoutePlan, arr: np.ndarray,
+              out: np.ndarray, dtype: str, average: bool, priority: int, block: bool,
+              device: DeviceCopier | None = None, prereduced: bool = False) -> None:
+        """Start the next round of ``st`` as ``plan`` says (:meth:`RoutePlan.submit
+        <.route.RoutePlan.submit>`): one native operation, or one pipeline task per
+        partition. ``dtype`` is the caller's; a :data:`~.route.NATIVE` cast narrows on the
+        native client."""
         fatal = self.flight.fatal
         if fatal is not None:
             h.fail(fatal)
@@ -184,39 +241,38 @@ class Rounds:
             return
         rnd = st.round
         st.round += 1
-        wdt = dtype if cast is None else cast.wire_dtype(dtype)  # what the servers sum
+        wdt = plan.wire_dtype  # what the servers sum
         cli = self.plane.client
-        route = itinerary(distributed=not m.single_machine, local_size=m.local_size,
-                          local_root=m.is_local_root, on_device=device is not None,
-                          compressed=bool(st.codecs) or cast is not None)
-        if (cast is not None and cli is not None and dtype == "float32" and not prereduced
-                and route == _CODED):
-            # a host float32 tensor cast on the native data plane: one native operation, the
-            # client narrowing and widening its partitions on its codec threads
-            self.plane.submit_tensor(cli, st, h, rnd, arr.reshape(-1).view(np.uint8),
-                                     out.reshape(-1).view(np.uint8), wdt, average, priority,
+        src = arr.reshape(-1).view(np.uint8)
+        dst = out.reshape(-1).view(np.uint8)
+        how = plan.submit(compiled=st.compiled is not None, native=cli is not None)
+        if how == NATIVE_CAST:
+            # a host float32 tensor cast on the native data plane: the client narrows and
+            # widens its partitions on its codec threads
+            if cli is None:
+                h.fail(CommunicationError(f"push_pull of {st.name!r}: the native data plane "
+                                          "closed before the round started"))
+                return
+            self.plane.submit_tensor(cli, st, h, rnd, src, dst, wdt, average, priority,
                                      cast=True)
             return
-        if cast is None:
-            src = arr.reshape(-1).view(np.uint8)
-            dst = out.reshape(-1).view(np.uint8)
-        else:  # what travels: the wire bytes; COMPRESS and DECOMPRESS convert each partition
-            src = dst = wire_buffer(st)
-            flat_in, flat_out = arr.reshape(-1), out.reshape(-1)
-        if cli is not None and route == (PUSH, PULL):
+        if how == NATIVE_WHOLE:
             # a host tensor: one native operation (a task's PUSH stage submits the others; a
             # compressed partition too: the compiled server runs a built-in codec itself and a
             # registered compressor's, whose math is Python, through its codec factory)
+            assert cli is not None
             self.plane.submit_tensor(cli, st, h, rnd, src, dst, wdt, average, priority)
             return
-        if cli is not None and st.compiled and route == _CODED:
-            # a host float32 tensor with a compiled codec: one native operation too, its
-            # partitions encoded and decoded on the client's codec threads
+        if how == NATIVE_CODED:
+            # a host float32 tensor with a compiled codec: its partitions encoded and decoded
+            # on the client's codec threads
+            assert cli is not None
             self.plane.submit_tensor(cli, st, h, rnd, src, dst, dtype, average, priority,
                                      coded=True)
             return
         pipeline = self.flight.active_pipeline
         phase = Phase.SUM_SLICE if prereduced else Phase.COPY_IN
+        route = plan.itinerary
         for part, (off, n, key, server) in enumerate(st.parts):
             # the declared fields one by one, as cheap as it gets (a keyword per field to the
             # dataclass costs about a microsecond more per partition)
@@ -233,10 +289,6 @@ class Rounds:
             task.device = device
             task.dtype = wdt
             task.average = average
-            if cast is not None:
-                task.cast, task.cast_dtype = cast, dtype
-                task.cast_src = element_slice(flat_in, ITEMSIZE[wdt], off, n)
-                task.cast_dst = element_slice(flat_out, ITEMSIZE[wdt], off, n)
             task.decl = (declaration(st, wdt, part, backs_up(m.config, average, m.size))
                          if first_round(rnd) else None)
             task.codec = st.codecs[part] if st.codecs else None

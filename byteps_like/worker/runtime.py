@@ -67,6 +67,7 @@ from .local_reduce import LocalReduction
 from .membership import Membership
 from .pipeline import Pipeline
 from .rounds import Rounds, host_arrays
+from .route import RoutePlan, TensorFacts
 from .sparse import SparseTables
 from .stages import StageExecutors
 from .tensors import COMPRESSIBLE, DeviceCopier, TensorRegistry, TensorState
@@ -463,7 +464,7 @@ class Runtime:
         self._check()
         if self.elastic_m is not None:  # an epoch that is over: raise at once
             self.elastic_m.check_collective()
-        if device is not None and not self.device_pipeline:
+        if device is not None and not self.rounds.job().device_pipeline:
             raise ValueError("device staging through the pipeline needs a distributed job "
                              "with one local rank; stage the tensor on the host instead")
         arr, out, wire_dtype = host_arrays(array, out, name, dtype)
@@ -471,12 +472,12 @@ class Runtime:
             name, compression = auto_choice(self, compression, name, arr,
                                             device is not None or prereduced)
         return self.rounds.push_pull(arr, out, name, wire_dtype, average, priority, device,
-                                     prereduced, compression, alone=self.alone)
+                                     prereduced, compression)
 
-    @property
-    def device_pipeline(self) -> bool:
-        """Whether push_pull_async accepts ``device=`` (a distributed job, one local rank)."""
-        return self.members.control is not None and self.local_size_ == 1 and not self.alone
+    def plan(self, tensor: TensorFacts, compression: Any = None, *,
+             bucket: bool = False) -> RoutePlan:
+        """The route of a push_pull of ``tensor`` in this job (:func:`.route.plan_route`)."""
+        return self.rounds.plan(tensor, compression, bucket=bucket)
 
     @property
     def alone(self) -> bool:

@@ -7,9 +7,9 @@ A partition's itinerary (:func:`~.pipeline.itinerary`) is a subset of, in order:
 * COPY_D2H / COPY_H2D: a plugin's :class:`~.tensors.DeviceCopier` stages a device tensor's
   partition into the host buffer before its push, and its sum back after its pull;
 * COMPRESS / DECOMPRESS: the partition's codec encodes it before the push (float32, through a
-  scratch buffer for other float dtypes) and decodes the server's compressed sum; with a cast
-  compressor (fp16, bf16: :mod:`.cast`) they narrow the caller's partition into its wire bytes
-  and widen the pulled sum into the caller's output;
+  scratch buffer for other float dtypes) and decodes the server's compressed sum (a cast
+  compressor, fp16 or bf16, never reaches the pipeline: :mod:`.route` converts on the native
+  client or whole);
 * PUSH: the native data plane takes the partition (:mod:`.dataplane`): it pushes it and
   pulls the round's sum; the task then waits for its completion;
 * PULL: the server's sum landed in the output (averaged there unless compressed);
@@ -31,7 +31,6 @@ import numpy as np
 from .. import _core
 from ..errors import ProtocolError
 from ..wire import as_buffer
-from .cast import narrow, widen
 from .pipeline import (
     BROADCAST,
     COMPRESS,
@@ -112,18 +111,12 @@ class StageExecutors:
             _core.convert(buf, task.dtype, scratch, "float32")
 
     def compress(self, task: Task) -> bool:
-        if task.cast is not None:  # fp16 / bf16: the caller's partition into its wire bytes
-            narrow(task)
-            return True
         codec = task.codec
         assert codec is not None
         task.wire = codec.encode(self._to_float32(task, task.push_src), task.round)
         return True
 
     def decompress(self, task: Task) -> bool:
-        if task.cast is not None:  # the sum (averaged by PULL) into the caller's output
-            widen(task)
-            return True
         m = self.members
         codec = task.codec
         assert codec is not None

@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from .. import _core
-from ..compression import Compression, Compressor, resolve, split
+from ..compression import Compression, Compressor, resolve
 from ..errors import BytePSError
+from .route import fuses
 from .runtime import Runtime
 
 
@@ -180,7 +181,6 @@ class GradientSynchronizer:
         # changes the wire dtype here, a codec (onebit, top-k, ...) runs in the runtime's
         # pipeline per partition
         self.compression = resolve(compression, rt.cfg)
-        self._cast, self._codec = split(self.compression)
         self.average = average
         self.fuse = fuse
         # the first parameter of the forward pass goes first
@@ -189,7 +189,7 @@ class GradientSynchronizer:
             fusion_bytes = rt.cfg.partition.fusion_bytes if rt.cfg is not None else 0
         if layout is not None and len(layout) != len(self.names):
             raise ValueError(f"layout has {len(layout)} entries for {len(self.names)} names")
-        if layout is None or self._codec is not None:
+        if layout is None or not fuses(self.compression):
             fusion_bytes = 0
             layout = [(0, None)] * len(self.names)
         self.buckets = self._make_buckets(prefix, layout, fusion_bytes)
@@ -267,13 +267,11 @@ class GradientSynchronizer:
             with self._lock:
                 self.pending[b.index] = _Pending(h, buf, dtype)
             return
-        # in place; a cast compressor (fp16) converts in the runtime's pipeline, partition by
-        # partition as they go; a device tensor the pipeline stages travels as it is
+        # in place; a cast compressor (fp16) converts where the route plan says (worker/route.py;
+        # a device tensor the pipeline stages never has one: the plan casts on the device)
         h = self.rt.push_pull_async(buf.array, name=b.name, average=self.average,
                                     priority=b.priority, out=buf.array, dtype=dtype,
-                                    device=buf.device,
-                                    compression=self._codec if buf.device is not None
-                                    else self.compression)
+                                    device=buf.device, compression=self.compression)
         with self._lock:
             self.pending[b.index] = _Pending(h, buf, dtype)
 
@@ -299,7 +297,7 @@ class GradientSynchronizer:
             _copy_bytes(flat, off, n, mb.array, into_flat=True)
         h = self.rt.push_pull_async(flat, name=b.name, average=self.average,
                                     priority=b.priority, out=flat, dtype=dtype,
-                                    compression=self._cast)
+                                    compression=self.compression)  # never a codec: fuses()
         with self._lock:
             self.pending[b.index] = _Pending(h, GradBuffer(flat, dtype), dtype, members)
 

@@ -80,11 +80,9 @@ class TensorState:
     # tensor with a built-in codec): the native data plane then runs them itself
     compiled: list[Any] | None = None
     compiled_bytes: int = 0   # their payloads' bytes together: what a coded round pushes
-    # a tensor pushed with a cast compressor (fp16, bf16) through the pipeline: its wire bytes
-    # (worker/cast.py; nbytes are then the wire bytes)
-    cast_wire: np.ndarray | None = None
-    # the same on the native data plane, a float32 tensor: the _core.NativeCast of each
-    # partition, which the native client narrows and widens with (worker/dataplane.py)
+    # a float32 tensor pushed with a cast compressor (fp16, bf16) on the native data plane
+    # (worker/route.py's NATIVE cast): the _core.NativeCast of each partition, which the native
+    # client narrows and widens with (worker/dataplane.py); nbytes are the wire bytes
     cast_coders: list[Any] | None = None
 
 

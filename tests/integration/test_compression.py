@@ -94,9 +94,10 @@ def test_compression_in_async_mode_is_refused_with_the_reason():
 
 @pytest.mark.parametrize("threads,local_size", [("1", 1), ("3", 1), ("1", 2)])
 def test_cast_compressors_match_a_whole_tensor_replay(threads, local_size):
-    # fp16 / bf16 convert each partition in the pipeline's COMPRESS and DECOMPRESS stages (one
-    # local rank; with several, the tensor is converted whole before the local reduction): the
-    # bits must be those of converting the whole tensor and summing it in the narrow dtype.
+    # fp16 / bf16 convert each float32 partition on the native client's codec threads (one
+    # local rank; with several, or another float dtype, the tensor is converted whole before
+    # the push, worker/route.py): the bits must be those of converting the whole tensor and
+    # summing it in the narrow dtype.
     # 40000 elements: 5 partitions of 16K wire bytes, converted by 1 or 3 threads in any order
     run = bpslaunch(worker("cast_check.py", 40000), workers=2, servers=2,
                     local_size=local_size,

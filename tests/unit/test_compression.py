@@ -63,7 +63,7 @@ def _cast_input(dtype: str, n: int) -> np.ndarray:
                                         ("fp16", "bfloat16"), ("bf16", "float32"),
                                         ("bf16", "float64")])
 def test_casting_partition_by_partition_gives_the_whole_tensor_bits(name, dtype):
-    """What the pipeline's COMPRESS and DECOMPRESS do per partition (worker/cast.py) equals
+    """What the native client does per partition (worker/route.py's NATIVE cast) equals
     one whole-tensor conversion, with any number of threads."""
     c = getattr(Compression, name)
     x = _cast_input(dtype, 300_001)
