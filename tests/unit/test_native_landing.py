@@ -5,12 +5,11 @@ scratch piece and summed as they arrive. Whichever way each chunk went, the sums
 every worker gets the same bytes."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from byteps_like import _core
 from byteps_like.transport.native import WIRE_CODE
+from byteps_like.wire import ITEMSIZE, pack_decl
 
 JOB = 0xB0B
 MAXMSG = 1 << 28
@@ -18,13 +17,13 @@ PART = 4 << 20            # a partition of many chunks (the server's chunk is 25
 ROUNDS_FOR_A_LANDING = 40
 
 
-def _parts(nbytes: int, rnd: int):
+def _parts(nbytes: int, rnd: int, dtype: str):
     out = []
     for i, off in enumerate(range(0, nbytes, PART)):
         decl = None
         if rnd == 0:
-            decl = json.dumps({"name": "land", "part": i, "nparts": -(-nbytes // PART)},
-                              separators=(",", ":")).encode()
+            decl = pack_decl("land", [nbytes // ITEMSIZE[dtype]], dtype, i, -(-nbytes // PART),
+                             min(PART, nbytes - off) // ITEMSIZE[dtype])
         out.append((i, 0, i, off, min(PART, nbytes - off), decl))
     return out
 
@@ -33,7 +32,7 @@ def _round(clients, vals, dtype: str, rnd: int):
     outs = [np.empty_like(v) for v in vals]
     for cli, x, y in zip(clients, vals, outs):
         cli.submit(rnd + 1, 0, x.view(np.uint8), y.view(np.uint8), WIRE_CODE[dtype], 1, rnd,
-                   _parts(x.nbytes, rnd))
+                   _parts(x.nbytes, rnd, dtype))
     for cli in clients:
         assert cli.wait(rnd + 1, 30.0), "the operation did not complete"
         assert cli.take(rnd + 1)[1], "the operation failed"
