@@ -104,6 +104,21 @@ class Straggler:
         return f"{self.rank}:{self.factor:g}"
 
 
+def add_link_options(p: argparse.ArgumentParser, parse_rate: Callable[[str], float],
+                     hosts: str) -> None:
+    """``--rate`` (a cap or a schedule), ``--straggler`` and ``--queue-ms``, as ``bench train``
+    and ``bench sparse`` take them; ``hosts``: what gets a namespace of its own."""
+    p.add_argument("--rate", type=rate_or_schedule(parse_rate), default=None,
+                   help=f"NIC cap of every host (e.g. 25gbit; root): {hosts} in its own "
+                        "network namespace; default: loopback. A schedule "
+                        "(25gbit:20s,1gbit:20s) changes the caps during each run")
+    p.add_argument("--straggler", type=parse_straggler, default=None,
+                   metavar="RANK:FACTOR", help="worker RANK is FACTOR times slower: its "
+                   "compute, or with --rate its NIC alone (capped at rate / FACTOR)")
+    p.add_argument("--queue-ms", type=float, default=20.0,
+                   help="with --rate: queue of each NIC's token bucket, milliseconds")
+
+
 def parse_straggler(text: str) -> Straggler:
     """``RANK:FACTOR``: a worker rank >= 0 and a factor >= 1."""
     m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+(?:\.\d+)?)\s*", text)

@@ -269,15 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=None, help="servers (default 2)")
     p.add_argument("--modes", default="sparse,dense,ddp", help=f"of {', '.join(MODES)}")
-    p.add_argument("--rate", type=uneven.rate_or_schedule(parse_rate), default=None,
-                   help="NIC cap of every host (e.g. 1gbit; root): each worker and server in "
-                        "its own network namespace; default: loopback. A schedule "
-                        "(25gbit:20s,1gbit:20s) changes the caps during each run")
-    p.add_argument("--straggler", type=uneven.parse_straggler, default=None,
-                   metavar="RANK:FACTOR", help="worker RANK is FACTOR times slower: its "
-                   "compute, or with --rate its NIC alone (capped at rate / FACTOR)")
-    p.add_argument("--queue-ms", type=float, default=20.0,
-                   help="with --rate: queue of each NIC's token bucket, milliseconds")
+    uneven.add_link_options(p, parse_rate, "each worker and server")
     p.add_argument("--steps", type=int, default=None, help="timed sparse steps (default 20)")
     p.add_argument("--warmup", type=int, default=None, help="untimed sparse steps (default 3)")
     p.add_argument("--dense-steps", type=int, default=None, help="timed dense steps (default 5)")

@@ -416,15 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", action="append", type=_env_pair, default=[], metavar="NAME=VALUE",
                    help="extra environment of the byteps_like processes (repeatable), e.g. "
                         "BYTEPS_PARTITION_BYTES=4M")
-    p.add_argument("--rate", type=uneven.rate_or_schedule(parse_rate), default=None,
-                   help="NIC cap of every host (e.g. 25gbit): each worker and server host in "
-                        "its own network namespace (root); default: loopback. A schedule "
-                        "(25gbit:20s,1gbit:20s) changes the caps during each run")
-    p.add_argument("--straggler", type=uneven.parse_straggler, default=None,
-                   metavar="RANK:FACTOR", help="worker RANK is FACTOR times slower: its "
-                   "compute, or with --rate its NIC alone (capped at rate / FACTOR)")
-    p.add_argument("--queue-ms", type=float, default=20.0,
-                   help="with --rate: queue of each NIC's token bucket, milliseconds")
+    uneven.add_link_options(p, parse_rate, "each worker and server host")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads per process; 0 = on CPU the usable CPUs / workers "
                         "for every process (the local run too, so it computes as one worker "

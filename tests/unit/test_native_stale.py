@@ -51,6 +51,14 @@ def wait_holds(srv, n: int, timeout: float = 20.0) -> None:
         time.sleep(0.005)
 
 
+def two_workers(cleanup, staleness: int):
+    """A server of two workers with the bound ``staleness``, and the two workers' clients."""
+    srv, port = server(2, staleness=staleness)
+    clients = [make_client(r, [port]) for r in range(2)]
+    cleanup += [srv, *clients]
+    return srv, clients
+
+
 def test_a_fast_worker_is_held_s_rounds_ahead_of_the_slowest(cleanup):
     srv, port = server(3, staleness=2)
     clients = [make_client(r, [port]) for r in range(3)]
@@ -78,9 +86,7 @@ def test_a_fast_worker_is_held_s_rounds_ahead_of_the_slowest(cleanup):
 
 
 def test_a_worker_that_left_or_joined_is_not_waited_for(cleanup):
-    srv, port = server(2, staleness=1)
-    clients = [make_client(r, [port]) for r in range(2)]
-    cleanup += [srv, *clients]
+    srv, clients = two_workers(cleanup, 1)
     push_pull(clients[1], 1, 2, 0, 1)
     push_pull(clients[0], 0, 2, 0, 1)
     push_pull(clients[0], 0, 2, 1, 2)
@@ -102,9 +108,7 @@ def test_a_worker_that_left_or_joined_is_not_waited_for(cleanup):
 
 
 def test_staleness_zero_is_unbounded_as_before(cleanup):
-    srv, port = server(2, staleness=0)
-    clients = [make_client(r, [port]) for r in range(2)]
-    cleanup += [srv, *clients]
+    srv, clients = two_workers(cleanup, 0)
     push_pull(clients[1], 1, 2, 0, 1)
     for rnd in range(12):      # worker 1 never pushes again: nothing waits for it
         y = push_pull(clients[0], 0, 2, rnd, 10 + rnd)
@@ -113,9 +117,7 @@ def test_staleness_zero_is_unbounded_as_before(cleanup):
 
 
 def test_a_bound_lifted_releases_what_it_held(cleanup):
-    srv, port = server(2, staleness=1)
-    clients = [make_client(r, [port]) for r in range(2)]
-    cleanup += [srv, *clients]
+    srv, clients = two_workers(cleanup, 1)
     push_pull(clients[1], 1, 2, 0, 1)
     for rnd in range(2):
         push_pull(clients[0], 0, 2, rnd, 10 + rnd)

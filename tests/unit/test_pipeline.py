@@ -56,24 +56,14 @@ def run_in_thread(fn, *args):
 
 # ------------------------------------------------------------------------------ itinerary()
 def expected_itinerary(distributed, local_size, on_device, compressed):
-    """The documented itinerary: a stage that does not apply is absent. Host copies and
-    compression exist only to feed the network, so they need ``distributed``."""
-    stages = []
-    if local_size > 1:
-        stages.append(REDUCE)
-    if on_device and distributed:
-        stages.append(COPY_D2H)
-    if compressed and distributed:
-        stages.append(COMPRESS)
-    if distributed:
-        stages += [PUSH, PULL]
-    if compressed and distributed:
-        stages.append(DECOMPRESS)
-    if on_device and distributed:
-        stages.append(COPY_H2D)
-    if local_size > 1:
-        stages.append(BROADCAST)
-    return tuple(stages)
+    """The documented itinerary: the stages that apply, in the documented order (ALL_STAGES);
+    a stage that does not apply is absent. Host copies and compression exist only to feed the
+    network, so they need ``distributed``."""
+    applies = {REDUCE: local_size > 1, BROADCAST: local_size > 1,
+               COPY_D2H: on_device and distributed, COPY_H2D: on_device and distributed,
+               COMPRESS: compressed and distributed, DECOMPRESS: compressed and distributed,
+               PUSH: distributed, PULL: distributed}
+    return tuple(s for s in ALL_STAGES if applies.get(s, False))
 
 
 COMBOS = list(itertools.product([False, True], [1, 2, 8], [False, True], [False, True]))

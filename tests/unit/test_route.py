@@ -10,17 +10,8 @@ from __future__ import annotations
 import pytest
 
 from byteps_like.compression import Compression
+from byteps_like.worker import pipeline as pl
 from byteps_like.worker import route as r
-from byteps_like.worker.pipeline import (
-    BROADCAST,
-    COMPRESS,
-    COPY_D2H,
-    COPY_H2D,
-    DECOMPRESS,
-    PULL,
-    PUSH,
-    REDUCE,
-)
 
 MB = 1 << 20
 PART = 4_096_000
@@ -57,9 +48,9 @@ def cuda(dtype="float32", count=BIG, **kw):
 def test_host_tensor_on_the_native_plane_is_one_native_operation():
     p = r.plan_route(cpu(), ONE_RANK)
     assert (p.staging, p.cast, p.codec, p.local_reduce) == (r.HOST, None, None, None)
-    assert p.itinerary == (PUSH, PULL)
+    assert p.itinerary == (pl.PUSH, pl.PULL)
     assert p.submit(native=True) == r.NATIVE_WHOLE
-    # no native client when the round starts (it closed): the pipeline's PUSH stage
+    # no native client when the round starts (it closed): the pipeline's pl.PUSH stage
     assert p.submit(native=False) == r.PIPELINE
 
 
@@ -74,7 +65,7 @@ def test_fp16_float32_of_several_partitions_casts_on_the_native_client():
     p = r.plan_route(cpu(), ONE_RANK, Compression.fp16)
     assert p.cast == r.Cast(Compression.fp16, "float32", "float16", r.NATIVE)
     assert p.wire_dtype == "float16"
-    assert p.itinerary == (COMPRESS, PUSH, PULL, DECOMPRESS)
+    assert p.itinerary == (pl.COMPRESS, pl.PUSH, pl.PULL, pl.DECOMPRESS)
     assert p.submit(native=True) == r.NATIVE_CAST
 
 
@@ -92,8 +83,8 @@ def test_every_other_host_cast_converts_whole(facts, job, why):
     assert p.cast is not None and p.cast.where == r.WHOLE, why
     assert p.cast.wire_dtype == "float16"
     # the wire array then travels as any uncompressed host tensor does: never through a
-    # COMPRESS stage of the pipeline
-    assert COMPRESS not in p.itinerary
+    # pl.COMPRESS stage of the pipeline
+    assert pl.COMPRESS not in p.itinerary
     if job is ONE_RANK:
         assert p.submit(native=True) == r.NATIVE_WHOLE
 
@@ -118,7 +109,7 @@ def test_a_cast_refuses_device_staging_and_prereduced_buffers():
 def test_a_codec_runs_on_the_native_client_when_compiled_else_in_the_pipeline():
     p = r.plan_route(cpu(), ONE_RANK, onebit)
     assert p.codec is onebit and p.cast is None
-    assert p.itinerary == (COMPRESS, PUSH, PULL, DECOMPRESS)
+    assert p.itinerary == (pl.COMPRESS, pl.PUSH, pl.PULL, pl.DECOMPRESS)
     assert p.submit(compiled=True, native=True) == r.NATIVE_CODED
     assert p.submit(compiled=False, native=True) == r.PIPELINE
 
@@ -136,25 +127,25 @@ def test_a_codec_that_does_not_apply_leaves_the_tensor_as_it_is(facts, why):
 def test_several_local_ranks_reduce_in_shared_memory():
     root = r.plan_route(cpu(), LOCAL_ROOT, onebit)
     assert root.local_reduce == r.SHM
-    assert root.itinerary == (REDUCE, COMPRESS, PUSH, PULL, DECOMPRESS, BROADCAST)
+    assert root.itinerary == (pl.REDUCE, pl.COMPRESS, pl.PUSH, pl.PULL, pl.DECOMPRESS, pl.BROADCAST)
     assert root.submit(compiled=True, native=True) == r.PIPELINE
     other = r.plan_route(cpu(), LOCAL_OTHER)
-    assert other.itinerary == (REDUCE, BROADCAST) and other.local_reduce == r.SHM
+    assert other.itinerary == (pl.REDUCE, pl.BROADCAST) and other.local_reduce == r.SHM
     one_machine = r.plan_route(cpu(), ONE_MACHINE_2GPU)
-    assert one_machine.itinerary == (REDUCE, BROADCAST)
+    assert one_machine.itinerary == (pl.REDUCE, pl.BROADCAST)
     assert one_machine.submit(native=False) == r.PIPELINE
 
 
 def test_a_prereduced_buffer_goes_through_the_pipeline():
     p = r.plan_route(cpu(prereduced=True), LOCAL_ROOT)
-    assert p.itinerary == (REDUCE, PUSH, PULL, BROADCAST)
+    assert p.itinerary == (pl.REDUCE, pl.PUSH, pl.PULL, pl.BROADCAST)
     assert p.submit(native=True) == r.PIPELINE
 
 
 def test_a_staged_device_buffer_copies_each_partition_in_the_pipeline():
     p = r.plan_route(cpu(staged=True), ONE_RANK, onebit)
     assert p.staging == r.DEVICE_PARTITIONS
-    assert p.itinerary == (COPY_D2H, COMPRESS, PUSH, PULL, DECOMPRESS, COPY_H2D)
+    assert p.itinerary == (pl.COPY_D2H, pl.COMPRESS, pl.PUSH, pl.PULL, pl.DECOMPRESS, pl.COPY_H2D)
     assert p.submit(compiled=True, native=True) == r.PIPELINE
 
 
@@ -195,7 +186,7 @@ def test_unnamed_or_strided_cuda_tensors_do_not_keep_a_device_buffer(facts):
 def test_a_codec_of_a_cuda_tensor_runs_on_the_staged_host_partitions():
     p = r.plan_route(cuda(), ONE_RANK, onebit)
     assert p.staging == r.DEVICE_PARTITIONS and p.codec is onebit
-    assert p.itinerary == (COPY_D2H, COMPRESS, PUSH, PULL, DECOMPRESS, COPY_H2D)
+    assert p.itinerary == (pl.COPY_D2H, pl.COMPRESS, pl.PUSH, pl.PULL, pl.DECOMPRESS, pl.COPY_H2D)
 
 
 def test_cuda_in_a_job_that_cannot_stage_partitions_goes_through_a_host_copy():
