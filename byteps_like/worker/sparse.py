@@ -288,6 +288,7 @@ class SparseTables:
         self.to_restore = 0   # snapshots: the newest failover whose rollback is pending...
         self.restored = 0     # ...and the newest done
         self._restored_cv = threading.Condition(self._lock)
+        self._cut_off: list[tuple] = []   # requests a rollback cut off (the newest 64)
         # the next table's id: a declaration the servers refused keeps its id, so every
         # worker's next table gets the same one whichever worker saw the refusal
         self._next_id = 0
@@ -506,9 +507,10 @@ class SparseTables:
                     return str(self._shard_lost(self.tables[name], sh))
             if self.survival == "snapshot":   # every request waits for the rollback
                 self.to_restore = max(self.to_restore, number)
-                for call in self._calls.values():
+                for key, call in self._calls.items():
                     call.error = call.error or _RolledBack(number)
                     call.done.set()
+                    self._cut_off = (self._cut_off + [key])[-64:]   # late answers: expected
                 return None
             for call in self._calls.values():
                 for srv, sh in sorted(call.want - set(call.got)):
@@ -626,7 +628,8 @@ class SparseTables:
             stale = ok and generation(h.flags) != calls[0][1].g   # sent before a rollback
             if ok and not stale:
                 self._answer(calls[0][0], calls[0][1], s, sh, msg)
-        if stale:
+        if stale or (not ok and any(k[0] == tid and k[2] == h.round and k[1] in kinds
+                                    for k in self._cut_off)):
             log.debug("worker %d: an answer to a table request sent before a rollback: %s",
                       self.rank, h)
         elif not ok:
