@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The device measurements issues 38 and 39 still need (no device was lent when they were built),
+# in three parts of under ten minutes each, for the GPU machine (16 cores, one H200):
+#
+#   . .devbundle/setup.sh && bash scripts/device/pending.sh routes   # GPU paths of the route plan
+#   . .devbundle/setup.sh && bash scripts/device/pending.sh cpu      # server CPU, shapes, optimum
+#   . .devbundle/setup.sh && bash scripts/device/pending.sh links    # auto, schedules, stragglers
+#
+# Each command runs under a watchdog (timeout) and writes its JSON under $OUT (a temporary
+# folder when OUT is not set); a failed command is reported and the next one runs.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$(mktemp -d)}
+part=${1:?usage: pending.sh routes|cpu|links}
+failed=0
+
+run() {  # run SECONDS COMMAND...: one measurement, its output's tail, its exit status
+  local limit=$1
+  shift
+  echo "=== $*"
+  timeout "$limit" "$@" 2>&1 | tail -25
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || { echo "=== exit status $rc: $*"; failed=$((failed + 1)); }
+}
+
+case "$part" in
+  routes)  # issue 39 item 1: the route plan's GPU branches (NCCL, device chunks, device cast)
+    python3 -c "from byteps_like import _core; print('crypto', _core.crypto_available())"
+    run 120 env BYTEPS_FORCE_DISTRIBUTED=1 bpslaunch --local --workers 2 --servers 2 -- \
+      python3 tests/integration/workers/cuda_push_pull_check.py --bench
+    run 120 env API_DEVICE=cuda bpslaunch --local --workers 2 --servers 1 -- \
+      python3 tests/frameworks/workers/conformance.py torch dtypes average compression async_forms
+    run 120 env EQUIV_DEVICE=cuda bpslaunch --local --workers 2 --servers 1 -- \
+      python3 tests/frameworks/workers/torch_equivalence.py sgd,adam,ddp,fp16 4
+    run 120 env EQUIV_DEVICE=cuda BYTEPS_FUSION_BYTES=0 bpslaunch --local --workers 2 \
+      --servers 1 -- python3 tests/frameworks/workers/torch_equivalence.py sgd,adam,ddp,fp16 4
+    run 200 python3 -m byteps_like.bench train --models resnet50 --modes local,byteps_like \
+      --workers 2 --servers 2 --device cuda --steps 20 --warmup 5 --json "$OUT/train.json"
+    ;;
+  cpu)  # issue 38 item 5: server core-s/GB, ResNet-50's shapes vs one flat tensor, optimum
+    run 150 python3 -m byteps_like.bench pushpull --workers 2 --servers 1 --sizes 256M \
+      --repeats 5 --skip-gloo --skip-raw --json "$OUT/pushpull.json"
+    run 120 python3 scripts/device/zerocopy_loopback.py --gb 8 --runs 3
+    run 150 python3 -m byteps_like.bench pushpull --shapes resnet50 --workers 2 --servers 2 \
+      --repeats 10 --json "$OUT/shapes.json"
+    run 150 env OMP_NUM_THREADS=8 python3 -m byteps_like.bench pushpull --shapes resnet50 \
+      --workers 2 --servers 2 --repeats 10 --json "$OUT/shapes-8threads.json"
+    run 200 python3 -m byteps_like.bench cluster --rate 25gbit,50gbit --workers 4 --servers 4 \
+      --sizes 256 --repeats 3 --skip-gloo --skip-horovod --skip-priority --json "$OUT/cluster.json"
+    ;;
+  links)  # issue 38 items 2, 4, 6: auto against the fixed choices, a rate schedule, stragglers
+    for r in 1gbit 10gbit 25gbit; do
+      run 150 python3 -m byteps_like.bench cluster --compressors none,fp16,onebit,auto \
+        --workers 2 --servers 2 --sizes 256 --rate "$r" --repeats 5 --warmup 5 --skip-horovod \
+        --json "$OUT/auto-$r.json"
+    done
+    run 150 python3 -m byteps_like.bench cluster --compressors none,auto --workers 2 --servers 2 \
+      --sizes 256 --rate 25gbit:20s,1gbit:20s,25gbit:20s --skip-horovod --json "$OUT/schedule.json"
+    ;;
+  stragglers)  # issue 38 item 2 on the device: 4 workers sharing the GPU + 2 servers
+    for b in 0 1; do
+      run 280 python3 -m byteps_like.bench train --models resnet50 --modes byteps_like \
+        --workers 4 --servers 2 --device cuda --straggler 3:2 --steps 20 --warmup 5 \
+        --env BYTEPS_BACKUP_WORKERS=$b --env BYTEPS_SERVER_FAILOVER=0 \
+        --env BYTEPS_BACKUP_MAX_LAG=100 --json "$OUT/straggler-b$b.json"
+    done
+    ;;
+  *) echo "pending.sh: unknown part $part (routes, cpu, links, stragglers)" >&2; exit 2 ;;
+esac
+echo "pending.sh $part: $failed command(s) failed; JSON in $OUT"
+[ "$failed" -eq 0 ]
