@@ -103,16 +103,17 @@ class Handle:
         return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> Any:
-        timeout = self.default_timeout if timeout is None else timeout
+        limit = self.default_timeout if timeout is None else timeout
+        timeout = limit
         fast = self.fast_wait
         if fast is not None and not self._event.is_set():
             deadline = time.monotonic() + timeout
             fast(timeout)
-            timeout = max(0.0, deadline - time.monotonic())
+            timeout = max(0.0, deadline - time.monotonic())   # what is left of the limit
         if not self._event.wait(timeout):
             detail = self._describe_pending(self) if self._describe_pending else ""
             raise CommTimeoutError(
-                f"push_pull of {self.name!r} did not complete within {timeout:g} s: "
+                f"push_pull of {self.name!r} did not complete within {limit:g} s: "
                 f"{self._remaining} of {self.nparts} partitions outstanding{detail}")
         if self._error is not None:
             raise self._error

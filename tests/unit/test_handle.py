@@ -109,6 +109,16 @@ def test_wait_uses_the_default_timeout():
         h.wait()
 
 
+def test_a_native_wait_that_used_up_the_timeout_names_the_whole_timeout():
+    """The native data plane's fast wait spends the limit first; the error still says the
+    limit the caller gave, not what was left of it (0 s)."""
+    import time
+    h = make_handle(1)
+    h.fast_wait = lambda timeout: time.sleep(timeout)
+    with pytest.raises(CommTimeoutError, match="within 0.05 s"):
+        h.wait(0.05)
+
+
 def test_wait_timeout_includes_describe_pending():
     h = make_handle(2, describe_pending=lambda hh: f" (parts {sorted(hh.pending_parts)} on "
                                                    "server 3)")
