@@ -130,6 +130,11 @@ class Reports:
             text = f"{node.role.label} registered from {node.host} (pid {node.pid})"
             lost = [n for n in list(self.host.nodes.values())
                     if n.role is node.role and n.lost]
+            # a replacement server took a lost one's place (ServerLoss.replace removed it)
+            newest = list(getattr(self.loss, "events", []))[-1:]
+            if newest and newest[0].get("cause") == "replacement" \
+                    and newest[0].get("pid") == node.pid:
+                lost = lost or [node]
             if phase == "running" and lost:  # an elastic worker's (or a server's) successor
                 self.events.add("replacement", f"{text} during the job, after the loss of "
                                 f"{len(lost)} {node.role.label}(s)")

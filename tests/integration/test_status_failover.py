@@ -36,6 +36,9 @@ def test_status_shows_the_keys_of_each_server_and_every_loss_and_replacement(tmp
     assert back["cause"] == "replacement" and "replaces server rank 1" in back["why"]
     assert (back["keys_moved"], back["bytes_moved"]) == (before[1][3], before[1][4])
     assert lost["stall"] >= 0 and back["stall"] >= 0 and lost["at"] <= back["at"]
+    # the page's event log names the new server a replacement, not a join
+    assert any(e["kind"] == "replacement" and e["text"].startswith("server registered")
+               for e in state["events"]), state["events"]
     for s in state["servers"]:   # balanced again: every server owns its first keys
         assert (s["keys_owned"], s["bytes_owned"]) == tuple(before[s["rank"]][1:3]), s
     # the text of bpslaunch status
