@@ -420,9 +420,15 @@ def checkpoint_path(directory: str, tag: str, spec: TableSpec, shard: int, shard
     if not isinstance(tag, str) or not _TAG.fullmatch(tag):
         raise TableError(f"checkpoint tag {tag!r}: use 1 to 100 letters, digits, '_', '.' or "
                          "'-', not starting with '.' or '-'")
-    name = re.sub(r"[^A-Za-z0-9_.-]", lambda m: "".join(f"%{b:02x}" for b in
-                                                         m.group().encode()), spec.name)
-    return os.path.join(directory, tag, f"{name}.shard{shard}of{shards}{shardfile.SUFFIX}")
+    return os.path.join(directory, tag,
+                        f"{file_name(spec)}.shard{shard}of{shards}{shardfile.SUFFIX}")
+
+
+def file_name(spec: TableSpec) -> str:
+    """The table's name as its files are named: every character but letters, digits, ``_``,
+    ``.`` and ``-`` written as ``%xx`` (checkpoints and snapshots)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", lambda m: "".join(f"%{b:02x}" for b in
+                                                        m.group().encode()), spec.name)
 
 
 def save_shard(shard: TableShard, directory: str, tag: str) -> str:
@@ -442,9 +448,8 @@ def load_shard(shard: TableShard, directory: str, tag: str, *,
     ``charge``: the memory budget the files' rows are charged to while they are read (a
     server's), given back once they are taken. ``repair``: "refuse" NaN/inf rows and repeated
     ids, or "drop" them (BYTEPS_SPARSE_CHECKPOINT_REPAIR)."""
-    path = checkpoint_path(directory, tag, shard.spec, 0, 1)
-    folder, base = os.path.split(path)
-    stem = base[:-len(".shard0of1" + shardfile.SUFFIX)]
+    folder = os.path.dirname(checkpoint_path(directory, tag, shard.spec, 0, 1))
+    stem = file_name(shard.spec)
     found: dict[int, set[int]] = {}
     old = False
     try:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from .. import shardfile
-from ..embedding import TableShard, TableSpec, checkpoint_path
+from ..embedding import TableShard, TableSpec, file_name
 
 log = logging.getLogger("byteps_like.server")
 
@@ -35,15 +35,18 @@ WRITER_DEPTH = 8
 _ROUND = re.compile(r"r(\d{10})" + re.escape(shardfile.SUFFIX))
 
 
-def chain_dir(directory: str, job: int, spec: TableSpec, shard: int, shards: int) -> str:
-    """The folder of shard ``shard`` of ``shards``' snapshots of the table ``spec``."""
+def require_directory(directory: str) -> None:
+    """TableError unless snapshots have a directory."""
     if not directory:
         raise shardfile.TableError("BYTEPS_SPARSE_SURVIVAL=snapshot needs a directory: set "
                                    "BYTEPS_SPARSE_CHECKPOINT_DIR on the servers")
-    # the table's folder name as a checkpoint names its file (escaped), without the suffix
-    name = os.path.basename(checkpoint_path(directory, "x", spec, shard, shards))
-    table = name[:-len(f".shard{shard}of{shards}{shardfile.SUFFIX}")]
-    return os.path.join(directory, f"snapshots-{job}", table, f"shard{shard}of{shards}")
+
+
+def chain_dir(directory: str, job: int, spec: TableSpec, shard: int, shards: int) -> str:
+    """The folder of shard ``shard`` of ``shards``' snapshots of the table ``spec``."""
+    require_directory(directory)
+    return os.path.join(directory, f"snapshots-{job}", file_name(spec),
+                        f"shard{shard}of{shards}")
 
 
 def chain(folder: str, every: int) -> list[int]:

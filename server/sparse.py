@@ -270,7 +270,7 @@ class SparseService(threading.Thread):
                 raise TableError(f"table key {h.key} is not below {MAX_TABLES} tables x "
                                  f"{srv.cfg.cluster.num_server} shards")
             spec = TableSpec.from_json(meta.get("spec"))
-            self.keep.folder_for(spec, 0, 1)   # snapshots: the directory is set
+            self.keep.check()   # snapshots: the directory is set
             shard, shards = meta.get("shard"), meta.get("shards")
             held = sorted({*held_shards(srv.rank, srv.cfg.cluster.num_server,
                                         srv.cfg.server.sparse_survival), *self.keep.adopted})

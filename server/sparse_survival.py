@@ -90,6 +90,15 @@ class Survival:
             return ""
         return snapshots.chain_dir(self.directory, self.svc.server.job, spec, shard, shards)
 
+    def check(self) -> None:
+        """TableError when this server takes snapshots and has no directory for them."""
+        if self.mode == "snapshot":
+            snapshots.require_directory(self.directory)
+
+    def _shards_of(self, tid: int) -> list[Table]:
+        """The shards of table ``tid`` this server holds."""
+        return [t for t in self.svc.tables.values() if t.key % MAX_TABLES == tid]
+
     def after_apply(self, table: Table) -> None:
         """A round was applied: every K rounds, hand the rows it changed to the writer."""
         if self.mode != "snapshot" or table.applied % self.every:
@@ -214,7 +223,7 @@ class Survival:
             return
         route, msg = waiting[0]
         meta = msg.meta or {}
-        mine = [t for t in self.svc.tables.values() if t.key % MAX_TABLES == tid]
+        mine = self._shards_of(tid)
         if not mine:
             return
         template = mine[0]
@@ -256,7 +265,7 @@ class Survival:
                     and wire_key(tid, s) not in svc.tables:
                 self.adopt(template, s)
                 self.adopted.add(s)
-        for t in [t for t in svc.tables.values() if t.key % MAX_TABLES == tid]:
+        for t in self._shards_of(tid):
             snapshots.restore(t.shard, self.folder(t), self.every, upto, charge=srv.charge)
             self.rewind(t, upto, meta["restore"])
         return before
@@ -271,9 +280,9 @@ class Survival:
             raise TableError(f"shard {shard} of table {spec.name!r} needs {need} bytes, over "
                              f"the server's budget of {self.svc.server.budget} bytes "
                              "(BYTEPS_SERVER_MAX_BYTES)")
-        key = template.key % MAX_TABLES + MAX_TABLES * shard
+        key = wire_key(template.key % MAX_TABLES, shard)
         self.svc.tables[key] = Table(spec, shard_obj, shards, template.decl_rank, need,
-                                 applied=template.applied, key=key)
+                                     applied=template.applied, key=key)
         log.warning("server %d: took over shard %d of table %r from a lost server",
                     self.rank, shard, spec.name)
 
@@ -285,8 +294,8 @@ class Survival:
         table.applied = rnd
         for route, msg, _ids in waiting:
             self.svc.refuse(route, msg.header, "request from before a rollback", f"table "
-                        f"{table.spec.name!r}: the tables went back to round {rnd} after losing "
-                        "a server", ERR_ROLLBACK, {"round": rnd, "failover": number})
+                            f"{table.spec.name!r}: the tables went back to round {rnd} after "
+                            "losing a server", ERR_ROLLBACK, {"round": rnd, "failover": number})
 
     def _fail_all(self, tid: int, text: str) -> None:
         for r, m in self.deferred.pop(tid, []):

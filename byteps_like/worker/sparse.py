@@ -34,7 +34,7 @@ from ..embedding import (
     sum_rows,
     wire_key,
 )
-from ..errors import BytePSError, CommTimeoutError, MembershipChangedError
+from ..errors import BytePSError, CommTimeoutError, MembershipChangedError, PeerLostError
 from ..transport import Route
 from ..wire import (
     ERR_EPOCH,
@@ -152,6 +152,11 @@ class EmbeddingTable:
         # newest failover whose round the table took (SparseTables._rewind)
         self.rewind: tuple[int, int] | None = None
         self.rewound = 0
+
+    @property
+    def rewind_pending(self) -> bool:
+        """A rollback sent the table back to a round it has not taken yet."""
+        return self.rewind is not None and self.rewind[0] > self.rewound
 
     @property
     def name(self) -> str:
@@ -400,8 +405,9 @@ class SparseTables:
         """Take the round a rollback sent the table back to (on the thread that calls the
         table, so no step of the old timeline counts after it); True if it did now."""
         with self._lock:
-            if table.rewind is None or table.rewind[0] <= table.rewound:
+            if not table.rewind_pending:
                 return False
+            assert table.rewind is not None
             number, rnd = table.rewind
             back, table.step, table.rewound = table.step - rnd, rnd, number
         table.stats.rolled_back += max(0, back)
@@ -433,8 +439,7 @@ class SparseTables:
                 raise BytePSError(f"table {table.name!r}: a {key[1]} of step {rnd} is already "
                                   "in flight (one pull and one push per step, one thread)")
             if (self.to_restore > self.restored or call.g != self.restored
-                    or (table.rewind is not None and table.rewind[0] > table.rewound
-                        and mtype is not MsgType.SPARSE_CREATE)):
+                    or (table.rewind_pending and mtype is not MsgType.SPARSE_CREATE)):
                 raise _RolledBack(self.to_restore)   # a rollback began since the call began
             sends = []
             for sh in range(len(payloads)):
@@ -482,7 +487,6 @@ class SparseTables:
         return shard_holders(shard, self.num_servers, self.survival, self.lost)
 
     def _shard_lost(self, table: EmbeddingTable, shard: int) -> BaseException:
-        from ..errors import PeerLostError
         copies = ("both servers holding it (its own and the next: "
                   "BYTEPS_SPARSE_SURVIVAL=replicate) were lost" if self.survival == "replicate"
                   else "its server was lost (BYTEPS_SPARSE_SURVIVAL=none: no copy)")
