@@ -292,6 +292,11 @@ class ControlClient:
     def shutting_down(self) -> bool:
         return self._shutdown.is_set()
 
+    def wait_admitted(self, timeout: float) -> bool:
+        """Whether the node table (and with it this node's rank) has come, waiting up to
+        ``timeout`` seconds for it."""
+        return self._table.wait(timeout)
+
     # -- receiving (I/O thread) ---------------------------------------------------------------
     def fail(self, exc: BaseException) -> None:
         """Record the job's fatal error (the first one only) and tell the owner: what the I/O

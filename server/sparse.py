@@ -160,6 +160,11 @@ class SparseService(threading.Thread):
             if item is None:
                 return
             route, msg, cost = item
+            # a worker can be quicker than the scheduler's node table is to this server (they
+            # are told at once): its first requests wait here until the server knows its rank
+            while route is not None and not self.server.control.wait_admitted(0.5):
+                if self.server.control.shutting_down or self.server.control.fatal is not None:
+                    return
             if route is None:  # a membership change or a save written, in queue order
                 if msg[0] == "epoch":
                     self.apply_epoch(*msg[1:])

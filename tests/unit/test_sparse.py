@@ -4,6 +4,7 @@ written here from their formulas, and a one-process job's table."""
 from __future__ import annotations
 
 import logging
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -303,6 +304,7 @@ def test_the_servers_request_queue_holds_its_clients_at_the_bound_and_resumes_at
                               sparse_max_ids=1 << 20, sparse_survival="none",
                               sparse_snapshot_steps=100, sparse_checkpoint_dir="")),
                           required=2, rank=0, async_mode=False,
+                          control=SimpleNamespace(wait_admitted=lambda timeout: True),
                           ep=SimpleNamespace(hold_clients=holds.append))
     service = sp.SparseService(srv)
     service.process = lambda route, msg: served.append(msg.header.key)   # type: ignore
@@ -325,3 +327,39 @@ def test_the_servers_request_queue_holds_its_clients_at_the_bound_and_resumes_at
         service.close()
     assert served == list(range(n + 1))
     assert holds == [True, False] and service.queued_bytes == 0
+
+
+def test_requests_that_come_before_the_servers_rank_wait_for_it():
+    """A worker is told the node table when the server is, and can ask a server before that
+    server has read its own rank from it: the tables' thread serves such requests only once
+    the node table came (a declaration checked against rank -1 was refused, in CI)."""
+    from byteps_like.server import sparse as sp
+
+    admitted = threading.Event()
+    seen: list[tuple[int, bool]] = []
+    waits: list[float] = []
+
+    def wait_admitted(timeout: float) -> bool:
+        waits.append(timeout)
+        return admitted.wait(timeout)
+    srv = SimpleNamespace(cfg=SimpleNamespace(server=SimpleNamespace(
+                              sparse_max_ids=1 << 20, sparse_survival="none",
+                              sparse_snapshot_steps=100, sparse_checkpoint_dir="")),
+                          required=2, rank=0, async_mode=False,
+                          control=SimpleNamespace(wait_admitted=wait_admitted,
+                                                  shutting_down=False, fatal=None),
+                          ep=SimpleNamespace(hold_clients=lambda hold: None))
+    service = sp.SparseService(srv)
+    service.process = lambda route, msg: seen.append(   # type: ignore
+        (msg.header.key, admitted.is_set()))
+    service.start()
+    try:
+        for key in range(3):
+            service.submit("route", Message(Header(MsgType.SPARSE_CREATE, key=key)))
+        assert wait_until(lambda: len(waits) >= 2)   # the thread is waiting, nothing served
+        assert seen == []
+        admitted.set()
+        assert wait_until(lambda: len(seen) == 3)
+    finally:
+        service.close()
+    assert seen == [(0, True), (1, True), (2, True)]
