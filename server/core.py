@@ -362,13 +362,20 @@ class Server:
                      ns["late_pushes_dropped"], ns["lag_errors"])
 
     def run(self) -> int:
+        from .preempt import LEAVE_WAIT_S, SigtermLeave
+        leave = SigtermLeave(self)   # SIGTERM: an announced leave, when the job can lose it
         try:
             self.start()
-            self._done.wait()
+            leave.install()
+            while not self._done.wait(0.25):   # wakes for the SIGTERM handler, too
+                if leave.overdue():
+                    leave.terminate(f"the scheduler did not let it go within {LEAVE_WAIT_S:g} "
+                                    "s of its announced leave")
         except Exception as exc:  # noqa: BLE001 - reported, exit non-zero
             log.error("server: %s", exc)
             return 1
         finally:
+            leave.restore()
             self.close()
         if isinstance(self.control.fatal, PeerLostError):
             return EXIT_PEER_FAILED  # another node failed: bpslaunch blames that one

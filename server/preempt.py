@@ -1,5 +1,14 @@
-"""A spot-preemption notice file (``BYTEPS_PREEMPTION_NOTICE_FILE``; docs/reliability.md,
-"Losing a server", and docs/deployment.md, "Spot and preemptible servers").
+"""A server's announced leave: a spot-preemption notice file (``BYTEPS_PREEMPTION_NOTICE_FILE``)
+or SIGTERM (docs/reliability.md, "Losing a server", and docs/deployment.md, "Spot and
+preemptible servers").
+
+SIGTERM is how Kubernetes deletes a pod, how a cloud's shutdown stops a process and how an
+operator asks a process to go: in a job that can lose the server (:class:`SigtermLeave`) the
+server announces its leave as for a notice and exits 0 once the scheduler moved its keys; a
+second SIGTERM, or no word from the scheduler within :data:`LEAVE_WAIT_S`, ends it as SIGTERM
+would have. A job that cannot lose it (failover off, asynchronous mode, one server) and a
+server that has not joined the job or whose job is already ending get SIGTERM's default: the
+process ends at once, as before.
 
 A cloud takes a spot or preemptible machine back with a short warning (AWS: two minutes, in the
 instance metadata's ``spot/instance-action``; GCE: about 30 s, ``instance/preempted``; a
@@ -20,6 +29,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
+import time
 from typing import Any
 
 log = logging.getLogger("byteps_like.server")
@@ -28,6 +40,9 @@ log = logging.getLogger("byteps_like.server")
 NOTICE_POLL_S = 1.0
 #: bytes of the file quoted as the reason
 REASON_BYTES = 200
+#: seconds a server that announced its leave on SIGTERM waits for the scheduler to let it go
+#: before it ends as SIGTERM would have (the scheduler is gone, or the job cannot lose it)
+LEAVE_WAIT_S = 5.0
 
 
 def _stamp(path: str) -> tuple[int, int, int] | None:
@@ -82,3 +97,53 @@ class PreemptionNotice:
         log.warning("server %d: %s; announcing its leave: the scheduler moves its keys to the "
                     "other servers and then stops it", self.server.rank, reason)
         control.leave(reason)
+
+
+class SigtermLeave:
+    """SIGTERM as an announced leave (module docstring). :meth:`install` from the main thread
+    once the server has its rank; :meth:`restore` when it stops serving."""
+
+    def __init__(self, server: Any):
+        self.server = server
+        self.since: float | None = None   # when the leave was announced
+        self._before: Any = None
+
+    def install(self) -> bool:
+        """Take SIGTERM when the job can lose this server; False (SIGTERM left as it was)
+        otherwise, or off the main thread."""
+        if not self.server.cfg.can_lose_servers \
+                or threading.current_thread() is not threading.main_thread():
+            return False
+        self._before = signal.signal(signal.SIGTERM, self._signalled)
+        return True
+
+    def restore(self) -> None:
+        if self._before is not None:
+            signal.signal(signal.SIGTERM, self._before)
+            self._before = None
+
+    def _signalled(self, signum: int, frame: Any) -> None:
+        control = self.server.control
+        if (self.since is not None or control.rank < 0 or control.fatal is not None
+                or control.shutting_down):
+            self.terminate("a second SIGTERM" if self.since is not None
+                           else "SIGTERM while the job is not running")
+            return
+        self.since = time.monotonic()
+        log.warning("server %d: SIGTERM; announcing its leave: the scheduler moves its keys to "
+                    "the other servers and then stops it", self.server.rank)
+        self.server.ep.call_soon(lambda: control.leave("SIGTERM"))
+
+    def overdue(self) -> bool:
+        """Whether the announced leave has waited longer than LEAVE_WAIT_S (the server then
+        ends as SIGTERM would have)."""
+        return self.since is not None and time.monotonic() - self.since > LEAVE_WAIT_S
+
+    def terminate(self, why: str) -> None:
+        """End the process the way SIGTERM's default does (status 128 + 15 for its parent)."""
+        log.warning("server %d: %s: ending now", self.server.rank, why)
+        logging.shutdown()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1.0)   # the signal ends the process; this is only if it did not
+        os._exit(128 + signal.SIGTERM)

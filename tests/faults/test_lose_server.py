@@ -64,8 +64,8 @@ def assert_same(a: list[np.ndarray], b: list[np.ndarray]) -> None:
         assert np.array_equal(x, y), f"tensor w{i}: max difference {np.abs(x - y).max()}"
 
 
-@pytest.mark.parametrize("kills", ["0:1:KILL", "5:1:KILL", "7:0:TERM"],
-                         ids=["during-declaration", "sigkill-mid-round", "sigterm"])
+@pytest.mark.parametrize("kills", ["0:1:KILL", "5:1:KILL"],
+                         ids=["during-declaration", "sigkill-mid-round"])
 def test_a_lost_server_costs_nothing(tmp_path, uninterrupted, kills):
     r, out = run(tmp_path, "k", kills)
     text = r.out + r.err
@@ -79,6 +79,49 @@ def test_a_lost_server_costs_nothing(tmp_path, uninterrupted, kills):
     assert_same(params(out, 0), uninterrupted())
     assert_same(params(out, 1), uninterrupted())
     print(f"stall (longest step - median step): {stall(text):.3f} s")
+
+
+def test_sigterm_makes_a_server_leave_announced(tmp_path, uninterrupted):
+    """SIGTERM mid-round (server/preempt.py SigtermLeave: how Kubernetes deletes a pod): the
+    server announces its leave, the scheduler moves its keys before it exits (not found by
+    its exit or its streams), it exits 0 and the sums are the uninterrupted job's, bit for
+    bit."""
+    r, out = run(tmp_path, "k", "7:0:TERM")
+    text = r.out + r.err
+    assert r.rc == 0, text
+    assert "KILLED server 0" in text and "server 0: SIGTERM; announcing its leave" in text, text
+    assert re.search(r"scheduler: lost server rank 0 .*: it announced its leave \(SIGTERM\)",
+                     text), text
+    assert not re.search(r"lost server rank 0 .*(data streams|exited|heartbeat)", text), text
+    assert len(re.findall(r"worker 0: lost server rank 0; .* stalled", text)) == 1, text
+    assert "failed" not in text.lower() and "killed by" not in text, text
+    assert_same(params(out, 0), uninterrupted())
+    assert_same(params(out, 1), uninterrupted())
+    print(f"stall (longest step - median step): {stall(text):.3f} s")
+
+
+def test_sigterm_with_failover_off_ends_the_job_as_before(tmp_path):
+    """BYTEPS_SERVER_FAILOVER=0: SIGTERM keeps its default (the server ends at once) and the
+    job fails naming the server, as before the announced leave existed."""
+    r, _ = run(tmp_path, "k", "5:1:TERM", env={"BYTEPS_SERVER_FAILOVER": "0"})
+    text = r.out + r.err
+    assert r.rc != 0, text
+    assert "announcing its leave" not in text, text
+    assert re.search(r"server 1 \(pid \d+\) (failed|exited).*(SIGTERM|143)", text), text
+
+
+def test_sigterm_of_the_last_server_ends_the_job_after_the_leave_is_refused(tmp_path):
+    """Server 1 SIGKILLed, then the last server SIGTERMed: the scheduler cannot let it go (it
+    is the job's last server) and says so; the server waits LEAVE_WAIT_S for a word that does
+    not come, then ends as SIGTERM would have, and the job fails naming it."""
+    r, _ = run(tmp_path, "k", "3:1:KILL,6:0:TERM", steps=5000)   # runs on past the wait
+    text = r.out + r.err
+    assert r.rc != 0, text
+    assert "server 0: SIGTERM; announcing its leave" in text, text
+    assert re.search(r"scheduler: server rank 0 .*announced its leave \(SIGTERM\), but the job "
+                     r"cannot lose it \(it is the job's last server\)", text), text
+    assert "did not let it go within 5 s of its announced leave: ending now" in text, text
+    assert re.search(r"server 0 \(pid \d+\) (failed|exited).*(SIGTERM|143)", text), text
 
 
 def test_a_preemption_notice_file_makes_a_server_leave_announced(tmp_path, uninterrupted):
