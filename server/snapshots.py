@@ -94,6 +94,71 @@ def restore(shard: TableShard, folder: str, every: int, upto: int,
     return taken
 
 
+#: a job's snapshot folder, as load_snapshots names it (no path: it is under the directory)
+_JOB_FOLDER = re.compile(r"snapshots-\d{1,20}")
+_SHARD_FOLDER = re.compile(r"shard(\d{1,6})of(\d{1,6})")
+
+
+def load_job(shard: TableShard, directory: str, folder: str, upto: object,
+             charge: Callable[[int], bool] | None = None) -> tuple[int, int]:
+    """Shard ``shard`` of this job as another job's table stood after its round ``upto``
+    (0 or None: the newest round every one of its shards' chains holds), read from that
+    job's snapshots (``directory/folder/<table>/shard<s>of<S>``), whatever its number of
+    servers: every old shard's chain is laid over the initial rows, and the rows this shard
+    holds are taken. Returns (the round, the rows taken). TableError names what is wrong."""
+    require_directory(directory)
+    name = shard.spec.name
+    if not isinstance(folder, str) or not _JOB_FOLDER.fullmatch(folder):
+        raise shardfile.TableError(f"snapshots {folder!r}: name a job's snapshot folder under "
+                                   "BYTEPS_SPARSE_CHECKPOINT_DIR, snapshots-<number>")
+    if upto is not None and (type(upto) is not int or upto < 0):
+        raise shardfile.TableError(f"table {name!r}: snapshot round {upto!r} is not a round")
+    base = os.path.join(directory, folder, file_name(shard.spec))
+    try:
+        names = os.listdir(base)
+    except OSError as exc:
+        raise shardfile.TableError(f"table {name!r}: no snapshots of it in {base} "
+                                   f"({exc.strerror})") from None
+    found: dict[int, set[int]] = {}
+    for n in names:
+        if m := _SHARD_FOLDER.fullmatch(n):
+            found.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
+    complete = [k for k, v in found.items() if v == set(range(k))]
+    if len(complete) != 1:
+        raise shardfile.TableError(f"table {name!r}: the snapshots in {base} have "
+                                   f"{len(complete)} complete sets of shard folders, not one "
+                                   f"(found {sorted((k, sorted(v)) for k, v in found.items())})")
+    shards = complete[0]
+    folders = [os.path.join(base, f"shard{s}of{shards}") for s in range(shards)]
+    every = min((int(m.group(1)) for f in folders for n in _listdir(f)
+                 if (m := _ROUND.fullmatch(n))), default=0)
+    newest = newest_round(folders, every) if every else 0
+    rnd = newest if not upto else upto
+    if rnd > newest or (every and rnd % every):
+        raise shardfile.TableError(f"table {name!r}: the snapshots in {base} do not all hold "
+                                   f"round {rnd} (their rounds: every {every} up to {newest})")
+    expect = shardfile.Expect(shard.spec.to_json(),
+                              [n for n in shardfile.STATE_DTYPES if getattr(shard, n) is not None])
+    shard.forget()
+    for s, f in enumerate(folders):
+        for r in (r for r in chain(f, every) if r <= rnd) if every else ():
+            data, nbytes, _ = shardfile.read(os.path.join(f, f"r{r:010d}{shardfile.SUFFIX}"),
+                                             s, shards, expect, charge=charge)
+            try:
+                shard.restore(data)
+            finally:
+                if charge is not None and nbytes:
+                    charge(-nbytes)
+    return rnd, int(shard.made.sum())
+
+
+def _listdir(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
 class Writer(threading.Thread):
     """Writes what the tables' thread hands it, in order, on a thread of its own."""
 

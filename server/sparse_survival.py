@@ -63,6 +63,7 @@ class Survival:
         self.changed_bytes = 0                # what the snapshots held (ids, rows, state)
         self.rollbacks = 0
         self.rounds_rolled_back = 0
+        self.loaded: dict[tuple, dict] = {}   # (table key, tag) -> a snapshot load's answer
 
     @property
     def rank(self) -> int:
@@ -105,6 +106,10 @@ class Survival:
             return
         state = table.shard.take_changes()
         self.changed_bytes += sum(a.nbytes for a in state.values())
+        if not self.snapshots:   # what a later job's load_snapshots names
+            log.info("server %d: snapshots of the tables go to %s every %d rounds "
+                     "(BYTEPS_SPARSE_SURVIVAL=snapshot)", self.rank,
+                     os.path.dirname(os.path.dirname(self.folder(table))), self.every)
         self.snapshots += 1
         path = os.path.join(self.folder(table), f"r{table.applied:010d}.bpst")
         self.writer.put(path, table.spec, table.shard.shard, table.shards, state)
@@ -115,12 +120,14 @@ class Survival:
         may ask, the first one does it. A load needs the round not yet pushed by anyone. A
         save is written by the writer and answered once it is on disk."""
         h, srv = msg.header, self.svc.server
-        tag = (msg.meta or {}).get("tag")
+        meta = msg.meta or {}
+        snaps = meta.get("snapshots")   # a load of another job's snapshots (load_snapshots)
+        tag = meta.get("tag") if snaps is None else f"{snaps}@{meta.get('round')}"
         tag = tag if isinstance(tag, str) else ""   # refused by the tag's check
         key = (h.type, tag)
         what = "save" if h.type is MsgType.SPARSE_SAVE else "load"
         if table.done.get(key) == h.round:
-            srv.reply(route, MsgType.SPARSE_ACK, h)
+            srv.reply(route, MsgType.SPARSE_ACK, h, self.loaded.get((table.key, tag)))
             return
         if key in table.saving:   # being written: answered with the first one
             table.saving[key][1].append((route, h))
@@ -136,16 +143,27 @@ class Survival:
                 self._save(table, tag, key, route, msg)
                 return
             self.writer.flush()   # a save of the same tag finishes first
-            n = load_shard(table.shard, self.directory, tag, charge=srv.charge,
-                           repair=srv.cfg.server.sparse_checkpoint_repair)
-            log.info("server %d: table %r loaded from checkpoint %r: %d rows", srv.rank,
-                     table.spec.name, tag, n)
+            if snaps is not None:
+                rnd, n = snapshots.load_job(table.shard, self.directory, snaps,
+                                            meta.get("round"), charge=srv.charge)
+                self.loaded[(table.key, tag)] = {"round": rnd}
+                log.info("server %d: shard %d of table %r loaded from %s as of its round %d: "
+                         "%d rows", srv.rank, table.shard.shard, table.spec.name, snaps, rnd, n)
+            else:
+                n = load_shard(table.shard, self.directory, tag, charge=srv.charge,
+                               repair=srv.cfg.server.sparse_checkpoint_repair)
+                log.info("server %d: table %r loaded from checkpoint %r: %d rows", srv.rank,
+                         table.spec.name, tag, n)
+            # what was loaded goes into this job's next snapshot: a later rollback rebuilds
+            # from the initial rows and the chain, which must hold it
+            table.shard.changed[:] = table.shard.made
         except (TableError, OSError, ValueError) as exc:
-            self.svc.refuse(route, h, f"sparse {what} failed", f"table {table.spec.name!r}: "
-                            f"{what} of checkpoint {tag!r} from worker rank {h.rank}: {exc}")
+            what = "snapshots" if snaps is not None else f"checkpoint {tag!r}"
+            self.svc.refuse(route, h, "sparse load failed", f"table {table.spec.name!r}: "
+                            f"load of {what} from worker rank {h.rank}: {exc}")
             return
         self._done(table, key, h.round)
-        srv.reply(route, MsgType.SPARSE_ACK, h)
+        srv.reply(route, MsgType.SPARSE_ACK, h, self.loaded.get((table.key, tag)))
 
     def _save(self, table: Table, tag: str, key: tuple, route: Route, msg: Message) -> None:
         from ..embedding import checkpoint_path

@@ -250,6 +250,29 @@ class EmbeddingTable:
         before any worker pushes the step) between a step's push and the next pull."""
         self._checkpoint(MsgType.SPARSE_LOAD, tag, timeout)
 
+    def load_snapshots(self, folder: str, round: int | None = None,
+                       timeout: float | None = None) -> int:
+        """Restore the table as another job's servers left it in their incremental snapshots
+        (BYTEPS_SPARSE_SURVIVAL=snapshot), whatever that job's number of servers: ``folder``
+        is its snapshot folder under BYTEPS_SPARSE_CHECKPOINT_DIR (``snapshots-<number>``,
+        named in its servers' logs), ``round`` its round to go back to (default: the newest
+        that every one of its shards holds). Returns that round. Called like :meth:`load`."""
+        if self.local is not None:
+            raise TableError(f"table {self.name!r} on worker rank {self.owner.rank}: a job "
+                             "without servers has no snapshots to load (they are the servers')")
+        if round is not None and (type(round) is not int or round < 0):
+            raise ValueError(f"table {self.name!r}: round must be a whole number >= 0, not "
+                             f"{round!r}")
+        n = self.owner.num_servers
+        answers = self.owner.call(self, MsgType.SPARSE_LOAD, self.step, [(None, None)] * n,
+                                  timeout, [{"snapshots": folder, "round": round}] * n) or {}
+        rounds = {a.get("round") for a in answers.values() if isinstance(a, dict)}
+        got = next(iter(rounds), None)
+        if len(rounds) != 1 or not isinstance(got, int):
+            raise BytePSError(f"table {self.name!r}: the servers loaded {folder!r} as of "
+                              f"different rounds {sorted(map(str, rounds))}")
+        return got
+
     def _checkpoint(self, mtype: MsgType, tag: str, timeout: float | None) -> None:
         if self.local is not None:
             directory = self.owner.rt.config.server.sparse_checkpoint_dir
@@ -663,6 +686,6 @@ class SparseTables:
                 f"{h.dtype}, expected {call.expect[sh]} bytes of float32")
             call.got[(s, sh)] = None
         else:
-            call.got[(s, sh)] = msg.meta if what == "restore" else msg.payload
+            call.got[(s, sh)] = msg.meta if what in ("restore", "load") else msg.payload
             call.table.stats.bytes_received += HEADER_SIZE + h.nbytes
         call.check_done()

@@ -363,6 +363,33 @@ def test_snapshots_roll_the_tables_back_to_the_newest_one(tmp_path, tables_unint
     assert_same_tables(tables(out, 0), {"rows": tables(out, 1)["rows"]})
 
 
+@pytest.mark.parametrize("at", [None, 9], ids=["newest", "round-9"])
+def test_another_job_restores_snapshots_onto_another_number_of_servers(tmp_path, at):
+    """table.load_snapshots: a job of 3 servers writes snapshots every 3 rounds (Adam); a new
+    job of 2 servers restores them (the newest round every shard holds, or round 9) and trains
+    on from the step after: its rows end bit for bit as the first job's after the same steps
+    (the rows and the optimizer state came back, whichever server holds them now)."""
+    ck = tmp_path / "ck"
+    env = {"BYTEPS_SPARSE_SNAPSHOT_STEPS": "3", "BYTEPS_SPARSE_CHECKPOINT_DIR": str(ck)}
+    r, first = run_tables(tmp_path, "a", servers=3, survival="snapshot", optimizer="adam",
+                          steps=12, env=env)
+    assert r.rc == 0, r.out + r.err
+    [folder] = [p.name for p in ck.iterdir()]   # snapshots-<job>: its servers log it
+    load = folder + (f"@{at}" if at is not None else "")
+    r, out = run_tables(tmp_path, "b", servers=2, survival="snapshot", optimizer="adam",
+                        steps=12, env={**env, "LOAD_SNAPSHOTS": load})
+    text = r.out + r.err
+    assert r.rc == 0, text
+    assert re.findall(r"\[worker \d\] LOADED round (\d+)", text) == [str(at or 12)] * 2, text
+    want = tables(first, 0)["rows"]
+    for rank in (0, 1):
+        assert np.array_equal(tables(out, rank)["rows"], want), f"rank {rank}"
+    # a folder that is not one is refused by name, before anything is read
+    r, _ = run_tables(tmp_path, "c", servers=2, survival="snapshot", optimizer="adam", steps=1,
+                      env={**env, "LOAD_SNAPSHOTS": "../etc"})
+    assert r.rc != 0 and "name a job's snapshot folder under" in r.out + r.err, r.out + r.err
+
+
 def test_a_replacement_server_leaves_the_tables_on_their_copies(tmp_path, tables_uninterrupted):
     """bpslaunch starts the lost server again: it takes its dense keys back, while its table
     shards stay on their copies (a replacement holds no table)."""

@@ -8,7 +8,10 @@ at that step, before the step's pull (PHASE pull) or right before its push (PHAS
 OPTIMIZER: sgd (the default), adagrad or adam. At the end every rank pulls every row and writes
 them and the dense tensor to OUT.<rank>.npz, with every row as each step began (``trace``, by
 the table's round ``trace_rounds``: a rollback repeats rounds); rank 0 prints ``STEP_TIMES``
-and each rank ``ROLLED_BACK`` with the steps lost servers rolled the table back."""
+and each rank ``ROLLED_BACK`` with the steps lost servers rolled the table back.
+LOAD_SNAPSHOTS=FOLDER[@ROUND] in the environment: first restore the table from another job's
+snapshots (table.load_snapshots) and start at the step after the round it returns
+(``LOADED``)."""
 import os
 import signal
 import sys
@@ -42,7 +45,12 @@ def kill(step: int, phase: str) -> None:
 
 
 times, trace, trace_rounds = [], [], []
-for step in range(steps):
+first = 0
+if os.environ.get("LOAD_SNAPSHOTS"):
+    folder, _, at = os.environ["LOAD_SNAPSHOTS"].partition("@")
+    first = table.load_snapshots(folder, int(at) if at else None)
+    print(f"LOADED round {first}", flush=True)
+for step in range(first, steps):
     t0 = time.monotonic()
     kill(step, "pull")
     trace.append(table.pull(np.arange(ROWS)))
@@ -58,7 +66,7 @@ for step in range(steps):
 # a rollback (snapshots) can leave the ranks one round apart: join() as for uneven inputs
 bps.join()
 final = table.pull(np.arange(ROWS))
-np.savez(f"{out}.{rank}.npz", rows=final, dense=dense, trace=np.stack(trace),
+np.savez(f"{out}.{rank}.npz", rows=final, dense=dense, trace=np.stack(trace) if trace else np.zeros((0, ROWS, DIM)),
          trace_rounds=np.array(trace_rounds))
 print(f"ROLLED_BACK {table.stats.rolled_back}", flush=True)
 if rank == 0:
