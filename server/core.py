@@ -213,7 +213,7 @@ class Server:
             self.refuse(route, h, "wrong job", ERR_PROTOCOL, f"server {self.rank}: this peer "
                         "belongs to another job (check BYTEPS_JOB_ID)", job=h.job)
             return
-        if h.type in SPARSE_REQUESTS and 0 <= h.rank < self.num_workers:
+        if h.type in SPARSE_REQUESTS and 0 <= h.rank < self.sparse.ranks.limit():
             self.sparse.submit(route, msg)
             return
         if h.type in (MsgType.PUSH, MsgType.PULL):  # a peer of another version, or forged

@@ -60,7 +60,7 @@ from ..wire import (
 )
 from .sparse_survival import Survival
 from .stalls import fail_if_left
-from .table import Table
+from .table import Pushers, Table
 
 if TYPE_CHECKING:
     from .core import Server
@@ -98,8 +98,7 @@ class SparseService(threading.Thread):
         self.rows_updated = 0
         # membership, in this thread's queue order (Server.on_members, Server.on_epoch): the
         # machines in join(), those that finished without it, the pushes a round needs
-        self.joined: frozenset = frozenset()
-        self.left: dict[int, str] = {}
+        self.ranks = Pushers(server.num_workers)   # machines x processes (server/table.py)
         self.required = server.required
         self.round_base = 0   # elastic: the epoch's first round
         self.keep = Survival(self)   # checkpoints, snapshots, rollbacks (sparse_survival.py)
@@ -231,7 +230,7 @@ class SparseService(threading.Thread):
     def apply_members(self, joined: frozenset, left: dict[int, str]) -> None:
         """join(): a round needs the pushes of the machines not in join(); a round that a
         machine which left without join() has not pushed can never complete (peer_left)."""
-        self.joined, self.left = joined, left
+        self.ranks.joined, self.ranks.left = joined, left
         if self.server.async_mode:
             return
         for table in self.tables.values():
@@ -243,7 +242,8 @@ class SparseService(threading.Thread):
         every open round is dropped (its pushes forgotten, its waiting requests answered with
         an epoch error) and the next round is ``base``, the first of the epoch, which needs
         ``size`` pushes."""
-        self.joined, self.left, self.required, self.round_base = frozenset(), {}, size, base
+        self.ranks.joined, self.ranks.left = frozenset(), {}
+        self.required, self.round_base = size, base
         for table in self.tables.values():
             for route, msg, _ids in table.pending:
                 self.server.reply_error(route, msg.header, ERR_EPOCH, (
@@ -255,13 +255,14 @@ class SparseService(threading.Thread):
         applied()
 
     def _doom_if_left(self, table: Table) -> bool:
-        return fail_if_left(self.left, table.pushes, bool(table.pending), table.applied,
-                            f"table {table.spec.name!r}",
+        return fail_if_left(self.ranks.left_ranks(), table.pushes, bool(table.pending),
+                            table.applied, f"table {table.spec.name!r}",
                             lambda text, meta: self._fail(table, text, ERR_PEER_LEFT, meta))
 
     def _complete_if_ready(self, table: Table) -> None:
         """Apply the open round once every machine not in join() has pushed it."""
-        if table.pushes and len(table.pushes) >= self.required - len(self.joined):
+        need = self.ranks.of(range(self.required)) - self.ranks.of(self.ranks.joined)
+        if table.pushes and len(table.pushes) >= need:
             self._apply(table)
 
     def refuse(self, route: Route, h: Header, reason: str, text: str,
@@ -277,6 +278,9 @@ class SparseService(threading.Thread):
             spec = TableSpec.from_json(meta.get("spec"))
             self.keep.check()   # snapshots: the directory is set
             shard, shards = meta.get("shard"), meta.get("shards")
+            why = self.ranks.declare(meta.get("local_size", 1), h.rank)
+            if why is not None:
+                raise TableError(f"table {spec.name!r}: {why}")
             held = sorted({*held_shards(srv.rank, srv.cfg.cluster.num_server,
                                         srv.cfg.server.sparse_survival), *self.keep.adopted})
             if (shards != srv.cfg.cluster.num_server or shard not in held
@@ -366,7 +370,7 @@ class SparseService(threading.Thread):
         h = msg.header
         if h.round == table.applied or self.server.async_mode:   # async: no rounds
             self._serve(table, route, msg, ids)
-        elif h.round == table.applied + 1 and len(table.pending) < 2 * self.server.num_workers:
+        elif h.round == table.applied + 1 and len(table.pending) < 2 * self.ranks.limit():
             table.pending.append((route, msg, ids))
         else:  # neither the open round nor the next: a worker out of step, or a flood
             self.refuse(route, h, "sparse request out of round", f"table {table.spec.name!r}:"
@@ -410,7 +414,7 @@ class SparseService(threading.Thread):
                          f"round {h.round} from worker rank {h.rank}, a round that is not open "
                          "or that this rank has pushed already")
             return
-        if h.rank in self.joined:
+        if h.rank in self.ranks.joined_ranks():
             self.refuse(route, h, "push after join()", f"table {spec.name!r}: push from "
                          f"worker rank {h.rank}, which has called join(); a joined rank pushes "
                          "again only after every rank has joined")
@@ -425,7 +429,7 @@ class SparseService(threading.Thread):
             table.round_started = time.monotonic()
         table.average = average
         table.pushes[h.rank] = (ids, grads)
-        if self.left and self._doom_if_left(table):
+        if self.ranks.left and self._doom_if_left(table):
             self._reply_failed(table, route, h)
             return
         # applied before the last push is acknowledged: a replica holds the round once every
@@ -438,8 +442,8 @@ class SparseService(threading.Thread):
         """Asynchronous mode: a push updates its rows as it arrives, alone (an averaged one
         divided by the job's number of workers), and is acknowledged after that."""
         uniq, sums = sum_rows([ids], [grads], table.spec.dim)
-        if average and self.required > 1:
-            sums /= np.float32(self.required)
+        if average and self.ranks.of(range(self.required)) > 1:
+            sums /= np.float32(self.ranks.of(range(self.required)))
         table.shard.apply(uniq, sums)
         table.applied += 1
         self.rounds_applied += 1

@@ -2,6 +2,7 @@
 it (server/sparse.py serves it; server/sparse_survival.py keeps it)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..embedding import TableShard, TableSpec
@@ -39,3 +40,51 @@ class Table:
     @property
     def decl(self) -> dict:
         return {"name": f"table {self.spec.name}"}
+
+
+#: worker processes per machine a table job may declare (BYTEPS_LOCAL_SIZE)
+MAX_LOCAL_SIZE = 256
+
+
+class Pushers:
+    """Who pushes the tables' rounds: every worker process. A machine of L processes pushes
+    L times a round, as process ranks m*L .. m*L+L-1 (the ranks of the job: the same sums in
+    the same order as L machines of one process); join() and leaving the job are by machine.
+    L comes with the first table's declaration and is the same for every table."""
+
+    def __init__(self, machines: int):
+        self.machines = machines
+        self.per_machine = 0             # L; 0: no table declared yet
+        self.joined: frozenset = frozenset()   # machines in join()
+        self.left: dict[int, str] = {}         # machines gone without it -> why
+
+    def limit(self) -> int:
+        """Ranks below this may ask for a table (before the first declaration: any L)."""
+        return self.machines * (self.per_machine or MAX_LOCAL_SIZE)
+
+    def declare(self, per_machine: object, rank: int) -> str | None:
+        """A declaration's L from worker rank ``rank``: None when it fits, else why not."""
+        if type(per_machine) is not int or not 1 <= per_machine <= MAX_LOCAL_SIZE:
+            return f"local size {per_machine!r} is not 1..{MAX_LOCAL_SIZE}"
+        if self.per_machine and per_machine != self.per_machine:
+            return (f"declared with {per_machine} worker processes per machine, the tables "
+                    f"have {self.per_machine} (BYTEPS_LOCAL_SIZE must be the same everywhere)")
+        if rank >= self.machines * per_machine:
+            return (f"rank {rank} is not below {self.machines} machines x {per_machine} "
+                    "processes")
+        self.per_machine = per_machine
+        return None
+
+    def _ranks(self, machine: int) -> range:
+        n = self.per_machine or 1
+        return range(machine * n, (machine + 1) * n)
+
+    def joined_ranks(self) -> frozenset:
+        return frozenset(r for m in self.joined for r in self._ranks(m))
+
+    def left_ranks(self) -> dict[int, str]:
+        return {r: why for m, why in self.left.items() for r in self._ranks(m)}
+
+    def of(self, machines: Iterable[int]) -> int:
+        """How many process ranks the machines hold."""
+        return sum(len(self._ranks(m)) for m in machines)

@@ -301,6 +301,12 @@ class EmbeddingTable:
         return order, per_server
 
 
+def _connect_to_servers(m: Membership) -> None:
+    """A local rank that is not its machine's root connects to the servers for the tables."""
+    for p in m.servers:
+        m.endpoint.connect(f"server-{p.rank}", f"tcp://{p.host}:{p.port}", m.conns)
+
+
 class SparseTables:
     """A runtime's server-held tables, and the answers of their servers."""
 
@@ -320,10 +326,18 @@ class SparseTables:
         # the next table's id: a declaration the servers refused keeps its id, so every
         # worker's next table gets the same one whichever worker saw the refusal
         self._next_id = 0
+        self._connected = False   # a local rank's own connections to the servers
 
     @property
     def rank(self) -> int:
         return self.rt.rank_
+
+    @property
+    def push_rank(self) -> int:
+        """The rank a table request carries: every worker process pushes its own rows (with
+        several processes per machine, the job's rank: the servers count processes for the
+        tables, server/table.py Pushers), not the machine's local reduction."""
+        return self.rt.rank_ if self.rt.local_size_ > 1 else self.rt.members.push_rank
 
     @property
     def num_servers(self) -> int:
@@ -391,16 +405,19 @@ class SparseTables:
         if m.control is None or rt.alone:
             table = EmbeddingTable(self, spec, table_id, TableShard(spec))
         else:
-            if rt.local_size_ > 1:
-                raise BytePSError(f"table {name!r}: server-held tables do not support several "
-                                  "worker processes per machine yet (BYTEPS_LOCAL_SIZE="
-                                  f"{rt.local_size_}); run one worker process per machine")
+            if rt.local_size_ > 1 and rt.elastic_m is not None:
+                raise BytePSError(f"table {name!r}: server-held tables in an elastic job need "
+                                  "one worker process per machine (BYTEPS_LOCAL_SIZE="
+                                  f"{rt.local_size_})")
             if m.server_ranks != list(range(len(m.server_ranks))) or not m.server_ranks:
                 raise BytePSError(f"table {name!r}: the servers' ranks {m.server_ranks} are not "
                                   "0..S-1")
+            if not (self._connected or m.is_local_root or rt.local_size_ <= 1):
+                self._connected = True   # the local root alone talks to them for dense keys
+                _connect_to_servers(m)
             table = EmbeddingTable(self, spec, table_id, None)
-            metas = [{"spec": spec.to_json(), "shard": s, "shards": self.num_servers}
-                     for s in range(self.num_servers)]
+            metas = [{"spec": spec.to_json(), "shard": s, "shards": self.num_servers,
+                      "local_size": rt.local_size_} for s in range(self.num_servers)]
             self.call(table, MsgType.SPARSE_CREATE, 0, [(None, None)] * self.num_servers,
                       timeout, metas)
         with self._lock:
@@ -488,15 +505,15 @@ class SparseTables:
         m, key, flags = self.rt.members, wire_key(table.table_id, sh), generation_flags(g)
         if mtype is MsgType.SPARSE_PULL:
             payload: Any = ids
-            hdr = Header(mtype, "int64", Role.WORKER, m.push_rank, flags, m.job, key, rnd,
+            hdr = Header(mtype, "int64", Role.WORKER, self.push_rank, flags, m.job, key, rnd,
                          len(ids), ids.nbytes)
         elif mtype is MsgType.SPARSE_PUSH:
             payload = np.concatenate([ids.view(np.uint8), grads.reshape(-1).view(np.uint8)])
-            hdr = Header(mtype, "uint8", Role.WORKER, m.push_rank, flags, m.job, key, rnd,
+            hdr = Header(mtype, "uint8", Role.WORKER, self.push_rank, flags, m.job, key, rnd,
                          payload.nbytes, payload.nbytes)
         else:
             payload = None
-            hdr = Header(mtype, "none", Role.WORKER, m.push_rank, flags, m.job, key, rnd)
+            hdr = Header(mtype, "none", Role.WORKER, self.push_rank, flags, m.job, key, rnd)
         return encode(hdr, payload, meta)
 
     def _send(self, call: _Call, srv: int, sh: int) -> None:

@@ -243,12 +243,13 @@ TABLES = "tests/faults/workers/lose_server_tables.py"
 
 def run_tables(tmp_path, tag: str, kills: str = "", *, servers: int = 2, survival: str = "",
                optimizer: str = "sgd", restarts: int = 0, steps: int = 14,
-               env: dict | None = None):
+               env: dict | None = None, workers: int = 2, local_size: int = 1):
     out = tmp_path / tag
     full = {"BYTEPS_SPARSE_SURVIVAL": survival} if survival else {}
     full.update(env or {})
-    r = bpslaunch([TABLES, str(out), str(steps), kills, optimizer], workers=2, servers=servers,
-                  env=full, timeout=150, extra=["--server-restarts", str(restarts)])
+    r = bpslaunch([TABLES, str(out), str(steps), kills, optimizer], workers=workers,
+                  servers=servers, local_size=local_size, env=full, timeout=150,
+                  extra=["--server-restarts", str(restarts)])
     return r, out
 
 
@@ -474,3 +475,21 @@ def test_with_scheduler_restarts_off_a_lost_scheduler_ends_the_job(tmp_path):
                   timeout=120, extra=["--scheduler-restarts", "0", "--server-restarts", "0"])
     assert r.rc != 0
     assert re.search(r"scheduler \(pid \d+\) failed first: killed by SIGKILL", r.err), r.out + r.err
+
+
+@pytest.mark.parametrize("survival,kills", [("", ""), ("replicate", "5:1:push")],
+                         ids=["plain", "replicated-server-lost"])
+def test_tables_with_two_worker_processes_per_machine(tmp_path, survival, kills):
+    """BYTEPS_LOCAL_SIZE=2: every worker process pushes and pulls its own rows (the servers
+    count processes for the tables: server/table.py Pushers), so 2 machines of 2 processes end
+    with the tables of 4 machines of one, bit for bit (Adam), also when a server is lost with
+    replication."""
+    r, ref = run_tables(tmp_path, "ref", workers=4, optimizer="adam", steps=8)
+    assert r.rc == 0, r.out + r.err
+    r, out = run_tables(tmp_path, "k", kills, workers=2, local_size=2, optimizer="adam",
+                        steps=8, survival=survival)
+    text = r.out + r.err
+    assert r.rc == 0, text
+    assert ("KILLED server 1" in text) == bool(kills), text
+    for rank in range(4):
+        assert np.array_equal(tables(out, rank)["rows"], tables(ref, 0)["rows"]), rank

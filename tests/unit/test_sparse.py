@@ -303,7 +303,7 @@ def test_the_servers_request_queue_holds_its_clients_at_the_bound_and_resumes_at
     srv = SimpleNamespace(cfg=SimpleNamespace(server=SimpleNamespace(
                               sparse_max_ids=1 << 20, sparse_survival="none",
                               sparse_snapshot_steps=100, sparse_checkpoint_dir="")),
-                          required=2, rank=0, async_mode=False,
+                          required=2, num_workers=2, rank=0, async_mode=False,
                           control=SimpleNamespace(wait_admitted=lambda timeout: True),
                           ep=SimpleNamespace(hold_clients=holds.append))
     service = sp.SparseService(srv)
@@ -345,7 +345,7 @@ def test_requests_that_come_before_the_servers_rank_wait_for_it():
     srv = SimpleNamespace(cfg=SimpleNamespace(server=SimpleNamespace(
                               sparse_max_ids=1 << 20, sparse_survival="none",
                               sparse_snapshot_steps=100, sparse_checkpoint_dir="")),
-                          required=2, rank=0, async_mode=False,
+                          required=2, num_workers=2, rank=0, async_mode=False,
                           control=SimpleNamespace(wait_admitted=wait_admitted,
                                                   shutting_down=False, fatal=None),
                           ep=SimpleNamespace(hold_clients=lambda hold: None))
