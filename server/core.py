@@ -271,8 +271,10 @@ class Server:
             return []
         now = time.monotonic() if now is None else now
         limit = self.cfg.timeouts.stall_check_time
+        ranks = self.sparse.ranks
         return stalled_rounds(self.native, now, limit, self.required, self.joined,
-                              list(self.sparse.tables.values()))
+                              list(self.sparse.tables.values()),
+                              (ranks.of(range(self.required)), ranks.joined_ranks()))
 
     def _stall_tick(self) -> None:
         if self.control.rank < 0 or self.control.fatal is not None or self.control.shutting_down:

@@ -22,12 +22,15 @@ def stall_entry(decl: dict, key: int, rnd: int, age: float, pushed: list, requir
 
 
 def stalled_rounds(native: Any, now: float, limit: float, required: int,
-                   joined: AbstractSet[int], tables: Iterable[Any] = ()) -> list[dict]:
+                   joined: AbstractSet[int], tables: Iterable[Any] = (),
+                   table_ranks: tuple[int, AbstractSet[int]] | None = None) -> list[dict]:
     """The rounds of the ``native`` data server's keys and of ``tables`` (the server-held
     tables: round, round_started, pushed, failed, decl, key) open for at least ``limit``
     seconds with some pushes in. A table is read from the I/O thread while its thread runs,
     so every field is read once into a local (a round may complete meanwhile; then it is
-    skipped)."""
+    skipped). ``table_ranks``: the tables' (required, joined) when they count worker
+    processes rather than machines (several processes per machine)."""
+    t_required, t_joined = table_ranks or (required, joined)
     out = []
     for store in tables:
         started, rnd = store.round_started, store.round
@@ -39,8 +42,8 @@ def stalled_rounds(native: Any, now: float, limit: float, required: int,
             continue
         if not pushed or store.round != rnd:
             continue
-        out.append(stall_entry(store.decl, store.key, rnd, now - started, pushed, required,
-                               joined))
+        out.append(stall_entry(store.decl, store.key, rnd, now - started, pushed, t_required,
+                               t_joined))
     for key, rnd, age, pushed, raw in native.stalls(limit):
         try:
             d = parse_decl(raw)

@@ -363,3 +363,21 @@ def test_requests_that_come_before_the_servers_rank_wait_for_it():
     finally:
         service.close()
     assert seen == [(0, True), (1, True), (2, True)]
+
+
+def test_the_tables_count_worker_processes_and_join_by_machine():
+    """server/table.py Pushers: 3 machines of 2 processes push as ranks 0..5; L comes with the
+    first declaration and every later one must agree; a machine in join() or gone takes both
+    its processes with it."""
+    from byteps_like.server.table import MAX_LOCAL_SIZE, Pushers
+
+    p = Pushers(3)
+    assert p.limit() == 3 * MAX_LOCAL_SIZE   # before any declaration: any local size
+    assert p.declare(2, 7) == "rank 7 is not below 3 machines x 2 processes"
+    assert p.declare(0, 0) == f"local size 0 is not 1..{MAX_LOCAL_SIZE}"
+    assert p.declare(True, 0) is not None and p.per_machine == 0
+    assert p.declare(2, 5) is None and p.limit() == 6
+    assert "the tables have 2" in p.declare(3, 0)
+    p.joined, p.left = frozenset({1}), {2: "gone"}
+    assert p.joined_ranks() == {2, 3} and p.left_ranks() == {4: "gone", 5: "gone"}
+    assert p.of(range(3)) == 6 and p.of(p.joined) == 2
