@@ -72,17 +72,18 @@ class Server:
         self.epoch = 0
         self.joined: frozenset = frozenset()   # machines in join() (stall reports skip them)
         self.job = job_hash(cfg.cluster.job_id)
-        # its clients send embedding-table requests of up to BYTEPS_MAX_MESSAGE_BYTES: a few
-        # wait in ZeroMQ per client, then TCP holds them back (server/sparse.py QUEUE_BYTES)
         from ..control import node_host
         host = node_host(cfg)
         address = address or f"tcp://{host}:{cfg.cluster.server_port}"
         if not address.startswith("tcp://"):
             raise ConfigError(
                 f"server address {address}: a server listens on tcp:// (its data plane takes "
-                "the host and a port next to it); ucx:// addresses were the ucxx endpoint's, "
-                "retired in issue 39: with BYTEPS_TRANSPORT=ucx the server's endpoint is "
-                "ZeroMQ over tcp:// and its data plane's streams are UCX")
+                "the host and a port next to it)" + (
+                    "; ucx:// addresses were the ucxx endpoint's, retired in issue 39: with "
+                    "BYTEPS_TRANSPORT=ucx the server's endpoint is ZeroMQ over tcp:// and its "
+                    "data plane's streams are UCX" if address.startswith("ucx://") else ""))
+        # its clients send embedding-table requests of up to BYTEPS_MAX_MESSAGE_BYTES: a few
+        # wait in ZeroMQ per client, then TCP holds them back (server/sparse.py QUEUE_BYTES)
         self.ep = make_endpoint("server", cfg, context=context, recv_hwm=CLIENT_RECV_HWM)
         self.address = self.ep.bind(address)
         port = int(self.address.rsplit(":", 1)[1])
