@@ -43,13 +43,11 @@ def test_tables_run_over_ucx():
     assert len(run.lines(done)) == 2, run.log
 
 
-@pytest.mark.parametrize("job", sorted(JOBS))
-def test_a_ucx_job_without_a_secret(job):
+def test_a_ucx_job_without_a_secret():
     """bpslaunch --local --no-auth over UCX: no secret, so no CURVE on the ZeroMQ endpoints
-    and no hello on the UCX streams; dense sums and tables exact all the same."""
-    if job == "tables":
-        pytest.importorskip("torch")
-    script, done = JOBS[job]
+    and no hello on the UCX streams; exact all the same (tables without a secret: across
+    machines, below)."""
+    script, done = JOBS["sums"]
     run = bpslaunch(script, workers=2, servers=2, env=transport_env("ucx"), extra=["--no-auth"],
                     timeout=180)
     assert run.rc == 0, run.log
