@@ -369,7 +369,8 @@ class TransportConfig:
                         "(worker <-> server): `zmq` (TCP), or `ucx` (the native data plane's "
                         "streams become UCX endpoints: RDMA, shared memory or TCP, per UCX_TLS; "
                         "needs `byteps_like[ucx]` so _core loads libucp, else a ConfigError at "
-                        "start; the control plane stays on ZeroMQ). See docs/transports.md.",
+                        "start). Control and the server-held tables stay on ZeroMQ either way, "
+                        "CURVE-encrypted with an auth secret. See docs/transports.md.",
                         choices=("zmq", "ucx"))
     enable_rdma: bool = _s("DMLC_ENABLE_RDMA", "bool", False, "BytePS's switch for RDMA: selects "
                            "BYTEPS_TRANSPORT=ucx unless BYTEPS_TRANSPORT is set explicitly.")

@@ -330,7 +330,7 @@ def encode(header: Header, payload: Any = None, meta: dict | None = None) -> lis
 
 def as_buffer(frame: Any) -> Any:
     """The bytes of a received frame as a buffer: a zmq.Frame's memoryview, else the frame
-    itself (bytes, memoryview, a UCX staging view)."""
+    itself (bytes, memoryview)."""
     return getattr(frame, "buffer", frame)
 
 

@@ -21,7 +21,7 @@ from ..compression import CompressionError
 from ..config import Config
 from ..control import ControlClient
 from ..errors import EXIT_PEER_FAILED, ConfigError, PeerLostError, ProtocolError
-from ..transport import Route, data_scheme, make_endpoint, native
+from ..transport import Route, make_endpoint, native
 from ..wire import (
     ERR_PROTOCOL,
     SPARSE_REQUESTS,
@@ -72,17 +72,20 @@ class Server:
         self.epoch = 0
         self.joined: frozenset = frozenset()   # machines in join() (stall reports skip them)
         self.job = job_hash(cfg.cluster.job_id)
+        from ..control import node_host
+        host = node_host(cfg)
+        address = address or f"tcp://{host}:{cfg.cluster.server_port}"
+        if not address.startswith("tcp://"):
+            raise ConfigError(
+                f"server address {address}: a server listens on tcp:// (its data plane takes "
+                "the host and a port next to it)" + (
+                    "; ucx:// addresses were the ucxx endpoint's, retired in issue 39: with "
+                    "BYTEPS_TRANSPORT=ucx the server's endpoint is ZeroMQ over tcp:// and its "
+                    "data plane's streams are UCX" if address.startswith("ucx://") else ""))
         # its clients send embedding-table requests of up to BYTEPS_MAX_MESSAGE_BYTES: a few
         # wait in ZeroMQ per client, then TCP holds them back (server/sparse.py QUEUE_BYTES)
         self.ep = make_endpoint("server", cfg, context=context, recv_hwm=CLIENT_RECV_HWM)
-        from ..control import node_host
-        host = node_host(cfg)
-        self.address = self.ep.bind(
-            address or f"{data_scheme(cfg)}://{host}:{cfg.cluster.server_port}")
-        if not self.address.startswith(("tcp", "ucx")):
-            self.ep.close(linger=0)
-            raise ConfigError(f"server address {self.address}: a server listens on tcp:// or "
-                              "ucx:// (its data plane takes the host and a port next to it)")
+        self.address = self.ep.bind(address)
         port = int(self.address.rsplit(":", 1)[1])
         # the native data plane (csrc/dataplane*.cc): every push and pull of a dense tensor;
         # its port travels in the node table

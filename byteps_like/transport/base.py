@@ -59,8 +59,7 @@ class Endpoint(abc.ABC):
         """Stop (True) or go on (False) taking messages from the clients of the listening
         socket, from any thread; connected peers (the scheduler) and timers go on. What the
         clients send meanwhile waits in the transport's bounded queue and then in TCP, which
-        holds the senders back. A transport that cannot hold (UCX, for trusted networks only)
-        takes this as a no-op."""
+        holds the senders back. The default, for an endpoint that cannot hold, does nothing."""
         return None
 
     def watch_link(self, peer: str, fn: Callable[[str], None]) -> bool:
@@ -125,7 +124,7 @@ class Drops:
     bounded rate (the first of each reason at once, then at most one line per ``interval``
     seconds with the number since), so that a flood of hostile messages cannot flood the log
     too. Every refusal path uses it (malformed messages, CURVE/ZAP authentication refusals,
-    UCX connections closed for a bad message): a peer that fails for 30 s costs at most four
+    connections past the limit): a peer that fails for 30 s costs at most four
     lines per cause. ``unit``: what is counted ("message", "connection"); ``clock``: the time
     source (tests)."""
 

@@ -37,7 +37,7 @@ from ..control import ControlClient, PeerInfo
 from ..errors import CommunicationError, ConfigError, NotInitializedError, PeerLostError
 from ..partition import ServerAssigner, mixed_mode_weights
 from ..roles import exit_if_peer_failed
-from ..transport import Route, data_scheme, local_peers, make_endpoint
+from ..transport import Route, local_peers, make_endpoint
 from ..transport.base import Drops, Endpoint
 from ..wire import Role, job_hash
 
@@ -254,9 +254,8 @@ class Membership:
         self.server_ranks = [p.rank for p in servers]
         self.conns = cfg.transport.tcp_connections
         if self.is_local_root and not self.single_machine:  # only the root talks to servers
-            scheme = data_scheme(cfg)
             for p in servers:
-                ep.connect(f"server-{p.rank}", f"{scheme}://{p.host}:{p.port}", self.conns)
+                ep.connect(f"server-{p.rank}", f"tcp://{p.host}:{p.port}", self.conns)
         self.routes = [[Route(peer=f"server-{p.rank}", conn=i) for i in range(self.conns)]
                        for p in servers]
         weights = None

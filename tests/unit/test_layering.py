@@ -573,8 +573,7 @@ MAX_CLASS_LINES = 400
 def test_no_class_is_over_400_lines():
     """A class one reads whole: none of the package (byteps_like/, server/, scheduler/,
     launcher/) is over 400 lines. A class that grows past it is split by concern, as the
-    worker's Runtime, the Scheduler and UcxEndpoint were (a facade over parts of one job
-    each)."""
+    worker's Runtime and the Scheduler were (a facade over parts of one job each)."""
     bad = []
     for src in SOURCES:
         for node in ast.walk(src.tree):
