@@ -87,3 +87,82 @@ def test_bad_settings_are_refused_naming_them():
         DistributedSampler(range(10), 4, 0, backup_workers=1, local_size=3)
     with pytest.raises(ValueError, match="backup_workers=-1"):
         DistributedSampler(range(10), 4, 0, backup_workers=-1)
+
+
+# -- what it does to accuracy: the digits example's training, 4 ranks emulated in one process ---
+
+def _digits_accuracy(seed: int, *, fixed_shards: bool, dropped: tuple[int, ...],
+                     backup_workers: int, epochs: int = 10, size: int = 4, bs: int = 32) -> float:
+    """examples/pytorch/train_digits.py's training (its model, data, lr 0.05 x size, momentum
+    0.9, batch 32 a rank) with the rounds computed as the servers do with backup workers: each
+    averages the gradients of the ranks not in ``dropped`` (the rank always late), dividing by
+    their count. Deterministic: one thread, fixed seeds."""
+    import sys
+    from pathlib import Path
+
+    import torch.nn.functional as F
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    for p in (examples, examples / "pytorch"):
+        if str(p) not in sys.path:
+            sys.path.insert(0, str(p))
+    from digits_torch import Net, accuracy, load_data
+
+    xtr, ytr, xte, yte = load_data(seed=0)
+    torch.manual_seed(seed)
+    model = Net(128)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05 * size, momentum=0.9)
+    if fixed_shards:   # the example's --fixed-shards: data[rank::size], shuffled per rank
+        gens = [torch.Generator().manual_seed(100 + r) for r in range(size)]
+        shards = [torch.arange(r, len(xtr), size) for r in range(size)]
+        steps = (len(xtr) // size) // bs
+    else:
+        samplers = [DistributedSampler(xtr, size, r, seed=seed, backup_workers=backup_workers,
+                                       local_size=1) for r in range(size)]
+        steps = len(samplers[0]) // bs
+    for epoch in range(epochs):
+        if fixed_shards:
+            parts = [sh[torch.randperm(len(sh), generator=g)] for sh, g in zip(shards, gens)]
+        else:
+            for s in samplers:
+                s.set_epoch(epoch)
+            parts = [torch.tensor(list(s)) for s in samplers]
+        for step in range(steps):
+            grads: list[torch.Tensor] = []
+            ranks = [r for r in range(size) if r not in dropped]
+            for r in ranks:
+                idx = parts[r][step * bs:(step + 1) * bs]
+                model.zero_grad()
+                F.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
+                g = [p.grad.clone() for p in model.parameters()]
+                grads = g if not grads else [a + b for a, b in zip(grads, g)]
+            for p, total in zip(model.parameters(), grads):
+                p.grad = total / len(ranks)
+            opt.step()
+    return accuracy(model, xte, yte)
+
+
+@pytest.mark.slow
+def test_digits_accuracy_with_a_rank_always_dropped():
+    """The issue's target: 4 ranks, b = 1, rank 3 late in every round, 10 epochs: test
+    accuracy within 0.01 of every rank healthy with b = 0 (mean over 6 seeds). With a fixed
+    shard per rank it is not (rank 3's quarter of the data never trains)."""
+    pytest.importorskip("sklearn")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        seeds = range(1, 7)
+
+        def mean(**kw) -> float:
+            return sum(_digits_accuracy(s, **kw) for s in seeds) / len(seeds)
+
+        healthy_shards = mean(fixed_shards=True, dropped=(), backup_workers=0)
+        lost_shards = mean(fixed_shards=True, dropped=(3,), backup_workers=1)
+        healthy = mean(fixed_shards=False, dropped=(), backup_workers=0)
+        backup = mean(fixed_shards=False, dropped=(3,), backup_workers=1)
+    finally:
+        torch.set_num_threads(threads)
+    figures = (f"fixed shards: healthy {healthy_shards:.4f}, rank 3 dropped {lost_shards:.4f}; "
+               f"sampler: healthy {healthy:.4f}, rank 3 dropped with b=1 {backup:.4f}")
+    assert healthy_shards - lost_shards > 0.01, figures
+    assert backup >= healthy - 0.01 and backup >= healthy_shards - 0.01, figures
+    print(figures)
