@@ -24,6 +24,10 @@ the usual split, and this sampler fixes both:
   Chen et al. (2016) count it: each rank gets ``ceil(len(dataset) / (size - b *
   local_size))`` samples, the first permutation followed by a fresh one's first samples (not
   the first permutation again, which would hand a repeated sample to the same rank).
+
+Rounds that still wait for every machine with ``b > 0`` (PyTorch CUDA tensors that machines of
+several local ranks reduce through NCCL: docs/reliability.md) drop nothing; there pass
+``backup_workers=0``, or an epoch holds ``size / (size - b)`` epochs' worth of samples.
 """
 from __future__ import annotations
 
