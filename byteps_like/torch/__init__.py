@@ -53,6 +53,7 @@ from .ops import (
 )
 from .optimizer import DistributedOptimizer
 from .parallel import DistributedDataParallel
+from .sampler import DistributedSampler
 from .sparse import SparseEmbedding, SparseEmbeddingBag
 from .sync_batch_norm import SyncBatchNorm
 
@@ -131,9 +132,9 @@ def resume(num_workers: int | None = None, num_servers: int | None = None,
 __all__ = ["init", "shutdown", "suspend", "resume", "rank", "size", "local_rank", "local_size",
            "declare", "push_pull", "push_pull_async", "push_pull_inplace",
            "push_pull_async_inplace", "poll", "synchronize", "Compression",
-           "DistributedOptimizer", "DistributedDataParallel", "broadcast_parameters",
-           "broadcast_optimizer_state", "broadcast_object", "TorchHandle", "get_pushpull_speed",
-           "set_progress",
+           "DistributedOptimizer", "DistributedDataParallel", "DistributedSampler",
+           "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "TorchHandle",
+           "get_pushpull_speed", "set_progress",
            "broadcast", "broadcast_", "barrier", "join", "allgather", "is_initialized",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "Average", "Sum",
            "Adasum", "Min", "Max", "Product",

@@ -40,6 +40,8 @@ def main() -> None:
     bps.init()
     rank, size = bps.rank(), bps.size()
     x_train, y_train, x_test, y_test = load_data()
+    # a fixed shard: right while every push makes every round; with backup workers
+    # (BYTEPS_BACKUP_WORKERS) deal the whole set anew each epoch instead: docs/reliability.md
     xs, ys = x_train[rank::size], y_train[rank::size]   # this worker's shard
     keras.utils.set_random_seed(1000 + rank)            # different on purpose: the broadcast fixes it
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),

@@ -72,6 +72,8 @@ def main() -> None:
     rank, size = bps.rank(), bps.size()
     xtr, ytr, xte, yte = load_data(seed=0)
     ytr, yte = ytr.astype(np.float32), yte.astype(np.float32)
+    # a fixed shard: right while every push makes every round; with backup workers
+    # (BYTEPS_BACKUP_WORKERS) deal the whole set anew each epoch instead: docs/reliability.md
     xs, ys = xtr[rank::size], ytr[rank::size]          # this worker's shard
 
     mx.random.seed(args.seed + rank)                   # differs per rank; the trainer's broadcast

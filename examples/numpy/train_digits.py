@@ -60,6 +60,8 @@ def main() -> None:
     bps.init()
     rank, size = bps.rank(), bps.size()
     xtr, ytr, xte, yte = load_data(seed=0)
+    # a fixed shard: right while every push makes every round; with backup workers
+    # (BYTEPS_BACKUP_WORKERS) deal the whole set anew each epoch instead: docs/reliability.md
     shard = slice(rank, None, size)                      # this worker's part of the data
     xs, ys = xtr[shard], ytr[shard]
     params = init_params(seed=1, hidden=args.hidden)     # same start on every worker

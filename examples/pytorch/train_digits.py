@@ -6,7 +6,12 @@ worker of a byteps_like job (the BytePS PyTorch recipe, with ``import byteps_lik
 
 The recipe, as in BytePS's ``example/pytorch``:
 
-1. ``bps.init()``; every worker takes its own shard of the training set (by rank).
+1. ``bps.init()``; ``bps.DistributedSampler`` deals the training set over the workers: every
+   epoch a new permutation of the whole set, the same on every worker, each taking its slice
+   (PyTorch's ``DistributedSampler``; with backup workers, ``BYTEPS_BACKUP_WORKERS=b``, its
+   epoch is counted in the samples the rounds average, so every sample still reaches the model:
+   docs/reliability.md, "Backup workers"). ``--fixed-shards`` gives each worker the fixed shard
+   ``data[rank::size]`` instead.
 2. Wrap the optimizer in ``bps.DistributedOptimizer(opt, named_parameters=...)``: each
    gradient starts its push_pull as soon as backward has accumulated it, and ``step()`` waits
    for the averages.
@@ -79,6 +84,10 @@ def main() -> None:
                     help="torch threads per worker (0: torch's default alone, 1 in a job of "
                          "several workers: they usually share the machine's cores)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--fixed-shards", action="store_true",
+                    help="each worker trains on its own fixed shard (data[rank::size], shuffled "
+                         "per worker) instead of bps.DistributedSampler's per-epoch deal of the "
+                         "whole set; with backup workers the slow worker's shard is then lost")
     ap.add_argument("--straggler", metavar="RANK:FACTOR", default="",
                     help="make worker RANK FACTOR times slower: after each step it sleeps "
                          "FACTOR - 1 times the step's own time (try with "
@@ -94,7 +103,17 @@ def main() -> None:
     threads = torch.get_num_threads()
 
     xtr, ytr, xte, yte = load_data(seed=0)
-    xs, ys = xtr[rank::size], ytr[rank::size]          # this worker's shard
+    if args.fixed_shards:
+        sampler = None
+        n_mine = len(xtr[rank::size])                  # this worker's shard
+        # the same number of steps on every worker: the smallest shard decides
+        steps = (len(xtr) // size) // args.batch_size
+    else:
+        # a new deal of the whole training set every epoch (set_epoch), the same on every
+        # worker; with backup workers each worker's part grows to size / (size - b) of its share
+        sampler = bps.DistributedSampler(xtr, shuffle=True, seed=args.seed)
+        n_mine = len(sampler)
+        steps = n_mine // args.batch_size
 
     torch.manual_seed(args.seed + rank)                # differs per rank; the broadcast fixes it
     model = Net(args.hidden)
@@ -108,12 +127,10 @@ def main() -> None:
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     bps.broadcast_optimizer_state(opt, root_rank=0)
 
-    # the same number of steps on every worker: the smallest shard decides
-    steps = (len(xtr) // size) // args.batch_size
     sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps * args.epochs)
              if args.cosine else None)
     if rank == 0:
-        print(f"{size} worker(s), {len(xs)} training samples on rank 0, {steps} steps/epoch, "
+        print(f"{size} worker(s), {n_mine} training samples on rank 0, {steps} steps/epoch, "
               f"compression {compression!r}, "
               f"batch {args.batch_size}/worker, lr {lr:g}"
               f"{'' if args.no_scale_lr else f' ({args.lr:g} x {size} workers)'}, "
@@ -123,13 +140,17 @@ def main() -> None:
     t0 = time.perf_counter()
     g = torch.Generator().manual_seed(100 + rank)
     for epoch in range(args.epochs):
-        order = torch.randperm(len(xs), generator=g)
+        if sampler is None:
+            order = torch.arange(rank, len(xtr), size)[torch.randperm(n_mine, generator=g)]
+        else:
+            sampler.set_epoch(epoch)
+            order = torch.tensor(list(sampler))
         total = 0.0
         for s in range(steps):
             idx = order[s * args.batch_size:(s + 1) * args.batch_size]
             t_step = time.perf_counter()
             opt.zero_grad()
-            loss = F.cross_entropy(model(xs[idx]), ys[idx])
+            loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
             loss.backward()
             opt.step()
             if sched is not None:

@@ -42,6 +42,8 @@ def main() -> None:
     bps.init()
     rank, size = bps.rank(), bps.size()
     x_train, y_train, x_test, y_test = load_data()
+    # a fixed shard: right while every push makes every round; with backup workers
+    # (BYTEPS_BACKUP_WORKERS) deal the whole set anew each epoch instead: docs/reliability.md
     data = (tf.data.Dataset.from_tensor_slices((x_train[rank::size], y_train[rank::size]))
             .batch(args.batch_size, drop_remainder=True))
     tf.random.set_seed(args.seed + rank)   # different on purpose: the broadcast fixes it
