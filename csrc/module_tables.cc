@@ -200,23 +200,24 @@ void TableKernels::bind_state(py::object acc, py::object m, py::object v, py::ob
   const char* opt = ada ? "adagrad" : adam ? "adam" : "sgd";
   auto none = [&](const py::object& o, bool want, const char* what) {
     if (o.is_none() == want)
-      throw py::value_error(std::string("table kernels: ") + opt + (want ? " needs " : " has no ") +
-                            what);
+      throw py::value_error(std::string("table kernels: ") + opt +
+                            (want ? std::string(" needs ") + what : std::string(" keeps no ") +
+                             what + " (pass None)"));
     return !o.is_none();
   };
-  if (none(acc, ada, "an accumulator (acc)")) {
+  if (none(acc, ada, "acc")) {
     keep_.push_back(checked<float>(acc, "acc", {s_.nrows, s_.dim}, true, "float32"));
     s_.acc = static_cast<float*>(keep_.back().mutable_data());
   }
-  if (none(m, adam, "a first moment (m)")) {
+  if (none(m, adam, "m")) {
     keep_.push_back(checked<float>(m, "m", {s_.nrows, s_.dim}, true, "float32"));
     s_.m = static_cast<float*>(keep_.back().mutable_data());
   }
-  if (none(v, adam, "a second moment (v)")) {
+  if (none(v, adam, "v")) {
     keep_.push_back(checked<float>(v, "v", {s_.nrows, s_.dim}, true, "float32"));
     s_.v = static_cast<float*>(keep_.back().mutable_data());
   }
-  if (none(t, adam, "a step count (t)")) {
+  if (none(t, adam, "t")) {
     keep_.push_back(checked<std::int32_t>(t, "t", {s_.nrows}, true, "int32"));
     s_.t = static_cast<std::int32_t*>(keep_.back().mutable_data());
   }
