@@ -1,16 +1,18 @@
 """The table kernels (csrc/table_kernels.cc) against the numpy code they replaced, one server's
-round of `bench sparse` at a time (docs/performance.md, "Sparse tables: the table kernels").
+round of `bench sparse` at a time (docs/performance.md, "The table kernels").
 
     python scripts/bench_table_kernels.py [--rows 1000000] [--workers 2] [--servers 2]
-        [--optimizer sgd|adagrad|adam|all] [--batch 4096] [--dim 64] [--rounds 20]
+        [--optimizer sgd|adagrad|adam|all] [--batch 4096] [--dim 64] [--rounds 20] [--repeat 3]
 
 builds the model of `bench sparse` (tables of rows, rows/10, rows/100 and rows/1000 x dim, each
 worker's batch of Zipf(1.2) ids spread by the same multiplier as its workers), and times on
 server 0's shard of every table: summing the workers' pushes of a round per row (sum_rows),
 the optimizer step on the summed rows (apply), and the next round's pulls (rows, one per
-worker). Each step runs on a warm shard (its rows made by earlier rounds) and, for apply and
-rows, on a cold one too (every row made on the way: the initializer). Prints milliseconds per
-round (median over --rounds) for numpy and the kernels, and checks the two give the same bits.
+worker), on a shard the earlier rounds made rows of (a round's ids not seen before are made on
+the way, as in a job) and, for apply and rows, on a cold one too (every row made on the way:
+the initializer). Prints milliseconds per
+round (median over --rounds, the least of --repeat runs) for numpy and the kernels, and checks
+the two give the same bits.
 One process, one thread: the kernels' own time, no network.
 """
 from __future__ import annotations
@@ -101,16 +103,21 @@ def main() -> None:
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--optimizer", default="all", choices=["sgd", "adagrad", "adam", "all"])
     p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--repeat", type=int, default=3,
+                   help="runs of the whole measurement; each figure is the least of their "
+                        "medians (a shared machine's load only adds time)")
     a = p.parse_args()
-    if min(a.rows, a.tables, a.dim, a.batch, a.workers, a.servers, a.rounds) < 1:
+    if min(a.rows, a.tables, a.dim, a.batch, a.workers, a.servers, a.rounds, a.repeat) < 1:
         p.error("every size and count must be >= 1")
     print(f"one server's round: {a.tables} tables of {a.rows:,} rows and down x {a.dim}, "
           f"{a.workers} workers x batch {a.batch}, server 0 of {a.servers}; median of "
-          f"{a.rounds} rounds, ms")
+          f"{a.rounds} rounds, least of {a.repeat} runs, ms")
     print("| optimizer | step | numpy ms | kernels ms | numpy / kernels |")
     print("|---|---|--:|--:|--:|")
     for opt in (["sgd", "adagrad", "adam"] if a.optimizer == "all" else [a.optimizer]):
-        for step, (np_ms, k_ms) in run(a, opt).items():
+        runs = [run(a, opt) for _ in range(a.repeat)]
+        for step in runs[0]:
+            np_ms, k_ms = (min(r[step][i] for r in runs) for i in (0, 1))
             print(f"| {opt} | {step} | {np_ms:.3f} | {k_ms:.3f} | {np_ms / k_ms:.1f} |")
 
 
