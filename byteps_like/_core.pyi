@@ -396,11 +396,13 @@ class TableKernels:
 
     Ids are int64 global rows; one the shard does not hold (negative, another shard's, past its
     rows) raises ValueError naming it, before anything is changed. Not for two threads at once
-    on one shard (the server serves a table from one thread)."""
+    on one shard (the server serves a table from one thread). ``threads``: how many threads
+    (the caller's included, from the kernels' pool) make the new rows of one call, each row by
+    one of them (the same bits whatever the number), and only as many as the work pays for."""
     def __init__(self, weights: np.ndarray, made: np.ndarray, changed: np.ndarray,
                  acc: np.ndarray | None, m: np.ndarray | None, v: np.ndarray | None,
                  t: np.ndarray | None, *, shard: int, shards: int, init: dict[str, Any],
-                 opt: dict[str, Any]) -> None: ...
+                 opt: dict[str, Any], threads: int = 1) -> None: ...
     def gather(self, ids: np.ndarray) -> np.ndarray:
         """A new ``len(ids) x dim`` float32 array of the rows ``ids`` (repeats allowed), rows
         never made given their initial values and fresh optimizer state first."""

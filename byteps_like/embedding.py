@@ -321,9 +321,10 @@ _STATE = ("acc", "m", "v", "t")
 
 class TableShard:
     """The rows of one table a server holds (shard ``shard`` of ``shards``) and their
-    optimizer state. Rows are made from the initializer the first time they are touched."""
+    optimizer state. Rows are made from the initializer the first time they are touched, on up
+    to ``threads`` threads (the calling one included; the same values whatever the number)."""
 
-    def __init__(self, spec: TableSpec, shard: int = 0, shards: int = 1):
+    def __init__(self, spec: TableSpec, shard: int = 0, shards: int = 1, threads: int = 1):
         self.spec, self.shard, self.shards = spec, shard, shards
         self.nrows = shard_rows(spec.rows, shard, shards)
         n, d = self.nrows, spec.dim
@@ -351,7 +352,7 @@ class TableShard:
             init={"init": spec.init, "a": init_a, "b": init_b, "seed": spec.seed},
             opt={"optimizer": spec.optimizer, "lr": a["lr"], "eps": a.get("eps", 0.0),
                  "beta1": a.get("beta1", 0.0), "beta2": a.get("beta2", 0.0),
-                 "acc0": a.get("initial_accumulator_value", 0.0)})
+                 "acc0": a.get("initial_accumulator_value", 0.0)}, threads=threads)
 
     @property
     def nbytes(self) -> int:

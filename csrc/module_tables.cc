@@ -90,7 +90,7 @@ class TableKernels {
  public:
   TableKernels(py::object weights, py::object made, py::object changed, py::object acc,
                py::object m, py::object v, py::object t, std::int64_t shard,
-               std::int64_t shards, py::dict init, py::dict opt);
+               std::int64_t shards, py::dict init, py::dict opt, int threads);
 
   py::array gather(py::handle ids) {
     py::array a = ids_array(ids, "ids");
@@ -162,7 +162,11 @@ class TableKernels {
 
 TableKernels::TableKernels(py::object weights, py::object made, py::object changed,
                            py::object acc, py::object m, py::object v, py::object t,
-                           std::int64_t shard, std::int64_t shards, py::dict init, py::dict opt) {
+                           std::int64_t shard, std::int64_t shards, py::dict init, py::dict opt,
+                           int threads) {
+  if (threads < 1)
+    throw py::value_error("table kernels: threads must be >= 1, not " + std::to_string(threads));
+  s_.threads = threads;
   if (shards < 1 || shard < 0 || shard >= shards)
     throw py::value_error("table kernels: shard " + std::to_string(shard) + " of " +
                           std::to_string(shards) + " is not a shard (0 <= shard < shards)");
@@ -286,10 +290,10 @@ py::array initial_rows(py::handle ids, std::int64_t dim, const std::string& init
 void bind_tables(py::module_& m) {
   py::class_<TableKernels>(m, "TableKernels")
       .def(py::init<py::object, py::object, py::object, py::object, py::object, py::object,
-                    py::object, std::int64_t, std::int64_t, py::dict, py::dict>(),
+                    py::object, std::int64_t, std::int64_t, py::dict, py::dict, int>(),
            py::arg("weights"), py::arg("made"), py::arg("changed"), py::arg("acc"), py::arg("m"),
            py::arg("v"), py::arg("t"), py::kw_only(), py::arg("shard"), py::arg("shards"),
-           py::arg("init"), py::arg("opt"))
+           py::arg("init"), py::arg("opt"), py::arg("threads") = 1)
       .def("gather", &TableKernels::gather, py::arg("ids"))
       .def("make", &TableKernels::make, py::arg("ids"))
       .def("apply", &TableKernels::apply, py::arg("ids"), py::arg("grad"))

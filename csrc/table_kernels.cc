@@ -4,6 +4,8 @@
 // across statements by default where the target has FMA, aarch64 for one); no -ffast-math.
 #include "table_kernels.h"
 
+#include "parallel.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -139,28 +141,39 @@ std::int64_t to_local(const Shard& s, const std::int64_t* ids, std::int64_t n,
 }
 
 void make_rows(Shard& s, const std::int64_t* local, std::int64_t n) {
-  const std::uint64_t base = init_base(s.init);
+  std::vector<std::int64_t> fresh;  // each row never made once (a pull may repeat one)
   for (std::int64_t i = 0; i < n; ++i) {
-    if (!s.made[local[i]]) make_row(s, base, local[i]);
+    if (!s.made[local[i]]) {
+      s.made[local[i]] = 1;
+      fresh.push_back(local[i]);
+    }
   }
+  if (fresh.empty()) return;
+  const std::uint64_t base = init_base(s.init);
+  // a value of the normal initializer costs about as much as summing 256 bytes, a uniform one
+  // 32: what parallel_for weighs against its threads' cost
+  const std::size_t weight = s.init.kind == Init::kNormal    ? 256
+                             : s.init.kind == Init::kUniform ? 32
+                                                             : 4;
+  parallel_for(fresh.size(), static_cast<std::size_t>(s.dim) * weight, s.threads,
+               [&](std::size_t begin, std::size_t end) {
+                 for (std::size_t k = begin; k < end; ++k) make_row(s, base, fresh[k]);
+               });
 }
 
 void gather(Shard& s, const std::int64_t* local, std::int64_t n, float* out) {
-  const std::uint64_t base = init_base(s.init);
+  make_rows(s, local, n);
   const std::int64_t d = s.dim;
   for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t r = local[i];
-    if (!s.made[r]) make_row(s, base, r);
-    std::memcpy(out + i * d, s.w + r * d, static_cast<std::size_t>(d) * sizeof(float));
+    std::memcpy(out + i * d, s.w + local[i] * d, static_cast<std::size_t>(d) * sizeof(float));
   }
 }
 
 void apply(Shard& s, const std::int64_t* local, std::int64_t n, const float* grad) {
-  const std::uint64_t base = init_base(s.init);
+  make_rows(s, local, n);
   const std::int64_t d = s.dim;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t r = local[i];
-    if (!s.made[r]) make_row(s, base, r);
     s.changed[r] = 1;
     float* w = s.w + r * d;
     const float* g = grad + i * d;

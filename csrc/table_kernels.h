@@ -48,6 +48,7 @@ struct Shard {
   float* v = nullptr;
   std::int32_t* t = nullptr;
   std::int64_t nrows = 0, dim = 1, shard = 0, shards = 1;
+  int threads = 1;  // threads that make new rows (the caller's included; parallel.h)
   InitSpec init;
   OptSpec opt;
 };
@@ -57,7 +58,8 @@ struct Shard {
 std::int64_t to_local(const Shard& s, const std::int64_t* ids, std::int64_t n,
                       std::int64_t* local);
 
-// Rows never made (or forgotten by a restore) get their initial values and fresh state.
+// Rows never made (or forgotten by a restore) get their initial values and fresh state, on up
+// to s.threads threads (each row by one of them: the same bits whatever the number).
 void make_rows(Shard& s, const std::int64_t* local, std::int64_t n);
 
 // out (n x dim) = the current rows local[0..n), made first where needed.

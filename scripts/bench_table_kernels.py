@@ -3,6 +3,7 @@ round of `bench sparse` at a time (docs/performance.md, "The table kernels").
 
     python scripts/bench_table_kernels.py [--rows 1000000] [--workers 2] [--servers 2]
         [--optimizer sgd|adagrad|adam|all] [--batch 4096] [--dim 64] [--rounds 20] [--repeat 3]
+        [--threads 1]
 
 builds the model of `bench sparse` (tables of rows, rows/10, rows/100 and rows/1000 x dim, each
 worker's batch of Zipf(1.2) ids spread by the same multiplier as its workers), and times on
@@ -62,8 +63,9 @@ def run(a: argparse.Namespace, optimizer: str) -> dict[str, tuple[float, float]]
     for impl, shard_cls, summer in (("numpy", E.NumpyTableShard, E.reference_sum_rows),
                                     ("kernels", E.TableShard, E.sum_rows)):
         rng = np.random.default_rng(0)   # the same gradients for both
-        shards = [shard_cls(s, 0, a.servers) for s in specs]
-        cold = [shard_cls(s, 0, a.servers) for s in specs]
+        threads = {"threads": a.threads} if impl == "kernels" else {}
+        shards = [shard_cls(s, 0, a.servers, **threads) for s in specs]
+        cold = [shard_cls(s, 0, a.servers, **threads) for s in specs]
         for r in range(a.rounds):
             row = {"sum_rows": 0.0, "apply": 0.0, "rows": 0.0, "apply (cold)": 0.0,
                    "rows (cold)": 0.0}
@@ -103,15 +105,18 @@ def main() -> None:
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--optimizer", default="all", choices=["sgd", "adagrad", "adam", "all"])
     p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads the kernels make new rows on (TableShard(threads=))")
     p.add_argument("--repeat", type=int, default=3,
                    help="runs of the whole measurement; each figure is the least of their "
                         "medians (a shared machine's load only adds time)")
     a = p.parse_args()
-    if min(a.rows, a.tables, a.dim, a.batch, a.workers, a.servers, a.rounds, a.repeat) < 1:
+    if min(a.rows, a.tables, a.dim, a.batch, a.workers, a.servers, a.rounds, a.repeat,
+           a.threads) < 1:
         p.error("every size and count must be >= 1")
     print(f"one server's round: {a.tables} tables of {a.rows:,} rows and down x {a.dim}, "
           f"{a.workers} workers x batch {a.batch}, server 0 of {a.servers}; median of "
-          f"{a.rounds} rounds, least of {a.repeat} runs, ms")
+          f"{a.rounds} rounds, least of {a.repeat} runs, kernels on {a.threads} thread(s); ms")
     print("| optimizer | step | numpy ms | kernels ms | numpy / kernels |")
     print("|---|---|--:|--:|--:|")
     for opt in (["sgd", "adagrad", "adam"] if a.optimizer == "all" else [a.optimizer]):

@@ -199,6 +199,28 @@ def test_forgotten_and_restored_rows_are_made_again():
     assert_same_state(a, b)
 
 
+@pytest.mark.parametrize("init", list(INITS))
+def test_rows_made_on_several_threads_are_the_same_bits(init):
+    """New rows made on up to 4 threads: each row by one of them, values as the reference."""
+    spec = E.TableSpec.make("t", 40_000, 64, init=init, init_args=INITS[init], seed=3,
+                            optimizer="adam")
+    rng = np.random.default_rng(9)
+    ref = E.NumpyTableShard(spec, 1, 2)
+    shards = [E.TableShard(spec, 1, 2, threads=n) for n in (2, 4)]
+    for _ in range(3):
+        ids = np.unique(rng.integers(0, 20_000, 6000)) * 2 + 1     # thousands of new rows
+        g = rng.standard_normal((len(ids), 64)).astype(np.float32)
+        ref.apply(ids, g)
+        for s in shards:
+            s.apply(ids, g)
+        pull = rng.integers(0, 20_000, 3000) * 2 + 1               # new rows, repeated ones
+        want = ref.rows(pull)
+        for s in shards:
+            assert same(s.rows(pull), want)
+    for s in shards:
+        assert_same_state(s, ref)
+
+
 def test_empty_apply_and_pull_change_nothing():
     a, _ = both("adam", "normal", 4)
     a.apply(np.zeros(0, np.int64), np.zeros((0, 4), np.float32))
@@ -291,6 +313,8 @@ def test_the_kernels_refuse_arrays_that_are_not_the_shards():
     for over, match in cases:
         with pytest.raises(ValueError, match=match):
             kernels(**over)
+    with pytest.raises(ValueError, match="threads must be >= 1, not 0"):
+        E.TableShard(E.TableSpec.make("t", 10, 2), threads=0)
     with pytest.raises(ValueError, match="shard 3 of 2 is not a shard"):
         _core.TableKernels(np.zeros((2, 2), np.float32), np.zeros(2, np.bool_),
                            np.zeros(2, np.bool_), None, None, None, None, shard=3, shards=2,
