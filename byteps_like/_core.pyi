@@ -17,6 +17,7 @@ runs on the calling thread. Results do not depend on ``nthreads``.
 from collections.abc import Callable
 from typing import Any, Final, Literal, TypeAlias, TypedDict
 
+import numpy as np
 from typing_extensions import Buffer
 
 DType: TypeAlias = Literal["float32", "float64", "float16", "bfloat16", "int32", "int64"]
@@ -375,3 +376,56 @@ def decl_parse(raw: bytes) -> dict[str, Any]:
     """A declaration's fields as the native data plane's server reads them (dtype code, shape,
     part, nparts, count, codec, name and spec as bytes) and ``text``, as errors show it;
     ValueError saying why the server would refuse it (tests)."""
+
+# ---- an embedding table's shard (csrc/table_kernels.cc; bound in csrc/module_tables.cc) -------
+# byteps_like/embedding.py's TableShard, sum_rows and initial_rows run on these; its numpy
+# reference (reference_sum_rows, reference_initial_rows, NumpyTableShard) gives the same bits.
+# Arrays are numpy arrays of exactly the dtype named, C-contiguous (ValueError naming the
+# argument, its shape or dtype otherwise); every call releases the GIL while it works.
+class TableKernels:
+    """The kernels of one shard (shard ``shard`` of ``shards``: global row ``i`` is its local
+    row ``i // shards`` when ``i % shards == shard``), bound to the shard's own arrays, which
+    it keeps alive and writes in place: ``weights`` (nrows x dim float32), ``made`` and
+    ``changed`` (nrows bool), and the optimizer's state, None where the optimizer has none:
+    ``acc`` (Adagrad), ``m``, ``v`` (nrows x dim float32) and ``t`` (nrows int32) (Adam).
+
+    ``init``: {"init": "zeros" | "uniform" | "normal", "a": low or mean, "b": high or std,
+    "seed": int}. ``opt``: {"optimizer": "sgd" | "adagrad" | "adam", "lr", "eps", "beta1",
+    "beta2", "acc0" (Adagrad's initial accumulator value)}: floats, rounded to float32 as the
+    numpy reference holds them (Adam's 1 - beta and bias corrections in float64 first).
+
+    Ids are int64 global rows; one the shard does not hold (negative, another shard's, past its
+    rows) raises ValueError naming it, before anything is changed. Not for two threads at once
+    on one shard (the server serves a table from one thread). ``threads``: how many threads
+    (the caller's included, from the kernels' pool) make the new rows of one call, each row by
+    one of them (the same bits whatever the number), and only as many as the work pays for."""
+    def __init__(self, weights: np.ndarray, made: np.ndarray, changed: np.ndarray,
+                 acc: np.ndarray | None, m: np.ndarray | None, v: np.ndarray | None,
+                 t: np.ndarray | None, *, shard: int, shards: int, init: dict[str, Any],
+                 opt: dict[str, Any], threads: int = 1) -> None: ...
+    def gather(self, ids: np.ndarray) -> np.ndarray:
+        """A new ``len(ids) x dim`` float32 array of the rows ``ids`` (repeats allowed), rows
+        never made given their initial values and fresh optimizer state first."""
+    def make(self, ids: np.ndarray) -> None:
+        """Give the rows ``ids`` never made (or forgotten) their initial values and fresh
+        state."""
+    def apply(self, ids: np.ndarray, grad: np.ndarray) -> None:
+        """One optimizer step on the rows ``ids`` (unique: ValueError on a repeat) with their
+        summed gradients ``grad`` (``len(ids) x dim`` float32), made first where needed and
+        marked changed: SGD ``w -= lr g``; Adagrad ``acc += g g; w -= lr g / (sqrt(acc) +
+        eps)``; lazy Adam, the row's step count ``t`` and moments only."""
+    nrows: int
+    """The shard's rows."""
+    dim: int
+    """Its row width."""
+
+def table_sum_rows(ids: list[np.ndarray], grads: list[np.ndarray],
+                   dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """One round's pushes summed per row: (unique ids ascending as int64, float32 sums of
+    ``unique x dim``), each push's rows (``ids[p]``: int64, ``grads[p]``: ``len(ids[p]) x
+    dim`` float32) added in list order, then row order (a push may repeat an id)."""
+def table_initial_rows(ids: np.ndarray, dim: int, init: str, a: float, b: float,
+                       seed: int) -> np.ndarray:
+    """The initial values of global rows ``ids`` (``len(ids) x dim`` float32): splitmix64 of
+    (seed, row, column); ``uniform`` low ``a``, high ``b``; ``normal`` mean ``a``, std ``b``
+    by Box-Muller, in float64 and rounded once; ``zeros``. ValueError on a negative id."""

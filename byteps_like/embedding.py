@@ -1,7 +1,11 @@
 """Server-held embedding tables: what a table is, how it is sharded, initialised and updated.
 
 Shared by the servers (``server/sparse.py`` serves the shards) and by a worker that runs alone
-(its one shard lives in the process). numpy only; every per-row step is vectorised.
+(its one shard lives in the process). The per-row work (summing a round's pushes, making rows
+from their initial values, gathering a pull's rows, the optimizer step) runs in the compiled
+kernels of ``csrc/table_kernels.cc`` without the GIL; the numpy code they replace stays here as
+their reference (:func:`reference_sum_rows`, :func:`reference_initial_rows`,
+:class:`NumpyTableShard`), which they match bit for bit (tests/unit/test_table_kernels.py).
 
 * **Spec.** :class:`TableSpec`: name, ``rows`` x ``dim`` of float32, an initializer (``zeros``,
   ``uniform(low, high)``, ``normal(mean, std)``) with a seed, and a server-side optimizer
@@ -31,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from . import shardfile
+from . import _core, shardfile
 from .shardfile import TableError
 
 log = logging.getLogger(__name__)
@@ -224,9 +228,28 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _init_args(spec: TableSpec) -> tuple[float, float]:
+    """The initializer's two parameters as the kernels take them: (low, high) or (mean, std)."""
+    a = spec.init_args
+    if spec.init == "uniform":
+        return a["low"], a["high"]
+    if spec.init == "normal":
+        return a["mean"], a["std"]
+    return 0.0, 0.0
+
+
 def initial_rows(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
     """The initial values of the global rows ``ids`` (float32, ``len(ids) x dim``): a function
-    of (seed, row, column) only."""
+    of (seed, row, column) only (the compiled kernel; :func:`reference_initial_rows` is its
+    numpy reference)."""
+    a, b = _init_args(spec)
+    return _core.table_initial_rows(np.ascontiguousarray(ids, np.int64), spec.dim, spec.init,
+                                    a, b, spec.seed)
+
+
+def reference_initial_rows(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
+    """numpy reference of :func:`initial_rows`: splitmix64 of (seed, row, column); uniform
+    ``low + (high - low) * u`` and normal Box-Muller in float64, rounded to float32 once."""
     out = np.zeros((len(ids), spec.dim), np.float32)
     if spec.init == "zeros" or not len(ids):
         return out
@@ -252,9 +275,25 @@ def initial_rows(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
 # -- summing the pushes of a round ----------------------------------------------------------------
 def sum_rows(ids: list[np.ndarray], grads: list[np.ndarray],
              dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """The pushes of one round summed per row: (unique ids, float32 sums). The sums add the
-    pushes in list order (the servers pass them in worker rank order), so the result is the
-    same bits on every run."""
+    """The pushes of one round summed per row: (unique ids ascending, float32 sums). The sums
+    add the pushes in list order (the servers pass them in worker rank order), and within a
+    push in its order, so the result is the same bits on every run. The compiled kernel
+    (ValueError when a push's gradients are not ``len(ids) x dim``);
+    :func:`reference_sum_rows` is its numpy reference."""
+    return _core.table_sum_rows([np.ascontiguousarray(i, np.int64) for i in ids],
+                                [_rows_of(g, dim) for g in grads], dim)
+
+
+def _rows_of(g: np.ndarray, dim: int) -> np.ndarray:
+    """A push's gradients as ``n x dim`` float32 rows (a flat array of whole rows reshaped; any
+    other shape goes to the kernel as it is, which names it in its ValueError)."""
+    g = np.ascontiguousarray(g, np.float32)
+    return g.reshape(-1, dim) if g.ndim == 1 and dim > 0 and g.size % dim == 0 else g
+
+
+def reference_sum_rows(ids: list[np.ndarray], grads: list[np.ndarray],
+                       dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """numpy reference of :func:`sum_rows`."""
     if not ids:
         return np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
     all_ids = np.concatenate(ids)
@@ -282,9 +321,10 @@ _STATE = ("acc", "m", "v", "t")
 
 class TableShard:
     """The rows of one table a server holds (shard ``shard`` of ``shards``) and their
-    optimizer state. Rows are made from the initializer the first time they are touched."""
+    optimizer state. Rows are made from the initializer the first time they are touched, on up
+    to ``threads`` threads (the calling one included; the same values whatever the number)."""
 
-    def __init__(self, spec: TableSpec, shard: int = 0, shards: int = 1):
+    def __init__(self, spec: TableSpec, shard: int = 0, shards: int = 1, threads: int = 1):
         self.spec, self.shard, self.shards = spec, shard, shards
         self.nrows = shard_rows(spec.rows, shard, shards)
         n, d = self.nrows, spec.dim
@@ -303,6 +343,16 @@ class TableShard:
             self.t = np.zeros(n, np.int32)
         self._lr = np.float32(a["lr"])
         self._eps = np.float32(a.get("eps", 0.0))
+        # the compiled kernels, bound to these arrays (which are written in place, never
+        # replaced: restore, forget and take_changes write into them)
+        init_a, init_b = _init_args(spec)
+        self._kernels = _core.TableKernels(
+            self.weights, self.made, self.changed, self.acc, self.m, self.v, self.t,
+            shard=shard, shards=shards,
+            init={"init": spec.init, "a": init_a, "b": init_b, "seed": spec.seed},
+            opt={"optimizer": spec.optimizer, "lr": a["lr"], "eps": a.get("eps", 0.0),
+                 "beta1": a.get("beta1", 0.0), "beta2": a.get("beta2", 0.0),
+                 "acc0": a.get("initial_accumulator_value", 0.0)}, threads=threads)
 
     @property
     def nbytes(self) -> int:
@@ -311,21 +361,6 @@ class TableShard:
     def local(self, ids: np.ndarray) -> np.ndarray:
         """Local rows of global ids this shard holds (the caller checked them)."""
         return ids // self.shards if self.shards > 1 else ids
-
-    def _make(self, local: np.ndarray) -> None:
-        """Give rows never touched (or forgotten by a restore) their initial values and fresh
-        optimizer state."""
-        new = local[~self.made[local]]
-        if not len(new):
-            return
-        new = np.unique(new)
-        self.made[new] = True
-        self.weights[new] = initial_rows(self.spec, new * self.shards + self.shard)
-        if self.acc is not None:
-            self.acc[new] = np.float32(self.spec.optimizer_args["initial_accumulator_value"])
-        for state in (self.m, self.v, self.t):
-            if state is not None:
-                state[new] = 0
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state(self, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -366,6 +401,37 @@ class TableShard:
         rows = np.flatnonzero(self.changed)
         self.changed[rows] = False
         return self.state(rows)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """The current rows of global ids (a new float32 array, ``len(ids) x dim``), made
+        first where never touched (ValueError naming an id this shard does not hold)."""
+        return self._kernels.gather(np.ascontiguousarray(ids, np.int64))
+
+    def apply(self, ids: np.ndarray, grad: np.ndarray) -> None:
+        """One optimizer step on the rows of the unique global ids ``ids`` with their summed
+        gradients ``grad`` (float32, ``len(ids) x dim``); ValueError on another shape, a
+        repeated id or an id this shard does not hold (the shard is then untouched)."""
+        self._kernels.apply(np.ascontiguousarray(ids, np.int64), grad)
+
+
+class NumpyTableShard(TableShard):
+    """A :class:`TableShard` whose per-row steps are the numpy code the compiled kernels
+    replaced: their reference, which tests hold them to bit for bit."""
+
+    def _make(self, local: np.ndarray) -> None:
+        """Give rows never touched (or forgotten by a restore) their initial values and fresh
+        optimizer state."""
+        new = local[~self.made[local]]
+        if not len(new):
+            return
+        new = np.unique(new)
+        self.made[new] = True
+        self.weights[new] = reference_initial_rows(self.spec, new * self.shards + self.shard)
+        if self.acc is not None:
+            self.acc[new] = np.float32(self.spec.optimizer_args["initial_accumulator_value"])
+        for state in (self.m, self.v, self.t):
+            if state is not None:
+                state[new] = 0
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """The current rows of global ids (a new float32 array, ``len(ids) x dim``)."""

@@ -826,6 +826,7 @@ void bind_dataplane(py::module_& m) {
 }  // namespace
 
 void bind_wire(py::module_& m);  // module_wire.cc
+void bind_tables(py::module_& m);  // module_tables.cc
 
 }  // namespace bps
 
@@ -857,4 +858,5 @@ PYBIND11_MODULE(_core, m) {
   bind_codec(m);
   bind_dataplane(m);
   bind_wire(m);
+  bind_tables(m);
 }

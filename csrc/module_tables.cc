@@ -1,0 +1,309 @@
+// Python bindings of an embedding table's kernels (table_kernels.h): every array's dtype,
+// shape, contiguity and writability checked (ValueError naming the argument), then GIL-free
+// work. Used by byteps_like/embedding.py (TableShard, sum_rows, initial_rows); documented in
+// byteps_like/_core.pyi.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "table_kernels.h"
+
+namespace py = pybind11;
+
+namespace bps {
+namespace {
+
+std::string shape_text(const py::array& a) {
+  std::string s = "(";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+  return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+// obj as a C-contiguous numpy array of T (writable if asked) of `shape` (-1: any length);
+// ValueError naming `what` otherwise.
+template <typename T>
+py::array checked(py::handle obj, const char* what, std::vector<py::ssize_t> shape,
+                  bool writable, const char* tname) {
+  const std::string name = std::string("table kernels: ") + what;
+  if (!py::isinstance<py::array_t<T>>(obj)) {
+    throw py::value_error(name + " must be a numpy array of " + tname + ", not " +
+                          (py::isinstance<py::array>(obj)
+                               ? "one of " + std::string(py::str(obj.attr("dtype")))
+                               : std::string(Py_TYPE(obj.ptr())->tp_name)));
+  }
+  auto a = py::reinterpret_borrow<py::array>(obj);
+  bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
+  for (std::size_t i = 0; ok && i < shape.size(); ++i)
+    ok = shape[i] < 0 || a.shape(static_cast<py::ssize_t>(i)) == shape[i];
+  if (!ok) {
+    std::string want = "(";
+    for (std::size_t i = 0; i < shape.size(); ++i)
+      want += (i ? ", " : "") + (shape[i] < 0 ? std::string("n") : std::to_string(shape[i]));
+    throw py::value_error(name + " has shape " + shape_text(a) + ", expected " + want +
+                          (shape.size() == 1 ? ",)" : ")"));
+  }
+  if (!(a.flags() & py::array::c_style))
+    throw py::value_error(name + " must be C-contiguous (np.ascontiguousarray)");
+  if (writable && !a.writeable()) throw py::value_error(name + " must be writable");
+  return a;
+}
+
+py::array ids_array(py::handle obj, const char* what) {
+  return checked<std::int64_t>(obj, what, {-1}, false, "int64");
+}
+
+table::Init init_kind(const std::string& s) {
+  if (s == "zeros") return table::Init::kZeros;
+  if (s == "uniform") return table::Init::kUniform;
+  if (s == "normal") return table::Init::kNormal;
+  throw py::value_error("table kernels: unknown initializer '" + s +
+                        "' (zeros, uniform, normal)");
+}
+
+table::Opt opt_kind(const std::string& s) {
+  if (s == "sgd") return table::Opt::kSgd;
+  if (s == "adagrad") return table::Opt::kAdagrad;
+  if (s == "adam") return table::Opt::kAdam;
+  throw py::value_error("table kernels: unknown optimizer '" + s + "' (sgd, adagrad, adam)");
+}
+
+table::InitSpec init_spec(const std::string& init, double a, double b, std::uint64_t seed,
+                          std::int64_t dim) {
+  if (dim < 1) throw py::value_error("table kernels: dim must be >= 1, not " +
+                                     std::to_string(dim));
+  table::InitSpec s;
+  s.kind = init_kind(init);
+  s.a = a;
+  s.b = b;
+  s.seed = seed;
+  s.dim = dim;
+  return s;
+}
+
+// The kernels of one TableShard, bound to its arrays (kept alive here; never reallocated by
+// the shard: it writes into them in place).
+class TableKernels {
+ public:
+  TableKernels(py::object weights, py::object made, py::object changed, py::object acc,
+               py::object m, py::object v, py::object t, std::int64_t shard,
+               std::int64_t shards, py::dict init, py::dict opt, int threads);
+
+  py::array gather(py::handle ids) {
+    py::array a = ids_array(ids, "ids");
+    const std::int64_t n = a.shape(0);
+    py::array_t<float> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(s_.dim)});
+    float* o = out.mutable_data();
+    const auto* p = static_cast<const std::int64_t*>(a.data());
+    std::int64_t bad;
+    {
+      py::gil_scoped_release nogil;
+      std::vector<std::int64_t> local(static_cast<std::size_t>(n));
+      bad = table::to_local(s_, p, n, local.data());
+      if (bad == n) table::gather(s_, local.data(), n, o);
+    }
+    if (bad != n) refuse_id(p[bad]);
+    return out;
+  }
+
+  void make(py::handle ids) {
+    py::array a = ids_array(ids, "ids");
+    const std::int64_t n = a.shape(0);
+    const auto* p = static_cast<const std::int64_t*>(a.data());
+    std::int64_t bad;
+    {
+      py::gil_scoped_release nogil;
+      std::vector<std::int64_t> local(static_cast<std::size_t>(n));
+      bad = table::to_local(s_, p, n, local.data());
+      if (bad == n) table::make_rows(s_, local.data(), n);
+    }
+    if (bad != n) refuse_id(p[bad]);
+  }
+
+  void apply(py::handle ids, py::handle grad) {
+    py::array a = ids_array(ids, "ids");
+    const std::int64_t n = a.shape(0);
+    py::array g = checked<float>(grad, "grad", {n, s_.dim}, false, "float32");
+    const auto* p = static_cast<const std::int64_t*>(a.data());
+    const auto* gp = static_cast<const float*>(g.data());
+    std::int64_t bad;
+    bool repeats = false;
+    {
+      py::gil_scoped_release nogil;
+      std::vector<std::int64_t> local(static_cast<std::size_t>(n));
+      bad = table::to_local(s_, p, n, local.data());
+      repeats = bad == n && table::has_repeats(p, n);
+      if (bad == n && !repeats) table::apply(s_, local.data(), n, gp);
+    }
+    if (bad != n) refuse_id(p[bad]);
+    if (repeats)
+      throw py::value_error("table kernels: apply's ids repeat a row; sum the pushes per row "
+                            "first (sum_rows)");
+  }
+
+  std::int64_t nrows() const { return s_.nrows; }
+  std::int64_t dim() const { return s_.dim; }
+
+ private:
+  [[noreturn]] void refuse_id(std::int64_t id) const {
+    throw py::value_error("table kernels: id " + std::to_string(id) + " is not a row of shard " +
+                          std::to_string(s_.shard) + " of " + std::to_string(s_.shards) +
+                          " (" + std::to_string(s_.nrows) + " rows: ids r with r % " +
+                          std::to_string(s_.shards) + " == " + std::to_string(s_.shard) + ")");
+  }
+  void bind_state(py::object acc, py::object m, py::object v, py::object t);
+
+  std::vector<py::array> keep_;
+  table::Shard s_;
+};
+
+TableKernels::TableKernels(py::object weights, py::object made, py::object changed,
+                           py::object acc, py::object m, py::object v, py::object t,
+                           std::int64_t shard, std::int64_t shards, py::dict init, py::dict opt,
+                           int threads) {
+  if (threads < 1)
+    throw py::value_error("table kernels: threads must be >= 1, not " + std::to_string(threads));
+  s_.threads = threads;
+  if (shards < 1 || shard < 0 || shard >= shards)
+    throw py::value_error("table kernels: shard " + std::to_string(shard) + " of " +
+                          std::to_string(shards) + " is not a shard (0 <= shard < shards)");
+  if (!py::isinstance<py::array>(weights) || py::reinterpret_borrow<py::array>(weights).ndim() != 2)
+    throw py::value_error("table kernels: weights must be a 2-d numpy array of float32");
+  auto w0 = py::reinterpret_borrow<py::array>(weights);
+  s_.nrows = w0.shape(0);
+  s_.dim = w0.shape(1);
+  py::array w = checked<float>(weights, "weights", {s_.nrows, s_.dim}, true, "float32");
+  py::array mk = checked<bool>(made, "made", {s_.nrows}, true, "bool");
+  py::array ch = checked<bool>(changed, "changed", {s_.nrows}, true, "bool");
+  s_.w = static_cast<float*>(w.mutable_data());
+  s_.made = static_cast<std::uint8_t*>(mk.mutable_data());
+  s_.changed = static_cast<std::uint8_t*>(ch.mutable_data());
+  keep_ = {w, mk, ch};
+  s_.shard = shard;
+  s_.shards = shards;
+  s_.init = init_spec(init["init"].cast<std::string>(), init["a"].cast<double>(),
+                      init["b"].cast<double>(), init["seed"].cast<std::uint64_t>(), s_.dim);
+  s_.opt.kind = opt_kind(opt["optimizer"].cast<std::string>());
+  s_.opt.lr = opt["lr"].cast<float>();
+  s_.opt.eps = opt["eps"].cast<float>();
+  s_.opt.beta1 = opt["beta1"].cast<double>();
+  s_.opt.beta2 = opt["beta2"].cast<double>();
+  s_.opt.b1 = static_cast<float>(s_.opt.beta1);
+  s_.opt.b2 = static_cast<float>(s_.opt.beta2);
+  s_.opt.c1 = static_cast<float>(1.0 - s_.opt.beta1);  // in float64 first, as the reference
+  s_.opt.c2 = static_cast<float>(1.0 - s_.opt.beta2);
+  s_.opt.acc0 = static_cast<float>(opt["acc0"].cast<double>());
+  bind_state(acc, m, v, t);
+}
+
+void TableKernels::bind_state(py::object acc, py::object m, py::object v, py::object t) {
+  const bool ada = s_.opt.kind == table::Opt::kAdagrad, adam = s_.opt.kind == table::Opt::kAdam;
+  const char* opt = ada ? "adagrad" : adam ? "adam" : "sgd";
+  auto none = [&](const py::object& o, bool want, const char* what) {
+    if (o.is_none() == want)
+      throw py::value_error(std::string("table kernels: ") + opt +
+                            (want ? std::string(" needs ") + what : std::string(" keeps no ") +
+                             what + " (pass None)"));
+    return !o.is_none();
+  };
+  if (none(acc, ada, "acc")) {
+    keep_.push_back(checked<float>(acc, "acc", {s_.nrows, s_.dim}, true, "float32"));
+    s_.acc = static_cast<float*>(keep_.back().mutable_data());
+  }
+  if (none(m, adam, "m")) {
+    keep_.push_back(checked<float>(m, "m", {s_.nrows, s_.dim}, true, "float32"));
+    s_.m = static_cast<float*>(keep_.back().mutable_data());
+  }
+  if (none(v, adam, "v")) {
+    keep_.push_back(checked<float>(v, "v", {s_.nrows, s_.dim}, true, "float32"));
+    s_.v = static_cast<float*>(keep_.back().mutable_data());
+  }
+  if (none(t, adam, "t")) {
+    keep_.push_back(checked<std::int32_t>(t, "t", {s_.nrows}, true, "int32"));
+    s_.t = static_cast<std::int32_t*>(keep_.back().mutable_data());
+  }
+}
+
+// One round's pushes summed per row: (unique ids ascending, float32 sums), the pushes added in
+// list order.
+py::tuple sum_rows(py::list ids, py::list grads, std::int64_t dim) {
+  if (dim < 1) throw py::value_error("table kernels: dim must be >= 1, not " +
+                                     std::to_string(dim));
+  if (ids.size() != grads.size())
+    throw py::value_error("table kernels: " + std::to_string(ids.size()) + " id arrays but " +
+                          std::to_string(grads.size()) + " gradient arrays");
+  std::vector<py::array> keep;
+  std::vector<const std::int64_t*> ip;
+  std::vector<const float*> gp;
+  std::vector<std::int64_t> len;
+  for (std::size_t p = 0; p < ids.size(); ++p) {
+    const std::string what = "push " + std::to_string(p) + "'s ";
+    py::array a = ids_array(ids[p], (what + "ids").c_str());
+    py::array g = checked<float>(grads[p], (what + "gradients").c_str(), {a.shape(0), dim},
+                                 false, "float32");
+    ip.push_back(static_cast<const std::int64_t*>(a.data()));
+    gp.push_back(static_cast<const float*>(g.data()));
+    len.push_back(a.shape(0));
+    keep.push_back(a);
+    keep.push_back(g);
+  }
+  table::RoundIndex index;
+  {
+    py::gil_scoped_release nogil;
+    index.build(ip, len);
+  }
+  const auto nu = static_cast<py::ssize_t>(index.unique());
+  py::array_t<std::int64_t> uniq(nu);
+  py::array_t<float> sums({nu, static_cast<py::ssize_t>(dim)});
+  std::int64_t* up = uniq.mutable_data();
+  float* sp = sums.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    index.sum(gp, dim, up, sp);
+  }
+  return py::make_tuple(uniq, sums);
+}
+
+py::array initial_rows(py::handle ids, std::int64_t dim, const std::string& init, double a,
+                       double b, std::uint64_t seed) {
+  const table::InitSpec spec = init_spec(init, a, b, seed, dim);
+  py::array arr = ids_array(ids, "ids");
+  const std::int64_t n = arr.shape(0);
+  const auto* p = static_cast<const std::int64_t*>(arr.data());
+  for (std::int64_t i = 0; i < n; ++i)
+    if (p[i] < 0) throw py::value_error("table kernels: row id " + std::to_string(p[i]) +
+                                        " is negative");
+  py::array_t<float> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(dim)});
+  float* o = out.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    table::initial_rows(spec, p, n, o);
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind_tables(py::module_& m) {
+  py::class_<TableKernels>(m, "TableKernels")
+      .def(py::init<py::object, py::object, py::object, py::object, py::object, py::object,
+                    py::object, std::int64_t, std::int64_t, py::dict, py::dict, int>(),
+           py::arg("weights"), py::arg("made"), py::arg("changed"), py::arg("acc"), py::arg("m"),
+           py::arg("v"), py::arg("t"), py::kw_only(), py::arg("shard"), py::arg("shards"),
+           py::arg("init"), py::arg("opt"), py::arg("threads") = 1)
+      .def("gather", &TableKernels::gather, py::arg("ids"))
+      .def("make", &TableKernels::make, py::arg("ids"))
+      .def("apply", &TableKernels::apply, py::arg("ids"), py::arg("grad"))
+      .def_property_readonly("nrows", &TableKernels::nrows)
+      .def_property_readonly("dim", &TableKernels::dim);
+  m.def("table_sum_rows", &sum_rows, py::arg("ids"), py::arg("grads"), py::arg("dim"),
+        "One round's pushes summed per row: (unique ids, float32 sums), in list order.");
+  m.def("table_initial_rows", &initial_rows, py::arg("ids"), py::arg("dim"), py::arg("init"),
+        py::arg("a"), py::arg("b"), py::arg("seed"),
+        "The initial values of global rows `ids` (float32, len(ids) x dim).");
+}
+
+}  // namespace bps
