@@ -252,6 +252,12 @@ class DataServer:
         their replies wait), unread_closed (streams closed for leaving them unread),
         meta_bytes (large meta frames being read, all streams: at most 16 MiB), rejected
         (total), stale_holds (asynchronous pulls a staleness bound held back, each once)."""
+    def async_values(self) -> list[tuple[int, int, bytes]]:
+        """Asynchronous mode: every key's value between two pushes, (key, wire dtype code,
+        bytes), for a snapshot (server/async_snapshots.py)."""
+    def adopt_async(self, key: int, value: bytes) -> None:
+        """Asynchronous mode: a lost server's value of ``key``, which the store a moved key's
+        first (retried) push makes here starts from instead of zero."""
     def rejected(self) -> dict[str, int]:
         """Rejected messages and streams by reason."""
     def stalls(self, min_age: float) -> list[tuple[int, int, float, list[int], bytes]]:

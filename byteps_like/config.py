@@ -210,6 +210,17 @@ class ServerConfig:
                               "Dense keys only: server-held tables are not bounded "
                               "(docs/architecture.md, 'Asynchronous mode').", unit="rounds",
                               min=0, max=1 << 40)
+    async_snapshot_seconds: float = _s("BYTEPS_ASYNC_SNAPSHOT_SECONDS", "float", 0.0,
+                                       "Asynchronous mode (BYTEPS_ENABLE_ASYNC=1) keeps the "
+                                       "model on the servers: with this > 0 each server "
+                                       "writes every key's value under "
+                                       "BYTEPS_SPARSE_CHECKPOINT_DIR this often, and a lost "
+                                       "server's keys move to the servers left, starting from "
+                                       "its newest snapshot (the pushes since, at most this "
+                                       "many seconds of them, are lost; each server logs how "
+                                       "old the snapshot was). 0: an asynchronous job cannot "
+                                       "lose a server (docs/reliability.md, 'Losing a "
+                                       "server').", unit="s", min=0.0, max=1e6)
     preemption_notice_file: str = _s("BYTEPS_PREEMPTION_NOTICE_FILE", "str", "", "A file "
                                      "whose appearance tells a server that its machine is "
                                      "about to be taken (a spot or preemptible instance's "
@@ -650,10 +661,10 @@ class Config:
     @property
     def can_lose_servers(self) -> bool:
         """Whether this job goes on when a server is lost (docs/reliability.md):
-        BYTEPS_SERVER_FAILOVER, synchronous (asynchronous mode keeps the model on the servers),
-        two servers or more."""
-        return (self.server.failover and not self.server.enable_async
-                and self.cluster.num_server >= 2)
+        BYTEPS_SERVER_FAILOVER, two servers or more, and synchronous, or asynchronous with
+        snapshots of the model the servers keep (BYTEPS_ASYNC_SNAPSHOT_SECONDS)."""
+        return (self.server.failover and self.cluster.num_server >= 2
+                and (not self.server.enable_async or self.server.async_snapshot_seconds > 0))
 
     def source(self, path: str) -> str:
         """Where the value at ``path`` came from ("default", "environment", ...)."""
@@ -943,6 +954,10 @@ def _cross_check(cfg: Config) -> None:
         raise ConfigError(f"{who('server.async_staleness')} bounds asynchronous mode only; set "
                           f"BYTEPS_ENABLE_ASYNC=1, or 0 for synchronous training (every round "
                           f"waits for every worker: a staleness of none)")
+    if cfg.server.async_snapshot_seconds and not cfg.server.enable_async:
+        raise ConfigError(f"{who('server.async_snapshot_seconds')} keeps asynchronous mode's "
+                          "parameters; set BYTEPS_ENABLE_ASYNC=1 (synchronous jobs lose a "
+                          "server without it: the workers push the open rounds again)")
     _check_retired(cfg, who)
     _check_compression(cfg, who)
     _check_backup(cfg, who)

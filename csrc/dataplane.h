@@ -71,6 +71,8 @@ struct Counters {
   // losing a server (dataplane_server_failover.cc): seeds a server took as a round's sum, and
   // retried pushes it answered from one
   std::atomic<std::uint64_t> seeds{0}, retries_answered{0};
+  // asynchronous mode: moved keys whose new store started from a lost server's snapshot
+  std::atomic<std::uint64_t> async_adopted{0};
   // a server's push bytes received straight into a store's chunk, the chunk's first push with
   // all of it waiting in the socket (dataplane_server_sum.cc), not into a scratch piece
   std::atomic<std::uint64_t> landed_bytes{0};
@@ -80,7 +82,8 @@ struct Counters {
             {"msgs_in", msgs_in},             {"msgs_out", msgs_out},
             {"unread_closed", unread_closed}, {"queued_bytes", queued_bytes},
             {"paused", paused},               {"seeds", seeds},
-            {"retries_answered", retries_answered}, {"landed_bytes", landed_bytes}};
+            {"retries_answered", retries_answered}, {"landed_bytes", landed_bytes},
+            {"async_adopted", async_adopted}};
   }
 };
 
@@ -94,6 +97,12 @@ struct StallInfo {
   double age;
   std::vector<int> pushed;
   std::string decl;
+};
+
+struct AsyncValue {
+  std::uint64_t key;
+  int wire_dtype;
+  std::string value;
 };
 
 class ServerImpl;
@@ -145,6 +154,12 @@ class DataServer {
   // push still arriving sums nothing), restart every key at round `round_base` and complete a
   // round with `required` pushes; join() state is cleared.
   void reset_epoch(std::int64_t round_base, int required);
+  // Asynchronous mode's snapshots (dataplane_server_async.cc, server/async_snapshots.py):
+  // every key's value as it stands between two pushes, (key, wire dtype, bytes) ...
+  std::vector<AsyncValue> async_values();
+  // ... and a lost server's, taken by the store a moved key's first push here makes (a
+  // retried push): the value then starts from `value` instead of zero.
+  void adopt_async(std::uint64_t key, std::string value);
 
  private:
   std::unique_ptr<ServerImpl> impl_;

@@ -465,8 +465,9 @@ std::shared_ptr<Store> ServerImpl::make_store_locked(const Header& h, const std:
   st->decl_rank = h.rank;
   st->backup = std::max(0, backup_decl(meta));
   st->served.assign(num_workers_, -1);
-  if (async_) {  // the value starts at zero: every push is added to it
+  if (async_) {  // the value starts at zero (or a lost server's): every push is added to it
     st->value.reset(new char[nbytes](), std::default_delete<char[]>());
+    adopt_locked(*st, h);
   } else {
     for (int b = 0; b < 2; ++b) {
       st->buf[b].reset(new char[nbytes]);
@@ -915,6 +916,10 @@ std::vector<StraggleRow> DataServer::straggle() { return impl_->straggle(); }
 void DataServer::set_members(const std::vector<int>& joined,
                              const std::map<int, std::string>& left) {
   impl_->set_members(joined, left);
+}
+std::vector<AsyncValue> DataServer::async_values() { return impl_->async_values(); }
+void DataServer::adopt_async(std::uint64_t key, std::string value) {
+  impl_->adopt_async(key, std::move(value));
 }
 void DataServer::reset_epoch(std::int64_t round_base, int required) {
   impl_->reset_epoch(round_base, required);

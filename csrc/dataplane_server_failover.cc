@@ -26,7 +26,11 @@ std::shared_ptr<Store> ServerImpl::begin_seed(const std::shared_ptr<Conn>& conn,
                                               std::uint64_t* staged) {
   const bool compressed = h.flags & kFlagCompressed;
   const int kdt = compressed ? static_cast<int>(DType::kFloat32) : wire_to_kernel_dtype(h.dtype);
-  if (async_ || kdt < 0 || h.round < 0 || (compressed && h.dtype != kWireUint8Code)) {
+  if (async_) {  // nothing to seed: a moved key's value comes from its lost server's
+    ack_locked(conn, h);  // snapshot (adopt_async); the payload is read and dropped
+    return nullptr;
+  }
+  if (kdt < 0 || h.round < 0 || (compressed && h.dtype != kWireUint8Code)) {
     reject("malformed seed");
     send_error(conn, h, "protocol", "server " + std::to_string(rank_.load()) + ": key " +
                std::to_string(h.key) + ": a seed is a completed synchronous round's sum");

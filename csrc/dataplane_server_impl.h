@@ -63,6 +63,9 @@ class ServerImpl {
   void reject(const std::string& reason);
   std::map<std::string, std::uint64_t> rejected();
   std::map<std::string, std::uint64_t> stats();
+  std::vector<AsyncValue> async_values();                    // dataplane_server_async.cc
+  void adopt_async(std::uint64_t key, std::string value);
+  void adopt_locked(Store& st, const Header& h);
   std::vector<StallInfo> stalls(double min_age);
   std::vector<StraggleRow> straggle() { return straggle_.snapshot(); }
 
@@ -221,6 +224,8 @@ class ServerImpl {
   std::atomic<bool> closing_{false};
   std::mutex map_mu_;
   std::unordered_map<std::uint64_t, std::shared_ptr<Store>> stores_;
+  // asynchronous mode: lost servers' values a moved key's new store starts from (adopt_async)
+  std::unordered_map<std::uint64_t, std::string> adopt_;
   std::uint64_t store_bytes_ = 0;
   std::mutex rej_mu_;
   std::map<std::string, std::uint64_t> rejected_;

@@ -675,6 +675,20 @@ void bind_data_server(py::module_& m) {
       .def("reset_epoch", &dp::DataServer::reset_epoch, py::arg("round_base"),
            py::arg("required"), py::call_guard<py::gil_scoped_release>())
       .def("stats", [](dp::DataServer& s) { return counters_dict(nogil([&] { return s.stats(); })); })
+      .def("async_values",
+           [](dp::DataServer& s) {
+             std::vector<dp::AsyncValue> v = nogil([&] { return s.async_values(); });
+             py::list out;
+             for (auto& a : v)
+               out.append(py::make_tuple(a.key, a.wire_dtype, py::bytes(a.value)));
+             return out;
+           })
+      .def("adopt_async",
+           [](dp::DataServer& s, std::uint64_t key, py::bytes value) {
+             std::string v = value;
+             nogil([&] { s.adopt_async(key, std::move(v)); return 0; });
+           },
+           py::arg("key"), py::arg("value"))
       .def("rejected",
            [](dp::DataServer& s) { return counters_dict(nogil([&] { return s.rejected(); })); })
       .def(

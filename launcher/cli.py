@@ -450,7 +450,10 @@ def plan_launch(args: argparse.Namespace, command: Sequence[str],
     settings = JobSettings(grace=grace, shutdown_timeout=args.timeout_shutdown,
                            timeout=args.timeout, log_dir=args.log_dir,
                            server_failover=first.can_lose_servers,
-                           server_restarts=max(0, args.server_restarts),
+                           # an asynchronous job's keys stay where their snapshots put
+                           # them (server/async_snapshots.py): a restart would be refused
+                           server_restarts=0 if first.server.enable_async
+                           else max(0, args.server_restarts),
                            scheduler_restarts=max(0, args.scheduler_restarts))
     lines: list[str] = []
     worker_cfg = next((c for s, c in zip(specs, configs) if s.role == "worker"), None)

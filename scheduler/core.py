@@ -228,7 +228,7 @@ class Scheduler:
             self.epochs.ready(node, h.key)
         elif h.type is MsgType.EPOCH and node.role is Role.SERVER and self.elastic:
             self.epochs.ack(node, h.key)
-        elif h.type is MsgType.SEEDED and node.role is Role.WORKER:
+        elif h.type is MsgType.SEEDED:   # workers; servers in asynchronous mode
             self.server_loss.seeded(node, h.key)
         elif h.type is MsgType.STREAM_LOST and node.role is Role.WORKER:
             self.server_loss.stream_lost(node, meta, self._lose)

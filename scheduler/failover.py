@@ -116,12 +116,18 @@ class ServerLoss:
         joined; then wait for every live worker's SEEDED."""
         meta = {"lost": [s.rank for s in self.lost], "reason": why[:2000], "silent": silent,
                 "joined": joined or []}
-        self.waiting = {w.route.ident for w in workers(self.host)
-                        if not w.lost and not w.finished}
-        for w in workers(self.host):
+        self.waiting = {w.route.ident for w in self._told() if not w.lost and not w.finished}
+        for w in self._told():
             if not w.lost:
                 self.host.send(w, MsgType.FAILOVER, meta, key=self.number)
         self._maybe_resume()
+
+    def _told(self) -> list[NodeInfo]:
+        """Who takes part in a failover: the workers, and in asynchronous mode the servers
+        too, which take a lost server's values from its snapshot before the workers go on
+        (server/async_snapshots.py)."""
+        return workers(self.host) + (servers(self.host) if self.host.cfg.server.enable_async
+                                     else [])
 
     def adopt(self, number: int, gone: list[int]) -> None:
         """A restarted scheduler: what a re-registering worker says of the failovers so far
@@ -167,6 +173,11 @@ class ServerLoss:
         # have to join between the seeds and the resumed pushes: not supported)
         if not (self.enabled and self.lost and host.phase == "running") or host.elastic:
             return False
+        if host.cfg.server.enable_async:   # the keys stay where their snapshots put them
+            log.warning("scheduler: %s registered to replace a lost server; an asynchronous "
+                        "job does not take replacements (its keys would move back without "
+                        "their newest values)", info.describe())
+            return False
         # the lost server it was started for (BYTEPS_SERVER_ID), else the first lost
         same = [n for n in self.lost if info.server_id is not None and n.rank == info.server_id]
         old = same[0] if same else self.lost[0]
@@ -187,12 +198,12 @@ class ServerLoss:
         return True
 
     def seeded(self, node: NodeInfo, number: int) -> None:
-        if number == self.number:
+        if number == self.number and node.route.ident in self.waiting:   # once each
             self.waiting.discard(node.route.ident)
             self._maybe_resume()
 
     def _maybe_resume(self) -> None:
-        if not self.number or self.waiting:
+        if not self.number or self.waiting or not self.began:   # (began: not resumed yet)
             return
         stall = time.monotonic() - self.began
         for w in workers(self.host):
@@ -210,14 +221,14 @@ class ServerLoss:
         in time fails the job (True: it did)."""
         if not self.waiting:
             return False
-        gone = {w.route.ident for w in workers(self.host) if w.lost or w.finished}
+        gone = {w.route.ident for w in self._told() if w.lost or w.finished}
         if self.waiting & gone:
             self.waiting -= gone
             self._maybe_resume()
             return False
         limit = self.host.cfg.timeouts.heartbeat_timeout
         if self.began and now - self.began > limit:
-            silent = [n for n in workers(self.host) if n.route.ident in self.waiting]
+            silent = [n for n in self._told() if n.route.ident in self.waiting]
             why = (f"failover {self.number} after losing {self.lost[-1].describe()}: "
                    f"{', '.join(n.describe() for n in silent)} did not re-seed the moved keys "
                    f"within {limit:g} s (BYTEPS_HEARTBEAT_TIMEOUT_SECONDS)")

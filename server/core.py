@@ -36,6 +36,7 @@ from ..wire import (
     generation_flags,
     job_hash,
 )
+from .async_snapshots import AsyncSnapshots
 from .codecs import make_server_codec
 from .sparse import SparseService
 from .stalls import stalled_rounds
@@ -125,6 +126,10 @@ class Server:
         self.metrics: RoleMetrics | None = None  # byteps_like/metrics.py
         self.ep.on_message = self._on_message
         self.ep.on_error = self._io_failed
+        # asynchronous mode losing a server: snapshots of the model the servers keep
+        self.async_snaps = AsyncSnapshots(self) if AsyncSnapshots.wanted(cfg) else None
+        if self.async_snaps is not None:
+            self.async_snaps.check()
 
     def _io_failed(self, exc: BaseException) -> None:
         """The I/O thread died (a bug): exit non-zero instead of hanging; the scheduler sees the
@@ -308,6 +313,8 @@ class Server:
         self.ep.start()
         self.control.connect_and_register(self._scheduler_address)
         self.native.set_rank(self.rank)
+        if self.async_snaps is not None:
+            self.async_snaps.start()
         if self.cfg.server.preemption_notice_file:  # server/preempt.py
             from .preempt import PreemptionNotice
             PreemptionNotice(self, self.cfg.server.preemption_notice_file).start()
@@ -353,6 +360,8 @@ class Server:
             self.metrics.close()
             self.metrics = None
         self.sparse.close()
+        if self.async_snaps is not None:
+            self.async_snaps.close()
         self.closed_cleanly = self.ep.close(linger=1.0)
         # the data plane last: a server that failed keeps its streams until it is about to exit,
         # so its workers learn of it from the job (bpslaunch blames this server), not first

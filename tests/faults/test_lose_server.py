@@ -493,3 +493,39 @@ def test_tables_with_two_worker_processes_per_machine(tmp_path, survival, kills)
     assert ("KILLED server 1" in text) == bool(kills), text
     for rank in range(4):
         assert np.array_equal(tables(out, rank)["rows"], tables(ref, 0)["rows"]), rank
+
+
+def test_asynchronous_parameters_go_back_to_the_lost_servers_snapshot(tmp_path):
+    """BYTEPS_ASYNC_SNAPSHOT_SECONDS (server/async_snapshots.py): asynchronous mode keeps the
+    model on the servers; each writes its values every 0.2 s, and when server 1 is SIGKILLed the
+    server left takes its keys from its newest snapshot before the workers go on. Rank 0 counts
+    its own pushes in the answers: the kept keys hold every one, the moved keys every one but
+    those the lost server applied after its snapshot (never fewer than the snapshot rank 0
+    waited for; starting again from zero would give at most STEPS - KILL); the job ends 0, and
+    bpslaunch starts no replacement (its keys would come back without their newest values:
+    the scheduler refuses one in an asynchronous job)."""
+    env = {"BYTEPS_ENABLE_ASYNC": "1", "BYTEPS_ASYNC_SNAPSHOT_SECONDS": "0.2",
+           "BYTEPS_SPARSE_CHECKPOINT_DIR": str(tmp_path / "ck")}
+    r = bpslaunch(["tests/faults/workers/lose_server_async.py", "300", "10", "30"], workers=2,
+                  servers=2, env=env, timeout=150, extra=["--server-restarts", "1"])
+    text = r.out + r.err
+    assert r.rc == 0, text
+    assert "KILLED server 1" in text, text
+    assert re.search(r"server 0: the parameters of lost server 1's 4 key\(s\) go back to its "
+                     r"snapshot of [\d.]+ s ago", text), text
+    assert "restarted server" not in text, text   # bpslaunch --server-restarts: not here
+    low, high = (float(x) for x in re.search(r"FINAL (\S+) (\S+)", text).groups())
+    want_low, want_high = (float(x) for x in re.search(r"EXPECT (\S+) (\S+)", text).groups())
+    assert want_low <= low <= high <= want_high + 1, text
+    assert high == want_high, text   # the keys that stayed lost nothing
+
+
+def test_asynchronous_mode_without_snapshots_cannot_lose_a_server(tmp_path):
+    """Without BYTEPS_ASYNC_SNAPSHOT_SECONDS a lost server ends an asynchronous job, naming it
+    (its part of the model is gone), as before."""
+    env = {"BYTEPS_ENABLE_ASYNC": "1", "BYTEPS_SPARSE_CHECKPOINT_DIR": str(tmp_path / "ck")}
+    r = bpslaunch(["tests/faults/workers/lose_server_async.py", "40", "-1", "30"], workers=2,
+                  servers=2, env=env, timeout=150, extra=["--server-restarts", "0"])
+    text = r.out + r.err
+    assert r.rc != 0, text
+    assert re.search(r"server 1 \(pid \d+\) failed: killed by SIGKILL", text), text
