@@ -101,7 +101,7 @@ class ControlClient:
         # losing a server (worker/failover.py): a server is lost and its keys move (FAILOVER,
         # the failover's number and meta), every worker has re-seeded them (RESUME)
         self.on_failover: Callable[[int, dict], None] | None = None
-        self.on_resume: Callable[[int], None] | None = None
+        self.on_resume: Callable[[int, dict], None] | None = None
         self.early: list = []      # elastic notices that came before a handler was set
         self.interrupt: BaseException | None = None  # elastic: the epoch ended; waits raise it
         self.epoch = 0             # elastic: the epoch of the node table (0: not elastic)
@@ -264,10 +264,11 @@ class ControlClient:
         """Report stalled synchronous rounds to the scheduler (the stall inspector)."""
         self._send(MsgType.STALL, {"stalls": stalls})
 
-    def seeded(self, failover: int) -> None:
+    def seeded(self, failover: int, meta: dict | None = None) -> None:
         """Losing a server (workers): this worker's moved keys are seeded on their new
-        servers; its pushes of them wait for RESUME."""
-        self._send(MsgType.SEEDED, key=failover)
+        servers; its pushes of them wait for RESUME. (Servers in asynchronous mode: they took
+        the lost server's snapshot; ``meta`` says how old it was, for the workers.)"""
+        self._send(MsgType.SEEDED, meta, key=failover)
 
     def stream_lost(self, server: int, why: str) -> None:
         """Losing a server (workers): this worker's data streams to server rank ``server``
@@ -346,7 +347,7 @@ class ControlClient:
         elif h.type is MsgType.FAILOVER and self.on_failover is not None:
             self.on_failover(h.key, meta)
         elif h.type is MsgType.RESUME and self.on_resume is not None:
-            self.on_resume(h.key)
+            self.on_resume(h.key, meta)
         elif h.type is MsgType.EPOCH and self.on_epoch is not None:
             self.on_epoch(h.key, meta)
         elif h.type is MsgType.EPOCH_START and self.on_epoch_start is not None:

@@ -229,7 +229,7 @@ class Scheduler:
         elif h.type is MsgType.EPOCH and node.role is Role.SERVER and self.elastic:
             self.epochs.ack(node, h.key)
         elif h.type is MsgType.SEEDED:   # workers; servers in asynchronous mode
-            self.server_loss.seeded(node, h.key)
+            self.server_loss.seeded(node, h.key, meta)
         elif h.type is MsgType.STREAM_LOST and node.role is Role.WORKER:
             self.server_loss.stream_lost(node, meta, self._lose)
         elif h.type is MsgType.REPORT:

@@ -44,6 +44,7 @@ class ServerLoss:
         self.began = 0.0
         self.events: list[dict] = []         # every loss and its stall, for status and logs
         self.pending_missing: list[int] = []  # a restart's servers that did not come back
+        self.ages: dict[str, float] = {}     # async: lost server -> its snapshot's age (s)
 
     def takes(self, node: NodeInfo) -> bool:
         """Whether losing ``node`` is a failover rather than the end of the job."""
@@ -197,18 +198,25 @@ class ServerLoss:
         self._announce(why, joined=[info.public()])
         return True
 
-    def seeded(self, node: NodeInfo, number: int) -> None:
+    def seeded(self, node: NodeInfo, number: int, meta: dict | None = None) -> None:
         if number == self.number and node.route.ident in self.waiting:   # once each
             self.waiting.discard(node.route.ident)
+            ages = (meta or {}).get("async_snapshot_age")
+            if isinstance(ages, dict):   # asynchronous mode: the snapshots' ages, for RESUME
+                for rank, age in list(ages.items())[:64]:
+                    if isinstance(age, (int, float)) and str(rank).isdigit():
+                        self.ages[str(rank)] = max(float(age), self.ages.get(str(rank), -1.0))
             self._maybe_resume()
 
     def _maybe_resume(self) -> None:
         if not self.number or self.waiting or not self.began:   # (began: not resumed yet)
             return
         stall = time.monotonic() - self.began
+        meta = {"async_snapshot_age": self.ages} if self.ages else None
+        self.ages = {}
         for w in workers(self.host):
             if not w.lost:
-                self.host.send(w, MsgType.RESUME, key=self.number)
+                self.host.send(w, MsgType.RESUME, meta, key=self.number)
         if self.events:
             self.events[-1]["stall"] = stall
         log.warning("scheduler: failover %d done: every worker re-seeded the moved keys in "

@@ -193,6 +193,8 @@ class AsyncSnapshots:
         srv = self.server
         lost = [r for r in meta.get("lost", []) if type(r) is int and r != srv.rank
                 and r not in self.adopted_from]
+        ages: dict[str, float] = {}   # lost server -> its snapshot's age (-1: none), said
+        # to the workers in RESUME
         for rank in lost:
             path = path_for(self.directory, srv.job, rank)
             try:
@@ -206,13 +208,15 @@ class AsyncSnapshots:
                               "be used: %s; its keys start again from zero here", srv.rank,
                               rank, exc)
                 self.adopted_from.add(rank)
+                ages[str(rank)] = -1.0
                 continue
             for key, (_dtype, data) in values.items():
                 srv.native.adopt_async(key, data)
             self.adopted_from.add(rank)
             age = time.time() - float(head.get("time", 0.0))
+            ages[str(rank)] = round(age, 3)
             log.warning("server %d: the parameters of lost server %d's %d key(s) go back to "
                         "its snapshot of %.2f s ago (BYTEPS_ASYNC_SNAPSHOT_SECONDS=%g): the "
                         "keys that move here start from it", srv.rank, rank, len(values), age,
                         self.every)
-        srv.control.seeded(number)
+        srv.control.seeded(number, {"async_snapshot_age": ages})

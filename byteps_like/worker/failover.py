@@ -125,8 +125,9 @@ class ServerFailover:
         joined = meta.get("joined")
         self._work.put((number, ranks, joined if isinstance(joined, list) else []))
 
-    def on_resume(self, number: int) -> None:
-        """The scheduler's RESUME (I/O thread): every worker has seeded; re-send what waited."""
+    def on_resume(self, number: int, meta: dict | None = None) -> None:
+        """The scheduler's RESUME (I/O thread): every worker has seeded; re-send what waited.
+        ``meta``: in asynchronous mode, how old each lost server's snapshot was."""
         with self._lock:
             if number != self.current:
                 return  # superseded by a later failover, which will be resumed in its turn
@@ -151,6 +152,13 @@ class ServerFailover:
         else:
             log.info("worker %d: failover %d done, stalled %.2f s", self.members.rank, number,
                      stall)
+        ages = (meta or {}).get("async_snapshot_age")
+        for rank, age in sorted(ages.items()) if isinstance(ages, dict) else ():
+            (log.warning if self.members.rank == 0 else log.info)(
+                "worker %d: the parameters server %s held went back to %s "
+                "(BYTEPS_ASYNC_SNAPSHOT_SECONDS): the pushes to them since are lost",
+                self.members.rank, rank, f"its snapshot, {age:.2f} s old when its keys moved"
+                if isinstance(age, (int, float)) and age >= 0 else "zero (no snapshot)")
 
     # -- the work -----------------------------------------------------------------------------
     def _run(self) -> None:

@@ -514,6 +514,9 @@ def test_asynchronous_parameters_go_back_to_the_lost_servers_snapshot(tmp_path):
     assert re.search(r"server 0: the parameters of lost server 1's 4 key\(s\) go back to its "
                      r"snapshot of [\d.]+ s ago", text), text
     assert "restarted server" not in text, text   # bpslaunch --server-restarts: not here
+    # the workers are told how far back the moved keys went
+    assert re.search(r"worker 0: the parameters server 1 held went back to its snapshot, "
+                     r"[\d.]+ s old when its keys moved", text), text
     low, high = (float(x) for x in re.search(r"FINAL (\S+) (\S+)", text).groups())
     want_low, want_high = (float(x) for x in re.search(r"EXPECT (\S+) (\S+)", text).groups())
     assert want_low <= low <= high <= want_high + 1, text
