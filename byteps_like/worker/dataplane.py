@@ -270,6 +270,10 @@ class NativeDataPlane:
             return server_error(f"push_pull of {name!r}", meta["kind"], meta["message"],
                                 server, meta)
         if kind == "peer_lost":
+            control = self.members.control
+            cause = control.scheduler_lost() if control is not None else None
+            if cause is not None:  # the server stopped because the scheduler was lost
+                return cause       # (issue 40): that is what this worker reports
             return PeerLostError(f"{where}: {text}", role="server", rank=server)
         if kind == "protocol":
             return ProtocolError(f"{where}: {text}")
