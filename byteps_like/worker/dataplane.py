@@ -272,8 +272,8 @@ class NativeDataPlane:
         if kind == "peer_lost":
             control = self.members.control
             cause = control.scheduler_lost() if control is not None else None
-            if cause is not None:  # the server stopped because the scheduler was lost
-                return cause       # (issue 40): that is what this worker reports
+            if isinstance(cause, Exception):  # the server stopped because the scheduler
+                return cause                  # was lost (issue 40): this worker reports that
             return PeerLostError(f"{where}: {text}", role="server", rank=server)
         if kind == "protocol":
             return ProtocolError(f"{where}: {text}")

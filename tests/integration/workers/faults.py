@@ -1,6 +1,7 @@
-"""Worker for failure tests. Usage: faults.py MODE
+"""Worker for failure tests. Usage: faults.py MODE [SERVER]
 
-kill-server  rank 0 SIGKILLs server 0 after a few rounds; everyone keeps pushing
+kill-server  rank 0 SIGKILLs server rank SERVER (default 0) after a few rounds; everyone keeps
+             pushing
 kill-worker  the last rank SIGKILLs itself after a few rounds (printing ``KILLING MYSELF at T``)
 kill-scheduler  rank 0 SIGKILLs the scheduler after a few rounds (``KILLING scheduler at T``)
 mismatch     the last rank declares tensor 'w' with another shape
@@ -46,12 +47,13 @@ def main():
         print(f"ASYNC OK rank {rank} total {int(total[0])} plane {plane}", flush=True)
         bps.shutdown()
         return
-    server0 = next(p for p in peers if p.role == "server" and p.rank == 0)
+    victim = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    server = next(p for p in peers if p.role == "server" and p.rank == victim)
     try:
         for step in range(10_000):
             if step == 5 and mode == "kill-server" and rank == 0:
-                print(f"KILLING server rank 0 pid {server0.pid}", flush=True)
-                os.kill(server0.pid, signal.SIGKILL)
+                print(f"KILLING server rank {victim} pid {server.pid}", flush=True)
+                os.kill(server.pid, signal.SIGKILL)
             if step == 5 and mode == "kill-scheduler" and rank == 0:
                 scheduler = next(p for p in peers if p.role == "scheduler")
                 print(f"KILLING scheduler at {time.time():.3f}", flush=True)
