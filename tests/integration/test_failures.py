@@ -97,6 +97,37 @@ def test_scheduler_killed_mid_run_ends_the_job_within_seconds():
     assert not wait_gone(pids_in(run.out)), f"processes left behind\n{run.log}"
 
 
+@pytest.mark.parametrize("then", ["kill-worker", "kill-scheduler"])
+def test_after_a_scheduler_restart_a_failure_still_ends_the_job_at_once(then):
+    """Issue 40, with --scheduler-restarts 1: the scheduler SIGKILLed, bpslaunch starts it
+    again and every node registers again; then a second failure. A worker SIGKILLed is still
+    told to the (new) scheduler at once: bpslaunch skipped the notice while any scheduler it had
+    started was gone, the first one included, and the job waited out the heartbeat timeout
+    (20.4 s). The scheduler SIGKILLed again, its restarts used up: bpslaunch stops the others
+    at once, since they wait up to 15 s for a restart (it gave them 2 s: 2.1 s)."""
+    run = bpslaunch(worker("faults.py", f"restart-then-{then}"), workers=2, servers=1,
+                    timeout=90, env={"BYTEPS_HEARTBEAT_TIMEOUT_SECONDS": "20"},
+                    extra=["--scheduler-restarts", "1"])
+    ended = time.time()
+    assert "restarting it (restart 1 of 1)" in run.err, run.log
+    assert run.rc == 128 + signal.SIGKILL, run.log
+    if then == "kill-worker":
+        killed = float(run.lines("KILLING MYSELF at")[0].split()[-1])
+        lost = run.lines("PEER_LOST")
+        assert len(lost) == 1 and "worker rank 1" in lost[0], run.log
+        assert "reported by its launcher at once" in lost[0], run.log
+        assert re.search(r"worker 1 \(pid \d+\) failed first: killed by SIGKILL", run.err)
+    else:
+        killed = float(run.lines("KILLING scheduler again at")[0].split()[-1])
+        assert "--scheduler-restarts 1 used up" in run.err, run.log
+        assert "stopping the other 3 process(es) now" in run.err, run.log
+        assert re.search(r"scheduler \(pid \d+\) failed first: killed by SIGKILL", run.err)
+    # the heartbeat timeout (20 s) and the nodes' wait for a restart (15 s) are what this
+    # tells apart; the margin is for CI's 2 loaded cores
+    assert ended - killed < 8, f"the job ended {ended - killed:.1f} s after the kill\n{run.log}"
+    assert not wait_gone(pids_in(run.out)), f"processes left behind\n{run.log}"
+
+
 def test_a_node_refused_at_registration_ends_the_job_naming_it():
     """Issue 40: worker 1 was told DMLC_NUM_WORKER=3 in a job of 2. The scheduler refuses it
     and tells every other node at once (PeerLostError naming it and why, exit 75): the job
