@@ -275,6 +275,22 @@ class ControlClient:
         closed; the scheduler declares it lost at once, not after the heartbeat timeout."""
         self._send(MsgType.STREAM_LOST, {"server": server, "reason": why[:1000]})
 
+    def scheduler_lost(self) -> BaseException | None:
+        """The job's fatal error when the scheduler's connection is down now, else None. A
+        server that lost the scheduler too stops after the same grace and may close its data
+        streams before this node's own check has said so: what this node reports is then the
+        cause, not the stream. Waits for the check (I/O thread) for what is left of the grace
+        and half a second more, at most 1.5 s."""
+        link, grace = self._link, self.cfg.timeouts.scheduler_lost_grace
+        down = link.down_since
+        if down is None:
+            return None
+        deadline = time.monotonic() + min(1.5, max(0.0, down + grace - time.monotonic()) + 0.5)
+        while self.fatal is None and link.down_since is not None \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.fatal if link.down_since is not None else None
+
     def abort(self, reason: str) -> None:
         self._send(MsgType.ABORT, {"reason": reason[:4000]})
 

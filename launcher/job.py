@@ -113,8 +113,9 @@ class _Job:
     def _tell_scheduler(self, child: Child) -> None:
         """A worker or server failed on its own: its scheduler hears of it now, not after the
         heartbeat timeout (launcher/notify.py); not when it is a child here that is gone."""
-        if any(c.role == "scheduler" and not c.running for c in self.sup.children):
-            return
+        schedulers = [c for c in self.sup.children if c.role == "scheduler"]
+        if schedulers and not any(c.running for c in schedulers):
+            return   # (a scheduler restarted here is a new child: the old one stays listed)
         env = self.envs.get(child)
         if env is not None:
             self.notices.child_exited(child, env)
@@ -159,11 +160,14 @@ class _Job:
                     failures.append(child)
                     gone = child.role == "scheduler" and not _secondary(child)
                     if grace_deadline is None or gone:
-                        grace = (min(settings.grace, SCHEDULER_GONE_GRACE_S) if gone
-                                 else settings.grace)
+                        grace = self._gone_grace() if gone else settings.grace
                         grace_deadline = min(grace_deadline or now + grace, now + grace)
                         others = len(sup.running())
-                        if others:
+                        if others and grace == 0:
+                            self.say(f"{child.name} {_failed_how(child)} and is not restarted; "
+                                     f"stopping the other {others} process(es) now (they "
+                                     "would wait for a restarted scheduler)")
+                        elif others:
                             self.say(f"{child.name} {_failed_how(child)}; giving the other "
                                      f"{others} process(es) {grace:g} s to exit "
                                      f"before stopping them")
@@ -221,6 +225,16 @@ class _Job:
                  "servers and the job goes on (BYTEPS_SERVER_FAILOVER)")
         self._restart_server(child)
         return True
+
+    def _gone_grace(self) -> float:
+        """How long the others get once the scheduler failed for good: SCHEDULER_GONE_GRACE_S
+        to fail on their own (they do within BYTEPS_SCHEDULER_LOST_GRACE_SECONDS), or none
+        with --scheduler-restarts, which gave them SCHEDULER_RESTART_GRACE_S to wait for a
+        restart that does not come now (its restarts used up, or not possible): the job
+        ended 2.1 s after such a scheduler's SIGKILL when they were given 2 s (issue 40)."""
+        if self.settings.scheduler_restarts:
+            return 0.0
+        return min(self.settings.grace, SCHEDULER_GONE_GRACE_S)
 
     def _restart_scheduler(self, child: Child, failures: list[Child]) -> bool:
         """A scheduler that failed on its own while the job runs, started again at the same

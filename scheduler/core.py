@@ -276,8 +276,8 @@ class Scheduler:
         found = [n for n in self.nodes.values()
                  if n.role.label == role and n.host == host and pid in (n.pid, n.pgid)]
         if len(found) != 1:  # not registered (yet), or ambiguous: the heartbeats decide
-            if not found and self.phase == "register" and not self.elastic \
-                    and role in ("worker", "server"):
+            if not found and self.phase == "register" and role in ("worker", "server") \
+                    and not (self.elastic or self.registration.restarted):
                 # a process the job needs is gone before it joined: it can never form
                 why = (f"{name} (pid {pid} on {host}) exited before it registered ({how}); "
                        "the job cannot form without it")

@@ -162,6 +162,13 @@ class Registration:
                 have[Role.SERVER] + self.servers_gone >= host.expected[Role.SERVER]:
             self.publish_recovered()
 
+    @property
+    def restarted(self) -> bool:
+        """This scheduler is a restart (bpslaunch's BYTEPS_SCHEDULER_RESTART, or a node of a
+        running job came back to it): the job formed long ago, and a node that does not come
+        back is its recovery's to decide (recovery_tick), not a job that cannot form."""
+        return bool(self.recovering or self.host.cfg.cluster.scheduler_restart)
+
     def recovery_tick(self, now: float) -> None:
         """A restart whose nodes come back (the scheduler's tick): heartbeats to those that
         have, so they wait; once every worker is back, a server that has not come back within

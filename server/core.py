@@ -386,8 +386,12 @@ class Server:
                     leave.terminate(f"the scheduler did not let it go within {LEAVE_WAIT_S:g} "
                                     "s of its announced leave")
         except Exception as exc:  # noqa: BLE001 - reported, exit non-zero
-            log.error("server: %s", exc)
-            return 1
+            if exc is not self.control.fatal:   # (the control client logged its own)
+                log.error("server: %s", exc)
+            # a job that could not form because of another node (the scheduler refused one):
+            # that one is to blame, not this server, which exited 1 and was blamed when
+            # bpslaunch saw its exit first (issue 40)
+            return EXIT_PEER_FAILED if isinstance(exc, PeerLostError) else 1
         finally:
             leave.restore()
             self.close()

@@ -270,6 +270,10 @@ class NativeDataPlane:
             return server_error(f"push_pull of {name!r}", meta["kind"], meta["message"],
                                 server, meta)
         if kind == "peer_lost":
+            control = self.members.control
+            cause = control.scheduler_lost() if control is not None else None
+            if isinstance(cause, Exception):  # the server stopped because the scheduler
+                return cause                  # was lost (issue 40): this worker reports that
             return PeerLostError(f"{where}: {text}", role="server", rank=server)
         if kind == "protocol":
             return ProtocolError(f"{where}: {text}")

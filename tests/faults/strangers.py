@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -212,8 +213,8 @@ def attack(kind: str, tries: int, timeout: float = 240.0, no_auth: bool = False)
             Path(stop).touch()
             if proc.returncode is None:
                 rc, out, err = watch(proc, timeout, f"{kind} job", first=signal.SIGINT)
-        result.update(rc=rc, exact=[ln for ln in out.splitlines() if "EXACT" in ln],
-                      wrong=[ln for ln in out.splitlines() if "WRONG" in ln],
+        result.update(rc=rc, exact=re.findall(r"EXACT \d+", out),
+                      wrong=re.findall(r"WRONG round [^\n]*", out),
                       log=(out + err)[-4000:])
         return result
 

@@ -11,19 +11,23 @@ A case a framework lacks is an xfail(strict=True) with the reason (XFAIL below):
 says MISSING and the test fails, so it shows, and once the feature exists the strict xfail
 fails until its mark goes.
 
-    case \\ framework     numpy  torch  tensorflow  keras  mxnet
-    not_initialized        x      x        x         x      x
-    average (and sums)     x      x        x         x      x
-    dtypes                 x      x        x         x      x
-    broadcast (root 1)   xfail    x        x         x      x
-    allgather              x      x        x         x    xfail
-    compression (fp16)     x      x        x         x      x
-    wire_order             x      x        x         x      x
-    mismatch (name)        x      x        x         x      x
-    join                   x      x        x         x      x
+    case \\ framework     numpy  torch  tensorflow  keras  mxnet  lightning
+    not_initialized        x      x        x         x      x      xfail
+    average (and sums)     x      x        x         x      x        x
+    dtypes                 x      x        x         x      x        x
+    broadcast (root 1)   xfail    x        x         x      x        x
+    allgather              x      x        x         x    xfail    xfail
+    compression (fp16)     x      x        x         x      x      xfail
+    wire_order             x      x        x         x      x      xfail
+    mismatch (name)        x      x        x         x      x      xfail
+    join                   x      x        x         x      x      xfail
     mismatch_shape/dtype   x (server-side: one framework, on the native data plane)
-    equivalence            -      x        x         x      x
+    equivalence            -      x        x         x      x      (test_lightning.py: DDP)
 plus each framework's own API checks (EXTRAS of its adapter), listed in EXTRAS below.
+Lightning is byteps_like.lightning.BytePSStrategy through the calls Lightning makes on a
+strategy (reduce, all_gather, broadcast, barrier) and a Trainer's fit; its xfails are calls
+Lightning's API does not have (fw_lightning.py says why for each), its own cases cover what
+it has instead (all_gather_stack, fit_compressed, ...).
 """
 from __future__ import annotations
 
@@ -59,9 +63,10 @@ GROUPS = {
     "tensorflow": Group("tensorflow,keras", 2, ("tensorflow", "keras"), tuple(TF_ENV.items()),
                         timeout=400),
     "mxnet": Group("mxnet", 3, ("mxnet",)),
+    "lightning": Group("lightning", 2, ("lightning",), timeout=400),
 }
 GROUPS["keras"] = GROUPS["tensorflow"]
-FRAMEWORKS = ["numpy", "torch", "tensorflow", "keras", "mxnet"]
+FRAMEWORKS = ["numpy", "torch", "tensorflow", "keras", "mxnet", "lightning"]
 COMMON = ["not_initialized", "average", "dtypes", "broadcast", "allgather", "compression",
           "wire_order", "mismatch", "join"]
 EXTRAS = {
@@ -74,10 +79,19 @@ EXTRAS = {
     "keras": ["optimizer_dtypes", "fit_eager", "fit_graph", "metric_average", "lr_warmup",
               "lr_schedule", "broadcast_global_variables", "horovod_api"],
     "mxnet": ["errors", "broadcast_parameters", "push_pull_forms"],
+    "lightning": ["reduce_ops", "all_gather_stack", "all_gather_grads", "broadcast_objects",
+                  "barrier", "fit_same_weights", "fit_compressed"],
 }
 XFAIL = {
     ("numpy", "broadcast"): "the numpy API (byteps_like.worker.api) has no broadcast",
     ("mxnet", "allgather"): "byteps_like.mxnet has no allgather (BytePS's has none either)",
+    # Lightning's strategy API has no such call (fw_lightning.py)
+    ("lightning", "not_initialized"): "the strategy joins the job when it is made",
+    ("lightning", "allgather"): "Lightning's all_gather stacks one shape (all_gather_stack)",
+    ("lightning", "compression"): "only gradients are compressed (fit_compressed)",
+    ("lightning", "wire_order"): "a fit cannot be held between backward and the step",
+    ("lightning", "mismatch"): "Lightning's collectives take no tensor name",
+    ("lightning", "join"): "Lightning has no join (its sampler evens out the inputs)",
 }
 
 _runs: dict[Group, Run | str] = {}
@@ -138,7 +152,7 @@ def test_conformance(framework, case):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("framework", ["numpy", "torch", "tensorflow", "mxnet"])
+@pytest.mark.parametrize("framework", ["numpy", "torch", "tensorflow", "mxnet", "lightning"])
 def test_conformance_job_ends_cleanly(framework):
     """The whole launch exits 0 on every worker (a MISSING case does not end it)."""
     skip_unless_importable(framework)

@@ -209,50 +209,67 @@ def test_a_node_waits_for_the_table_at_info_until_the_startup_warning_time(
     assert all("not running or not reachable" in m for lv, m in reports if lv == "WARNING")
 
 
-def test_a_node_fails_when_the_schedulers_connection_closes_unless_it_comes_back(zmq_context):
-    """Issue 40: the scheduler's connection closed: the node fails with PeerLostError naming
-    the scheduler once BYTEPS_SCHEDULER_LOST_GRACE_SECONDS pass, unless the connection is back
-    by then (a scheduler restarted on its address: issue 37 relies on this)."""
-    import threading
+class _SchedulerLink:
+    """A node's ControlClient registered with a stand-in scheduler on a free port (``grace``:
+    BYTEPS_SCHEDULER_LOST_GRACE_SECONDS); ``restart()`` starts the scheduler again on its
+    address, ``close()`` ends both."""
 
-    from byteps_like.control import ControlClient
-    from byteps_like.errors import PeerLostError
-    from byteps_like.transport import ZmqEndpoint
-    from byteps_like.wire import decode, encode, job_hash
-    from tests.support import free_port, wait_until
-    port = free_port()
-    cfg = load(env={"BYTEPS_SCHEDULER_LOST_GRACE_SECONDS": "4",
-                    "DMLC_PS_ROOT_PORT": str(port)})
+    def __init__(self, zmq_context, grace: str):
+        import threading
 
-    def scheduler() -> ZmqEndpoint:
-        ep = ZmqEndpoint("fake-scheduler", context=zmq_context)
-        ep.bind(f"tcp://127.0.0.1:{port}")
+        from byteps_like.control import ControlClient
+        from byteps_like.transport import ZmqEndpoint
+        from tests.support import free_port
+        self.ctx, self.port = zmq_context, free_port()
+        self.cfg = load(env={"BYTEPS_SCHEDULER_LOST_GRACE_SECONDS": grace,
+                             "DMLC_PS_ROOT_PORT": str(self.port)})
+        self.sched = self.restart()
+        self.node_ep = ZmqEndpoint("node", context=zmq_context)
+        self.node_ep.start()
+        self.client = ControlClient(self.cfg, self.node_ep, Role.SERVER)
+        self.node_ep.on_message = lambda route, frames: self.client.handle(
+            decode(frames, 1 << 20))
+        registered = threading.Thread(target=self.client.connect_and_register, daemon=True)
+        registered.start()
+        registered.join(10)
+        assert self.client.rank == 0 and self.client._link.up
+
+    def restart(self):
+        from byteps_like.transport import ZmqEndpoint
+        from byteps_like.wire import job_hash
+        ep = ZmqEndpoint("fake-scheduler", context=self.ctx)
+        ep.bind(f"tcp://127.0.0.1:{self.port}")
 
         def answer(route, frames):
             if decode(frames, 1 << 20).header.type is MsgType.REGISTER:
                 ep.send(route, encode(Header(MsgType.NODE_TABLE, role=Role.SCHEDULER,
-                                             job=job_hash(cfg.cluster.job_id)),
+                                             job=job_hash(self.cfg.cluster.job_id)),
                                       meta={"rank": 0, "nodes": []}))
         ep.on_message = answer
         ep.start()
+        self.sched = ep
         return ep
 
-    sched = scheduler()
-    node_ep = ZmqEndpoint("node", context=zmq_context)
-    node_ep.start()
-    client = ControlClient(cfg, node_ep, Role.SERVER)
-    node_ep.on_message = lambda route, frames: client.handle(decode(frames, 1 << 20))
+    def close(self) -> None:
+        self.node_ep.close(linger=0)
+        self.sched.close(linger=0)
+
+
+def test_a_node_fails_when_the_schedulers_connection_closes_unless_it_comes_back(zmq_context):
+    """Issue 40: the scheduler's connection closed: the node fails with PeerLostError naming
+    the scheduler once BYTEPS_SCHEDULER_LOST_GRACE_SECONDS pass, unless the connection is back
+    by then (a scheduler restarted on its address: issue 37 relies on this)."""
+    from byteps_like.errors import PeerLostError
+    from tests.support import wait_until
+    link = _SchedulerLink(zmq_context, "4")
+    client, port = link.client, link.port
     try:
-        registered = threading.Thread(target=client.connect_and_register, daemon=True)
-        registered.start()
-        registered.join(10)
-        assert client.rank == 0 and client._link.up
-        sched.close(linger=0)
+        link.sched.close(linger=0)
         assert wait_until(lambda: client._link.down_since is not None, 10)
-        sched = scheduler()   # back on its address within the grace
+        link.restart()   # back on its address within the grace
         assert wait_until(lambda: client._link.up, 10), "the connection did not come back"
         assert client.fatal is None
-        sched.close(linger=0)   # gone for good: the node fails after the grace
+        link.sched.close(linger=0)   # gone for good: the node fails after the grace
         assert wait_until(lambda: client.fatal is not None, 10)
         exc = client.fatal
         assert isinstance(exc, PeerLostError) and exc.role == "scheduler", exc
@@ -260,5 +277,25 @@ def test_a_node_fails_when_the_schedulers_connection_closes_unless_it_comes_back
                 "scheduler exited or was killed) and was not back within 4 s") in str(exc)
         assert time.monotonic() - client._link.down_since >= 4
     finally:
-        node_ep.close(linger=0)
-        sched.close(linger=0)
+        link.close()
+
+
+def test_a_stream_lost_while_the_scheduler_is_gone_is_reported_as_the_schedulers_loss(
+        zmq_context):
+    """Issue 40: a server that lost the scheduler stops after the same grace as the workers,
+    so a worker may see the server's data stream close before its own check fails it; what
+    the data plane asks then (ControlClient.scheduler_lost) is the scheduler's loss, waited
+    for: not the stream. With the scheduler's connection up there is no such cause."""
+    from byteps_like.errors import PeerLostError
+    from tests.support import wait_until
+    link = _SchedulerLink(zmq_context, "0.5")
+    client = link.client
+    try:
+        assert client.scheduler_lost() is None   # connected: a lost stream is the stream's
+        link.sched.close(linger=0)
+        assert wait_until(lambda: client._link.down_since is not None, 10)
+        cause = client.scheduler_lost()   # asked within the grace: waits for the check
+        assert isinstance(cause, PeerLostError) and cause.role == "scheduler", cause
+        assert cause is client.fatal and "lost the scheduler" in str(cause)
+    finally:
+        link.close()
