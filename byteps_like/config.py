@@ -236,9 +236,10 @@ class ServerConfig:
                         "stops) while at least one other survives, its keys move to the "
                         "survivors and the open rounds are pushed again from the workers' "
                         "buffers; the job goes on with the same sums (docs/reliability.md, "
-                        "'Losing a server'). Synchronous jobs only (asynchronous mode keeps "
-                        "the model on the servers). 0: a lost server ends the job with "
-                        "PeerLostError, as before.")
+                        "'Losing a server'). An asynchronous job keeps the model on the "
+                        "servers: it goes on only with BYTEPS_ASYNC_SNAPSHOT_SECONDS (the lost "
+                        "server's keys go back to its newest snapshot). 0: a lost server ends "
+                        "the job with PeerLostError, as before.")
     backup_workers: int = _s("BYTEPS_BACKUP_WORKERS", "int", 0, "Backup workers (synchronous "
                              "mode; docs/reliability.md, 'Backup workers'): a round of an "
                              "averaged tensor completes on its server once all but this many "
