@@ -255,9 +255,10 @@ class DataServer:
     def async_values(self) -> list[tuple[int, int, bytes]]:
         """Asynchronous mode: every key's value between two pushes, (key, wire dtype code,
         bytes), for a snapshot (server/async_snapshots.py)."""
-    def adopt_async(self, key: int, value: bytes) -> None:
+    def adopt_async(self, key: int, value: bytes) -> bool:
         """Asynchronous mode: a lost server's value of ``key``, which the store a moved key's
-        first (retried) push makes here starts from instead of zero."""
+        first (retried) push makes here starts from instead of zero; charged to the memory
+        budget until then (False, keeping nothing, when it does not fit)."""
     def rejected(self) -> dict[str, int]:
         """Rejected messages and streams by reason."""
     def stalls(self, min_age: float) -> list[tuple[int, int, float, list[int], bytes]]:

@@ -158,8 +158,9 @@ class DataServer {
   // every key's value as it stands between two pushes, (key, wire dtype, bytes) ...
   std::vector<AsyncValue> async_values();
   // ... and a lost server's, taken by the store a moved key's first push here makes (a
-  // retried push): the value then starts from `value` instead of zero.
-  void adopt_async(std::uint64_t key, std::string value);
+  // retried push): the value then starts from `value` instead of zero. Charged to the memory
+  // budget until a store takes it; false, keeping nothing, when it does not fit.
+  bool adopt_async(std::uint64_t key, std::string value);
 
  private:
   std::unique_ptr<ServerImpl> impl_;

@@ -918,8 +918,8 @@ void DataServer::set_members(const std::vector<int>& joined,
   impl_->set_members(joined, left);
 }
 std::vector<AsyncValue> DataServer::async_values() { return impl_->async_values(); }
-void DataServer::adopt_async(std::uint64_t key, std::string value) {
-  impl_->adopt_async(key, std::move(value));
+bool DataServer::adopt_async(std::uint64_t key, std::string value) {
+  return impl_->adopt_async(key, std::move(value));
 }
 void DataServer::reset_epoch(std::int64_t round_base, int required) {
   impl_->reset_epoch(round_base, required);

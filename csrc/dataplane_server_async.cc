@@ -46,9 +46,18 @@ std::vector<AsyncValue> ServerImpl::async_values() {
   return out;
 }
 
-void ServerImpl::adopt_async(std::uint64_t key, std::string value) {
+bool ServerImpl::adopt_async(std::uint64_t key, std::string value) {
   std::lock_guard<std::mutex> g(map_mu_);
+  auto it = adopt_.find(key);
+  const std::uint64_t before = it == adopt_.end() ? 0 : it->second.size();
+  store_bytes_ -= std::min<std::uint64_t>(before, store_bytes_);
+  if (store_bytes_ + value.size() > max_store_) {
+    if (it != adopt_.end()) adopt_.erase(it);
+    return false;
+  }
+  store_bytes_ += value.size();
   adopt_[key] = std::move(value);
+  return true;
 }
 
 // A new asynchronous store (map_mu_ held): a moved key's (a retried push) starts from the
@@ -61,7 +70,8 @@ void ServerImpl::adopt_locked(Store& st, const Header& h) {
     std::memcpy(st.value.get(), it->second.data(), st.nbytes);
     c_.async_adopted++;
   }
-  adopt_.erase(it);
+  store_bytes_ -= std::min<std::uint64_t>(it->second.size(), store_bytes_);  // the store's own
+  adopt_.erase(it);                                                          // charge holds it
 }
 
 }  // namespace dp

@@ -64,7 +64,7 @@ class ServerImpl {
   std::map<std::string, std::uint64_t> rejected();
   std::map<std::string, std::uint64_t> stats();
   std::vector<AsyncValue> async_values();                    // dataplane_server_async.cc
-  void adopt_async(std::uint64_t key, std::string value);
+  bool adopt_async(std::uint64_t key, std::string value);
   void adopt_locked(Store& st, const Header& h);
   std::vector<StallInfo> stalls(double min_age);
   std::vector<StraggleRow> straggle() { return straggle_.snapshot(); }

@@ -686,7 +686,7 @@ void bind_data_server(py::module_& m) {
       .def("adopt_async",
            [](dp::DataServer& s, std::uint64_t key, py::bytes value) {
              std::string v = value;
-             nogil([&] { s.adopt_async(key, std::move(v)); return 0; });
+             return nogil([&] { return s.adopt_async(key, std::move(v)); });
            },
            py::arg("key"), py::arg("value"))
       .def("rejected",

@@ -210,8 +210,12 @@ class AsyncSnapshots:
                 self.adopted_from.add(rank)
                 ages[str(rank)] = -1.0
                 continue
-            for key, (_dtype, data) in values.items():
-                srv.native.adopt_async(key, data)
+            refused = sum(not srv.native.adopt_async(key, data)
+                          for key, (_dtype, data) in values.items())
+            if refused:
+                log.error("server %d: %d key(s) of lost server %d's snapshot do not fit the "
+                          "memory budget (BYTEPS_SERVER_MAX_BYTES): they start again from zero "
+                          "here", srv.rank, refused, rank)
             self.adopted_from.add(rank)
             age = time.time() - float(head.get("time", 0.0))
             ages[str(rank)] = round(age, 3)

@@ -186,3 +186,27 @@ def test_a_pull_waits_for_the_pushes_in_flight_and_a_push_cut_off_ends(cleanup):
     assert c[1], c
     half = nbytes // 8
     assert (y[:half] == 3).all() and (y[half:] == 1).all()
+
+
+def test_a_snapshot_copies_every_value_and_a_lost_servers_values_are_charged(cleanup):
+    """server/async_snapshots.py's native half: async_values() is every key's value between
+    two pushes; adopt_async() holds a lost server's value against the memory budget until a
+    moved key's store takes it (refused, keeping nothing, when it does not fit; a second
+    value of the same key replaces the first)."""
+    srv, port = make_server(1, budget=3 << 20)
+    cleanup.append(srv)
+    cli = make_client(0, [port])
+    cleanup.append(cli)
+    x = np.arange(1 << 10, dtype=np.float32)
+    y = np.empty_like(x)
+    for op in (1, 2):
+        assert push_pull(cli, x, y, op - 1, op, parts=one_part(x.nbytes, op - 1))[1]
+    ((key, dtype, value),) = srv.async_values()
+    assert key == 0 and dtype == F32 and np.array_equal(np.frombuffer(value, np.float32), 2 * x)
+    held = srv.stats()["store_bytes"]
+    assert srv.adopt_async(7, b"\0" * (1 << 20))
+    assert srv.stats()["store_bytes"] == held + (1 << 20)
+    assert srv.adopt_async(7, b"\0" * 100)            # replaces the first
+    assert srv.stats()["store_bytes"] == held + 100
+    assert not srv.adopt_async(8, b"\0" * (3 << 20))   # over the budget: nothing kept
+    assert srv.stats()["store_bytes"] == held + 100
