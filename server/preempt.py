@@ -126,8 +126,8 @@ class SigtermLeave:
         control = self.server.control
         if (self.since is not None or control.rank < 0 or control.fatal is not None
                 or control.shutting_down):
-            self.terminate("a second SIGTERM" if self.since is not None
-                           else "SIGTERM while the job is not running")
+            # the job is ending (bpslaunch stops what is left): as before, without a word
+            self.terminate("a second SIGTERM" if self.since is not None else "")
             return
         self.since = time.monotonic()
         log.warning("server %d: SIGTERM; announcing its leave: the scheduler moves its keys to "
@@ -140,9 +140,11 @@ class SigtermLeave:
         return self.since is not None and time.monotonic() - self.since > LEAVE_WAIT_S
 
     def terminate(self, why: str) -> None:
-        """End the process the way SIGTERM's default does (status 128 + 15 for its parent)."""
-        log.warning("server %d: %s: ending now", self.server.rank, why)
-        logging.shutdown()
+        """End the process the way SIGTERM's default does (status 128 + 15 for its parent),
+        saying ``why`` unless it is empty."""
+        if why:
+            log.warning("server %d: %s: ending now", self.server.rank, why)
+            logging.shutdown()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1.0)   # the signal ends the process; this is only if it did not
