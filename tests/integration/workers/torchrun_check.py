@@ -48,6 +48,9 @@ def main() -> None:
                  f"PIDS {os.getpid()} {' '.join(kids)}\nCHILDREN rank {rank} {len(kids)}\n"
                  ).encode())
     if os.environ.get("TORCHRUN_CHECK_DIE") == "1":
+        # every rank has written its lines before rank 0 dies: torchrun stops the others at
+        # once, and a rank still on its way to its write would never report its pid
+        bps.barrier()
         if rank == 0:
             os.kill(os.getpid(), signal.SIGKILL)
         bps.barrier()  # fails (or is stopped by torchrun) once rank 0 is gone
