@@ -83,31 +83,23 @@ def _nbytes(arrays: list[list[Any]]) -> int:
 
 # -- writing --------------------------------------------------------------------------------------
 
-def write(path: str, spec_json: dict, shard: int, shards: int,
-          state: dict[str, np.ndarray]) -> str:
-    """Write ``state`` (ids, weights, optimizer state) as shard ``shard`` of ``shards`` of the
-    table ``spec_json`` describes, at ``path``, atomically and 0600. Returns ``path``."""
-    names = [n for n in STATE_DTYPES if n in state]
-    rows, dim = len(state["ids"]), int(spec_json["dim"])
-    header = {"format": FORMAT, "table": spec_json["name"], "shard": shard, "shards": shards,
-              "rows": rows, "dim": dim, "dtype": "float32", "spec": spec_json,
-              "arrays": expected_arrays(names, rows, dim)}
-    head = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+def write_checksummed(path: str, magic: bytes, head: bytes, parts: Any) -> int:
+    """Write ``magic``, the little-endian u32 length of ``head``, ``head``, the byte buffers
+    ``parts`` and a SHA-256 of all of it at ``path``: 0600, through a temporary file in the same
+    folder, fsynced, renamed, the folder fsynced (the shard files, and asynchronous mode's
+    snapshots: server/async_snapshots.py). Returns the bytes written."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".",
                                suffix=".tmp")  # mkstemp: 0600
+    written = 0
     try:
         with os.fdopen(fd, "wb") as f:
             h = hashlib.sha256()
-            for part in (MAGIC, _LEN.pack(len(head)), head):
+            for part in (magic, _LEN.pack(len(head)), head, *parts):
                 h.update(part)
                 f.write(part)
-            for name, dt, _shape in header["arrays"]:
-                arr = np.ascontiguousarray(state[name], dtype=np.dtype(dt).newbyteorder("<"))
-                view = memoryview(arr.reshape(-1).view(np.uint8))
-                h.update(view)
-                f.write(view)
+                written += memoryview(part).nbytes
             f.write(h.digest())
             f.flush()
             os.fsync(f.fileno())
@@ -123,6 +115,23 @@ def write(path: str, spec_json: dict, shard: int, shards: int,
         os.fsync(dfd)
     finally:
         os.close(dfd)
+    return written + h.digest_size
+
+
+def write(path: str, spec_json: dict, shard: int, shards: int,
+          state: dict[str, np.ndarray]) -> str:
+    """Write ``state`` (ids, weights, optimizer state) as shard ``shard`` of ``shards`` of the
+    table ``spec_json`` describes, at ``path``, atomically and 0600. Returns ``path``."""
+    names = [n for n in STATE_DTYPES if n in state]
+    rows, dim = len(state["ids"]), int(spec_json["dim"])
+    header = {"format": FORMAT, "table": spec_json["name"], "shard": shard, "shards": shards,
+              "rows": rows, "dim": dim, "dtype": "float32", "spec": spec_json,
+              "arrays": expected_arrays(names, rows, dim)}
+    head = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+    arrays = (memoryview(np.ascontiguousarray(state[name], dtype=np.dtype(dt).newbyteorder("<"))
+                         .reshape(-1).view(np.uint8))
+              for name, dt, _shape in header["arrays"])
+    write_checksummed(path, MAGIC, head, arrays)
     return path
 
 

@@ -33,6 +33,8 @@ import threading
 import time
 from typing import Any
 
+from ..shardfile import write_checksummed
+
 log = logging.getLogger("byteps_like.server")
 
 MAGIC = b"BPSASYN1"
@@ -53,35 +55,15 @@ def path_for(directory: str, job: int, rank: int) -> str:
 def write(path: str, job: int, rank: int, values: list[tuple[int, int, bytes]],
           taken: float) -> int:
     """Write ``values`` ((key, wire dtype code, bytes) each, copied at wall-clock time
-    ``taken``) at ``path``: 0600, through a temporary file in the same folder, fsynced,
-    renamed. Returns the bytes written."""
+    ``taken``) at ``path`` (shardfile.write_checksummed: 0600, atomic, fsynced). Returns the
+    bytes written."""
     keys, offset = [], 0
     for key, dtype, data in values:
         keys.append([key, dtype, offset, len(data)])
         offset += len(data)
     head = json.dumps({"format": 1, "job": job, "rank": rank, "time": taken,
                        "keys": keys}).encode()
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    digest = hashlib.sha256()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for part in (MAGIC, struct.pack("<I", len(head)), head,
-                         *(data for _k, _d, data in values)):
-                digest.update(part)
-                f.write(part)
-            f.write(digest.digest())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return len(MAGIC) + 4 + len(head) + offset + _DIGEST
+    return write_checksummed(path, MAGIC, head, (data for _k, _d, data in values))
 
 
 def read(path: str, limit: int) -> tuple[dict, dict[int, tuple[int, bytes]]]:
