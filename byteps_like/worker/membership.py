@@ -254,8 +254,7 @@ class Membership:
         self.server_ranks = [p.rank for p in servers]
         self.conns = cfg.transport.tcp_connections
         if self.is_local_root and not self.single_machine:  # only the root talks to servers
-            for p in servers:
-                ep.connect(f"server-{p.rank}", f"tcp://{p.host}:{p.port}", self.conns)
+            self.connect_servers()
         self.routes = [[Route(peer=f"server-{p.rank}", conn=i) for i in range(self.conns)]
                        for p in servers]
         weights = None
@@ -266,6 +265,12 @@ class Membership:
         # without servers (one machine) partitions still cut tensors for the local reduction
         self.assigner = ServerAssigner(max(1, self.num_servers), weights)
         self.job = job_hash(cfg.cluster.job_id)
+
+    def connect_servers(self) -> None:
+        """Connect this process's endpoint to every server (peer ``server-<rank>``): the local
+        root for its dense keys, and the other local ranks for the server-held tables."""
+        for p in self.servers:
+            self.endpoint.connect(f"server-{p.rank}", f"tcp://{p.host}:{p.port}", self.conns)
 
     def _service_failed(self, message: str) -> None:
         """A service local rank 0 started for a torchrun job failed (its supervising thread

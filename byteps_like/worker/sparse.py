@@ -301,12 +301,6 @@ class EmbeddingTable:
         return order, per_server
 
 
-def _connect_to_servers(m: Membership) -> None:
-    """A local rank that is not its machine's root connects to the servers for the tables."""
-    for p in m.servers:
-        m.endpoint.connect(f"server-{p.rank}", f"tcp://{p.host}:{p.port}", m.conns)
-
-
 class SparseTables:
     """A runtime's server-held tables, and the answers of their servers."""
 
@@ -414,7 +408,7 @@ class SparseTables:
                                   "0..S-1")
             if not (self._connected or m.is_local_root or rt.local_size_ <= 1):
                 self._connected = True   # the local root alone talks to them for dense keys
-                _connect_to_servers(m)
+                m.connect_servers()
             table = EmbeddingTable(self, spec, table_id, None)
             metas = [{"spec": spec.to_json(), "shard": s, "shards": self.num_servers,
                       "local_size": rt.local_size_} for s in range(self.num_servers)]
