@@ -259,6 +259,7 @@ class _Job:
         except (OSError, AffinityError) as exc:
             self.say(f"cannot restart the scheduler: {exc}")
             return False
+        child.restarted = True
         return True
 
     def _restart_server(self, child: Child) -> None:
@@ -276,6 +277,7 @@ class _Job:
         except (OSError, AffinityError) as exc:
             self.say(f"cannot restart {child.name}: {exc}")
             return
+        child.restarted = True
         self.say(f"restarted {child.name} as pid {new.pid} (restart {self.server_restarts} of "
                  f"{limit}): it takes the lost server's keys back")
 

@@ -170,6 +170,7 @@ class Child:
     returncode: int | None = None
     reported: bool = False
     group_gone: bool = False
+    restarted: bool = False   # lost, and bpslaunch started a new process in its place
     log_lock: threading.Lock = field(default_factory=threading.Lock)
     # stderr held back since a traceback began (Supervisor.hold_tracebacks): the lines, as
     # they would have been printed, and since when (None: nothing held)

@@ -105,7 +105,9 @@ def others_line(blamed: Child, children: Sequence[Child], stopped: Collection[Ch
     for c in children:
         if c is blamed:
             continue
-        if secondary(c):
+        if c.restarted:
+            how = f"was lost ({describe_returncode(c.returncode)}) and restarted"
+        elif secondary(c):
             how = "exited because of it"
         elif c in stopped and (c.returncode is None or c.returncode < 0):
             how = "stopped by bpslaunch"

@@ -768,9 +768,9 @@ def test_the_failure_report_ends_with_the_root_causes_exception_whole():
             "tensorflow.UnknownError: Graph execution error:", *(["  frame"] * 12),
             f"byteps_like.errors.PeerLeftError: worker rank 1 ended without join() {long}",
             "call join()", "\t [[{{node EagerPyFunc}}]]"]
-    child = SimpleNamespace(stderr_tail=collections.deque(tail), returncode=1,
+    child = SimpleNamespace(stderr_tail=collections.deque(tail), returncode=1, restarted=False,
                             describe=lambda: "worker 0 (pid 7)")
-    other = SimpleNamespace(stderr_tail=collections.deque(), returncode=75,
+    other = SimpleNamespace(stderr_tail=collections.deque(), returncode=75, restarted=False,
                             describe=lambda: "worker 1 (pid 8)")
     lines = report.failure_report(child, [child, other], set())
     assert lines[0] == "the other processes: worker 1 (pid 8) exited because of it"
@@ -786,3 +786,22 @@ def test_the_failure_report_ends_with_the_root_causes_exception_whole():
     assert lines[1:] == [*(f"| {ln}" for ln in message),
                          "error: worker 0 (pid 7) failed first: exit status 1; last stderr: "
                          + " | ".join(message)], lines
+
+
+def test_the_failure_report_calls_a_restarted_process_restarted_not_failed():
+    """A scheduler or server that bpslaunch started again stays listed (its replacement is a
+    new child): the report says it was lost and restarted, not that it "failed too"."""
+    import collections
+    import signal
+    from types import SimpleNamespace
+
+    from byteps_like.launcher import report
+    child = SimpleNamespace(stderr_tail=collections.deque(["ValueError: bad"]), returncode=1,
+                            restarted=False, describe=lambda: "worker 0 (pid 7)")
+    old = SimpleNamespace(stderr_tail=collections.deque(), returncode=-signal.SIGKILL,
+                          restarted=True, describe=lambda: "scheduler (pid 5)")
+    new = SimpleNamespace(stderr_tail=collections.deque(), returncode=None, restarted=False,
+                          describe=lambda: "scheduler (pid 9)")
+    line = report.failure_report(child, [old, child, new], [new])[0]
+    assert line == ("the other processes: scheduler (pid 5) was lost (killed by SIGKILL) and "
+                    "restarted; scheduler (pid 9) stopped by bpslaunch"), line
