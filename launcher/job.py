@@ -358,7 +358,10 @@ class _Job:
     def _shutdown_timed_out(self, running: list[Child]) -> int:
         self._end()
         self.say(f"error: all workers exited 0 but {_names(running)} did not exit within "
-                 f"--timeout-shutdown {self.settings.shutdown_timeout:g} s; stopped them")
+                 f"--timeout-shutdown {self.settings.shutdown_timeout:g} s; stopped them. "
+                 "They wait for every worker to register and then to shut down: a worker "
+                 "script that never calls bps.init() (or a framework's init) leaves them "
+                 "waiting; check that every worker process calls it")
         return EXIT_FAILURE
 
     def _cannot_bind(self, exc: AffinityError) -> int:

@@ -386,6 +386,7 @@ def test_services_that_do_not_shut_down_are_a_failure(harness):
     assert result.returncode == 1, result.dump()
     assert "did not exit within --timeout-shutdown 0.5 s" in result.last_err, result.dump()
     assert "scheduler (pid" in result.last_err, result.dump()
+    assert "never calls bps.init()" in result.last_err, result.dump()   # the likely cause
     harness.assert_all_gone(result)
 
 
