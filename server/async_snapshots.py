@@ -9,9 +9,10 @@ file, replaced atomically (the newest only)::
     BYTEPS_SPARSE_CHECKPOINT_DIR/async-<job>/server<rank>.bpsa
 
 When a server is lost, the scheduler tells the servers left (``FAILOVER``) and waits for them
-before it lets the workers go on: each server reads the lost server's file and hands its values
-to the native plane (``DataServer.adopt_async``), so that a moved key's store made here starts
-from its snapshot instead of zero; then it answers ``SEEDED``. The moved keys go back to the
+before it lets the workers go on: each server reads the lost server's file and hands the values
+of the keys that move to it (rendezvous hashing over the servers alive, as the workers route
+them) to the native plane (``DataServer.adopt_async``), so that a moved key's store made here
+starts from its snapshot instead of zero; then it answers ``SEEDED``. The moved keys go back to the
 snapshot: the pushes applied to them since (at most T seconds of them) are lost, and each
 server logs how old the snapshot was. A key made after the snapshot starts again from zero
 (as it stood then). A push that was in flight when the server was lost is sent again by its
@@ -33,6 +34,7 @@ import threading
 import time
 from typing import Any
 
+from .. import _core
 from ..shardfile import write_checksummed
 
 log = logging.getLogger("byteps_like.server")
@@ -173,8 +175,11 @@ class AsyncSnapshots:
 
     def _adopt(self, number: int, meta: dict) -> None:
         srv = self.server
-        lost = [r for r in meta.get("lost", []) if type(r) is int and r != srv.rank
-                and r not in self.adopted_from]
+        gone = {r for r in meta.get("lost", []) if type(r) is int}
+        lost = [r for r in gone if r != srv.rank and r not in self.adopted_from]
+        # the keys that move here: a lost server's key goes to the server rendezvous hashing
+        # picks among those alive (the native client's route); the others' are not held here
+        alive = [r for r in range(srv.cfg.cluster.num_server) if r not in gone]
         ages: dict[str, float] = {}   # lost server -> its snapshot's age (-1: none), said
         # to the workers in RESUME
         for rank in lost:
@@ -192,8 +197,9 @@ class AsyncSnapshots:
                 self.adopted_from.add(rank)
                 ages[str(rank)] = -1.0
                 continue
-            refused = sum(not srv.native.adopt_async(key, data)
-                          for key, (_dtype, data) in values.items())
+            mine = {key: data for key, (_dtype, data) in values.items()
+                    if _core.failover_owner(key, alive) == srv.rank}
+            refused = sum(not srv.native.adopt_async(key, data) for key, data in mine.items())
             if refused:
                 log.error("server %d: %d key(s) of lost server %d's snapshot do not fit the "
                           "memory budget (BYTEPS_SERVER_MAX_BYTES): they start again from zero "
@@ -203,6 +209,6 @@ class AsyncSnapshots:
             ages[str(rank)] = round(age, 3)
             log.warning("server %d: the parameters of lost server %d's %d key(s) go back to "
                         "its snapshot of %.2f s ago (BYTEPS_ASYNC_SNAPSHOT_SECONDS=%g): the "
-                        "keys that move here start from it", srv.rank, rank, len(values), age,
-                        self.every)
+                        "%d that move here start from it", srv.rank, rank, len(values), age,
+                        self.every, len(mine))
         srv.control.seeded(number, {"async_snapshot_age": ages})
