@@ -302,13 +302,3 @@ class ElasticMembership:
         except Exception as exc:  # noqa: BLE001 - said plainly, the job cannot go on
             raise BytePSError(f"worker rank {m.rank}: cannot reopen the native data plane "
                               f"for epoch {self.epoch}: {exc}") from exc
-
-    def new_tensor_round(self) -> int:
-        """The round a tensor first used in this epoch starts at."""
-        return self.round_base
-
-
-def install_hooks(rt: Any) -> ElasticMembership | None:
-    """Kept for scripts written while the runtime had no hooks yet: the runtime wires elastic
-    membership in itself now (``init()`` of an elastic job). Returns ``rt.elastic_m``."""
-    return rt.elastic_m

@@ -330,34 +330,32 @@ class Runtime:
         if self.flight.fatal is not None:
             raise self.flight.fatal
 
-    _check = check  # what the methods below call first
-
     # -- identity ---------------------------------------------------------------------------------
     def rank(self) -> int:
-        self._check()
+        self.check()
         return self.rank_
 
     def size(self) -> int:
-        self._check()
+        self.check()
         return self.size_
 
     def local_rank(self) -> int:
-        self._check()
+        self.check()
         return self.local_rank_
 
     def local_size(self) -> int:
-        self._check()
+        self.check()
         return self.local_size_
 
     def cross_rank(self) -> int:
         """This worker's machine among the job's worker machines (Horovod's ``cross_rank``):
         ``rank() // local_size()``, the index the servers count its machine's pushes by."""
-        self._check()
+        self.check()
         return self.members.machine
 
     def cross_size(self) -> int:
         """The number of worker machines (Horovod's ``cross_size``, ``DMLC_NUM_WORKER``)."""
-        self._check()
+        self.check()
         return self.size_ // self.local_size_
 
     def wire_report(self) -> str:
@@ -367,13 +365,13 @@ class Runtime:
 
     def get_pushpull_speed(self) -> tuple[int, float]:
         """(timestamp in ms, MB/s pushed plus pulled over the last few seconds), as in BytePS."""
-        self._check()
+        self.check()
         if self.telemetry is None:  # standalone: nothing travels
             return int(time.time() * 1000), 0.0
         return self.telemetry.speed()
 
     def barrier(self, timeout: float | None = None) -> None:
-        self._check()
+        self.check()
         if self.elastic_m is not None:
             self.elastic_m.check_collective()
         if self.members.control is not None:
@@ -393,14 +391,14 @@ class Runtime:
     def check_membership(self) -> None:
         """Elastic jobs: raise MembershipChangedError when workers wait to join or a newer
         epoch was announced (cheap, non-blocking; ``State.commit()`` calls it)."""
-        self._check()
+        self.check()
         if self.elastic_m is not None:
             self.elastic_m.check_membership()
 
     def rejoin(self, timeout: float | None = None) -> None:
         """Elastic jobs, after a MembershipChangedError: abandon the old epoch, block until the
         next one is formed and take its rank and size (TooFewWorkersError below the minimum)."""
-        self._check()
+        self.check()
         if self.elastic_m is None:
             raise BytePSError("rejoin() is for elastic jobs (BYTEPS_ELASTIC=1, bpslaunch "
                               "--elastic)")
@@ -411,7 +409,7 @@ class Runtime:
         block until every worker has joined. Meanwhile the other ranks' rounds complete without
         this one and their averages divide by the ranks still in. Returns the rank that joined
         last. A rank that finished without joining makes this raise PeerLeftError."""
-        self._check()
+        self.check()
         _may_join(self.rank_, self.local_size_, self.members.config)
         return self.rounds.join(self.sparse)
 
@@ -425,14 +423,14 @@ class Runtime:
         """This machine's shared reduction buffer for tensor ``name`` (several local ranks): a
         uint8 array of the tensor's bytes in shared memory, the same memory on every local rank.
         Binds the name like a first push_pull would."""
-        self._check()
+        self.check()
         if self.members.control is None or self.local_size_ < 2:
             raise ValueError("local_out needs a distributed job with several local ranks")
         return self.rounds.local_out(name, tuple(shape), dtype)
 
     def declare(self, name: str) -> int:
         """Reserve the next key for ``name``. Every worker must declare in the same order."""
-        self._check()
+        self.check()
         with self._lock:
             return self.registry.declare(name).decl_id
 
@@ -461,7 +459,7 @@ class Runtime:
         BYTEPS_MIN_COMPRESS_BYTES, integer tensors and standalone jobs are not compressed. A name
         keeps its first compressor. A cast compressor (fp16, bf16) converts float tensors to the
         dtype they travel and are summed in (:mod:`.cast`); ``auto``: :mod:`.autocompress`."""
-        self._check()
+        self.check()
         if self.elastic_m is not None:  # an epoch that is over: raise at once
             self.elastic_m.check_collective()
         if device is not None and not self.rounds.job().device_pipeline:
