@@ -261,7 +261,7 @@ class Rounds:
         for part, (off, n, key, server) in enumerate(st.parts):
             # the declared fields one by one, as cheap as it gets (a keyword per field to the
             # dataclass costs about a microsecond more per partition)
-            task = Task(h, key, part, off, n, priority, server, key % m.conns, rnd, route)
+            task = Task(h, key, part, off, n, priority, server, rnd, route)
             task.src = src[off:off + n]
             task.dst = dst[off:off + n]
             # what goes to the servers and where their sum lands: the machine's reduced
