@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BytePSError, MembershipChangedError, TooFewWorkersError
 from ..partition import Assigner
-from ..wire import ROUND_MASK, epoch_round_base, round_epoch
+from ..wire import epoch_round_base, round_epoch
 from . import broadcast
 
 if TYPE_CHECKING:
@@ -142,10 +142,6 @@ class ElasticMembership:
         reg = self.registry
         reg.key_of = name_id
         reg.round_base = self.round_base
-
-    def first_round(self, rnd: int) -> bool:
-        """Whether ``rnd`` is the first round of its epoch (the one that declares a key)."""
-        return rnd & ROUND_MASK == 0
 
     def stale(self, task: Any) -> bool:
         """A partition of an epoch that is over (its push would be out of round)."""

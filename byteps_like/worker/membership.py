@@ -181,8 +181,6 @@ class Membership:
         self.ctx = zmq.Context()
         ep = self.ep = make_endpoint("worker", cfg, context=self.ctx)
         c = cfg.cluster
-        self.local_size, self.local_rank = c.local_size, c.local_rank
-        self.is_local_root = c.local_rank == 0
         port = 0
         if c.local_size > 1:
             if c.worker_id is None:

@@ -175,10 +175,6 @@ class Runtime:
         return self.members.machine
 
     @property
-    def is_local_root(self) -> bool:
-        return self.members.is_local_root
-
-    @property
     def single_machine(self) -> bool:
         """One worker machine: push_pull never leaves it."""
         return self.members.single_machine
