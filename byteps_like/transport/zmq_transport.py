@@ -715,19 +715,16 @@ class ZmqEndpoint(Endpoint):
             self.on_message(route, frames)
 
     def _close_sockets(self) -> None:
+        monitors = [(m, watched) for m, (watched, _fn) in self._links.items()]
         if self._monitor is not None and self._router is not None:
-            try:
-                self._router.disable_monitor()
-            except zmq.ZMQError:
-                pass
-            self._monitor.close(0)
-            self._monitor = None
-        for m, (watched, _fn) in self._links.items():
+            monitors.append((self._monitor, self._router))
+        for m, watched in monitors:
             try:
                 watched.disable_monitor()
             except zmq.ZMQError:
                 pass
             m.close(0)
+        self._monitor = None
         self._links.clear()
         for s in [self._router, *self._dealers.values()]:
             if s is not None:

@@ -89,9 +89,7 @@ def wait_for_the_cause(exc: BaseException | None, host: str) -> None:
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)   # a zombie counts: torchrun has not seen it exit yet
-        except ProcessLookupError:
-            return
-        except PermissionError:
+        except (ProcessLookupError, PermissionError):
             return
         time.sleep(0.05)
 
