@@ -44,7 +44,7 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -80,6 +80,7 @@ __all__ = ["COMPRESSIBLE", "DeviceCopier", "Runtime", "TensorState", "default_ru
            "reset_default_runtime"]
 
 log = logging.getLogger("byteps_like.worker")
+T = TypeVar("T")
 
 
 def _may_join(rank: int, local_size: int, cfg: Config) -> None:
@@ -94,6 +95,27 @@ def _may_join(rank: int, local_size: int, cfg: Config) -> None:
             f"join() on worker rank {rank}: not supported with backup workers "
             f"(BYTEPS_BACKUP_WORKERS={cfg.server.backup_workers}); give every rank the same "
             "number of steps or run without BYTEPS_BACKUP_WORKERS")
+
+
+class _Of(Generic[T]):
+    """A read-only attribute of the :class:`Runtime` that one of its parts holds
+    (``Runtime.rank_`` is ``members.rank``): the facade publishes what the parts keep."""
+
+    def __init__(self, part: str, name: str, doc: str = "") -> None:
+        self.part, self.name, self.attr = part, name, name
+        self.__doc__ = doc or f"The runtime's ``{part}.{name}``."
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    def __get__(self, rt: Any, owner: Any = None) -> T:
+        if rt is None:  # looked up on the class (documentation, introspection)
+            return self  # type: ignore[return-value]
+        return getattr(getattr(rt, self.part), self.name)
+
+    def __set__(self, rt: Any, value: Any) -> None:
+        raise AttributeError(f"Runtime.{self.attr} is read-only (it reads "
+                             f"Runtime.{self.part}.{self.name})")
 
 
 class Runtime:
@@ -144,59 +166,26 @@ class Runtime:
     def pipeline(self, pipeline: Pipeline | None) -> None:
         self.flight.pipeline = pipeline
 
-    @property
-    def bytes_pushed(self) -> int:
-        """Payload bytes pushed so far (the compressed size for compressed partitions)."""
-        return self.flight.bytes_pushed
-
-    @property
-    def bytes_pulled(self) -> int:
-        """Payload bytes pulled so far (the compressed size for compressed partitions)."""
-        return self.flight.bytes_pulled
-
-    @property
-    def rank_(self) -> int:
-        return self.members.rank
-
-    @property
-    def size_(self) -> int:
-        return self.members.size
-
-    @property
-    def local_rank_(self) -> int:
-        return self.members.local_rank
-
-    @property
-    def local_size_(self) -> int:
-        return self.members.local_size
-
-    @property
-    def machine(self) -> int:
-        return self.members.machine
-
-    @property
-    def single_machine(self) -> bool:
-        """One worker machine: push_pull never leaves it."""
-        return self.members.single_machine
-
-    @property
-    def control(self) -> ControlClient | None:
-        """The :class:`~byteps_like.control.ControlClient` (None: standalone, not connected)."""
-        return self.members.control
-
-    @property
-    def ep(self) -> Endpoint | None:
-        return self.members.ep
-
-    @property
-    def dropped(self) -> Drops:
-        """Messages dropped because no peer entitled to send them did (by reason)."""
-        return self.members.dropped
-
-    @property
-    def native(self) -> Any:
-        """The native data plane's :class:`byteps_like._core.DataClient`, or None."""
-        return self.plane.client
+    # what the parts hold, read here under the runtime's name (_Of)
+    bytes_pushed: _Of[int] = _Of("flight", "bytes_pushed", "Payload bytes pushed so far (the "
+                                 "compressed size for compressed partitions).")
+    bytes_pulled: _Of[int] = _Of("flight", "bytes_pulled", "Payload bytes pulled so far (the "
+                                 "compressed size for compressed partitions).")
+    rank_: _Of[int] = _Of("members", "rank")
+    size_: _Of[int] = _Of("members", "size")
+    local_rank_: _Of[int] = _Of("members", "local_rank")
+    local_size_: _Of[int] = _Of("members", "local_size")
+    machine: _Of[int] = _Of("members", "machine")
+    single_machine: _Of[bool] = _Of("members", "single_machine",
+                                    "One worker machine: push_pull never leaves it.")
+    control: _Of[ControlClient | None] = _Of(
+        "members", "control", "The :class:`~byteps_like.control.ControlClient` (None: "
+        "standalone, not connected).")
+    ep: _Of[Endpoint | None] = _Of("members", "ep")
+    dropped: _Of[Drops] = _Of("members", "dropped", "Messages dropped because no peer "
+                              "entitled to send them did (by reason).")
+    native: _Of[Any] = _Of("plane", "client", "The native data plane's :class:`byteps_like."
+                           "_core.DataClient`, or None.")
 
     # -- lifecycle ----------------------------------------------------------------------------
     def init(self, **overrides: Any) -> None:
