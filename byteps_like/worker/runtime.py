@@ -10,11 +10,12 @@ which calls :meth:`Runtime.push_pull_async`. That binds the tensor's name in the
 (:mod:`.rounds`): a host tensor on the native data plane goes to C++ whole
 (:mod:`.dataplane`); otherwise each partition becomes a :class:`~.pipeline.Task` whose
 itinerary the :class:`~.pipeline.Pipeline` walks through the stage executors
-(:mod:`.stages`, and :mod:`.local_reduce` with several ranks per machine). The PUSH stage
-sends the partition to its server, which sums every worker's push of the round
-(:mod:`byteps_like.server`) and answers with the sum; the dispatcher (:mod:`.dispatch`) hands
-the answer to the task, the PULL stage writes it into the output, and when every partition is
-done the :class:`~.handle.Handle` completes and ``synchronize()`` writes the gradient back.
+(:mod:`.stages`, and :mod:`.local_reduce` with several ranks per machine), whose PUSH stage
+submits the partition to the same native data plane. Its server's I/O threads sum every
+worker's push of the round (csrc/dataplane_server.cc) and answer with the sum, which the
+client receives into the output (averaged there) and reports as a completion; when the
+operation (or every partition) is done the :class:`~.handle.Handle` completes and
+``synchronize()`` writes the gradient back.
 
 The parts, each with one job:
 
@@ -25,7 +26,8 @@ The parts, each with one job:
   (``local``): what each pipeline stage does;
 * :class:`~.dataplane.NativeDataPlane` (``plane``): the native data plane's submit, wait and
   completion;
-* :class:`~.dispatch.Dispatcher` (``dispatch``): the endpoint's incoming messages;
+* :class:`~.dispatch.Dispatcher` (``dispatch``): the endpoint's incoming messages (control,
+  the local reduction, the server-held tables' answers);
 * :class:`~.rounds.Rounds` (``rounds``): a push_pull's rounds, one at a time per name, cut
   into one native operation or one pipeline task per partition; ``join``'s rounds.
 
