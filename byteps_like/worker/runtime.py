@@ -153,13 +153,6 @@ class Runtime:
 
     # -- the parts' state, as the rest of the code reads it ----------------------------------------
     @property
-    def config(self) -> Config:
-        """The configuration of an initialised runtime."""
-        if self.cfg is None:
-            raise NotInitializedError("byteps_like is not initialised: call init() first")
-        return self.cfg
-
-    @property
     def pipeline(self) -> Pipeline | None:
         """The pipeline while connected (None before ``init()`` and after ``shutdown()``)."""
         return self.flight.pipeline
@@ -169,6 +162,8 @@ class Runtime:
         self.flight.pipeline = pipeline
 
     # what the parts hold, read here under the runtime's name (_Of)
+    config: _Of[Config] = _Of("members", "config", "The configuration of an initialised "
+                              "runtime (NotInitializedError before ``init()``).")
     bytes_pushed: _Of[int] = _Of("flight", "bytes_pushed", "Payload bytes pushed so far (the "
                                  "compressed size for compressed partitions).")
     bytes_pulled: _Of[int] = _Of("flight", "bytes_pulled", "Payload bytes pulled so far (the "
