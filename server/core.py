@@ -38,6 +38,7 @@ from ..wire import (
 )
 from .async_snapshots import AsyncSnapshots
 from .codecs import make_server_codec
+from .preempt import LEAVE_WAIT_S, PreemptionNotice, SigtermLeave, in_job
 from .sparse import SparseService
 from .stalls import stalled_rounds
 
@@ -285,7 +286,7 @@ class Server:
                               (ranks.of(range(self.required)), ranks.joined_ranks()))
 
     def _stall_tick(self) -> None:
-        if self.control.rank < 0 or self.control.fatal is not None or self.control.shutting_down:
+        if not in_job(self.control):
             return
         stalls = self.stalled_rounds()
         if stalls:
@@ -316,7 +317,6 @@ class Server:
         if self.async_snaps is not None:
             self.async_snaps.start()
         if self.cfg.server.preemption_notice_file:  # server/preempt.py
-            from .preempt import PreemptionNotice
             PreemptionNotice(self, self.cfg.server.preemption_notice_file).start()
         if not self.async_mode:
             check = self.cfg.timeouts.stall_check_time
@@ -376,7 +376,6 @@ class Server:
                      ns["late_pushes_dropped"], ns["lag_errors"])
 
     def run(self) -> int:
-        from .preempt import LEAVE_WAIT_S, SigtermLeave
         leave = SigtermLeave(self)   # SIGTERM: an announced leave, when the job can lose it
         try:
             self.start()

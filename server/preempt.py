@@ -45,6 +45,12 @@ REASON_BYTES = 200
 LEAVE_WAIT_S = 5.0
 
 
+def in_job(control: Any) -> bool:
+    """Whether a server takes part in its job: registered, and the job is not ending (no fatal
+    error, no shutdown notice). Otherwise no leave is announced and no stall is reported."""
+    return control.rank >= 0 and control.fatal is None and not control.shutting_down
+
+
 def _stamp(path: str) -> tuple[int, int, int] | None:
     """What tells one version of the file from another; None when there is none."""
     try:
@@ -86,7 +92,7 @@ class PreemptionNotice:
 
     def tick(self) -> None:
         control = self.server.control
-        if self.sent or control.rank < 0 or control.fatal is not None or control.shutting_down:
+        if self.sent or not in_job(control):
             return
         now = _stamp(self.path)
         if now is None or now == self.before:
@@ -124,8 +130,7 @@ class SigtermLeave:
 
     def _signalled(self, signum: int, frame: Any) -> None:
         control = self.server.control
-        if (self.since is not None or control.rank < 0 or control.fatal is not None
-                or control.shutting_down):
+        if self.since is not None or not in_job(control):
             # the job is ending (bpslaunch stops what is left): as before, without a word
             self.terminate("a second SIGTERM" if self.since is not None else "")
             return

@@ -78,20 +78,32 @@ def restore(shard: TableShard, folder: str, every: int, upto: int,
     if upto and (not rounds or rounds[-1] != upto):
         raise shardfile.TableError(f"table {shard.spec.name!r}: the snapshots in {folder} do "
                                    f"not reach round {upto} (they hold {rounds[-1:] or 'none'})")
-    expect = shardfile.Expect(shard.spec.to_json(),
-                              [n for n in shardfile.STATE_DTYPES if getattr(shard, n) is not None])
+    expect = _expect(shard)
     shard.forget()
-    taken = 0
-    for r in rounds:
-        path = os.path.join(folder, f"r{r:010d}{shardfile.SUFFIX}")
-        data, nbytes, _ = shardfile.read(path, shard.shard, shard.shards, expect, charge=charge)
-        try:
-            taken += shard.restore(data)
-        finally:
-            if charge is not None and nbytes:
-                charge(-nbytes)
+    taken = sum(_lay_over(shard, folder, r, shard.shard, shard.shards, expect, charge)
+                for r in rounds)
     shard.changed[:] = False
     return taken
+
+
+def _expect(shard: TableShard) -> shardfile.Expect:
+    """What a snapshot file of ``shard``'s table must hold: its spec, its optimizer's state."""
+    return shardfile.Expect(shard.spec.to_json(),
+                            [n for n in shardfile.STATE_DTYPES if getattr(shard, n) is not None])
+
+
+def _lay_over(shard: TableShard, folder: str, rnd: int, s: int, shards: int,
+              expect: shardfile.Expect, charge: Callable[[int], bool] | None) -> int:
+    """Lay the snapshot of round ``rnd`` in ``folder`` (written by shard ``s`` of ``shards``)
+    over ``shard``, the bytes read charged to the memory budget meanwhile. Returns the rows
+    taken; TableError names a damaged file."""
+    path = os.path.join(folder, f"r{rnd:010d}{shardfile.SUFFIX}")
+    data, nbytes, _ = shardfile.read(path, s, shards, expect, charge=charge)
+    try:
+        return shard.restore(data)
+    finally:
+        if charge is not None and nbytes:
+            charge(-nbytes)
 
 
 #: a job's snapshot folder, as load_snapshots names it (no path: it is under the directory)
@@ -137,18 +149,11 @@ def load_job(shard: TableShard, directory: str, folder: str, upto: object,
     if rnd > newest or (every and rnd % every):
         raise shardfile.TableError(f"table {name!r}: the snapshots in {base} do not all hold "
                                    f"round {rnd} (their rounds: every {every} up to {newest})")
-    expect = shardfile.Expect(shard.spec.to_json(),
-                              [n for n in shardfile.STATE_DTYPES if getattr(shard, n) is not None])
+    expect = _expect(shard)
     shard.forget()
     for s, f in enumerate(folders):
         for r in (r for r in chain(f, every) if r <= rnd) if every else ():
-            data, nbytes, _ = shardfile.read(os.path.join(f, f"r{r:010d}{shardfile.SUFFIX}"),
-                                             s, shards, expect, charge=charge)
-            try:
-                shard.restore(data)
-            finally:
-                if charge is not None and nbytes:
-                    charge(-nbytes)
+            _lay_over(shard, f, r, s, shards, expect, charge)
     return rnd, int(shard.made.sum())
 
 

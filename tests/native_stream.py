@@ -76,7 +76,7 @@ def ucx_skip_reason(monkeypatch) -> str:
                  "UCX_WARN_UNUSED_ENV_VARS": "n"}.items():
         if k not in os.environ:
             monkeypatch.setenv(k, v)
-    return ucx_native.unavailable()
+    return ucx_native.load()
 
 
 def require_ucx(monkeypatch) -> None:

@@ -112,9 +112,6 @@ class Timers:
             return None
         return max(0.0, self._heap[0][0] - time.monotonic())
 
-    def next_due(self) -> float | None:
-        return self._heap[0][0] if self._heap else None
-
     def clear(self) -> None:
         self._heap.clear()
 

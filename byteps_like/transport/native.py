@@ -121,10 +121,7 @@ def local_servers(cfg) -> int:
     this machine: bpslaunch --local, a one-node torchrun job), else 1."""
     if cfg.server.local_servers:
         return cfg.server.local_servers
-    host = cfg.cluster.node_host or cfg.cluster.root_uri
-    if host == "localhost" or host.startswith("127.") or host == "::1":
-        return max(1, cfg.cluster.num_server)
-    return 1
+    return max(1, cfg.cluster.num_server) if loopback_job(cfg) else 1
 
 
 def fd_budget() -> int:

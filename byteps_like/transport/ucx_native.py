@@ -75,8 +75,3 @@ def load(loopback: bool = False) -> str:
         if _why:
             log.warning("native data plane: UCX streams unavailable: %s", _why)
         return _why
-
-
-def unavailable() -> str:
-    """Why the data plane's UCX streams cannot be used ("" when they can), loading UCX."""
-    return load()

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import hashlib
 import itertools
 import logging
+import operator
 import socket
 import struct
 import threading
@@ -488,15 +490,20 @@ class ZmqEndpoint(Endpoint):
         if bound.startswith("tcp://"):
             self._port = int(bound.rsplit(":", 1)[1])
         if bound.startswith("tcp://") and self.max_connections > 0:
-            addr = f"inproc://bpsl-monitor-{uuid.uuid4().hex}"
-            s.monitor(addr, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-            m = self.ctx.socket(zmq.PAIR)
-            m.setsockopt(zmq.LINGER, 0)
-            m.setsockopt(zmq.RCVHWM, 0)  # no event may be lost, or the count would drift
-            m.connect(addr)
-            self._monitor = m
-            self._poller.register(m, zmq.POLLIN)
+            self._monitor = self._monitor_of(s, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         return bound
+
+    def _monitor_of(self, s: zmq.Socket, events: int) -> zmq.Socket:
+        """A socket that receives ``events`` of ``s`` (its socket monitor), polled by the I/O
+        thread; no event may be lost (a count would drift, a link's state be missed)."""
+        addr = f"inproc://bpsl-monitor-{uuid.uuid4().hex}"
+        s.monitor(addr, events)
+        m = self.ctx.socket(zmq.PAIR)
+        m.setsockopt(zmq.LINGER, 0)
+        m.setsockopt(zmq.RCVHWM, 0)
+        m.connect(addr)
+        self._poller.register(m, zmq.POLLIN)
+        return m
 
     def _on_monitor_event(self) -> None:
         """Count the listener's clients; close one past ``max_connections`` at once."""
@@ -550,17 +557,8 @@ class ZmqEndpoint(Endpoint):
         return True
 
     def _watch(self, s: zmq.Socket, fn: Callable[[str], None]) -> None:
-        addr = f"inproc://bpsl-link-{uuid.uuid4().hex}"
-        s.monitor(addr, zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED
-                  | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-        m = self.ctx.socket(zmq.PAIR)
-        m.setsockopt(zmq.LINGER, 0)
-        m.setsockopt(zmq.RCVHWM, 0)
-        m.connect(addr)
+        m = self._monitor_of(s, functools.reduce(operator.or_, _LINK_EVENTS))
         self._links[m] = (s, fn)
-        self._poller.register(m, zmq.POLLIN)
 
     def _on_link_event(self, m: zmq.Socket) -> None:
         frames = m.recv_multipart()
@@ -717,19 +715,16 @@ class ZmqEndpoint(Endpoint):
             self.on_message(route, frames)
 
     def _close_sockets(self) -> None:
+        monitors = [(m, watched) for m, (watched, _fn) in self._links.items()]
         if self._monitor is not None and self._router is not None:
-            try:
-                self._router.disable_monitor()
-            except zmq.ZMQError:
-                pass
-            self._monitor.close(0)
-            self._monitor = None
-        for m, (watched, _fn) in self._links.items():
+            monitors.append((self._monitor, self._router))
+        for m, watched in monitors:
             try:
                 watched.disable_monitor()
             except zmq.ZMQError:
                 pass
             m.close(0)
+        self._monitor = None
         self._links.clear()
         for s in [self._router, *self._dealers.values()]:
             if s is not None:

@@ -66,8 +66,7 @@ BCAST = "bpsl.auto"
 _MAGIC = 0x4155544F  # "AUTO"
 _HEAD = 3            # magic, epoch, candidates' hash; then one candidate index per class
 _SAMPLE_S = 0.1      # the measuring thread's period
-_MIN_BUSY_S = 0.02   # a bandwidth window holds at least this much exchange time ...
-_MIN_BYTES = 256 << 10  # ... and these bytes
+_MIN_BYTES = 256 << 10  # a bandwidth window holds at least these bytes
 _MOVE = 1.25         # the bandwidth moved: by more than this factor either way
 _WINDOWS = 3         # the bandwidth is the median of the last windows
 
@@ -311,8 +310,8 @@ class BandwidthMeter:
     data plane: its client's bytes in and out (counted by its I/O threads as they move) over a
     period that began and ended with operations in flight, so a window ends within a sampling
     period of the link's change, whatever the size of the operations; extended until it holds
-    at least 256 KiB. Without a client (no native plane): the bytes this worker pulled (twice)
-    per second of exchange (``Telemetry.exchange``), which move when operations complete."""
+    at least 256 KiB. Without a client there is no window: rank 0 has one wherever a push_pull
+    reaches the servers (it is a local root; ``NativeDataPlane.serves``)."""
 
     def __init__(self, rt: Runtime):
         self.rt = rt
@@ -320,22 +319,14 @@ class BandwidthMeter:
 
     def sample(self) -> float | None:
         """The window that ends now, in bytes/s, or None (idle, too few bytes)."""
-        plane = getattr(self.rt, "plane", None)
-        cli = getattr(plane, "client", None)
-        if cli is not None:
-            try:
-                st = cli.stats()
-            except Exception:  # noqa: BLE001 - closing under us: no window
-                return None
-            cur = (time.monotonic(), float(st["bytes_in"] + st["bytes_out"]), st["ops"] > 0)
-        else:
-            tel = self.rt.telemetry
-            if tel is None:
-                return None
-            busy = tel.exchange.busy()
-            cur = (busy, float(2 * self.rt.bytes_pulled), True)
-            if self._last is not None and cur[0] - self._last[0] < _MIN_BUSY_S:
-                return None   # not enough exchange yet: the window goes on
+        cli = self.rt.plane.client
+        if cli is None:
+            return None
+        try:
+            st = cli.stats()
+        except Exception:  # noqa: BLE001 - closing under us: no window
+            return None
+        cur = (time.monotonic(), float(st["bytes_in"] + st["bytes_out"]), st["ops"] > 0)
         prev = self._last
         if prev is None or not (prev[2] and cur[2]):
             self._last = cur

@@ -120,10 +120,8 @@ class NativeDataPlane:
             cli.set_failover(True)
         try:
             for idx, p in enumerate(servers):
-                if idx in self.gone:  # lost before this client (an elastic epoch's)
-                    continue
-                cli.connect(idx, p.host, p.data_port, self.streams,
-                            min(60.0, cfg.timeouts.register_timeout), ucx=native.uses_ucx(cfg))
+                if idx not in self.gone:  # not lost before this client (an elastic epoch's)
+                    self._open(cli, cfg, idx, p)
             if self.gone:
                 cli.failover(self.gone, False)
         except RuntimeError as exc:
@@ -144,9 +142,11 @@ class NativeDataPlane:
     def reconnect(self, idx: int, peer: PeerInfo) -> None:
         """Open the streams to server index ``idx`` again: a replacement of a lost server
         (worker/failover.py); raises RuntimeError when it cannot be reached."""
-        cli, cfg = self.client, self.cfg
-        if cli is None or cfg is None:
-            return
+        if self.client is not None and self.cfg is not None:
+            self._open(self.client, self.cfg, idx, peer)
+
+    def _open(self, cli: _core.DataClient, cfg: Config, idx: int, peer: PeerInfo) -> None:
+        """Open ``self.streams`` streams to server index ``idx`` (RuntimeError: unreachable)."""
         cli.connect(idx, peer.host, peer.data_port, self.streams,
                     min(60.0, cfg.timeouts.register_timeout), ucx=native.uses_ucx(cfg))
 
@@ -181,7 +181,7 @@ class NativeDataPlane:
         if first_round(rnd):  # the declarations travel once per key (and epoch)
             backup = backs_up(self.cfg, average, self.members.size)
             parts = [(key, server, lane(key), grow * off, grow * n,
-                      decl_bytes(self._declaration(st, dtype, part, coded, backup)))
+                      decl_bytes(declaration(st, dtype, part, backup, coded)))
                      for part, (off, n, key, server) in enumerate(st.parts)]
         else:
             parts = st.native_parts
@@ -194,33 +194,17 @@ class NativeDataPlane:
         with flight.lock:
             self._ops[op] = (h, st, rnd, priority, time.monotonic())
         h.fast_wait = lambda timeout, op=op: self._wait(op, timeout)
+        extra: dict[str, Any] = ({"compressed": True, "codecs": st.compiled} if coded else
+                                 {"codecs": cast_coders(st, dtype)} if cast else {})
         try:
-            if coded:
-                cli.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, rnd, parts,
-                           compressed=True, codecs=st.compiled)
-            elif cast:
-                cli.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, rnd, parts,
-                           codecs=cast_coders(st, dtype))
-            else:
-                cli.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, rnd, parts)
+            cli.submit(op, priority, src, dst, native.WIRE_CODE[dtype], divisor, rnd, parts,
+                       **extra)
         except (RuntimeError, ValueError) as exc:
             with flight.lock:
                 self._ops.pop(op, None)
             h.fail(CommunicationError(f"push_pull of {st.name!r}: {exc}"))
             return
         flight.bytes_pushed += st.compiled_bytes if coded and st.compiled else st.nbytes
-
-    @staticmethod
-    def _declaration(st: TensorState, dtype: str, part: int, coded: bool,
-                     backup: int = 0) -> dict[str, Any]:
-        """A partition's declaration; a coded one names its codec as the pipeline's does
-        (rounds.Rounds.start)."""
-        decl = declaration(st, dtype, part, backup)
-        if coded:
-            assert st.native_codec is not None
-            decl["native_codec"] = st.native_codec[part]
-            decl["compressor"] = st.spec
-        return decl
 
     def submit_task(self, cli: _core.DataClient, task: Task) -> None:
         """One partition that reached the PUSH stage (its push credit already returned: the

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BytePSError, MembershipChangedError, TooFewWorkersError
 from ..partition import Assigner
-from ..wire import ROUND_MASK, epoch_round_base, round_epoch
+from ..wire import epoch_round_base, round_epoch
 from . import broadcast
 
 if TYPE_CHECKING:
@@ -142,10 +142,6 @@ class ElasticMembership:
         reg = self.registry
         reg.key_of = name_id
         reg.round_base = self.round_base
-
-    def first_round(self, rnd: int) -> bool:
-        """Whether ``rnd`` is the first round of its epoch (the one that declares a key)."""
-        return rnd & ROUND_MASK == 0
 
     def stale(self, task: Any) -> bool:
         """A partition of an epoch that is over (its push would be out of round)."""
@@ -302,13 +298,3 @@ class ElasticMembership:
         except Exception as exc:  # noqa: BLE001 - said plainly, the job cannot go on
             raise BytePSError(f"worker rank {m.rank}: cannot reopen the native data plane "
                               f"for epoch {self.epoch}: {exc}") from exc
-
-    def new_tensor_round(self) -> int:
-        """The round a tensor first used in this epoch starts at."""
-        return self.round_base
-
-
-def install_hooks(rt: Any) -> ElasticMembership | None:
-    """Kept for scripts written while the runtime had no hooks yet: the runtime wires elastic
-    membership in itself now (``init()`` of an elastic job). Returns ``rt.elastic_m``."""
-    return rt.elastic_m

@@ -2,9 +2,9 @@
 instead of the :class:`~byteps_like.worker.runtime.Runtime`.
 
 One :class:`InFlight` per runtime holds the lock over the state the parts share (tensors,
-handles, pushes and native operations in flight), the handles in flight, the partitions whose
-push awaits the server's answer, the job's fatal error, the pipeline while connected, and the
-byte counters; and it fails a partition (:meth:`InFlight.fail_task`) for every part.
+handles and native operations in flight), the handles in flight, the job's fatal error, the
+pipeline while connected, and the byte counters; and it fails a partition
+(:meth:`InFlight.fail_task`) for every part.
 
 The parts (:mod:`.stages`, :mod:`.dispatch`, :mod:`.dataplane`, :mod:`.local_reduce`,
 :mod:`.elastic_membership`) take this object and the other parts they use, never the runtime,
@@ -26,8 +26,8 @@ class InFlight:
 
     def __init__(self, who: Callable[[], str] = lambda: "worker") -> None:
         self.who = who  # names this worker in errors: "worker rank 3"
-        # one lock for the state the parts share: tensors, handles, pushes and native
-        # operations in flight
+        # one lock for the state the parts share: tensors, handles and native operations in
+        # flight
         self.lock = threading.RLock()
         self.handles: set[Handle] = set()
         self.fatal: BaseException | None = None  # the job's fatal error, once there is one

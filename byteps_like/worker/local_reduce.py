@@ -86,10 +86,11 @@ class LocalReduction:
         return seg
 
     # -- the stages (pipeline threads) ---------------------------------------------------------
-    def _send(self, mtype: MsgType, task: Task, route: Route, flags: int = 0) -> None:
+    def _send(self, mtype: MsgType, token: Token, route: Route, flags: int = 0) -> None:
+        """Tell a local peer about the round ``token`` (key, round) of a partition."""
         m = self.members
         hdr = Header(mtype, role=Role.WORKER, rank=m.rank, flags=flags, job=m.job,
-                     key=task.key, round=task.round)
+                     key=token[0], round=token[1])
         m.endpoint.send(route, encode(hdr))
 
     def reduce(self, task: Task) -> bool:
@@ -105,7 +106,7 @@ class LocalReduction:
             if m.is_local_root:
                 self._ready(token)
             else:
-                self._send(MsgType.LOCAL_READY, task, Route(peer="localroot"))
+                self._send(MsgType.LOCAL_READY, token, Route(peer="localroot"))
             if not self.gate.park(("reduce",) + token, task):
                 return False
         if task.phase == Phase.SUM_SLICE:  # reduce-scatter: sum my slice over all slots
@@ -118,7 +119,7 @@ class LocalReduction:
                     _core.add_into(out, seg.slot(i)[lo:hi], task.dtype)
             task.phase = Phase.REDUCED
             if not m.is_local_root:
-                self._send(MsgType.LOCAL_REDUCED, task, Route(peer="localroot"))
+                self._send(MsgType.LOCAL_REDUCED, token, Route(peer="localroot"))
                 return True  # on to the broadcast stage, which waits for the result
             if self.reduced.arrive(token):
                 return True
@@ -128,11 +129,8 @@ class LocalReduction:
     def _ready(self, token: Token) -> None:
         """Local root: one more rank's input is in place; when all are, reduce."""
         if self.ready.arrive(token):
-            m = self.members
-            for _r, route in self.routes.items():
-                hdr = Header(MsgType.LOCAL_REDUCE, role=Role.WORKER, rank=m.rank,
-                             job=m.job, key=token[0], round=token[1])
-                m.endpoint.send(route, encode(hdr))
+            for route in self.routes.values():
+                self._send(MsgType.LOCAL_REDUCE, token, route)
             self.gate.signal(("reduce",) + token)
 
     def broadcast(self, task: Task) -> bool:
@@ -145,7 +143,7 @@ class LocalReduction:
         if m.is_local_root:  # with the pushes summed when fewer than all: every rank averages alike
             flags = FLAG_CONTRIB | (task.contrib << CONTRIB_SHIFT) if task.contrib else 0
             for route in self.routes.values():
-                self._send(MsgType.LOCAL_DONE, task, route, flags)
+                self._send(MsgType.LOCAL_DONE, token, route, flags)
         elif task.phase < Phase.AWAIT_RESULT:
             task.phase = Phase.AWAIT_RESULT
             if not self.gate.park(("done",) + token, task):

@@ -89,9 +89,7 @@ def wait_for_the_cause(exc: BaseException | None, host: str) -> None:
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)   # a zombie counts: torchrun has not seen it exit yet
-        except ProcessLookupError:
-            return
-        except PermissionError:
+        except (ProcessLookupError, PermissionError):
             return
         time.sleep(0.05)
 
@@ -181,8 +179,6 @@ class Membership:
         self.ctx = zmq.Context()
         ep = self.ep = make_endpoint("worker", cfg, context=self.ctx)
         c = cfg.cluster
-        self.local_size, self.local_rank = c.local_size, c.local_rank
-        self.is_local_root = c.local_rank == 0
         port = 0
         if c.local_size > 1:
             if c.worker_id is None:

@@ -122,7 +122,6 @@ class Task:
     nbytes: int
     priority: int
     server: int
-    conn: int
     round: int
     itinerary: tuple[Stage, ...]
     stage: int = 0

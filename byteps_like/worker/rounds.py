@@ -157,20 +157,19 @@ class Rounds:
         cast = plan.cast
         if cast is not None and cast.where == WHOLE:  # the host side's one Python cast
             comp, nthreads = cast.compressor, cast_threads()
-            wire, wdt, ctx = comp.compress(arr, dtype, nthreads=nthreads)
-            h = self.run(plan, wire, wire, name, wdt, average, priority, None, False,
-                         compression)
+            wire, _wdt, ctx = comp.compress(arr, dtype, nthreads=nthreads)
+            h = self.run(plan, wire, wire, name, average, priority, None, False, compression)
             h.input, h.output = arr, out
             h.convert = lambda: comp.decompress(wire, ctx, out, dtype, nthreads=nthreads)
             return h
-        return self.run(plan, arr, out, name, dtype, average, priority, device, prereduced,
+        return self.run(plan, arr, out, name, average, priority, device, prereduced,
                         compression)
 
     def run(self, plan: RoutePlan, arr: np.ndarray, out: np.ndarray, name: str | None,
-            dtype: str, average: bool, priority: int, device: DeviceCopier | None,
-            prereduced: bool, compression: Any) -> Handle:
-        """Run ``plan`` for host arrays ``arr`` -> ``out`` (of ``dtype``; with a
-        :data:`~.route.WHOLE` cast, already the wire arrays)."""
+            average: bool, priority: int, device: DeviceCopier | None, prereduced: bool,
+            compression: Any) -> Handle:
+        """Run ``plan`` for host arrays ``arr`` -> ``out`` (with a :data:`~.route.WHOLE` cast,
+        already the wire arrays)."""
         m, cfg = self.members, self.members.config
         distributed = m.control is not None
         wdtype = plan.wire_dtype
@@ -191,8 +190,7 @@ class Rounds:
                 if out is not arr:
                     np.copyto(out, arr)
                 return h
-            start = self.enqueue(st, h, plan, arr, out, dtype, average, priority, device,
-                                 prereduced)
+            start = self.enqueue(st, h, plan, arr, out, average, priority, device, prereduced)
         if start is not None:
             try:
                 start(True)  # outside the lock: may block on a full queue (back-pressure)
@@ -202,15 +200,14 @@ class Rounds:
         return h
 
     def enqueue(self, st: TensorState, h: Handle, plan: RoutePlan, arr: np.ndarray,
-                out: np.ndarray, dtype: str, average: bool, priority: int,
+                out: np.ndarray, average: bool, priority: int,
                 device: DeviceCopier | None, prereduced: bool) -> Callable[[bool], None] | None:
         """Take a new round of ``st`` (lock held). Returns its start (call it outside the lock)
         when the name is idle; None when it waits behind the round in flight."""
         self.flight.handles.add(h)
 
         def start(block: bool) -> None:
-            self.start(st, h, plan, arr, out, dtype, average, priority, block, device,
-                       prereduced)
+            self.start(st, h, plan, arr, out, average, priority, block, device, prereduced)
         idle = st.busy is None
         if idle:
             st.busy = h
@@ -221,12 +218,12 @@ class Rounds:
         return start if idle else None
 
     def start(self, st: TensorState, h: Handle, plan: RoutePlan, arr: np.ndarray,
-              out: np.ndarray, dtype: str, average: bool, priority: int, block: bool,
+              out: np.ndarray, average: bool, priority: int, block: bool,
               device: DeviceCopier | None = None, prereduced: bool = False) -> None:
         """Start the next round of ``st`` as ``plan`` says (:meth:`RoutePlan.submit
         <.route.RoutePlan.submit>`): one native operation, or one pipeline task per
-        partition. ``dtype`` is the caller's; a :data:`~.route.NATIVE` cast narrows on the
-        native client."""
+        partition. ``arr`` and ``out`` are in the caller's dtype; a :data:`~.route.NATIVE`
+        cast narrows them to the plan's wire dtype on the native client."""
         fatal = self.flight.fatal
         if fatal is not None:
             h.fail(fatal)
@@ -246,29 +243,17 @@ class Rounds:
         src = arr.reshape(-1).view(np.uint8)
         dst = out.reshape(-1).view(np.uint8)
         how = plan.submit(compiled=st.compiled is not None, native=cli is not None)
-        if how == NATIVE_CAST:
-            # a host float32 tensor cast on the native data plane: the client narrows and
-            # widens its partitions on its codec threads
-            if cli is None:
+        if how in (NATIVE_WHOLE, NATIVE_CAST, NATIVE_CODED):
+            # a host tensor as one native operation (a task's PUSH stage submits the others):
+            # plain, cast (a float32 tensor the client narrows and widens partition by
+            # partition) or coded (a float32 tensor whose compiled codec the client runs), the
+            # cast and the codec on the client's codec threads
+            if cli is None:  # a cast is planned before the client is known
                 h.fail(CommunicationError(f"push_pull of {st.name!r}: the native data plane "
                                           "closed before the round started"))
                 return
             self.plane.submit_tensor(cli, st, h, rnd, src, dst, wdt, average, priority,
-                                     cast=True)
-            return
-        if how == NATIVE_WHOLE:
-            # a host tensor: one native operation (a task's PUSH stage submits the others; a
-            # compressed partition too: the compiled server runs a built-in codec itself and a
-            # registered compressor's, whose math is Python, through its codec factory)
-            assert cli is not None
-            self.plane.submit_tensor(cli, st, h, rnd, src, dst, wdt, average, priority)
-            return
-        if how == NATIVE_CODED:
-            # a host float32 tensor with a compiled codec: its partitions encoded and decoded
-            # on the client's codec threads
-            assert cli is not None
-            self.plane.submit_tensor(cli, st, h, rnd, src, dst, dtype, average, priority,
-                                     coded=True)
+                                     coded=how == NATIVE_CODED, cast=how == NATIVE_CAST)
             return
         pipeline = self.flight.active_pipeline
         phase = Phase.SUM_SLICE if prereduced else Phase.COPY_IN
@@ -276,7 +261,7 @@ class Rounds:
         for part, (off, n, key, server) in enumerate(st.parts):
             # the declared fields one by one, as cheap as it gets (a keyword per field to the
             # dataclass costs about a microsecond more per partition)
-            task = Task(h, key, part, off, n, priority, server, key % m.conns, rnd, route)
+            task = Task(h, key, part, off, n, priority, server, rnd, route)
             task.src = src[off:off + n]
             task.dst = dst[off:off + n]
             # what goes to the servers and where their sum lands: the machine's reduced
@@ -289,15 +274,12 @@ class Rounds:
             task.device = device
             task.dtype = wdt
             task.average = average
-            task.decl = (declaration(st, wdt, part, backs_up(m.config, average, m.size))
-                         if first_round(rnd) else None)
             task.codec = st.codecs[part] if st.codecs else None
+            task.decl = (declaration(st, wdt, part, backs_up(m.config, average, m.size),
+                                     coded=task.codec is not None)
+                         if first_round(rnd) else None)
             if task.codec is not None:
                 task.scratch = st.scratch[part]
-                if task.decl is not None:  # the compressor travels once per key
-                    if st.native_codec is not None:  # a built-in codec's (native_params)
-                        task.decl["native_codec"] = st.native_codec[part]
-                    task.decl["compressor"] = st.spec
             pipeline.submit(task, block=block)
 
     def done(self, st: TensorState, h: Handle) -> None:

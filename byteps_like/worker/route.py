@@ -118,10 +118,6 @@ class Cast(NamedTuple):
     wire_dtype: str
     where: str
 
-    @property
-    def on_device(self) -> bool:
-        return self.where == ON_DEVICE
-
 
 class RoutePlan(NamedTuple):
     """How one push_pull travels (see the module docstring)."""

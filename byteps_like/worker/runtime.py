@@ -10,11 +10,12 @@ which calls :meth:`Runtime.push_pull_async`. That binds the tensor's name in the
 (:mod:`.rounds`): a host tensor on the native data plane goes to C++ whole
 (:mod:`.dataplane`); otherwise each partition becomes a :class:`~.pipeline.Task` whose
 itinerary the :class:`~.pipeline.Pipeline` walks through the stage executors
-(:mod:`.stages`, and :mod:`.local_reduce` with several ranks per machine). The PUSH stage
-sends the partition to its server, which sums every worker's push of the round
-(:mod:`byteps_like.server`) and answers with the sum; the dispatcher (:mod:`.dispatch`) hands
-the answer to the task, the PULL stage writes it into the output, and when every partition is
-done the :class:`~.handle.Handle` completes and ``synchronize()`` writes the gradient back.
+(:mod:`.stages`, and :mod:`.local_reduce` with several ranks per machine), whose PUSH stage
+submits the partition to the same native data plane. Its server's I/O threads sum every
+worker's push of the round (csrc/dataplane_server.cc) and answer with the sum, which the
+client receives into the output (averaged there) and reports as a completion; when the
+operation (or every partition) is done the :class:`~.handle.Handle` completes and
+``synchronize()`` writes the gradient back.
 
 The parts, each with one job:
 
@@ -25,7 +26,8 @@ The parts, each with one job:
   (``local``): what each pipeline stage does;
 * :class:`~.dataplane.NativeDataPlane` (``plane``): the native data plane's submit, wait and
   completion;
-* :class:`~.dispatch.Dispatcher` (``dispatch``): the endpoint's incoming messages;
+* :class:`~.dispatch.Dispatcher` (``dispatch``): the endpoint's incoming messages (control,
+  the local reduction, the server-held tables' answers);
 * :class:`~.rounds.Rounds` (``rounds``): a push_pull's rounds, one at a time per name, cut
   into one native operation or one pipeline task per partition; ``join``'s rounds.
 
@@ -44,7 +46,7 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -80,6 +82,7 @@ __all__ = ["COMPRESSIBLE", "DeviceCopier", "Runtime", "TensorState", "default_ru
            "reset_default_runtime"]
 
 log = logging.getLogger("byteps_like.worker")
+T = TypeVar("T")
 
 
 def _may_join(rank: int, local_size: int, cfg: Config) -> None:
@@ -94,6 +97,27 @@ def _may_join(rank: int, local_size: int, cfg: Config) -> None:
             f"join() on worker rank {rank}: not supported with backup workers "
             f"(BYTEPS_BACKUP_WORKERS={cfg.server.backup_workers}); give every rank the same "
             "number of steps or run without BYTEPS_BACKUP_WORKERS")
+
+
+class _Of(Generic[T]):
+    """A read-only attribute of the :class:`Runtime` that one of its parts holds
+    (``Runtime.rank_`` is ``members.rank``): the facade publishes what the parts keep."""
+
+    def __init__(self, part: str, name: str, doc: str = "") -> None:
+        self.part, self.name, self.attr = part, name, name
+        self.__doc__ = doc or f"The runtime's ``{part}.{name}``."
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    def __get__(self, rt: Any, owner: Any = None) -> T:
+        if rt is None:  # looked up on the class (documentation, introspection)
+            return self  # type: ignore[return-value]
+        return getattr(getattr(rt, self.part), self.name)
+
+    def __set__(self, rt: Any, value: Any) -> None:
+        raise AttributeError(f"Runtime.{self.attr} is read-only (it reads "
+                             f"Runtime.{self.part}.{self.name})")
 
 
 class Runtime:
@@ -129,13 +153,6 @@ class Runtime:
 
     # -- the parts' state, as the rest of the code reads it ----------------------------------------
     @property
-    def config(self) -> Config:
-        """The configuration of an initialised runtime."""
-        if self.cfg is None:
-            raise NotInitializedError("byteps_like is not initialised: call init() first")
-        return self.cfg
-
-    @property
     def pipeline(self) -> Pipeline | None:
         """The pipeline while connected (None before ``init()`` and after ``shutdown()``)."""
         return self.flight.pipeline
@@ -144,63 +161,28 @@ class Runtime:
     def pipeline(self, pipeline: Pipeline | None) -> None:
         self.flight.pipeline = pipeline
 
-    @property
-    def bytes_pushed(self) -> int:
-        """Payload bytes pushed so far (the compressed size for compressed partitions)."""
-        return self.flight.bytes_pushed
-
-    @property
-    def bytes_pulled(self) -> int:
-        """Payload bytes pulled so far (the compressed size for compressed partitions)."""
-        return self.flight.bytes_pulled
-
-    @property
-    def rank_(self) -> int:
-        return self.members.rank
-
-    @property
-    def size_(self) -> int:
-        return self.members.size
-
-    @property
-    def local_rank_(self) -> int:
-        return self.members.local_rank
-
-    @property
-    def local_size_(self) -> int:
-        return self.members.local_size
-
-    @property
-    def machine(self) -> int:
-        return self.members.machine
-
-    @property
-    def is_local_root(self) -> bool:
-        return self.members.is_local_root
-
-    @property
-    def single_machine(self) -> bool:
-        """One worker machine: push_pull never leaves it."""
-        return self.members.single_machine
-
-    @property
-    def control(self) -> ControlClient | None:
-        """The :class:`~byteps_like.control.ControlClient` (None: standalone, not connected)."""
-        return self.members.control
-
-    @property
-    def ep(self) -> Endpoint | None:
-        return self.members.ep
-
-    @property
-    def dropped(self) -> Drops:
-        """Messages dropped because no peer entitled to send them did (by reason)."""
-        return self.members.dropped
-
-    @property
-    def native(self) -> Any:
-        """The native data plane's :class:`byteps_like._core.DataClient`, or None."""
-        return self.plane.client
+    # what the parts hold, read here under the runtime's name (_Of)
+    config: _Of[Config] = _Of("members", "config", "The configuration of an initialised "
+                              "runtime (NotInitializedError before ``init()``).")
+    bytes_pushed: _Of[int] = _Of("flight", "bytes_pushed", "Payload bytes pushed so far (the "
+                                 "compressed size for compressed partitions).")
+    bytes_pulled: _Of[int] = _Of("flight", "bytes_pulled", "Payload bytes pulled so far (the "
+                                 "compressed size for compressed partitions).")
+    rank_: _Of[int] = _Of("members", "rank")
+    size_: _Of[int] = _Of("members", "size")
+    local_rank_: _Of[int] = _Of("members", "local_rank")
+    local_size_: _Of[int] = _Of("members", "local_size")
+    machine: _Of[int] = _Of("members", "machine")
+    single_machine: _Of[bool] = _Of("members", "single_machine",
+                                    "One worker machine: push_pull never leaves it.")
+    control: _Of[ControlClient | None] = _Of(
+        "members", "control", "The :class:`~byteps_like.control.ControlClient` (None: "
+        "standalone, not connected).")
+    ep: _Of[Endpoint | None] = _Of("members", "ep")
+    dropped: _Of[Drops] = _Of("members", "dropped", "Messages dropped because no peer "
+                              "entitled to send them did (by reason).")
+    native: _Of[Any] = _Of("plane", "client", "The native data plane's :class:`byteps_like."
+                           "_core.DataClient`, or None.")
 
     # -- lifecycle ----------------------------------------------------------------------------
     def init(self, **overrides: Any) -> None:
@@ -330,34 +312,32 @@ class Runtime:
         if self.flight.fatal is not None:
             raise self.flight.fatal
 
-    _check = check  # what the methods below call first
-
     # -- identity ---------------------------------------------------------------------------------
     def rank(self) -> int:
-        self._check()
+        self.check()
         return self.rank_
 
     def size(self) -> int:
-        self._check()
+        self.check()
         return self.size_
 
     def local_rank(self) -> int:
-        self._check()
+        self.check()
         return self.local_rank_
 
     def local_size(self) -> int:
-        self._check()
+        self.check()
         return self.local_size_
 
     def cross_rank(self) -> int:
         """This worker's machine among the job's worker machines (Horovod's ``cross_rank``):
         ``rank() // local_size()``, the index the servers count its machine's pushes by."""
-        self._check()
+        self.check()
         return self.members.machine
 
     def cross_size(self) -> int:
         """The number of worker machines (Horovod's ``cross_size``, ``DMLC_NUM_WORKER``)."""
-        self._check()
+        self.check()
         return self.size_ // self.local_size_
 
     def wire_report(self) -> str:
@@ -367,13 +347,13 @@ class Runtime:
 
     def get_pushpull_speed(self) -> tuple[int, float]:
         """(timestamp in ms, MB/s pushed plus pulled over the last few seconds), as in BytePS."""
-        self._check()
+        self.check()
         if self.telemetry is None:  # standalone: nothing travels
             return int(time.time() * 1000), 0.0
         return self.telemetry.speed()
 
     def barrier(self, timeout: float | None = None) -> None:
-        self._check()
+        self.check()
         if self.elastic_m is not None:
             self.elastic_m.check_collective()
         if self.members.control is not None:
@@ -393,14 +373,14 @@ class Runtime:
     def check_membership(self) -> None:
         """Elastic jobs: raise MembershipChangedError when workers wait to join or a newer
         epoch was announced (cheap, non-blocking; ``State.commit()`` calls it)."""
-        self._check()
+        self.check()
         if self.elastic_m is not None:
             self.elastic_m.check_membership()
 
     def rejoin(self, timeout: float | None = None) -> None:
         """Elastic jobs, after a MembershipChangedError: abandon the old epoch, block until the
         next one is formed and take its rank and size (TooFewWorkersError below the minimum)."""
-        self._check()
+        self.check()
         if self.elastic_m is None:
             raise BytePSError("rejoin() is for elastic jobs (BYTEPS_ELASTIC=1, bpslaunch "
                               "--elastic)")
@@ -411,7 +391,7 @@ class Runtime:
         block until every worker has joined. Meanwhile the other ranks' rounds complete without
         this one and their averages divide by the ranks still in. Returns the rank that joined
         last. A rank that finished without joining makes this raise PeerLeftError."""
-        self._check()
+        self.check()
         _may_join(self.rank_, self.local_size_, self.members.config)
         return self.rounds.join(self.sparse)
 
@@ -425,14 +405,14 @@ class Runtime:
         """This machine's shared reduction buffer for tensor ``name`` (several local ranks): a
         uint8 array of the tensor's bytes in shared memory, the same memory on every local rank.
         Binds the name like a first push_pull would."""
-        self._check()
+        self.check()
         if self.members.control is None or self.local_size_ < 2:
             raise ValueError("local_out needs a distributed job with several local ranks")
         return self.rounds.local_out(name, tuple(shape), dtype)
 
     def declare(self, name: str) -> int:
         """Reserve the next key for ``name``. Every worker must declare in the same order."""
-        self._check()
+        self.check()
         with self._lock:
             return self.registry.declare(name).decl_id
 
@@ -461,7 +441,7 @@ class Runtime:
         BYTEPS_MIN_COMPRESS_BYTES, integer tensors and standalone jobs are not compressed. A name
         keeps its first compressor. A cast compressor (fp16, bf16) converts float tensors to the
         dtype they travel and are summed in (:mod:`.cast`); ``auto``: :mod:`.autocompress`."""
-        self._check()
+        self.check()
         if self.elastic_m is not None:  # an epoch that is over: raise at once
             self.elastic_m.check_collective()
         if device is not None and not self.rounds.job().device_pipeline:

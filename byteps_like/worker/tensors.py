@@ -86,16 +86,23 @@ class TensorState:
     cast_coders: list[Any] | None = None
 
 
-def declaration(st: TensorState, dtype: str, part: int, backup: int = 0) -> dict[str, Any]:
+def declaration(st: TensorState, dtype: str, part: int, backup: int = 0,
+                coded: bool = False) -> dict[str, Any]:
     """What the first round of partition ``part`` declares to its server (both data paths):
-    the fields of a declaration (``wire.pack_decl``); a compressed one gains ``native_codec``
-    and ``compressor``. ``backup``: an averaged tensor of a job with b backup workers
-    (:func:`backs_up`), whose rounds complete without the last b pushes
+    the fields of a declaration (``wire.pack_decl``). ``coded``: a compressed partition, which
+    names its compressor (it travels once per key) and, for a built-in codec, the server
+    codec's parameters (``native_codec``). ``backup``: an averaged tensor of a job with b
+    backup workers (:func:`backs_up`), whose rounds complete without the last b pushes
     (csrc/dataplane_server_backup.cc)."""
     assert st.shape is not None
-    return {"name": st.name, "shape": list(st.shape), "dtype": dtype, "part": part,
+    decl = {"name": st.name, "shape": list(st.shape), "dtype": dtype, "part": part,
             "nparts": len(st.parts), "count": st.parts[part][1] // ITEMSIZE[dtype],
             "backup": backup}
+    if coded:
+        if st.native_codec is not None:
+            decl["native_codec"] = st.native_codec[part]
+        decl["compressor"] = st.spec
+    return decl
 
 
 def backs_up(cfg: Any, average: bool, size: int) -> int:

@@ -533,11 +533,11 @@ def _runtime_private_members() -> set[str]:
 
 def test_no_private_runtime_member_is_used_outside_runtime():
     """Nothing outside runtime.py reaches into the runtime's underscore members (its lock, its
-    handles, its fatal error, ``_check()``, ...): the parts use the in-flight object, plugins
+    handles, its fatal error, ``_teardown()``, ...): the parts use the in-flight object, plugins
     and the API its public methods. Any ``x._name`` with ``_name`` one of Runtime's and ``x``
     not ``self`` counts, whatever ``x`` is."""
     private = _runtime_private_members()
-    assert {"_lock", "_check", "_connect"} <= private  # the walk sees them
+    assert {"_lock", "_teardown", "_connect"} <= private  # the walk sees them
     bad = []
     for src in _sources("shared", "worker", "tool", "plugin:*", "bench", "server", "scheduler",
                         "launcher"):

@@ -36,7 +36,7 @@ WAIT = 5.0  # upper bound on any wait for something that should happen at once
 def make_task(key: int, *, nbytes: int = 1000, priority: int = 0,
               itinerary: tuple[str, ...] = (PUSH,)) -> Task:
     return Task(handle=None, key=key, part=0, offset=0, nbytes=nbytes, priority=priority,
-                server=0, conn=0, round=0, itinerary=itinerary)
+                server=0, round=0, itinerary=itinerary)
 
 
 def run_in_thread(fn, *args):
