@@ -118,7 +118,9 @@ class _Job(Protocol):
     """What :func:`job_dealer` reads of a worker's runtime (byteps_like.worker.runtime)."""
 
     initialized: bool
-    config: Any
+
+    @property
+    def config(self) -> Any: ...
 
     def rank(self) -> int: ...
     def size(self) -> int: ...

@@ -99,9 +99,9 @@ class _BackupSamplerWrapper(bps.DistributedSampler):
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
-        original = self.dataset._sampler
-        if hasattr(original, "set_epoch"):
-            original.set_epoch(epoch)
+        set_original = getattr(getattr(self.dataset, "_sampler", None), "set_epoch", None)
+        if set_original is not None:   # as Lightning's wrapper: the user's sampler follows
+            set_original(epoch)
 
 
 def backup_aware_sampler(sampler: Any) -> bps.DistributedSampler | None:
@@ -109,13 +109,16 @@ def backup_aware_sampler(sampler: Any) -> bps.DistributedSampler | None:
     dataloader (``torch``'s ``DistributedSampler``, or ``DistributedSamplerWrapper`` over the
     user's sampler): ``bps.DistributedSampler`` with the same ranks, ``shuffle``, ``seed`` and
     ``drop_last``; None when the job has no backup workers (nothing to change) or the sampler
-    is another one (the user's own distributed sampler stays)."""
+    is of another class (a ``bps.DistributedSampler`` or any other subclass stays). A
+    ``DistributedSampler`` of torch's own class that the script set itself cannot be told from
+    Lightning's and is replaced too."""
     if type(sampler) not in (TorchDistributedSampler, DistributedSamplerWrapper):
         return None
     kwargs = {"num_replicas": sampler.num_replicas, "rank": sampler.rank,
               "shuffle": sampler.shuffle, "seed": sampler.seed, "drop_last": sampler.drop_last}
     if type(sampler) is DistributedSamplerWrapper:
-        new: bps.DistributedSampler = _BackupSamplerWrapper(sampler.dataset._sampler, **kwargs)
+        user_sampler = getattr(sampler.dataset, "_sampler")  # noqa: B009 - Lightning's wrapper
+        new: bps.DistributedSampler = _BackupSamplerWrapper(user_sampler, **kwargs)
     else:
         new = bps.DistributedSampler(sampler.dataset, **kwargs)
     return new if new.backup_workers else None
