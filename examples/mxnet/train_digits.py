@@ -75,6 +75,10 @@ def main() -> None:
                     help="each worker trains on its own fixed shard (data[rank::size], shuffled "
                          "per worker) instead of bps.DistributedSampler's per-epoch deal of the "
                          "whole set; with backup workers the slow worker's shard is then lost")
+    ap.add_argument("--straggler", metavar="RANK:FACTOR", default="",
+                    help="make worker RANK FACTOR times slower: after each step it sleeps "
+                         "FACTOR - 1 times the step's own time (try with "
+                         "BYTEPS_BACKUP_WORKERS=1; docs/reliability.md, 'Backup workers')")
     args = ap.parse_args()
 
     bps.init()
@@ -114,6 +118,8 @@ def main() -> None:
         print(f"{size} worker(s), {n_mine} training samples on rank 0, {steps} steps/epoch, "
               f"batch {args.batch_size}/worker, lr {lr:g}"
               f"{'' if args.no_scale_lr else f' ({args.lr:g} x {size} workers)'}", flush=True)
+    slow_rank, _, factor = args.straggler.partition(":")
+    slow = float(factor) - 1 if args.straggler and int(slow_rank) == rank else 0.0
     t0 = time.perf_counter()
     rng = np.random.default_rng(100 + rank)
     for epoch in range(args.epochs):
@@ -127,11 +133,14 @@ def main() -> None:
         for s, (x, y) in enumerate(loader):
             if s == steps:
                 break
+            t_step = time.perf_counter()
             with autograd.record():
                 loss = loss_fn(net(x), y)
             loss.backward()
             trainer.step(x.shape[0])                   # average over workers, then update
             total += float(loss.mean().asscalar())
+            if slow:  # --straggler: this worker's steps take FACTOR times as long
+                time.sleep(slow * (time.perf_counter() - t_step))
         if rank == 0:
             print(f"epoch {epoch + 1:3d}/{args.epochs}  loss {total / steps:.4f}  "
                   f"test accuracy {accuracy(net, xte, yte):.4f}  "
