@@ -203,14 +203,19 @@ class BytePSStrategy(ParallelStrategy):
         0``): ``bps.DistributedSampler`` in place of the one Lightning added (see
         :func:`backup_aware_sampler`), so each epoch deals the whole dataset anew and holds as many
         samples as the rounds average; every rank then has ``ceil(len / (size - b *
-        local_size))`` samples an epoch. Validation, test and prediction loaders, and every
-        loader with ``b = 0``, are Lightning's."""
+        local_size))`` samples an epoch. Validation, test and prediction loaders, every loader
+        with ``b = 0`` and every loader of ``Trainer(use_distributed_sampler=False)`` are left
+        as they are."""
         dataloader = super().process_dataloader(dataloader)
         module = self.lightning_module
         trainer = getattr(module, "_trainer", None) if module is not None else None
         if (not self._backup_sampler or trainer is None
                 or trainer.state.stage != RunningStage.TRAINING
                 or not isinstance(dataloader, DataLoader)):
+            return dataloader
+        # Trainer(use_distributed_sampler=False): the script deals its data itself
+        connector = getattr(trainer, "_accelerator_connector", None)
+        if not getattr(connector, "use_distributed_sampler", True):
             return dataloader
         sampler = backup_aware_sampler(dataloader.sampler)
         if sampler is None:

@@ -152,8 +152,8 @@ def test_the_training_sampler_with_and_without_backup_workers(backup):
     bps.DistributedSampler, for a shuffled loader and (wrapped) for the user's own sampler: each
     rank's epoch holds ceil(203 / (2 - 1)) samples, and the indices it trained on, epoch by
     epoch, are bps.DistributedSampler's with Lightning's seed; the validation loader keeps
-    Lightning's sampler. With b = 0 every loader is Lightning's own, index for index
-    (workers/lightning_sampler.py)."""
+    Lightning's sampler. With b = 0 every loader is Lightning's own, index for index; with
+    use_distributed_sampler=False the script's own sampler stays (workers/lightning_sampler.py)."""
     import json
     import math
     r = bpslaunch([SAMPLER_WORKER], workers=WORKERS, servers=1, timeout=240,
@@ -188,3 +188,6 @@ def test_the_training_sampler_with_and_without_backup_workers(backup):
     val = re.findall(r"VAL rank (\d+) type (\S+) len (\d+)", r.out)
     assert sorted(val) == [(str(rank), TORCH_SAMPLER, str(math.ceil(n / WORKERS)))
                            for rank in range(WORKERS)], r.log
+    # Trainer(use_distributed_sampler=False): the strategy leaves the script's sampler alone
+    kept = re.findall(r"UNSWAPPED rank (\d+) type (\S+) same (\w+)", r.out)
+    assert sorted(kept) == [(str(rank), TORCH_SAMPLER, "True") for rank in range(WORKERS)], r.log

@@ -11,7 +11,8 @@ training step records the indices of its batch. Every rank prints, per loader, `
 <json: the indices of each epoch>`` and ``EXPECT <loader> rank <r> len <n> epochs <json>``:
 what ``bps.DistributedSampler`` (b > 0) or torch's ``DistributedSampler`` (b = 0) with the same
 seed gives for those epochs. A validation loader's sampler is printed too (``VAL``): it is
-Lightning's with any ``b``.
+Lightning's with any ``b``. A second fit with ``use_distributed_sampler=False`` keeps the script's
+own sampler (``UNSWAPPED``).
 """
 from __future__ import annotations
 
@@ -107,6 +108,15 @@ def main() -> None:
               f"epochs {json.dumps(want[name])}", flush=True)
     print(f"VAL rank {rank} type {kind(model.val_sampler)} "
           f"len {len(model.val_sampler)}", flush=True)
+    # Trainer(use_distributed_sampler=False): the script's own sampler stays, whatever b
+    mine = TorchSampler(data, num_replicas=size, rank=rank, shuffle=True, seed=5)
+    trainer = pl.Trainer(strategy=BytePSStrategy(), accelerator="cpu", devices=1, max_epochs=1,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, use_distributed_sampler=False)
+    trainer.fit(Net(), train_dataloaders={"shuffled": DataLoader(data, BATCH, sampler=mine),
+                                          "own": DataLoader(data, BATCH)})
+    kept = trainer.train_dataloader["shuffled"].sampler
+    print(f"UNSWAPPED rank {rank} type {kind(kept)} same {kept is mine}", flush=True)
 
 
 if __name__ == "__main__":
