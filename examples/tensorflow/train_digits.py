@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -44,6 +45,10 @@ def main() -> None:
                    help="each worker trains on its own fixed shard (data[rank::size]) instead "
                         "of bps.epoch_dataset's per-epoch deal of the whole set; with backup "
                         "workers the slow worker's shard is then lost")
+    p.add_argument("--straggler", metavar="RANK:FACTOR", default="",
+                   help="make worker RANK FACTOR times slower: after each step it sleeps "
+                        "FACTOR - 1 times the step's own time (try with "
+                        "BYTEPS_BACKUP_WORKERS=1; docs/reliability.md, 'Backup workers')")
     args = p.parse_args()
     if args.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -90,11 +95,16 @@ def main() -> None:
         return loss
 
     bps.broadcast_variables(model.variables, root_rank=0)
+    slow_rank, _, factor = args.straggler.partition(":")
+    slow = float(factor) - 1 if args.straggler and int(slow_rank) == rank else 0.0
     steps = 0
     for epoch in range(args.epochs):
         for x, y in epoch_data(epoch):
+            t_step = time.perf_counter()
             loss = train_step(x, y)
             steps += 1
+            if slow:  # --straggler: this worker's steps take FACTOR times as long
+                time.sleep(slow * (time.perf_counter() - t_step))
         if rank == 0:
             print(f"epoch {epoch + 1}: loss {float(loss):.4f}", flush=True)
     acc = float(np.mean(np.argmax(model(x_test).numpy(), 1) == y_test))
