@@ -211,12 +211,14 @@ def join_epoch(keras: Any, ops: Any, model: Any, logs: dict | None) -> None:
     epoch starts everywhere from the same state. Once per epoch end: the callbacks of one fit
     receive the same ``logs`` dict, so the second caller sees that the first has joined.
     Skipped in a one-worker job, with several processes per machine, where ``join()`` is not
-    supported, and in elastic jobs, whose membership the elastic state owns (every rank must
-    then run the same number of steps)."""
+    supported, in elastic jobs, whose membership the elastic state owns, and with backup
+    workers (``BYTEPS_BACKUP_WORKERS``), which refuse ``join()``: every rank must then run the
+    same number of steps (``bps.DistributedPyDataset`` gives every rank the same)."""
     if logs is not None and _joined_at.get(model) is logs:
         return
     rt = default_runtime()
-    if rt.size() == 1 or rt.local_size() > 1 or rt.elastic:
+    if (rt.size() == 1 or rt.local_size() > 1 or rt.elastic
+            or rt.config.server.backup_workers > 0):
         return
     rt.join()
     optimizer = getattr(model, "optimizer", None)

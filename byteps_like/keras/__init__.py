@@ -27,6 +27,7 @@ from ..worker.api import barrier, join, local_rank, local_size, rank, shutdown, 
 from ..worker.api import plugin_init as init
 from ..worker.runtime import default_runtime
 from ._backend import ops as _ops  # byteps_like.tensorflow.ops or an EagerOps
+from .data import DistributedPyDataset
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
@@ -99,7 +100,8 @@ __all__ = ["init", "shutdown", "join", "barrier", "rank", "size", "local_rank", 
            "Compression", "DistributedOptimizer", "broadcast_global_variables", "load_model",
            "push_pull", "allreduce", "allgather", "broadcast", "callbacks",
            "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "JoinCallback",
-           "LearningRateScheduleCallback", "LearningRateWarmupCallback"]
+           "LearningRateScheduleCallback", "LearningRateWarmupCallback",
+           "DistributedPyDataset"]
 
 
 def __getattr__(name: str):  # bps.elastic loads on first use (docs/elastic.md)

@@ -6,6 +6,13 @@ optimizer ``configure_optimizers`` returns: every gradient starts its push_pull 
 backward has accumulated it, and the optimizer step waits for the averages. The strategy's
 collectives (``reduce`` for ``self.log(..., sync_dist=True)``, ``all_gather``, ``broadcast``,
 ``barrier``) go through the same job.
+
+With backup workers (``BYTEPS_BACKUP_WORKERS=b > 0``) the training dataloader's sampler is
+``bps.DistributedSampler`` (``process_dataloader``): the distributed sampler Lightning adds
+deals a fixed share per rank and an epoch of ``len / size`` samples, which loses the slow
+machine's share; this one deals the whole dataset anew every epoch and counts an epoch in the
+samples the rounds average (docs/reliability.md, "Backup workers"). With ``b = 0`` Lightning's
+own sampler stays.
 """
 from __future__ import annotations
 
@@ -16,11 +23,15 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper, _DatasetSamplerWrapper
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import ParallelStrategy
-from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities.data import _update_dataloader
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch.distributed import ReduceOp
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 import byteps_like.torch as bps
 
@@ -74,6 +85,45 @@ def _gather(tensor: torch.Tensor) -> torch.Tensor:
     return bps.allgather(t.reshape(1, *t.shape), name=_key("all_gather", t))
 
 
+class _BackupSamplerWrapper(bps.DistributedSampler):
+    """Lightning's ``DistributedSamplerWrapper`` (the user's own sampler, dealt over the ranks)
+    with ``bps.DistributedSampler``'s deal: positions in the user sampler's order of an
+    epoch."""
+
+    def __init__(self, sampler: Any, **kwargs: Any) -> None:
+        super().__init__(_DatasetSamplerWrapper(sampler), **kwargs)
+
+    def __iter__(self):
+        self.dataset.reset()
+        return (self.dataset[index] for index in super().__iter__())
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        set_original = getattr(getattr(self.dataset, "_sampler", None), "set_epoch", None)
+        if set_original is not None:   # as Lightning's wrapper: the user's sampler follows
+            set_original(epoch)
+
+
+def backup_aware_sampler(sampler: Any) -> bps.DistributedSampler | None:
+    """The backup-aware replacement of the distributed sampler Lightning put into a training
+    dataloader (``torch``'s ``DistributedSampler``, or ``DistributedSamplerWrapper`` over the
+    user's sampler): ``bps.DistributedSampler`` with the same ranks, ``shuffle``, ``seed`` and
+    ``drop_last``; None when the job has no backup workers (nothing to change) or the sampler
+    is of another class (a ``bps.DistributedSampler`` or any other subclass stays). A
+    ``DistributedSampler`` of torch's own class that the script set itself cannot be told from
+    Lightning's and is replaced too."""
+    if type(sampler) not in (TorchDistributedSampler, DistributedSamplerWrapper):
+        return None
+    kwargs = {"num_replicas": sampler.num_replicas, "rank": sampler.rank,
+              "shuffle": sampler.shuffle, "seed": sampler.seed, "drop_last": sampler.drop_last}
+    if type(sampler) is DistributedSamplerWrapper:
+        user_sampler = getattr(sampler.dataset, "_sampler")  # noqa: B009 - Lightning's wrapper
+        new: bps.DistributedSampler = _BackupSamplerWrapper(user_sampler, **kwargs)
+    else:
+        new = bps.DistributedSampler(sampler.dataset, **kwargs)
+    return new if new.backup_workers else None
+
+
 class BytePSStrategy(ParallelStrategy):
     """Lightning strategy for byteps_like (the shape of Lightning's former HorovodStrategy).
 
@@ -84,6 +134,10 @@ class BytePSStrategy(ParallelStrategy):
             ``accumulate_grad_batches``).
         init_options: passed to ``byteps_like.torch.init()`` (configuration overrides such as
             ``{"cluster.num_worker": 2}``), when this process has not joined the job yet.
+        backup_sampler: with backup workers, put ``bps.DistributedSampler`` into the training
+            dataloader in place of the sampler Lightning adds (default True; see
+            :meth:`process_dataloader`). Pass False where rounds wait for every machine
+            anyway (CUDA tensors of machines with several local ranks: docs/reliability.md).
 
     Unlike the Horovod strategy, the learning rate is not multiplied by the number of workers:
     the gradients are averaged, as with Lightning's DDP strategy, so the same hyperparameters
@@ -96,7 +150,7 @@ class BytePSStrategy(ParallelStrategy):
                  parallel_devices: list[torch.device] | None = None,
                  checkpoint_io=None, precision_plugin=None,
                  compression: Any = bps.Compression.none, backward_passes_per_step: int = 1,
-                 init_options: dict[str, Any] | None = None):
+                 init_options: dict[str, Any] | None = None, backup_sampler: bool = True):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step={backward_passes_per_step}: must be "
                              ">= 1")
@@ -107,6 +161,7 @@ class BytePSStrategy(ParallelStrategy):
                          precision_plugin=precision_plugin)
         self._compression = compression
         self._manual_bpps = backward_passes_per_step
+        self._backup_sampler = backup_sampler
         self._exit_stack: contextlib.ExitStack | None = None
         self._failed = False
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
@@ -142,6 +197,30 @@ class BytePSStrategy(ParallelStrategy):
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def process_dataloader(self, dataloader: object) -> object:
+        """The training dataloader's sampler, with backup workers (``BYTEPS_BACKUP_WORKERS >
+        0``): ``bps.DistributedSampler`` in place of the one Lightning added (see
+        :func:`backup_aware_sampler`), so each epoch deals the whole dataset anew and holds as many
+        samples as the rounds average; every rank then has ``ceil(len / (size - b *
+        local_size))`` samples an epoch. Validation, test and prediction loaders, every loader
+        with ``b = 0`` and every loader of ``Trainer(use_distributed_sampler=False)`` are left
+        as they are."""
+        dataloader = super().process_dataloader(dataloader)
+        module = self.lightning_module
+        trainer = getattr(module, "_trainer", None) if module is not None else None
+        if (not self._backup_sampler or trainer is None
+                or trainer.state.stage != RunningStage.TRAINING
+                or not isinstance(dataloader, DataLoader)):
+            return dataloader
+        # Trainer(use_distributed_sampler=False): the script deals its data itself
+        connector = getattr(trainer, "_accelerator_connector", None)
+        if not getattr(connector, "use_distributed_sampler", True):
+            return dataloader
+        sampler = backup_aware_sampler(dataloader.sampler)
+        if sampler is None:
+            return dataloader
+        return _update_dataloader(dataloader, sampler, mode=RunningStage.TRAINING)
 
     def model_to_device(self) -> None:
         if self.root_device.type == "cuda":

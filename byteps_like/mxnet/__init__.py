@@ -6,6 +6,10 @@
     ...
     trainer.step(batch_size)      # gradients averaged across workers, then the update
 
+``bps.DistributedSampler(len(dataset))`` deals the training set over the workers for Gluon's
+``DataLoader`` (a new deal each epoch: ``set_epoch``; with backup workers its epoch holds as
+many samples as the rounds average).
+
 MXNet is imported lazily: ``init``, ``rank`` and friends work without it, and the first use of an
 MXNet-facing name raises an ImportError naming the numpy range MXNet 1.9.1 works with.
 """
@@ -19,16 +23,17 @@ from ..worker.api import join, local_rank, local_size, rank, shutdown, size  # t
 from ..worker.api import plugin_init as init
 from .ops import broadcast_parameters, byteps_declare_tensor, byteps_push_pull
 
-_LAZY = ("DistributedOptimizer", "DistributedTrainer")
+_LAZY = {"DistributedOptimizer": ".trainer", "DistributedTrainer": ".trainer",
+         "DistributedSampler": ".data"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(".trainer", __name__), name)
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["init", "shutdown", "join", "rank", "size", "local_rank", "local_size",
            "byteps_push_pull",
            "byteps_declare_tensor", "broadcast_parameters", "Compression",
-           "DistributedOptimizer", "DistributedTrainer"]
+           "DistributedOptimizer", "DistributedTrainer", "DistributedSampler"]

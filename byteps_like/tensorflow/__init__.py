@@ -17,6 +17,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without tensorfl
 from ..compression import Compression
 from ..worker.api import declare, join, local_rank, local_size, rank, shutdown, size  # the core's
 from ..worker.api import plugin_init as init
+from .data import epoch_dataset, epoch_indices
 from .ops import allgather, broadcast, broadcast_variables, push_pull, push_pull_gradients
 from .sparse import SparseEmbedding
 from .tape import DistributedGradientTape
@@ -37,7 +38,7 @@ __all__ = ["init", "shutdown", "join", "allgather", "rank", "size", "local_rank"
            "declare",
            "push_pull", "push_pull_gradients", "broadcast", "broadcast_variables",
            "DistributedGradientTape", "DistributedOptimizer", "Compression",
-           "SparseEmbedding"]
+           "SparseEmbedding", "epoch_indices", "epoch_dataset"]
 
 
 def __getattr__(name: str):  # bps.elastic loads on first use (docs/elastic.md)

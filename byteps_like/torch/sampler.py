@@ -31,20 +31,22 @@ several local ranks reduce through NCCL: docs/reliability.md) drop nothing; ther
 """
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any, cast
 
 import torch
 from torch.utils.data.distributed import DistributedSampler as _TorchSampler
 
+from ..data import EpochDealer, job_dealer
 from ..worker.runtime import default_runtime
 
 
-def _job_backup_workers() -> int:
-    """The job's ``BYTEPS_BACKUP_WORKERS`` (0 in a job of one worker: nothing is dropped)."""
-    rt = default_runtime()
-    return rt.config.server.backup_workers if rt.size() > 1 else 0
+def torch_permutations(seed: int) -> Callable[[int], torch.Tensor]:
+    """Permutations from a ``torch.Generator`` seeded with ``seed`` (``torch.randperm``), as
+    PyTorch's ``DistributedSampler`` draws them: the same on every rank."""
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return lambda n: torch.randperm(n, generator=g)
 
 
 class DistributedSampler(_TorchSampler):
@@ -56,7 +58,9 @@ class DistributedSampler(_TorchSampler):
     ``bps.init()`` first). Outside a job pass ``num_replicas`` and ``rank``; ``backup_workers``
     is then 0 and ``local_size`` 1 unless given. Call ``set_epoch(e)``
     at the start of every epoch, as with PyTorch's. ``aggregated`` is the number of ranks whose
-    gradients a round averages, ``num_replicas - backup_workers * local_size``."""
+    gradients a round averages, ``num_replicas - backup_workers * local_size``. The deal itself
+    is :class:`byteps_like.data.EpochDealer`'s (``dealer``), the one every framework's data
+    helper uses, with PyTorch's permutations."""
 
     def __init__(self, dataset: Any, num_replicas: int | None = None, rank: int | None = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, *,
@@ -66,45 +70,22 @@ class DistributedSampler(_TorchSampler):
             num_replicas = rt.size()
         if rank is None:
             rank = rt.rank()
-        # given num_replicas and rank, a sampler made outside a job has no backup workers
-        if backup_workers is None:
-            backup_workers = (_job_backup_workers() if num_replicas > 1 and rt.initialized
-                              else 0)
-        if local_size is None:
-            local_size = rt.local_size() if backup_workers and rt.initialized else 1
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
                          seed=seed, drop_last=drop_last)
-        b, ls = int(backup_workers), int(local_size)
-        if b < 0 or ls < 1 or num_replicas % ls:
-            raise ValueError(f"DistributedSampler on rank {rank}: backup_workers={b} must be >= 0 "
-                             f"and local_size={ls} >= 1 and divide num_replicas={num_replicas}")
-        if b and b * ls >= num_replicas:
-            raise ValueError(f"DistributedSampler on rank {rank}: backup_workers={b} leaves no "
-                             f"rank to average ({num_replicas} ranks, {ls} per machine); "
-                             "BYTEPS_BACKUP_WORKERS must be below the number of worker machines")
-        self.backup_workers = b
-        self.aggregated = num_replicas - b * ls
-        if b:
-            n = len(cast(Sized, self.dataset))
-            self.num_samples = (n // self.aggregated if drop_last
-                                else math.ceil(n / self.aggregated))
-            self.total_size = self.num_samples * self.num_replicas
+        try:
+            self.dealer: EpochDealer = job_dealer(
+                len(cast(Sized, dataset)), rt, num_replicas=num_replicas, rank=rank,
+                backup_workers=backup_workers, local_size=local_size, shuffle=shuffle,
+                seed=seed, drop_last=drop_last, permutations=torch_permutations)
+        except ValueError as exc:
+            raise ValueError(f"DistributedSampler: {exc}") from None
+        self.backup_workers = self.dealer.backup_workers
+        self.aggregated = self.dealer.aggregated
+        self.num_samples = self.dealer.num_samples
+        self.total_size = self.dealer.total_size
 
     def __iter__(self) -> Iterator[int]:
-        if not self.backup_workers:
-            return super().__iter__()
-        n = len(cast(Sized, self.dataset))
-        if n == 0:
-            return iter([])
-        g = torch.Generator()
-        g.manual_seed(self.seed + self.epoch)
-        passes, have = [], 0
-        while have < self.total_size:   # whole permutations, each a fresh one
-            passes.append(torch.randperm(n, generator=g) if self.shuffle else torch.arange(n))
-            have += n
-        order = torch.cat(passes)[:self.total_size]
-        start = self.rank if self.shuffle else (self.rank + self.epoch) % self.num_replicas
-        return iter(order[start::self.num_replicas].tolist())
+        return iter(self.dealer.indices(self.epoch))
 
 
 __all__ = ["DistributedSampler"]

@@ -5,7 +5,12 @@
     python examples/keras/train_digits.py          # no launcher: one process, size() == 1
     python examples/keras/train_digits.py --tf-keras   # the same through tf.keras
 
-The BytePS/Horovod Keras recipe: each worker fits its own shard; the optimizer is wrapped in
+The BytePS/Horovod Keras recipe: each worker fits its part of the data
+(``bps.DistributedPyDataset``: every epoch a new deal of the whole training set, the same on
+every worker, each taking its slice; with backup workers, ``BYTEPS_BACKUP_WORKERS=b``, an epoch
+is counted in the samples the rounds average: docs/reliability.md, "Backup workers";
+``--fixed-shards`` fits each worker's fixed shard ``data[rank::size]`` instead); the optimizer is
+wrapped in
 ``bps.DistributedOptimizer`` (gradients averaged before every update, also inside the compiled
 step); the learning rate is scaled by ``size()`` and warmed up; rank 0's initial weights are
 broadcast at the start and the epoch metrics averaged over the workers. Rank 0 prints
@@ -28,6 +33,11 @@ def main() -> None:
     p.add_argument("--warmup-epochs", type=int, default=2)
     p.add_argument("--tf-keras", action="store_true",
                    help="use tf.keras and byteps_like.tensorflow.keras")
+    p.add_argument("--fixed-shards", action="store_true",
+                   help="each worker fits its own fixed shard (data[rank::size]) instead of "
+                        "bps.DistributedPyDataset's per-epoch deal of the whole set; with "
+                        "backup workers the slow worker's shard is then lost")
+    p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
     if args.tf_keras:
         import tensorflow as tf
@@ -40,10 +50,16 @@ def main() -> None:
     bps.init()
     rank, size = bps.rank(), bps.size()
     x_train, y_train, x_test, y_test = load_data()
-    # a fixed shard: right while every push makes every round; with backup workers
-    # (BYTEPS_BACKUP_WORKERS) deal the whole set anew each epoch instead: docs/reliability.md
-    xs, ys = x_train[rank::size], y_train[rank::size]   # this worker's shard
-    keras.utils.set_random_seed(1000 + rank)            # different on purpose: the broadcast fixes it
+    if args.fixed_shards:
+        # a fixed shard: right while every push makes every round, not with backup workers
+        data = {"x": x_train[rank::size], "y": y_train[rank::size],
+                "batch_size": args.batch_size}
+    else:
+        # a new deal of the whole training set every epoch, the same on every worker; with
+        # backup workers each worker's part grows to size / (size - b) of its share
+        data = {"x": bps.DistributedPyDataset(x_train, y_train, args.batch_size,
+                                              seed=args.seed)}
+    keras.utils.set_random_seed(1000 + rank)   # different on purpose: the broadcast fixes it
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
                               keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
     lr = args.lr * size
@@ -54,8 +70,7 @@ def main() -> None:
                  bps.callbacks.MetricAverageCallback(),
                  bps.callbacks.LearningRateWarmupCallback(lr, warmup_epochs=args.warmup_epochs,
                                                           verbose=1)]
-    model.fit(xs, ys, batch_size=args.batch_size, epochs=args.epochs, callbacks=callbacks,
-              verbose=2 if rank == 0 else 0)
+    model.fit(**data, epochs=args.epochs, callbacks=callbacks, verbose=2 if rank == 0 else 0)
     _, acc = model.evaluate(x_test, y_test, verbose=0)
     if rank == 0:
         print(f"final test accuracy: {acc:.4f} ({size} workers)", flush=True)

@@ -9,7 +9,12 @@ Runs in the MXNet environment (MXNet 1.9.1 needs numpy < 1.24; ``bash scripts/se
 
 The recipe, as in BytePS's ``example/mxnet``:
 
-1. ``bps.init()``; every worker takes its own shard of the training set (by rank).
+1. ``bps.init()``; ``bps.DistributedSampler`` deals the training set over the workers for
+   Gluon's ``DataLoader``: every epoch a new permutation of the whole set, the same on every
+   worker, each taking its slice (with backup workers, ``BYTEPS_BACKUP_WORKERS=b``, its epoch is
+   counted in the samples the rounds average, so every sample still reaches the model:
+   docs/reliability.md, "Backup workers"). ``--fixed-shards`` gives each worker the fixed shard
+   ``data[rank::size]`` instead.
 2. ``bps.DistributedTrainer(net.collect_params(), "sgd", {...})`` in place of
    ``gluon.Trainer``: ``trainer.step(batch_size)`` averages every gradient across workers, then
    updates. It also broadcasts rank 0's weights when it is built (each worker seeds its own
@@ -66,15 +71,36 @@ def main() -> None:
                          "\"ef\": \"vanilla\", \"momentum\": \"nesterov\", \"scaling\": true}' "
                          "(docs/compression.md)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--fixed-shards", action="store_true",
+                    help="each worker trains on its own fixed shard (data[rank::size], shuffled "
+                         "per worker) instead of bps.DistributedSampler's per-epoch deal of the "
+                         "whole set; with backup workers the slow worker's shard is then lost")
+    ap.add_argument("--straggler", metavar="RANK:FACTOR", default="",
+                    help="make worker RANK FACTOR times slower: after each step it sleeps "
+                         "FACTOR - 1 times the step's own time (try with "
+                         "BYTEPS_BACKUP_WORKERS=1; docs/reliability.md, 'Backup workers')")
     args = ap.parse_args()
 
     bps.init()
     rank, size = bps.rank(), bps.size()
     xtr, ytr, xte, yte = load_data(seed=0)
     ytr, yte = ytr.astype(np.float32), yte.astype(np.float32)
-    # a fixed shard: right while every push makes every round; with backup workers
-    # (BYTEPS_BACKUP_WORKERS) deal the whole set anew each epoch instead: docs/reliability.md
-    xs, ys = xtr[rank::size], ytr[rank::size]          # this worker's shard
+    train = gluon.data.ArrayDataset(xtr, ytr)
+    if args.fixed_shards:
+        # a fixed shard: right while every push makes every round, not with backup workers
+        shard = np.arange(rank, len(xtr), size)
+        sampler = None
+        n_mine = len(shard)
+        # the same number of steps on every worker: the smallest shard decides
+        steps = (len(xtr) // size) // args.batch_size
+    else:
+        # a new deal of the whole training set every epoch (set_epoch), the same on every
+        # worker; with backup workers each worker's part grows to size / (size - b) of its share
+        sampler = bps.DistributedSampler(len(train), shuffle=True, seed=args.seed)
+        loader = gluon.data.DataLoader(train, batch_size=args.batch_size, sampler=sampler,
+                                       last_batch="discard")
+        n_mine = len(sampler)
+        steps = n_mine // args.batch_size
 
     mx.random.seed(args.seed + rank)                   # differs per rank; the trainer's broadcast
     net = make_net(args.hidden)                        # makes every worker start from rank 0's
@@ -88,25 +114,33 @@ def main() -> None:
         compression_params=comp)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
-    # the same number of steps on every worker: the smallest shard decides
-    steps = (len(xtr) // size) // args.batch_size
     if rank == 0:
-        print(f"{size} worker(s), {len(xs)} training samples on rank 0, {steps} steps/epoch, "
+        print(f"{size} worker(s), {n_mine} training samples on rank 0, {steps} steps/epoch, "
               f"batch {args.batch_size}/worker, lr {lr:g}"
               f"{'' if args.no_scale_lr else f' ({args.lr:g} x {size} workers)'}", flush=True)
+    slow_rank, _, factor = args.straggler.partition(":")
+    slow = float(factor) - 1 if args.straggler and int(slow_rank) == rank else 0.0
     t0 = time.perf_counter()
     rng = np.random.default_rng(100 + rank)
     for epoch in range(args.epochs):
-        order = rng.permutation(len(xs))
+        if sampler is None:   # this worker's shard, reshuffled
+            order = shard[rng.permutation(n_mine)].tolist()
+            loader = gluon.data.DataLoader(train, batch_size=args.batch_size, sampler=order,
+                                           last_batch="discard")
+        else:
+            sampler.set_epoch(epoch)   # a new deal of the whole set, the same on every worker
         total = 0.0
-        for s in range(steps):
-            idx = order[s * args.batch_size:(s + 1) * args.batch_size]
-            x, y = mx.nd.array(xs[idx]), mx.nd.array(ys[idx])
+        for s, (x, y) in enumerate(loader):
+            if s == steps:
+                break
+            t_step = time.perf_counter()
             with autograd.record():
                 loss = loss_fn(net(x), y)
             loss.backward()
-            trainer.step(len(idx))                     # average over workers, then update
+            trainer.step(x.shape[0])                   # average over workers, then update
             total += float(loss.mean().asscalar())
+            if slow:  # --straggler: this worker's steps take FACTOR times as long
+                time.sleep(slow * (time.perf_counter() - t_step))
         if rank == 0:
             print(f"epoch {epoch + 1:3d}/{args.epochs}  loss {total / steps:.4f}  "
                   f"test accuracy {accuracy(net, xte, yte):.4f}  "

@@ -5,12 +5,19 @@ scikit-learn: no download), data-parallel over every worker of a byteps_like job
     bpslaunch --local --workers 2 --servers 1 -- python examples/tensorflow/train_digits.py
     python examples/tensorflow/train_digits.py     # no launcher: one process, size() == 1
 
+Every epoch ``bps.epoch_dataset`` deals the whole training set anew over the workers, the same
+deal on every worker, each taking its slice (with backup workers, ``BYTEPS_BACKUP_WORKERS=b``,
+an epoch is counted in the samples the rounds average, so every sample still reaches the model:
+docs/reliability.md, "Backup workers"). ``--fixed-shards`` gives each worker the fixed shard
+``data[rank::size]`` instead.
+
 Rank 0 prints ``final test accuracy: 0.XXXX (N workers, S steps)``.
 """
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -34,6 +41,14 @@ def main() -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic TF ops on one thread: the same run gives the same result")
     p.add_argument("--seed", type=int, default=1000)
+    p.add_argument("--fixed-shards", action="store_true",
+                   help="each worker trains on its own fixed shard (data[rank::size]) instead "
+                        "of bps.epoch_dataset's per-epoch deal of the whole set; with backup "
+                        "workers the slow worker's shard is then lost")
+    p.add_argument("--straggler", metavar="RANK:FACTOR", default="",
+                   help="make worker RANK FACTOR times slower: after each step it sleeps "
+                        "FACTOR - 1 times the step's own time (try with "
+                        "BYTEPS_BACKUP_WORKERS=1; docs/reliability.md, 'Backup workers')")
     args = p.parse_args()
     if args.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -42,10 +57,22 @@ def main() -> None:
     bps.init()
     rank, size = bps.rank(), bps.size()
     x_train, y_train, x_test, y_test = load_data()
-    # a fixed shard: right while every push makes every round; with backup workers
-    # (BYTEPS_BACKUP_WORKERS) deal the whole set anew each epoch instead: docs/reliability.md
-    data = (tf.data.Dataset.from_tensor_slices((x_train[rank::size], y_train[rank::size]))
-            .batch(args.batch_size, drop_remainder=True))
+    if args.fixed_shards:
+        # a fixed shard: right while every push makes every round, not with backup workers
+        shard = (tf.data.Dataset.from_tensor_slices((x_train[rank::size], y_train[rank::size]))
+                 .batch(args.batch_size, drop_remainder=True))
+        n_mine = len(x_train) // size
+    else:   # every worker's samples an epoch (the same number on every worker)
+        n_mine = len(bps.epoch_indices(len(x_train), 0, seed=args.seed))
+
+    def epoch_data(epoch: int) -> tf.data.Dataset:
+        if args.fixed_shards:
+            return shard
+        # a new deal of the whole training set every epoch, the same on every worker; with
+        # backup workers each worker's part grows to size / (size - b) of its share
+        return (bps.epoch_dataset((x_train, y_train), epoch, seed=args.seed)
+                .batch(args.batch_size, drop_remainder=True))
+
     tf.random.set_seed(args.seed + rank)   # different on purpose: the broadcast fixes it
     model = tf.keras.Sequential([tf.keras.Input((64,)),
                                  tf.keras.layers.Dense(64, activation="relu"),
@@ -54,7 +81,7 @@ def main() -> None:
     lr = args.lr * size
     if args.cosine:
         lr = tf.keras.optimizers.schedules.CosineDecay(
-            lr, decay_steps=args.epochs * (len(x_train) // size // args.batch_size))
+            lr, decay_steps=args.epochs * (n_mine // args.batch_size))
     opt = tf.keras.optimizers.SGD(lr, momentum=args.momentum)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -68,11 +95,16 @@ def main() -> None:
         return loss
 
     bps.broadcast_variables(model.variables, root_rank=0)
+    slow_rank, _, factor = args.straggler.partition(":")
+    slow = float(factor) - 1 if args.straggler and int(slow_rank) == rank else 0.0
     steps = 0
     for epoch in range(args.epochs):
-        for x, y in data:
+        for x, y in epoch_data(epoch):
+            t_step = time.perf_counter()
             loss = train_step(x, y)
             steps += 1
+            if slow:  # --straggler: this worker's steps take FACTOR times as long
+                time.sleep(slow * (time.perf_counter() - t_step))
         if rank == 0:
             print(f"epoch {epoch + 1}: loss {float(loss):.4f}", flush=True)
     acc = float(np.mean(np.argmax(model(x_test).numpy(), 1) == y_test))

@@ -17,6 +17,7 @@ their quiet-machine time.
 """
 from __future__ import annotations
 
+import math
 import re
 import sys
 import textwrap
@@ -214,13 +215,21 @@ def test_tensorflow_synthetic_benchmark_tf2_tiny():
 
 @needs("tensorflow", "keras")
 @pytest.mark.timeout(200)
-def test_keras_digits_example_trains_with_fit():
+@pytest.mark.parametrize("workers, backup", [(2, 0), (3, 1)])
+def test_keras_digits_example_trains_with_fit(workers, backup):
+    """Through bps.DistributedPyDataset: with 3 workers and BYTEPS_BACKUP_WORKERS=1 each
+    worker's epoch holds ceil(1437 / 2) samples, 23 batches of 32 (15 with b = 0), and the
+    epoch-end callbacks (MetricAverageCallback) run without join(), which backup workers
+    refuse."""
     pytest.importorskip("sklearn")
     r = bpslaunch([str(ROOT / "examples" / "keras" / "train_digits.py"), "--epochs", "5"],
-                  workers=2, servers=1, env=TF_ENV, timeout=180)
+                  workers=workers, servers=1, timeout=180,
+                  env={**TF_ENV, "BYTEPS_BACKUP_WORKERS": str(backup)})
     assert r.rc == 0, r.log
     (line,) = r.lines("final test accuracy:")
     assert float(line.split("accuracy:")[1].split()[0]) >= 0.9, r.log
+    batches = math.ceil(math.ceil(1437 / (workers - backup)) / 32)
+    assert len(r.lines(f"[worker 0] {batches}/{batches} - ")) == 5, r.log
 
 
 # -- MXNet --------------------------------------------------------------------------------------
@@ -240,10 +249,24 @@ def test_mxnet_train_digits_two_workers_reaches_accuracy(compression):
     m = re.search(r"^\[worker 0\] final test accuracy: ([0-9.]+) \(2 workers, (\d+) steps\)$",
                   r.out, re.M)
     assert m and float(m.group(1)) >= 0.9, r.log
+    assert "719 training samples on rank 0, 22 steps/epoch" in r.out, r.log   # the sampler's
     wire = re.search(r"^\[worker 0\] bytes on the wire: (\d+) pushed", r.out, re.M)
     assert wire, r.log
     if compression:  # onebit: 1/32 of the gradient bytes, plus the uncompressed broadcasts
         assert int(wire.group(1)) < 1_500_000, r.log
+
+
+@needs("mxnet")
+def test_mxnet_train_digits_with_a_backup_worker():
+    """3 workers, BYTEPS_BACKUP_WORKERS=1: bps.DistributedSampler gives each worker
+    ceil(1437 / 2) = 719 samples an epoch (not 479), and the job trains."""
+    r = bpslaunch([str(MX_DIGITS)], workers=3, servers=1, timeout=90,
+                  env={"BYTEPS_BACKUP_WORKERS": "1"})
+    assert r.rc == 0, r.log
+    assert "3 worker(s), 719 training samples on rank 0, 22 steps/epoch" in r.out, r.log
+    m = re.search(r"^\[worker 0\] final test accuracy: ([0-9.]+) \(3 workers, 220 steps\)$",
+                  r.out, re.M)
+    assert m and float(m.group(1)) >= 0.9, r.log
 
 
 @needs("mxnet")

@@ -137,3 +137,57 @@ def test_a_second_fit_of_the_same_model(tmp, how, accumulate):
     assert len(set(refits.values())) == 1, refits
     first = results(bps)[0]["params"]
     assert refits["0"] != first, (refits, first)   # it trained
+
+
+# -- the training sampler, with and without backup workers ---------------------------------------
+SAMPLER_WORKER = str(Path(__file__).parent / "workers" / "lightning_sampler.py")
+TORCH_SAMPLER = "torch.utils.data.distributed.DistributedSampler"
+LIGHTNING_WRAPPER = "lightning.fabric.utilities.distributed.DistributedSamplerWrapper"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backup", [0, 1])
+def test_the_training_sampler_with_and_without_backup_workers(backup):
+    """Issue 38: with BYTEPS_BACKUP_WORKERS=1 the strategy gives Lightning's training loop
+    bps.DistributedSampler, for a shuffled loader and (wrapped) for the user's own sampler: each
+    rank's epoch holds ceil(203 / (2 - 1)) samples, and the indices it trained on, epoch by
+    epoch, are bps.DistributedSampler's with Lightning's seed; the validation loader keeps
+    Lightning's sampler. With b = 0 every loader is Lightning's own, index for index; with
+    use_distributed_sampler=False the script's own sampler stays (workers/lightning_sampler.py)."""
+    import json
+    import math
+    r = bpslaunch([SAMPLER_WORKER], workers=WORKERS, servers=1, timeout=240,
+                  env={"BYTEPS_BACKUP_WORKERS": str(backup)})
+    assert r.rc == 0, r.log
+    n, batch = 203, 8
+    per_rank = math.ceil(n / (WORKERS - backup))
+    types = {"shuffled": "byteps_like.torch.sampler.DistributedSampler" if backup
+             else TORCH_SAMPLER,
+             "own": "byteps_like.lightning.strategy._BackupSamplerWrapper" if backup
+             else LIGHTNING_WRAPPER}
+    got = {(m[0], int(m[1])): m[2:] for m in re.findall(
+        r"SAMPLER (\w+) rank (\d+) type (\S+) len (\d+) batches (\d+) epochs (\[.*\])", r.out)}
+    want = {(m[0], int(m[1])): m[2:] for m in re.findall(
+        r"EXPECT (\w+) rank (\d+) len (\d+) backup (\d+) epochs (\[.*\])", r.out)}
+    keys = sorted((name, rank) for name in types for rank in range(WORKERS))
+    assert sorted(got) == sorted(want) == keys, r.log
+    for name, rank in keys:
+        kind, length, batches, epochs = got[name, rank]
+        w_len, w_backup, w_epochs = want[name, rank]
+        assert kind == types[name], (name, rank, kind)
+        assert int(w_backup) == backup and int(length) == int(w_len) == per_rank, r.log
+        assert int(batches) == math.ceil(per_rank / batch), (name, rank, batches)
+        trained, expected = json.loads(epochs), json.loads(w_epochs)
+        assert len(trained) == 3 and trained == expected, (name, rank)
+    for name in types:   # each epoch's parts hold the whole dataset
+        for epoch in range(3):
+            seen = set()
+            for rank in range(WORKERS):
+                seen |= set(json.loads(got[name, rank][3])[epoch])
+            assert seen == set(range(n)), (name, epoch)
+    val = re.findall(r"VAL rank (\d+) type (\S+) len (\d+)", r.out)
+    assert sorted(val) == [(str(rank), TORCH_SAMPLER, str(math.ceil(n / WORKERS)))
+                           for rank in range(WORKERS)], r.log
+    # Trainer(use_distributed_sampler=False): the strategy leaves the script's sampler alone
+    kept = re.findall(r"UNSWAPPED rank (\d+) type (\S+) same (\w+)", r.out)
+    assert sorted(kept) == [(str(rank), TORCH_SAMPLER, "True") for rank in range(WORKERS)], r.log

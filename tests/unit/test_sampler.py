@@ -74,6 +74,39 @@ def test_a_rank_always_dropped_loses_no_sample_for_good(shuffle, slow):
     assert abs(float(seen.float().mean()) - 10.0) < 0.1
 
 
+def _before_the_dealer(n: int, size: int, rank: int, epoch: int, *, b: int, ls: int,
+                       shuffle: bool, seed: int, drop_last: bool) -> list[int]:
+    """The sampler's deal with b > 0 as it was written before byteps_like.data.EpochDealer
+    took it over (commit d1ca5ee): the reference the sampler must still match bit for bit."""
+    aggregated = size - b * ls
+    num_samples = n // aggregated if drop_last else math.ceil(n / aggregated)
+    total = num_samples * size
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    passes, have = [], 0
+    while have < total:
+        passes.append(torch.randperm(n, generator=g) if shuffle else torch.arange(n))
+        have += n
+    order = torch.cat(passes)[:total]
+    start = rank if shuffle else (rank + epoch) % size
+    return order[start::size].tolist()
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("size, b, ls", [(4, 1, 1), (3, 2, 1), (6, 1, 2), (8, 3, 2)])
+def test_with_backup_workers_the_indices_are_the_same_as_before(shuffle, drop_last, size, b, ls):
+    for n in (N_DATA, 7, 240):
+        for r in range(size):
+            s = DistributedSampler(range(n), size, r, shuffle=shuffle, seed=11,
+                                   drop_last=drop_last, backup_workers=b, local_size=ls)
+            for epoch in (0, 1, 4):
+                s.set_epoch(epoch)
+                assert list(s) == _before_the_dealer(n, size, r, epoch, b=b, ls=ls,
+                                                     shuffle=shuffle, seed=11,
+                                                     drop_last=drop_last), (n, r, epoch)
+
+
 def test_several_ranks_per_machine_count_machines():
     """b counts worker machines: 3 machines of 2 ranks, b = 1, so a round averages 4 ranks."""
     s = DistributedSampler(range(N_DATA), 6, 5, backup_workers=1, local_size=2)
