@@ -25,6 +25,7 @@ a pull answered at once.
 """
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -35,6 +36,8 @@ import numpy as np
 
 from ..embedding import (
     MAX_TABLES,
+    PHASES_TAG,
+    Phases,
     TableError,
     TableShard,
     TableSpec,
@@ -102,14 +105,15 @@ class SparseService(threading.Thread):
         self.required = server.required
         self.round_base = 0   # elastic: the epoch's first round
         self.keep = Survival(self)   # checkpoints, snapshots, rollbacks (sparse_survival.py)
+        self.phases = Phases()       # where this thread's time goes (bench sparse prints it)
 
     def members(self, joined: frozenset, left: dict[int, str]) -> None:
         """join(): queue a membership change behind the requests that came before it."""
-        self.q.put((None, ("members", joined, left), 0))
+        self.q.put((None, ("members", joined, left), 0, 0.0))
 
     def epoch(self, base: int, size: int, applied) -> None:
         """Elastic jobs: queue a new membership epoch; ``applied()`` once it is."""
-        self.q.put((None, ("epoch", base, size, applied), 0))
+        self.q.put((None, ("epoch", base, size, applied), 0, 0.0))
 
     def submit(self, route: Route, msg: Message) -> None:
         """Queue a request for the tables' thread (on the I/O thread). Once QUEUE_BYTES are
@@ -122,7 +126,7 @@ class SparseService(threading.Thread):
             if hold:
                 self._holding = True
                 self.queue_holds += 1
-        self.q.put((route, msg, cost))
+        self.q.put((route, msg, cost, time.perf_counter()))
         if hold:
             now = time.monotonic()
             if now - self._warned_at >= QUEUE_WARN_INTERVAL_S:
@@ -149,6 +153,10 @@ class SparseService(threading.Thread):
             self.q.put(None)
             self.join(5.0)
         self.keep.close()
+        if self.rounds_applied:
+            log.info("server %d: %s %s", self.server.rank, PHASES_TAG,
+                     json.dumps({"rounds": self.rounds_applied, "tables": len(self.tables),
+                                 "phases": self.phases.snapshot()}))
 
     def held_bytes(self) -> int:
         return sum(t.charged for t in list(self.tables.values()))
@@ -158,7 +166,7 @@ class SparseService(threading.Thread):
             item = self.q.get()
             if item is None:
                 return
-            route, msg, cost = item
+            route, msg, cost, queued = item
             # a worker can be quicker than the scheduler's node table is to this server (they
             # are told at once): its first requests wait here until the server knows its rank
             while route is not None and not self.server.control.wait_admitted(0.5):
@@ -173,6 +181,7 @@ class SparseService(threading.Thread):
                     self.apply_members(*msg[1:])
                 continue
             try:
+                self.phases.add("queue wait", queued)
                 self.process(route, msg)
             except Exception as exc:  # noqa: BLE001 - a bug must not kill the service silently
                 log.exception("server %d: the sparse service failed on table %d",
@@ -360,7 +369,9 @@ class SparseService(threading.Thread):
                          f"{h.count} rows of {table.spec.row_bytes} bytes would be a reply of "
                          f"{reply_bytes} bytes, over BYTEPS_MAX_MESSAGE_BYTES")
             return
+        t = time.perf_counter()
         ids = self._ids(table, route, h, as_buffer(msg.payload), h.count)
+        self.phases.add("pull: check ids", t)
         if ids is not None:
             self._at_round(table, route, msg, ids)
 
@@ -384,12 +395,14 @@ class SparseService(threading.Thread):
             self.keep.checkpoint(table, route, msg)
 
     def _answer(self, table: Table, route: Route, h: Header, ids: np.ndarray) -> None:
-        srv = self.server
+        srv, t = self.server, time.perf_counter()
         rows = table.shard.rows(ids)
+        t = self.phases.add("pull: gather rows", t)
         hdr = Header(MsgType.SPARSE_ROWS, "float32", Role.SERVER, srv.rank,
                      generation_flags(generation(h.flags)), srv.job, h.key, h.round, rows.size,
                      rows.nbytes)
         srv.ep.send(route, encode(hdr, rows))
+        self.phases.add("pull: reply", t)
 
     def _push(self, table: Table, route: Route, msg: Message) -> None:
         h, spec = msg.header, table.spec
@@ -399,9 +412,10 @@ class SparseService(threading.Thread):
                          f"from worker rank {h.rank}: {h.nbytes} bytes of {h.dtype}, not "
                          f"uint8 records of {per} bytes (an int64 id and {spec.dim} float32)")
             return
-        n = h.nbytes // per
+        n, t = h.nbytes // per, time.perf_counter()
         buf = as_buffer(msg.payload)
         ids = self._ids(table, route, h, buf, n)
+        t = self.phases.add("push: check ids", t)
         if ids is None:
             return
         average = bool((msg.meta or {}).get("average"))
@@ -435,7 +449,9 @@ class SparseService(threading.Thread):
         # applied before the last push is acknowledged: a replica holds the round once every
         # worker's push to it is acknowledged (BYTEPS_SPARSE_SURVIVAL=replicate)
         self._complete_if_ready(table)
+        t = time.perf_counter()
         self.server.reply(route, MsgType.SPARSE_ACK, h)
+        self.phases.add("push: reply", t)
 
     def _apply_now(self, table: Table, route: Route, h: Header, ids: np.ndarray,
                    grads: np.ndarray, average: bool) -> None:
@@ -453,12 +469,14 @@ class SparseService(threading.Thread):
     def _apply(self, table: Table) -> None:
         """Every worker pushed the open round: sum per row (rank order), update, answer the
         pulls of the next round."""
-        order = sorted(table.pushes)
+        order, t = sorted(table.pushes), time.perf_counter()
         ids, sums = sum_rows([table.pushes[r][0] for r in order],
                              [table.pushes[r][1] for r in order], table.spec.dim)
         if table.average and len(order) > 1:   # over the workers that pushed the round
             sums /= np.float32(len(order))
+        t = self.phases.add("round: sum pushes", t)
         table.shard.apply(ids, sums)
+        self.phases.add("round: optimizer", t)
         table.pushes, table.average = {}, None
         table.round_started = None
         table.applied += 1
@@ -467,5 +485,7 @@ class SparseService(threading.Thread):
         waiting, table.pending = table.pending, []
         for route, msg, pids in waiting:
             self._serve(table, route, msg, pids)
+        t = time.perf_counter()
         self.keep.after_apply(table)
         self.keep.try_deferred(table.key % MAX_TABLES)
+        self.phases.add("round: snapshots/replicas", t)

@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 
-from ..embedding import TableSpec, shard_rows, state_bytes
+from ..embedding import PHASES_TAG, TableSpec, shard_rows, state_bytes
 from . import links as uneven
 from . import netns
 from ._sparse_worker import table_rows
@@ -98,10 +98,14 @@ class Setup:
                     if self.straggler and self.rate_bits is None else [])
 
     def env(self, mode: str) -> dict[str, str]:
-        """A run's environment: the tables' survival mode (and its snapshots' directory)."""
+        """A run's environment: the tables' survival mode (and its snapshots' directory);
+        the servers log at INFO (unless told otherwise), for the line with their phases."""
+        env = base_env()
+        if mode in SPARSE_MODES:
+            env.setdefault("BYTEPS_LOG_LEVEL", "INFO")
         if mode not in ("replicate", "snapshot"):
-            return base_env()
-        return {**base_env(), "BYTEPS_SPARSE_SURVIVAL": mode,
+            return env
+        return {**env, "BYTEPS_SPARSE_SURVIVAL": mode,
                 "BYTEPS_SPARSE_SNAPSHOT_STEPS": str(self.snapshot_steps),
                 "BYTEPS_SPARSE_CHECKPOINT_DIR": os.path.join(self.work, "checkpoints")}
 
@@ -168,7 +172,27 @@ def run_mode(s: Setup, mode: str) -> tuple[list[dict], dict[str, int]]:
             g.may_die = {p.name for p in servers}
         with PeakRss(servers) as rss:
             g.wait(s.timeout, relay=ws[0], relay_prefix=f"[sparse] {mode}: ")
-        return collect(ws, mode), rss.peak
+        res = collect(ws, mode)
+        if mode in SPARSE_MODES and res:
+            res[0]["server_phases"] = server_phases(servers)
+        return res, rss.peak
+
+
+def server_phases(servers: list[Proc]) -> list[dict]:
+    """Each server's table-service phases, from the line it logs as it exits (INFO:
+    server/sparse.py PHASES_TAG); a server killed or still running has none."""
+    out = []
+    for p in servers:
+        p.drain()
+        for line in reversed(p.err):
+            _, tag, rest = line.partition(PHASES_TAG)
+            if tag:
+                try:
+                    out.append(json.loads(rest))
+                except ValueError:
+                    pass
+                break
+    return out
 
 
 RUNNERS = {"sparse": run_mode, "replicate": run_mode, "snapshot": run_mode, "dense": run_mode,
@@ -205,7 +229,36 @@ def make_record(s: Setup, mode: str, res: list[dict], rss: dict[str, int]) -> di
             # tables went back (snapshot), and (add_ratios) the tables' largest difference
             "killed": s.kill if s.kill and mode in ("replicate", "snapshot") else None,
             "stall_s": max(steps) - step,
-            "rolled_back_steps": max(r.get("rolled_back", 0) for r in res)}
+            "rolled_back_steps": max(r.get("rolled_back", 0) for r in res),
+            "breakdown": breakdown(res, n) if mode in SPARSE_MODES else None}
+
+
+def breakdown(res: list[dict], steps: int) -> list[tuple[str, str, float, float]]:
+    """Where a sparse step's table time goes: (side, phase, ms per step, calls per step),
+    the workers' over their timed steps (mean of the workers), the servers' over every
+    round they applied (warm-up included; mean of the servers)."""
+    rows = []
+    for r in res:
+        for phase, (sec, calls) in r.get("table_phases", {}).items():
+            rows.append(("worker", phase, 1e3 * sec / steps / len(res), calls / steps / len(res)))
+    srv = res[0].get("server_phases") or []
+    for sp in srv:
+        per = max(1, sp["rounds"]) / max(1, sp["tables"])   # steps the server applied
+        for phase, (sec, calls) in sp["phases"].items():
+            rows.append(("server", phase, 1e3 * sec / per / len(srv), calls / per / len(srv)))
+    merged: dict[tuple[str, str], list[float]] = {}
+    for side, phase, ms, calls in rows:
+        m = merged.setdefault((side, phase), [0.0, 0.0])
+        m[0] += ms
+        m[1] += calls
+    return [(side, phase, v[0], v[1]) for (side, phase), v in sorted(merged.items())]
+
+
+def format_breakdown(records: list[dict]) -> str:
+    """The breakdown of each sparse run (:func:`breakdown`)."""
+    rows = [(r["mode"], side, phase, num(ms, ".2f"), num(calls, ".1f"))
+            for r in records if r.get("breakdown") for side, phase, ms, calls in r["breakdown"]]
+    return markdown_table(("mode", "side", "phase", "ms/step", "calls/step"), rows, left=3)
 
 
 def add_ratios(records: list[dict]) -> None:
@@ -384,6 +437,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_table(records))
     if any(r["mode"] in ("replicate", "snapshot") for r in records):
         print("\n" + format_survival(records))
+    if any(r.get("breakdown") for r in records):
+        print("\nwhere the tables' time goes (a worker's, mean of the workers, over the timed "
+              "steps; a server's, mean of the servers, per round of every table it applied, "
+              "warm-up included); 'whole call' rows contain the others of their kind, 'wait "
+              "for the answers' contains the servers' work and the wait for the other "
+              "workers:\n" + format_breakdown(records))
     print("\nstep: median over the timed steps of the slowest worker's step (forward with the "
           "tables' pulls, backward with their pushes, the dense push_pull); MB/step: one "
           "worker's bytes each way together (tables: request and answer messages with their "

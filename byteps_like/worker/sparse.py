@@ -24,6 +24,7 @@ import numpy as np
 
 from ..embedding import (
     MAX_TABLES,
+    Phases,
     TableError,
     TableShard,
     TableSpec,
@@ -197,17 +198,24 @@ class EmbeddingTable:
         """The current rows of ``ids`` (any integer array; duplicates allowed, though each
         travels: pass unique ids), as a new float32 array of ``len(ids) x dim``. Waits until
         every worker's push of the previous step is applied."""
+        ph, t = self.owner.phases, time.perf_counter()
+        t0 = t
         ids = self.check_ids(ids)
         self.stats.ids_pulled += len(ids)
         if self.local is not None:
             return self.local.rows(ids)
+        t = ph.add("pull: check ids", t)
         order, per_server = self._split(ids)
+        t = ph.add("pull: split by shard", t)
         answers = self.owner.call(self, MsgType.SPARSE_PULL, self.step,
                                   [(p, None) for p in per_server], timeout) or {}
+        t = time.perf_counter()
         out = np.empty((len(ids), self.dim), np.float32)
         got = np.concatenate([np.frombuffer(answers[s], np.float32).reshape(-1, self.dim)
                               for s in range(len(per_server))]) if len(ids) else out
         out[order] = got
+        ph.add("pull: place rows", t)
+        ph.add("pull (whole call)", t0)
         return out
 
     def push(self, ids: Any, grads: Any, timeout: float | None = None, *,
@@ -217,6 +225,8 @@ class EmbeddingTable:
         every table once a step (an empty push when its batch had no rows). ``average``: the
         servers divide the sum by the number of workers that pushed the round (the workers
         not in ``join()``; an elastic epoch's); every worker must push a table the same way."""
+        ph, t = self.owner.phases, time.perf_counter()
+        t0 = t
         ids = self.check_ids(ids)
         g = np.ascontiguousarray(grads, dtype=np.float32)
         if g.shape != (len(ids), self.dim):
@@ -227,13 +237,16 @@ class EmbeddingTable:
             uniq, sums = sum_rows([ids], [g], self.dim)
             self.local.apply(uniq, sums)
         else:
+            t = ph.add("push: check ids", t)
             order, per_server = self._split(ids)
             g = g[order]
             bounds = np.cumsum([0] + [len(p) for p in per_server])
             payloads = [(p, g[a:b]) for p, a, b in zip(per_server, bounds[:-1], bounds[1:])]
+            ph.add("push: split by shard", t)
             if self.owner.call(self, MsgType.SPARSE_PUSH, self.step, payloads, timeout,
                                [{"average": True}] * len(payloads) if average else None) is None:
                 return   # its round was rolled back (snapshots): the push goes with it
+            ph.add("push (whole call)", t0)
         self.step += 1
         self.stats.steps += 1
 
@@ -321,6 +334,8 @@ class SparseTables:
         # worker's next table gets the same one whichever worker saw the refusal
         self._next_id = 0
         self._connected = False   # a local rank's own connections to the servers
+        self.phases = Phases()    # where the tables' time goes, on the calling thread...
+        self.io_phases = Phases()   # ...and on the I/O thread (their answers)
 
     @property
     def rank(self) -> int:
@@ -462,6 +477,7 @@ class SparseTables:
         if rt.elastic_m is not None:   # an epoch that is over: raise at once
             rt.elastic_m.check_collective()
         key = (table.table_id, _KIND[mtype.name], rnd)
+        kind, ph, t = key[1], self.phases, time.perf_counter()
         call = _Call(table, mtype, rnd, [], self.restored)
         for sh, (ids, grads) in enumerate(payloads):
             if mtype is MsgType.SPARSE_PULL:
@@ -484,10 +500,13 @@ class SparseTables:
                     call.want.add((srv, sh))
                     sends.append((srv, sh))
             self._calls[key] = call
+        t = ph.add(f"{kind}: encode", t)
         try:
             for srv, sh in sends:
                 self._send(call, srv, sh)   # every one, whatever answers meanwhile
+            t = ph.add(f"{kind}: send", t)
             self._wait(table, call, mtype, rnd, timeout)
+            ph.add(f"{kind}: wait for the answers", t)
         finally:
             with self._lock:
                 self._calls.pop(key, None)
@@ -645,6 +664,13 @@ class SparseTables:
 
     def on_message(self, route: Route, msg: Message) -> None:
         """A server's answer to a table request (the dispatcher's I/O thread)."""
+        t = time.perf_counter()
+        try:
+            self._on_message(route, msg)
+        finally:
+            self.io_phases.add("answer: match (I/O thread)", t)
+
+    def _on_message(self, route: Route, msg: Message) -> None:
         h, m = msg.header, self.rt.members
         if h.type in SPARSE_ANSWERS:
             kinds = ({"pull"} if h.type is MsgType.SPARSE_ROWS
