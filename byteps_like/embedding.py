@@ -24,11 +24,13 @@ their reference (:func:`reference_sum_rows`, :func:`reference_initial_rows`,
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import math
 import os
 import re
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -245,6 +247,34 @@ class Phases:
         zero = [0.0, 0]
         return {k: [v[0] - before.get(k, zero)[0], v[1] - before.get(k, zero)[1]]
                 for k, v in now.items()}
+
+
+class StepPhases(Phases):
+    """:class:`Phases` kept per step too (the last ``keep`` steps, each with the CPU time of
+    the thread that ends it and of the whole process): a server's table service, whose steps
+    are the rounds of its first table."""
+
+    def __init__(self, keep: int = 256) -> None:
+        super().__init__()
+        self.steps: collections.deque = collections.deque(maxlen=keep)
+        self._mark: dict[str, list] = {}
+        self._ends = 0
+
+    def end_step(self) -> None:
+        self._ends += 1            # the CPU rows' calls: one a step
+        n = self._ends
+        mark = {**self.snapshot(), "CPU: this thread": [time.thread_time(), n],
+                "CPU: the whole process": [time.process_time(), n]}
+        if self._mark:
+            self.steps.append(Phases.since(mark, self._mark))
+        self._mark = mark
+
+    def report(self) -> dict:
+        """Per phase, the median over the steps kept of [seconds, calls] (JSON)."""
+        steps = list(self.steps)
+        med = lambda k, i: statistics.median(st.get(k, [0.0, 0])[i] for st in steps)  # noqa: E731
+        return {"steps": len(steps), "phases": {k: [med(k, 0), med(k, 1)]
+                                                for k in sorted({k for st in steps for k in st})}}
 
 
 # -- initial values -------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -37,7 +36,7 @@ import numpy as np
 from ..embedding import (
     MAX_TABLES,
     PHASES_TAG,
-    Phases,
+    StepPhases,
     TableError,
     TableShard,
     TableSpec,
@@ -63,24 +62,12 @@ from ..wire import (
 )
 from .sparse_survival import Survival
 from .stalls import fail_if_left
-from .table import Pushers, Table
+from .table import Pushers, RequestQueue, Table
 
 if TYPE_CHECKING:
     from .core import Server
 
 log = logging.getLogger("byteps_like.server")
-
-#: bytes of requests queued for the tables' thread (each counted with its payload and
-#: QUEUED_OVERHEAD) at which the server stops reading its clients (Endpoint.hold_clients) until
-#: the thread has served the queue down to half of it: peers that send faster than the tables
-#: are served are held back by TCP, not buffered. At most one request more is queued (the one
-#: that crossed the line; a message is at most BYTEPS_MAX_MESSAGE_BYTES).
-QUEUE_BYTES = 64 << 20
-#: what a queued request costs beside its payload (its Message, header, route, queue entry)
-QUEUED_OVERHEAD = 1024
-#: seconds between two warnings that the queue is full
-QUEUE_WARN_INTERVAL_S = 10.0
-
 
 class SparseService(threading.Thread):
     """The tables of one server, served on a thread of their own."""
@@ -89,13 +76,8 @@ class SparseService(threading.Thread):
         super().__init__(name="bpsl-sparse", daemon=True)
         self.server = server
         self.max_ids = server.cfg.server.sparse_max_ids
-        self.q: queue.SimpleQueue = queue.SimpleQueue()
-        # the queue's bound (QUEUE_BYTES): bytes queued, whether the clients are held
-        self.queued_bytes = 0
-        self.queue_holds = 0    # times the server stopped reading its clients for it
-        self._holding = False
-        self._qlock = threading.Lock()
-        self._warned_at = -QUEUE_WARN_INTERVAL_S
+        self.q = RequestQueue(server)   # its bound: server/table.py
+        self.submit = self.q.submit     # a request, on the I/O thread
         self.tables: dict[int, Table] = {}
         self.rounds_applied = 0
         self.rows_updated = 0
@@ -105,7 +87,8 @@ class SparseService(threading.Thread):
         self.required = server.required
         self.round_base = 0   # elastic: the epoch's first round
         self.keep = Survival(self)   # checkpoints, snapshots, rollbacks (sparse_survival.py)
-        self.phases = Phases()       # where this thread's time goes (bench sparse prints it)
+        # where this thread's time goes, per step (a round of the first table): bench sparse
+        self.phases = StepPhases()
 
     def members(self, joined: frozenset, left: dict[int, str]) -> None:
         """join(): queue a membership change behind the requests that came before it."""
@@ -115,48 +98,14 @@ class SparseService(threading.Thread):
         """Elastic jobs: queue a new membership epoch; ``applied()`` once it is."""
         self.q.put((None, ("epoch", base, size, applied), 0, 0.0))
 
-    def submit(self, route: Route, msg: Message) -> None:
-        """Queue a request for the tables' thread (on the I/O thread). Once QUEUE_BYTES are
-        queued the server stops reading its clients until half of them are served."""
-        payload = 0 if msg.payload is None else memoryview(as_buffer(msg.payload)).nbytes
-        cost = payload + QUEUED_OVERHEAD
-        with self._qlock:
-            self.queued_bytes += cost
-            hold = not self._holding and self.queued_bytes >= QUEUE_BYTES
-            if hold:
-                self._holding = True
-                self.queue_holds += 1
-        self.q.put((route, msg, cost, time.perf_counter()))
-        if hold:
-            now = time.monotonic()
-            if now - self._warned_at >= QUEUE_WARN_INTERVAL_S:
-                self._warned_at = now
-                log.warning("server %d: %d bytes of embedding-table requests are queued; the "
-                            "server reads no more requests until its tables' thread has served "
-                            "half of them (%d times so far; the last from worker rank %d): a "
-                            "slow optimizer or checkpoint, or peers that send faster than the "
-                            "tables are served", self.server.rank, self.queued_bytes,
-                            self.queue_holds, msg.header.rank)
-            self.server.ep.hold_clients(True)
-
-    def _served(self, cost: int) -> None:
-        with self._qlock:
-            self.queued_bytes -= cost
-            resume = self._holding and self.queued_bytes <= QUEUE_BYTES // 2
-            if resume:
-                self._holding = False
-        if resume:
-            self.server.ep.hold_clients(False)
-
     def close(self) -> None:
         if self.is_alive():
             self.q.put(None)
             self.join(5.0)
         self.keep.close()
-        if self.rounds_applied:
+        if self.phases.steps:
             log.info("server %d: %s %s", self.server.rank, PHASES_TAG,
-                     json.dumps({"rounds": self.rounds_applied, "tables": len(self.tables),
-                                 "phases": self.phases.snapshot()}))
+                     json.dumps(self.phases.report()))
 
     def held_bytes(self) -> int:
         return sum(t.charged for t in list(self.tables.values()))
@@ -189,7 +138,7 @@ class SparseService(threading.Thread):
                 self.server.reply_error(route, msg.header, ERR_INTERNAL,
                                         f"server {self.server.rank} internal error: {exc!r}")
             finally:
-                self._served(cost)
+                self.q.served(cost)
 
     # -- requests ---------------------------------------------------------------------------------
     def process(self, route: Route, msg: Message) -> None:
@@ -489,3 +438,5 @@ class SparseService(threading.Thread):
         self.keep.after_apply(table)
         self.keep.try_deferred(table.key % MAX_TABLES)
         self.phases.add("round: snapshots/replicas", t)
+        if table.key == min(self.tables):
+            self.phases.end_step()

@@ -98,11 +98,8 @@ class Setup:
                     if self.straggler and self.rate_bits is None else [])
 
     def env(self, mode: str) -> dict[str, str]:
-        """A run's environment: the tables' survival mode (and its snapshots' directory);
-        the servers log at INFO (unless told otherwise), for the line with their phases."""
+        """A run's environment: the tables' survival mode (and its snapshots' directory)."""
         env = base_env()
-        if mode in SPARSE_MODES:
-            env.setdefault("BYTEPS_LOG_LEVEL", "INFO")
         if mode not in ("replicate", "snapshot"):
             return env
         return {**env, "BYTEPS_SPARSE_SURVIVAL": mode,
@@ -165,6 +162,9 @@ def run_mode(s: Setup, mode: str) -> tuple[list[dict], dict[str, int]]:
     host0 = "127.0.0.1" if s.cluster is None else s.cluster.ip("w0")
     placed = on_hosts(local_job(s.worker_argv(mode), free_port(), workers=s.workers,
                                 servers=s.servers, host=host0), s.cluster)
+    if mode in SPARSE_MODES:   # the servers log the line with their phases (INFO) as they exit
+        placed = [dataclasses.replace(p, env={"BYTEPS_LOG_LEVEL": "INFO", **p.env})
+                  if p.role == "server" else p for p in placed]
     with Job(f"sparse-{mode}") as g:
         ws = g.start(placed, s.env(mode))
         servers = [p for name, p in g.procs.items() if name.startswith("server")]
@@ -234,18 +234,19 @@ def make_record(s: Setup, mode: str, res: list[dict], rss: dict[str, int]) -> di
 
 
 def breakdown(res: list[dict], steps: int) -> list[tuple[str, str, float, float]]:
-    """Where a sparse step's table time goes: (side, phase, ms per step, calls per step),
-    the workers' over their timed steps (mean of the workers), the servers' over every
-    round they applied (warm-up included; mean of the servers)."""
+    """Where a sparse step's table time goes: (side, phase, ms per step, calls per step):
+    a worker's mean over its timed steps, a server's median over its last 256 steps (rounds
+    of the first table), each the mean of the workers or of the servers."""
     rows = []
     for r in res:
         for phase, (sec, calls) in r.get("table_phases", {}).items():
-            rows.append(("worker", phase, 1e3 * sec / steps / len(res), calls / steps / len(res)))
-    srv = res[0].get("server_phases") or []
+            if calls:   # (a table created before the timed steps: its phases are 0)
+                rows.append(("worker", phase, 1e3 * sec / steps / len(res),
+                             calls / steps / len(res)))
+    srv = [sp for sp in res[0].get("server_phases") or [] if sp["steps"]]
     for sp in srv:
-        per = max(1, sp["rounds"]) / max(1, sp["tables"])   # steps the server applied
         for phase, (sec, calls) in sp["phases"].items():
-            rows.append(("server", phase, 1e3 * sec / per / len(srv), calls / per / len(srv)))
+            rows.append(("server", phase, 1e3 * sec / len(srv), calls / len(srv)))
     merged: dict[tuple[str, str], list[float]] = {}
     for side, phase, ms, calls in rows:
         m = merged.setdefault((side, phase), [0.0, 0.0])
@@ -438,11 +439,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(r["mode"] in ("replicate", "snapshot") for r in records):
         print("\n" + format_survival(records))
     if any(r.get("breakdown") for r in records):
-        print("\nwhere the tables' time goes (a worker's, mean of the workers, over the timed "
-              "steps; a server's, mean of the servers, per round of every table it applied, "
-              "warm-up included); 'whole call' rows contain the others of their kind, 'wait "
-              "for the answers' contains the servers' work and the wait for the other "
-              "workers:\n" + format_breakdown(records))
+        print("\nwhere the tables' time goes, per step (a worker's: mean over the timed steps; "
+              "a server's: median over its last 256 steps; mean of the workers, of the "
+              "servers): 'whole call' contains the other phases of its kind; 'wait for the "
+              "answers' the transport both ways, the servers' work and the wait for the other "
+              "workers' pushes; a server's 'queue wait' a request's time between its I/O "
+              "thread and its table thread; 'CPU' CPU seconds, not wall:\n"
+              + format_breakdown(records))
     print("\nstep: median over the timed steps of the slowest worker's step (forward with the "
           "tables' pulls, backward with their pushes, the dense push_pull); MB/step: one "
           "worker's bytes each way together (tables: request and answer messages with their "
