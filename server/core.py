@@ -84,7 +84,7 @@ class Server:
                     "BYTEPS_TRANSPORT=ucx the server's endpoint is ZeroMQ over tcp:// and its "
                     "data plane's streams are UCX" if address.startswith("ucx://") else ""))
         # its clients send embedding-table requests of up to BYTEPS_MAX_MESSAGE_BYTES: a few
-        # wait in ZeroMQ per client, then TCP holds them back (server/table.py QUEUE_BYTES)
+        # wait in ZeroMQ per client, then TCP holds them back (server/sparse.py QUEUE_BYTES)
         self.ep = make_endpoint("server", cfg, context=context, recv_hwm=CLIENT_RECV_HWM)
         self.address = self.ep.bind(address)
         port = int(self.address.rsplit(":", 1)[1])

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -62,12 +63,73 @@ from ..wire import (
 )
 from .sparse_survival import Survival
 from .stalls import fail_if_left
-from .table import Pushers, RequestQueue, Table
+from .table import Pushers, Table
 
 if TYPE_CHECKING:
     from .core import Server
 
 log = logging.getLogger("byteps_like.server")
+
+#: bytes of requests queued for the tables' thread (each counted with its payload and
+#: QUEUED_OVERHEAD) at which the server stops reading its clients (Endpoint.hold_clients) until
+#: the thread has served the queue down to half of it: peers that send faster than the tables
+#: are served are held back by TCP, not buffered. At most one request more is queued (the one
+#: that crossed the line; a message is at most BYTEPS_MAX_MESSAGE_BYTES).
+QUEUE_BYTES = 64 << 20
+#: what a queued request costs beside its payload (its Message, header, route, queue entry)
+QUEUED_OVERHEAD = 1024
+#: seconds between two warnings that the queue is full
+QUEUE_WARN_INTERVAL_S = 10.0
+
+
+class RequestQueue:
+    """The queue of a server's tables' thread, bounded: once QUEUE_BYTES of requests wait, the
+    server reads no more of its clients until the thread has served half of them."""
+
+    def __init__(self, server: Server):
+        self.server = server
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.queued_bytes = 0
+        self.holds = 0    # times the server stopped reading its clients for it
+        self._holding = False
+        self._lock = threading.Lock()
+        self._warned_at = -QUEUE_WARN_INTERVAL_S
+        self.put, self.get = self.q.put, self.q.get   # control items: (None, what, 0, 0.0)
+
+    def submit(self, route: Route, msg: Message) -> None:
+        """Queue a request for the tables' thread (on the I/O thread). Once QUEUE_BYTES are
+        queued the server stops reading its clients until half of them are served."""
+        payload = 0 if msg.payload is None else memoryview(as_buffer(msg.payload)).nbytes
+        cost = payload + QUEUED_OVERHEAD
+        with self._lock:
+            self.queued_bytes += cost
+            hold = not self._holding and self.queued_bytes >= QUEUE_BYTES
+            if hold:
+                self._holding = True
+                self.holds += 1
+        self.q.put((route, msg, cost, time.perf_counter()))
+        if hold:
+            now = time.monotonic()
+            if now - self._warned_at >= QUEUE_WARN_INTERVAL_S:
+                self._warned_at = now
+                log.warning("server %d: %d bytes of embedding-table requests are queued; the "
+                            "server reads no more requests until its tables' thread has served "
+                            "half of them (%d times so far; the last from worker rank %d): a "
+                            "slow optimizer or checkpoint, or peers that send faster than the "
+                            "tables are served", self.server.rank, self.queued_bytes,
+                            self.holds, msg.header.rank)
+            self.server.ep.hold_clients(True)
+
+    def served(self, cost: int) -> None:
+        """A request of ``cost`` was served (on the tables' thread)."""
+        with self._lock:
+            self.queued_bytes -= cost
+            resume = self._holding and self.queued_bytes <= QUEUE_BYTES // 2
+            if resume:
+                self._holding = False
+        if resume:
+            self.server.ep.hold_clients(False)
+
 
 class SparseService(threading.Thread):
     """The tables of one server, served on a thread of their own."""
@@ -76,7 +138,7 @@ class SparseService(threading.Thread):
         super().__init__(name="bpsl-sparse", daemon=True)
         self.server = server
         self.max_ids = server.cfg.server.sparse_max_ids
-        self.q = RequestQueue(server)   # its bound: server/table.py
+        self.q = RequestQueue(server)   # bounded: QUEUE_BYTES
         self.submit = self.q.submit     # a request, on the I/O thread
         self.tables: dict[int, Table] = {}
         self.rounds_applied = 0

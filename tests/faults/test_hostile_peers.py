@@ -262,7 +262,7 @@ def test_a_flood_of_table_requests_is_held_back_by_tcp_not_queued_on_the_server(
     """A client that sends embedding-table pulls faster than the server answers them (100
     valid pulls of 2^20 ids, 8 MiB each, answered with 16 MiB; it reads every answer, slowly):
     the server stops reading its clients once 64 MiB of requests are queued for the tables'
-    thread (server/table.py QUEUE_BYTES) or 32 MiB wait for their client to read its answers
+    thread (server/sparse.py QUEUE_BYTES) or 32 MiB wait for their client to read its answers
     (zmq_transport _WAITING_MAX), and ZeroMQ keeps 4 of a client's messages (CLIENT_RECV_HWM);
     the rest waits at the sender and in TCP. Before, the server took them all (+548 MiB for 60
     pulls; about 190-230 MiB now, with 64 MiB of answers). Every pull is answered and the job's

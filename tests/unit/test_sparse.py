@@ -292,12 +292,11 @@ def test_sparse_embedding_alone_is_nn_embedding_with_sgd_and_one_forward_per_ste
 
 
 def test_the_servers_request_queue_holds_its_clients_at_the_bound_and_resumes_at_half(caplog):
-    """server/table.py RequestQueue: requests queued for the tables' thread count their payload and
-    QUEUED_OVERHEAD; reaching QUEUE_BYTES holds the server's clients (once, logged), and the
+    """server/sparse.py RequestQueue: requests queued for the tables' thread count their payload
+    and QUEUED_OVERHEAD; reaching QUEUE_BYTES holds the server's clients (once, logged), and the
     thread serving the queue down to half releases them. Without sockets: the thread is not
     started until the queue is full, so the order is fixed."""
     from byteps_like.server import sparse as sp
-    from byteps_like.server import table as tb
 
     holds: list[bool] = []
     served: list[int] = []
@@ -309,9 +308,9 @@ def test_the_servers_request_queue_holds_its_clients_at_the_bound_and_resumes_at
                           ep=SimpleNamespace(hold_clients=holds.append))
     service = sp.SparseService(srv)
     service.process = lambda route, msg: served.append(msg.header.key)   # type: ignore
-    payload = np.zeros((1 << 20) - tb.QUEUED_OVERHEAD, np.uint8)   # 1 MiB a request
-    per = payload.nbytes + tb.QUEUED_OVERHEAD
-    n = tb.QUEUE_BYTES // per
+    payload = np.zeros((1 << 20) - sp.QUEUED_OVERHEAD, np.uint8)   # 1 MiB a request
+    per = payload.nbytes + sp.QUEUED_OVERHEAD
+    n = sp.QUEUE_BYTES // per
     with caplog.at_level(logging.WARNING, logger="byteps_like.server"):
         for key in range(n - 1):
             service.submit("route", Message(Header(MsgType.SPARSE_PULL, key=key), payload))
