@@ -627,10 +627,10 @@ class SparseTables(_Requests):
     def finish(self) -> None:
         """shutdown(): every push in flight answered (before the scheduler hears that this
         worker is done, or its last round could fail for the others); logs an error, as no
-        call is left to raise it."""
+        call is left to raise it; waits BYTEPS_SHUTDOWN_TIMEOUT_SECONDS at most for each."""
         for table in list(self.tables.values()):
             try:
-                self.settle(table)
+                self.settle(table, self.rt.config.timeouts.shutdown_timeout)
             except Exception as exc:  # noqa: BLE001 - logged: the caller is shutting down
                 log.error("worker %d: table %r: the last push failed: %s", self.rank,
                           table.name, exc)
