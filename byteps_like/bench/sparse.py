@@ -162,11 +162,13 @@ def run_mode(s: Setup, mode: str) -> tuple[list[dict], dict[str, int]]:
     host0 = "127.0.0.1" if s.cluster is None else s.cluster.ip("w0")
     placed = on_hosts(local_job(s.worker_argv(mode), free_port(), workers=s.workers,
                                 servers=s.servers, host=host0), s.cluster)
-    if mode in SPARSE_MODES:   # the servers log the line with their phases (INFO) as they exit
+    env = s.env(mode)
+    if mode in SPARSE_MODES and "BYTEPS_LOG_LEVEL" not in env:   # (unless the user set one)
+        # the servers log the line with their phases (INFO) as they exit
         placed = [dataclasses.replace(p, env={"BYTEPS_LOG_LEVEL": "INFO", **p.env})
                   if p.role == "server" else p for p in placed]
     with Job(f"sparse-{mode}") as g:
-        ws = g.start(placed, s.env(mode))
+        ws = g.start(placed, env)
         servers = [p for name, p in g.procs.items() if name.startswith("server")]
         if s.kill and mode in ("replicate", "snapshot"):
             g.may_die = {p.name for p in servers}
