@@ -24,11 +24,14 @@ their reference (:func:`reference_sum_rows`, :func:`reference_initial_rows`,
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import math
 import os
 import re
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,6 +214,67 @@ def state_bytes(spec: TableSpec, nrows: int) -> int:
     elif spec.optimizer == "adam":
         per_row += 2 * spec.row_bytes + 4
     return nrows * per_row + TABLE_OVERHEAD
+
+
+#: a server's log line (INFO, as it exits) with its table service's phases (bench sparse reads it)
+PHASES_TAG = "tables' phases:"
+
+
+class Phases:
+    """Where the tables' time goes, always on: seconds and calls per phase (two clock reads a
+    phase). A worker keeps one for its tables, a server one for its table service; ``bench
+    sparse`` prints them (docs/sparse.md, "Where a step's time goes"). A phase is added to by
+    one thread (each thread has phases of its own)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def add(self, phase: str, t0: float) -> float:
+        """Count ``now - t0`` to ``phase``; returns now (the next phase's start)."""
+        t = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + (t - t0)
+        self.calls[phase] = self.calls.get(phase, 0) + 1
+        return t
+
+    def snapshot(self) -> dict[str, list]:
+        """phase -> [seconds, calls] so far."""
+        return {k: [v, self.calls.get(k, 0)] for k, v in list(self.seconds.items())}
+
+    @staticmethod
+    def since(now: dict[str, list], before: dict[str, list]) -> dict[str, list]:
+        """What two snapshots differ by."""
+        zero = [0.0, 0]
+        return {k: [v[0] - before.get(k, zero)[0], v[1] - before.get(k, zero)[1]]
+                for k, v in now.items()}
+
+
+class StepPhases(Phases):
+    """:class:`Phases` kept per step too (the last ``keep`` steps, each with the CPU time of
+    the thread that ends it and of the whole process): a server's table service, whose steps
+    are the rounds of its first table."""
+
+    def __init__(self, keep: int = 256) -> None:
+        super().__init__()
+        self.steps: collections.deque = collections.deque(maxlen=keep)
+        self._mark: dict[str, list] = {}
+        self._ends = 0
+
+    def end_step(self) -> None:
+        self._ends += 1            # the CPU rows' calls: one a step
+        n = self._ends
+        mark = {**self.snapshot(), "CPU: this thread": [time.thread_time(), n],
+                "CPU: the whole process": [time.process_time(), n]}
+        if self._mark:
+            self.steps.append(Phases.since(mark, self._mark))
+        self._mark = mark
+
+    def report(self) -> dict:
+        """Per phase, the median over the steps kept of [seconds, calls] (JSON)."""
+        steps = list(self.steps)
+        med = lambda k, i: statistics.median(st.get(k, [0.0, 0])[i] for st in steps)  # noqa: E731
+        return {"steps": len(steps), "phases": {k: [med(k, 0), med(k, 1)]
+                                                for k in sorted({k for st in steps for k in st})}}
 
 
 # -- initial values -------------------------------------------------------------------------------

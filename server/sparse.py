@@ -25,6 +25,7 @@ a pull answered at once.
 """
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -35,6 +36,8 @@ import numpy as np
 
 from ..embedding import (
     MAX_TABLES,
+    PHASES_TAG,
+    StepPhases,
     TableError,
     TableShard,
     TableSpec,
@@ -79,50 +82,32 @@ QUEUED_OVERHEAD = 1024
 QUEUE_WARN_INTERVAL_S = 10.0
 
 
-class SparseService(threading.Thread):
-    """The tables of one server, served on a thread of their own."""
+class RequestQueue:
+    """The queue of a server's tables' thread, bounded: once QUEUE_BYTES of requests wait, the
+    server reads no more of its clients until the thread has served half of them."""
 
     def __init__(self, server: Server):
-        super().__init__(name="bpsl-sparse", daemon=True)
         self.server = server
-        self.max_ids = server.cfg.server.sparse_max_ids
         self.q: queue.SimpleQueue = queue.SimpleQueue()
-        # the queue's bound (QUEUE_BYTES): bytes queued, whether the clients are held
         self.queued_bytes = 0
-        self.queue_holds = 0    # times the server stopped reading its clients for it
+        self.holds = 0    # times the server stopped reading its clients for it
         self._holding = False
-        self._qlock = threading.Lock()
+        self._lock = threading.Lock()
         self._warned_at = -QUEUE_WARN_INTERVAL_S
-        self.tables: dict[int, Table] = {}
-        self.rounds_applied = 0
-        self.rows_updated = 0
-        # membership, in this thread's queue order (Server.on_members, Server.on_epoch): the
-        # machines in join(), those that finished without it, the pushes a round needs
-        self.ranks = Pushers(server.num_workers)   # machines x processes (server/table.py)
-        self.required = server.required
-        self.round_base = 0   # elastic: the epoch's first round
-        self.keep = Survival(self)   # checkpoints, snapshots, rollbacks (sparse_survival.py)
-
-    def members(self, joined: frozenset, left: dict[int, str]) -> None:
-        """join(): queue a membership change behind the requests that came before it."""
-        self.q.put((None, ("members", joined, left), 0))
-
-    def epoch(self, base: int, size: int, applied) -> None:
-        """Elastic jobs: queue a new membership epoch; ``applied()`` once it is."""
-        self.q.put((None, ("epoch", base, size, applied), 0))
+        self.put, self.get = self.q.put, self.q.get   # control items: (None, what, 0, 0.0)
 
     def submit(self, route: Route, msg: Message) -> None:
         """Queue a request for the tables' thread (on the I/O thread). Once QUEUE_BYTES are
         queued the server stops reading its clients until half of them are served."""
         payload = 0 if msg.payload is None else memoryview(as_buffer(msg.payload)).nbytes
         cost = payload + QUEUED_OVERHEAD
-        with self._qlock:
+        with self._lock:
             self.queued_bytes += cost
             hold = not self._holding and self.queued_bytes >= QUEUE_BYTES
             if hold:
                 self._holding = True
-                self.queue_holds += 1
-        self.q.put((route, msg, cost))
+                self.holds += 1
+        self.q.put((route, msg, cost, time.perf_counter()))
         if hold:
             now = time.monotonic()
             if now - self._warned_at >= QUEUE_WARN_INTERVAL_S:
@@ -132,11 +117,12 @@ class SparseService(threading.Thread):
                             "half of them (%d times so far; the last from worker rank %d): a "
                             "slow optimizer or checkpoint, or peers that send faster than the "
                             "tables are served", self.server.rank, self.queued_bytes,
-                            self.queue_holds, msg.header.rank)
+                            self.holds, msg.header.rank)
             self.server.ep.hold_clients(True)
 
-    def _served(self, cost: int) -> None:
-        with self._qlock:
+    def served(self, cost: int) -> None:
+        """A request of ``cost`` was served (on the tables' thread)."""
+        with self._lock:
             self.queued_bytes -= cost
             resume = self._holding and self.queued_bytes <= QUEUE_BYTES // 2
             if resume:
@@ -144,11 +130,44 @@ class SparseService(threading.Thread):
         if resume:
             self.server.ep.hold_clients(False)
 
+
+class SparseService(threading.Thread):
+    """The tables of one server, served on a thread of their own."""
+
+    def __init__(self, server: Server):
+        super().__init__(name="bpsl-sparse", daemon=True)
+        self.server = server
+        self.max_ids = server.cfg.server.sparse_max_ids
+        self.q = RequestQueue(server)   # bounded: QUEUE_BYTES
+        self.submit = self.q.submit     # a request, on the I/O thread
+        self.tables: dict[int, Table] = {}
+        self.rounds_applied = 0
+        self.rows_updated = 0
+        # membership, in this thread's queue order (Server.on_members, Server.on_epoch): the
+        # machines in join(), those that finished without it, the pushes a round needs
+        self.ranks = Pushers(server.num_workers)   # machines x processes (server/table.py)
+        self.required = server.required
+        self.round_base = 0   # elastic: the epoch's first round
+        self.keep = Survival(self)   # checkpoints, snapshots, rollbacks (sparse_survival.py)
+        # where this thread's time goes, per step (a round of the first table): bench sparse
+        self.phases = StepPhases()
+
+    def members(self, joined: frozenset, left: dict[int, str]) -> None:
+        """join(): queue a membership change behind the requests that came before it."""
+        self.q.put((None, ("members", joined, left), 0, 0.0))
+
+    def epoch(self, base: int, size: int, applied) -> None:
+        """Elastic jobs: queue a new membership epoch; ``applied()`` once it is."""
+        self.q.put((None, ("epoch", base, size, applied), 0, 0.0))
+
     def close(self) -> None:
         if self.is_alive():
             self.q.put(None)
             self.join(5.0)
         self.keep.close()
+        if self.phases.steps:
+            log.info("server %d: %s %s", self.server.rank, PHASES_TAG,
+                     json.dumps(self.phases.report()))
 
     def held_bytes(self) -> int:
         return sum(t.charged for t in list(self.tables.values()))
@@ -158,7 +177,7 @@ class SparseService(threading.Thread):
             item = self.q.get()
             if item is None:
                 return
-            route, msg, cost = item
+            route, msg, cost, queued = item
             # a worker can be quicker than the scheduler's node table is to this server (they
             # are told at once): its first requests wait here until the server knows its rank
             while route is not None and not self.server.control.wait_admitted(0.5):
@@ -173,6 +192,7 @@ class SparseService(threading.Thread):
                     self.apply_members(*msg[1:])
                 continue
             try:
+                self.phases.add("queue wait", queued)
                 self.process(route, msg)
             except Exception as exc:  # noqa: BLE001 - a bug must not kill the service silently
                 log.exception("server %d: the sparse service failed on table %d",
@@ -180,7 +200,7 @@ class SparseService(threading.Thread):
                 self.server.reply_error(route, msg.header, ERR_INTERNAL,
                                         f"server {self.server.rank} internal error: {exc!r}")
             finally:
-                self._served(cost)
+                self.q.served(cost)
 
     # -- requests ---------------------------------------------------------------------------------
     def process(self, route: Route, msg: Message) -> None:
@@ -360,7 +380,9 @@ class SparseService(threading.Thread):
                          f"{h.count} rows of {table.spec.row_bytes} bytes would be a reply of "
                          f"{reply_bytes} bytes, over BYTEPS_MAX_MESSAGE_BYTES")
             return
+        t = time.perf_counter()
         ids = self._ids(table, route, h, as_buffer(msg.payload), h.count)
+        self.phases.add("pull: check ids", t)
         if ids is not None:
             self._at_round(table, route, msg, ids)
 
@@ -384,12 +406,14 @@ class SparseService(threading.Thread):
             self.keep.checkpoint(table, route, msg)
 
     def _answer(self, table: Table, route: Route, h: Header, ids: np.ndarray) -> None:
-        srv = self.server
+        srv, t = self.server, time.perf_counter()
         rows = table.shard.rows(ids)
+        t = self.phases.add("pull: gather rows", t)
         hdr = Header(MsgType.SPARSE_ROWS, "float32", Role.SERVER, srv.rank,
                      generation_flags(generation(h.flags)), srv.job, h.key, h.round, rows.size,
                      rows.nbytes)
         srv.ep.send(route, encode(hdr, rows))
+        self.phases.add("pull: reply", t)
 
     def _push(self, table: Table, route: Route, msg: Message) -> None:
         h, spec = msg.header, table.spec
@@ -399,9 +423,10 @@ class SparseService(threading.Thread):
                          f"from worker rank {h.rank}: {h.nbytes} bytes of {h.dtype}, not "
                          f"uint8 records of {per} bytes (an int64 id and {spec.dim} float32)")
             return
-        n = h.nbytes // per
+        n, t = h.nbytes // per, time.perf_counter()
         buf = as_buffer(msg.payload)
         ids = self._ids(table, route, h, buf, n)
+        t = self.phases.add("push: check ids", t)
         if ids is None:
             return
         average = bool((msg.meta or {}).get("average"))
@@ -435,7 +460,9 @@ class SparseService(threading.Thread):
         # applied before the last push is acknowledged: a replica holds the round once every
         # worker's push to it is acknowledged (BYTEPS_SPARSE_SURVIVAL=replicate)
         self._complete_if_ready(table)
+        t = time.perf_counter()
         self.server.reply(route, MsgType.SPARSE_ACK, h)
+        self.phases.add("push: reply", t)
 
     def _apply_now(self, table: Table, route: Route, h: Header, ids: np.ndarray,
                    grads: np.ndarray, average: bool) -> None:
@@ -453,12 +480,14 @@ class SparseService(threading.Thread):
     def _apply(self, table: Table) -> None:
         """Every worker pushed the open round: sum per row (rank order), update, answer the
         pulls of the next round."""
-        order = sorted(table.pushes)
+        order, t = sorted(table.pushes), time.perf_counter()
         ids, sums = sum_rows([table.pushes[r][0] for r in order],
                              [table.pushes[r][1] for r in order], table.spec.dim)
         if table.average and len(order) > 1:   # over the workers that pushed the round
             sums /= np.float32(len(order))
+        t = self.phases.add("round: sum pushes", t)
         table.shard.apply(ids, sums)
+        self.phases.add("round: optimizer", t)
         table.pushes, table.average = {}, None
         table.round_started = None
         table.applied += 1
@@ -467,5 +496,9 @@ class SparseService(threading.Thread):
         waiting, table.pending = table.pending, []
         for route, msg, pids in waiting:
             self._serve(table, route, msg, pids)
+        t = time.perf_counter()
         self.keep.after_apply(table)
         self.keep.try_deferred(table.key % MAX_TABLES)
+        self.phases.add("round: snapshots/replicas", t)
+        if table.key == min(self.tables):
+            self.phases.end_step()

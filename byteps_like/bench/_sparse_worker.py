@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..embedding import Phases
 from .links import SlowCompute, straggler_arg
 from .report import emit, end_torch_distributed, progress
 
@@ -45,6 +46,13 @@ def batch_ids(rank: int, step: int, sizes: list[int], batch: int, zipf: float) -
     rng = np.random.default_rng([rank, step, 31])
     cols = [((rng.zipf(zipf, batch).astype(np.int64) - 1) * 2654435761) % n for n in sizes]
     return np.stack(cols, axis=1)
+
+
+def table_phases(rt: Any) -> dict:
+    """Where this worker's table time went so far (byteps_like.embedding.Phases)."""
+    if rt is None or rt.sparse is None:
+        return {}
+    return {**rt.sparse.phases.snapshot(), **rt.sparse.io_phases.snapshot()}
 
 
 def kill_server(rt: Any, rank: int) -> None:
@@ -130,11 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     slow = SlowCompute(a.straggler, rank)
     floor = 0
     base_tables = base_pp = 0
+    phases0: dict = {}
     losses = []
     for step in range(a.warmup + a.steps):
         if step == a.warmup:
             base_tables = sum(st.bytes_sent + st.bytes_received for st in stats)
             base_pp = 0 if rt is None else rt.bytes_pushed + rt.bytes_pulled
+            phases0 = table_phases(rt)
         if a.kill and rank == 0 and step == int(a.kill.split(":")[1]):
             kill_server(rt, int(a.kill.split(":")[0]))
         ids_np = batch_ids(rank, step, sizes, a.batch, a.zipf)
@@ -157,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          for i in range(len(sizes)))
         progress(f"{a.mode} step {step + 1}/{a.warmup + a.steps}: {dt * 1e3:.1f} ms")
     tables = sum(st.bytes_sent + st.bytes_received for st in stats) - base_tables
+    phases = Phases.since(table_phases(rt), phases0)
     pushpull = (ring * a.steps if rt is None
                 else rt.bytes_pushed + rt.bytes_pulled - base_pp)
     if a.sample_out and rank == 0:   # before the result: the bench reads it after
@@ -166,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {"mode": a.mode, "rank": rank, "step_times_s": steps, "table_bytes": tables,
               "rolled_back": max((st.rolled_back for st in stats), default=0),
               "pushpull_bytes": pushpull, "floor_bytes": floor, "steps": a.steps,
-              "dense_param_bytes": dense_bytes, "table_rows": sizes, "loss": losses[-1]}
+              "dense_param_bytes": dense_bytes, "table_rows": sizes, "loss": losses[-1],
+              "table_phases": phases}
     if rt is None:
         end_torch_distributed(torch.distributed, result)
     emit(result)

@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 
-from ..embedding import TableSpec, shard_rows, state_bytes
+from ..embedding import PHASES_TAG, TableSpec, shard_rows, state_bytes
 from . import links as uneven
 from . import netns
 from ._sparse_worker import table_rows
@@ -99,9 +99,10 @@ class Setup:
 
     def env(self, mode: str) -> dict[str, str]:
         """A run's environment: the tables' survival mode (and its snapshots' directory)."""
+        env = base_env()
         if mode not in ("replicate", "snapshot"):
-            return base_env()
-        return {**base_env(), "BYTEPS_SPARSE_SURVIVAL": mode,
+            return env
+        return {**env, "BYTEPS_SPARSE_SURVIVAL": mode,
                 "BYTEPS_SPARSE_SNAPSHOT_STEPS": str(self.snapshot_steps),
                 "BYTEPS_SPARSE_CHECKPOINT_DIR": os.path.join(self.work, "checkpoints")}
 
@@ -161,14 +162,39 @@ def run_mode(s: Setup, mode: str) -> tuple[list[dict], dict[str, int]]:
     host0 = "127.0.0.1" if s.cluster is None else s.cluster.ip("w0")
     placed = on_hosts(local_job(s.worker_argv(mode), free_port(), workers=s.workers,
                                 servers=s.servers, host=host0), s.cluster)
+    env = s.env(mode)
+    if mode in SPARSE_MODES and "BYTEPS_LOG_LEVEL" not in env:   # (unless the user set one)
+        # the servers log the line with their phases (INFO) as they exit
+        placed = [dataclasses.replace(p, env={"BYTEPS_LOG_LEVEL": "INFO", **p.env})
+                  if p.role == "server" else p for p in placed]
     with Job(f"sparse-{mode}") as g:
-        ws = g.start(placed, s.env(mode))
+        ws = g.start(placed, env)
         servers = [p for name, p in g.procs.items() if name.startswith("server")]
         if s.kill and mode in ("replicate", "snapshot"):
             g.may_die = {p.name for p in servers}
         with PeakRss(servers) as rss:
             g.wait(s.timeout, relay=ws[0], relay_prefix=f"[sparse] {mode}: ")
-        return collect(ws, mode), rss.peak
+        res = collect(ws, mode)
+        if mode in SPARSE_MODES and res:
+            res[0]["server_phases"] = server_phases(servers)
+        return res, rss.peak
+
+
+def server_phases(servers: list[Proc]) -> list[dict]:
+    """Each server's table-service phases, from the line it logs as it exits (INFO:
+    server/sparse.py PHASES_TAG); a server killed or still running has none."""
+    out = []
+    for p in servers:
+        p.drain()
+        for line in reversed(p.err):
+            _, tag, rest = line.partition(PHASES_TAG)
+            if tag:
+                try:
+                    out.append(json.loads(rest))
+                except ValueError:
+                    pass
+                break
+    return out
 
 
 RUNNERS = {"sparse": run_mode, "replicate": run_mode, "snapshot": run_mode, "dense": run_mode,
@@ -205,7 +231,37 @@ def make_record(s: Setup, mode: str, res: list[dict], rss: dict[str, int]) -> di
             # tables went back (snapshot), and (add_ratios) the tables' largest difference
             "killed": s.kill if s.kill and mode in ("replicate", "snapshot") else None,
             "stall_s": max(steps) - step,
-            "rolled_back_steps": max(r.get("rolled_back", 0) for r in res)}
+            "rolled_back_steps": max(r.get("rolled_back", 0) for r in res),
+            "breakdown": breakdown(res, n) if mode in SPARSE_MODES else None}
+
+
+def breakdown(res: list[dict], steps: int) -> list[tuple[str, str, float, float]]:
+    """Where a sparse step's table time goes: (side, phase, ms per step, calls per step):
+    a worker's mean over its timed steps, a server's median over its last 256 steps (rounds
+    of the first table), each the mean of the workers or of the servers."""
+    rows = []
+    for r in res:
+        for phase, (sec, calls) in r.get("table_phases", {}).items():
+            if calls:   # (a table created before the timed steps: its phases are 0)
+                rows.append(("worker", phase, 1e3 * sec / steps / len(res),
+                             calls / steps / len(res)))
+    srv = [sp for sp in res[0].get("server_phases") or [] if sp["steps"]]
+    for sp in srv:
+        for phase, (sec, calls) in sp["phases"].items():
+            rows.append(("server", phase, 1e3 * sec / len(srv), calls / len(srv)))
+    merged: dict[tuple[str, str], list[float]] = {}
+    for side, phase, ms, calls in rows:
+        m = merged.setdefault((side, phase), [0.0, 0.0])
+        m[0] += ms
+        m[1] += calls
+    return [(side, phase, v[0], v[1]) for (side, phase), v in sorted(merged.items())]
+
+
+def format_breakdown(records: list[dict]) -> str:
+    """The breakdown of each sparse run (:func:`breakdown`)."""
+    rows = [(r["mode"], side, phase, num(ms, ".2f"), num(calls, ".1f"))
+            for r in records if r.get("breakdown") for side, phase, ms, calls in r["breakdown"]]
+    return markdown_table(("mode", "side", "phase", "ms/step", "calls/step"), rows, left=3)
 
 
 def add_ratios(records: list[dict]) -> None:
@@ -384,6 +440,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_table(records))
     if any(r["mode"] in ("replicate", "snapshot") for r in records):
         print("\n" + format_survival(records))
+    if any(r.get("breakdown") for r in records):
+        print("\nwhere the tables' time goes, per step (a worker's: mean over the timed steps; "
+              "a server's: median over its last 256 steps; mean of the workers, of the "
+              "servers): 'whole call' contains the other phases of its kind; 'wait for the "
+              "answers' the transport both ways, the servers' work and the wait for the other "
+              "workers' pushes; a server's 'queue wait' a request's time between its I/O "
+              "thread and its table thread; 'CPU' CPU seconds, not wall:\n"
+              + format_breakdown(records))
     print("\nstep: median over the timed steps of the slowest worker's step (forward with the "
           "tables' pulls, backward with their pushes, the dense push_pull); MB/step: one "
           "worker's bytes each way together (tables: request and answer messages with their "

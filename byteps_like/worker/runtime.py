@@ -277,6 +277,7 @@ class Runtime:
             # both, or a shutdown racing that hand-over would raise the known error again
             control = self.members.control
             if control is not None and self.flight.fatal is None and control.fatal is None:
+                self.sparse.finish()   # table pushes in flight (worker/sparse.py)
                 self.flight.wait(handles)
                 timeout = self.config.timeouts.shutdown_timeout
                 if not control.finish(timeout):

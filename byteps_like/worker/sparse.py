@@ -24,6 +24,7 @@ import numpy as np
 
 from ..embedding import (
     MAX_TABLES,
+    Phases,
     TableError,
     TableShard,
     TableSpec,
@@ -152,6 +153,8 @@ class EmbeddingTable:
         # newest failover whose round the table took (SparseTables._rewind)
         self.rewind: tuple[int, int] | None = None
         self.rewound = 0
+        # the push sent and not acknowledged yet (SparseTables.pipelined): (key, call)
+        self.pushing: tuple[tuple, _Call] | None = None
 
     @property
     def rewind_pending(self) -> bool:
@@ -197,17 +200,24 @@ class EmbeddingTable:
         """The current rows of ``ids`` (any integer array; duplicates allowed, though each
         travels: pass unique ids), as a new float32 array of ``len(ids) x dim``. Waits until
         every worker's push of the previous step is applied."""
+        ph, t = self.owner.phases, time.perf_counter()
+        t0 = t
         ids = self.check_ids(ids)
         self.stats.ids_pulled += len(ids)
         if self.local is not None:
             return self.local.rows(ids)
+        t = ph.add("pull: check ids", t)
         order, per_server = self._split(ids)
+        t = ph.add("pull: split by shard", t)
         answers = self.owner.call(self, MsgType.SPARSE_PULL, self.step,
                                   [(p, None) for p in per_server], timeout) or {}
+        t = time.perf_counter()
         out = np.empty((len(ids), self.dim), np.float32)
         got = np.concatenate([np.frombuffer(answers[s], np.float32).reshape(-1, self.dim)
                               for s in range(len(per_server))]) if len(ids) else out
         out[order] = got
+        ph.add("pull: place rows", t)
+        ph.add("pull (whole call)", t0)
         return out
 
     def push(self, ids: Any, grads: Any, timeout: float | None = None, *,
@@ -216,7 +226,12 @@ class EmbeddingTable:
         servers add every worker's and update the rows once all have pushed. Every worker pushes
         every table once a step (an empty push when its batch had no rows). ``average``: the
         servers divide the sum by the number of workers that pushed the round (the workers
-        not in ``join()``; an elastic epoch's); every worker must push a table the same way."""
+        not in ``join()``; an elastic epoch's); every worker must push a table the same way.
+        In a synchronous job without snapshots or elastic membership the push returns once
+        sent: its answer is awaited (and a server's refusal raised) by the table's next call,
+        ``join()`` or ``shutdown()`` (SparseTables.pipelined); else it returns once answered."""
+        ph, t = self.owner.phases, time.perf_counter()
+        t0 = t
         ids = self.check_ids(ids)
         g = np.ascontiguousarray(grads, dtype=np.float32)
         if g.shape != (len(ids), self.dim):
@@ -227,13 +242,21 @@ class EmbeddingTable:
             uniq, sums = sum_rows([ids], [g], self.dim)
             self.local.apply(uniq, sums)
         else:
+            t = ph.add("push: check ids", t)
             order, per_server = self._split(ids)
             g = g[order]
             bounds = np.cumsum([0] + [len(p) for p in per_server])
             payloads = [(p, g[a:b]) for p, a, b in zip(per_server, bounds[:-1], bounds[1:])]
-            if self.owner.call(self, MsgType.SPARSE_PUSH, self.step, payloads, timeout,
-                               [{"average": True}] * len(payloads) if average else None) is None:
+            ph.add("push: split by shard", t)
+            metas = [{"average": True}] * len(payloads) if average else None
+            if self.owner.pipelined:   # answered by the table's next call
+                self.owner.settle(self)
+                self.pushing = self.owner.start(self, MsgType.SPARSE_PUSH, self.step, payloads,
+                                                metas)
+            elif self.owner.call(self, MsgType.SPARSE_PUSH, self.step, payloads, timeout,
+                                 metas) is None:
                 return   # its round was rolled back (snapshots): the push goes with it
+            ph.add("push (whole call)", t0)
         self.step += 1
         self.stats.steps += 1
 
@@ -301,8 +324,9 @@ class EmbeddingTable:
         return order, per_server
 
 
-class SparseTables:
-    """A runtime's server-held tables, and the answers of their servers."""
+class _Requests:
+    """A runtime's table requests and the answers of their servers (:class:`SparseTables`
+    adds the tables, their membership and their servers' losses)."""
 
     def __init__(self, rt: Runtime):
         self.rt = rt
@@ -321,6 +345,8 @@ class SparseTables:
         # worker's next table gets the same one whichever worker saw the refusal
         self._next_id = 0
         self._connected = False   # a local rank's own connections to the servers
+        self.phases = Phases()    # where the tables' time goes, on the calling thread...
+        self.io_phases = Phases()   # ...and on the I/O thread (their answers)
 
     @property
     def rank(self) -> int:
@@ -345,11 +371,269 @@ class SparseTables:
     def max_ids(self) -> int:
         return self.rt.config.server.sparse_max_ids
 
+    # -- requests and their answers -------------------------------------------------------------
+    def call(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
+             timeout: float | None, metas: list | None = None) -> dict | None:
+        """:meth:`_call_once`, sent again at the round the tables went back to when a lost
+        server rolls them back (BYTEPS_SPARSE_SURVIVAL=snapshot); None for a push of a round
+        the rollback undid (it goes with its round)."""
+        self.settle(table, timeout)
+        while True:
+            self._wait_restored(self.to_restore, timeout)
+            if mtype is not MsgType.SPARSE_CREATE and self._rewind(table):
+                if mtype is MsgType.SPARSE_PUSH and table.step != rnd:
+                    return None
+                rnd = table.step
+            try:
+                return self._call_once(table, mtype, rnd, payloads, timeout, metas)
+            except _RolledBack as rb:
+                self._wait_restored(rb.number, timeout)
+
+    def _rewind(self, table: EmbeddingTable) -> bool:
+        """Take the round a rollback sent the table back to (on the thread that calls the
+        table, so no step of the old timeline counts after it); True if it did now."""
+        with self._lock:
+            if not table.rewind_pending:
+                return False
+            assert table.rewind is not None
+            number, rnd = table.rewind
+            back, table.step, table.rewound = table.step - rnd, rnd, number
+        table.stats.rolled_back += max(0, back)
+        (log.warning if self.rank == 0 else log.info)(
+            "worker %d: table %r went back %d step(s) to round %d, the newest snapshot of the "
+            "lost server(s) (failover %d; BYTEPS_SPARSE_SURVIVAL=snapshot, every %d rounds)",
+            self.rank, table.name, back, rnd, number,
+            self.rt.config.server.sparse_snapshot_steps)
+        return True
+
+    def _call_once(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
+                   timeout: float | None, metas: list | None = None) -> dict:
+        """Send ``mtype`` for every shard (payload i: shard i's (ids, grads) or (None, None))
+        to the servers that hold it (its primary alone for a pull or a save), and wait for
+        every answer; returns each shard's answer payload by shard."""
+        return self._finish(*self.start(table, mtype, rnd, payloads, metas), timeout)
+
+    def start(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
+               metas: list | None) -> tuple[tuple, _Call]:
+        """:meth:`_call_once`'s sending: the request, in flight once this returns."""
+        rt = self.rt
+        rt.check()
+        if rt.elastic_m is not None:   # an epoch that is over: raise at once
+            rt.elastic_m.check_collective()
+        key = (table.table_id, _KIND[mtype.name], rnd)
+        kind, ph, t = key[1], self.phases, time.perf_counter()
+        call = _Call(table, mtype, rnd, [], self.restored)
+        for sh, (ids, grads) in enumerate(payloads):
+            if mtype is MsgType.SPARSE_PULL:
+                call.expect[sh] = len(ids) * table.spec.row_bytes
+            call.frames.append(self._frames(table, mtype, rnd, sh, ids, grads,
+                                            metas[sh] if metas else None, call.g))
+        with self._lock:
+            if key in self._calls:
+                raise BytePSError(f"table {table.name!r}: a {key[1]} of step {rnd} is already "
+                                  "in flight (one pull and one push per step, one thread)")
+            if (self.to_restore > self.restored or call.g != self.restored
+                    or (table.rewind_pending and mtype is not MsgType.SPARSE_CREATE)):
+                raise _RolledBack(self.to_restore)   # a rollback began since the call began
+            sends = []
+            for sh in range(len(payloads)):
+                holders = self._holders(sh)
+                if not holders:
+                    raise self._shard_lost(table, sh)
+                for srv in holders[:1] if mtype in _PRIMARY_ONLY else holders:
+                    call.want.add((srv, sh))
+                    sends.append((srv, sh))
+            self._calls[key] = call
+        t = ph.add(f"{kind}: encode", t)
+        try:
+            for srv, sh in sends:
+                self._send(call, srv, sh)   # every one, whatever answers meanwhile
+        except BaseException:
+            with self._lock:
+                self._calls.pop(key, None)
+            raise
+        ph.add(f"{kind}: send", t)
+        return key, call
+
+    def _finish(self, key: tuple, call: _Call, timeout: float | None) -> dict:
+        """:meth:`_call_once`'s waiting: every answer of the request :meth:`start` sent."""
+        t = time.perf_counter()
+        try:
+            self._wait(call.table, call, call.mtype, call.rnd, timeout)
+            self.phases.add(f"{key[1]}: wait for the answers", t)
+        finally:
+            with self._lock:
+                self._calls.pop(key, None)
+        return call.answers()
+
+    def settle(self, table: EmbeddingTable, timeout: float | None = None) -> None:
+        """Wait for the answers of the table's push in flight, if any; raise its error (the
+        table is then back at that push's step, as after a push that raised at once)."""
+        if table.pushing is not None:
+            (key, call), table.pushing = table.pushing, None
+            try:
+                self._finish(key, call, timeout)
+            except BaseException:
+                if table.step == call.rnd + 1:
+                    table.step, table.stats.steps = call.rnd, table.stats.steps - 1
+                raise
+
+    def _frames(self, table: EmbeddingTable, mtype: MsgType, rnd: int, sh: int, ids, grads,
+                meta: dict | None, g: int) -> list:
+        """A request's frames; its flags carry the rollback generation ``g``."""
+        m, key, flags = self.rt.members, wire_key(table.table_id, sh), generation_flags(g)
+        if mtype is MsgType.SPARSE_PULL:
+            payload: Any = ids
+            hdr = Header(mtype, "int64", Role.WORKER, self.push_rank, flags, m.job, key, rnd,
+                         len(ids), ids.nbytes)
+        elif mtype is MsgType.SPARSE_PUSH:
+            payload = np.concatenate([ids.view(np.uint8), grads.reshape(-1).view(np.uint8)])
+            hdr = Header(mtype, "uint8", Role.WORKER, self.push_rank, flags, m.job, key, rnd,
+                         payload.nbytes, payload.nbytes)
+        else:
+            payload = None
+            hdr = Header(mtype, "none", Role.WORKER, self.push_rank, flags, m.job, key, rnd)
+        return encode(hdr, payload, meta)
+
+    def _send(self, call: _Call, srv: int, sh: int) -> None:
+        frames = call.frames[sh]
+        call.table.stats.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+        m = self.rt.members
+        m.endpoint.send(m.routes[srv][0], frames)
+
+    def _holders(self, shard: int) -> list[int]:
+        return shard_holders(shard, self.num_servers, self.survival, self.lost)
+
+    def _shard_lost(self, table: EmbeddingTable, shard: int) -> BaseException:
+        copies = ("both servers holding it (its own and the next: "
+                  "BYTEPS_SPARSE_SURVIVAL=replicate) were lost" if self.survival == "replicate"
+                  else "its server was lost (BYTEPS_SPARSE_SURVIVAL=none: no copy)")
+        return PeerLostError(f"worker rank {self.rank}: shard {shard} of table "
+                             f"{table.name!r} is lost: {copies}; restart the job and load the "
+                             "last checkpoint (docs/sparse.md)", role="server", rank=shard)
+
+    def _wait(self, table: EmbeddingTable, call: _Call, mtype: MsgType, rnd: int,
+              timeout: float | None) -> None:
+        rt = self.rt
+        limit = rt.config.timeouts.op_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while not call.done.wait(_POLL_S):
+            rt.check()   # the job's fatal error (a lost peer) ends the wait
+            if rt.elastic_m is not None:   # and so does a new membership epoch
+                rt.elastic_m.check_collective()
+            if time.monotonic() > deadline:
+                missing = sorted({srv for srv, _sh in call.want - set(call.got)})
+                raise CommTimeoutError(f"table {table.name!r}: {mtype.name} of step {rnd} on "
+                                       f"worker rank {rt.rank_}: no answer from server(s) "
+                                       f"{missing} within {limit:g} s (a worker that has not "
+                                       "pushed the previous step holds the round open)")
+        if call.error is not None:
+            raise call.error
+
+    def _wait_restored(self, number: int, timeout: float | None) -> None:
+        """Wait until this worker went back for failover ``number`` (snapshots)."""
+        if self.restored >= number:
+            return
+        limit = self.rt.config.timeouts.op_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while self.restored < number:
+            self.rt.check()   # the job's fatal error (a failed rollback) ends the wait
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(f"worker rank {self.rank}: the server-held tables did "
+                                       f"not go back to their snapshot after failover {number} "
+                                       f"within {limit:g} s")
+            with self._restored_cv:
+                self._restored_cv.wait(_POLL_S)
+
+    def on_message(self, route: Route, msg: Message) -> None:
+        """A server's answer to a table request (the dispatcher's I/O thread)."""
+        h, m, t = msg.header, self.rt.members, time.perf_counter()
+        if h.type in SPARSE_ANSWERS:
+            kinds = ({"pull"} if h.type is MsgType.SPARSE_ROWS
+                     else {"create", "push", "save", "load", "restore"})
+        else:  # an ERROR: the request's type is in its meta
+            kinds = {_KIND.get(str((msg.meta or {}).get("type")), "")}
+            kinds |= {"restore"} if "load" in kinds else set()
+        try:
+            s = m.server_ranks.index(h.rank)
+        except ValueError:
+            s = -1
+        tid, sh = h.key % MAX_TABLES, h.key // MAX_TABLES
+        with self._lock:
+            calls = [(k, c) for k, c in self._calls.items()
+                     if k[0] == tid and k[2] == h.round and k[1] in kinds]
+            ok = (s >= 0 and route == m.routes[s][0] and h.job == m.job
+                  and h.role is Role.SERVER and len(calls) == 1 and (s, sh) in calls[0][1].want
+                  and (s, sh) not in calls[0][1].got)
+            stale = ok and generation(h.flags) != calls[0][1].g   # sent before a rollback
+            if ok and not stale:
+                self._answer(calls[0][0], calls[0][1], s, sh, msg)
+                self.io_phases.add("answers (I/O thread)", t)
+        if stale or (not ok and any(k[0] == tid and k[2] == h.round and k[1] in kinds
+                                    for k in self._cut_off)):
+            log.debug("worker %d: an answer to a table request sent before a rollback: %s",
+                      self.rank, h)
+        elif not ok:
+            m.dropped("table answer that matches no request in flight",
+                      f"{h.type.name} table {h.key} round {h.round} from {route}")
+
+    def _answer(self, key: tuple, call: _Call, s: int, sh: int, msg: Message) -> None:
+        h = msg.header
+        what, name = key[1], call.table.name
+        if h.type is MsgType.ERROR:
+            meta = msg.meta if isinstance(msg.meta, dict) else {}
+            if meta.get("kind") == ERR_ROLLBACK and type(meta.get("failover")) is int:
+                exc: BaseException = _RolledBack(meta["failover"])
+            elif meta.get("kind") == ERR_EPOCH:   # the server reset first: the epoch is over
+                em = self.rt.elastic_m
+                exc = MembershipChangedError(
+                    f"{what} of table {name!r}: {meta.get('message', 'epoch ended')}",
+                    epoch=(em.epoch + 1) if em is not None else 0)
+            else:
+                exc = server_error(f"{what} of table {name!r}", meta.get("kind"),
+                                   str(meta.get("message", "error")), h.rank, meta)
+            call.error = call.error or exc
+            call.got[(s, sh)] = None
+        elif what == "pull" and (h.dtype != "float32" or h.nbytes != call.expect[sh]):
+            call.error = call.error or BytePSError(
+                f"pull of table {name!r}: server {h.rank} answered with {h.nbytes} bytes of "
+                f"{h.dtype}, expected {call.expect[sh]} bytes of float32")
+            call.got[(s, sh)] = None
+        else:
+            call.got[(s, sh)] = msg.meta if what in ("restore", "load") else msg.payload
+            call.table.stats.bytes_received += HEADER_SIZE + h.nbytes
+        call.check_done()
+
+
+class SparseTables(_Requests):
+    """A runtime's server-held tables, and the answers of their servers."""
+
     @property
     def round_base(self) -> int:
         """The first round of this worker's membership epoch (elastic jobs; 0 otherwise)."""
         em = self.rt.elastic_m
         return em.round_base if em is not None else 0
+
+    @property
+    def pipelined(self) -> bool:
+        """A push returns once sent, its answer awaited by the table's next call (whose pull
+        waits for the round anyway) while the worker goes on. Not in asynchronous mode (an
+        answer says the push is applied), with snapshots (a rollback sends a push again) nor
+        in elastic jobs (an epoch drops a round)."""
+        cfg = self.rt.config
+        return (not cfg.server.enable_async and self.survival != "snapshot"
+                and self.rt.elastic_m is None)
+
+    def finish(self) -> None:
+        """shutdown(): every push in flight answered (before the scheduler hears that this
+        worker is done, or its last round could fail for the others); logs an error, as no
+        call is left to raise it; waits BYTEPS_SHUTDOWN_TIMEOUT_SECONDS at most for each."""
+        for table in list(self.tables.values()):
+            try:
+                self.settle(table, self.rt.config.timeouts.shutdown_timeout)
+            except Exception as exc:  # noqa: BLE001 - logged: the caller is shutting down
+                log.error("worker %d: table %r: the last push failed: %s", self.rank,
+                          table.name, exc)
 
     # -- membership (docs/sparse.md, "Membership") ----------------------------------------------
     def new_epoch(self, base: int) -> None:
@@ -362,7 +646,10 @@ class SparseTables:
 
     def rounds(self) -> dict[str, int]:
         """join(): the round each server-held table reached, for the scheduler to take the
-        most of; named ``_JOIN_PREFIX + name`` (a NUL first: no tensor name in practice)."""
+        most of; named ``_JOIN_PREFIX + name`` (a NUL first: no tensor name in practice). Every
+        push in flight is answered first: the servers have it before they learn of the join."""
+        for table in list(self.tables.values()):
+            self.settle(table)
         return {_JOIN_PREFIX + n: t.step for n, t in self.tables.items() if t.local is None}
 
     def catch_up(self, rounds: dict[str, int]) -> None:
@@ -418,116 +705,7 @@ class SparseTables:
             self.tables[name] = table
         return table
 
-    # -- requests and their answers -------------------------------------------------------------
-    def call(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
-             timeout: float | None, metas: list | None = None) -> dict | None:
-        """:meth:`_call_once`, sent again at the round the tables went back to when a lost
-        server rolls them back (BYTEPS_SPARSE_SURVIVAL=snapshot); None for a push of a round
-        the rollback undid (it goes with its round)."""
-        while True:
-            self._wait_restored(self.to_restore, timeout)
-            if mtype is not MsgType.SPARSE_CREATE and self._rewind(table):
-                if mtype is MsgType.SPARSE_PUSH and table.step != rnd:
-                    return None
-                rnd = table.step
-            try:
-                return self._call_once(table, mtype, rnd, payloads, timeout, metas)
-            except _RolledBack as rb:
-                self._wait_restored(rb.number, timeout)
-
-    def _rewind(self, table: EmbeddingTable) -> bool:
-        """Take the round a rollback sent the table back to (on the thread that calls the
-        table, so no step of the old timeline counts after it); True if it did now."""
-        with self._lock:
-            if not table.rewind_pending:
-                return False
-            assert table.rewind is not None
-            number, rnd = table.rewind
-            back, table.step, table.rewound = table.step - rnd, rnd, number
-        table.stats.rolled_back += max(0, back)
-        (log.warning if self.rank == 0 else log.info)(
-            "worker %d: table %r went back %d step(s) to round %d, the newest snapshot of the "
-            "lost server(s) (failover %d; BYTEPS_SPARSE_SURVIVAL=snapshot, every %d rounds)",
-            self.rank, table.name, back, rnd, number,
-            self.rt.config.server.sparse_snapshot_steps)
-        return True
-
-    def _call_once(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
-                   timeout: float | None, metas: list | None = None) -> dict:
-        """Send ``mtype`` for every shard (payload i: shard i's (ids, grads) or (None, None))
-        to the servers that hold it (its primary alone for a pull or a save), and wait for
-        every answer; returns each shard's answer payload by shard."""
-        rt = self.rt
-        rt.check()
-        if rt.elastic_m is not None:   # an epoch that is over: raise at once
-            rt.elastic_m.check_collective()
-        key = (table.table_id, _KIND[mtype.name], rnd)
-        call = _Call(table, mtype, rnd, [], self.restored)
-        for sh, (ids, grads) in enumerate(payloads):
-            if mtype is MsgType.SPARSE_PULL:
-                call.expect[sh] = len(ids) * table.spec.row_bytes
-            call.frames.append(self._frames(table, mtype, rnd, sh, ids, grads,
-                                            metas[sh] if metas else None, call.g))
-        with self._lock:
-            if key in self._calls:
-                raise BytePSError(f"table {table.name!r}: a {key[1]} of step {rnd} is already "
-                                  "in flight (one pull and one push per step, one thread)")
-            if (self.to_restore > self.restored or call.g != self.restored
-                    or (table.rewind_pending and mtype is not MsgType.SPARSE_CREATE)):
-                raise _RolledBack(self.to_restore)   # a rollback began since the call began
-            sends = []
-            for sh in range(len(payloads)):
-                holders = self._holders(sh)
-                if not holders:
-                    raise self._shard_lost(table, sh)
-                for srv in holders[:1] if mtype in _PRIMARY_ONLY else holders:
-                    call.want.add((srv, sh))
-                    sends.append((srv, sh))
-            self._calls[key] = call
-        try:
-            for srv, sh in sends:
-                self._send(call, srv, sh)   # every one, whatever answers meanwhile
-            self._wait(table, call, mtype, rnd, timeout)
-        finally:
-            with self._lock:
-                self._calls.pop(key, None)
-        return call.answers()
-
-    def _frames(self, table: EmbeddingTable, mtype: MsgType, rnd: int, sh: int, ids, grads,
-                meta: dict | None, g: int) -> list:
-        """A request's frames; its flags carry the rollback generation ``g``."""
-        m, key, flags = self.rt.members, wire_key(table.table_id, sh), generation_flags(g)
-        if mtype is MsgType.SPARSE_PULL:
-            payload: Any = ids
-            hdr = Header(mtype, "int64", Role.WORKER, self.push_rank, flags, m.job, key, rnd,
-                         len(ids), ids.nbytes)
-        elif mtype is MsgType.SPARSE_PUSH:
-            payload = np.concatenate([ids.view(np.uint8), grads.reshape(-1).view(np.uint8)])
-            hdr = Header(mtype, "uint8", Role.WORKER, self.push_rank, flags, m.job, key, rnd,
-                         payload.nbytes, payload.nbytes)
-        else:
-            payload = None
-            hdr = Header(mtype, "none", Role.WORKER, self.push_rank, flags, m.job, key, rnd)
-        return encode(hdr, payload, meta)
-
-    def _send(self, call: _Call, srv: int, sh: int) -> None:
-        frames = call.frames[sh]
-        call.table.stats.bytes_sent += sum(memoryview(f).nbytes for f in frames)
-        m = self.rt.members
-        m.endpoint.send(m.routes[srv][0], frames)
-
     # -- losing a server (docs/sparse.md, "Losing a server") -----------------------------------
-    def _holders(self, shard: int) -> list[int]:
-        return shard_holders(shard, self.num_servers, self.survival, self.lost)
-
-    def _shard_lost(self, table: EmbeddingTable, shard: int) -> BaseException:
-        copies = ("both servers holding it (its own and the next: "
-                  "BYTEPS_SPARSE_SURVIVAL=replicate) were lost" if self.survival == "replicate"
-                  else "its server was lost (BYTEPS_SPARSE_SURVIVAL=none: no copy)")
-        return PeerLostError(f"worker rank {self.rank}: shard {shard} of table "
-                             f"{table.name!r} is lost: {copies}; restart the job and load the "
-                             "last checkpoint (docs/sparse.md)", role="server", rank=shard)
-
     def servers_lost(self, servers: list[int], number: int = 0) -> str | None:
         """The servers of these indices are lost (the scheduler's FAILOVER; any thread). With
         replication each of their shards goes on on its copy: requests waiting for a lost
@@ -563,39 +741,6 @@ class SparseTables:
         for call, srv, sh in resend:
             self._send(call, srv, sh)
         return None
-
-    def _wait(self, table: EmbeddingTable, call: _Call, mtype: MsgType, rnd: int,
-              timeout: float | None) -> None:
-        rt = self.rt
-        limit = rt.config.timeouts.op_timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        while not call.done.wait(_POLL_S):
-            rt.check()   # the job's fatal error (a lost peer) ends the wait
-            if rt.elastic_m is not None:   # and so does a new membership epoch
-                rt.elastic_m.check_collective()
-            if time.monotonic() > deadline:
-                missing = sorted({srv for srv, _sh in call.want - set(call.got)})
-                raise CommTimeoutError(f"table {table.name!r}: {mtype.name} of step {rnd} on "
-                                       f"worker rank {rt.rank_}: no answer from server(s) "
-                                       f"{missing} within {limit:g} s (a worker that has not "
-                                       "pushed the previous step holds the round open)")
-        if call.error is not None:
-            raise call.error
-
-    def _wait_restored(self, number: int, timeout: float | None) -> None:
-        """Wait until this worker went back for failover ``number`` (snapshots)."""
-        if self.restored >= number:
-            return
-        limit = self.rt.config.timeouts.op_timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        while self.restored < number:
-            self.rt.check()   # the job's fatal error (a failed rollback) ends the wait
-            if time.monotonic() > deadline:
-                raise CommTimeoutError(f"worker rank {self.rank}: the server-held tables did "
-                                       f"not go back to their snapshot after failover {number} "
-                                       f"within {limit:g} s")
-            with self._restored_cv:
-                self._restored_cv.wait(_POLL_S)
 
     def after_failover(self, number: int, timeout: float | None = None) -> None:
         """Snapshots (BYTEPS_SPARSE_SURVIVAL=snapshot), on the failover's thread once the dense
@@ -642,61 +787,3 @@ class SparseTables:
                 self._calls.pop(key, None)
         return [int(a.get("round", -1)) if isinstance(a, dict) else -1
                 for a in call.got.values()]
-
-    def on_message(self, route: Route, msg: Message) -> None:
-        """A server's answer to a table request (the dispatcher's I/O thread)."""
-        h, m = msg.header, self.rt.members
-        if h.type in SPARSE_ANSWERS:
-            kinds = ({"pull"} if h.type is MsgType.SPARSE_ROWS
-                     else {"create", "push", "save", "load", "restore"})
-        else:  # an ERROR: the request's type is in its meta
-            kinds = {_KIND.get(str((msg.meta or {}).get("type")), "")}
-            kinds |= {"restore"} if "load" in kinds else set()
-        try:
-            s = m.server_ranks.index(h.rank)
-        except ValueError:
-            s = -1
-        tid, sh = h.key % MAX_TABLES, h.key // MAX_TABLES
-        with self._lock:
-            calls = [(k, c) for k, c in self._calls.items()
-                     if k[0] == tid and k[2] == h.round and k[1] in kinds]
-            ok = (s >= 0 and route == m.routes[s][0] and h.job == m.job
-                  and h.role is Role.SERVER and len(calls) == 1 and (s, sh) in calls[0][1].want
-                  and (s, sh) not in calls[0][1].got)
-            stale = ok and generation(h.flags) != calls[0][1].g   # sent before a rollback
-            if ok and not stale:
-                self._answer(calls[0][0], calls[0][1], s, sh, msg)
-        if stale or (not ok and any(k[0] == tid and k[2] == h.round and k[1] in kinds
-                                    for k in self._cut_off)):
-            log.debug("worker %d: an answer to a table request sent before a rollback: %s",
-                      self.rank, h)
-        elif not ok:
-            m.dropped("table answer that matches no request in flight",
-                      f"{h.type.name} table {h.key} round {h.round} from {route}")
-
-    def _answer(self, key: tuple, call: _Call, s: int, sh: int, msg: Message) -> None:
-        h = msg.header
-        what, name = key[1], call.table.name
-        if h.type is MsgType.ERROR:
-            meta = msg.meta if isinstance(msg.meta, dict) else {}
-            if meta.get("kind") == ERR_ROLLBACK and type(meta.get("failover")) is int:
-                exc: BaseException = _RolledBack(meta["failover"])
-            elif meta.get("kind") == ERR_EPOCH:   # the server reset first: the epoch is over
-                em = self.rt.elastic_m
-                exc = MembershipChangedError(
-                    f"{what} of table {name!r}: {meta.get('message', 'epoch ended')}",
-                    epoch=(em.epoch + 1) if em is not None else 0)
-            else:
-                exc = server_error(f"{what} of table {name!r}", meta.get("kind"),
-                                   str(meta.get("message", "error")), h.rank, meta)
-            call.error = call.error or exc
-            call.got[(s, sh)] = None
-        elif what == "pull" and (h.dtype != "float32" or h.nbytes != call.expect[sh]):
-            call.error = call.error or BytePSError(
-                f"pull of table {name!r}: server {h.rank} answered with {h.nbytes} bytes of "
-                f"{h.dtype}, expected {call.expect[sh]} bytes of float32")
-            call.got[(s, sh)] = None
-        else:
-            call.got[(s, sh)] = msg.meta if what in ("restore", "load") else msg.payload
-            call.table.stats.bytes_received += HEADER_SIZE + h.nbytes
-        call.check_done()

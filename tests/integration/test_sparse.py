@@ -441,3 +441,29 @@ def test_a_bounded_allgather_stops_every_rank_naming_the_one_over(cluster):
     for out in ok(cluster.run_all(lambda w: allgather_array(
             w, np.full((2, 2), w.rank(), np.float32), "bounded.ok", max_rows=3))):
         assert np.array_equal(out[:, 0], [0, 0, 1, 1])
+
+
+def test_a_push_returns_once_sent_and_a_refusal_raises_at_the_tables_next_call(cluster):
+    """A synchronous job pipelines a table's push (worker/sparse.py SparseTables.pipelined):
+    push() returns with its answer to come, and the table's next call waits for it first. A
+    server's refusal raises there, and the table is back at the refused push's step: pushed
+    again, the round completes."""
+    ones = np.ones((2, 4), np.float32)
+    tables = ok(cluster.run_all(lambda w: w.sparse.create("emb-ahead", 100, 4, init="zeros",
+                                                          lr=1.0)))
+    t0, t1 = (t for _r, t in sorted(zip([w.rank() for w in cluster.workers], tables),
+                                    key=lambda p: p[0]))
+    assert t0.owner.pipelined and t1.owner.pipelined
+    t0.push([1, 2], ones)                        # summed: the round's first push...
+    assert t0.pushing is not None and t0.step == 1
+    t0.owner.settle(t0)                          # ...on the server once answered
+    assert t0.pushing is None
+    t1.push([1, 2], ones, average=True)          # refused: averaged in a summed round
+    assert t1.step == 1
+    with pytest.raises(MismatchError, match="averaged and summed|is averaged"):
+        t1.pull([1])
+    assert t1.pushing is None and t1.step == 0
+    t1.push([1, 2], ones)                        # round 0 again, summed
+    assert np.array_equal(t1.pull([1, 2, 3])[:, 0], [-2, -2, 0])
+    assert np.array_equal(t0.pull([1, 2, 3])[:, 0], [-2, -2, 0])
+    assert t0.step == t1.step == 1

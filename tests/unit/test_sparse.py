@@ -292,8 +292,8 @@ def test_sparse_embedding_alone_is_nn_embedding_with_sgd_and_one_forward_per_ste
 
 
 def test_the_servers_request_queue_holds_its_clients_at_the_bound_and_resumes_at_half(caplog):
-    """server/sparse.py: requests queued for the tables' thread count their payload and
-    QUEUED_OVERHEAD; reaching QUEUE_BYTES holds the server's clients (once, logged), and the
+    """server/sparse.py RequestQueue: requests queued for the tables' thread count their payload
+    and QUEUED_OVERHEAD; reaching QUEUE_BYTES holds the server's clients (once, logged), and the
     thread serving the queue down to half releases them. Without sockets: the thread is not
     started until the queue is full, so the order is fixed."""
     from byteps_like.server import sparse as sp
@@ -314,19 +314,19 @@ def test_the_servers_request_queue_holds_its_clients_at_the_bound_and_resumes_at
     with caplog.at_level(logging.WARNING, logger="byteps_like.server"):
         for key in range(n - 1):
             service.submit("route", Message(Header(MsgType.SPARSE_PULL, key=key), payload))
-        assert holds == [] and service.queued_bytes == (n - 1) * per
+        assert holds == [] and service.q.queued_bytes == (n - 1) * per
         service.submit("route", Message(Header(MsgType.SPARSE_PULL, key=n - 1), payload))
-        assert holds == [True] and service.queue_holds == 1
+        assert holds == [True] and service.q.holds == 1
         service.submit("route", Message(Header(MsgType.SPARSE_PULL, key=n), payload))
         assert holds == [True]   # held once, whatever came in the batch that crossed it
     assert "embedding-table requests are queued" in caplog.text
     service.start()
     try:
-        assert wait_until(lambda: len(served) == n + 1 and service.queued_bytes == 0)
+        assert wait_until(lambda: len(served) == n + 1 and service.q.queued_bytes == 0)
     finally:
         service.close()
     assert served == list(range(n + 1))
-    assert holds == [True, False] and service.queued_bytes == 0
+    assert holds == [True, False] and service.q.queued_bytes == 0
 
 
 def test_requests_that_come_before_the_servers_rank_wait_for_it():
@@ -381,3 +381,52 @@ def test_the_tables_count_worker_processes_and_join_by_machine():
     p.joined, p.left = frozenset({1}), {2: "gone"}
     assert p.joined_ranks() == {2, 3} and p.left_ranks() == {4: "gone", 5: "gone"}
     assert p.of(range(3)) == 6 and p.of(p.joined) == 2
+
+
+def test_phases_add_up_per_phase_and_a_step_record_keeps_the_median():
+    """embedding.Phases counts seconds and calls per phase; StepPhases keeps each step's
+    difference (with the CPU time of the thread and the process) and reports the medians."""
+    import time
+
+    from byteps_like.embedding import Phases, StepPhases
+    ph = Phases()
+    t = ph.add("a", time.perf_counter() - 0.5)
+    ph.add("a", t - 0.25)
+    ph.add("b", time.perf_counter())
+    snap = ph.snapshot()
+    assert snap["a"][1] == 2 and 0.75 <= snap["a"][0] < 5 and snap["b"][1] == 1
+    assert Phases.since({"a": [3.0, 4], "c": [1.0, 1]}, {"a": [1.0, 1]}) == {
+        "a": [2.0, 3], "c": [1.0, 1]}
+    steps = StepPhases(keep=3)
+    steps.end_step()                       # the first mark: no step yet
+    for seconds in (0.1, 0.3, 0.2, 9.0, 0.4):   # the oldest two fall out of the record
+        steps.add("gather", time.perf_counter() - seconds)
+        steps.end_step()
+    report = steps.report()
+    assert report["steps"] == 3 and report["phases"]["gather"][1] == 1
+    assert 0.4 <= report["phases"]["gather"][0] < 9.0   # the median of 0.2, 9.0, 0.4
+    assert {"CPU: this thread", "CPU: the whole process"} <= set(report["phases"])
+
+
+def test_bench_sparse_prints_where_the_time_goes():
+    """bench sparse's breakdown: the workers' phases per timed step (mean of the workers) and
+    the servers' from the line they log as they exit (mean of the servers), one table."""
+    import json
+    from collections import deque
+
+    from byteps_like.bench import sparse as bench
+    from byteps_like.embedding import PHASES_TAG
+    res = [{"table_phases": {"pull: send": [0.010, 40]}},
+           {"table_phases": {"pull: send": [0.030, 40]}}]
+    servers = [SimpleNamespace(drain=lambda: None, err=deque([
+        "[12:00:00 INFO server] server 0: table created",
+        f"[12:00:01 INFO server] server {i}: {PHASES_TAG} " + json.dumps(
+            {"steps": 9, "phases": {"queue wait": [0.002 * (i + 1), 8]}})])) for i in range(2)]
+    servers.append(SimpleNamespace(drain=lambda: None, err=deque(["killed: no line"])))
+    res[0]["server_phases"] = bench.server_phases(servers)   # type: ignore[arg-type]
+    assert len(res[0]["server_phases"]) == 2
+    rows = {(side, phase): (ms, calls) for side, phase, ms, calls in bench.breakdown(res, 10)}
+    assert rows[("worker", "pull: send")] == pytest.approx((2.0, 4.0))
+    assert rows[("server", "queue wait")] == pytest.approx((3.0, 8.0))
+    text = bench.format_breakdown([{"mode": "sparse", "breakdown": bench.breakdown(res, 10)}])
+    assert "| sparse | worker | pull: send" in text and "|    2.00 |" in text
