@@ -36,6 +36,27 @@ def parser(doc: str, *, epochs: int = 10, lr: float = 0.05,
     return p
 
 
+def add_backup_options(p: argparse.ArgumentParser, deal: str, *, straggler: bool = True) -> None:
+    """``--fixed-shards`` (each worker its own fixed shard instead of ``deal``, the per-epoch deal
+    of the whole set that backup workers need) and ``--straggler RANK:FACTOR``."""
+    p.add_argument("--fixed-shards", action="store_true",
+                   help=f"each worker trains on its own fixed shard (data[rank::size]) instead "
+                        f"of {deal}'s per-epoch deal of the whole set; with backup workers the "
+                        "slow worker's shard is then lost")
+    if straggler:
+        p.add_argument("--straggler", metavar="RANK:FACTOR", default="",
+                       help="make worker RANK FACTOR times slower: after each step it sleeps "
+                            "FACTOR - 1 times the step's own time (try with "
+                            "BYTEPS_BACKUP_WORKERS=1; docs/reliability.md, 'Backup workers')")
+
+
+def straggler_delay(spec: str, rank: int) -> float:
+    """``--straggler RANK:FACTOR``: how many times its own time this rank sleeps after each step
+    (FACTOR - 1 on RANK, 0 elsewhere)."""
+    slow_rank, _, factor = spec.partition(":")
+    return float(factor) - 1 if spec and int(slow_rank) == rank else 0.0
+
+
 def print_final(acc: float, size: int, steps: int, *, wire_report: bool = True) -> None:
     """Rank 0's last lines: ``final test accuracy: 0.XXXX (N workers, S steps)`` (the line the
     tests read) and, in a job of several workers, what its push_pulls put on the network."""

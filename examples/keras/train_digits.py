@@ -25,7 +25,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # examples/: digits_data
-from digits_data import load_data, parser  # noqa: E402
+from digits_data import add_backup_options, load_data, parser  # noqa: E402
 
 
 def main() -> None:
@@ -33,11 +33,8 @@ def main() -> None:
     p.add_argument("--warmup-epochs", type=int, default=2)
     p.add_argument("--tf-keras", action="store_true",
                    help="use tf.keras and byteps_like.tensorflow.keras")
-    p.add_argument("--fixed-shards", action="store_true",
-                   help="each worker fits its own fixed shard (data[rank::size]) instead of "
-                        "bps.DistributedPyDataset's per-epoch deal of the whole set; with "
-                        "backup workers the slow worker's shard is then lost")
     p.add_argument("--seed", type=int, default=1)
+    add_backup_options(p, "bps.DistributedPyDataset", straggler=False)
     args = p.parse_args()
     if args.tf_keras:
         import tensorflow as tf

@@ -37,7 +37,13 @@ import numpy as np
 import byteps_like.mxnet as bps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # examples/: digits_data
-from digits_data import load_data, parser, print_final  # noqa: E402
+from digits_data import (  # noqa: E402
+    add_backup_options,
+    load_data,
+    parser,
+    print_final,
+    straggler_delay,
+)
 
 with warnings.catch_warnings():  # MXNet 1.9.1 touches numpy's deprecated aliases
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -71,14 +77,7 @@ def main() -> None:
                          "\"ef\": \"vanilla\", \"momentum\": \"nesterov\", \"scaling\": true}' "
                          "(docs/compression.md)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--fixed-shards", action="store_true",
-                    help="each worker trains on its own fixed shard (data[rank::size], shuffled "
-                         "per worker) instead of bps.DistributedSampler's per-epoch deal of the "
-                         "whole set; with backup workers the slow worker's shard is then lost")
-    ap.add_argument("--straggler", metavar="RANK:FACTOR", default="",
-                    help="make worker RANK FACTOR times slower: after each step it sleeps "
-                         "FACTOR - 1 times the step's own time (try with "
-                         "BYTEPS_BACKUP_WORKERS=1; docs/reliability.md, 'Backup workers')")
+    add_backup_options(ap, "bps.DistributedSampler")
     args = ap.parse_args()
 
     bps.init()
@@ -118,8 +117,7 @@ def main() -> None:
         print(f"{size} worker(s), {n_mine} training samples on rank 0, {steps} steps/epoch, "
               f"batch {args.batch_size}/worker, lr {lr:g}"
               f"{'' if args.no_scale_lr else f' ({args.lr:g} x {size} workers)'}", flush=True)
-    slow_rank, _, factor = args.straggler.partition(":")
-    slow = float(factor) - 1 if args.straggler and int(slow_rank) == rank else 0.0
+    slow = straggler_delay(args.straggler, rank)
     t0 = time.perf_counter()
     rng = np.random.default_rng(100 + rank)
     for epoch in range(args.epochs):

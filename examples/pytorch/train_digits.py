@@ -37,7 +37,7 @@ import byteps_like.torch as bps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # examples/: digits_data
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # digits_torch (Ray loads by path)
-from digits_data import parser, print_final  # noqa: E402
+from digits_data import add_backup_options, parser, print_final, straggler_delay  # noqa: E402
 from digits_torch import Net, accuracy, load_data  # noqa: E402
 
 
@@ -84,14 +84,7 @@ def main() -> None:
                     help="torch threads per worker (0: torch's default alone, 1 in a job of "
                          "several workers: they usually share the machine's cores)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--fixed-shards", action="store_true",
-                    help="each worker trains on its own fixed shard (data[rank::size], shuffled "
-                         "per worker) instead of bps.DistributedSampler's per-epoch deal of the "
-                         "whole set; with backup workers the slow worker's shard is then lost")
-    ap.add_argument("--straggler", metavar="RANK:FACTOR", default="",
-                    help="make worker RANK FACTOR times slower: after each step it sleeps "
-                         "FACTOR - 1 times the step's own time (try with "
-                         "BYTEPS_BACKUP_WORKERS=1; docs/reliability.md, 'Backup workers')")
+    add_backup_options(ap, "bps.DistributedSampler")
     args = ap.parse_args()
 
     bps.init()
@@ -135,8 +128,7 @@ def main() -> None:
               f"batch {args.batch_size}/worker, lr {lr:g}"
               f"{'' if args.no_scale_lr else f' ({args.lr:g} x {size} workers)'}, "
               f"{threads} torch thread(s)", flush=True)
-    slow_rank, _, factor = args.straggler.partition(":")
-    slow = float(factor) - 1 if args.straggler and int(slow_rank) == rank else 0.0
+    slow = straggler_delay(args.straggler, rank)
     t0 = time.perf_counter()
     g = torch.Generator().manual_seed(100 + rank)
     for epoch in range(args.epochs):

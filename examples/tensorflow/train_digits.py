@@ -28,7 +28,13 @@ import tensorflow as tf  # noqa: E402
 import byteps_like.tensorflow as bps  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # examples/: digits_data
-from digits_data import load_data, parser, print_final  # noqa: E402
+from digits_data import (  # noqa: E402
+    add_backup_options,
+    load_data,
+    parser,
+    print_final,
+    straggler_delay,
+)
 
 
 def main() -> None:
@@ -41,14 +47,7 @@ def main() -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic TF ops on one thread: the same run gives the same result")
     p.add_argument("--seed", type=int, default=1000)
-    p.add_argument("--fixed-shards", action="store_true",
-                   help="each worker trains on its own fixed shard (data[rank::size]) instead "
-                        "of bps.epoch_dataset's per-epoch deal of the whole set; with backup "
-                        "workers the slow worker's shard is then lost")
-    p.add_argument("--straggler", metavar="RANK:FACTOR", default="",
-                   help="make worker RANK FACTOR times slower: after each step it sleeps "
-                        "FACTOR - 1 times the step's own time (try with "
-                        "BYTEPS_BACKUP_WORKERS=1; docs/reliability.md, 'Backup workers')")
+    add_backup_options(p, "bps.epoch_dataset")
     args = p.parse_args()
     if args.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -95,8 +94,7 @@ def main() -> None:
         return loss
 
     bps.broadcast_variables(model.variables, root_rank=0)
-    slow_rank, _, factor = args.straggler.partition(":")
-    slow = float(factor) - 1 if args.straggler and int(slow_rank) == rank else 0.0
+    slow = straggler_delay(args.straggler, rank)
     steps = 0
     for epoch in range(args.epochs):
         for x, y in epoch_data(epoch):
