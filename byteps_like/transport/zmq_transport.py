@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import errno
 import functools
 import hashlib
 import itertools
@@ -174,6 +175,8 @@ class _AllowKeys:
 # One ZAP authenticator per context (it binds inproc://zeromq.zap.01), shared by that
 # context's listening endpoints and stopped when the last of them closes.
 _zap_lock = threading.Lock()
+#: seconds a new authenticator waits for the address of the context's previous one to be freed
+ZAP_REBIND_S = 5.0
 _zap: dict[int, list] = {}   # id(ctx) -> [authenticator, provider, users]
 
 
@@ -183,13 +186,32 @@ def _zap_acquire(ctx: zmq.Context, client_public: bytes) -> _AllowKeys:
         entry = _zap.get(id(ctx))
         if entry is None:
             auth = ThreadAuthenticator(ctx, log=logging.getLogger("byteps_like.auth"))
-            auth.start()
+            _start_zap(auth)
             provider = _AllowKeys()
             auth.configure_curve_callback(domain="*", credentials_provider=provider)
             entry = _zap[id(ctx)] = [auth, provider, 0]
         entry[1].keys.add(client_public)
         entry[2] += 1
         return entry[1]
+
+
+def _start_zap(auth) -> None:
+    """Start a ZAP authenticator. The one this context had before (its last endpoint closed
+    just now) may still hold inproc://zeromq.zap.01: libzmq frees a closed socket's address
+    on its reaper thread, after close() returns. So a bind that finds it in use is tried again
+    until ZAP_REBIND_S; a later failure is raised."""
+    deadline = time.monotonic() + ZAP_REBIND_S
+    while True:
+        try:
+            auth.start()
+            return
+        except zmq.ZMQError as exc:
+            if auth.zap_socket is not None:   # made, not bound: closed, or made again
+                auth.zap_socket.close(linger=0)
+                auth.zap_socket = None
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
 
 
 def _zap_release(ctx: zmq.Context) -> None:

@@ -457,3 +457,55 @@ def test_a_watched_connection_reports_up_down_and_refused(make_node):
 def test_an_unwatched_connection_has_no_monitor(make_node, address):
     srv, cli, _bound = start_pair(make_node, address)
     assert not cli.ep._links
+
+
+def test_a_zap_authenticator_waits_for_its_predecessors_address_to_be_freed(monkeypatch):
+    """libzmq frees a closed socket's inproc address on its reaper thread, after close()
+    returns: a new authenticator of the same context retries a bind that finds
+    inproc://zeromq.zap.01 still in use (it had failed a test with "Address already in use"),
+    and raises once ZAP_REBIND_S has passed."""
+    import threading
+
+    import zmq
+    from zmq.auth.thread import ThreadAuthenticator
+
+    from byteps_like.transport import zmq_transport as zt
+    ctx = zmq.Context()
+    blocker = ctx.socket(zmq.PAIR)
+    blocker.bind("inproc://zeromq.zap.01")
+    auth = ThreadAuthenticator(ctx)
+    tried = threading.Event()
+    real_start = auth.start
+
+    def start():
+        tried.set()
+        real_start()
+    auth.start = start
+    outcome: list = []
+    t = threading.Thread(target=lambda: outcome.append(zt._start_zap(auth) or "started"))
+    t.start()
+    try:
+        assert tried.wait(10)           # it tried while the address was held
+        blocker.close(linger=0)         # the predecessor's socket goes
+        t.join(10)
+        assert outcome == ["started"] and auth.is_alive()
+    finally:
+        auth.stop()
+        t.join(10)
+    # an address that stays in use: the error, once ZAP_REBIND_S has passed (the blocker's own
+    # bind waits for the stopped authenticator's address like _start_zap)
+    blocker = ctx.socket(zmq.PAIR)
+
+    def bound() -> bool:
+        try:
+            blocker.bind("inproc://zeromq.zap.01")
+        except zmq.ZMQError:
+            return False
+        return True
+    assert wait_until(bound, 10)
+    monkeypatch.setattr(zt, "ZAP_REBIND_S", 0.05)
+    other = ThreadAuthenticator(ctx)
+    with pytest.raises(zmq.ZMQError, match="Address already in use"):
+        zt._start_zap(other)
+    blocker.close(linger=0)
+    ctx.term()
