@@ -227,8 +227,8 @@ class EmbeddingTable:
         every table once a step (an empty push when its batch had no rows). ``average``: the
         servers divide the sum by the number of workers that pushed the round (the workers
         not in ``join()``; an elastic epoch's); every worker must push a table the same way.
-        In a synchronous job without snapshots or elastic membership the push returns once
-        sent: its answer is awaited (and a server's refusal raised) by the table's next call,
+        In a synchronous job without snapshots, replicas or elastic membership the push
+        returns once sent: its answer is awaited (and a server's refusal raised) by the table's next call,
         ``join()`` or ``shutdown()`` (SparseTables.pipelined); else it returns once answered."""
         ph, t = self.owner.phases, time.perf_counter()
         t0 = t
@@ -618,10 +618,11 @@ class SparseTables(_Requests):
     def pipelined(self) -> bool:
         """A push returns once sent, its answer awaited by the table's next call (whose pull
         waits for the round anyway) while the worker goes on. Not in asynchronous mode (an
-        answer says the push is applied), with snapshots (a rollback sends a push again) nor
-        in elastic jobs (an epoch drops a round)."""
+        answer says the push is applied), with snapshots (a rollback sends a push again),
+        with replicas (a push to a lost server is sent again to its replica, which must not
+        count it twice) nor in elastic jobs (an epoch drops a round)."""
         cfg = self.rt.config
-        return (not cfg.server.enable_async and self.survival != "snapshot"
+        return (not cfg.server.enable_async and self.survival == "none"
                 and self.rt.elastic_m is None)
 
     def finish(self) -> None:
