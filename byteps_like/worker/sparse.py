@@ -228,8 +228,9 @@ class EmbeddingTable:
         servers divide the sum by the number of workers that pushed the round (the workers
         not in ``join()``; an elastic epoch's); every worker must push a table the same way.
         In a synchronous job without snapshots, replicas or elastic membership the push
-        returns once sent: its answer is awaited (and a server's refusal raised) by the table's next call,
-        ``join()`` or ``shutdown()`` (SparseTables.pipelined); else it returns once answered."""
+        returns once sent: its answer is awaited (and a server's refusal raised) by the
+        table's next call, ``join()`` or ``shutdown()`` (SparseTables.pipelined); else it
+        returns once answered."""
         ph, t = self.owner.phases, time.perf_counter()
         t0 = t
         ids = self.check_ids(ids)
