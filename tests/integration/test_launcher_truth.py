@@ -131,6 +131,13 @@ STANDIN = textwrap.dedent("""\
             return True
         return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")
 
+    def reaped(other):
+        try:
+            pid = int(open(os.path.join(piddir, other)).read())
+        except FileNotFoundError:
+            return False
+        return not os.path.exists(f"/proc/{pid}")
+
     for action in plan[name]:
         verb, _, arg = action.partition(":")
         if verb == "stderr":
@@ -139,9 +146,10 @@ STANDIN = textwrap.dedent("""\
             sys.exit(int(arg))
         elif verb == "sleep":
             time.sleep(300)
-        elif verb == "awaitgone":
+        elif verb in ("awaitgone", "awaitreaped"):   # reaped: bpslaunch has seen the exit
             deadline = time.monotonic() + 30
-            while not gone(arg) and time.monotonic() < deadline:
+            while time.monotonic() < deadline and not (
+                    gone(arg) if verb == "awaitgone" else reaped(arg)):
                 time.sleep(0.02)
     """)
 
@@ -189,10 +197,13 @@ def test_only_reactions_seen_is_said_so_and_the_scheduler_report_is_shown(tmp_pa
 
 
 def test_a_failure_of_its_own_wins_over_reactions_seen_before_it(tmp_path):
+    # each waits until bpslaunch has reaped the one before (not only seen it exit): on a loaded
+    # machine bpslaunch could otherwise find all four gone at once, with no one left to give
+    # the grace to
     plan = {"scheduler": [f"exit:{EXIT_PEER_FAILED}"],
-            "server": ["awaitgone:scheduler", f"exit:{EXIT_PEER_FAILED}"],
-            "worker-0": ["awaitgone:server", "stderr:RuntimeError: out of memory", "exit:3"],
-            "worker-1": ["awaitgone:worker-0", "exit:1"]}
+            "server": ["awaitreaped:scheduler", f"exit:{EXIT_PEER_FAILED}"],
+            "worker-0": ["awaitreaped:server", "stderr:RuntimeError: out of memory", "exit:3"],
+            "worker-1": ["awaitreaped:worker-0", "exit:1"]}
     rc, out, err, pids = run_standins(tmp_path, plan, "--grace", "20")
     log = f"exit {rc}\n--- stdout\n{out}\n--- stderr\n{err}"
     assert rc == 3, log
