@@ -28,13 +28,8 @@ import tensorflow as tf  # noqa: E402
 import byteps_like.tensorflow as bps  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # examples/: digits_data
-from digits_data import (  # noqa: E402
-    add_backup_options,
-    load_data,
-    parser,
-    print_final,
-    straggler_delay,
-)
+import digits_data  # noqa: E402
+from digits_data import add_backup_options, load_data, parser, print_final  # noqa: E402
 
 
 def main() -> None:
@@ -94,7 +89,7 @@ def main() -> None:
         return loss
 
     bps.broadcast_variables(model.variables, root_rank=0)
-    slow = straggler_delay(args.straggler, rank)
+    slow = digits_data.straggler_delay(args.straggler, rank)
     steps = 0
     for epoch in range(args.epochs):
         for x, y in epoch_data(epoch):
