@@ -213,6 +213,12 @@ def test_tensorflow_synthetic_benchmark_tf2_tiny():
     assert r.lines("Img/sec per worker:") and r.lines("Total img/sec on 2 worker(s):"), r.log
 
 
+#: backup workers' kept rounds (BYTEPS_BACKUP_MAX_LAG) covering a whole run: on loaded cores one
+#: of 3 workers can fall further behind than the default 64 rounds, which fails it by design
+#: (tests/integration/test_backup.py tests that bound); these tests check the data path
+NO_LAG_BOUND = {"BYTEPS_BACKUP_MAX_LAG": "1000"}
+
+
 @needs("tensorflow", "keras")
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("workers, backup", [(2, 0), (3, 1)])
@@ -224,7 +230,7 @@ def test_keras_digits_example_trains_with_fit(workers, backup):
     pytest.importorskip("sklearn")
     r = bpslaunch([str(ROOT / "examples" / "keras" / "train_digits.py"), "--epochs", "5"],
                   workers=workers, servers=1, timeout=180,
-                  env={**TF_ENV, "BYTEPS_BACKUP_WORKERS": str(backup)})
+                  env={**TF_ENV, "BYTEPS_BACKUP_WORKERS": str(backup), **NO_LAG_BOUND})
     assert r.rc == 0, r.log
     (line,) = r.lines("final test accuracy:")
     assert float(line.split("accuracy:")[1].split()[0]) >= 0.9, r.log
@@ -261,7 +267,7 @@ def test_mxnet_train_digits_with_a_backup_worker():
     """3 workers, BYTEPS_BACKUP_WORKERS=1: bps.DistributedSampler gives each worker
     ceil(1437 / 2) = 719 samples an epoch (not 479), and the job trains."""
     r = bpslaunch([str(MX_DIGITS)], workers=3, servers=1, timeout=90,
-                  env={"BYTEPS_BACKUP_WORKERS": "1"})
+                  env={"BYTEPS_BACKUP_WORKERS": "1", **NO_LAG_BOUND})
     assert r.rc == 0, r.log
     assert "3 worker(s), 719 training samples on rank 0, 22 steps/epoch" in r.out, r.log
     m = re.search(r"^\[worker 0\] final test accuracy: ([0-9.]+) \(3 workers, 220 steps\)$",

@@ -157,7 +157,7 @@ def test_the_training_sampler_with_and_without_backup_workers(backup):
     import json
     import math
     r = bpslaunch([SAMPLER_WORKER], workers=WORKERS, servers=1, timeout=240,
-                  env={"BYTEPS_BACKUP_WORKERS": str(backup)})
+                  env={"BYTEPS_BACKUP_WORKERS": str(backup), "BYTEPS_BACKUP_MAX_LAG": "1000"})
     assert r.rc == 0, r.log
     n, batch = 203, 8
     per_rank = math.ceil(n / (WORKERS - backup))
