@@ -156,6 +156,7 @@ CONTRIB_SHIFT: int = _SPEC["contrib_shift"]  # had joined): the pushes summed ar
 #                                              flags >> CONTRIB_SHIFT; averages divide by it
 FLAG_SEED: int = _F["FLAG_SEED"]            # a PUSH carrying its round's completed sum (failover)
 FLAG_RETRY: int = _F["FLAG_RETRY"]          # a push re-sent to a key's new server (failover)
+FLAG_TABLE: int = _F["FLAG_TABLE"]          # a HELLO that opens a table stream (server-held tables)
 
 
 def contrib_flags(pushes: int, num_workers: int) -> int:
@@ -414,6 +415,25 @@ def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
         if not isinstance(meta, dict):
             raise ProtocolError(f"{header.type.name}: meta frame is not a JSON object")
     return Message(header, payload, meta)
+
+
+def split_frames(frames: Sequence[Any]) -> tuple[Any, Any, Any]:
+    """An encoded message's (header, meta or None, payload or None): what a table stream
+    (csrc/dataplane_tables.h) sends of the frames :func:`encode` made."""
+    has_payload = decode_header(frames[0]).type in _DATA_TYPES
+    payload = frames[1] if has_payload else None
+    rest = frames[1 + has_payload:]
+    return frames[0], (rest[0] if rest else None), payload
+
+
+def decode_parts(header: bytes, meta: bytes, payload: bytes,
+                 max_bytes: int | None = None) -> Message:
+    """:func:`decode` of a message that came as its parts (a table stream's: empty meta for
+    none)."""
+    h = decode_header(header)
+    frames = [header, *([payload] if h.type in _DATA_TYPES else []),
+              *([meta] if h.flags & FLAG_META else [])]
+    return decode(frames, max_bytes)
 
 
 # -- declarations (csrc/decl.h) -------------------------------------------------------------------

@@ -105,6 +105,17 @@ struct AsyncValue {
   std::string value;
 };
 
+// One message of a table stream (dataplane_tables.h), as it came: header, JSON meta ("" when
+// none) and payload. A server's request names the stream to answer on (conn); a worker's
+// answer names its server, and `lost` (not empty) says instead that the stream to that server
+// closed, and why.
+struct TableMessage {
+  std::uint64_t conn = 0;
+  int server = -1;
+  Header h{};
+  std::string meta, payload, lost;
+};
+
 class ServerImpl;
 class DataServer {
  public:
@@ -161,6 +172,14 @@ class DataServer {
   // retried push): the value then starts from `value` instead of zero. Charged to the memory
   // budget until a store takes it; false, keeping nothing, when it does not fit.
   bool adopt_async(std::uint64_t key, std::string value);
+  // Server-held tables (dataplane_tables.h): the requests the table streams received, every
+  // one waiting (in arrival order per stream), once there is one, after timeout seconds, or at
+  // once after table_wake() or close() (then maybe none) ...
+  std::vector<TableMessage> table_requests(double timeout);
+  // ... an answer on the stream a request came on (false: it is closed) ...
+  bool table_send(std::uint64_t conn, const Header& h, std::string meta, std::string payload);
+  // ... and a wake-up for the thread waiting in table_requests.
+  void table_wake();
 
  private:
   std::unique_ptr<ServerImpl> impl_;

@@ -102,11 +102,11 @@ bool prove_to_server(const IoFull& io, const Header& r, int rank, std::uint32_t 
 }  // namespace
 
 bool say_hello(const IoFull& io, int rank, std::uint32_t job, int stream, double deadline,
-               const std::string& key, std::string* err) {
+               const std::string& key, std::string* err, bool table) {
   const bool auth = !key.empty();
   const std::uint64_t sid = static_cast<std::uint64_t>(stream);
-  Header h = make_header(kHello, kRoleWorker, rank, auth ? kFlagAuth : 0, job, sid, 0, 0, 0,
-                         auth ? kNonce : 0);
+  const std::uint32_t flags = (auth ? kFlagAuth : 0u) | (table ? kFlagTable : 0u);
+  Header h = make_header(kHello, kRoleWorker, rank, flags, job, sid, 0, 0, 0, auth ? kNonce : 0);
   std::uint8_t nonce[kNonce];
   if (auth) random_bytes(nonce, kNonce);
   Header r{};
@@ -131,7 +131,7 @@ bool say_hello(const IoFull& io, int rank, std::uint32_t job, int stream, double
 }
 
 int open_stream(const std::string& host, int port, int rank, std::uint32_t job, int stream,
-                double deadline, const std::string& key, std::string* err) {
+                double deadline, const std::string& key, std::string* err, bool table) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -162,7 +162,7 @@ int open_stream(const std::string& host, int port, int rank, std::uint32_t job, 
   const IoFull io = [fd](char* p, std::size_t n, bool out, double dl, std::string* e) {
     return io_full(fd, p, n, out, dl, e);
   };
-  if (!say_hello(io, rank, job, stream, deadline, key, err)) {
+  if (!say_hello(io, rank, job, stream, deadline, key, err, table)) {
     ::close(fd);
     return -1;
   }

@@ -26,15 +26,16 @@ void hello_mac(const std::string& key, const char* who, std::uint32_t job, std::
 using IoFull = std::function<bool(char* p, std::size_t n, bool out, double deadline,
                                   std::string* err)>;
 // The worker's end of the hello on a fresh stream (with the proof when `key` is not empty):
-// false and *err when the peer is not a server of this job or the proof fails.
+// false and *err when the peer is not a server of this job or the proof fails. table: the
+// stream carries server-held tables' requests (FLAG_TABLE), not partitions.
 bool say_hello(const IoFull& io, int rank, std::uint32_t job, int stream, double deadline,
-               const std::string& key, std::string* err);
+               const std::string& key, std::string* err, bool table = false);
 
 // One stream of a worker to a server: connect (retrying until the deadline), say hello (with
 // the proof when `key` is not empty), check the answer. The descriptor, non-blocking; -1 and
 // *err when it cannot.
 int open_stream(const std::string& host, int port, int rank, std::uint32_t job, int stream,
-                double deadline, const std::string& key, std::string* err);
+                double deadline, const std::string& key, std::string* err, bool table = false);
 
 }  // namespace dp
 }  // namespace bps

@@ -350,11 +350,30 @@ class Conn : public std::enable_shared_from_this<Conn> {
   const std::string& why() const { return why_; }
   double created = monotonic_now();
 
+  // A table stream's requests that wait for the server's tables' thread (dataplane_tables.h):
+  // charged (delta > 0) and given back (delta < 0, once the thread took them) as the stream's
+  // queued replies are, so a stream over its share is not read until the thread has taken
+  // them down to half of it (any thread).
+  void charge_held(std::int64_t delta) {
+    std::lock_guard<std::mutex> g(wmu_);
+    if (closed_) return;  // close_now gave back what was queued, held requests included
+    queued_ += static_cast<std::size_t>(delta);
+    held_ += static_cast<std::size_t>(delta);
+    counters_->queued_bytes += static_cast<std::uint64_t>(delta);
+    if (delta < 0 && !reading_.load() && !unread_ && queued_.load() <= queue_share() / 2) {
+      reading_ = true;
+      counters_->paused--;
+      arm(armed_out_);
+    }
+  }
+
   // The loop's tick: a stream not read for its unread replies that has taken no byte of them
-  // for kUnreadTimeout is closed (true: it was, counted as unread_closed).
+  // for kUnreadTimeout is closed (true: it was, counted as unread_closed); not one whose
+  // requests wait for the tables' thread (the server's delay, not the peer's).
   bool drop_if_unread(double now) {
     std::lock_guard<std::mutex> g(wmu_);
-    if (closed_ || reading_.load() || unread_ || now - progress_ < kUnreadTimeout) return false;
+    if (closed_ || reading_.load() || unread_ || held_ > 0 || now - progress_ < kUnreadTimeout)
+      return false;
     drop_unread_locked();
     return true;
   }
@@ -471,7 +490,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
   bool armed_out_ = false, armed_in_ = true;
   bool long_ = false;   // outq_ held many messages since it was last empty
   std::atomic<bool> reading_{true};   // false: over its share, not read
-  std::atomic<std::size_t> queued_{0};  // cost() of outq_
+  std::atomic<std::size_t> queued_{0};  // cost() of outq_, and held_
+  std::size_t held_ = 0;  // of queued_: requests waiting for the tables' thread (charge_held)
   double progress_ = 0;  // when the queue last took a byte (or began to fill)
   int epfd_ = -1, evfd_ = -1;
 };

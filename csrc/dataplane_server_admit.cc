@@ -62,6 +62,7 @@ void ServerImpl::close() {
   lfd_ = -1;
   ucx_listener_.reset();
   for (auto& l : loops_) l->stop();
+  tables_.close();
 }
 
 template <typename Make>

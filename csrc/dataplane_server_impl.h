@@ -36,6 +36,7 @@
 #include "dataplane_io.h"
 #include "dataplane_store.h"
 #include "dataplane_straggle.h"
+#include "dataplane_tables.h"
 #include "dataplane_ucx.h"
 
 namespace bps {
@@ -85,6 +86,7 @@ class ServerImpl {
   std::atomic<int> required_{0};  // pushes that complete a round: workers not joined
   std::atomic<std::int64_t> round_base_{0};  // elastic: the epoch's first round (new keys')
   Straggle straggle_{num_workers_};  // who held the rounds (dataplane_straggle.h)
+  TableInbox tables_;  // the table streams' requests for the tables' thread (dataplane_tables.h)
   // BYTEPS_PARTITION_BYTES: a compressed key's element count is at most one partition of its
   // dtype (its accumulator's size); 0 refuses compressed keys
   std::atomic<std::uint64_t> partition_bytes_{0};
@@ -267,6 +269,8 @@ class ServerConn : public FramedConn {
   bool after_meta();
   bool next_chunk();
   void unstage();
+  bool table_header();
+  bool table_payload();
 
   ServerImpl* srv_;
   std::shared_ptr<Store> store_;
@@ -280,6 +284,9 @@ class ServerConn : public FramedConn {
   bool whole_ = false;     // this payload is received whole: a compressed push, or a seed
   int rank_ = -1;
   std::uint64_t stream_ = 0;
+  bool table_ = false;             // a table stream (FLAG_TABLE): SPARSE_* requests only
+  std::uint64_t table_id_ = 0;     // its id in srv_->tables_, made at its first request
+  std::string tpay_;               // a table request's payload being read
   std::uint8_t peer_nonce_[kNonce] = {}, my_nonce_[kNonce] = {}, peer_mac_[32] = {};
   std::atomic<bool> unproven_{true};   // counted in srv_->unproven_
   std::uint32_t meta_charged_ = 0;     // of srv_->meta_bytes_

@@ -56,6 +56,7 @@ bool ServerConn::advance() {
       give_meta();
       return after_meta();
     case kPayload: {
+      if (table_) return table_payload();
       if (whole_) {  // a compressed payload or a seed, received whole: finish_push takes it
         off_ = h_.nbytes;
         return next_chunk();
@@ -158,8 +159,10 @@ bool ServerConn::on_header() {
       return true;
     }
     const bool auth = h_.flags & kFlagAuth;
+    table_ = h_.flags & kFlagTable;  // a worker process's table stream: its process rank
+    const int ranks = srv_->num_workers_ * (table_ ? kMaxTableLocalSize : 1);
     if (h_.type != kHello || h_.job != srv_->job_ || h_.role != kRoleWorker || h_.rank < 0 ||
-        h_.rank >= srv_->num_workers_ || (h_.flags & kFlagMeta) ||
+        h_.rank >= ranks || (h_.flags & kFlagMeta) ||
         h_.nbytes != (auth ? kNonce : 0)) {
       srv_->reject("bad hello");
       why_ = "the first message was not a valid hello of this job";
@@ -189,6 +192,7 @@ bool ServerConn::on_header() {
     why_ = "a message with another job tag or rank than the stream's hello";
     return false;
   }
+  if (table_) return table_header();
   if (h_.type == kPush) {
     const std::size_t isz = wire_itemsize(h_.dtype);
     if (!count_matches(h_, isz) || h_.nbytes > srv_->max_msg_) {
@@ -235,6 +239,13 @@ void ServerConn::give_meta() {
 
 bool ServerConn::after_meta() {
   auto self = shared_from_this();
+  if (table_) {  // a table request's payload, read whole (its length was checked)
+    tpay_.assign(static_cast<std::size_t>(h_.nbytes), '\0');
+    if (h_.nbytes == 0) return table_payload();
+    state_ = kPayload;
+    expect(&tpay_[0], tpay_.size());
+    return true;
+  }
   if (h_.type == kPull) {
     srv_->handle_pull(self, h_);
     return read_header();
@@ -298,6 +309,30 @@ void ServerConn::unstage() {
   if (staged_) srv_->reserve(-static_cast<std::int64_t>(staged_));
   staged_ = 0;
   if (cbuf_.capacity() > kChunk) std::vector<std::uint8_t>().swap(cbuf_);
+}
+
+// A table stream's request header: a SPARSE_* request of at most BYTEPS_MAX_MESSAGE_BYTES
+// (the tables' thread checks the rest: dtype, ids, rounds), then its meta and payload.
+bool ServerConn::table_header() {
+  if (!table_request_type(h_.type) || h_.nbytes > srv_->max_msg_) {
+    srv_->reject("malformed");
+    why_ = std::string("unexpected ") + type_name(h_.type) + " of " + std::to_string(h_.nbytes) +
+           " bytes on a table stream";
+    return false;
+  }
+  meta_.clear();
+  if (h_.flags & kFlagMeta) return read_meta_len();
+  return after_meta();
+}
+
+// A table request complete: to the tables' thread, charged to this stream until taken.
+bool ServerConn::table_payload() {
+  auto self = shared_from_this();
+  if (!table_id_) table_id_ = srv_->tables_.add_stream(self);
+  srv_->tables_.put(self, table_id_, h_, std::move(meta_), std::move(tpay_));
+  meta_.clear();
+  tpay_.clear();
+  return read_header();
 }
 
 }  // namespace dp

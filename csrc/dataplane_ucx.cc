@@ -41,7 +41,7 @@ std::string ucx_unavailable() {
 }
 std::unique_ptr<UcxWorker> make_ucx_worker(int) { throw std::runtime_error(ucx_unavailable()); }
 std::unique_ptr<Link> ucx_open_stream(UcxWorker*, const std::string&, int, int, std::uint32_t,
-                                      int, double, const std::string&, std::string* err) {
+                                      int, double, const std::string&, std::string* err, bool) {
   *err = ucx_unavailable();
   return nullptr;
 }
@@ -267,7 +267,7 @@ std::unique_ptr<UcxLink> client_link(Worker* w, const sockaddr_storage& ss, sock
 
 std::unique_ptr<Link> ucx_open_stream(UcxWorker* uw, const std::string& host, int port,
                                       int rank, std::uint32_t job, int stream, double deadline,
-                                      const std::string& key, std::string* err) {
+                                      const std::string& key, std::string* err, bool table) {
   auto* w = static_cast<Worker*>(uw);
   sockaddr_storage ss{};
   socklen_t sl = 0;
@@ -284,7 +284,7 @@ std::unique_ptr<Link> ucx_open_stream(UcxWorker* uw, const std::string& host, in
       return ok;
     };
     std::string e;
-    if (say_hello(io, rank, job, stream, deadline, key, &e)) {
+    if (say_hello(io, rank, job, stream, deadline, key, &e, table)) {
       st->wake_fd = w->wake_fd();
       return link;
     }

@@ -36,7 +36,8 @@ std::unique_ptr<UcxWorker> make_ucx_worker(int wake_fd);
 // when it cannot within the deadline.
 std::unique_ptr<Link> ucx_open_stream(UcxWorker* w, const std::string& host, int port, int rank,
                                       std::uint32_t job, int stream, double deadline,
-                                      const std::string& key, std::string* err);
+                                      const std::string& key, std::string* err,
+                                      bool table = false);
 
 // A UCX listener on a worker: each connection request is offered to `take` (called on the
 // worker's loop thread) with a function that makes its Link on a worker (that of the loop the

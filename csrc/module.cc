@@ -841,6 +841,7 @@ void bind_dataplane(py::module_& m) {
 
 void bind_wire(py::module_& m);  // module_wire.cc
 void bind_tables(py::module_& m);  // module_tables.cc
+void bind_table_streams(py::module_& m);  // module_table_streams.cc
 
 }  // namespace bps
 
@@ -873,4 +874,5 @@ PYBIND11_MODULE(_core, m) {
   bind_dataplane(m);
   bind_wire(m);
   bind_tables(m);
+  bind_table_streams(m);  // after bind_dataplane: adds to DataServer
 }

@@ -82,7 +82,10 @@ constexpr std::uint32_t kMaxMeta = 1u << 20;  // a JSON meta frame's bytes (wire
   /* losing a server: a PUSH that carries the completed sum of its round, from a worker */     \
   /* that received it, to the key's new server; and a push re-sent to a key's new server */    \
   X(kFlagSeed, FLAG_SEED, 7)                                                                   \
-  X(kFlagRetry, FLAG_RETRY, 8)
+  X(kFlagRetry, FLAG_RETRY, 8)                                                                 \
+  /* a HELLO that opens a table stream: the worker process's server-held tables' requests */  \
+  /* (SPARSE_*) and their answers, handed to the tables' thread (dataplane_tables.h) */        \
+  X(kFlagTable, FLAG_TABLE, 9)
 constexpr unsigned kContribShift = 16;
 
 // Sender roles: X(C++ name, Python name (wire.Role), code)

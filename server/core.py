@@ -35,6 +35,7 @@ from ..wire import (
     generation,
     generation_flags,
     job_hash,
+    split_frames,
 )
 from .async_snapshots import AsyncSnapshots
 from .codecs import make_server_codec
@@ -142,6 +143,14 @@ class Server:
     def rank(self) -> int:
         return self.control.rank
 
+    def send(self, route: Route, frames: list) -> None:
+        """Send a message to a peer: on its table stream (csrc/dataplane_tables.h) when the
+        route is one, else through ZeroMQ."""
+        if route.peer == native.TABLE_PEER:
+            self.native.table_send(route.conn, *split_frames(frames))
+        else:
+            self.ep.send(route, frames)
+
     def reply(self, route: Route, mtype: MsgType, h: Header, meta: dict | None = None,
               job: int | None = None) -> None:
         """Answer a peer; ``job``: the tag to answer with when the peer's is not known to be
@@ -152,7 +161,7 @@ class Server:
                      flags=generation_flags(generation(h.flags))
                      if h.type in SPARSE_REQUESTS else 0,
                      job=self.job if job is None else job, key=h.key, round=h.round)
-        self.ep.send(route, encode(hdr, meta=meta))
+        self.send(route, encode(hdr, meta=meta))
 
     def reply_error(self, route: Route, h: Header, kind: str, text: str,
                     extra: dict | None = None, job: int | None = None) -> None:
@@ -222,13 +231,12 @@ class Server:
             self.refuse(route, h, "wrong job", ERR_PROTOCOL, f"server {self.rank}: this peer "
                         "belongs to another job (check BYTEPS_JOB_ID)", job=h.job)
             return
-        if h.type in SPARSE_REQUESTS and 0 <= h.rank < self.sparse.ranks.limit():
-            self.sparse.submit(route, msg)
-            return
-        if h.type in (MsgType.PUSH, MsgType.PULL):  # a peer of another version, or forged
+        if h.type in (MsgType.PUSH, MsgType.PULL) or h.type in SPARSE_REQUESTS:
+            # a peer of another version, or forged
             self.refuse(route, h, "data over ZeroMQ", ERR_PROTOCOL, f"server {self.rank}: "
-                        f"{h.type.name} from {h.sender} over ZeroMQ; pushes and pulls travel on "
-                        f"the native data plane (port {self.control.data_port}) only")
+                        f"{h.type.name} from {h.sender} over ZeroMQ; pushes, pulls and table "
+                        f"requests travel on the native data plane (port "
+                        f"{self.control.data_port}) only")
             return
         self.refuse(route, h, "unexpected type or rank", ERR_PROTOCOL, f"server "
                     f"{self.rank}: unexpected {h.type.name} from {h.sender}")

@@ -14,8 +14,11 @@ differs fails the table, naming both workers. Then each training step ``t`` of e
 Every request is checked before anything is allocated for it: the table exists, the dtype and
 the length fit the table's row size, at most BYTEPS_SPARSE_MAX_IDS ids, every id in range and
 on this shard, the round is the open one. A failed check is answered with an ERROR naming the
-table, the id and the worker rank; it changes nothing. One thread serves every table, apart
-from the I/O thread; its numpy work is vectorised over the rows.
+table, the id and the worker rank; it changes nothing. Requests and answers travel on the native
+data plane's table streams (csrc/dataplane_tables.h: one per worker process and server, its
+bytes moved and its lengths checked by the plane's I/O threads); one Python thread serves
+every table, taking the requests from the plane's inbox; its numpy work is vectorised over the
+rows.
 
 Membership follows the dense keys' rules (docs/sparse.md, "Membership"), applied in this
 thread's queue order: a round needs the pushes of the machines not in join(), and fails with
@@ -45,7 +48,8 @@ from ..embedding import (
     state_bytes,
     sum_rows,
 )
-from ..transport import Route
+from ..errors import ProtocolError
+from ..transport import Route, native
 from ..wire import (
     ERR_EPOCH,
     ERR_INTERNAL,
@@ -57,6 +61,8 @@ from ..wire import (
     MsgType,
     Role,
     as_buffer,
+    decode_header,
+    decode_parts,
     encode,
     generation,
     generation_flags,
@@ -70,66 +76,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("byteps_like.server")
 
-#: bytes of requests queued for the tables' thread (each counted with its payload and
-#: QUEUED_OVERHEAD) at which the server stops reading its clients (Endpoint.hold_clients) until
-#: the thread has served the queue down to half of it: peers that send faster than the tables
-#: are served are held back by TCP, not buffered. At most one request more is queued (the one
-#: that crossed the line; a message is at most BYTEPS_MAX_MESSAGE_BYTES).
-QUEUE_BYTES = 64 << 20
-#: what a queued request costs beside its payload (its Message, header, route, queue entry)
-QUEUED_OVERHEAD = 1024
-#: seconds between two warnings that the queue is full
-QUEUE_WARN_INTERVAL_S = 10.0
-
-
-class RequestQueue:
-    """The queue of a server's tables' thread, bounded: once QUEUE_BYTES of requests wait, the
-    server reads no more of its clients until the thread has served half of them."""
-
-    def __init__(self, server: Server):
-        self.server = server
-        self.q: queue.SimpleQueue = queue.SimpleQueue()
-        self.queued_bytes = 0
-        self.holds = 0    # times the server stopped reading its clients for it
-        self._holding = False
-        self._lock = threading.Lock()
-        self._warned_at = -QUEUE_WARN_INTERVAL_S
-        self.put, self.get = self.q.put, self.q.get   # control items: (None, what, 0, 0.0)
-
-    def submit(self, route: Route, msg: Message) -> None:
-        """Queue a request for the tables' thread (on the I/O thread). Once QUEUE_BYTES are
-        queued the server stops reading its clients until half of them are served."""
-        payload = 0 if msg.payload is None else memoryview(as_buffer(msg.payload)).nbytes
-        cost = payload + QUEUED_OVERHEAD
-        with self._lock:
-            self.queued_bytes += cost
-            hold = not self._holding and self.queued_bytes >= QUEUE_BYTES
-            if hold:
-                self._holding = True
-                self.holds += 1
-        self.q.put((route, msg, cost, time.perf_counter()))
-        if hold:
-            now = time.monotonic()
-            if now - self._warned_at >= QUEUE_WARN_INTERVAL_S:
-                self._warned_at = now
-                log.warning("server %d: %d bytes of embedding-table requests are queued; the "
-                            "server reads no more requests until its tables' thread has served "
-                            "half of them (%d times so far; the last from worker rank %d): a "
-                            "slow optimizer or checkpoint, or peers that send faster than the "
-                            "tables are served", self.server.rank, self.queued_bytes,
-                            self.holds, msg.header.rank)
-            self.server.ep.hold_clients(True)
-
-    def served(self, cost: int) -> None:
-        """A request of ``cost`` was served (on the tables' thread)."""
-        with self._lock:
-            self.queued_bytes -= cost
-            resume = self._holding and self.queued_bytes <= QUEUE_BYTES // 2
-            if resume:
-                self._holding = False
-        if resume:
-            self.server.ep.hold_clients(False)
-
+#: seconds the tables' thread waits for a request before it looks at its control queue again
+#: (a control item wakes it at once: SparseService.put)
+_WAIT_S = 0.5
 
 class SparseService(threading.Thread):
     """The tables of one server, served on a thread of their own."""
@@ -138,8 +87,9 @@ class SparseService(threading.Thread):
         super().__init__(name="bpsl-sparse", daemon=True)
         self.server = server
         self.max_ids = server.cfg.server.sparse_max_ids
-        self.q = RequestQueue(server)   # bounded: QUEUE_BYTES
-        self.submit = self.q.submit     # a request, on the I/O thread
+        # membership changes and saves written, in this thread's order (put, then wake() it);
+        # the requests wait in the native plane's table inbox (csrc/dataplane_tables.h)
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.tables: dict[int, Table] = {}
         self.rounds_applied = 0
         self.rows_updated = 0
@@ -152,17 +102,22 @@ class SparseService(threading.Thread):
         # where this thread's time goes, per step (a round of the first table): bench sparse
         self.phases = StepPhases()
 
+    def put(self, item: tuple | None) -> None:
+        """Queue a control item for this thread (None: stop) and wake it."""
+        self.q.put(item)
+        self.server.native.table_wake()
+
     def members(self, joined: frozenset, left: dict[int, str]) -> None:
-        """join(): queue a membership change behind the requests that came before it."""
-        self.q.put((None, ("members", joined, left), 0, 0.0))
+        """join(): queue a membership change, applied before the next requests are served."""
+        self.put(("members", joined, left))
 
     def epoch(self, base: int, size: int, applied) -> None:
         """Elastic jobs: queue a new membership epoch; ``applied()`` once it is."""
-        self.q.put((None, ("epoch", base, size, applied), 0, 0.0))
+        self.put(("epoch", base, size, applied))
 
     def close(self) -> None:
         if self.is_alive():
-            self.q.put(None)
+            self.put(None)
             self.join(5.0)
         self.keep.close()
         if self.phases.steps:
@@ -173,34 +128,53 @@ class SparseService(threading.Thread):
         return sum(t.charged for t in list(self.tables.values()))
 
     def run(self) -> None:
-        while True:
-            item = self.q.get()
-            if item is None:
-                return
-            route, msg, cost, queued = item
-            # a worker can be quicker than the scheduler's node table is to this server (they
-            # are told at once): its first requests wait here until the server knows its rank
-            while route is not None and not self.server.control.wait_admitted(0.5):
-                if self.server.control.shutting_down or self.server.control.fatal is not None:
+        while self._control():
+            batch = self.server.native.table_requests(_WAIT_S)
+            for stream, header, meta, payload in batch:
+                if not self._control():
                     return
-            if route is None:  # a membership change or a save written, in queue order
-                if msg[0] == "epoch":
-                    self.apply_epoch(*msg[1:])
-                elif msg[0] == "saved":
-                    self.keep.saved(*msg[1:])
-                else:
-                    self.apply_members(*msg[1:])
-                continue
+                self._request(native.table_route(stream), header, meta, payload)
+
+    def _control(self) -> bool:
+        """Apply the membership changes and saves queued so far; False: stop."""
+        while True:
             try:
-                self.phases.add("queue wait", queued)
-                self.process(route, msg)
-            except Exception as exc:  # noqa: BLE001 - a bug must not kill the service silently
-                log.exception("server %d: the sparse service failed on table %d",
-                              self.server.rank, msg.header.key)
-                self.server.reply_error(route, msg.header, ERR_INTERNAL,
-                                        f"server {self.server.rank} internal error: {exc!r}")
-            finally:
-                self.q.served(cost)
+                item = self.q.get_nowait()
+            except queue.Empty:
+                return True
+            if item is None:
+                return False
+            if item[0] == "epoch":
+                self.apply_epoch(*item[1:])
+            elif item[0] == "saved":
+                self.keep.saved(*item[1:])
+            else:
+                self.apply_members(*item[1:])
+
+    def _request(self, route: Route, header: bytes, meta: bytes, payload: bytes) -> None:
+        """One request of a table stream (its job and rank checked by the stream)."""
+        srv = self.server
+        try:
+            msg = decode_parts(header, meta, payload, srv.cfg.transport.max_message_bytes)
+        except ProtocolError as exc:
+            srv.refuse(route, decode_header(header), "malformed", ERR_PROTOCOL,
+                       f"server {srv.rank}: {exc}")
+            return
+        h = msg.header
+        if not 0 <= h.rank < self.ranks.limit():
+            self.refuse(route, h, "unexpected type or rank", f"{h.type.name} from worker rank "
+                        f"{h.rank}, not below the tables' {self.ranks.limit()} process ranks")
+            return
+        # a worker can be quicker than the scheduler's node table is to this server (they
+        # are told at once): its first requests wait here until the server knows its rank
+        while not srv.control.wait_admitted(0.5):
+            if srv.control.shutting_down or srv.control.fatal is not None:
+                return
+        try:
+            self.process(route, msg)
+        except Exception as exc:  # noqa: BLE001 - a bug must not kill the service silently
+            log.exception("server %d: the sparse service failed on table %d", srv.rank, h.key)
+            srv.reply_error(route, h, ERR_INTERNAL, f"server {srv.rank} internal error: {exc!r}")
 
     # -- requests ---------------------------------------------------------------------------------
     def process(self, route: Route, msg: Message) -> None:
@@ -412,7 +386,7 @@ class SparseService(threading.Thread):
         hdr = Header(MsgType.SPARSE_ROWS, "float32", Role.SERVER, srv.rank,
                      generation_flags(generation(h.flags)), srv.job, h.key, h.round, rows.size,
                      rows.nbytes)
-        srv.ep.send(route, encode(hdr, rows))
+        srv.send(route, encode(hdr, rows))
         self.phases.add("pull: reply", t)
 
     def _push(self, table: Table, route: Route, msg: Message) -> None:

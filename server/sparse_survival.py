@@ -172,7 +172,7 @@ class Survival:
         table.saving[key] = (h.round, [(route, h)])
 
         def written(error: str | None) -> None:   # the writer's thread: back to the tables'
-            self.svc.q.put((None, ("saved", table.key, key, path, error), 0, 0.0))
+            self.svc.put(("saved", table.key, key, path, error))
         self.writer.put(path, table.spec, table.shard.shard, table.shards,
                         table.shard.state(), written)
 

@@ -445,8 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "a server's: median over its last 256 steps; mean of the workers, of the "
               "servers): 'whole call' contains the other phases of its kind; 'wait for the "
               "answers' the transport both ways, the servers' work and the wait for the other "
-              "workers' pushes; a server's 'queue wait' a request's time between its I/O "
-              "thread and its table thread; 'CPU' CPU seconds, not wall:\n"
+              "workers' pushes; 'CPU' CPU seconds, not wall:\n"
               + format_breakdown(records))
     print("\nstep: median over the timed steps of the slowest worker's step (forward with the "
           "tables' pulls, backward with their pushes, the dense push_pull); MB/step: one "

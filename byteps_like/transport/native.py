@@ -17,8 +17,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigError
-from ..wire import DTYPE_CODE, SUMMABLE
+from ..errors import ConfigError, ProtocolError
+from ..wire import DTYPE_CODE, SUMMABLE, decode_parts, split_frames
+from .base import Route
 from .secret import auth_secret
 
 log = logging.getLogger("byteps_like.native")
@@ -50,6 +51,63 @@ def check(cfg) -> None:
             f"({unavailable}); install byteps_like[ucx] so that _core loads libucp (rebuild "
             "_core if it was built before the extra), or unset BYTEPS_TRANSPORT for TCP "
             "(docs/transports.md)")
+
+
+#: the peer name of a table stream's route (server/sparse.py answers on it)
+TABLE_PEER = "table stream"
+
+
+def table_route(stream: int) -> Route:
+    """The route of a request that came on table stream ``stream`` of a server."""
+    return Route(peer=TABLE_PEER, conn=stream)
+
+
+class TableLink:
+    """A worker process's table streams (csrc/dataplane_tables.h): one to each server, and a
+    thread that hands their answers to ``on_answer(server, message)`` and a stream that
+    closed to ``on_lost(server, why)``."""
+
+    def __init__(self, cfg, rank: int, job: int, on_answer: Callable[[int, Any], None],
+                 on_lost: Callable[[int, str], None]):
+        from .. import _core
+        key = auth_key(cfg)
+        self.cfg = cfg
+        self.client = _core.TableClient(rank, job, cfg.transport.max_message_bytes,
+                                         **({"auth_key": key} if key else {}))
+        self.on_answer, self.on_lost = on_answer, on_lost
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="bpsl-tables", daemon=True)
+        self._thread.start()
+
+    def connect(self, server: int, host: str, port: int) -> None:
+        """Open the table stream to server index ``server`` (RuntimeError: unreachable)."""
+        self.client.connect(server, host, port, min(60.0, self.cfg.timeouts.register_timeout),
+                            ucx=uses_ucx(self.cfg))
+
+    def send(self, server: int, frames: list) -> bool:
+        """Queue a request's frames (wire.encode) to server index ``server``; False when its
+        stream is closed (its on_lost said why)."""
+        return bool(self.client.send(server, *split_frames(frames)))
+
+    def _run(self) -> None:
+        max_bytes = self.cfg.transport.max_message_bytes
+        while not self._closed:
+            for server, header, meta, payload, lost in self.client.answers(0.5):
+                try:
+                    if lost:
+                        self.on_lost(server, lost)
+                    else:
+                        self.on_answer(server, decode_parts(header, meta, payload, max_bytes))
+                except ProtocolError as exc:
+                    log.warning("a malformed table answer from server %d: %s", server, exc)
+                except Exception:  # noqa: BLE001 - a bug must not end the answers' thread
+                    log.exception("table answer from server %d", server)
+
+    def close(self) -> None:
+        self._closed = True
+        self.client.close()
+        if self._thread is not threading.current_thread():
+            self._thread.join(5.0)
 
 
 def loopback_job(cfg) -> bool:

@@ -6,9 +6,9 @@
   ControlClient`: the node table, barriers, join, peer failures, shutdown);
 * the local-reduction messages of this machine's ranks go to :mod:`.local_reduce`, once
   :meth:`~.local_reduce.LocalReduction.sender_problem` finds the sender entitled to send them;
-* a server-held table's answer goes to the tables (:mod:`.sparse`); a dense tensor's pushes
-  and pulls travel on the native data plane (:mod:`.dataplane`), so no answer of theirs comes
-  here.
+* a dense tensor's pushes and pulls and a server-held table's requests travel on the native
+  data plane (:mod:`.dataplane`, the table streams of :mod:`.sparse`), so no answer of
+  theirs comes here.
 
 Anything else is dropped and counted (``Membership.dropped``, docs/reliability.md), never
 raised: a hostile or confused peer cannot stop the I/O thread.
@@ -19,7 +19,6 @@ on_message`); :mod:`.dataplane` uses :func:`server_error` for the native plane's
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MismatchError, PeerLeftError, ProtocolError, RemoteError
@@ -27,10 +26,6 @@ from ..transport import Route
 from ..wire import (
     ERR_MISMATCH,
     ERR_PEER_LEFT,
-    SPARSE_ANSWERS,
-    SPARSE_REQUESTS,
-    Message,
-    MsgType,
     decode,
 )
 from .local_reduce import LOCAL_TYPES
@@ -41,8 +36,6 @@ if TYPE_CHECKING:
     from .membership import Membership
 
 log = logging.getLogger("byteps_like.worker")
-#: the requests whose ERROR answers go to the server-held tables (their type is in the meta)
-_SPARSE_NAMES = frozenset(t.name for t in SPARSE_REQUESTS)
 #: local-reduction messages a local root holds while its own node table is not in yet (a local
 #: rank that met its peers first says LOCAL_READY at once), replayed once it is: at most this
 #: many, of at most EARLY_BYTES each; the rest is dropped and counted as before
@@ -73,8 +66,6 @@ class Dispatcher:
         self.local = local
         self._early: list[tuple[Route, list]] = []   # EARLY_LIMIT
 
-    #: where the answers of server-held tables go (the runtime's SparseTables.on_message)
-    table_answers: Callable[[Route, Message], None] | None = None
 
     def replay_early(self) -> None:
         """The local-reduction messages held before the node table, once it is in (the I/O
@@ -112,14 +103,7 @@ class Dispatcher:
                 return
             self.local.on_message(route, h)
             return
-        if h.type in SPARSE_ANSWERS or (h.type is MsgType.ERROR and isinstance(msg.meta, dict)
-                                        and msg.meta.get("type") in _SPARSE_NAMES):
-            if self.table_answers is None:
-                m.dropped("table answer without tables", f"{h.type.name} from {route}")
-            else:  # a server-held table's answer (worker/sparse.py)
-                self.table_answers(route, msg)
-            return
-        # pushes and pulls travel on the native data plane: no answer of a dense tensor comes
-        # over ZeroMQ
+        # pushes, pulls and the tables' requests travel on the native data plane: no answer
+        # of a dense tensor or a table comes over ZeroMQ
         m.dropped("answer that matches no push in flight",
                   f"{h.type.name} key {h.key} round {h.round} from {route}")

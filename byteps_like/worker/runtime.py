@@ -149,7 +149,6 @@ class Runtime:
         self.elastic_m: ElasticMembership | None = None  # elastic jobs (elastic_membership.py)
         self.failover: ServerFailover | None = None  # losing a server (failover.py)
         self.sparse = SparseTables(self)  # server-held embedding tables (sparse.py)
-        self.dispatch.table_answers = self.sparse.on_message
 
     # -- the parts' state, as the rest of the code reads it ----------------------------------------
     @property
@@ -291,6 +290,7 @@ class Runtime:
             self.telemetry.close()
             self.telemetry = None
         self.plane.close()  # fails what is still in flight, with the reason (and failover's)
+        self.sparse.close()   # the table streams
         if self.pipeline is not None:
             self.pipeline.close()
             self.pipeline = None

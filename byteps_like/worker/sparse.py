@@ -35,8 +35,14 @@ from ..embedding import (
     sum_rows,
     wire_key,
 )
-from ..errors import BytePSError, CommTimeoutError, MembershipChangedError, PeerLostError
-from ..transport import Route
+from ..errors import (
+    BytePSError,
+    CommTimeoutError,
+    CommunicationError,
+    MembershipChangedError,
+    PeerLostError,
+)
+from ..transport import native
 from ..wire import (
     ERR_EPOCH,
     ERR_ROLLBACK,
@@ -345,7 +351,7 @@ class _Requests:
         # the next table's id: a declaration the servers refused keeps its id, so every
         # worker's next table gets the same one whichever worker saw the refusal
         self._next_id = 0
-        self._connected = False   # a local rank's own connections to the servers
+        self.link: native.TableLink | None = None   # the table streams, at the first table
         self.phases = Phases()    # where the tables' time goes, on the calling thread...
         self.io_phases = Phases()   # ...and on the I/O thread (their answers)
 
@@ -496,11 +502,42 @@ class _Requests:
             hdr = Header(mtype, "none", Role.WORKER, self.push_rank, flags, m.job, key, rnd)
         return encode(hdr, payload, meta)
 
+    def _open(self) -> None:
+        """This process's table streams, one to each server left, opened at its first table
+        (csrc/dataplane_tables.h); CommunicationError when a server cannot be reached."""
+        with self._lock:
+            if self.link is not None:
+                return
+            m = self.rt.members
+            link = native.TableLink(self.rt.config, self.push_rank, m.job, self.on_message,
+                                    self._on_lost)
+            try:
+                for idx, p in enumerate(m.servers):
+                    if idx not in self.lost:
+                        link.connect(idx, p.host, p.data_port)
+            except RuntimeError as exc:
+                link.close()
+                raise CommunicationError(f"worker rank {self.rank}: {exc}") from None
+            self.link = link
+
+    def _on_lost(self, server: int, why: str) -> None:
+        """A table stream closed: its server is lost (the scheduler's FAILOVER moves its
+        shards, or the job ends) or the worker is closing."""
+        log.info("worker %d: the table stream to server %d closed: %s", self.rank, server, why)
+
+    def close(self) -> None:
+        """The runtime's teardown: close the table streams."""
+        with self._lock:
+            link, self.link = self.link, None
+        if link is not None:
+            link.close()
+
     def _send(self, call: _Call, srv: int, sh: int) -> None:
         frames = call.frames[sh]
         call.table.stats.bytes_sent += sum(memoryview(f).nbytes for f in frames)
-        m = self.rt.members
-        m.endpoint.send(m.routes[srv][0], frames)
+        link = self.link
+        if link is None or not link.send(srv, frames):   # its server is lost: no answer comes
+            log.debug("worker %d: no table stream to server %d", self.rank, srv)
 
     def _holders(self, shard: int) -> list[int]:
         return shard_holders(shard, self.num_servers, self.survival, self.lost)
@@ -546,8 +583,8 @@ class _Requests:
             with self._restored_cv:
                 self._restored_cv.wait(_POLL_S)
 
-    def on_message(self, route: Route, msg: Message) -> None:
-        """A server's answer to a table request (the dispatcher's I/O thread)."""
+    def on_message(self, server: int, msg: Message) -> None:
+        """A server's answer to a table request (the table streams' thread)."""
         h, m, t = msg.header, self.rt.members, time.perf_counter()
         if h.type in SPARSE_ANSWERS:
             kinds = ({"pull"} if h.type is MsgType.SPARSE_ROWS
@@ -563,20 +600,20 @@ class _Requests:
         with self._lock:
             calls = [(k, c) for k, c in self._calls.items()
                      if k[0] == tid and k[2] == h.round and k[1] in kinds]
-            ok = (s >= 0 and route == m.routes[s][0] and h.job == m.job
+            ok = (s >= 0 and server == s and h.job == m.job
                   and h.role is Role.SERVER and len(calls) == 1 and (s, sh) in calls[0][1].want
                   and (s, sh) not in calls[0][1].got)
             stale = ok and generation(h.flags) != calls[0][1].g   # sent before a rollback
             if ok and not stale:
                 self._answer(calls[0][0], calls[0][1], s, sh, msg)
-                self.io_phases.add("answers (I/O thread)", t)
+                self.io_phases.add("answers (table streams' thread)", t)
         if stale or (not ok and any(k[0] == tid and k[2] == h.round and k[1] in kinds
                                     for k in self._cut_off)):
             log.debug("worker %d: an answer to a table request sent before a rollback: %s",
                       self.rank, h)
         elif not ok:
             m.dropped("table answer that matches no request in flight",
-                      f"{h.type.name} table {h.key} round {h.round} from {route}")
+                      f"{h.type.name} table {h.key} round {h.round} from server {server}")
 
     def _answer(self, key: tuple, call: _Call, s: int, sh: int, msg: Message) -> None:
         h = msg.header
@@ -695,9 +732,7 @@ class SparseTables(_Requests):
             if m.server_ranks != list(range(len(m.server_ranks))) or not m.server_ranks:
                 raise BytePSError(f"table {name!r}: the servers' ranks {m.server_ranks} are not "
                                   "0..S-1")
-            if not (self._connected or m.is_local_root or rt.local_size_ <= 1):
-                self._connected = True   # the local root alone talks to them for dense keys
-                m.connect_servers()
+            self._open()
             table = EmbeddingTable(self, spec, table_id, None)
             metas = [{"spec": spec.to_json(), "shard": s, "shards": self.num_servers,
                       "local_size": rt.local_size_} for s in range(self.num_servers)]

@@ -3,7 +3,7 @@
 written here from their formulas, and a one-process job's table."""
 from __future__ import annotations
 
-import logging
+import queue
 import threading
 from types import SimpleNamespace
 
@@ -20,7 +20,7 @@ from byteps_like.embedding import (
     state_bytes,
     sum_rows,
 )
-from byteps_like.wire import Header, Message, MsgType
+from byteps_like.wire import Header, MsgType
 from tests.support import wait_until
 
 
@@ -291,42 +291,22 @@ def test_sparse_embedding_alone_is_nn_embedding_with_sgd_and_one_forward_per_ste
         reset_default_runtime()
 
 
-def test_the_servers_request_queue_holds_its_clients_at_the_bound_and_resumes_at_half(caplog):
-    """server/sparse.py RequestQueue: requests queued for the tables' thread count their payload
-    and QUEUED_OVERHEAD; reaching QUEUE_BYTES holds the server's clients (once, logged), and the
-    thread serving the queue down to half releases them. Without sockets: the thread is not
-    started until the queue is full, so the order is fixed."""
-    from byteps_like.server import sparse as sp
+class _Inbox:
+    """What the tables' thread reads of the native plane (DataServer.table_requests and
+    table_wake), fed by the test."""
 
-    holds: list[bool] = []
-    served: list[int] = []
-    srv = SimpleNamespace(cfg=SimpleNamespace(server=SimpleNamespace(
-                              sparse_max_ids=1 << 20, sparse_survival="none",
-                              sparse_snapshot_steps=100, sparse_checkpoint_dir="")),
-                          required=2, num_workers=2, rank=0, async_mode=False,
-                          control=SimpleNamespace(wait_admitted=lambda timeout: True),
-                          ep=SimpleNamespace(hold_clients=holds.append))
-    service = sp.SparseService(srv)
-    service.process = lambda route, msg: served.append(msg.header.key)   # type: ignore
-    payload = np.zeros((1 << 20) - sp.QUEUED_OVERHEAD, np.uint8)   # 1 MiB a request
-    per = payload.nbytes + sp.QUEUED_OVERHEAD
-    n = sp.QUEUE_BYTES // per
-    with caplog.at_level(logging.WARNING, logger="byteps_like.server"):
-        for key in range(n - 1):
-            service.submit("route", Message(Header(MsgType.SPARSE_PULL, key=key), payload))
-        assert holds == [] and service.q.queued_bytes == (n - 1) * per
-        service.submit("route", Message(Header(MsgType.SPARSE_PULL, key=n - 1), payload))
-        assert holds == [True] and service.q.holds == 1
-        service.submit("route", Message(Header(MsgType.SPARSE_PULL, key=n), payload))
-        assert holds == [True]   # held once, whatever came in the batch that crossed it
-    assert "embedding-table requests are queued" in caplog.text
-    service.start()
-    try:
-        assert wait_until(lambda: len(served) == n + 1 and service.q.queued_bytes == 0)
-    finally:
-        service.close()
-    assert served == list(range(n + 1))
-    assert holds == [True, False] and service.q.queued_bytes == 0
+    def __init__(self):
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+
+    def table_requests(self, timeout: float) -> list:
+        try:
+            item = self.q.get(timeout=timeout)
+        except queue.Empty:
+            return []
+        return [] if item is None else [item]
+
+    def table_wake(self) -> None:
+        self.q.put(None)
 
 
 def test_requests_that_come_before_the_servers_rank_wait_for_it():
@@ -348,14 +328,15 @@ def test_requests_that_come_before_the_servers_rank_wait_for_it():
                           required=2, num_workers=2, rank=0, async_mode=False,
                           control=SimpleNamespace(wait_admitted=wait_admitted,
                                                   shutting_down=False, fatal=None),
-                          ep=SimpleNamespace(hold_clients=lambda hold: None))
+                          native=_Inbox())
+    srv.cfg.transport = SimpleNamespace(max_message_bytes=1 << 20)
     service = sp.SparseService(srv)
     service.process = lambda route, msg: seen.append(   # type: ignore
         (msg.header.key, admitted.is_set()))
     service.start()
     try:
         for key in range(3):
-            service.submit("route", Message(Header(MsgType.SPARSE_CREATE, key=key)))
+            srv.native.q.put((1, Header(MsgType.SPARSE_CREATE, rank=0, key=key).pack(), b"", b""))
         assert wait_until(lambda: len(waits) >= 2)   # the thread is waiting, nothing served
         assert seen == []
         admitted.set()

@@ -1,0 +1,126 @@
+// Python bindings of the table streams (dataplane_tables.h): the DataServer's table inbox
+// (table_requests, table_send, table_wake, added to the class bind_data_server made) and the
+// worker's TableClient. Messages cross as (header bytes, meta bytes, payload bytes); every
+// header is checked for its size here and for its contents by the stream's end in C++.
+// Documented in byteps_like/_core.pyi; used by byteps_like/transport/native.py.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "crypto.h"
+#include "dataplane.h"
+#include "dataplane_tables.h"
+
+namespace py = pybind11;
+
+namespace bps {
+namespace {
+
+dp::Header header_of(const py::bytes& raw) {
+  std::string s = raw;
+  if (s.size() != sizeof(dp::Header))
+    throw py::value_error("table message: a header of " + std::to_string(s.size()) +
+                          " bytes, not " + std::to_string(sizeof(dp::Header)));
+  dp::Header h;
+  std::memcpy(&h, s.data(), sizeof h);
+  return h;
+}
+
+// A C-contiguous buffer's bytes (None: none).
+std::string bytes_of(const py::handle& obj) {
+  if (obj.is_none()) return std::string();
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+  std::string out(static_cast<const char*>(view.buf), static_cast<std::size_t>(view.len));
+  PyBuffer_Release(&view);
+  return out;
+}
+
+py::bytes header_bytes(const dp::Header& h) {
+  return py::bytes(reinterpret_cast<const char*>(&h), sizeof h);
+}
+
+py::list server_requests(dp::DataServer& s, double timeout) {
+  std::vector<dp::TableMessage> v;
+  {
+    py::gil_scoped_release g;
+    v = s.table_requests(timeout);
+  }
+  py::list out;
+  for (auto& m : v)
+    out.append(py::make_tuple(m.conn, header_bytes(m.h), py::bytes(m.meta), py::bytes(m.payload)));
+  return out;
+}
+
+bool server_send(dp::DataServer& s, std::uint64_t conn, const py::bytes& header,
+                 const py::handle& meta, const py::handle& payload) {
+  dp::Header h = header_of(header);
+  std::string m = bytes_of(meta), p = bytes_of(payload);
+  py::gil_scoped_release g;
+  return s.table_send(conn, h, std::move(m), std::move(p));
+}
+
+py::list client_answers(dp::TableClient& c, double timeout) {
+  std::vector<dp::TableMessage> v;
+  {
+    py::gil_scoped_release g;
+    v = c.answers(timeout);
+  }
+  py::list out;
+  for (auto& m : v)
+    out.append(py::make_tuple(m.server, header_bytes(m.h), py::bytes(m.meta),
+                              py::bytes(m.payload), m.lost));
+  return out;
+}
+
+}  // namespace
+
+void bind_table_streams(py::module_& m) {
+  py::object ds = m.attr("DataServer");
+  ds.attr("table_requests") = py::cpp_function(
+      &server_requests, py::is_method(ds), py::name("table_requests"), py::arg("timeout"),
+      "The table streams' requests waiting: [(stream, header, meta, payload)], once one is, "
+      "after timeout seconds, or at once after table_wake() or close().");
+  ds.attr("table_send") = py::cpp_function(
+      &server_send, py::is_method(ds), py::name("table_send"), py::arg("stream"),
+      py::arg("header"), py::arg("meta"), py::arg("payload"),
+      "Answer on a table stream; False when it is closed.");
+  ds.attr("table_wake") = py::cpp_function(
+      [](dp::DataServer& s) { s.table_wake(); }, py::is_method(ds), py::name("table_wake"),
+      py::call_guard<py::gil_scoped_release>(), "Wake the thread waiting in table_requests.");
+
+  py::class_<dp::TableClient>(m, "TableClient")
+      .def(py::init([](int rank, std::uint32_t job, std::uint64_t max_message_bytes,
+                       std::string auth_key) {
+             if (!auth_key.empty()) require_crypto();
+             return new dp::TableClient(rank, job, max_message_bytes, std::move(auth_key));
+           }),
+           py::arg("rank"), py::arg("job"), py::arg("max_message_bytes"),
+           py::arg("auth_key") = py::bytes())
+      .def("connect", &dp::TableClient::connect, py::arg("server"), py::arg("host"),
+           py::arg("port"), py::arg("timeout"), py::arg("ucx") = false,
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "send",
+          [](dp::TableClient& c, int server, const py::bytes& header, const py::handle& meta,
+             const py::handle& payload) {
+            dp::Header h = header_of(header);
+            std::string mm = bytes_of(meta), p = bytes_of(payload);
+            py::gil_scoped_release g;
+            return c.send(server, h, std::move(mm), std::move(p));
+          },
+          py::arg("server"), py::arg("header"), py::arg("meta"), py::arg("payload"))
+      .def("answers", &client_answers, py::arg("timeout"))
+      .def("close", &dp::TableClient::close, py::call_guard<py::gil_scoped_release>())
+      .def("stats", [](dp::TableClient& c) {
+        py::dict d;
+        for (auto& kv : c.stats()) d[py::str(kv.first)] = kv.second;
+        return d;
+      });
+}
+
+}  // namespace bps
