@@ -259,6 +259,16 @@ class DataServer:
         """Asynchronous mode: a lost server's value of ``key``, which the store a moved key's
         first (retried) push makes here starts from instead of zero; charged to the memory
         budget until then (False, keeping nothing, when it does not fit)."""
+    def table_requests(self, timeout: float) -> list[tuple[int, bytes, bytes, bytes]]:
+        """Server-held tables (csrc/dataplane_tables.h): the requests the table streams
+        received, (stream, header, meta or b"", payload) each, once one is, after ``timeout``
+        seconds, or at once after table_wake() or close(); taking them lets their streams be
+        read again."""
+    def table_send(self, stream: int, header: bytes, meta: Any, payload: Any) -> bool:
+        """An answer on table stream ``stream`` (meta, payload: buffers or None); False when
+        the stream is closed; ValueError when the header's nbytes or FLAG_META lie."""
+    def table_wake(self) -> None:
+        """Make the thread waiting in table_requests return."""
     def rejected(self) -> dict[str, int]:
         """Rejected messages and streams by reason."""
     def stalls(self, min_age: float) -> list[tuple[int, int, float, list[int], bytes]]:
@@ -267,6 +277,25 @@ class DataServer:
         """Per worker rank, since the start: (seconds the other ranks waited for it, rounds of
         any key it pushed last with others waiting, seconds it waited for the last pusher); the
         intervals of parallel keys merged, not summed (csrc/dataplane_straggle.h)."""
+
+class TableClient:
+    """A worker process's table streams (csrc/dataplane_tables.h), one to each server: its
+    SPARSE_* requests out, their answers back, on an I/O thread of its own."""
+    def __init__(self, rank: int, job: int, max_message_bytes: int,
+                 auth_key: bytes = ...) -> None: ...
+    def connect(self, server: int, host: str, port: int, timeout: float,
+                ucx: bool = False) -> None:
+        """Open the table stream to server index ``server`` (a hello with FLAG_TABLE and the
+        process rank); RuntimeError naming the reason when it cannot within ``timeout``."""
+    def send(self, server: int, header: bytes, meta: Any, payload: Any) -> bool:
+        """Queue a request; False when there is no stream to ``server`` (closed: its lost
+        notice said why)."""
+    def answers(self, timeout: float) -> list[tuple[int, bytes, bytes, bytes, str]]:
+        """Every answer waiting, (server, header, meta or b"", payload, "") each, and for a
+        stream that closed (server, b"", b"", b"", why); once there is one or after
+        ``timeout``; none once closed."""
+    def close(self) -> None: ...
+    def stats(self) -> dict[str, int]: ...
 
 class DataClient:
     """A worker's half: ``streams`` TCP connections (or UCX endpoints) per server, a priority
