@@ -354,10 +354,11 @@ class PlacementConfig:
 @dataclass(frozen=True)
 class TransportConfig:
     """Connections and messages between nodes."""
-    tcp_connections: int = _s("BYTEPS_TCP_CONNECTIONS", "int", 1, "ZeroMQ connections from each "
-                              "worker to each server (control and server-held tables; the data "
-                              "plane's streams are BYTEPS_DATA_STREAMS).", unit="connections",
-                              min=1, max=16)
+    tcp_connections: int = _s("BYTEPS_TCP_CONNECTIONS", "int", 1, "Accepted for compatibility, "
+                              "no effect: a worker opens no ZeroMQ connection to the servers "
+                              "(tensors and server-held tables travel on the native data plane: "
+                              "BYTEPS_DATA_STREAMS streams, and one table stream).",
+                              unit="connections", min=1, max=16)
     max_message_bytes: int = _s("BYTEPS_MAX_MESSAGE_BYTES", "size", 1 << 30, "Largest message a "
                                 "node accepts; must be >= partition_bytes + 4096.", unit="bytes",
                                 min=1024)

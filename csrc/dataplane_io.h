@@ -238,6 +238,13 @@ class Conn : public std::enable_shared_from_this<Conn> {
       } else {
         enqueue_locked(std::move(o));
         flush_locked(&finished);
+        // a reply sent from another thread than the loop's (a table's answer): a stream over
+        // its share is not read from now on, as one the loop's replies took over it
+        if (reading_.load() && !unread_ && queued_.load() > queue_share()) {
+          reading_ = false;
+          counters_->paused++;
+          arm(armed_out_);
+        }
       }
     }
     for (auto& f : finished) f(!closed_flag_.load());
@@ -364,15 +371,21 @@ class Conn : public std::enable_shared_from_this<Conn> {
       reading_ = true;
       counters_->paused--;
       arm(armed_out_);
+      resumed();
     }
   }
+
+  // Whether the replies queued unwritten (held requests aside) are over the stream's share:
+  // the tables' thread takes no more of its requests until they are written (any thread).
+  bool replies_over_share() const { return queued_.load() - held_.load() > queue_share(); }
 
   // The loop's tick: a stream not read for its unread replies that has taken no byte of them
   // for kUnreadTimeout is closed (true: it was, counted as unread_closed); not one whose
   // requests wait for the tables' thread (the server's delay, not the peer's).
   bool drop_if_unread(double now) {
     std::lock_guard<std::mutex> g(wmu_);
-    if (closed_ || reading_.load() || unread_ || held_ > 0 || now - progress_ < kUnreadTimeout)
+    if (closed_ || reading_.load() || unread_ || now - progress_ < kUnreadTimeout ||
+        queued_.load() - held_.load() <= queue_share() / 2)  // paused for its held requests
       return false;
     drop_unread_locked();
     return true;
@@ -385,6 +398,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   virtual void on_read() {}
   virtual void on_closed() {}
   virtual void on_violation() {}  // the peer broke the link's message rules (flooded())
+  // The stream is read again (its queue went down to half its share); called holding its
+  // lock, so it may take only locks that are never held while taking a stream's.
+  virtual void resumed() {}
   // The bytes of replies this stream may hold unwritten before it is not read (unbounded: a
   // worker's streams, whose queue its own credit bounds).
   virtual std::size_t queue_share() const { return SIZE_MAX; }
@@ -437,6 +453,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
       if (!reading_.load() && !unread_ && queued_.load() <= queue_share() / 2) {
         reading_ = true;  // written down to half its share: read the stream again
         counters_->paused--;
+        resumed();
       }
     }
     if (outq_.empty() && long_) {  // a long queue's block map goes back too
@@ -491,7 +508,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   bool long_ = false;   // outq_ held many messages since it was last empty
   std::atomic<bool> reading_{true};   // false: over its share, not read
   std::atomic<std::size_t> queued_{0};  // cost() of outq_, and held_
-  std::size_t held_ = 0;  // of queued_: requests waiting for the tables' thread (charge_held)
+  std::atomic<std::size_t> held_{0};  // of queued_: requests for the tables' thread
   double progress_ = 0;  // when the queue last took a byte (or began to fill)
   int epfd_ = -1, evfd_ = -1;
 };

@@ -255,6 +255,9 @@ class ServerConn : public FramedConn {
  protected:
   void on_closed() override;
   void on_violation() override { srv_->reject("malformed"); }
+  void resumed() override {
+    if (table_) srv_->tables_.nudge();  // its waiting requests may be taken again
+  }
   std::size_t queue_share() const override;
   bool advance() override;
   void on_read() override;

@@ -2,6 +2,7 @@
 // table requests and the worker's table client.
 #include "dataplane_tables.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -67,17 +68,45 @@ void TableInbox::put(const std::shared_ptr<Conn>& c, std::uint64_t id, const Hea
   cv_.notify_one();
 }
 
+// The requests that may be taken now: all but those of streams over their share (and the
+// later ones of such a stream, to keep its order); a closed stream's are taken (and answered
+// into nothing).
+std::vector<TableInbox::Held> TableInbox::ready_locked() {
+  std::vector<Held> got;
+  std::deque<Held> keep;
+  std::vector<const Conn*> over;
+  for (Held& held : q_) {
+    auto c = held.conn.lock();
+    const bool wait = got.size() >= kTableBatch ||
+                      (c && (std::find(over.begin(), over.end(), c.get()) != over.end() ||
+                             c->replies_over_share()));
+    if (wait) {
+      if (c && std::find(over.begin(), over.end(), c.get()) == over.end()) over.push_back(c.get());
+      keep.push_back(std::move(held));
+    } else {
+      got.push_back(std::move(held));
+    }
+  }
+  q_.swap(keep);
+  return got;
+}
+
 std::vector<TableMessage> TableInbox::take(double timeout) {
   std::vector<Held> got;
   {
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait_for(lk, std::chrono::duration<double>(std::max(0.0, timeout)),
-                 [&] { return !q_.empty() || woken_ || closed_; });
-    woken_ = false;
-    while (!q_.empty() && got.size() < kTableBatch && !closed_) {
-      got.push_back(std::move(q_.front()));
-      q_.pop_front();
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(std::max(0.0, timeout)));
+    for (;;) {
+      if (!closed_) got = ready_locked();
+      if (!got.empty() || woken_ || closed_) break;
+      if (cv_.wait_until(lk, until) == std::cv_status::timeout) {
+        if (!closed_) got = ready_locked();
+        break;
+      }
     }
+    woken_ = false;
   }
   std::vector<TableMessage> out;
   out.reserve(got.size());
@@ -86,6 +115,11 @@ std::vector<TableMessage> TableInbox::take(double timeout) {
     out.push_back(std::move(held.m));
   }
   return out;
+}
+
+void TableInbox::nudge() {
+  std::lock_guard<std::mutex> g(mu_);
+  cv_.notify_all();
 }
 
 bool TableInbox::send(std::uint64_t id, const Header& h, std::string meta, std::string payload) {

@@ -55,13 +55,6 @@ class Endpoint(abc.ABC):
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread."""
 
-    def hold_clients(self, hold: bool) -> None:
-        """Stop (True) or go on (False) taking messages from the clients of the listening
-        socket, from any thread; connected peers (the scheduler) and timers go on. What the
-        clients send meanwhile waits in the transport's bounded queue and then in TCP, which
-        holds the senders back. The default, for an endpoint that cannot hold, does nothing."""
-        return None
-
     def watch_link(self, peer: str, fn: Callable[[str], None]) -> bool:
         """Before ``connect(peer, ...)``: call ``fn`` on the I/O thread with what happens to
         the first connection to ``peer``: ``"connected"`` (TCP is up), ``"up"`` (the handshake

@@ -71,7 +71,7 @@ class TableLink:
                  on_lost: Callable[[int, str], None]):
         from .. import _core
         key = auth_key(cfg)
-        self.cfg = cfg
+        self.cfg, self.rank = cfg, rank
         self.client = _core.TableClient(rank, job, cfg.transport.max_message_bytes,
                                          **({"auth_key": key} if key else {}))
         self.on_answer, self.on_lost = on_answer, on_lost

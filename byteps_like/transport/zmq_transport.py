@@ -7,28 +7,20 @@ socket has ``ZMQ_MAXMSGSIZE`` set, so an oversized message is dropped by ZeroMQ 
 any of it is buffered.
 
 A listening socket faces whoever connects, so it is bounded (issues 19 and 29): high-water
-marks in both directions (``BYTEPS_SOCKET_HWM``: a client that sends faster than it is served is
-slowed by TCP), a handshake deadline, at most ``max_connections`` accepted connections (more are
-shut down as they arrive, so the process stays under its descriptor limit, where libzmq's accept
-would spin), and one budget for the whole endpoint (``_BUDGET``, 64 MiB) of the reply bytes
-held for its clients: what ZeroMQ queues for a client and has not written yet (known through a
-tracked message every ``_MARK`` bytes; ZeroMQ's own mark counts messages, whatever their size)
-plus what waits here past that. A client's share is the budget over the clients holding any.
-ZeroMQ is given at most half of it for a client (and always one reply), the rest waits here in
-order; a client holding more than half its share is not served (its requests wait, in order)
-until it has read down to a quarter, so a client that never reads stops being served, not the
-node its memory. A client over its share that read nothing for ``_STALL_S`` loses replies and
-requests past it (counted in ``drops``); one that read nothing for ``_UNREAD_S`` is disconnected
-and counted (``unread_closed``), and what it held is given back. Connections this node opens
-itself (to the scheduler, the servers of the node table, its local root) keep unbounded queues:
-what they carry is bounded by the protocol (one reply per request, the push credit), and their
-receive side never stops reading, so the peer's bounded send queue toward this node drains at
-network speed.
+marks in both directions (``BYTEPS_SOCKET_HWM`` messages: a client that sends faster than it is
+served is slowed by TCP, and a reply to a client whose queue is at the mark, one that does not
+read, is dropped and counted), a handshake deadline, and at most ``max_connections`` accepted
+connections (more are shut down as they arrive, so the process stays under its descriptor
+limit, where libzmq's accept would spin). What a listening socket answers is control: a
+server's errors to a stranger, the scheduler's replies to its nodes, a local root's to its local
+ranks (a message each, of at most ``MAX_META_BYTES`` of JSON); every byte of a tensor or a
+server-held table travels on the native data plane, whose streams have their own budgets
+(csrc/dataplane_io.h). Connections this node opens itself (to the scheduler, its local root)
+keep unbounded queues: what they carry is bounded by the protocol, and their receive side never
+stops reading.
 """
 from __future__ import annotations
 
-import collections
-import ctypes
 import errno
 import functools
 import hashlib
@@ -53,29 +45,12 @@ log = logging.getLogger("byteps_like.transport")
 _BATCH = 32                 # messages taken from one socket per poll
 _COPY_THRESHOLD = 64 * 1024  # below this pyzmq copying is cheaper than tracking a zero-copy frame
 _HANDSHAKE_MS = 10_000       # a client of a listening socket must finish the ZMTP handshake in this
-_BUDGET = 64 << 20           # reply bytes held for the clients of a listening socket, all of them
-_BACKLOG_MSG = 512           # what one held reply counts besides its bytes
-_BACKLOG_RETRY_S = (0.002, 0.05)  # held replies are offered again this often, backing off
-_MARK = 1 << 20              # a reply handed to ZeroMQ is tracked at least once per this many bytes
-_STALL_S = 0.25              # a client that read nothing this long does not read, for now
-_UNREAD_S = 10.0             # a client over its share that reads nothing this long is disconnected
 #: what the socket monitor of a watched connection (watch_link) reports, in its words
 _LINK_EVENTS = {zmq.EVENT_CONNECTED: "connected", zmq.EVENT_CONNECT_RETRIED: "refused",
                 zmq.EVENT_DISCONNECTED: "down", zmq.EVENT_HANDSHAKE_SUCCEEDED: "up",
                 zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "rejected",
                 zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "rejected",
                 zmq.EVENT_HANDSHAKE_FAILED_AUTH: "rejected"}
-_WAITING_MAX = _BUDGET // 2  # requests of clients that are owed replies, waiting, all of them:
-                             # past it the listener is not read until half of them are served
-                             # (above the quarter those of clients that do not read stay under)
-
-
-def _malloc_trim() -> None:
-    """Give memory freed by the heap back to the system (glibc keeps it otherwise)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _frame(buf: Any) -> Any:
@@ -85,43 +60,6 @@ def _frame(buf: Any) -> Any:
     if mv.nbytes < _COPY_THRESHOLD:
         return mv.tobytes()
     return zmq.Frame(mv, copy=False)
-
-
-def _cost(frames: list) -> int:
-    """What a reply counts against the budget: its bytes and a little."""
-    return _BACKLOG_MSG + sum(len(f) for f in frames)
-
-
-def _tracked(frame: Any) -> Any:
-    """``frame`` as a zmq.Frame whose tracker says when ZeroMQ has written it out."""
-    data = frame.buffer if isinstance(frame, zmq.Frame) else frame
-    return zmq.Frame(data, copy=False, track=True)
-
-
-class _Client:
-    """What a listening socket holds for one client (by routing id): bytes handed to ZeroMQ
-    and not known written (``marked`` up to the last tracked reply, ``since`` after it), the
-    replies held here past its share, and its requests that wait while it is over its share."""
-    __slots__ = ("marks", "marked", "since", "backlog", "held", "waiting", "waiting_bytes",
-                 "fd", "progress")
-
-    def __init__(self, now: float) -> None:
-        self.marks: collections.deque = collections.deque()   # (bytes it confirms, tracker)
-        self.marked = 0
-        self.since = 0
-        self.backlog: collections.deque = collections.deque()
-        self.held = 0
-        self.waiting: collections.deque = collections.deque()
-        self.waiting_bytes = 0
-        self.fd = -1
-        self.progress = now     # when it last read something (or was first seen)
-
-    @property
-    def cost(self) -> int:
-        return self.marked + self.since + self.held
-
-    def idle(self) -> bool:
-        return not (self.marks or self.backlog or self.waiting)
 
 
 class CurveKeys(NamedTuple):
@@ -226,206 +164,6 @@ def _zap_release(ctx: zmq.Context) -> None:
             entry[1].refusals.flush()  # the last window's count, which no refusal will write
 
 
-class _Replies:
-    """The replies a listening socket holds for its clients, in one budget (see the notes):
-    run by the endpoint's I/O thread only."""
-
-    def __init__(self, ep: ZmqEndpoint) -> None:
-        self.ep = ep
-        self._clients: dict[bytes, _Client] = {}   # by routing id
-        self._held = 0                   # the clients' cost together: at most about _BUDGET
-        self.waiting = 0                 # bytes of the requests that wait, all clients
-        self.unread_closed = 0           # clients disconnected for leaving their replies unread
-        self._trim_at = 0.0              # when to give freed memory back to the system
-        self.retry_s = _BACKLOG_RETRY_S[0]
-
-    def busy(self) -> bool:
-        return bool(self._clients) or bool(self._trim_at)
-
-    def _share(self) -> int:
-        """What one client may hold: the budget over the clients holding anything."""
-        return _BUDGET // max(1, len(self._clients))
-
-    def reply(self, ident: bytes, frames: list) -> None:
-        c = self._clients.get(ident)
-        if c is None:
-            c = self._clients[ident] = _Client(time.monotonic())
-        k = _cost(frames)
-        if c.backlog or (c.marks and c.marked + c.since + k > self._share() // 2):
-            self._held += k
-            self._hold(ident, c, frames, k)   # behind replies already held, or over its share
-            return
-        sent = self._offer(ident, c, frames, k)
-        if sent is not False:
-            self._held += k
-        if sent is None:
-            self._hold(ident, c, frames, k)
-
-    def _offer(self, ident: bytes, c: _Client, frames: list, k: int) -> bool | None:
-        """Hand a reply to ZeroMQ without blocking: True when it took it, None when the client's
-        queue is at its high-water mark, False when the client is gone (it is forgotten).
-        Tracked when nothing else of this client's is, and at least once every _MARK bytes."""
-        assert self.ep._router is not None, "replies go only through a bound listener"
-        if not c.marks:   # all it was given so far is written: it reads
-            c.progress = time.monotonic()
-        mark = not c.marks or c.since + k >= _MARK
-        if mark:
-            frames = [*frames[:-1], _tracked(frames[-1])]
-        try:
-            self.ep._router.send_multipart([ident, *frames], copy=False, flags=zmq.NOBLOCK)
-        except zmq.Again:
-            return None
-        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away
-            log.debug("%s: reply to vanished client dropped (%s)", self.ep.name, exc)
-            self._forget(ident)
-            return False
-        if mark:
-            c.marks.append((c.since + k, frames[-1].tracker))
-            c.marked += c.since + k
-            c.since = 0
-        else:
-            c.since += k
-        return True
-
-    def _hold(self, ident: bytes, c: _Client, frames: list, k: int) -> None:
-        """Keep a reply ZeroMQ is not given yet; dropped when the client is over its share and
-        read nothing for _STALL_S. A client that reads loses nothing: while it holds more than
-        half its share it is not served (its requests wait), so what it is still owed is what
-        it asked for before, bounded by the protocol for a worker (a whole bucket's pulls
-        can be owed at once: a cap per client or for all dropped real replies under load)."""
-        if c.cost > self._share() and self._stalled(c):
-            self._held -= k
-            self.ep.drops(f"reply to a client that does not read: over its share of the "
-                          f"{_BUDGET >> 20} MiB a listening socket holds for all, it read "
-                          f"nothing for {_STALL_S} s (a worker's connection reads all the "
-                          "time: check the network toward it)",
-                          f"{c.cost >> 20} MiB held, a share of {self._share() >> 20} MiB")
-            return
-        c.backlog.append((frames, k))
-        c.held += k
-
-    def _wait(self, ident: bytes, c: _Client, frames: list) -> None:
-        """A request of a client over half its share: it waits, in order; past a quarter of
-        its share of them, dropped when it read nothing for _STALL_S."""
-        k = _cost(frames)
-        if c.waiting_bytes + k > self._share() // 4 and self._stalled(c):
-            self.ep.drops("request of a client that does not read its replies (over its share "
-                          f"of the {_BUDGET >> 20} MiB a listening socket holds for unread "
-                          "replies)")
-            return
-        c.waiting.append((frames, k))
-        c.waiting_bytes += k
-        self.waiting += k
-        if self.waiting > _WAITING_MAX:   # the listener is not read until they are served
-            self.ep._set_held("waiting requests", True)
-
-    def _served(self) -> None:
-        """The listener is read again once the requests that wait are down to half the most."""
-        if self.waiting <= _WAITING_MAX // 2:
-            self.ep._set_held("waiting requests", False)
-
-    def _stalled(self, c: _Client) -> bool:
-        """Whether ``c`` read nothing for _STALL_S (what ZeroMQ wrote out counted first)."""
-        now = time.monotonic()
-        self._written(c, now)
-        return now - c.progress > _STALL_S
-
-    def _written(self, c: _Client, now: float) -> bool:
-        """Account the tracked replies ZeroMQ has written out; whether there were any."""
-        done = False
-        while c.marks and c.marks[0][1].done:
-            n = c.marks.popleft()[0]
-            c.marked -= n
-            self._held -= n
-            c.progress = now
-            done = True
-        return done
-
-    def _forget(self, ident: bytes) -> None:
-        c = self._clients.pop(ident, None)
-        if c is not None:
-            self._held -= c.cost
-            self.waiting -= c.waiting_bytes
-            self._served()
-            if c.cost + c.waiting_bytes > _MARK:
-                self._trim_at = self._trim_at or time.monotonic() + 1.0
-
-    def _disconnect(self, ident: bytes, c: _Client) -> None:
-        """A client over its share that read nothing for _UNREAD_S: closed, counted, forgotten
-        (ZeroMQ frees its queue when it sees the connection go)."""
-        if c.fd < 0:   # never seen its connection: cannot close it (it stays bounded)
-            c.progress = time.monotonic()
-            return
-        self.unread_closed += 1
-        self.ep.drops(f"client disconnected: over its share of the {_BUDGET >> 20} MiB a "
-                      f"listening socket holds for unread replies, it read nothing for "
-                      f"{_UNREAD_S:.0f} s")
-        self.ep._shed(c.fd)
-        self._forget(ident)
-
-    def tick(self) -> None:
-        """What ZeroMQ wrote out, held replies offered again, waiting requests of a client read
-        down to a quarter of its share served, idle clients forgotten, clients that read
-        nothing over half their share disconnected. Runs sooner after progress, later (up to
-        50 ms) without, so a client that never reads costs next to nothing."""
-        now = time.monotonic()
-        share = self._share()
-        progress = False
-        for ident, c in list(self._clients.items()):
-            if self._clients.get(ident) is not c:
-                continue
-            if self._written(c, now):
-                progress = True
-            while c.backlog:
-                frames, k = c.backlog[0]
-                if c.marks and c.marked + c.since + k > share // 2:
-                    break
-                sent = self._offer(ident, c, frames, k)
-                if not sent:
-                    break
-                c.backlog.popleft()
-                c.held -= k
-                c.progress = now
-                progress = True
-            if self._clients.get(ident) is not c:
-                continue
-            if c.waiting and c.cost <= share // 4:
-                progress = True
-                for _ in range(_BATCH):
-                    frames, k = c.waiting.popleft()
-                    c.waiting_bytes -= k
-                    self.waiting -= k
-                    self.ep._deliver(Route(ident=ident), frames)
-                    if (not c.waiting or self._clients.get(ident) is not c
-                            or c.cost > share // 2):
-                        break
-            if self._clients.get(ident) is not c:
-                continue
-            if c.idle():
-                del self._clients[ident]
-                self._held -= c.since
-            elif (c.waiting or c.cost > share // 2) and now - c.progress > _UNREAD_S:
-                self._disconnect(ident, c)
-        self._served()
-        if self._trim_at and now >= self._trim_at:
-            self._trim_at = 0.0
-            _malloc_trim()
-        lo, hi = _BACKLOG_RETRY_S
-        self.retry_s = lo if progress else min(hi, self.retry_s * 2)
-
-    def from_client(self, frames: list) -> None:
-        ident = frames[0].bytes
-        c = self._clients.get(ident)
-        if c is not None:
-            if c.fd < 0:   # its connection, to close it should it keep not reading
-                c.fd = frames[0].get(zmq.SRCFD)
-            if c.waiting or c.cost > self._share() // 2:
-                self._wait(ident, c, frames[1:])
-                return
-        self.ep._deliver(Route(ident=ident), frames[1:])
-
-
-
 class ZmqEndpoint(Endpoint):
     def __init__(self, name: str, *, max_message_bytes: int = 1 << 30,
                  context: zmq.Context | None = None, curve: CurveKeys | None = None,
@@ -443,7 +181,6 @@ class ZmqEndpoint(Endpoint):
         self._watchers: dict[str, Callable[[str], None]] = {}
         self._links: dict[zmq.Socket, tuple[zmq.Socket, Callable[[str], None]]] = {}
         self._accepted: set[int] = set()             # descriptors of the listener's clients
-        self.replies = _Replies(self)    # what the listening socket holds for its clients
         self._port = 0
         self.ctx = context or zmq.Context.instance()
         self.curve = curve
@@ -464,7 +201,6 @@ class ZmqEndpoint(Endpoint):
         self._poller = zmq.Poller()
         self._poller.register(self._outbox, zmq.POLLIN)
         self._thread: threading.Thread | None = None
-        self._holds: set[str] = set()   # why the listening socket is not read (none: it is)
         self._stop = False
         self._draining = False
         self._linger_ms = 0
@@ -619,24 +355,6 @@ class ZmqEndpoint(Endpoint):
                 self._senders.append(s)
         return s
 
-    def hold_clients(self, hold: bool) -> None:
-        self._on_io_thread(lambda: self._set_held("the owner", hold))
-
-    def _set_held(self, reason: str, hold: bool) -> None:
-        """The listening socket is read while nothing holds it (its I/O thread only)."""
-        if self._router is None or hold == (reason in self._holds):
-            return
-        was = bool(self._holds)
-        if hold:
-            self._holds.add(reason)
-        else:
-            self._holds.discard(reason)
-        if was and not self._holds:
-            self._poller.register(self._router, zmq.POLLIN)
-        elif self._holds and not was:
-            self._poller.unregister(self._router)
-            log.debug("%s: clients not read (%s)", self.name, reason)
-
     def call_soon(self, fn: Callable[[], None]) -> None:
         # The callable is found by its own token, so it runs in the order of this thread's
         # messages through the outbox, whatever other threads do meanwhile.
@@ -659,7 +377,7 @@ class ZmqEndpoint(Endpoint):
         if self._stop and not self._draining:
             return
         if route.ident is not None:
-            self.replies.reply(route.ident, frames)
+            self._reply(route.ident, frames)
             return
         sock = self._dealers.get((route.peer, route.conn))
         if sock is None:  # a bug in the caller; must not take the I/O thread down with it
@@ -667,6 +385,18 @@ class ZmqEndpoint(Endpoint):
                       route.peer)
             return
         sock.send_multipart(frames, copy=False)
+
+    def _reply(self, ident: bytes, frames: list) -> None:
+        """Answer a client of the listening socket, never blocking: dropped and counted when
+        its queue is at the high-water mark (it does not read), or when it went away."""
+        assert self._router is not None, "replies go only through a bound listener"
+        try:
+            self._router.send_multipart([ident, *frames], copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.drops("reply to a client that does not read: its queue is at "
+                       f"BYTEPS_SOCKET_HWM ({self.hwm} messages)")
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client went away
+            log.debug("%s: reply to vanished client dropped (%s)", self.name, exc)
 
     # -- the I/O loop ------------------------------------------------------------------------
     def _dispatch_outbox(self) -> None:
@@ -703,9 +433,6 @@ class ZmqEndpoint(Endpoint):
         try:
             while not self._stop:
                 wait = self._timers.run_due()
-                if self.replies.busy():  # replies held: looked at this often
-                    self.replies.tick()
-                    wait = self.replies.retry_s if wait is None else min(wait, self.replies.retry_s)
                 events = self._poller.poll(None if wait is None else max(1, int(wait * 1000)))
                 for sock, _ev in events:
                     # drain a bounded batch per socket so no socket starves the others
@@ -713,9 +440,8 @@ class ZmqEndpoint(Endpoint):
                         if sock is self._outbox:
                             self._dispatch_outbox()
                         elif sock is self._router and sock is not None:
-                            if self._holds:   # held by a message of this batch
-                                break
-                            self.replies.from_client(sock.recv_multipart(copy=False))
+                            frames = sock.recv_multipart(copy=False)
+                            self._deliver(Route(ident=frames[0].bytes), frames[1:])
                         elif sock is self._monitor:
                             self._on_monitor_event()
                         elif sock in self._links:

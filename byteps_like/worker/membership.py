@@ -2,14 +2,13 @@
 
 :class:`Membership` holds a worker's identity (rank, size, local rank, machine) and its
 connections: the endpoint, the control client that registers with the scheduler and receives
-the node table, the ZeroMQ connections to the servers (only the local root has them; they carry
-the server-held tables' requests, :mod:`.sparse`: a dense tensor's bytes travel on the native
-data plane's own streams, :mod:`.dataplane`), and, with several worker processes per machine,
-the local root's listening socket and the local ranks' connections to it (authenticated by a
-token file, :mod:`byteps_like.transport.local_peers`).
-It also holds what the node table decides about the servers: the routes to each (those ZeroMQ
-connections), the server ranks a reply must come from, and the assigner that spreads partitions
-over servers.
+the node table, and, with several worker processes per machine, the local root's listening
+socket and the local ranks' connections to it (authenticated by a token file,
+:mod:`byteps_like.transport.local_peers`). A worker has no ZeroMQ connection to a server: a
+dense tensor's bytes and the server-held tables' requests travel on the native data plane's
+streams (:mod:`.dataplane`, :mod:`.sparse`).
+It also holds what the node table decides about the servers: their addresses, the server ranks
+a reply must come from, and the assigner that spreads partitions over servers.
 
 The job-wide operations go through it too: ``barrier``, ``join`` (the rounds the job is at),
 the shutdown handshake (``finish``) and the unhandled-exception hook that aborts the job.
@@ -17,8 +16,8 @@ the shutdown handshake (``finish``) and the unhandled-exception hook that aborts
 Who calls it: the :class:`~byteps_like.worker.runtime.Runtime` facade, in this order:
 :meth:`configure` (``init``), then for a distributed job :meth:`open`, :meth:`register` and
 :meth:`meet_peers` (``Runtime._connect``), and :meth:`close` last at teardown.
-:mod:`.dispatch` checks incoming messages against it; :mod:`.local_reduce` and :mod:`.sparse`
-send through its endpoint.
+:mod:`.dispatch` checks incoming messages against it; :mod:`.local_reduce` sends through its
+endpoint.
 """
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ from ..control import ControlClient, PeerInfo
 from ..errors import CommunicationError, ConfigError, NotInitializedError, PeerLostError
 from ..partition import ServerAssigner, mixed_mode_weights
 from ..roles import exit_if_peer_failed
-from ..transport import Route, local_peers, make_endpoint
+from ..transport import local_peers, make_endpoint
 from ..transport.base import Drops, Endpoint
 from ..wire import Role, job_hash
 
@@ -120,8 +119,6 @@ class Membership:
         self.servers: list[PeerInfo] = []
         self.num_servers = 0
         self.server_ranks: list[int] = []   # what a reply's header must say, by server index
-        self.conns = 1                      # data connections to each server
-        self.routes: list[list[Route]] = []  # [server][connection]
         self.assigner: ServerAssigner | None = None
         self.job = 0                        # the job's hash, in every header
         # a torchrun job: the scheduler and servers this node's local rank 0 started
@@ -220,9 +217,8 @@ class Membership:
             raise
 
     def meet_peers(self, cfg: Config) -> None:
-        """With the node table in: take the rank, connect to the local root (a local rank) and
-        to the servers (the local root of a job of several machines), and decide the routes
-        and the assignment of partitions to servers."""
+        """With the node table in: take the rank, connect to the local root (a local rank),
+        and decide the assignment of partitions to servers."""
         control, ep = self.controller, self.endpoint
         c = cfg.cluster
         self.rank = control.rank
@@ -248,11 +244,6 @@ class Membership:
         self.servers = servers
         self.num_servers = len(servers)
         self.server_ranks = [p.rank for p in servers]
-        self.conns = cfg.transport.tcp_connections
-        if self.is_local_root and not self.single_machine:  # only the root talks to servers
-            self.connect_servers()
-        self.routes = [[Route(peer=f"server-{p.rank}", conn=i) for i in range(self.conns)]
-                       for p in servers]
         weights = None
         if cfg.partition.mixed_mode != "off" and servers:   # BytePS mixed mode
             worker_hosts = {p.host for p in control.peers if p.role == "worker"}
@@ -261,12 +252,6 @@ class Membership:
         # without servers (one machine) partitions still cut tensors for the local reduction
         self.assigner = ServerAssigner(max(1, self.num_servers), weights)
         self.job = job_hash(cfg.cluster.job_id)
-
-    def connect_servers(self) -> None:
-        """Connect this process's endpoint to every server (peer ``server-<rank>``): the local
-        root for its dense keys, and the other local ranks for the server-held tables."""
-        for p in self.servers:
-            self.endpoint.connect(f"server-{p.rank}", f"tcp://{p.host}:{p.port}", self.conns)
 
     def _service_failed(self, message: str) -> None:
         """A service local rank 0 started for a torchrun job failed (its supervising thread

@@ -502,23 +502,30 @@ class _Requests:
             hdr = Header(mtype, "none", Role.WORKER, self.push_rank, flags, m.job, key, rnd)
         return encode(hdr, payload, meta)
 
-    def _open(self) -> None:
+    def _open(self) -> native.TableLink:
         """This process's table streams, one to each server left, opened at its first table
-        (csrc/dataplane_tables.h); CommunicationError when a server cannot be reached."""
+        (csrc/dataplane_tables.h), and again when its rank changed (an elastic epoch: a stream
+        carries the rank of its hello); CommunicationError when a server cannot be reached."""
+        rank = self.push_rank
         with self._lock:
-            if self.link is not None:
-                return
-            m = self.rt.members
-            link = native.TableLink(self.rt.config, self.push_rank, m.job, self.on_message,
-                                    self._on_lost)
-            try:
-                for idx, p in enumerate(m.servers):
-                    if idx not in self.lost:
-                        link.connect(idx, p.host, p.data_port)
-            except RuntimeError as exc:
-                link.close()
-                raise CommunicationError(f"worker rank {self.rank}: {exc}") from None
+            old = self.link
+            if old is not None and old.rank == rank:
+                return old
+            self.link = None
+        if old is not None:
+            old.close()
+        m = self.rt.members
+        link = native.TableLink(self.rt.config, rank, m.job, self.on_message, self._on_lost)
+        try:
+            for idx, p in enumerate(m.servers):
+                if idx not in self.lost:
+                    link.connect(idx, p.host, p.data_port)
+        except RuntimeError as exc:
+            link.close()
+            raise CommunicationError(f"worker rank {self.rank}: {exc}") from None
+        with self._lock:
             self.link = link
+        return link
 
     def _on_lost(self, server: int, why: str) -> None:
         """A table stream closed: its server is lost (the scheduler's FAILOVER moves its
@@ -535,8 +542,7 @@ class _Requests:
     def _send(self, call: _Call, srv: int, sh: int) -> None:
         frames = call.frames[sh]
         call.table.stats.bytes_sent += sum(memoryview(f).nbytes for f in frames)
-        link = self.link
-        if link is None or not link.send(srv, frames):   # its server is lost: no answer comes
+        if not self._open().send(srv, frames):   # its server is lost: no answer comes
             log.debug("worker %d: no table stream to server %d", self.rank, srv)
 
     def _holders(self, shard: int) -> list[int]:

@@ -156,41 +156,35 @@ def test_send_from_the_io_thread_and_call_soon_runs_there(make_node, address):
     assert srv.recv_bytes()[1] == [b"from-io"]
 
 
-def test_held_clients_are_not_read_while_connected_peers_and_timers_go_on(make_node, address):
-    """hold_clients(True): what a client of the listening socket sends stays in ZeroMQ (seen
-    pending there, not delivered) while a connected peer's messages and the timers go on;
-    hold_clients(False) delivers it, in order."""
-    srv, cli, _ = start_pair(make_node, address)
-    peer_srv = make_node("peer")
-    peer_addr = peer_srv.ep.bind(f"inproc://held-peer-{next(_counter)}")
-    peer_srv.ep.start()
-    srv.ep.connect("peer", peer_addr)
-    ticks: list[float] = []
-    srv.ep.add_timer(0.01, lambda: ticks.append(time.monotonic()))
-
-    def on_io(fn):   # fn's result, computed on the server's I/O thread
-        out: queue.Queue = queue.Queue()
-        srv.ep.call_soon(lambda: out.put(fn()))
-        return out.get(timeout=WAIT)
-
-    cli.ep.send(Route(peer="srv"), [b"a"])
-    assert srv.recv_bytes()[1] == [b"a"]
-    srv.ep.hold_clients(True)
-    on_io(lambda: None)   # the hold is in place
-    cli.ep.send(Route(peer="srv"), [b"b"])
-    cli.ep.send(Route(peer="srv"), [b"c"])
-    assert wait_until(lambda: on_io(lambda: bool(srv.ep._router.get(zmq.EVENTS) & zmq.POLLIN)))
-    # the connected peer (a server's scheduler) is read meanwhile, and timers run
-    srv.ep.send(Route(peer="peer"), [b"ping"])
-    route, frames = peer_srv.recv_bytes()
-    peer_srv.ep.send(Route(ident=route.ident), [b"pong"])
-    assert srv.recv_bytes()[1] == [b"pong"]
-    n = len(ticks)
-    assert wait_until(lambda: len(ticks) > n + 2)
-    assert srv.inbox.empty()   # b and c wait in ZeroMQ, not delivered
-    srv.ep.hold_clients(False)
-    assert [srv.recv_bytes()[1] for _ in range(2)] == [[b"b"], [b"c"]]
-    assert srv.errors == []
+def test_replies_to_a_client_that_does_not_read_are_dropped_at_the_mark_and_counted(
+        make_node, zmq_context):
+    """A client of the listening socket that asks and never reads: once its queue is at the
+    high-water mark (and TCP's buffers are full), each further reply is dropped and counted,
+    never queued without bound nor blocking the I/O thread; a client that reads is answered
+    all the while."""
+    srv = make_node("srv", hwm=4)
+    bound = srv.ep.bind("tcp://127.0.0.1:0")
+    srv.ep.on_message = lambda route, frames: srv.ep.send(route, [b"r" * (256 << 10)])
+    srv.ep.start()
+    mute = zmq_context.socket(zmq.DEALER)
+    mute.setsockopt(zmq.RCVHWM, 1)
+    mute.setsockopt(zmq.LINGER, 0)
+    mute.connect(bound)
+    reason = "reply to a client that does not read: its queue is at BYTEPS_SOCKET_HWM (4 messages)"
+    try:
+        for _ in range(400):   # 100 MiB of replies asked for: far past the mark and TCP
+            mute.send(b"ask")
+        assert wait_until(lambda: srv.ep.drops.counts.get(reason, 0) > 100, WAIT * 4)
+        cli = make_node("cli")
+        cli.ep.start()
+        got: queue.Queue = queue.Queue()
+        cli.ep.on_message = lambda route, frames: got.put(len(frames[0].bytes))
+        cli.ep.connect("srv", bound)
+        cli.ep.send(Route(peer="srv"), [b"ask"])
+        assert got.get(timeout=WAIT) == 256 << 10
+        assert srv.errors == [] and srv.io_thread().is_alive()
+    finally:
+        mute.close(0)
 
 
 def test_send_from_many_threads(make_node, address):
