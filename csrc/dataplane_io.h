@@ -477,6 +477,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   bool pause_reading() {
     std::lock_guard<std::mutex> g(wmu_);
     if (closed_ || queued_.load() <= queue_share()) return false;
+    if (!reading_.load()) return true;  // paused already (send() found it over its share)
     reading_ = false;
     counters_->paused++;
     arm(armed_out_);
