@@ -382,8 +382,8 @@ class TransportConfig:
                         "(worker <-> server): `zmq` (TCP), or `ucx` (the native data plane's "
                         "streams become UCX endpoints: RDMA, shared memory or TCP, per UCX_TLS; "
                         "needs `byteps_like[ucx]` so _core loads libucp, else a ConfigError at "
-                        "start). Control and the server-held tables stay on ZeroMQ either way, "
-                        "CURVE-encrypted with an auth secret. See docs/transports.md.",
+                        "start; the server-held tables' streams too). Control stays on ZeroMQ "
+                        "either way, CURVE-encrypted with an auth secret. See docs/transports.md.",
                         choices=("zmq", "ucx"))
     enable_rdma: bool = _s("DMLC_ENABLE_RDMA", "bool", False, "BytePS's switch for RDMA: selects "
                            "BYTEPS_TRANSPORT=ucx unless BYTEPS_TRANSPORT is set explicitly.")

@@ -52,9 +52,9 @@ log = logging.getLogger("byteps_like.server")
 REJECT_LOG_FIRST = 3
 #: seconds between two summary lines of the rejections (none when there were none)
 REJECT_SUMMARY_INTERVAL_S = 60.0
-#: messages one client of the server's ZeroMQ socket may have waiting in ZeroMQ to be read: its
-#: embedding-table requests are up to BYTEPS_MAX_MESSAGE_BYTES each, and ZeroMQ bounds its
-#: queue in messages (BYTEPS_SOCKET_HWM, 1000 by default, counts replies too)
+#: messages one client of the server's ZeroMQ socket may have waiting in ZeroMQ to be read: no
+#: peer of the job sends to it (tensors and tables travel on the native data plane), so what
+#: comes is a stranger's, up to BYTEPS_MAX_MESSAGE_BYTES each, and refused
 CLIENT_RECV_HWM = 4
 
 
@@ -85,8 +85,8 @@ class Server:
                     "; ucx:// addresses were the ucxx endpoint's, retired in issue 39: with "
                     "BYTEPS_TRANSPORT=ucx the server's endpoint is ZeroMQ over tcp:// and its "
                     "data plane's streams are UCX" if address.startswith("ucx://") else ""))
-        # its clients send embedding-table requests of up to BYTEPS_MAX_MESSAGE_BYTES: a few
-        # wait in ZeroMQ per client, then TCP holds them back (server/sparse.py QUEUE_BYTES)
+        # no peer of the job sends to it: a stranger's messages wait a few at a time, then TCP
+        # holds them back
         self.ep = make_endpoint("server", cfg, context=context, recv_hwm=CLIENT_RECV_HWM)
         self.address = self.ep.bind(address)
         port = int(self.address.rsplit(":", 1)[1])

@@ -2,10 +2,12 @@
 
 A job (2 workers in this process, a scheduler and a server as processes, one float32
 partition of 64,000 bytes on the native data plane, and a server-held table "big" of 16 rows
-of 4,000 bytes, whose requests ride the server's ZeroMQ socket) runs two rounds; then ``clients``
-ZeroMQ clients each send ``pulls`` pulls of the table's 16 rows (each answered with 64,000
-bytes) and never read a reply. The server's resident memory is measured before, at its peak while
-the clients stay connected (``hold`` seconds), and after they close:
+of 4,000 bytes on the table streams) runs two rounds; then ``clients`` ZeroMQ clients each send
+``pulls`` pulls of the table's 16 rows to the server's ZeroMQ socket and never read a reply.
+Since issue 39 the tables' requests travel on the native plane only, so each is refused with an
+error ("data over ZeroMQ"), and the replies past a client's high-water mark are dropped and
+counted. The server's resident memory is measured before, at its peak while the clients stay
+connected (``hold`` seconds), and after they close:
 
     .venv/bin/python -m tests.faults.zmq_unread_replies --clients 50 --pulls 15000
 
@@ -71,7 +73,7 @@ def float_rounds(c: ProcCluster, rounds: int, first: int, n: int = 16000) -> Non
 
 def unread_clients(ctx: zmq.Context, c: ProcCluster, clients: int, pulls: int) -> list:
     """``clients`` DEALERs that each queued ``pulls`` pulls of every row of the table "big"
-    toward the server and never read (a receive queue of one message, no reconnection once
+    toward the server's ZeroMQ socket (refused there) and never read (a receive queue of one message, no reconnection once
     the server closed one)."""
     p = c.server_peers()[0]
     table = c.workers[0].sparse.tables["big"]
