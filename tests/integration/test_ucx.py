@@ -1,6 +1,6 @@
 """BYTEPS_TRANSPORT=ucx jobs end to end since the ucxx endpoint's retirement (issue 39): dense
-data on the native plane's UCX streams, control and the server-held tables on each node's
-ZeroMQ endpoint, with the job's secret (bpslaunch --local's default) and without one, on
+data and the server-held tables on the native plane's UCX streams (the tables' since they moved
+there), control on each node's ZeroMQ endpoint, with the job's secret (bpslaunch --local's default) and without one, on
 loopback and across emulated machines (network namespaces behind one bridge, each process on
 its machine's own address: the case without a secret that had the ucxx endpoint). Exact sums
 of every dtype, and tables that match the one-process model."""
@@ -35,7 +35,8 @@ def ucx(monkeypatch):
 
 def test_tables_run_over_ucx():
     """Server-held tables (SGD and Adagrad) with a dense head, 2 workers x 2 servers over UCX,
-    with the job's secret: the tables' requests ride the ZeroMQ endpoint (CURVE)."""
+    with the job's secret: the tables' requests ride their table streams, UCX endpoints here,
+    authenticated by the streams' hello."""
     pytest.importorskip("torch")
     script, done = JOBS["tables"]
     run = bpslaunch(script, workers=2, servers=2, env=transport_env("ucx"), timeout=180)
