@@ -238,13 +238,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
       } else {
         enqueue_locked(std::move(o));
         flush_locked(&finished);
-        // a reply sent from another thread than the loop's (a table's answer): a stream over
-        // its share is not read from now on, as one the loop's replies took over it
-        if (reading_.load() && !unread_ && queued_.load() > queue_share()) {
-          reading_ = false;
-          counters_->paused++;
-          arm(armed_out_);
-        }
+        pause_if_over_locked();
       }
     }
     for (auto& f : finished) f(!closed_flag_.load());
@@ -261,6 +255,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
       } else {
         enqueue_locked(std::move(o));
         arm(true);  // the loop writes once the socket is writable (at once, usually)
+        pause_if_over_locked();
       }
     }
     if (dropped) dropped(false);
@@ -471,6 +466,16 @@ class Conn : public std::enable_shared_from_this<Conn> {
     counters_->queued_bytes += c;
     outq_.push_back(std::move(o));
     if (outq_.size() > 256) long_ = true;
+  }
+
+  // A reply queued from another thread than the loop's (a table's answer): a stream over its
+  // share is not read from now on, as one the loop's own replies took over it.
+  void pause_if_over_locked() {
+    if (reading_.load() && !unread_ && queued_.load() > queue_share()) {
+      reading_ = false;
+      counters_->paused++;
+      arm(armed_out_);
+    }
   }
 
   // Loop thread: stop reading this stream; false when its queue was written meanwhile.

@@ -131,7 +131,7 @@ bool TableInbox::send(std::uint64_t id, const Header& h, std::string meta, std::
     if (it != streams_.end()) c = it->second.lock();
   }
   if (!c) return false;
-  c->send(std::move(o));
+  c->post(std::move(o));  // the stream's loop writes it: the tables' thread goes on
   return true;
 }
 
@@ -178,7 +178,7 @@ class TableClientImpl {
       if (closed_ || it == conns_.end()) return false;
       c = it->second;
     }
-    c->send(std::move(o));
+    c->post(std::move(o));  // the stream's loop writes it: the caller goes on
     return true;
   }
 

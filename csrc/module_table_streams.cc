@@ -58,10 +58,8 @@ py::list server_requests(dp::DataServer& s, double timeout) {
 
 bool server_send(dp::DataServer& s, std::uint64_t conn, const py::bytes& header,
                  const py::handle& meta, const py::handle& payload) {
-  dp::Header h = header_of(header);
-  std::string m = bytes_of(meta), p = bytes_of(payload);
-  py::gil_scoped_release g;
-  return s.table_send(conn, h, std::move(m), std::move(p));
+  dp::Header h = header_of(header);  // with the GIL: queueing is quick (the loop writes it)
+  return s.table_send(conn, h, bytes_of(meta), bytes_of(payload));
 }
 
 py::list client_answers(dp::TableClient& c, double timeout) {
@@ -108,10 +106,10 @@ void bind_table_streams(py::module_& m) {
           "send",
           [](dp::TableClient& c, int server, const py::bytes& header, const py::handle& meta,
              const py::handle& payload) {
+            // with the GIL: queueing is quick (the stream's loop writes it), and letting the
+            // GIL go would make the caller wait for it back behind the answers' thread
             dp::Header h = header_of(header);
-            std::string mm = bytes_of(meta), p = bytes_of(payload);
-            py::gil_scoped_release g;
-            return c.send(server, h, std::move(mm), std::move(p));
+            return c.send(server, h, bytes_of(meta), bytes_of(payload));
           },
           py::arg("server"), py::arg("header"), py::arg("meta"), py::arg("payload"))
       .def("answers", &client_answers, py::arg("timeout"))
