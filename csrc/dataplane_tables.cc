@@ -314,13 +314,15 @@ void TableClientImpl::connect(int server, const std::string& host, int port, dou
     throw std::runtime_error("tables: cannot reach server " + std::to_string(server) + " at " +
                              host + ":" + std::to_string(port) + (ucx ? " (UCX): " : ": ") + err);
   auto c = std::make_shared<TableConn>(std::move(link), this, server);
+  bool closed;
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (closed_) {
-      c->close_now();
-      throw std::runtime_error("tables: the table client is closed");
-    }
-    conns_[server] = c;
+    closed = closed_;
+    if (!closed) conns_[server] = c;
+  }
+  if (closed) {  // closing it reports it lost, which takes mu_
+    c->close_now();
+    throw std::runtime_error("tables: the table client is closed");
   }
   loop_.add(c);
 }
