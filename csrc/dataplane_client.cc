@@ -860,8 +860,7 @@ class ClientConn : public FramedConn {
  private:
   bool on_header() {
     counters_->msgs_in++;
-    if (std::memcmp(h_.magic, kMagic, 4) != 0 || h_.version != kVersion ||
-        h_.job != cli_->job_ || h_.role != kRoleServer) {
+    if (!from_server_of(h_, cli_->job_)) {
       why_ = "a malformed message or one of another job from the server";
       return false;
     }

@@ -78,6 +78,12 @@ const char* type_name(int t);  // a message type's name, "?" for an unknown one
 // then `extra` (more members, already encoded: ",\"rank\":1", or empty).
 std::string error_meta(const char* kind, const std::string& text, int type,
                        const std::string& extra);
+// Whether a header a worker's stream read is one of this wire version from a server of job
+// `job` (the client's and the table client's first check of every message).
+inline bool from_server_of(const Header& h, std::uint32_t job) {
+  return std::memcmp(h.magic, kMagic, 4) == 0 && h.version == kVersion && h.job == job &&
+         h.role == kRoleServer;
+}
 void set_nonblocking(int fd);
 void set_nodelay(int fd);
 // A listening TCP socket on host:port (port 0: ephemeral; host "" or "*": every address) into

@@ -243,9 +243,9 @@ class TableClientImpl {
 // the job and BYTEPS_MAX_MESSAGE_BYTES before anything is allocated for it.
 class TableConn : public FramedConn {
  public:
-  TableConn(std::unique_ptr<Link> link, TableClientImpl* cli, int server)
+  TableConn(TableClientImpl* cli, int server, std::unique_ptr<Link> link)
       : FramedConn(std::move(link), &cli->c_), cli_(cli), server_(server) {
-    read_header();
+    read_header();  // its first target: an answer's header
   }
 
  protected:
@@ -264,14 +264,11 @@ class TableConn : public FramedConn {
  private:
   bool on_header() {
     counters_->msgs_in++;
-    if (std::memcmp(h_.magic, kMagic, 4) != 0 || h_.version != kVersion ||
-        h_.job != cli_->job_ || h_.role != kRoleServer) {
-      why_ = "a malformed message or one of another job on the table stream";
-      return false;
-    }
-    if (!table_answer_type(h_.type) || h_.nbytes > cli_->max_msg_) {
-      why_ = std::string("unexpected ") + type_name(h_.type) + " of " +
-             std::to_string(h_.nbytes) + " bytes on the table stream";
+    const bool ours = from_server_of(h_, cli_->job_);
+    if (!ours || !table_answer_type(h_.type) || h_.nbytes > cli_->max_msg_) {
+      why_ = ours ? std::string("unexpected ") + type_name(h_.type) + " of " +
+                        std::to_string(h_.nbytes) + " bytes on the table stream"
+                  : std::string("a malformed message or one of another job on the table stream");
       return false;
     }
     meta_.clear();
@@ -313,7 +310,7 @@ void TableClientImpl::connect(int server, const std::string& host, int port, dou
   if (!link)
     throw std::runtime_error("tables: cannot reach server " + std::to_string(server) + " at " +
                              host + ":" + std::to_string(port) + (ucx ? " (UCX): " : ": ") + err);
-  auto c = std::make_shared<TableConn>(std::move(link), this, server);
+  auto c = std::make_shared<TableConn>(this, server, std::move(link));
   bool closed;
   {
     std::lock_guard<std::mutex> g(mu_);

@@ -44,16 +44,28 @@ py::bytes header_bytes(const dp::Header& h) {
   return py::bytes(reinterpret_cast<const char*>(&h), sizeof h);
 }
 
-py::list server_requests(dp::DataServer& s, double timeout) {
+// The messages take() returns (waited for without the GIL), as tuples: a server's requests
+// (stream, header, meta, payload), or a worker's answers (server, header, meta, payload, lost).
+template <class Take>
+py::list messages(Take take, bool answers) {
   std::vector<dp::TableMessage> v;
   {
     py::gil_scoped_release g;
-    v = s.table_requests(timeout);
+    v = take();
   }
   py::list out;
-  for (auto& m : v)
-    out.append(py::make_tuple(m.conn, header_bytes(m.h), py::bytes(m.meta), py::bytes(m.payload)));
+  for (auto& m : v) {
+    py::bytes h = header_bytes(m.h), meta(m.meta), payload(m.payload);
+    if (answers)
+      out.append(py::make_tuple(m.server, h, meta, payload, m.lost));
+    else
+      out.append(py::make_tuple(m.conn, h, meta, payload));
+  }
   return out;
+}
+
+py::list server_requests(dp::DataServer& s, double timeout) {
+  return messages([&] { return s.table_requests(timeout); }, false);
 }
 
 bool server_send(dp::DataServer& s, std::uint64_t conn, const py::bytes& header,
@@ -63,16 +75,7 @@ bool server_send(dp::DataServer& s, std::uint64_t conn, const py::bytes& header,
 }
 
 py::list client_answers(dp::TableClient& c, double timeout) {
-  std::vector<dp::TableMessage> v;
-  {
-    py::gil_scoped_release g;
-    v = c.answers(timeout);
-  }
-  py::list out;
-  for (auto& m : v)
-    out.append(py::make_tuple(m.server, header_bytes(m.h), py::bytes(m.meta),
-                              py::bytes(m.payload), m.lost));
-  return out;
+  return messages([&] { return c.answers(timeout); }, true);
 }
 
 }  // namespace
