@@ -282,7 +282,9 @@ class TableClient:
     """A worker process's table streams (csrc/dataplane_tables.h), one to each server: its
     SPARSE_* requests out, their answers back, on an I/O thread of its own."""
     def __init__(self, rank: int, job: int, max_message_bytes: int,
-                 auth_key: bytes = ...) -> None: ...
+                 auth_key: bytes = ..., answer_budget: int = ...) -> None:
+        """``answer_budget``: bytes of answers held for answers() at most (256 MiB), besides
+        one answer; past it the client reads nothing until they are taken."""
     def connect(self, server: int, host: str, port: int, timeout: float,
                 ucx: bool = False) -> None:
         """Open the table stream to server index ``server`` (a hello with FLAG_TABLE and the
@@ -295,7 +297,8 @@ class TableClient:
         stream that closed (server, b"", b"", b"", why); once there is one or after
         ``timeout``; none once closed."""
     def close(self) -> None: ...
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> dict[str, int]:
+        """The streams' counters, and ``answers_held``: bytes of answers not taken yet."""
 
 class DataClient:
     """A worker's half: ``streams`` TCP connections (or UCX endpoints) per server, a priority

@@ -162,8 +162,9 @@ class TableConn;
 
 class TableClientImpl {
  public:
-  TableClientImpl(int rank, std::uint32_t job, std::uint64_t max_msg, std::string key)
-      : rank_(rank), job_(job), max_msg_(max_msg), key_(std::move(key)) {
+  TableClientImpl(int rank, std::uint32_t job, std::uint64_t max_msg, std::string key,
+                  std::uint64_t budget)
+      : rank_(rank), job_(job), max_msg_(max_msg), key_(std::move(key)), budget_(budget) {
     loop_.start(nullptr);
   }
   ~TableClientImpl() { close(); }
@@ -182,8 +183,15 @@ class TableClientImpl {
     return true;
   }
 
+  // An answer (the loop thread): held for answers(), within the budget; past it the loop
+  // waits for them to be taken (one answer alone may be larger: it was checked against
+  // BYTEPS_MAX_MESSAGE_BYTES).
   void arrived(int server, const Header& h, std::string meta, std::string payload) {
-    std::lock_guard<std::mutex> g(mu_);
+    const std::uint64_t n = meta.size() + payload.size() + kTableOverhead;
+    std::unique_lock<std::mutex> lk(mu_);
+    room_.wait(lk, [&] { return closed_ || held_ == 0 || held_ + n <= budget_; });
+    if (closed_) return;
+    held_ += n;
     q_.push_back(TableMessage{0, server, h, std::move(meta), std::move(payload), {}});
     cv_.notify_all();
   }
@@ -208,7 +216,14 @@ class TableClientImpl {
     out.reserve(q_.size());
     for (auto& m : q_) out.push_back(std::move(m));
     q_.clear();
+    held_ = 0;
+    room_.notify_all();
     return out;
+  }
+
+  std::uint64_t held() {
+    std::lock_guard<std::mutex> g(mu_);
+    return held_;
   }
 
   void close() {
@@ -217,6 +232,7 @@ class TableClientImpl {
       if (closed_) return;
       closed_ = true;
       cv_.notify_all();
+      room_.notify_all();  // a loop waiting for room gives up its answer
     }
     loop_.stop();  // closes every stream
     std::lock_guard<std::mutex> g(mu_);
@@ -229,11 +245,13 @@ class TableClientImpl {
   const std::uint32_t job_;
   const std::uint64_t max_msg_;
   const std::string key_;
+  const std::uint64_t budget_;
 
  private:
   IoLoop loop_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_, room_;
+  std::uint64_t held_ = 0;  // bytes of the answers in q_
   std::map<int, std::shared_ptr<Conn>> conns_;
   std::deque<TableMessage> q_;
   bool closed_ = false;
@@ -325,8 +343,9 @@ void TableClientImpl::connect(int server, const std::string& host, int port, dou
 }
 
 TableClient::TableClient(int rank, std::uint32_t job, std::uint64_t max_message_bytes,
-                         std::string auth_key)
-    : impl_(new TableClientImpl(rank, job, max_message_bytes, std::move(auth_key))) {}
+                         std::string auth_key, std::uint64_t answer_budget)
+    : impl_(new TableClientImpl(rank, job, max_message_bytes, std::move(auth_key),
+                                answer_budget)) {}
 TableClient::~TableClient() = default;
 void TableClient::connect(int server, const std::string& host, int port, double timeout,
                           bool ucx) {
@@ -337,7 +356,11 @@ bool TableClient::send(int server, const Header& h, std::string meta, std::strin
 }
 std::vector<TableMessage> TableClient::answers(double timeout) { return impl_->answers(timeout); }
 void TableClient::close() { impl_->close(); }
-std::map<std::string, std::uint64_t> TableClient::stats() { return impl_->c_.snapshot(); }
+std::map<std::string, std::uint64_t> TableClient::stats() {
+  auto st = impl_->c_.snapshot();
+  st["answers_held"] = impl_->held();
+  return st;
+}
 
 }  // namespace dp
 }  // namespace bps

@@ -76,11 +76,17 @@ class TableInbox {
   bool woken_ = false, closed_ = false;
 };
 
+// Bytes of answers a worker's table client holds for its Python thread (answers()) at most,
+// besides one answer of up to BYTEPS_MAX_MESSAGE_BYTES: past it the client's loop waits for
+// them to be taken, reading nothing meanwhile, so TCP holds the servers back.
+constexpr std::uint64_t kAnswerBudget = 256u << 20;
+
 class TableClientImpl;
-// A worker process's table streams, one to each server.
+// A worker process's table streams, one to each server, on a loop of their own.
 class TableClient {
  public:
-  TableClient(int rank, std::uint32_t job, std::uint64_t max_message_bytes, std::string auth_key);
+  TableClient(int rank, std::uint32_t job, std::uint64_t max_message_bytes, std::string auth_key,
+              std::uint64_t answer_budget = kAnswerBudget);
   ~TableClient();
   // Opens the table stream to a server (TCP, or UCX streams: ucx_load() first) and says hello;
   // std::runtime_error with the reason when it cannot within timeout seconds.

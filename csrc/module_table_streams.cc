@@ -96,12 +96,13 @@ void bind_table_streams(py::module_& m) {
 
   py::class_<dp::TableClient>(m, "TableClient")
       .def(py::init([](int rank, std::uint32_t job, std::uint64_t max_message_bytes,
-                       std::string auth_key) {
+                       std::string auth_key, std::uint64_t answer_budget) {
              if (!auth_key.empty()) require_crypto();
-             return new dp::TableClient(rank, job, max_message_bytes, std::move(auth_key));
+             return new dp::TableClient(rank, job, max_message_bytes, std::move(auth_key),
+                                        answer_budget);
            }),
            py::arg("rank"), py::arg("job"), py::arg("max_message_bytes"),
-           py::arg("auth_key") = py::bytes())
+           py::arg("auth_key") = py::bytes(), py::arg("answer_budget") = dp::kAnswerBudget)
       .def("connect", &dp::TableClient::connect, py::arg("server"), py::arg("host"),
            py::arg("port"), py::arg("timeout"), py::arg("ucx") = false,
            py::call_guard<py::gil_scoped_release>())

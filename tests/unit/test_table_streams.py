@@ -164,3 +164,36 @@ def test_a_lost_server_is_reported_on_the_stream(kind):
         assert not cli.send(0, *split_frames(pull(3, 1, 0, np.zeros(1, np.int64))))
     finally:
         cli.close()
+
+
+def test_a_worker_holds_at_most_its_budget_of_answers_then_tcp_holds_the_server(kind):
+    """A server that answers faster than the worker's Python takes the answers (or sends ones
+    nobody asked for): the table client holds at most its answer budget (here 4 MiB) and one
+    answer more, and its loop waits meanwhile (a request sent then is not written until the
+    answers are taken); every answer arrives, in order, once they are."""
+    srv, port = start_server(kind)
+    cli = _core.TableClient(3, JOB, MAXMSG, answer_budget=4 << 20)
+    cli.connect(0, "127.0.0.1", port, 10.0, ucx=kind == "ucx")
+    try:
+        assert cli.send(0, *split_frames(pull(3, 1, 0, np.zeros(1, np.int64))))
+        ((stream, *_rest),) = take(srv, 1)
+        rows = np.zeros((1 << 20) // 4, np.float32)   # 1 MiB an answer
+        n = 64
+        for rnd in range(n):
+            answer = encode(Header(MsgType.SPARSE_ROWS, "float32", Role.SERVER, 0, 0, JOB, 1,
+                                   rnd, rows.size, rows.nbytes), rows)
+            assert srv.table_send(stream, *split_frames(answer))
+        # full: one answer more would be over the budget
+        assert wait_until(lambda: cli.stats()["answers_held"] + (1 << 20) > 4 << 20, 20.0)
+        assert cli.stats()["answers_held"] <= (4 << 20) + (1 << 20) + 512
+        # the loop waits for room: a request queued now is not written
+        assert cli.send(0, *split_frames(pull(3, 1, 99, np.zeros(1, np.int64))))
+        assert srv.table_requests(0.5) == []
+        got = answers(cli, n)
+        assert [decode_parts(h, m, p).header.round for _s, h, m, p, _lost in got] == list(
+            range(n))
+        ((_stream, h, m, p),) = take(srv, 1)   # written once the answers were taken
+        assert decode_parts(h, m, p).header.round == 99
+    finally:
+        cli.close()
+        srv.close()
