@@ -73,7 +73,7 @@ class TableLink:
         key = auth_key(cfg)
         self.cfg, self.rank = cfg, rank
         self.client = _core.TableClient(rank, job, cfg.transport.max_message_bytes,
-                                         **({"auth_key": key} if key else {}))
+                                         auth_key=key)
         self.on_answer, self.on_lost = on_answer, on_lost
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="bpsl-tables", daemon=True)
