@@ -15,6 +15,7 @@ import atexit
 import collections
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -96,15 +97,42 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+#: the lowest port free_port picks itself; it picks below the kernel's ephemeral range
+PICK_FLOOR = 20000
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections' local ports), or
+    0 when it cannot be read."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def free_port(host: str = "127.0.0.1", port: int = 0) -> int:
-    """A TCP port of ``host`` that could be bound a moment ago: one the OS picks (``port`` 0),
-    or ``port`` itself, checked. The only port picker of bpslaunch and the benchmarks.
+    """A TCP port of ``host`` that could be bound a moment ago: ``port`` itself, checked, or
+    (``port`` 0) one picked at random between PICK_FLOOR and the kernel's ephemeral range,
+    else one the OS picks. The only port picker of bpslaunch and the benchmarks.
 
     Raises OSError (its strerror says why) when ``host`` does not resolve to a local address or
     ``port`` is taken; the caller names the setting. Like every such probe it races with other
-    processes: the port is free when this returns, not necessarily when a child binds it."""
+    processes: the port is free when this returns, not necessarily when a child binds it. Below
+    the ephemeral range it cannot race with the job's own outgoing connections, whose local
+    ports the kernel takes from that range (a port the OS picked there was taken by one in
+    CI: a worker's metrics port, between bpslaunch's probe and the worker's bind)."""
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    low = _ephemeral_low() if port == 0 else 0
+    for _ in range(64 if low > PICK_FLOOR + 1000 else 0):
+        candidate = random.randrange(PICK_FLOOR, low)
+        with socket.socket(family, kind, proto) as sock:
+            try:
+                sock.bind((address[0], candidate, *address[2:]))
+            except OSError:
+                continue
+            return candidate
     with socket.socket(family, kind, proto) as sock:
         sock.bind(address)
         return sock.getsockname()[1]

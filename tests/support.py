@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,10 +31,10 @@ def wait_until(pred: Callable[[], object], timeout: float = 5.0) -> bool:
     return True
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the kernel's choice)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 right now, picked as bpslaunch picks its ports (below the
+    kernel's ephemeral range, so no outgoing connection of the test's job takes it first)."""
+    from byteps_like.launcher.procs import free_port as pick
+    return pick("127.0.0.1")
 
 
 def clean_env(*drop: str, **extra: str) -> dict[str, str]:
