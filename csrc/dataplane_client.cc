@@ -258,6 +258,10 @@ class ClientImpl {
     s["decode_ns"] = decode_ns_;
     std::lock_guard<std::mutex> g(mu_);
     s["inflight_bytes"] = inflight_bytes_;
+    // seconds with a partition in flight (sent, its answer not in): the time the wire was asked
+    // to work, in ns; a bandwidth is bytes over it (auto compression's meter)
+    s["busy_ns"] = static_cast<std::uint64_t>(
+        1e9 * (busy_s_ + (busy_parts_ ? monotonic_now() - busy_from_ : 0.0)));
     s["parked"] = parked_.size();
     s["keys_kept"] = keys_.size();
     s["ops"] = ops_.size();
@@ -500,6 +504,7 @@ class ClientImpl {
       if (ok && !p.done) {
         if (failover_) keep_answer_locked(op, p, t);
         release_locked(p);
+        busy_locked(p, false);
         p.done = true;
         op.bytes += t.len;  // the answer's own size (a compressed one's varies)
         auto it = inflight_.find(p.spec.key);
@@ -589,6 +594,12 @@ class ClientImpl {
       inflight_bytes_ -= std::min<std::uint64_t>(inflight_bytes_, p.wire);
     }
   }
+  void busy_locked(Part& p, bool on) {  // p was sent (on) or is answered, failed or parked
+    if (p.busy == on) return;
+    p.busy = on;
+    if (on && busy_parts_++ == 0) busy_from_ = monotonic_now();
+    if (!on && --busy_parts_ == 0) busy_s_ += monotonic_now() - busy_from_;
+  }
 
   void fail_locked(Op& op, const std::string& kind, int server, const std::string& msg) {
     if (op.failed) return;
@@ -598,6 +609,7 @@ class ClientImpl {
     op.message = msg;
     for (auto& p : op.parts) {
       release_locked(p);
+      busy_locked(p, false);
       auto it = inflight_.find(p.spec.key);
       if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
     }
@@ -656,6 +668,7 @@ class ClientImpl {
       if (failover_) routed_locked(p, &r);
       p.dispatched = true;
       p.t_sent = monotonic_now();
+      busy_locked(p, true);
       if (log_.size() < kDispatchLog) log_.push_back(p.spec.key);
       inflight_bytes_ += p.wire;
       inflight_[p.spec.key] = Target{top.op, top.idx};
@@ -719,6 +732,7 @@ class ClientImpl {
         Part& p = op.parts[i];
         if (!p.dispatched || p.done || !which(p)) continue;
         release_locked(p);
+        busy_locked(p, false);
         p.dispatched = p.acked = false;
         auto it = inflight_.find(p.spec.key);
         if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
@@ -812,6 +826,8 @@ class ClientImpl {
   std::uint64_t coded_ops_ = 0;  // coded operations submitted (guarded by mu_)
   std::atomic<std::uint64_t> encode_ns_{0}, decode_ns_{0};
   std::uint64_t inflight_bytes_ = 0;
+  std::uint64_t busy_parts_ = 0;          // partitions sent whose answers are not in
+  double busy_from_ = 0, busy_s_ = 0;     // since when some are; seconds some were, in all
   std::unordered_map<std::uint64_t, Target> inflight_;   // key -> partition in flight
   bool paused_ = false;
   static constexpr std::size_t kDispatchLog = 4096;

@@ -20,6 +20,7 @@ struct Part {
   PartSpec spec;
   int at = -1;  // the server it went to: spec.server, or the key's new one once that is lost
   bool dispatched = false, acked = false, done = false;
+  bool busy = false;  // sent, its answer not in (the client's busy time counts it)
   double t_sent = 0, t_acked = 0, t_done = 0;
   std::uint64_t wire = 0;  // its bytes on the wire: spec.nbytes, or the codec's payload
   // a coded operation's: the coder that encodes src and decodes into dst, and the encoded

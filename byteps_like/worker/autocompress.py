@@ -21,8 +21,8 @@ residual (worker and server) waits while another candidate is chosen and is appl
 codec is chosen again: error feedback's invariant (what was sent plus the residual is what was
 given) holds across switches.
 
-Measurement (rank 0). A thread samples the bytes the native client moved (in and out) every
-0.1 s; a window that began and ended with operations in flight gives a bandwidth
+Measurement (rank 0). A thread samples the bytes the native client moved (in and out) and its
+busy time (partitions in flight) every 0.1 s; bytes over busy time give a window's bandwidth
 (:class:`BandwidthMeter`), and the median of the last three is the measured bandwidth. Rank 0
 decides again when it moves by more than 25% from the reference: the first window measured
 under the table now in force (a codec's windows read lower than the link, as its messages are
@@ -37,6 +37,7 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,20 +70,22 @@ _SAMPLE_S = 0.1      # the measuring thread's period
 _MIN_BYTES = 256 << 10  # a bandwidth window holds at least these bytes
 _MOVE = 1.25         # the bandwidth moved: by more than this factor either way
 _WINDOWS = 3         # the bandwidth is the median of the last windows
+_TIMED_MIN = 3       # a candidate's rounds of a size class are its time from this many on
+_TIMED_KEEP = 9      # ... the median of the last ones
 
 
 def auto_choice(rt: Runtime, auto: AutoCompression, name: str | None, arr: np.ndarray,
-                staged: bool) -> tuple[str | None, Compressor]:
-    """The name and compressor of this push_pull of ``name`` under ``auto``. An unnamed
+                staged: bool) -> tuple[str | None, Compressor, Callable[[Handle], None] | None]:
+    """The name and compressor of this push_pull of ``name`` under ``auto``, and on rank 0 the
+    callback that times its round (for the handle's completion; else None). An unnamed
     push_pull, a standalone job, a tensor that is not float32, one ``staged`` from a device or
     prereduced, and one below BYTEPS_MIN_COMPRESS_BYTES travel as none under their name."""
     cfg = rt.config
     if (name is None or arr.dtype != np.float32 or staged
             or rt.members.control is None or rt.alone
             or arr.nbytes < cfg.compression.min_compress_bytes):
-        return name, Compression.none
-    ctl = controller(rt, auto)
-    return ctl.resolve(name, arr.nbytes)
+        return name, Compression.none, None
+    return controller(rt, auto).resolve_timed(name, arr.nbytes)
 
 
 def controller(rt: Runtime, auto: AutoCompression) -> AutoController:
@@ -139,6 +142,9 @@ class AutoController:
         self.speeds: list[CodecSpeed] | None = None
         self.decisions: deque[dict] = deque(maxlen=1000)
         self._ref: float | None = None               # bandwidth the current table was decided at
+        self._decided_bw: float | None = None        # the bandwidth the last decision used
+        self._timed: dict[tuple[int, str], deque[float]] = {}   # (class, candidate): seconds
+        self._timed_from = 0                         # rounds of epochs from this one are timed
         self._settle_epoch = -1                      # measure again from this epoch on
         self._thread: threading.Thread | None = None
         self.measuring = True   # False: decisions only through decide() (tests, a planner)
@@ -149,6 +155,12 @@ class AutoController:
 
     # -- every rank ----------------------------------------------------------------------------
     def resolve(self, name: str, nbytes: int) -> tuple[str, Compressor]:
+        """The name and compressor this push_pull of ``name`` travels with."""
+        return self.resolve_timed(name, nbytes)[:2]
+
+    def resolve_timed(self, name: str, nbytes: int
+                      ) -> tuple[str, Compressor, Callable[[Handle], None] | None]:
+        """:meth:`resolve`, and on rank 0 the callback that times the round when it is done."""
         cls = size_class(nbytes)
         with self._lock:
             c = self._counts.get(name, 0)
@@ -164,9 +176,10 @@ class AutoController:
             if name not in self._sizes:
                 self._sizes[name] = nbytes
         cand = self.names[table[cls]]
+        timed = self._timer(cls, cand, nbytes, epoch) if self.root else None
         if cand == "none":
-            return name, Compression.none
-        return variant(name, cand), self.auto.candidates[cand]
+            return name, Compression.none, timed
+        return variant(name, cand), self.auto.candidates[cand], timed
 
     def _issue(self, epoch: int) -> None:
         arr = np.zeros(_HEAD + NUM_CLASSES, np.int64)
@@ -227,6 +240,39 @@ class AutoController:
         self.closed = True
 
     # -- rank 0 --------------------------------------------------------------------------------
+    def _timer(self, cls: int, cand: str, nbytes: int, epoch: int) -> Callable[[Handle], None]:
+        def timed(h: Handle) -> None:
+            if h.exception() is None and h.finished is not None and epoch >= self._timed_from:
+                self.timed_round(cls, cand, (h.finished - h.started) * class_size(cls) / nbytes)
+        return timed
+
+    def timed_round(self, cls: int, cand: str, seconds: float) -> None:
+        """A round of size class ``cls`` under ``cand`` took ``seconds`` (scaled to the class's
+        size) at the bandwidth of the table in force."""
+        with self._lock:
+            self._timed.setdefault((cls, cand), deque(maxlen=_TIMED_KEEP)).append(seconds)
+
+    def measured(self, cls: int) -> dict[str, float]:
+        """The median time of each candidate timed in ``cls`` (at least _TIMED_MIN rounds)."""
+        with self._lock:
+            got = {c: sorted(t) for (k, c), t in self._timed.items()
+                   if k == cls and len(t) >= _TIMED_MIN}
+        return {c: t[len(t) // 2] for c, t in got.items()}
+
+    def _verify(self) -> None:
+        """The table in force against its rounds: decide again (at the bandwidth of the last
+        decision) when a candidate measured slower than its prediction loses its place."""
+        with self._lock:
+            epoch = self._epoch
+        if self._decided_bw is None or epoch < self._settle_epoch:
+            return
+        for c in sorted(self.seen):
+            mine = self.names[self.current[c]]
+            t = self.measured(c).get(mine)
+            if t is not None and self._choose(c, self._decided_bw).name != mine:
+                self.decide(self._decided_bw, measured_only=True)
+                return
+
     def _live(self) -> bool:
         return not self.closed and self.rt.initialized and self.rt.epoch == self.epoch
 
@@ -245,6 +291,7 @@ class AutoController:
                 continue  # the first decision waits for a full median (not the start-up's)
             try:
                 self.observe(sorted(recent)[len(recent) // 2])  # the median of the last few
+                self._verify()
             except Exception:  # noqa: BLE001 - a measuring thread must not die silently
                 log.exception("auto compression: deciding failed; the last decision stays")
 
@@ -262,9 +309,20 @@ class AutoController:
         elif abs(math.log(bandwidth / self._ref)) > math.log(_MOVE):
             self.decide(bandwidth)
 
-    def decide(self, bandwidth: float) -> list[Choice]:
+    def _choose(self, cls: int, bandwidth: float) -> Choice:
+        assert self.speeds is not None
+        workers = max(1, self.rt.members.size // max(1, self.rt.members.local_size))
+        return choose(class_size(cls), bandwidth, self.speeds, workers=workers,
+                      servers=max(1, self.rt.members.num_servers),
+                      partition_bytes=self.rt.config.partition.partition_bytes,
+                      current=self.names[self.current[cls]], margin=self.auto.margin,
+                      measured=self.measured(cls))
+
+    def decide(self, bandwidth: float, *, measured_only: bool = False) -> list[Choice]:
         """Choose every size class's candidate at ``bandwidth`` (bytes/s), log it, and send it
-        with the next epoch's broadcast."""
+        with the next epoch's broadcast. A bandwidth that moved forgets the rounds timed at the
+        old one; ``measured_only``: the bandwidth is the last decision's, and rounds timed since
+        showed a choice slower than its prediction (:meth:`_verify`)."""
         if self.speeds is None:  # larger than a cache, as the gradients are
             sample = max(16 << 20, self.rt.config.partition.partition_bytes)
             self.speeds = measure_speeds(self.auto.candidates, sample, repeats=2)
@@ -272,13 +330,12 @@ class AutoController:
                      ", ".join(f"{s.name} ratio {s.ratio:.3g} encode {s.encode_bps / 1e9:.2f} "
                                f"GB/s decode {s.decode_bps / 1e9:.2f} GB/s"
                                for s in self.speeds[1:]) or "none only")
-        workers = max(1, self.rt.members.size // max(1, self.rt.members.local_size))
-        servers = max(1, self.rt.members.num_servers)
-        part = self.rt.config.partition.partition_bytes
-        choices = [choose(class_size(c), bandwidth, self.speeds, workers=workers,
-                          servers=servers, partition_bytes=part,
-                          current=self.names[self.current[c]], margin=self.auto.margin)
-                   for c in range(NUM_CLASSES)]
+        if not measured_only and self._decided_bw is not None:
+            with self._lock:   # the rounds timed so far ran at another bandwidth
+                self._timed.clear()
+                self._timed_from = self._epoch + 1
+        self._decided_bw = bandwidth
+        choices = [self._choose(c, bandwidth) for c in range(NUM_CLASSES)]
         new = [self.names.index(ch.name) for ch in choices]
         with self._lock:
             changed = new != self.current
@@ -292,13 +349,15 @@ class AutoController:
         else:
             self._ref = bandwidth
         record = {"time": time.time(), "bandwidth": bandwidth, "changed": changed,
-                  "applies_from_epoch": applies,
+                  "applies_from_epoch": applies, "timed": measured_only,
                   "table": {_bounds(c): ch.name for c, ch in used.items()},
                   "why": {_bounds(c): ch.why() for c, ch in used.items()}}
         self.decisions.append(record)
         was = f" (was {previous * 8 / 1e9:.3g})" if previous else ""
         log.log(logging.INFO if changed or previous is None else logging.DEBUG,
-                "auto compression: bandwidth %.3g Gbit/s%s: %s%s", bandwidth * 8 / 1e9, was,
+                "auto compression: %sbandwidth %.3g Gbit/s%s: %s%s",
+                "rounds timed slower than predicted, " if measured_only else "",
+                bandwidth * 8 / 1e9, was,
                 "; ".join(f"{_bounds(c)} -> {ch.name}{' (kept)' if ch.kept else ''} "
                           f"[{ch.why()}]" for c, ch in used.items()) or "no tensor yet",
                 f"; from epoch {applies}" if changed else "; unchanged")
@@ -307,15 +366,20 @@ class AutoController:
 
 class BandwidthMeter:
     """Windows of this worker's bandwidth (bytes pushed plus pulled per second). On the native
-    data plane: its client's bytes in and out (counted by its I/O threads as they move) over a
-    period that began and ended with operations in flight, so a window ends within a sampling
-    period of the link's change, whatever the size of the operations; extended until it holds
-    at least 256 KiB. Without a client there is no window: rank 0 has one wherever a push_pull
-    reaches the servers (it is a local root; ``NativeDataPlane.serves``)."""
+    data plane: its client's bytes in and out (counted by its I/O threads as they move) over the
+    time the wire was asked to work: the client's ``busy_ns``, the seconds with a partition in
+    flight (sent, its answer not in). Time between rounds, while the model computes or the
+    caller waits, is not in it, so a round shorter than the sampling period still reads the
+    link's rate (a window over wall time read 0.6 of a 25 Gbit/s link on the device). A window
+    ends at the first sample after it holds 256 KiB and 20 ms of busy time, so it ends within a
+    sampling period of the link's change. Without a client there is no window: rank 0 has one
+    wherever a push_pull reaches the servers (it is a local root; ``NativeDataPlane.serves``)."""
+
+    MIN_BUSY_S = 0.02
 
     def __init__(self, rt: Runtime):
         self.rt = rt
-        self._last: tuple[float, float, bool] | None = None
+        self._last: tuple[float, float] | None = None
 
     def sample(self) -> float | None:
         """The window that ends now, in bytes/s, or None (idle, too few bytes)."""
@@ -326,16 +390,16 @@ class BandwidthMeter:
             st = cli.stats()
         except Exception:  # noqa: BLE001 - closing under us: no window
             return None
-        cur = (time.monotonic(), float(st["bytes_in"] + st["bytes_out"]), st["ops"] > 0)
+        cur = (float(st["bytes_in"] + st["bytes_out"]), st["busy_ns"] / 1e9)
         prev = self._last
-        if prev is None or not (prev[2] and cur[2]):
+        if prev is None:
             self._last = cur
             return None
-        dt, db = cur[0] - prev[0], cur[1] - prev[1]
-        if db < _MIN_BYTES or dt <= 0:
+        db, busy = cur[0] - prev[0], cur[1] - prev[1]
+        if db < _MIN_BYTES or busy < self.MIN_BUSY_S:
             return None       # the window goes on (from ``prev``)
         self._last = cur
-        return db / dt
+        return db / busy
 
 
 def variant(name: str, candidate: str) -> str:

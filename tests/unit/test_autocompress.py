@@ -228,6 +228,79 @@ def test_rank0_decides_at_the_first_window_then_only_when_the_bandwidth_moves():
     assert ctl.decisions[-1]["table"] == {"64 MiB-256 MiB": "none"}
 
 
+def test_contenders_predicted_close_are_tried_then_the_fastest_measured_is_kept():
+    n = 128 * MiB
+    kw = dict(workers=2, servers=2, partition_bytes=MiB)
+    first = choose(n, gbit(40), SPEEDS, **kw)
+    assert first.name == "fp16" and not first.measured
+    assert first.predicted["onebit"] <= 2 * first.predicted["fp16"]   # a contender
+    # fp16 timed (three times its prediction, as the device's 25 Gbit/s round: 60 ms, not 23):
+    # onebit, predicted close, is tried next
+    slow = first.predicted["fp16"] * 3
+    trial = choose(n, gbit(40), SPEEDS, current="fp16", measured={"fp16": slow, "zstd": 0.0},
+                   **kw)
+    assert trial.name == "onebit" and trial.predicted["fp16"] == slow
+    assert trial.measured == frozenset({"fp16"}) and "zstd" not in trial.why()
+    assert f"fp16 {slow * 1e3:.3g} ms measured" in trial.why()
+    # both timed: the faster measured stays, whatever the predictions said
+    # none, predicted close too, was timed in epoch 0 (every tensor starts uncompressed)
+    kept = choose(n, gbit(40), SPEEDS, current="onebit",
+                  measured={"fp16": slow, "onebit": slow * 0.8, "none": slow * 2}, **kw)
+    assert kept.name == "onebit" and not kept.kept
+    back = choose(n, gbit(40), SPEEDS, current="onebit",
+                  measured={"fp16": slow, "onebit": slow * 1.5, "none": slow * 2}, **kw)
+    assert back.name == "fp16"
+    near = choose(n, gbit(40), SPEEDS, current="onebit",
+                  measured={"fp16": slow, "onebit": slow * 1.05, "none": slow * 2}, **kw)
+    assert near.name == "onebit" and near.kept                         # within the margin
+
+
+def test_a_candidate_predicted_far_slower_is_never_tried_whatever_the_measured_times():
+    # 1 Gbit/s: onebit predicted an order of magnitude below fp16; a timed round that waited
+    # behind others (much slower than its prediction) must not send the job to fp16
+    n = 4 * MiB
+    kw = dict(workers=2, servers=2, partition_bytes=MiB)
+    first = choose(n, gbit(1), SPEEDS, **kw)
+    assert first.name == "onebit" and first.predicted["fp16"] > 2 * first.predicted["onebit"]
+    queued = choose(n, gbit(1), SPEEDS, current="onebit",
+                    measured={"onebit": first.predicted["fp16"] * 10, "none": 99.0}, **kw)
+    assert queued.name == "onebit"
+
+
+def test_a_choice_timed_slower_makes_way_for_a_close_contender_and_a_moved_link_resets_it():
+    rt, ctl = _controller()
+    cls = size_class(64 * MiB)
+    ctl.seen.add(cls)
+    for _ in range(3):                          # epoch 0 travels uncompressed, and is timed
+        ctl.timed_round(cls, "none", 2.0)
+    ctl.observe(gbit(40))
+    assert ctl.decisions[-1]["table"] == {"64 MiB-256 MiB": "fp16"}
+    ctl._epoch = 1                             # in force; its first window: the reference
+    ctl.observe(gbit(38))
+    for _ in range(2):                          # fewer rounds than _TIMED_MIN: not a time yet
+        ctl.timed_round(cls, "fp16", 1.0)
+    ctl._verify()
+    assert len(ctl.decisions) == 1
+    ctl.timed_round(cls, "fp16", 1.0)
+    ctl._verify()                               # fp16 timed: onebit, a contender, is tried
+    last = ctl.decisions[-1]
+    assert last["timed"] and last["changed"]
+    assert last["table"] == {"64 MiB-256 MiB": "onebit"} and last["bandwidth"] == gbit(40)
+    assert "fp16 1e+03 ms measured" in last["why"]["64 MiB-256 MiB"]
+    ctl._verify()                               # not in force yet: nothing more
+    assert len(ctl.decisions) == 2
+    ctl._epoch = 2
+    ctl.observe(gbit(5))                        # onebit's windows read low: the reference
+    for _ in range(3):
+        ctl.timed_round(cls, "onebit", 0.5)
+    ctl._verify()
+    assert len(ctl.decisions) == 2              # onebit measured faster: it stays
+    assert ctl.measured(cls) == {"none": 2.0, "fp16": 1.0, "onebit": 0.5}
+    ctl.observe(gbit(400))                      # the link moved: the times were another link's
+    assert ctl.measured(cls) == {} and ctl._timed_from == 3
+    assert ctl.decisions[-1]["table"] == {"64 MiB-256 MiB": "none"}
+
+
 def test_the_tables_travel_in_epoch_order_from_the_first_push_pull():
     rt, ctl = _controller()
     name, comp = ctl.resolve("g", 4 * MiB)       # epoch 0: none, and epoch 1's table is sent

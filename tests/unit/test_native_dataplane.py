@@ -154,6 +154,33 @@ def test_average_divides_in_place_and_ints_floor(cleanup):
     assert (oi[0] == 3).all()
 
 
+def test_busy_time_counts_only_while_partitions_are_in_flight(cleanup):
+    """``busy_ns`` (auto compression's bandwidth is bytes over it): it grows while a sent
+    partition waits for its answer and stands still while nothing is in flight."""
+    srv, port = make_server(2)
+    cleanup.append(srv)
+    clients = [make_client(r, [port]) for r in range(2)]
+    cleanup += clients
+    x = [np.full(300_000, r + 1.0, np.float32) for r in range(2)]
+    y = [np.empty_like(v) for v in x]
+    assert clients[0].stats()["busy_ns"] == 0
+    t0 = time.monotonic()
+    clients[0].submit(1, 0, x[0].view(np.uint8), y[0].view(np.uint8), WIRE_CODE["float32"], 1, 0,
+                      parts_of(x[0].nbytes, 0, 1))
+    held = 0.2   # rank 0's partitions wait this long at least: the server needs rank 1's push
+    time.sleep(held)
+    clients[1].submit(1, 0, x[1].view(np.uint8), y[1].view(np.uint8), WIRE_CODE["float32"], 1, 0,
+                      parts_of(x[1].nbytes, 0, 1))
+    for cli in clients:
+        assert cli.wait(1, 20.0) and cli.take(1)[1]
+    wall = time.monotonic() - t0
+    busy = clients[0].stats()["busy_ns"]
+    assert held * 1e9 <= busy <= wall * 1e9, (busy, held, wall)
+    np.testing.assert_array_equal(y[0], np.full_like(x[0], 3.0))
+    time.sleep(0.05)   # nothing in flight: the counter must not move
+    assert clients[0].stats()["busy_ns"] == busy
+
+
 def test_priorities_and_completions_of_many_operations(cleanup):
     srv, port, cli = server_and_client(cleanup, credit=PART)   # one partition in flight at a time
     arrays = [np.full(200_000, i, np.float32) for i in range(6)]
