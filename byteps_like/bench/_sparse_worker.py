@@ -84,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--optimizer", default="sgd", help="the sparse tables' (server side)")
+    p.add_argument("--no-prefetch", action="store_true",
+                   help="pull each table in its forward (default: prefetch all first)")
     p.add_argument("--straggler", type=straggler_arg, default=None, metavar="RANK:FACTOR",
                    help="worker RANK's compute FACTOR times as long (bench/links.py)")
     a = p.parse_args(argv)
@@ -119,6 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                            torch.nn.ReLU(), torch.nn.Linear(128, 1))
 
         def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            if not a.no_prefetch:   # every table's pull in flight at once: one wait
+                for i, e in enumerate(self.embs):
+                    if isinstance(e, bps.SparseEmbedding):
+                        e.prefetch(ids[:, i])
             parts = [self.bottom(dense)] + [e(ids[:, i]) for i, e in enumerate(self.embs)]
             return self.top(torch.cat(parts, dim=1)).squeeze(1)
 
@@ -135,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stats = [e.table.stats for e in embs if isinstance(e, bps.SparseEmbedding)]
     rng = np.random.default_rng(rank)
     steps: list[float] = []
+    step_phase = (rt.sparse.phases.add if rt is not None and rt.sparse is not None
+                  else lambda _phase, _t0: time.perf_counter())
     slow = SlowCompute(a.straggler, rank)
     floor = 0
     base_tables = base_pp = 0
@@ -154,11 +162,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         slow.start()
         loss = torch.nn.functional.binary_cross_entropy_with_logits(model(dense, ids), label)
+        t = step_phase("step: forward (with the tables' pulls)", t0)
         opt.zero_grad()
         slow.delay()     # --straggler: this rank's gradients come FACTOR times later
         loss.backward()
         slow.stop()
+        t = step_phase("step: backward (with the tables' pushes)", t)
         opt.step()
+        step_phase("step: optimizer (the dense push_pull)", t)
         dt = time.perf_counter() - t0
         losses.append(float(loss))
         if step >= a.warmup:

@@ -41,22 +41,52 @@ class _TableModule(torch.nn.Module):
         # servers divide each round's sum by the workers that pushed it
         self.average = average
         self._unpushed: int | None = None   # the step of a training forward not pushed yet
+        self._prefetched: tuple | None = None   # prefetch(): (ids, uniq, inv, pending rows)
+
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """Start pulling the rows of ``ids`` now; the next forward with equal ids takes them.
+        Call it for every table of a model before the first table's forward: their pulls
+        travel together and are answered in one wait, not one after another (docs/sparse.md).
+        A forward with other ids pulls them itself; the prefetched rows are dropped."""
+        self._check_forward(ids)
+        self._drop_prefetched()
+        uniq, inv = torch.unique(ids.reshape(-1), return_inverse=True)
+        uniq_np = uniq.detach().cpu().numpy()
+        self._prefetched = (ids.detach().cpu().clone(), uniq_np, inv,
+                            self.table.pull_async(uniq_np))
+
+    def _drop_prefetched(self) -> None:
+        got, self._prefetched = self._prefetched, None
+        if got is not None:
+            got[3].wait()   # one pull of a table in flight at a time: it must be answered
+
+    def _check_forward(self, ids: torch.Tensor) -> None:
+        if ids.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"table {self.table.name!r}: ids must be int32 or int64, not "
+                            f"{ids.dtype}")
+        # (a new elastic epoch moved the table's step on: that forward is void)
+        if (self.training and torch.is_grad_enabled() and self._unpushed is not None
+                and self._unpushed == self.table.step):
+            raise BytePSError(f"table {self.table.name!r}: a training forward before the "
+                              "previous one's backward pushed its gradients; run backward "
+                              "once after each training forward (or use eval/no_grad)")
 
     def _rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the rows of the unique ids, the index of each id among them); in a training forward
         the rows' gradient is pushed when backward reaches them."""
-        if ids.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"table {self.table.name!r}: ids must be int32 or int64, not "
-                            f"{ids.dtype}")
-        uniq, inv = torch.unique(ids.reshape(-1), return_inverse=True)
-        uniq_np = uniq.detach().cpu().numpy()
-        rows = torch.from_numpy(self.table.pull(uniq_np)).to(ids.device)
+        self._check_forward(ids)
+        got = self._prefetched
+        if got is not None and got[0].shape == ids.shape and torch.equal(got[0], ids.cpu()):
+            self._prefetched = None
+            _, uniq_np, inv, pending = got
+            rows_np = pending.wait()
+        else:
+            self._drop_prefetched()
+            uniq, inv = torch.unique(ids.reshape(-1), return_inverse=True)
+            uniq_np = uniq.detach().cpu().numpy()
+            rows_np = self.table.pull(uniq_np)
+        rows = torch.from_numpy(rows_np).to(ids.device)
         if self.training and torch.is_grad_enabled():
-            # (a new elastic epoch moved the table's step on: that forward is void)
-            if self._unpushed is not None and self._unpushed == self.table.step:
-                raise BytePSError(f"table {self.table.name!r}: a training forward before the "
-                                  "previous one's backward pushed its gradients; run backward "
-                                  "once after each training forward (or use eval/no_grad)")
             self._unpushed = self.table.step
             rows.requires_grad_(True)
             rows.register_hook(lambda g: self._push(uniq_np, g))

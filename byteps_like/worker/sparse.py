@@ -206,25 +206,28 @@ class EmbeddingTable:
         """The current rows of ``ids`` (any integer array; duplicates allowed, though each
         travels: pass unique ids), as a new float32 array of ``len(ids) x dim``. Waits until
         every worker's push of the previous step is applied."""
-        ph, t = self.owner.phases, time.perf_counter()
-        t0 = t
+        return self.pull_async(ids, timeout).wait(timeout)
+
+    def pull_async(self, ids: Any, timeout: float | None = None) -> PendingRows:
+        """:meth:`pull` sent now, its rows taken by the returned ``wait()``: the pulls of
+        several tables started before any is waited for travel and are answered together (a
+        model's tables: one wait, not one per table). One pull of a table in flight at a time;
+        a pull started before the table's previous push is sent is of that push's step."""
+        t0 = time.perf_counter()
         ids = self.check_ids(ids)
         self.stats.ids_pulled += len(ids)
         if self.local is not None:
-            return self.local.rows(ids)
-        t = ph.add("pull: check ids", t)
+            return PendingRows(self, ids, t0, rows=self.local.rows(ids))
+        t = self.owner.phases.add("pull: check ids", t0)
         order, per_server = self._split(ids)
-        t = ph.add("pull: split by shard", t)
-        answers = self.owner.call(self, MsgType.SPARSE_PULL, self.step,
-                                  [(p, None) for p in per_server], timeout) or {}
-        t = time.perf_counter()
-        out = np.empty((len(ids), self.dim), np.float32)
-        got = np.concatenate([np.frombuffer(answers[s], np.float32).reshape(-1, self.dim)
-                              for s in range(len(per_server))]) if len(ids) else out
-        out[order] = got
-        ph.add("pull: place rows", t)
-        ph.add("pull (whole call)", t0)
-        return out
+        t = self.owner.phases.add("pull: split by shard", t)
+        pending = PendingRows(self, ids, t0, order=order, per_server=per_server)
+        try:
+            pending.started = self.owner.begin(self, MsgType.SPARSE_PULL, self.step,
+                                               [(p, None) for p in per_server], timeout)
+        except _RolledBack:
+            pass   # wait() asks again at the round the tables went back to
+        return pending
 
     def push(self, ids: Any, grads: Any, timeout: float | None = None, *,
              average: bool = False) -> None:
@@ -331,6 +334,44 @@ class EmbeddingTable:
         return order, per_server
 
 
+class PendingRows:
+    """A pull in flight (:meth:`EmbeddingTable.pull_async`); :meth:`wait` returns its rows."""
+
+    def __init__(self, table: EmbeddingTable, ids: np.ndarray, t0: float, *,
+                 rows: np.ndarray | None = None, order: np.ndarray | None = None,
+                 per_server: list[np.ndarray] | None = None):
+        self.table, self.ids, self.t0, self.rows = table, ids, t0, rows
+        self.order, self.per_server = order, per_server
+        self.started: tuple[tuple, _Call] | None = None
+
+    def wait(self, timeout: float | None = None) -> np.ndarray:
+        """The rows (``len(ids) x dim`` float32), once every shard's server answered."""
+        if self.rows is not None:
+            return self.rows
+        table, owner = self.table, self.table.owner
+        assert self.per_server is not None and self.order is not None
+        answers = None
+        if self.started is not None:
+            (key, call), self.started = self.started, None
+            try:
+                answers = owner._finish(key, call, timeout)
+            except _RolledBack:
+                pass
+        if answers is None:   # a rollback came between: asked again at the tables' new round
+            answers = owner.call(table, MsgType.SPARSE_PULL, table.step,
+                                 [(p, None) for p in self.per_server], timeout) or {}
+        t = time.perf_counter()
+        out = np.empty((len(self.ids), table.dim), np.float32)
+        if len(self.ids):
+            out[self.order] = np.concatenate(
+                [np.frombuffer(answers[s], np.float32).reshape(-1, table.dim)
+                 for s in range(len(self.per_server))])
+        owner.phases.add("pull: place rows", t)
+        owner.phases.add("pull (whole call)", self.t0)
+        self.rows = out
+        return out
+
+
 class _Requests:
     """A runtime's table requests and the answers of their servers (:class:`SparseTables`
     adds the tables, their membership and their servers' losses)."""
@@ -381,20 +422,30 @@ class _Requests:
     # -- requests and their answers -------------------------------------------------------------
     def call(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
              timeout: float | None, metas: list | None = None) -> dict | None:
-        """:meth:`_call_once`, sent again at the round the tables went back to when a lost
-        server rolls them back (BYTEPS_SPARSE_SURVIVAL=snapshot); None for a push of a round
-        the rollback undid (it goes with its round)."""
-        self.settle(table, timeout)
+        """:meth:`begin` and :meth:`_finish`: sent again at the round the tables went back to
+        when a lost server rolls them back (BYTEPS_SPARSE_SURVIVAL=snapshot); None for a push
+        of a round the rollback undid (it goes with its round)."""
         while True:
-            self._wait_restored(self.to_restore, timeout)
-            if mtype is not MsgType.SPARSE_CREATE and self._rewind(table):
-                if mtype is MsgType.SPARSE_PUSH and table.step != rnd:
-                    return None
-                rnd = table.step
             try:
-                return self._call_once(table, mtype, rnd, payloads, timeout, metas)
+                started = self.begin(table, mtype, rnd, payloads, timeout, metas)
+                if started is None:
+                    return None
+                return self._finish(*started, timeout)
             except _RolledBack as rb:
                 self._wait_restored(rb.number, timeout)
+
+    def begin(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
+              timeout: float | None, metas: list | None = None) -> tuple[tuple, _Call] | None:
+        """A request in flight (:meth:`start`), once the table's push in flight is answered
+        and a rollback this worker was told of is taken; None for a push of a round the
+        rollback undid. _RolledBack when a rollback began meanwhile."""
+        self.settle(table, timeout)
+        self._wait_restored(self.to_restore, timeout)
+        if mtype is not MsgType.SPARSE_CREATE and self._rewind(table):
+            if mtype is MsgType.SPARSE_PUSH and table.step != rnd:
+                return None
+            rnd = table.step
+        return self.start(table, mtype, rnd, payloads, metas)
 
     def _rewind(self, table: EmbeddingTable) -> bool:
         """Take the round a rollback sent the table back to (on the thread that calls the
@@ -413,16 +464,11 @@ class _Requests:
             self.rt.config.server.sparse_snapshot_steps)
         return True
 
-    def _call_once(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
-                   timeout: float | None, metas: list | None = None) -> dict:
-        """Send ``mtype`` for every shard (payload i: shard i's (ids, grads) or (None, None))
-        to the servers that hold it (its primary alone for a pull or a save), and wait for
-        every answer; returns each shard's answer payload by shard."""
-        return self._finish(*self.start(table, mtype, rnd, payloads, metas), timeout)
-
     def start(self, table: EmbeddingTable, mtype: MsgType, rnd: int, payloads: list,
                metas: list | None) -> tuple[tuple, _Call]:
-        """:meth:`_call_once`'s sending: the request, in flight once this returns."""
+        """Send ``mtype`` for every shard (payload i: shard i's (ids, grads) or (None, None)) to
+        the servers that hold it (its primary alone for a pull or a save): the request is in
+        flight once this returns; :meth:`_finish` waits for every answer."""
         rt = self.rt
         rt.check()
         if rt.elastic_m is not None:   # an epoch that is over: raise at once
@@ -463,7 +509,7 @@ class _Requests:
         return key, call
 
     def _finish(self, key: tuple, call: _Call, timeout: float | None) -> dict:
-        """:meth:`_call_once`'s waiting: every answer of the request :meth:`start` sent."""
+        """Every answer of the request :meth:`start` sent, by shard."""
         t = time.perf_counter()
         try:
             self._wait(call.table, call, call.mtype, call.rnd, timeout)

@@ -9,6 +9,7 @@ import torch
 
 import byteps_like.torch as bps
 from byteps_like.embedding import TableSpec, initial_rows
+from byteps_like.errors import BytePSError
 
 ROWS, BAG_ROWS, DIM, BATCH, STEPS = 2000, 500, 8, 32, 6
 torch.manual_seed(0)
@@ -46,7 +47,19 @@ def main():
                                    named_parameters=net.named_parameters())
     for step in range(STEPS):
         ids, bids, y = batch(rank, step)
+        if step % 3 == 1:     # prefetched: both tables' pulls in flight, taken by the forward
+            emb.prefetch(ids)
+            bag.prefetch(bids)
+        elif step % 3 == 2:   # prefetched with other ids: the forward pulls its own
+            emb.prefetch(batch(rank, step + 100)[0])
         loss = torch.nn.functional.mse_loss(net(ids, bids), y)
+        if step == 0:         # a step's forward before the last one's backward: refused
+            try:
+                emb.prefetch(ids)
+            except BytePSError as exc:
+                assert "before the previous one's backward" in str(exc), exc
+            else:
+                raise AssertionError("a prefetch before backward was accepted")
         opt.zero_grad()
         loss.backward()
         opt.step()
