@@ -125,59 +125,35 @@ def predict(nbytes: int, bandwidth: float, speed: CodecSpeed, *, workers: int = 
 
 @dataclass(frozen=True)
 class Choice:
-    """The candidate :func:`choose` took, and every candidate's predicted seconds (the why);
-    ``measured``: the candidates whose seconds were measured rounds, not predictions."""
+    """The candidate :func:`choose` took, and every candidate's predicted seconds (the why)."""
     name: str
     predicted: dict[str, float]
     kept: bool = False   # the current choice stayed within the hysteresis margin of the best
-    measured: frozenset[str] = frozenset()
 
     def why(self) -> str:
         order = sorted(self.predicted.items(), key=lambda kv: kv[1])
-        return ", ".join(f"{n} {t * 1e3:.3g} ms{' measured' if n in self.measured else ''}"
-                         for n, t in order)
-
-
-#: candidates predicted within this factor of the best are tried and timed before one is kept
-TRIAL_BAND = 2.0
+        return ", ".join(f"{n} {t * 1e3:.3g} ms" for n, t in order)
 
 
 def choose(nbytes: int, bandwidth: float, speeds: Sequence[CodecSpeed], *,
            workers: int = 1, servers: int = 1, partition_bytes: int = 0,
-           current: str | None = None, margin: float = 0.1,
-           measured: dict[str, float] | None = None) -> Choice:
-    """The candidate of ``speeds`` (``none`` is added when absent) for a tensor of ``nbytes``
-    at ``bandwidth``. Without ``measured`` rounds: the least predicted round time. With them
-    (seconds of each candidate's timed rounds of this size at this bandwidth): the candidates
-    predicted within TRIAL_BAND of the best are the contenders; one not timed yet is tried (the
-    least predicted first), and once all are timed the fastest measured is kept. A prediction is
-    of a round alone; a timed round also waits behind the others in flight, so measured times
-    are compared with measured times only, and a candidate predicted far slower is never tried.
-    ``current`` stays when its time is within ``margin`` (a fraction) of the best, so that a
-    choice does not flap. Ties go to the earlier candidate (``none`` first). Pure."""
+           current: str | None = None, margin: float = 0.1) -> Choice:
+    """The candidate of ``speeds`` (``none`` is added when absent) with the least predicted
+    round time for ``nbytes`` at ``bandwidth``; ``current`` stays when its prediction is within
+    ``margin`` (a fraction) of the best, so that a choice does not flap between two candidates
+    that predict alike. Ties go to the earlier candidate (``none`` first). Pure."""
     if margin < 0:
         raise ValueError(f"choose: margin must be >= 0, got {margin!r}")
     cands = list(speeds)
     if not any(s.name == "none" for s in cands):
         cands.insert(0, NONE_SPEED)
-    order = {s.name: i for i, s in enumerate(cands)}
     predicted = {s.name: predict(nbytes, bandwidth, s, workers=workers, servers=servers,
                                  partition_bytes=partition_bytes) for s in cands}
-    best_predicted = min(predicted.values())
-    band = sorted((n for n in predicted if predicted[n] <= TRIAL_BAND * best_predicted),
-                  key=lambda n: (predicted[n], order[n]))
-    timed = {n: t for n, t in (measured or {}).items() if n in predicted}
-    shown = {**predicted, **timed}
-    why = frozenset(timed)
-    untried = [n for n in band if n not in timed]
-    if timed and untried:      # the next contender's trial
-        return Choice(untried[0], shown, measured=why)
-    times = timed if timed else predicted
-    best = min(band, key=lambda n: (times[n], order[n]))
-    if (current is not None and current != best and current in times
-            and times[current] <= times[best] * (1 + margin)):
-        return Choice(current, shown, kept=True, measured=why)
-    return Choice(best, shown, measured=why)
+    best = min(predicted, key=lambda n: (predicted[n], n != "none"))
+    if (current is not None and current != best and current in predicted
+            and predicted[current] <= predicted[best] * (1 + margin)):
+        return Choice(current, predicted, kept=True)
+    return Choice(best, predicted)
 
 
 def _best_of(fn: Any, repeats: int) -> float:

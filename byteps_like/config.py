@@ -488,9 +488,9 @@ class CompressionConfig:
                           "bf16, onebit, topk, randomk, dithering; codecs with error feedback "
                           "and the BYTEPS_COMPRESSOR_K / _SEED / _DITHERING_LEVELS settings.")
     auto_margin: float = _s("BYTEPS_COMPRESSOR_AUTO_MARGIN", "float", 0.1, "auto: a candidate "
-                            "replaces the current one only when faster by more than this "
-                            "fraction, predicted or (once both are timed) measured; hysteresis "
-                            "(docs/compression.md).", min=0, max=10)
+                            "replaces the current one only when predicted faster by more than "
+                            "this fraction (hysteresis; the bandwidth must also have moved by "
+                            "25% since the last decision).", min=0, max=10)
     auto_rounds: int = _s("BYTEPS_COMPRESSOR_AUTO_ROUNDS", "int", 1, "auto: rounds of a tensor "
                           "between the points where every rank may switch its compressor "
                           "(each point costs one small broadcast from rank 0).", min=1,

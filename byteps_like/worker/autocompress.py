@@ -37,7 +37,6 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -70,22 +69,20 @@ _SAMPLE_S = 0.1      # the measuring thread's period
 _MIN_BYTES = 256 << 10  # a bandwidth window holds at least these bytes
 _MOVE = 1.25         # the bandwidth moved: by more than this factor either way
 _WINDOWS = 3         # the bandwidth is the median of the last windows
-_TIMED_MIN = 3       # a candidate's rounds of a size class are its time from this many on
-_TIMED_KEEP = 9      # ... the median of the last ones
 
 
 def auto_choice(rt: Runtime, auto: AutoCompression, name: str | None, arr: np.ndarray,
-                staged: bool) -> tuple[str | None, Compressor, Callable[[Handle], None] | None]:
-    """The name and compressor of this push_pull of ``name`` under ``auto``, and on rank 0 the
-    callback that times its round (for the handle's completion; else None). An unnamed
+                staged: bool) -> tuple[str | None, Compressor]:
+    """The name and compressor of this push_pull of ``name`` under ``auto``. An unnamed
     push_pull, a standalone job, a tensor that is not float32, one ``staged`` from a device or
     prereduced, and one below BYTEPS_MIN_COMPRESS_BYTES travel as none under their name."""
     cfg = rt.config
     if (name is None or arr.dtype != np.float32 or staged
             or rt.members.control is None or rt.alone
             or arr.nbytes < cfg.compression.min_compress_bytes):
-        return name, Compression.none, None
-    return controller(rt, auto).resolve_timed(name, arr.nbytes)
+        return name, Compression.none
+    ctl = controller(rt, auto)
+    return ctl.resolve(name, arr.nbytes)
 
 
 def controller(rt: Runtime, auto: AutoCompression) -> AutoController:
@@ -142,9 +139,6 @@ class AutoController:
         self.speeds: list[CodecSpeed] | None = None
         self.decisions: deque[dict] = deque(maxlen=1000)
         self._ref: float | None = None               # bandwidth the current table was decided at
-        self._decided_bw: float | None = None        # the bandwidth the last decision used
-        self._timed: dict[tuple[int, str], deque[float]] = {}   # (class, candidate): seconds
-        self._timed_from = 0                         # rounds of epochs from this one are timed
         self._settle_epoch = -1                      # measure again from this epoch on
         self._thread: threading.Thread | None = None
         self.measuring = True   # False: decisions only through decide() (tests, a planner)
@@ -155,12 +149,6 @@ class AutoController:
 
     # -- every rank ----------------------------------------------------------------------------
     def resolve(self, name: str, nbytes: int) -> tuple[str, Compressor]:
-        """The name and compressor this push_pull of ``name`` travels with."""
-        return self.resolve_timed(name, nbytes)[:2]
-
-    def resolve_timed(self, name: str, nbytes: int
-                      ) -> tuple[str, Compressor, Callable[[Handle], None] | None]:
-        """:meth:`resolve`, and on rank 0 the callback that times the round when it is done."""
         cls = size_class(nbytes)
         with self._lock:
             c = self._counts.get(name, 0)
@@ -176,10 +164,9 @@ class AutoController:
             if name not in self._sizes:
                 self._sizes[name] = nbytes
         cand = self.names[table[cls]]
-        timed = self._timer(cls, cand, nbytes, epoch) if self.root else None
         if cand == "none":
-            return name, Compression.none, timed
-        return variant(name, cand), self.auto.candidates[cand], timed
+            return name, Compression.none
+        return variant(name, cand), self.auto.candidates[cand]
 
     def _issue(self, epoch: int) -> None:
         arr = np.zeros(_HEAD + NUM_CLASSES, np.int64)
@@ -240,39 +227,6 @@ class AutoController:
         self.closed = True
 
     # -- rank 0 --------------------------------------------------------------------------------
-    def _timer(self, cls: int, cand: str, nbytes: int, epoch: int) -> Callable[[Handle], None]:
-        def timed(h: Handle) -> None:
-            if h.exception() is None and h.finished is not None and epoch >= self._timed_from:
-                self.timed_round(cls, cand, (h.finished - h.started) * class_size(cls) / nbytes)
-        return timed
-
-    def timed_round(self, cls: int, cand: str, seconds: float) -> None:
-        """A round of size class ``cls`` under ``cand`` took ``seconds`` (scaled to the class's
-        size) at the bandwidth of the table in force."""
-        with self._lock:
-            self._timed.setdefault((cls, cand), deque(maxlen=_TIMED_KEEP)).append(seconds)
-
-    def measured(self, cls: int) -> dict[str, float]:
-        """The median time of each candidate timed in ``cls`` (at least _TIMED_MIN rounds)."""
-        with self._lock:
-            got = {c: sorted(t) for (k, c), t in self._timed.items()
-                   if k == cls and len(t) >= _TIMED_MIN}
-        return {c: t[len(t) // 2] for c, t in got.items()}
-
-    def _verify(self) -> None:
-        """The table in force against its rounds: decide again (at the bandwidth of the last
-        decision) when a candidate measured slower than its prediction loses its place."""
-        with self._lock:
-            epoch = self._epoch
-        if self._decided_bw is None or epoch < self._settle_epoch:
-            return
-        for c in sorted(self.seen):
-            mine = self.names[self.current[c]]
-            t = self.measured(c).get(mine)
-            if t is not None and self._choose(c, self._decided_bw).name != mine:
-                self.decide(self._decided_bw, measured_only=True)
-                return
-
     def _live(self) -> bool:
         return not self.closed and self.rt.initialized and self.rt.epoch == self.epoch
 
@@ -291,7 +245,6 @@ class AutoController:
                 continue  # the first decision waits for a full median (not the start-up's)
             try:
                 self.observe(sorted(recent)[len(recent) // 2])  # the median of the last few
-                self._verify()
             except Exception:  # noqa: BLE001 - a measuring thread must not die silently
                 log.exception("auto compression: deciding failed; the last decision stays")
 
@@ -309,20 +262,9 @@ class AutoController:
         elif abs(math.log(bandwidth / self._ref)) > math.log(_MOVE):
             self.decide(bandwidth)
 
-    def _choose(self, cls: int, bandwidth: float) -> Choice:
-        assert self.speeds is not None
-        workers = max(1, self.rt.members.size // max(1, self.rt.members.local_size))
-        return choose(class_size(cls), bandwidth, self.speeds, workers=workers,
-                      servers=max(1, self.rt.members.num_servers),
-                      partition_bytes=self.rt.config.partition.partition_bytes,
-                      current=self.names[self.current[cls]], margin=self.auto.margin,
-                      measured=self.measured(cls))
-
-    def decide(self, bandwidth: float, *, measured_only: bool = False) -> list[Choice]:
+    def decide(self, bandwidth: float) -> list[Choice]:
         """Choose every size class's candidate at ``bandwidth`` (bytes/s), log it, and send it
-        with the next epoch's broadcast. A bandwidth that moved forgets the rounds timed at the
-        old one; ``measured_only``: the bandwidth is the last decision's, and rounds timed since
-        showed a choice slower than its prediction (:meth:`_verify`)."""
+        with the next epoch's broadcast."""
         if self.speeds is None:  # larger than a cache, as the gradients are
             sample = max(16 << 20, self.rt.config.partition.partition_bytes)
             self.speeds = measure_speeds(self.auto.candidates, sample, repeats=2)
@@ -330,12 +272,13 @@ class AutoController:
                      ", ".join(f"{s.name} ratio {s.ratio:.3g} encode {s.encode_bps / 1e9:.2f} "
                                f"GB/s decode {s.decode_bps / 1e9:.2f} GB/s"
                                for s in self.speeds[1:]) or "none only")
-        if not measured_only and self._decided_bw is not None:
-            with self._lock:   # the rounds timed so far ran at another bandwidth
-                self._timed.clear()
-                self._timed_from = self._epoch + 1
-        self._decided_bw = bandwidth
-        choices = [self._choose(c, bandwidth) for c in range(NUM_CLASSES)]
+        workers = max(1, self.rt.members.size // max(1, self.rt.members.local_size))
+        servers = max(1, self.rt.members.num_servers)
+        part = self.rt.config.partition.partition_bytes
+        choices = [choose(class_size(c), bandwidth, self.speeds, workers=workers,
+                          servers=servers, partition_bytes=part,
+                          current=self.names[self.current[c]], margin=self.auto.margin)
+                   for c in range(NUM_CLASSES)]
         new = [self.names.index(ch.name) for ch in choices]
         with self._lock:
             changed = new != self.current
@@ -349,15 +292,13 @@ class AutoController:
         else:
             self._ref = bandwidth
         record = {"time": time.time(), "bandwidth": bandwidth, "changed": changed,
-                  "applies_from_epoch": applies, "timed": measured_only,
+                  "applies_from_epoch": applies,
                   "table": {_bounds(c): ch.name for c, ch in used.items()},
                   "why": {_bounds(c): ch.why() for c, ch in used.items()}}
         self.decisions.append(record)
         was = f" (was {previous * 8 / 1e9:.3g})" if previous else ""
         log.log(logging.INFO if changed or previous is None else logging.DEBUG,
-                "auto compression: %sbandwidth %.3g Gbit/s%s: %s%s",
-                "rounds timed slower than predicted, " if measured_only else "",
-                bandwidth * 8 / 1e9, was,
+                "auto compression: bandwidth %.3g Gbit/s%s: %s%s", bandwidth * 8 / 1e9, was,
                 "; ".join(f"{_bounds(c)} -> {ch.name}{' (kept)' if ch.kept else ''} "
                           f"[{ch.why()}]" for c, ch in used.items()) or "no tensor yet",
                 f"; from epoch {applies}" if changed else "; unchanged")

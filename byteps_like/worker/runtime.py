@@ -449,15 +449,11 @@ class Runtime:
             raise ValueError("device staging through the pipeline needs a distributed job "
                              "with one local rank; stage the tensor on the host instead")
         arr, out, wire_dtype = host_arrays(array, out, name, dtype)
-        timed = None
         if getattr(compression, "kind", None) == "auto":  # a candidate (and name) per tensor
-            name, compression, timed = auto_choice(self, compression, name, arr,
-                                                   device is not None or prereduced)
-        h = self.rounds.push_pull(arr, out, name, wire_dtype, average, priority, device,
-                                  prereduced, compression)
-        if timed is not None:   # rank 0 times auto's rounds (worker/autocompress.py)
-            h.add_done_callback(timed)
-        return h
+            name, compression = auto_choice(self, compression, name, arr,
+                                            device is not None or prereduced)
+        return self.rounds.push_pull(arr, out, name, wire_dtype, average, priority, device,
+                                     prereduced, compression)
 
     def plan(self, tensor: TensorFacts, compression: Any = None, *,
              bucket: bool = False) -> RoutePlan:
