@@ -84,8 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--optimizer", default="sgd", help="the sparse tables' (server side)")
-    p.add_argument("--no-prefetch", action="store_true",
-                   help="pull each table in its forward (default: prefetch all first)")
+    p.add_argument("--prefetch", action="store_true",
+                   help="prefetch every table's rows first (default: each in its forward)")
     p.add_argument("--straggler", type=straggler_arg, default=None, metavar="RANK:FACTOR",
                    help="worker RANK's compute FACTOR times as long (bench/links.py)")
     a = p.parse_args(argv)
@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                            torch.nn.ReLU(), torch.nn.Linear(128, 1))
 
         def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-            if not a.no_prefetch:   # every table's pull in flight at once: one wait
+            if a.prefetch:   # every table's pull in flight at once: one wait
                 for i, e in enumerate(self.embs):
                     if isinstance(e, bps.SparseEmbedding):
                         e.prefetch(ids[:, i])

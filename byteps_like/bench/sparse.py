@@ -77,7 +77,7 @@ class Setup:
     work: str = ""              # a directory for the runs' files (samples, snapshots)
     straggler: uneven.Straggler | None = None      # --straggler (bench/links.py)
     schedule: uneven.RateSchedule | None = None    # --rate with a schedule
-    prefetch: bool = True       # the model prefetches every table's rows (--no-prefetch)
+    prefetch: bool = False      # the model prefetches every table's rows (--prefetch)
 
     @property
     def rate(self) -> str:
@@ -95,7 +95,7 @@ class Setup:
                 "--batch", str(self.batch), "--zipf", str(self.zipf), "--steps", str(steps),
                 "--optimizer", self.optimizer,
                 "--warmup", str(warmup), *extra,
-                *([] if self.prefetch else ["--no-prefetch"])] + (
+                *(["--prefetch"] if self.prefetch else [])] + (
                     ["--straggler", self.straggler.arg()]   # without --rate: its compute
                     if self.straggler and self.rate_bits is None else [])
 
@@ -342,9 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "their largest difference from the sparse run's")
     p.add_argument("--snapshot-steps", type=int, default=10,
                    help="snapshot runs: BYTEPS_SPARSE_SNAPSHOT_STEPS")
-    p.add_argument("--no-prefetch", action="store_true",
-                   help="the model pulls each table in its forward, one after another (by "
-                        "default it prefetches them all first: SparseEmbedding.prefetch)")
+    p.add_argument("--prefetch", action="store_true",
+                   help="the model prefetches every table's rows before its forward "
+                        "(SparseEmbedding.prefetch); by default each table pulls in its forward, "
+                        "one after another")
     p.add_argument("--timeout", type=float, default=900.0, help="watchdog per run, seconds")
     p.add_argument("--json", metavar="PATH", help="write the records (one per run) here")
     return p
@@ -382,7 +383,7 @@ def plan(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setup, list
                  schedule.first if schedule else a.rate,
                  a.steps, a.warmup, a.dense_steps, a.dense_warmup, a.timeout,
                  a.optimizer, kill=a.kill, snapshot_steps=a.snapshot_steps,
-                 straggler=a.straggler, schedule=schedule, prefetch=not a.no_prefetch), \
+                 straggler=a.straggler, schedule=schedule, prefetch=a.prefetch), \
         [m for m in MODES if m in modes]
 
 
@@ -400,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{'NIC at rate / ' if s.rate_bits is not None else 'compute x'}"
              f"{s.straggler.factor:g}" if s.straggler else "")
           + (f"; rate schedule {s.schedule.text}" if s.schedule else "")
-          + ("" if s.prefetch else "; no prefetch (each table pulled in its forward)"),
+          + ("; the tables prefetched" if s.prefetch else ""),
           flush=True)
     exit_on_signals()
     t_all = time.monotonic()
