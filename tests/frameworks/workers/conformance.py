@@ -36,7 +36,11 @@ import sys
 import threading
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: tests.*
+# the repository root, for tests.* (appended: an installed byteps_like keeps precedence over the
+# source tree, whose _core may not be built, as on the device), and this folder (case_common)
+# where the interpreter leaves it out (PYTHONSAFEPATH)
+sys.path.append(str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
