@@ -385,7 +385,11 @@ def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
     """Decode and validate one message; raise ProtocolError on anything malformed."""
     if not frames:
         raise ProtocolError("empty message")
-    header = decode_header(frames[0])
+    return _decode(decode_header(frames[0]), frames, max_bytes)
+
+
+def _decode(header: Header, frames: Sequence[Any], max_bytes: int | None) -> Message:
+    """:func:`decode` of frames whose first, ``header``, is decoded already."""
     want = 1 + (header.type in _DATA_TYPES) + bool(header.flags & FLAG_META)
     if len(frames) != want:
         raise ProtocolError(f"{header.type.name} from {header.sender}: {len(frames)} frames, "
@@ -433,7 +437,7 @@ def decode_parts(header: bytes, meta: bytes, payload: bytes,
     h = decode_header(header)
     frames = [header, *([payload] if h.type in _DATA_TYPES else []),
               *([meta] if h.flags & FLAG_META else [])]
-    return decode(frames, max_bytes)
+    return _decode(h, frames, max_bytes)
 
 
 # -- declarations (csrc/decl.h) -------------------------------------------------------------------
