@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The device measurements issues 38 and 39 still need (no device was lent when they were built),
-# in three parts of under ten minutes each, for the GPU machine (16 cores, one H200):
+# The device measurements of issues 38 and 39, in parts of under ten minutes each, for the GPU
+# machine (16 cores, one GPU). Measured on 2026-12-05 (docs/img/h100-2026-12-05/): every part
+# once; still to run: `links` with the busy-time bandwidth (the build on main) and `cpu`'s
+# emulated cluster with BYTEPS_SERVER_FAILOVER=0 against the default (failover's answer shadow).
 #
 #   . .devbundle/setup.sh && bash scripts/device/pending.sh routes   # GPU paths of the route plan
 #   . .devbundle/setup.sh && bash scripts/device/pending.sh cpu      # server CPU, shapes, optimum
@@ -47,6 +49,9 @@ case "$part" in
       --workers 2 --servers 2 --repeats 10 --json "$OUT/shapes-8threads.json"
     run 200 python3 -m byteps_like.bench cluster --rate 25gbit,50gbit --workers 4 --servers 4 \
       --sizes 256 --repeats 3 --skip-gloo --skip-horovod --skip-priority --json "$OUT/cluster.json"
+    run 200 env BYTEPS_SERVER_FAILOVER=0 python3 -m byteps_like.bench cluster --rate 25gbit,50gbit \
+      --workers 4 --servers 4 --sizes 256 --repeats 3 --skip-gloo --skip-horovod --skip-priority \
+      --json "$OUT/cluster-nofailover.json"
     ;;
   links)  # issue 38 items 2, 4, 6: auto against the fixed choices, a rate schedule, stragglers
     for r in 1gbit 10gbit 25gbit; do
