@@ -27,7 +27,8 @@ busy time (partitions in flight) every 0.1 s; bytes over busy time give a window
 decides again when it moves by more than 25% from the reference: the first window measured
 under the table now in force (a codec's windows read lower than the link, as its messages are
 short: comparing windows of one table keeps it from flapping). The codec speeds are measured
-once, at the first decision (:func:`byteps_like.autocompress.measure_speeds`, a 16 MiB sample).
+once, at the first decision (:func:`byteps_like.autocompress.measure_speeds`, on a sample of twice
+the last-level cache: :func:`~byteps_like.autocompress.speed_sample_bytes`).
 """
 from __future__ import annotations
 
@@ -49,8 +50,10 @@ from ..autocompress import (
     choose,
     class_bounds,
     class_size,
+    last_level_cache_bytes,
     measure_speeds,
     size_class,
+    speed_sample_bytes,
 )
 from ..compression import Compression, Compressor
 from ..errors import BytePSError, MismatchError
@@ -265,8 +268,9 @@ class AutoController:
     def decide(self, bandwidth: float) -> list[Choice]:
         """Choose every size class's candidate at ``bandwidth`` (bytes/s), log it, and send it
         with the next epoch's broadcast."""
-        if self.speeds is None:  # larger than a cache, as the gradients are
-            sample = max(16 << 20, self.rt.config.partition.partition_bytes)
+        if self.speeds is None:  # out of cache, as the gradients are
+            sample = speed_sample_bytes(self.rt.config.partition.partition_bytes,
+                                        last_level_cache_bytes())
             self.speeds = measure_speeds(self.auto.candidates, sample, repeats=2)
             log.info("auto compression: codec speeds on a %d KiB sample: %s", sample >> 10,
                      ", ".join(f"{s.name} ratio {s.ratio:.3g} encode {s.encode_bps / 1e9:.2f} "

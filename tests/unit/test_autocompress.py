@@ -143,6 +143,25 @@ def test_measured_speeds_come_from_the_codecs():
     assert all(0 < s.encode_bps < math.inf for s in speeds[1:])
 
 
+def test_codec_speeds_are_measured_out_of_cache(tmp_path):
+    from byteps_like.autocompress import last_level_cache_bytes, speed_sample_bytes
+    for idx, (level, size) in enumerate([(1, "48K"), (2, "1024K"), (3, "32768K"), (2, "2M")]):
+        d = tmp_path / f"index{idx}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "size").write_text(f"{size}\n")
+    (tmp_path / "uevent").write_text("")
+    assert last_level_cache_bytes(str(tmp_path)) == 32 * MiB      # the highest level's
+    assert last_level_cache_bytes(str(tmp_path / "none")) == 0     # unreadable: unknown
+    (tmp_path / "index3" / "size").write_text("junk\n")
+    assert last_level_cache_bytes(str(tmp_path)) == 0
+    assert speed_sample_bytes(MiB, 32 * MiB) == 64 * MiB            # twice the cache
+    assert speed_sample_bytes(MiB, 105 * MiB) == 210 * MiB
+    assert speed_sample_bytes(MiB, 0) == 64 * MiB                   # at least 64 MiB
+    assert speed_sample_bytes(MiB, 1 << 30) == 256 * MiB            # at most 256 MiB
+    assert speed_sample_bytes(512 * MiB, 0) == 512 * MiB            # never below a partition
+
+
 def test_auto_compressor_settings_and_spec():
     a = Compression.auto(allow="onebit, fp16 ,none")
     assert isinstance(a, AutoCompression) and a.kind == "auto"
