@@ -83,8 +83,10 @@ if [ "$profile" = full ]; then
   # test_dashboard.py); the page itself needs no browser on the machines of a job
   if [ "$dry" = 1 ] || ! command -v chromium >/dev/null; then
     if [ "$dry" = 1 ] || { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }; then
-      run env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-      run env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+      # wait up to 10 minutes for another apt (a fresh VM's unattended upgrades) to finish
+      run env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
+      run env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y \
+        -qq chromium
     else
       echo "setup.sh: chromium is missing and this is not root with apt-get: the live page's" \
            "browser tests will fail; install Debian's chromium package" >&2

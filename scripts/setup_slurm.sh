@@ -28,8 +28,10 @@ if ! command -v sbatch >/dev/null || ! command -v slurmctld >/dev/null \
     command -v apt-get >/dev/null || die "slurm is not installed and there is no apt-get"
     say "installing slurm-wlm (Debian packages)"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2 || die "apt-get update failed"
-    apt-get install -y -qq slurm-wlm >&2 || die "apt-get install slurm-wlm failed"
+    # another apt (a fresh VM's unattended upgrades) may hold dpkg's lock: wait up to 10 min
+    apt-get -o DPkg::Lock::Timeout=600 update -qq >&2 || die "apt-get update failed"
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq slurm-wlm >&2 \
+      || die "apt-get install slurm-wlm failed"
 fi
 
 # munge: SLURM's authentication
