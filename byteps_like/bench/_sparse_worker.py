@@ -81,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--zipf", type=float, default=1.2)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads; 0 = torch's own")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--optimizer", default="sgd", help="the sparse tables' (server side)")
     p.add_argument("--prefetch", action="store_true",
@@ -94,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import byteps_like.torch as bps
     from byteps_like.worker.runtime import default_runtime
-    torch.set_num_threads(a.threads)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     if a.mode == "ddp":
         import torch.distributed as dist
@@ -189,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "rolled_back": max((st.rolled_back for st in stats), default=0),
               "pushpull_bytes": pushpull, "floor_bytes": floor, "steps": a.steps,
               "dense_param_bytes": dense_bytes, "table_rows": sizes, "loss": losses[-1],
-              "table_phases": phases}
+              "table_phases": phases, "threads": torch.get_num_threads()}
     if rt is None:
         end_torch_distributed(torch.distributed, result)
     emit(result)

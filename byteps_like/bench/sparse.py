@@ -78,6 +78,7 @@ class Setup:
     straggler: uneven.Straggler | None = None      # --straggler (bench/links.py)
     schedule: uneven.RateSchedule | None = None    # --rate with a schedule
     prefetch: bool = False      # the model prefetches every table's rows (--prefetch)
+    threads: int = 1            # each worker's torch threads (--threads)
 
     @property
     def rate(self) -> str:
@@ -95,6 +96,7 @@ class Setup:
                 "--batch", str(self.batch), "--zipf", str(self.zipf), "--steps", str(steps),
                 "--optimizer", self.optimizer,
                 "--warmup", str(warmup), *extra,
+                "--threads", str(self.threads),
                 *(["--prefetch"] if self.prefetch else [])] + (
                     ["--straggler", self.straggler.arg()]   # without --rate: its compute
                     if self.straggler and self.rate_bits is None else [])
@@ -229,6 +231,7 @@ def make_record(s: Setup, mode: str, res: list[dict], rss: dict[str, int]) -> di
             "server_peak_rss_bytes": max(rss.values()) if rss else None,
             "table_shard_bytes": shard if mode in SPARSE_MODES else None,
             "dense_param_bytes": res[0]["dense_param_bytes"], "loss": res[0]["loss"],
+            "threads": res[0].get("threads"),   # a worker's torch threads
             # a server killed (--kill): the longest step over the median, the steps the
             # tables went back (snapshot), and (add_ratios) the tables' largest difference
             "killed": s.kill if s.kill and mode in ("replicate", "snapshot") else None,
@@ -346,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model prefetches every table's rows before its forward "
                         "(SparseEmbedding.prefetch); by default each table pulls in its forward, "
                         "one after another")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads of each worker (byteps_like and DDP alike); 0 "
+                        "(default): the usable CPUs / workers, as bench train gives them "
+                        "(until 2026-12-05: always 1)")
     p.add_argument("--timeout", type=float, default=900.0, help="watchdog per run, seconds")
     p.add_argument("--json", metavar="PATH", help="write the records (one per run) here")
     return p
@@ -362,8 +369,9 @@ def plan(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setup, list
         if getattr(a, key) is None:
             setattr(a, key, value)
     if min(a.rows, a.tables, a.dim, a.batch, a.workers, a.servers, a.steps,
-           a.dense_steps) < 1 or a.warmup < 0 or a.dense_warmup < 0 or a.zipf <= 1:
-        p.error("sizes, counts and steps must be >= 1, warm-ups >= 0, --zipf > 1")
+           a.dense_steps) < 1 or a.warmup < 0 or a.dense_warmup < 0 or a.zipf <= 1 \
+            or a.threads < 0:
+        p.error("sizes, counts and steps must be >= 1, warm-ups and --threads >= 0, --zipf > 1")
     if a.kill and (len(a.kill.split(":")) != 2 or not all(x.isdigit() for x in a.kill.split(":"))
                    or int(a.kill.split(":")[0]) >= a.servers or a.servers < 2):
         p.error("--kill SERVER:STEP: a server rank below --servers (two servers or more) and a "
@@ -379,11 +387,16 @@ def plan(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setup, list
     if why:
         p.error(why)
     schedule = a.rate if isinstance(a.rate, uneven.RateSchedule) else None
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count() or 1
     return Setup(a.rows, a.tables, a.dim, a.batch, a.zipf, a.workers, a.servers,
                  schedule.first if schedule else a.rate,
                  a.steps, a.warmup, a.dense_steps, a.dense_warmup, a.timeout,
                  a.optimizer, kill=a.kill, snapshot_steps=a.snapshot_steps,
-                 straggler=a.straggler, schedule=schedule, prefetch=a.prefetch), \
+                 straggler=a.straggler, schedule=schedule, prefetch=a.prefetch,
+                 threads=a.threads or max(1, usable // a.workers)), \
         [m for m in MODES if m in modes]
 
 
@@ -401,7 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{'NIC at rate / ' if s.rate_bits is not None else 'compute x'}"
              f"{s.straggler.factor:g}" if s.straggler else "")
           + (f"; rate schedule {s.schedule.text}" if s.schedule else "")
-          + ("; the tables prefetched" if s.prefetch else ""),
+          + ("; the tables prefetched" if s.prefetch else "")
+          + f"; {s.threads} torch thread(s) a worker",
           flush=True)
     exit_on_signals()
     t_all = time.monotonic()

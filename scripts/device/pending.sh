@@ -2,18 +2,20 @@
 # The device measurements of issues 38 and 39, in parts of under ten minutes each, for the GPU
 # machine (16 cores, one GPU). Measured on 2026-12-05 (docs/img/h100-2026-12-05/): every part
 # once; still to run: `links` with the busy-time bandwidth (the build on main) and `cpu`'s
-# emulated cluster with BYTEPS_SERVER_FAILOVER=0 against the default (failover's answer shadow).
+# emulated cluster with BYTEPS_SERVER_FAILOVER=0 against the default (failover's answer shadow),
+# and `sparse` (the bench now gives each worker its share of the cores, not one thread).
 #
 #   . .devbundle/setup.sh && bash scripts/device/pending.sh routes   # GPU paths of the route plan
 #   . .devbundle/setup.sh && bash scripts/device/pending.sh cpu      # server CPU, shapes, optimum
 #   . .devbundle/setup.sh && bash scripts/device/pending.sh links    # auto, schedules, stragglers
+#   . .devbundle/setup.sh && bash scripts/device/pending.sh sparse   # the sparse step, 4 threads
 #
 # Each command runs under a watchdog (timeout) and writes its JSON under $OUT (a temporary
 # folder when OUT is not set); a failed command is reported and the next one runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$(mktemp -d)}
-part=${1:?usage: pending.sh routes|cpu|links}
+part=${1:?usage: pending.sh routes|cpu|links|sparse|stragglers}
 failed=0
 
 run() {  # run SECONDS COMMAND...: one measurement, its output's tail, its exit status
@@ -62,6 +64,14 @@ case "$part" in
     run 150 python3 -m byteps_like.bench cluster --compressors none,auto --workers 2 --servers 2 \
       --sizes 256 --rate 25gbit:20s,1gbit:20s,25gbit:20s --skip-horovod --json "$OUT/schedule.json"
     ;;
+  sparse)  # issue 39's sparse step: each worker 16 / 4 = 4 torch threads (the bench's default
+    # since 2026-12-05) against the one thread of the 30.5 ms figure
+    for t in 0 1; do
+      run 280 python3 -m byteps_like.bench sparse --rows 1000000 --workers 4 --servers 4 \
+        --rate 10gbit --modes sparse --steps 20 --warmup 5 --threads "$t" \
+        --json "$OUT/sparse-threads$t.json"
+    done
+    ;;
   stragglers)  # issue 38 item 2 on the device: 4 workers sharing the GPU + 2 servers
     for b in 0 1; do
       run 280 python3 -m byteps_like.bench train --models resnet50 --modes byteps_like \
@@ -70,7 +80,7 @@ case "$part" in
         --env BYTEPS_BACKUP_MAX_LAG=100 --json "$OUT/straggler-b$b.json"
     done
     ;;
-  *) echo "pending.sh: unknown part $part (routes, cpu, links, stragglers)" >&2; exit 2 ;;
+  *) echo "pending.sh: unknown part $part (routes, cpu, links, sparse, stragglers)" >&2; exit 2 ;;
 esac
 echo "pending.sh $part: $failed command(s) failed; JSON in $OUT"
 [ "$failed" -eq 0 ]

@@ -144,3 +144,24 @@ def test_bench_sparse_takes_a_straggler_and_a_schedule():
     assert argv[argv.index("--straggler") + 1] == "0:2"
     a = p.parse_args(["--rate", "1gbit:5s,100mbit:5s"])
     assert isinstance(a.rate, links.RateSchedule) and a.rate.first == 1e9
+
+
+def test_bench_sparse_gives_each_worker_its_share_of_the_cores(monkeypatch):
+    """Every worker (byteps_like and DDP alike) gets the usable CPUs / workers torch threads by
+    default, as bench train gives them (the bench once pinned 1, whatever the machine), and
+    --threads sets them."""
+    from byteps_like.bench import sparse
+    p = sparse.build_parser()
+    monkeypatch.setattr(sparse.os, "sched_getaffinity", lambda _pid: set(range(16)))
+
+    def threads(*args: str) -> set[str]:
+        s, _modes = sparse.plan(p, p.parse_args(["--modes", "sparse,ddp", *args]))
+        return {argv[argv.index("--threads") + 1]
+                for argv in (s.worker_argv("sparse"), s.worker_argv("ddp"))}
+
+    assert threads("--workers", "4") == {"4"}
+    assert threads("--workers", "3") == {"5"}
+    assert threads("--workers", "32") == {"1"}
+    assert threads("--workers", "4", "--threads", "2") == {"2"}
+    with pytest.raises(SystemExit):
+        threads("--threads", "-1")
