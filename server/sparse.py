@@ -254,9 +254,10 @@ class SparseService(threading.Thread):
                             lambda text, meta: self._fail(table, text, ERR_PEER_LEFT, meta))
 
     def _complete_if_ready(self, table: Table) -> None:
-        """Apply the open round once every machine not in join() has pushed it."""
-        need = self.ranks.of(range(self.required)) - self.ranks.of(self.ranks.joined)
-        if table.pushes and len(table.pushes) >= need:
+        """Apply the open round once every process rank not in join() has pushed it (a rank
+        may push a round and join before the round completes: its push is acknowledged as
+        it arrives)."""
+        if table.pushes and not self.ranks.missing(table.pushes, self.required):
             self._apply(table)
 
     def refuse(self, route: Route, h: Header, reason: str, text: str,

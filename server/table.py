@@ -2,7 +2,7 @@
 it (server/sparse.py serves it; server/sparse_survival.py keeps it)."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
 from ..embedding import TableShard, TableSpec
@@ -88,3 +88,13 @@ class Pushers:
     def of(self, machines: Iterable[int]) -> int:
         """How many process ranks the machines hold."""
         return sum(len(self._ranks(m)) for m in machines)
+
+    def missing(self, pushed: Container[int], machines: int) -> list[int]:
+        """The process ranks of the first ``machines`` machines that a round with the pushes of
+        ``pushed`` still waits for: those that neither pushed it nor are in join(). A rank that
+        pushed and then joined counts for the round and stands in for no other (counted
+        against the ranks not joined, such a push completed a round before a rank that had
+        not pushed yet: its push then came to a closed round)."""
+        joined = self.joined_ranks()
+        return [r for r in range(self.of(range(machines)))
+                if r not in pushed and r not in joined]

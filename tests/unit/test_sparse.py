@@ -362,6 +362,37 @@ def test_the_tables_count_worker_processes_and_join_by_machine():
     p.joined, p.left = frozenset({1}), {2: "gone"}
     assert p.joined_ranks() == {2, 3} and p.left_ranks() == {4: "gone", 5: "gone"}
     assert p.of(range(3)) == 6 and p.of(p.joined) == 2
+    assert p.missing({0, 1}, 3) == [4, 5] and p.missing({0, 1, 4, 5}, 3) == []
+
+
+def test_a_table_round_waits_for_every_rank_not_joined_whoever_joined_after_pushing():
+    """Worker rank 0 pushes round 0 (acknowledged at once) and joins; ranks 1 and 3 push: the
+    round still waits for rank 2, whose push completes it with all four pushes summed. (The
+    round counted 3 pushes against the 3 ranks not joined and completed without rank 2, whose
+    push then came to a closed round: seen in CI as a rejected 'push of round 7 ... that this
+    rank has pushed already' at the end of a job.)"""
+    from byteps_like.server import sparse as sp
+    from byteps_like.server.table import Pushers
+
+    applied: list[list[int]] = []
+    svc = sp.SparseService.__new__(sp.SparseService)   # no server: the round logic alone
+    svc.ranks, svc.required = Pushers(4), 4
+    svc._apply = lambda table: applied.append(sorted(table.pushes))   # type: ignore
+    table = SimpleNamespace(pushes={})
+    table.pushes[0] = "push of rank 0"
+    svc._complete_if_ready(table)
+    svc.ranks.joined = frozenset({0})   # apply_members, without its doom check
+    for rank in (1, 3):
+        table.pushes[rank] = f"push of rank {rank}"
+        svc._complete_if_ready(table)
+    assert applied == []
+    table.pushes[2] = "push of rank 2"
+    svc._complete_if_ready(table)
+    assert applied == [[0, 1, 2, 3]]
+    svc.ranks.joined = frozenset({0, 1, 2, 3})   # everyone joined: an empty round waits
+    applied.clear()
+    svc._complete_if_ready(SimpleNamespace(pushes={}))
+    assert applied == []
 
 
 def test_phases_add_up_per_phase_and_a_step_record_keeps_the_median():
