@@ -37,6 +37,27 @@ run() { if [ "$dry" = 1 ]; then echo "+ $*"; else "$@"; fi; }
 have() { [ "$dry" != 1 ] && .venv/bin/python -c \
   "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }
 
+# (system packages first: an unchanged .venv below ends the script early)
+if [ "$profile" = full ]; then
+  # Debian packages the tests use: chromium (the live job page's tests drive it headless:
+  # tests/integration/test_dashboard.py; the page itself needs no browser on a job's machines)
+  # and numactl (tests/integration/test_launcher_procs.py binds real processes with it)
+  missing=()
+  for tool in chromium numactl; do
+    if [ "$dry" = 1 ] || ! command -v "$tool" >/dev/null; then missing+=("$tool"); fi
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$dry" = 1 ] || { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }; then
+      # wait up to 10 minutes for another apt (a fresh VM's unattended upgrades) to finish
+      run env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
+      run env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y \
+        -qq "${missing[@]}"
+    else
+      echo "setup.sh: ${missing[*]} missing and this is not root with apt-get: the tests that" \
+           "use them will fail; install Debian's ${missing[*]} package(s)" >&2
+    fi
+  fi
+fi
 if [ "$dry" = 1 ] || [ ! -x .venv/bin/python ]; then run "$PY" -m venv .venv; fi
 PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 # torch is pinned first: the CPU build lies on this machine's disk; an unpinned torch would pull
@@ -78,19 +99,6 @@ if [ "$profile" = full ]; then
   if [ "$dry" != 1 ] && have libucx && ! .venv/bin/python -c \
       "import byteps_like._core as c, sys; sys.exit(not c.ucx_built())" 2>/dev/null; then
     run "${PIP[@]}" --no-deps -e .
-  fi
-  # Debian's chromium: the live job page's tests drive it headless (tests/integration/
-  # test_dashboard.py); the page itself needs no browser on the machines of a job
-  if [ "$dry" = 1 ] || ! command -v chromium >/dev/null; then
-    if [ "$dry" = 1 ] || { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }; then
-      # wait up to 10 minutes for another apt (a fresh VM's unattended upgrades) to finish
-      run env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
-      run env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y \
-        -qq chromium
-    else
-      echo "setup.sh: chromium is missing and this is not root with apt-get: the live page's" \
-           "browser tests will fail; install Debian's chromium package" >&2
-    fi
   fi
 else
   run "${PIP[@]}" -e '.[examples]'  # scikit-learn: the quick start's digits
