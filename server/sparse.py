@@ -257,7 +257,9 @@ class SparseService(threading.Thread):
         """Apply the open round once every process rank not in join() has pushed it (a rank
         may push a round and join before the round completes: its push is acknowledged as
         it arrives)."""
-        if table.pushes and not self.ranks.missing(table.pushes, self.required):
+        need = self.ranks.of(range(self.required)) - self.ranks.of(self.ranks.joined)
+        if (table.pushes and len(table.pushes) >= need   # the count first: once a round
+                and not self.ranks.missing(table.pushes, self.required)):
             self._apply(table)
 
     def refuse(self, route: Route, h: Header, reason: str, text: str,
