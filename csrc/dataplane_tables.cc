@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 #include <utility>
 
@@ -75,15 +76,17 @@ std::vector<TableInbox::Held> TableInbox::ready_locked() {
   std::vector<Held> got;
   std::deque<Held> keep;
   std::vector<const Conn*> over;
+  std::map<const Conn*, std::size_t> taken;  // of each stream in this take
   for (Held& held : q_) {
     auto c = held.conn.lock();
     const bool wait = got.size() >= kTableBatch ||
                       (c && (std::find(over.begin(), over.end(), c.get()) != over.end() ||
-                             c->replies_over_share()));
+                             taken[c.get()] >= kTableStreamBatch || c->replies_over_share()));
     if (wait) {
       if (c && std::find(over.begin(), over.end(), c.get()) == over.end()) over.push_back(c.get());
       keep.push_back(std::move(held));
     } else {
+      if (c) ++taken[c.get()];
       got.push_back(std::move(held));
     }
   }

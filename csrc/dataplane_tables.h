@@ -34,8 +34,12 @@ class Conn;
 // Process ranks a machine may have on a table stream (server/table.py's MAX_LOCAL_SIZE: the
 // tables check the exact bound, BYTEPS_LOCAL_SIZE, once the first table is declared).
 constexpr int kMaxTableLocalSize = 256;
-// Requests table_requests hands over at most at once.
+// Requests table_requests hands over at most at once, and at most of one stream: a stream's
+// share is looked at when its requests are taken, so what one take may answer beyond it is
+// kTableStreamBatch answers (with 256, 20 streams that never read held 16 MiB of answers each
+// over a 1.5 MiB share: +250 MiB at a server's peak for a 32 MiB reply budget).
 constexpr std::size_t kTableBatch = 256;
+constexpr std::size_t kTableStreamBatch = 8;
 // What a waiting request costs beside its meta and payload.
 constexpr std::int64_t kTableOverhead = 256;
 
@@ -50,7 +54,8 @@ class TableInbox {
   // A request (loop thread), charged to its stream until taken.
   void put(const std::shared_ptr<Conn>& c, std::uint64_t id, const Header& h, std::string meta,
            std::string payload);
-  // Every request waiting (at most kTableBatch), in order per stream, but none of a stream
+  // Every request waiting (at most kTableBatch, kTableStreamBatch of a stream), in order per
+  // stream, but none of a stream
   // whose replies queued unwritten are over its share (Conn::replies_over_share: a peer that
   // asks faster than it reads is not answered faster than it reads); once there is one, after
   // timeout seconds, or at once after wake() or close().
