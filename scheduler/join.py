@@ -3,9 +3,10 @@
 
 The scheduler owns the set: a worker's JOIN (carrying the rounds its tensors reached) makes it
 tell every server which worker machines are joined and which finished without joining
-(MEMBERS, a membership epoch of its own); once every worker has joined it sends the empty
-membership, waits for each server's acknowledgement, and only then releases the workers
-(JOIN_DONE, with each tensor's highest round), so no round of the next epoch completes short.
+(MEMBERS, a membership epoch of its own); once every worker has joined it sends that (the
+rounds still open complete with the pushes they have), then the empty membership, waits for
+each server's acknowledgement of it, and only then releases the workers (JOIN_DONE, with each
+tensor's highest round), so no round of the next epoch completes short.
 """
 from __future__ import annotations
 
@@ -62,9 +63,12 @@ class Joins:
         everyone = workers(self.host)
         log.info("scheduler: worker rank %d joined (%d of %d)", node.rank, len(self.joined),
                  len(everyone))
+        self.members()
         if len(self.joined) < len(everyone):
-            self.members()
             return
+        # everyone joined (sent above): the rounds left open complete with the pushes they
+        # have (a rank a round behind will not push its last one: the server-held tables'
+        # pipelined pushes, or a rollback); then the reset to expecting every worker
         self.joined_all = dict(self.joined)
         self.joined = {}
         self.members()

@@ -389,10 +389,12 @@ def test_a_table_round_waits_for_every_rank_not_joined_whoever_joined_after_push
     table.pushes[2] = "push of rank 2"
     svc._complete_if_ready(table)
     assert applied == [[0, 1, 2, 3]]
-    svc.ranks.joined = frozenset({0, 1, 2, 3})   # everyone joined: an empty round waits
-    applied.clear()
-    svc._complete_if_ready(SimpleNamespace(pushes={}))
+    svc.ranks.joined = frozenset({0, 1, 2, 3})   # everyone joined: an empty round waits,
+    applied.clear()                               # one a rank pushed completes (the scheduler
+    svc._complete_if_ready(SimpleNamespace(pushes={}))   # sends this before its reset)
     assert applied == []
+    svc._complete_if_ready(SimpleNamespace(pushes={1: "the last push of rank 1"}))
+    assert applied == [[1]]
 
 
 def test_phases_add_up_per_phase_and_a_step_record_keeps_the_median():
