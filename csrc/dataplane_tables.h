@@ -55,10 +55,10 @@ class TableInbox {
   void put(const std::shared_ptr<Conn>& c, std::uint64_t id, const Header& h, std::string meta,
            std::string payload);
   // Every request waiting (at most kTableBatch, kTableStreamBatch of a stream), in order per
-  // stream, but none of a stream
-  // whose replies queued unwritten are over its share (Conn::replies_over_share: a peer that
-  // asks faster than it reads is not answered faster than it reads); once there is one, after
-  // timeout seconds, or at once after wake() or close().
+  // stream, but none of a stream whose replies queued unwritten are over its share
+  // (Conn::replies_over_share: a peer that asks faster than it reads is not answered faster
+  // than it reads); once there is one, after timeout seconds, or at once after wake() or
+  // close().
   std::vector<TableMessage> take(double timeout);
   void nudge();  // a stream's replies were written down: look again (any thread)
   bool send(std::uint64_t id, const Header& h, std::string meta, std::string payload);

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 
 from ..embedding import PHASES_TAG, TableSpec, shard_rows, state_bytes
+from ..transport.native import usable_cpus
 from . import links as uneven
 from . import netns
 from ._sparse_worker import table_rows
@@ -387,16 +388,12 @@ def plan(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setup, list
     if why:
         p.error(why)
     schedule = a.rate if isinstance(a.rate, uneven.RateSchedule) else None
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 1
     return Setup(a.rows, a.tables, a.dim, a.batch, a.zipf, a.workers, a.servers,
                  schedule.first if schedule else a.rate,
                  a.steps, a.warmup, a.dense_steps, a.dense_warmup, a.timeout,
                  a.optimizer, kill=a.kill, snapshot_steps=a.snapshot_steps,
                  straggler=a.straggler, schedule=schedule, prefetch=a.prefetch,
-                 threads=a.threads or max(1, usable // a.workers)), \
+                 threads=a.threads or max(1, usable_cpus() // a.workers)), \
         [m for m in MODES if m in modes]
 
 

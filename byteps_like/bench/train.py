@@ -41,6 +41,7 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 
+from ..transport.native import usable_cpus
 from . import links as uneven
 from . import models, netns
 from .cluster import DEFAULT_HOROVOD_PYTHON, fmt_cap, horovod_unavailable, parse_rate
@@ -516,10 +517,7 @@ def plan_run(p: argparse.ArgumentParser, a: argparse.Namespace) -> Plan:
     why = uneven.check_straggler(a.straggler, a.workers or 1)
     if why:
         p.error(why)
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 1
+    usable = usable_cpus()
     threads = a.threads or (max(1, usable // a.workers) if device == "cpu" else 0)
     setup = Setup(device=device, gpus=gpus if device == "cuda" else 0,
                   workers=a.workers, servers=a.servers,
