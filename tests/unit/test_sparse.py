@@ -444,3 +444,33 @@ def test_bench_sparse_prints_where_the_time_goes():
     assert rows[("server", "queue wait")] == pytest.approx((3.0, 8.0))
     text = bench.format_breakdown([{"mode": "sparse", "breakdown": bench.breakdown(res, 10)}])
     assert "| sparse | worker | pull: send" in text and "|    2.00 |" in text
+
+
+def test_the_last_join_tells_the_servers_everyone_joined_before_the_reset():
+    """scheduler/join.py: when the last worker joins, the servers first hear that every worker
+    has joined (a table round that a rank a round ahead pushed alone completes: the other will
+    never push it), then the empty membership whose acknowledgements release the workers. It
+    went straight to the reset, and such a round stayed open (a snapshot rollback's job hung)."""
+    from byteps_like.scheduler.join import Joins
+    from byteps_like.scheduler.nodes import NodeInfo
+    from byteps_like.transport import Route
+    from byteps_like.wire import MsgType, Role
+
+    sent: list[tuple[str, MsgType, object]] = []
+
+    def node(role: Role, rank: int) -> NodeInfo:
+        return NodeInfo(Route(ident=f"{role.name}{rank}".encode()), role, "127.0.0.1", 1, 1,
+                        rank=rank)
+    nodes = [node(Role.WORKER, 0), node(Role.WORKER, 1), node(Role.SERVER, 0)]
+    host = SimpleNamespace(nodes={n.route.ident: n for n in nodes},
+                           cfg=SimpleNamespace(cluster=SimpleNamespace(local_size=1)),
+                           send=lambda n, t, meta, key=None: sent.append((n.role.name, t, meta)))
+    joins = Joins(host)
+    joins.join(nodes[0], {})
+    assert [m["joined"] for _r, t, m in sent if t is MsgType.MEMBERS] == [[0]]
+    joins.join(nodes[1], {})
+    members = [m["joined"] for r, t, m in sent if t is MsgType.MEMBERS]
+    assert members == [[0], [0, 1], []], members
+    assert not any(t is MsgType.JOIN_DONE for _r, t, _m in sent)   # until the servers ack
+    joins.members_ack(nodes[2], joins.members_epoch)
+    assert sum(t is MsgType.JOIN_DONE for _r, t, _m in sent) == 2
