@@ -605,10 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if multi:
                 print(f"[cluster] NIC cap {fmt_rate(rate)} ({rates.index(rate) + 1}/"
                       f"{len(rates)})", file=sys.stderr, flush=True)
-            slow = uneven.host_rates(a.straggler, rate, f"w{a.straggler.rank}") \
-                if a.straggler else {}
-            with netns.NetnsCluster(hosts, rate, latency_ms=a.queue_ms, log=sys.stderr,
-                                    host_rates=slow) as cl:
+            with uneven.emulated_cluster(max_n, max_k, rate, a.straggler, a.queue_ms) as cl:
                 env = Env(cl, job_env, a.timeout)
                 link = measure_link(env, "w0", "w1", a.link_seconds)
                 links[rate] = link

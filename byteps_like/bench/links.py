@@ -143,6 +143,17 @@ def host_rates(st: Straggler | None, rate: float, host: str) -> dict[str, float]
     return {} if st is None or st.factor == 1 else {host: rate / st.factor}
 
 
+def emulated_cluster(workers: int, servers: int, rate: float, st: Straggler | None,
+                     queue_ms: float) -> Any:
+    """The benches' emulated cluster (a :class:`~.netns.NetnsCluster`, to enter): hosts w0..
+    and s0.., every NIC capped at ``rate``, the straggler's (``st``, worker rank) at rate /
+    factor."""
+    from .netns import NetnsCluster
+    hosts = [f"w{i}" for i in range(workers)] + [f"s{j}" for j in range(servers)]
+    return NetnsCluster(hosts, rate, latency_ms=queue_ms, log=sys.stderr,
+                        host_rates=host_rates(st, rate, f"w{st.rank}" if st else ""))
+
+
 class SlowCompute:
     """In a worker: make this rank's compute ``factor`` times as long (``factor`` 1: nothing).
     Time the compute with :meth:`start`/:meth:`stop`; :meth:`delay` sleeps factor - 1 times the

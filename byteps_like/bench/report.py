@@ -24,10 +24,12 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
 
 from ..config import parse_size
+
+T = TypeVar("T")
 
 RESULT_TAG = "BENCH_RESULT "
 MiB = 1 << 20
@@ -256,6 +258,20 @@ def noisy_note(shares: dict[str, float | None], what: str) -> str | None:
     return (f"CPU taken by other processes (or the hypervisor) during each {what}: "
             + ", ".join(f"{k} {v:.0%}" for k, v in known.items())
             + (" (WARNING: noisy; run again on an idle machine)" if noisy else ""))
+
+
+def drive(prog: str, jobs: Callable[[], T], errors: type[BaseException] | tuple = ()) -> T | int:
+    """Run a bench's ``jobs``: their result, or the driver's exit status where they could not
+    finish: 130 on Ctrl-C (every child had been stopped by the jobs' cleanup), 1 on one of
+    ``errors`` (the emulated cluster's, which say what to do), each said on stderr."""
+    try:
+        return jobs()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; every process it started was stopped", file=sys.stderr)
+        return 130
+    except errors as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
 
 
 def exit_on_signals() -> None:

@@ -42,7 +42,7 @@ from . import netns
 from ._sparse_worker import table_rows
 from .cluster import fmt_cap, parse_rate
 from .harness import ChildFailed, Job, Proc, base_env, collect, free_port, local_job, on_hosts
-from .report import exit_on_signals, machine_info, markdown_table, num, report_header
+from .report import drive, exit_on_signals, machine_info, markdown_table, num, report_header
 
 PROG = "python -m byteps_like.bench sparse"
 MODES = ("sparse", "replicate", "snapshot", "dense", "ddp")
@@ -397,6 +397,36 @@ def plan(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setup, list
         [m for m in MODES if m in modes]
 
 
+def run_all(s: Setup, modes: list[str], queue_ms: float) -> tuple[list[dict], list[str]]:
+    """Each mode's job, one after the other: the records, and a line per failed job (reported
+    with its children's stderr tails; the other modes go on)."""
+    records: list[dict] = []
+    failures: list[str] = []
+    with ExitStack() as stack:
+        if s.rate_bits is not None:
+            s.cluster = stack.enter_context(uneven.emulated_cluster(
+                s.workers, s.servers, s.rate_bits, s.straggler, queue_ms))
+        for mode in modes:
+            print(f"[sparse] {mode}: starting", file=sys.stderr, flush=True)
+            sw = uneven.start_schedule(s.cluster, s.schedule, s.straggler)
+            try:
+                res, rss = RUNNERS[mode](s, mode)
+            except ChildFailed as exc:
+                failures.append(f"{mode}: {str(exc).splitlines()[0]}")
+                print(f"[sparse] {mode} failed:\n{exc}", file=sys.stderr, flush=True)
+                continue
+            finally:
+                switches = sw.stop() if sw else []
+            rec = make_record(s, mode, res, rss)
+            if sw is not None:
+                rec["rate_switches"] = [(t - sw.t0, r) for t, r in switches]
+            rec["straggler"] = s.straggler.arg() if s.straggler else None
+            records.append(rec)
+            print(f"[sparse] {mode}: step {rec['step_s'] * 1e3:.1f} ms", file=sys.stderr,
+                  flush=True)
+    return records, failures
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = build_parser()
@@ -417,40 +447,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit_on_signals()
     t_all = time.monotonic()
     s.work = tempfile.mkdtemp(prefix="bpsl-bench-sparse-")
-    records, failures = [], []
-    try:
-        with ExitStack() as stack:
-            if s.rate_bits is not None:
-                hosts = [f"w{i}" for i in range(s.workers)] + [f"s{j}" for j in range(s.servers)]
-                slow = uneven.host_rates(s.straggler, s.rate_bits, f"w{s.straggler.rank}") \
-                    if s.straggler else {}
-                s.cluster = stack.enter_context(netns.NetnsCluster(
-                    hosts, s.rate_bits, latency_ms=a.queue_ms, log=sys.stderr,
-                    host_rates=slow))
-            for mode in modes:
-                print(f"[sparse] {mode}: starting", file=sys.stderr, flush=True)
-                sw = uneven.start_schedule(s.cluster, s.schedule, s.straggler)
-                try:
-                    res, rss = RUNNERS[mode](s, mode)
-                except ChildFailed as exc:
-                    failures.append(f"{mode}: {str(exc).splitlines()[0]}")
-                    print(f"[sparse] {mode} failed:\n{exc}", file=sys.stderr, flush=True)
-                    continue
-                finally:
-                    switches = sw.stop() if sw else []
-                rec = make_record(s, mode, res, rss)
-                if sw is not None:
-                    rec["rate_switches"] = [(t - sw.t0, r) for t, r in switches]
-                rec["straggler"] = s.straggler.arg() if s.straggler else None
-                records.append(rec)
-                print(f"[sparse] {mode}: step {rec['step_s'] * 1e3:.1f} ms", file=sys.stderr,
-                      flush=True)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; every process it started was stopped", file=sys.stderr)
-        return 130
-    except netns.NetnsError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
+    ran = drive(PROG, lambda: run_all(s, modes, a.queue_ms), netns.NetnsError)
+    if isinstance(ran, int):
+        return ran
+    records, failures = ran
     print()
     add_ratios(records)
     add_differences(records, s.work)

@@ -57,6 +57,7 @@ from .harness import (
 )
 from .report import (
     OthersMeter,
+    drive,
     exit_on_signals,
     machine_info,
     markdown_table,
@@ -566,11 +567,8 @@ def run_all(plan: Plan, queue_ms: float) -> tuple[list[dict], list[str]]:
     modes = list(plan.modes)
     with ExitStack() as stack:
         if s.rate_bits is not None:
-            hosts = [f"w{i}" for i in range(s.workers)] + [f"s{j}" for j in range(s.servers)]
-            slow = uneven.host_rates(s.straggler, s.rate_bits, f"w{s.straggler.rank}") \
-                if s.straggler else {}
-            s.cluster = stack.enter_context(netns.NetnsCluster(
-                hosts, s.rate_bits, latency_ms=queue_ms, log=sys.stderr, host_rates=slow))
+            s.cluster = stack.enter_context(uneven.emulated_cluster(
+                s.workers, s.servers, s.rate_bits, s.straggler, queue_ms))
         for name in plan.names:
             for mode in list(modes):
                 label = f"[train] {name} {mode}"
@@ -653,14 +651,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout.flush()
     exit_on_signals()
     t_all = time.monotonic()
-    try:
-        records, failures = run_all(plan, a.queue_ms)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; every process it started was stopped", file=sys.stderr)
-        return 130
-    except netns.NetnsError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
+    ran = drive(PROG, lambda: run_all(plan, a.queue_ms), netns.NetnsError)
+    if isinstance(ran, int):
+        return ran
+    records, failures = ran
     add_ratios(plan.setup, records)
     print()
     if records:
