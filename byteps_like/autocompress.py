@@ -30,8 +30,10 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -50,6 +52,7 @@ from .compression import (
 
 __all__ = ["AutoCompression", "CodecSpeed", "Choice", "choose", "predict", "size_class",
            "class_bounds", "measure_speeds", "speed_sample_bytes", "last_level_cache_bytes",
+           "SpeedsStopped",
            "candidate", "parse_allow", "CANDIDATES", "NUM_CLASSES"]
 
 candidate = auto_candidate
@@ -157,9 +160,15 @@ def choose(nbytes: int, bandwidth: float, speeds: Sequence[CodecSpeed], *,
     return Choice(best, predicted)
 
 
-def _best_of(fn: Any, repeats: int) -> float:
+class SpeedsStopped(Exception):
+    """:func:`measure_speeds` was told to stop (its process is shutting down)."""
+
+
+def _best_of(fn: Any, repeats: int, stop: Callable[[], bool] | None = None) -> float:
     best = math.inf
     for _ in range(repeats):
+        if stop is not None and stop():
+            raise SpeedsStopped
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)
@@ -167,32 +176,50 @@ def _best_of(fn: Any, repeats: int) -> float:
 
 
 def measure_speed(name: str, comp: Compressor, sample: np.ndarray, *,
-                  repeats: int = 3) -> CodecSpeed:
+                  repeats: int = 3, stop: Callable[[], bool] | None = None,
+                  threads: int = 1) -> CodecSpeed:
     """Encode and decode ``sample`` (float32) with ``comp`` through the entry points the data
     path uses (a cast's ``narrow_into``/``widen_into``, a built-in codec's compiled
-    ``encode``/``decode``, else its Python codec) and time the best of ``repeats``."""
+    ``encode``/``decode``, else its Python codec) and time the best of ``repeats``. With
+    ``threads`` > 1 the sample is cut into that many parts coded at once, each by its own
+    codec, as the native client's codec pool codes a tensor's partitions (the compiled calls
+    release the GIL): a speed of the pool, not of one thread."""
     nbytes = sample.nbytes
     if comp.kind == "none":
         return NONE_SPEED
-    if isinstance(comp, _CastCompressor):
-        wire: np.ndarray = np.empty(sample.shape, comp.wire_np)
-        back = np.empty_like(sample)
-        enc = _best_of(lambda: comp.narrow_into(wire, sample, "float32"), repeats)
-        dec = _best_of(lambda: comp.widen_into(back, wire, "float32"), repeats)
-        return CodecSpeed(name, wire.nbytes / nbytes, nbytes / enc, nbytes / dec)
-    codec = compiled_codec(comp, sample.size, 0) or comp.make_codec(sample.size, role="worker",
-                                                                    key=0)
-    out = np.empty_like(sample)
-    payload = [codec.encode(sample, 0)]
-    size = len(np.frombuffer(payload[0], np.uint8))
-    step = iter(range(1, 1 << 30))
+    parts = np.array_split(sample, max(1, min(threads, sample.size // 1024)))
+    with ThreadPoolExecutor(len(parts), thread_name_prefix="bpsl-speed") as pool:
+        def at_once(fns: list[Callable[[], Any]]) -> None:
+            for f in [pool.submit(fn) for fn in fns]:
+                f.result()
 
-    def encode() -> None:
-        payload[0] = codec.encode(sample, next(step))
+        if isinstance(comp, _CastCompressor):
+            wires: list[np.ndarray] = [np.empty(p.shape, comp.wire_np) for p in parts]
+            backs = [np.empty_like(p) for p in parts]
+            enc = _best_of(lambda: at_once([partial(comp.narrow_into, w, p, "float32")
+                                            for w, p in zip(wires, parts)]), repeats, stop)
+            dec = _best_of(lambda: at_once([partial(comp.widen_into, b, w, "float32")
+                                            for b, w in zip(backs, wires)]), repeats, stop)
+            return CodecSpeed(name, sum(w.nbytes for w in wires) / nbytes, nbytes / enc,
+                              nbytes / dec)
+        codecs = [compiled_codec(comp, p.size, i)
+                  or comp.make_codec(p.size, role="worker", key=i) for i, p in enumerate(parts)]
+        outs = [np.empty_like(p) for p in parts]
+        payloads = [c.encode(p, 0) for c, p in zip(codecs, parts)]
+        size = sum(len(np.frombuffer(x, np.uint8)) for x in payloads)
+        step = iter(range(1, 1 << 30))
 
-    enc = _best_of(encode, repeats)
-    saved = bytes(np.frombuffer(payload[0], np.uint8))
-    dec = _best_of(lambda: codec.decode(saved, out), repeats)
+        def encode() -> None:
+            rnd = next(step)
+
+            def one(i: int) -> None:
+                payloads[i] = codecs[i].encode(parts[i], rnd)
+            at_once([partial(one, i) for i in range(len(parts))])
+
+        enc = _best_of(encode, repeats, stop)
+        saved = [bytes(np.frombuffer(x, np.uint8)) for x in payloads]
+        dec = _best_of(lambda: at_once([partial(c.decode, x, o)
+                                        for c, x, o in zip(codecs, saved, outs)]), repeats, stop)
     return CodecSpeed(name, size / nbytes, nbytes / enc, nbytes / dec, server_codec=True)
 
 
@@ -224,13 +251,19 @@ def speed_sample_bytes(partition_bytes: int, cache_bytes: int) -> int:
 
 
 def measure_speeds(comps: dict[str, Compressor], sample_bytes: int = 4 << 20, *,
-                   repeats: int = 3, seed: int = 1) -> list[CodecSpeed]:
-    """:func:`measure_speed` of every candidate on one random float32 sample of
-    ``sample_bytes`` (a partition's size by default); ``none`` first."""
+                   repeats: int = 3, seed: int = 1, stop: Callable[[], bool] | None = None,
+                   threads: int = 1) -> list[CodecSpeed]:
+    """:func:`measure_speed` of every candidate on one float32 sample of ``sample_bytes`` (a
+    partition's size by default): a random standard-normal block of at most 4 MiB, repeated
+    (drawing 256 MiB of normals took a second of the CPU the job needs); ``none`` first.
+    ``stop`` is asked before every timed call: SpeedsStopped once it says True; ``threads``:
+    :func:`measure_speed`'s."""
     rng = np.random.default_rng(seed)
-    sample = rng.standard_normal(max(1024, sample_bytes // 4), dtype=np.float32)
+    count = max(1024, sample_bytes // 4)
+    sample = np.resize(rng.standard_normal(min(count, 1 << 20), dtype=np.float32), count)
     out = [NONE_SPEED]
     for name, comp in comps.items():
         if name != "none":
-            out.append(measure_speed(name, comp, sample, repeats=repeats))
+            out.append(measure_speed(name, comp, sample, repeats=repeats, stop=stop,
+                                     threads=threads))
     return out

@@ -137,6 +137,22 @@ def _go_on(bps, until: float, rep: int, warmup: int, repeats: int) -> bool:
     return bool(bps.push_pull(flag, name="bench.go", average=False)[0])
 
 
+_AUTO_WARMUP_S = 60.0   # auto's warm-up waits this long at most for its first decision
+
+
+def _auto_pending(bps, rt, deadline: float) -> bool:
+    """Auto compression's first decision is not in force yet (rank 0 says, for every worker
+    alike) and the warm-up may still wait for it: the timed rounds measure the choice, not the
+    uncompressed rounds before it (measuring the codecs and the first windows take seconds,
+    longer than a 25 Gbit/s run's rounds)."""
+    import numpy as np
+
+    from byteps_like.worker.autocompress import first_decision_in_force
+    flag = np.array([int(bps.rank() == 0 and not first_decision_in_force(rt)
+                         and time.monotonic() < deadline)], np.int32)
+    return bool(bps.push_pull(flag, name="bench.auto-warm", average=False)[0])
+
+
 def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = "",
                until: float = 0.0) -> int:
     """push_pull of the model-sized tensor list. Without ``compressor``: every worker pushes
@@ -175,19 +191,25 @@ def bps_worker(sizes: list[int], repeats: int, warmup: int, compressor: str = ""
         spans = windows[str(total)] = []
         pushed0 = pulled0 = 0
         rep = -1
-        while _go_on(bps, until, rep := rep + 1, warmup, repeats):
+        warm, deadline = warmup, time.monotonic() + _AUTO_WARMUP_S
+        while _go_on(bps, until, rep := rep + 1, warm, repeats):
             for o in outs:
                 o.fill(0)
             bps.barrier()
-            if rep == warmup:
+            if rep == warm:
                 pushed0, pulled0 = rt.bytes_pushed, rt.bytes_pulled
+                if warm > warmup and rank == 0:
+                    progress(f"auto: its first decision in force after {warm} warm-up rounds")
             m0, t0 = time.monotonic(), time.perf_counter()
             hs = [bps.push_pull_async(a, name=nm, average=False, out=o, **kw)
                   for a, nm, o in zip(arrs, names, outs)]
             for h in hs:
                 h.wait()
             dt = time.perf_counter() - t0
-            if rep >= warmup:
+            if (rep == warm - 1 and compressor == "auto" and not until
+                    and _auto_pending(bps, rt, deadline)):
+                warm += 1
+            if rep >= warm:
                 times.append(dt)
                 spans.append((m0, time.monotonic()))
                 starts.append(time.time() - dt)

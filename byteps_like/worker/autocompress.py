@@ -27,8 +27,10 @@ busy time (partitions in flight) every 0.1 s; bytes over busy time give a window
 decides again when it moves by more than 25% from the reference: the first window measured
 under the table now in force (a codec's windows read lower than the link, as its messages are
 short: comparing windows of one table keeps it from flapping). The codec speeds are measured
-once, at the first decision (:func:`byteps_like.autocompress.measure_speeds`, on a sample of twice
-the last-level cache: :func:`~byteps_like.autocompress.speed_sample_bytes`).
+once, as the thread starts, while the first windows' traffic flows
+(:func:`byteps_like.autocompress.measure_speeds`, on a sample of twice the last-level cache:
+:func:`~byteps_like.autocompress.speed_sample_bytes`). The runtime's teardown closes the
+controller and waits for the thread (:meth:`AutoController.close`).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ from ..autocompress import (
     AutoCompression,
     Choice,
     CodecSpeed,
+    SpeedsStopped,
     choose,
     class_bounds,
     class_size,
@@ -57,6 +60,7 @@ from ..autocompress import (
 )
 from ..compression import Compression, Compressor
 from ..errors import BytePSError, MismatchError
+from .pipeline import native_codec_threads
 
 if TYPE_CHECKING:
     from .handle import Handle
@@ -72,6 +76,7 @@ _SAMPLE_S = 0.1      # the measuring thread's period
 _MIN_BYTES = 256 << 10  # a bandwidth window holds at least these bytes
 _MOVE = 1.25         # the bandwidth moved: by more than this factor either way
 _WINDOWS = 3         # the bandwidth is the median of the last windows
+_JOIN_S = 10.0       # close() waits this long for the measuring thread
 
 
 def auto_choice(rt: Runtime, auto: AutoCompression, name: str | None, arr: np.ndarray,
@@ -114,6 +119,14 @@ def decisions(rt: Any) -> list[dict]:
     return list(ctl.decisions) if ctl is not None else []
 
 
+def first_decision_in_force(rt: Any) -> bool:
+    """Rank 0: its first decision is made and this rank's push_pulls travel under it (the
+    epoch it applies from has begun). False on other ranks and before the first auto
+    push_pull."""
+    ctl = getattr(rt, "_auto_controller", None)
+    return ctl is not None and ctl.first_in_force()
+
+
 _MAKE = threading.Lock()
 
 
@@ -140,6 +153,7 @@ class AutoController:
         self.current = [0] * NUM_CLASSES
         self.seen: set[int] = set()
         self.speeds: list[CodecSpeed] | None = None
+        self._speeds_lock = threading.Lock()
         self.decisions: deque[dict] = deque(maxlen=1000)
         self._ref: float | None = None               # bandwidth the current table was decided at
         self._settle_epoch = -1                      # measure again from this epoch on
@@ -226,8 +240,27 @@ class AutoController:
             if cand != "none" and variant(name, cand) not in declared:
                 self.rt.declare(variant(name, cand))
 
+    def first_in_force(self) -> bool:
+        """Rank 0's first decision is made and applies to this rank's push_pulls now."""
+        if not self.decisions:
+            return False
+        with self._lock:
+            return self._epoch >= self.decisions[0]["applies_from_epoch"]
+
     def close(self) -> None:
+        """Stop rank 0's measuring thread and wait for it (the runtime's teardown): a thread
+        still inside a codec when the interpreter finalizes is ended by Python 3.12 through a
+        forced unwind that aborts the process ("terminate called without an active
+        exception"), so it must be done before. It stops before its next timed codec call
+        (after at most one codec call on the sample: a candidate's untimed first encode, or
+        the timed call under way)."""
         self.closed = True
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(_JOIN_S)
+            if t.is_alive():
+                log.warning("auto compression: the measuring thread did not stop within %g s",
+                            _JOIN_S)
 
     # -- rank 0 --------------------------------------------------------------------------------
     def _live(self) -> bool:
@@ -236,6 +269,11 @@ class AutoController:
     def _measure(self) -> None:
         meter = BandwidthMeter(self.rt)
         recent: deque[float] = deque(maxlen=_WINDOWS)
+        try:   # while the first windows' traffic flows, not after them
+            if self._live():
+                self.measure_speeds()
+        except SpeedsStopped:
+            return
         while self._live():
             time.sleep(_SAMPLE_S)
             if not self.measuring:
@@ -250,6 +288,26 @@ class AutoController:
                 self.observe(sorted(recent)[len(recent) // 2])  # the median of the last few
             except Exception:  # noqa: BLE001 - a measuring thread must not die silently
                 log.exception("auto compression: deciding failed; the last decision stays")
+
+    def measure_speeds(self) -> list[CodecSpeed]:
+        """The candidates' codec speeds, measured once (rank 0's thread does it as it starts):
+        on a sample out of cache, as the gradients are; SpeedsStopped when closed meanwhile."""
+        with self._speeds_lock:   # decide() on another thread waits for the thread's
+            if self.speeds is None:
+                sample = speed_sample_bytes(self.rt.config.partition.partition_bytes,
+                                            last_level_cache_bytes())
+                t0 = time.perf_counter()
+                threads = native_codec_threads(self.rt.config.scheduling.codec_threads)
+                self.speeds = measure_speeds(self.auto.candidates, sample, repeats=2,
+                                             stop=lambda: not self._live(), threads=threads)
+                log.info("auto compression: codec speeds on a %d KiB sample, %d thread(s) as "
+                         "the codec pool (%.2f s): %s", sample >> 10, threads,
+                         time.perf_counter() - t0,
+                         ", ".join(f"{s.name} ratio {s.ratio:.3g} encode "
+                                   f"{s.encode_bps / 1e9:.2f} GB/s decode "
+                                   f"{s.decode_bps / 1e9:.2f} GB/s"
+                                   for s in self.speeds[1:]) or "none only")
+            return self.speeds
 
     def observe(self, bandwidth: float) -> None:
         """A bandwidth window (bytes/s): decide again when it moved (see the module's text)."""
@@ -268,18 +326,11 @@ class AutoController:
     def decide(self, bandwidth: float) -> list[Choice]:
         """Choose every size class's candidate at ``bandwidth`` (bytes/s), log it, and send it
         with the next epoch's broadcast."""
-        if self.speeds is None:  # out of cache, as the gradients are
-            sample = speed_sample_bytes(self.rt.config.partition.partition_bytes,
-                                        last_level_cache_bytes())
-            self.speeds = measure_speeds(self.auto.candidates, sample, repeats=2)
-            log.info("auto compression: codec speeds on a %d KiB sample: %s", sample >> 10,
-                     ", ".join(f"{s.name} ratio {s.ratio:.3g} encode {s.encode_bps / 1e9:.2f} "
-                               f"GB/s decode {s.decode_bps / 1e9:.2f} GB/s"
-                               for s in self.speeds[1:]) or "none only")
+        speeds = self.measure_speeds()
         workers = max(1, self.rt.members.size // max(1, self.rt.members.local_size))
         servers = max(1, self.rt.members.num_servers)
         part = self.rt.config.partition.partition_bytes
-        choices = [choose(class_size(c), bandwidth, self.speeds, workers=workers,
+        choices = [choose(class_size(c), bandwidth, speeds, workers=workers,
                           servers=servers, partition_bytes=part,
                           current=self.names[self.current[c]], margin=self.auto.margin)
                    for c in range(NUM_CLASSES)]

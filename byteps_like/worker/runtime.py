@@ -286,6 +286,9 @@ class Runtime:
             self._teardown()
 
     def _teardown(self) -> None:
+        auto = getattr(self, "_auto_controller", None)
+        if auto is not None:   # its measuring thread stops before the interpreter does
+            auto.close()
         if self.telemetry is not None:  # writes the trace file
             self.telemetry.close()
             self.telemetry = None

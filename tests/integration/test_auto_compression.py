@@ -65,3 +65,14 @@ def test_switched_names_get_the_same_keys_whatever_the_push_order():
     assert run.rc == 0, run.log
     ok = run.lines("OK auto order")
     assert len(ok) == 2 and all(ln.endswith("a#auto.onebit b#auto.onebit") for ln in ok), run.log
+
+
+def test_shutdown_stops_the_measuring_thread_first():
+    # rank 0 shuts down while its thread is held inside the codec-speed measurement; shutdown
+    # returns with the thread ended (stopped at its next timed call), and the process exits 0
+    run = bpslaunch(worker("auto_shutdown.py"), workers=2, servers=1)
+    assert run.rc == 0, run.log
+    lines = run.lines("AUTO SHUTDOWN")
+    assert len(lines) == 2 and all("thread_alive=False" in ln for ln in lines), run.log
+    assert "AUTO SHUTDOWN rank 0 thread_alive=False speeds=None" in run.out, run.log
+    assert "terminate called" not in run.err, run.log

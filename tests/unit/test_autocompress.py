@@ -143,6 +143,33 @@ def test_measured_speeds_come_from_the_codecs():
     assert all(0 < s.encode_bps < math.inf for s in speeds[1:])
 
 
+def test_codec_speeds_are_the_pools_each_part_coded_by_its_own_codec():
+    # threads=3: the sample is cut into 3 parts coded at once, each by its own codec (a
+    # onebit codec's payload carries one header per part); the ratios are the one thread's
+    auto = Compression.auto(allow=("fp16", "onebit"))
+    one = {s.name: s for s in measure_speeds(auto.candidates, 3 << 20, repeats=1)}
+    three = {s.name: s for s in measure_speeds(auto.candidates, 3 << 20, repeats=1, threads=3)}
+    assert three["fp16"].ratio == one["fp16"].ratio == 0.5
+    header = one["onebit"].ratio * (3 << 20) - (3 << 20) / 32      # one part's header bytes
+    assert header > 0
+    assert three["onebit"].ratio * (3 << 20) == pytest.approx((3 << 20) / 32 + 3 * header)
+    assert all(0 < s.encode_bps < math.inf and 0 < s.decode_bps < math.inf
+               for s in list(three.values())[1:])
+
+
+def test_the_speed_measurement_stops_when_told():
+    from byteps_like.autocompress import SpeedsStopped
+    calls = []
+
+    def stop() -> bool:
+        calls.append(1)
+        return len(calls) > 2   # the third timed call is refused
+    with pytest.raises(SpeedsStopped):
+        measure_speeds(Compression.auto(allow=("fp16", "onebit")).candidates, 1 << 20,
+                       repeats=2, stop=stop)
+    assert len(calls) == 3
+
+
 def test_codec_speeds_are_measured_out_of_cache(tmp_path):
     from byteps_like.autocompress import last_level_cache_bytes, speed_sample_bytes
     for idx, (level, size) in enumerate([(1, "48K"), (2, "1024K"), (3, "32768K"), (2, "2M")]):
