@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The device measurements of issues 38 and 39, in parts of under ten minutes each, for the GPU
 # machine (16 cores, one GPU). Measured on 2026-12-05 (docs/img/h100-2026-12-05/): every part
-# once; still to run: `links` with the busy-time bandwidth (the build on main) and `cpu`'s
-# emulated cluster with BYTEPS_SERVER_FAILOVER=0 against the default (failover's answer shadow),
-# and `sparse` (the bench now gives each worker its share of the cores, not one thread).
+# once; on 2026-12-06 (docs/img/h100-2026-12-06/, h200-2026-12-06/): `links` with one thread's
+# codec speeds, `cpu`'s emulated cluster with failover on and off, `sparse` with 4 threads.
+# Still to run: `links` with the codec pool's speeds (the build on main).
 #
 #   . .devbundle/setup.sh && bash scripts/device/pending.sh routes   # GPU paths of the route plan
 #   . .devbundle/setup.sh && bash scripts/device/pending.sh cpu      # server CPU, shapes, optimum
