@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -263,6 +264,7 @@ class ClientImpl {
     s["busy_ns"] = static_cast<std::uint64_t>(
         1e9 * (busy_s_ + (busy_parts_ ? monotonic_now() - busy_from_ : 0.0)));
     s["parked"] = parked_.size();
+    s["stale_answers"] = stale_answers_;
     s["keys_kept"] = keys_.size();
     s["ops"] = ops_.size();
     std::uint64_t streams = 0;
@@ -276,15 +278,6 @@ class ClientImpl {
   const int rank_;
   const std::uint32_t job_;
   const std::string key_;
-
-  struct Target {
-    std::shared_ptr<Op> op;
-    std::size_t idx = 0;
-    char* shadow = nullptr;  // losing a server: the answer lands in the key's shadow
-    bool copied = false;     // ... and was copied out into the operation's dst
-    int contrib = 0;  // > 0: the round summed this many pushes (ranks had joined)
-    std::uint64_t len = 0;  // the answer's bytes
-  };
 
   // An operation's record, its arguments checked: codecs (one per part) make it coded.
   static std::shared_ptr<Op> make_op(std::uint64_t id, int priority, const char* src, char* dst,
@@ -379,7 +372,8 @@ class ClientImpl {
       std::lock_guard<std::mutex> g(mu_);
       skip = op.failed;
     }
-    if (!skip) {
+    std::unique_lock<std::mutex> land = landing(t);  // parked meanwhile: not into dst
+    if (!skip && p.parks == t.parks) {
       const double t0 = monotonic_now();
       try {
         // an average divides by the ranks that pushed (join(): those not joined), as it lands
@@ -391,6 +385,7 @@ class ClientImpl {
       }
       decode_ns_ += static_cast<std::uint64_t>((monotonic_now() - t0) * 1e9);
     }
+    if (land) land.unlock();
     if (!err.empty()) {
       std::lock_guard<std::mutex> g(mu_);
       fail_locked(op, "protocol", p.at, "server " + std::to_string(p.at) +
@@ -452,6 +447,8 @@ class ClientImpl {
       return nullptr;
     }
     *t = it->second;
+    t->parks = p.parks;
+    t->failover = failover_;
     t->len = h.nbytes;
     t->contrib = (h.flags & kFlagContrib) ? static_cast<int>(h.flags >> kContribShift) : 0;
     if (t->contrib > 0) op.contrib = t->contrib;
@@ -476,9 +473,11 @@ class ClientImpl {
       if (!coders_.post([this, c] {
             const Op& op = *c.op;
             const std::int64_t div = c.contrib > 0 && op.divisor > 1 ? c.contrib : op.divisor;
-            if (!op.failed)
+            std::unique_lock<std::mutex> land = landing(c);  // parked meanwhile: dst keeps src
+            if (!op.failed && op.parts[c.idx].parks == c.parks)
               copy_scaled(op.kdt, op.dst + op.parts[c.idx].spec.offset, c.shadow, c.len,
                           op.compressed ? 1 : div);
+            if (land) land.unlock();
             finish_part(c, true);
           }))
         coded_dropped(t.op);
@@ -501,7 +500,9 @@ class ClientImpl {
     {
       std::lock_guard<std::mutex> g(mu_);
       op.active--;
-      if (ok && !p.done) {
+      if (ok && !p.done && p.parks != t.parks) {
+        stale_answers_++;  // it was parked since: it goes again, and this answer is not its
+      } else if (ok && !p.done) {
         if (failover_) keep_answer_locked(op, p, t);
         release_locked(p);
         busy_locked(p, false);
@@ -734,6 +735,8 @@ class ClientImpl {
         release_locked(p);
         busy_locked(p, false);
         p.dispatched = p.acked = false;
+        std::lock_guard<std::mutex> land(land_mu_[p.spec.key % land_mu_.size()]);
+        p.parks++;  // an answer landing now is not its own (resp_done, decode_part)
         auto it = inflight_.find(p.spec.key);
         if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
         parked_.push_back(QItem{op.priority, seq_++, kv.second, i});
@@ -824,6 +827,14 @@ class ClientImpl {
   std::priority_queue<QItem> pq_;
   std::uint64_t seq_ = 0;
   std::uint64_t coded_ops_ = 0;  // coded operations submitted (guarded by mu_)
+  std::uint64_t stale_answers_ = 0;  // answers of parts parked meanwhile (guarded by mu_)
+  // Losing a server: a part's answer lands in dst holding its key's stripe, and parking the
+  // part takes it, so a part that will be sent again keeps its src (which may be dst).
+  std::array<std::mutex, 64> land_mu_;
+  std::unique_lock<std::mutex> landing(const Target& t) {
+    if (!t.failover) return {};
+    return std::unique_lock<std::mutex>(land_mu_[t.op->parts[t.idx].spec.key % land_mu_.size()]);
+  }
   std::atomic<std::uint64_t> encode_ns_{0}, decode_ns_{0};
   std::uint64_t inflight_bytes_ = 0;
   std::uint64_t busy_parts_ = 0;          // partitions sent whose answers are not in
@@ -861,7 +872,7 @@ class ClientConn : public FramedConn {
         if (h_.type == kError) cli_->on_error(server_, h_, meta_);
         return read_header();
       case kPayload: {
-        ClientImpl::Target t = target_;
+        Target t = target_;
         target_ = {};
         cli_->resp_done(t, true);
         return read_header();
@@ -913,7 +924,7 @@ class ClientConn : public FramedConn {
 
   ClientImpl* cli_;
   int server_;
-  ClientImpl::Target target_;
+  Target target_;
 };
 
 void ClientImpl::connect(int server, const std::string& host, int port, int streams,

@@ -21,6 +21,9 @@ struct Part {
   int at = -1;  // the server it went to: spec.server, or the key's new one once that is lost
   bool dispatched = false, acked = false, done = false;
   bool busy = false;  // sent, its answer not in (the client's busy time counts it)
+  // times a failover parked it (its stripe of ClientImpl::land_mu_ held): an answer accepted
+  // before is not its own any more, since the part will be sent again
+  std::uint32_t parks = 0;
   double t_sent = 0, t_acked = 0, t_done = 0;
   std::uint64_t wire = 0;  // its bytes on the wire: spec.nbytes, or the codec's payload
   // a coded operation's: the coder that encodes src and decodes into dst, and the encoded
@@ -50,6 +53,19 @@ struct Op {
   int err_server = -1;
   double t_first = 0, t_last = 0;
   std::uint64_t bytes = 0;
+};
+
+// Where an answer of a part goes (the client's inflight_ entry of its key, copied as the
+// answer's header comes).
+struct Target {
+  std::shared_ptr<Op> op;
+  std::size_t idx = 0;
+  char* shadow = nullptr;  // losing a server: the answer lands in the key's shadow
+  bool copied = false;     // ... and was copied out into the operation's dst
+  int contrib = 0;         // > 0: the round summed this many pushes (ranks had joined)
+  std::uint64_t len = 0;   // the answer's bytes
+  std::uint32_t parks = 0;  // the part's parks when its header came (Part::parks)
+  bool failover = false;    // losing a server is on (land_mu_ guards dst against parking)
 };
 
 }  // namespace dp

@@ -125,6 +125,8 @@ class DyingServer:
 
     def __init__(self, workers: int, answer: set[int]):
         self.workers, self.answer = workers, answer
+        self.cut: set[int] = set()   # workers sent only the first half of an answer's payload
+        self.rest: dict[int, tuple[socket.socket, bytes]] = {}   # ... and what :meth:`go_on` sends
         self.lsock = socket.create_server(("127.0.0.1", 0))
         self.port = self.lsock.getsockname()[1]
         self.socks: list[socket.socket] = []
@@ -171,10 +173,19 @@ class DyingServer:
                 return
             total = sum(np.frombuffer(p, np.float32) for _s, p in got.values())
             for r in sorted(self.answer):
-                got[r][0].sendall(self._header(wire.MsgType.PULL_RESP, key=key, rnd=rnd,
-                                               dtype=dtype, count=count, nbytes=len(payload))
-                                  + total.astype(np.float32).tobytes())
+                msg = (self._header(wire.MsgType.PULL_RESP, key=key, rnd=rnd, dtype=dtype,
+                                    count=count, nbytes=len(payload))
+                       + total.astype(np.float32).tobytes())
+                half = HDR.size + len(payload) // 2 if r in self.cut else len(msg)
+                got[r][0].sendall(msg[:half])
+                if half < len(msg):
+                    self.rest[r] = (got[r][0], msg[half:])
             self.answered += 1
+
+    def go_on(self, rank: int) -> None:
+        """The rest of the answer cut for worker ``rank``."""
+        s, rest = self.rest.pop(rank)
+        s.sendall(rest)
 
     def close(self):
         self.die()
@@ -232,3 +243,65 @@ def test_a_round_answered_to_one_worker_only_is_seeded_to_the_other(cleanup):
         np.testing.assert_array_equal(ys[2][r], want[2])
     # worker 0 seeded round 1; worker 1's seed of round 0 was taken too when it came first
     assert good.stats()["seeds"] in (1, 2) and good.stats()["retries_answered"] == 1
+
+
+def wait_stat(cli, name: str, at_least: int, timeout: float = 20.0) -> int:
+    """The client's stat ``name`` once it reaches ``at_least`` (asserted within ``timeout``)."""
+    import time
+    end = time.monotonic() + timeout
+    while (got := cli.stats()[name]) < at_least:
+        assert time.monotonic() < end, f"{name} stayed at {got} (waited for {at_least})"
+        time.sleep(0.005)
+    return got
+
+
+def test_an_answer_landing_while_its_part_is_parked_is_not_taken(cleanup):
+    """Server 1 announces its leave (it stays up while its keys move): round 1 of its key is
+    answered whole to worker 0, and to worker 1 only halfway when the failover parks worker 1's
+    part. The rest of that answer then lands; it is not the part's any more (the part goes
+    again), so it neither completes the push_pull nor overwrites its gradient (the push is in
+    place: dst is src), and the part's push again is a retry, answered from worker 0's seed.
+    Before, that answer completed the part, its push again went out as a fresh push of round 1,
+    and the new server refused it ("a round that is not open"), as a SIGTERMed server's
+    failover did in CI."""
+    good, gport = make_server(2, rank=0)
+    cleanup.append(good)
+    leaving = DyingServer(2, answer={0, 1})
+    cleanup.append(leaving)
+    clients = [failover_client(r, [gport, leaving.port]) for r in range(2)]
+    cleanup += clients
+    n = (2 * PART) // 4  # two partitions: key 0 on server 0, key 1 on server 1
+    rng = np.random.default_rng(7)
+    xs = [[rng.standard_normal(n).astype(np.float32) for _ in range(2)] for _ in range(3)]
+    want = [a + b for a, b in xs]
+    for r, cli in enumerate(clients):
+        submit(cli, 100, xs[0][r], xs[0][r], 0, 2)   # in place, as a framework's gradient is
+    for r, cli in enumerate(clients):
+        take(cli, 100)
+        np.testing.assert_array_equal(xs[0][r], want[0])
+    grads = [x.copy() for x in xs[1]]
+    leaving.cut = {1}
+    in0 = clients[1].stats()["bytes_in"]
+    for r, cli in enumerate(clients):
+        submit(cli, 101, xs[1][r], xs[1][r], 1, 2)
+    take(clients[0], 101)
+    # worker 1 holds key 0's whole answer and the header and half the payload of key 1's
+    wait_stat(clients[1], "bytes_in", in0 + 2 * HDR.size + PART + PART // 2)
+    for cli in clients:
+        cli.failover([1], True)
+    for cli in clients:
+        assert cli.wait_seeds(10.0) == ""
+    leaving.go_on(1)
+    assert wait_stat(clients[1], "stale_answers", 1) == 1
+    assert not clients[1].wait(101, 0)
+    np.testing.assert_array_equal(xs[1][1][n // 2:], grads[1][n // 2:])   # still its gradient
+    for cli in clients:
+        cli.resume()
+    take(clients[1], 101)
+    np.testing.assert_array_equal(xs[1][1], want[1])
+    for r, cli in enumerate(clients):
+        submit(cli, 102, xs[2][r], xs[2][r], 2, 2)
+    for r, cli in enumerate(clients):
+        take(cli, 102)
+        np.testing.assert_array_equal(xs[2][r], want[2])
+    assert good.stats()["retries_answered"] == 1
