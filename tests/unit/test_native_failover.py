@@ -201,17 +201,24 @@ class DyingServer:
             s.close()
 
 
+def good_and_scripted(cleanup):
+    """Two workers' failover clients and two servers: a real one (index 0) and a
+    :class:`DyingServer` (index 1) that answers both workers until told otherwise."""
+    good, gport = make_server(2, rank=0)
+    cleanup.append(good)
+    scripted = DyingServer(2, answer={0, 1})
+    cleanup.append(scripted)
+    clients = [failover_client(r, [gport, scripted.port]) for r in range(2)]
+    cleanup += clients
+    return good, scripted, clients
+
+
 def test_a_round_answered_to_one_worker_only_is_seeded_to_the_other(cleanup):
     """Server 1 sums round 1 of its key and answers worker 0 only, then dies. Worker 0 has
     completed round 1 and goes on to round 2; worker 1 has not. Worker 0 seeds its answer on
     the key's new server, worker 1's retried push of round 1 is answered from the seed, and
     both then sum round 2 there: the same results as without the loss, on both workers."""
-    good, gport = make_server(2, rank=0)
-    cleanup.append(good)
-    dying = DyingServer(2, answer={0, 1})
-    cleanup.append(dying)
-    clients = [failover_client(r, [gport, dying.port]) for r in range(2)]
-    cleanup += clients
+    good, dying, clients = good_and_scripted(cleanup)
     n = (2 * PART) // 4  # two partitions: key 0 on server 0, key 1 on the dying server 1
     rng = np.random.default_rng(5)
     xs = [[rng.standard_normal(n).astype(np.float32) for _ in range(2)] for _ in range(3)]
@@ -264,12 +271,7 @@ def test_an_answer_landing_while_its_part_is_parked_is_not_taken(cleanup):
     Before, that answer completed the part, its push again went out as a fresh push of round 1,
     and the new server refused it ("a round that is not open"), as a SIGTERMed server's
     failover did in CI."""
-    good, gport = make_server(2, rank=0)
-    cleanup.append(good)
-    leaving = DyingServer(2, answer={0, 1})
-    cleanup.append(leaving)
-    clients = [failover_client(r, [gport, leaving.port]) for r in range(2)]
-    cleanup += clients
+    good, leaving, clients = good_and_scripted(cleanup)
     n = (2 * PART) // 4  # two partitions: key 0 on server 0, key 1 on server 1
     rng = np.random.default_rng(7)
     xs = [[rng.standard_normal(n).astype(np.float32) for _ in range(2)] for _ in range(3)]
