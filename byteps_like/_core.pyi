@@ -334,6 +334,10 @@ class DataClient:
         """Every completion nobody waits on, waiting up to ``timeout`` s for the first."""
     def set_paused(self, paused: bool) -> None:
         """Hold queued partitions, or release them in priority order (for tests)."""
+    def hold_landed(self, on: bool) -> None:
+        """Testing hook: while on, an answer landed in dst waits before it completes its
+        partition (the window in which a failover may come); ``stats()["landed_held"]``
+        counts those waiting."""
     def set_failover(self, on: bool) -> None:
         """Losing a server: a lost stream parks its server's parts (and completes a
         ``server_lost`` notice, op id 2**63 + server) instead of failing them; answers are

@@ -247,6 +247,9 @@ class DataClient {
   // Hold queued partitions (paused) or release them in priority order; for observing the
   // scheduler, as a test of priorities does.
   void set_paused(bool paused);
+  // Testing hook: while on, an answer landed in dst waits before it completes its partition
+  // (the window in which a failover may come); stats()["landed_held"] counts those waiting.
+  void hold_landed(bool on);
   // The keys of the partitions sent since the last call, in order (the first 4096).
   std::vector<std::uint64_t> take_dispatch_log();
   // Losing a server (dataplane_failover.h): with failover on, a lost stream parks its

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "dataplane_auth.h"
+#include "dataplane_client_conn.h"
 #include "dataplane_client_ops.h"
 #include "dataplane_coder.h"
 #include "dataplane_failover.h"
@@ -26,18 +27,11 @@
 namespace bps {
 namespace dp {
 
-// the wire dtype of codec payloads (wire.h's table)
-constexpr int kWireUint8 = 7;
-static_assert(kWireDTypes[kWireUint8].name[0] == 'u' && kWireDTypes[kWireUint8].itemsize == 1,
-              "wire dtype code 7 is uint8");
-
 // =============================================================================================
 // client
 // =============================================================================================
 
-class ClientConn;
-
-class ClientImpl {
+class ClientImpl : public StreamEvents {
  public:
   ClientImpl(int rank, std::uint32_t job, int io_threads, std::uint64_t credit,
              std::uint64_t max_msg, std::string key, int codec_threads)
@@ -150,6 +144,7 @@ class ClientImpl {
       if (closed_) return;
       closed_ = true;
     }
+    gate_.set(false);
     for (auto& l : loops_) l->stop();   // closes every stream: their ops fail
     coders_.stop();  // no codec job touches a caller's buffers once its op is reported
     std::lock_guard<std::mutex> g(mu_);
@@ -160,6 +155,8 @@ class ClientImpl {
     }
     cv_.notify_all();
   }
+
+  void hold_landed(bool on) { gate_.set(on); }
 
   // Hold every partition in the queue (paused) or let them go in priority order again.
   void set_paused(bool paused) {
@@ -203,7 +200,7 @@ class ClientImpl {
         if (sl.lost.empty()) sl.lost = "server rank " + std::to_string(s) + " was lost";
       }
       repark_locked();
-      holding_ = hold;
+      holding_ = seeding_ = hold;
       seed_error_.clear();
       for (auto& kv : keys_) {
         KeyRecord& k = kv.second;
@@ -265,6 +262,8 @@ class ClientImpl {
         1e9 * (busy_s_ + (busy_parts_ ? monotonic_now() - busy_from_ : 0.0)));
     s["parked"] = parked_.size();
     s["stale_answers"] = stale_answers_;
+    s["late_seeds"] = late_seeds_;
+    s["landed_held"] = static_cast<std::uint64_t>(gate_.held());
     s["keys_kept"] = keys_.size();
     s["ops"] = ops_.size();
     std::uint64_t streams = 0;
@@ -380,12 +379,14 @@ class ClientImpl {
         const std::int64_t div = t.contrib > 0 && op.divisor > 1 ? t.contrib : op.divisor;
         p.coder->decode(p.in, p.wire, reinterpret_cast<float*>(op.dst + p.spec.offset), div,
                         static_cast<std::uint64_t>(p.spec.round));
+        p.landed = t.failover;
       } catch (const std::invalid_argument& exc) {
         err = exc.what();
       }
       decode_ns_ += static_cast<std::uint64_t>((monotonic_now() - t0) * 1e9);
     }
     if (land) land.unlock();
+    gate_.pass();
     if (!err.empty()) {
       std::lock_guard<std::mutex> g(mu_);
       fail_locked(op, "protocol", p.at, "server " + std::to_string(p.at) +
@@ -403,7 +404,7 @@ class ClientImpl {
   }
 
   // PUSH_ACK: the push is in the server's hands; its bytes leave the credit.
-  void on_ack(int server, const Header& h) {
+  void on_ack(int server, const Header& h) override {
     std::vector<Ready> ready;
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -421,7 +422,7 @@ class ClientImpl {
   }
 
   // PULL_RESP header: where its payload goes (null: discard it).
-  char* on_resp(int server, const Header& h, Target* t) {
+  char* on_resp(int server, const Header& h, Target* t) override {
     std::lock_guard<std::mutex> g(mu_);
     auto it = inflight_.find(h.key);
     if (it == inflight_.end()) return nullptr;
@@ -462,7 +463,7 @@ class ClientImpl {
     return op.coded ? reinterpret_cast<char*>(p.in) : op.dst + p.spec.offset;
   }
 
-  void resp_done(const Target& t, bool ok) {
+  void resp_done(const Target& t, bool ok) override {
     if (ok && t.op->coded) {  // decoded (and averaged) on a codec thread, never on this one
       if (!coders_.post([this, t] { decode_part(t); })) coded_dropped(t.op);
       return;
@@ -471,13 +472,16 @@ class ClientImpl {
       Target c = t;        // thread goes on reading
       c.copied = true;
       if (!coders_.post([this, c] {
-            const Op& op = *c.op;
+            Op& op = *c.op;
             const std::int64_t div = c.contrib > 0 && op.divisor > 1 ? c.contrib : op.divisor;
             std::unique_lock<std::mutex> land = landing(c);  // parked meanwhile: dst keeps src
-            if (!op.failed && op.parts[c.idx].parks == c.parks)
-              copy_scaled(op.kdt, op.dst + op.parts[c.idx].spec.offset, c.shadow, c.len,
-                          op.compressed ? 1 : div);
+            Part& p = op.parts[c.idx];
+            if (!op.failed && p.parks == c.parks) {
+              copy_scaled(op.kdt, op.dst + p.spec.offset, c.shadow, c.len, op.compressed ? 1 : div);
+              p.landed = true;
+            }
             if (land) land.unlock();
+            gate_.pass();
             finish_part(c, true);
           }))
         coded_dropped(t.op);
@@ -497,13 +501,14 @@ class ClientImpl {
     if (ok && div > 1 && !op.failed && !op.coded && !t.copied)
       scale_into(op.kdt, op.dst + p.spec.offset, p.spec.nbytes / itemsize(op.kdt), div, 1);
     std::vector<Ready> ready;
+    std::pair<std::shared_ptr<Conn>, Out> seed;
     {
       std::lock_guard<std::mutex> g(mu_);
       op.active--;
       if (ok && !p.done && p.parks != t.parks) {
         stale_answers_++;  // it was parked since: it goes again, and this answer is not its
       } else if (ok && !p.done) {
-        if (failover_) keep_answer_locked(op, p, t);
+        if (failover_ && keep_answer_locked(op, p, t)) late_seed_locked(p, &seed);
         release_locked(p);
         busy_locked(p, false);
         p.done = true;
@@ -517,10 +522,11 @@ class ClientImpl {
       maybe_report_locked(t.op);
       dispatch_locked(&ready);
     }
+    if (seed.first) seed.first->post(std::move(seed.second));
     send_ready(ready);
   }
 
-  void on_error(int server, const Header& h, const std::string& meta) {
+  void on_error(int server, const Header& h, const std::string& meta) override {
     std::lock_guard<std::mutex> g(mu_);
     if (seed_answered_locked(server, h, &meta)) return;
     auto it = inflight_.find(h.key);
@@ -531,7 +537,7 @@ class ClientImpl {
     maybe_report_locked(op);
   }
 
-  void on_stream_lost(int server, const std::string& why) {
+  void on_stream_lost(int server, const std::string& why) override {
     std::lock_guard<std::mutex> g(mu_);
     if (closed_) return;
     ServerSlot& s = servers_[server];
@@ -732,10 +738,11 @@ class ClientImpl {
       for (std::size_t i = 0; i < op.parts.size(); ++i) {
         Part& p = op.parts[i];
         if (!p.dispatched || p.done || !which(p)) continue;
+        std::lock_guard<std::mutex> land(land_mu_[p.spec.key % land_mu_.size()]);
+        if (p.landed) continue;  // its answer is in dst: it completes (finish_part)
         release_locked(p);
         busy_locked(p, false);
         p.dispatched = p.acked = false;
-        std::lock_guard<std::mutex> land(land_mu_[p.spec.key % land_mu_.size()]);
         p.parks++;  // an answer landing now is not its own (resp_done, decode_part)
         auto it = inflight_.find(p.spec.key);
         if (it != inflight_.end() && it->second.op.get() == &op) inflight_.erase(it);
@@ -760,19 +767,33 @@ class ClientImpl {
     }
   }
   // A part's answer is whole: the key's shadow now holds its round (a coded part's answer
-  // was received into its codec's buffer: copied, it is the compressed size).
-  void keep_answer_locked(const Op& op, const Part& p, const Target& t) {
+  // was received into its codec's buffer: copied, it is the compressed size). True when the
+  // key moved meanwhile: its answer landed as a failover came (the part was not parked).
+  bool keep_answer_locked(const Op& op, const Part& p, const Target& t) {
     KeyRecord& k = keys_[p.spec.key];
     if (op.coded) k.shadow.assign(reinterpret_cast<const char*>(p.in),
                                   reinterpret_cast<const char*>(p.in) + t.len);
-    else if (!t.shadow) return;
+    else if (!t.shadow) return false;
     k.round = p.spec.round;
     k.len = t.len;
     k.wire_dtype = op.wire_dtype;
     k.flags = (op.compressed ? kFlagCompressed : 0) |
               (t.contrib > 0 ? kFlagContrib | (static_cast<std::uint32_t>(t.contrib) << kContribShift)
                              : 0);
-    k.retry = false;
+    k.retry = k.owner >= 0 && k.owner != p.at;  // its next push re-declares it there
+    return k.retry;
+  }
+  // The round of a moved key completed on its old server after the failover's seeding: the
+  // key's new server gets it as a late seed (counted in seeds_out_), or the workers whose
+  // parts were parked would push that round again there and wait for this one's push.
+  void late_seed_locked(const Part& p, std::pair<std::shared_ptr<Conn>, Out>* seed) {
+    const KeyRecord& k = keys_[p.spec.key];
+    if (!seeding_ || servers_[k.owner].conns.empty() || !servers_[k.owner].lost.empty()) return;
+    seeds_out_[{p.spec.key, k.round}] = k.owner;
+    late_seeds_++;
+    const ServerSlot& s = servers_[k.owner];
+    *seed = {s.conns[static_cast<std::size_t>(k.conn) % s.conns.size()],
+             seed_out(rank_, job_, p.spec.key, k)};
   }
   // The parts in flight to `server` wait for their key's new server; `notify`: tell Python.
   void lost_locked(int server, bool notify) {
@@ -807,6 +828,7 @@ class ClientImpl {
   }
   bool failover_ = false;
   bool holding_ = false;      // a failover is in progress: moved keys' parts wait for resume()
+  bool seeding_ = false;      // the last failover seeded the moved keys' new servers
   std::vector<char> prev_gone_;  // the servers gone before the current failover
   std::unordered_map<std::uint64_t, KeyRecord> keys_;
   std::vector<QItem> parked_;  // parts whose server is lost, waiting for its keys' new one
@@ -828,6 +850,8 @@ class ClientImpl {
   std::uint64_t seq_ = 0;
   std::uint64_t coded_ops_ = 0;  // coded operations submitted (guarded by mu_)
   std::uint64_t stale_answers_ = 0;  // answers of parts parked meanwhile (guarded by mu_)
+  std::uint64_t late_seeds_ = 0;     // seeds of rounds completed after a failover (mu_)
+  LandedGate gate_;                  // testing hook (hold_landed)
   // Losing a server: a part's answer lands in dst holding its key's stripe, and parking the
   // part takes it, so a part that will be sent again keeps its src (which may be dst).
   std::array<std::mutex, 64> land_mu_;
@@ -843,88 +867,6 @@ class ClientImpl {
   bool paused_ = false;
   static constexpr std::size_t kDispatchLog = 4096;
   std::vector<std::uint64_t> log_;                        // keys in the order they went out
-
- public:
-  std::uint64_t max_msg() const { return max_msg_; }
-};
-
-class ClientConn : public FramedConn {
- public:
-  ClientConn(std::unique_ptr<Link> link, ClientImpl* cli, int server)
-      : FramedConn(std::move(link), &cli->c_), cli_(cli), server_(server) {
-    read_header();
-  }
-
- protected:
-  void on_closed() override {
-    if (target_.op) {
-      cli_->resp_done(target_, false);
-      target_ = {};
-    }
-    cli_->on_stream_lost(server_, why_.empty() ? "closed" : why_);
-  }
-
-  bool advance() override {
-    switch (state_) {
-      case kHdr: return on_header();
-      case kMetaLen: return read_meta("meta frame over 1 MiB from the server");
-      case kMeta:
-        if (h_.type == kError) cli_->on_error(server_, h_, meta_);
-        return read_header();
-      case kPayload: {
-        Target t = target_;
-        target_ = {};
-        cli_->resp_done(t, true);
-        return read_header();
-      }
-      case kDiscard: return next_discard();
-      case kNonceIn:
-      case kMacIn: break;  // the worker's handshake runs before the stream joins a loop
-    }
-    return false;
-  }
-
- private:
-  bool on_header() {
-    counters_->msgs_in++;
-    if (!from_server_of(h_, cli_->job_)) {
-      why_ = "a malformed message or one of another job from the server";
-      return false;
-    }
-    switch (h_.type) {
-      case kPushAck:
-        cli_->on_ack(server_, h_);
-        return read_header();
-      case kPullResp: {
-        const std::size_t isz = wire_itemsize(h_.dtype);
-        if (!count_matches(h_, isz) || h_.nbytes > cli_->max_msg() || (h_.flags & kFlagMeta)) {
-          why_ = "PULL_RESP with an inconsistent or oversized length";
-          return false;
-        }
-        char* dst = cli_->on_resp(server_, h_, &target_);
-        if (!dst) {
-          discard_left_ = h_.nbytes;
-          return next_discard();
-        }
-        state_ = kPayload;
-        expect(dst, h_.nbytes);
-        return true;
-      }
-      case kError:
-        if (!(h_.flags & kFlagMeta)) {
-          why_ = "ERROR without a message";
-          return false;
-        }
-        return read_meta_len();
-      default:
-        why_ = std::string("unexpected ") + type_name(h_.type) + " from the server";
-        return false;
-    }
-  }
-
-  ClientImpl* cli_;
-  int server_;
-  Target target_;
 };
 
 void ClientImpl::connect(int server, const std::string& host, int port, int streams,
@@ -950,7 +892,7 @@ void ClientImpl::connect(int server, const std::string& host, int port, int stre
                                " at " + host + ":" + std::to_string(port) +
                                (ucx ? " (UCX): " : ": ") + err);
     }
-    conns.push_back(std::make_shared<ClientConn>(std::move(link), this, server));
+    conns.push_back(client_stream(std::move(link), this, server, job_, max_msg_, &c_));
     where.push_back(loop);
   }
   {
@@ -986,6 +928,7 @@ std::vector<Completion> DataClient::completions(double timeout) {
 }
 void DataClient::close() { impl_->close(); }
 void DataClient::set_paused(bool paused) { impl_->set_paused(paused); }
+void DataClient::hold_landed(bool on) { impl_->hold_landed(on); }
 void DataClient::set_failover(bool on) { impl_->set_failover(on); }
 void DataClient::failover(const std::vector<int>& lost, bool hold) { impl_->failover(lost, hold); }
 std::string DataClient::wait_seeds(double timeout) { return impl_->wait_seeds(timeout); }

@@ -2,9 +2,12 @@
 // tensor's push_pull, several partitions) and each of its parts.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,11 @@
 namespace bps {
 namespace dp {
 
+// the wire dtype of codec payloads (wire.h's table)
+constexpr int kWireUint8 = 7;
+static_assert(kWireDTypes[kWireUint8].name[0] == 'u' && kWireDTypes[kWireUint8].itemsize == 1,
+              "wire dtype code 7 is uint8");
+
 struct Op;
 struct Part {
   PartSpec spec;
@@ -24,6 +32,9 @@ struct Part {
   // times a failover parked it (its stripe of ClientImpl::land_mu_ held): an answer accepted
   // before is not its own any more, since the part will be sent again
   std::uint32_t parks = 0;
+  // its answer is in dst (set holding the stripe): parking it then would push the answer
+  // again as its gradient, so a failover leaves it to complete (and seed its key's new server)
+  bool landed = false;
   double t_sent = 0, t_acked = 0, t_done = 0;
   std::uint64_t wire = 0;  // its bytes on the wire: spec.nbytes, or the codec's payload
   // a coded operation's: the coder that encodes src and decodes into dst, and the encoded
@@ -66,6 +77,34 @@ struct Target {
   std::uint64_t len = 0;   // the answer's bytes
   std::uint32_t parks = 0;  // the part's parks when its header came (Part::parks)
   bool failover = false;    // losing a server is on (land_mu_ guards dst against parking)
+};
+
+// Testing hook (DataClient.hold_landed): while on, a codec thread that has landed an answer in
+// dst waits before it completes the part: the window in which a failover may come.
+class LandedGate {
+ public:
+  void set(bool on) {
+    std::lock_guard<std::mutex> g(mu_);
+    on_ = on;
+    cv_.notify_all();
+  }
+  void pass() {
+    if (!on_.load(std::memory_order_relaxed)) return;
+    std::unique_lock<std::mutex> g(mu_);
+    held_++;
+    cv_.wait(g, [this] { return !on_.load(); });
+    held_--;
+  }
+  int held() {
+    std::lock_guard<std::mutex> g(mu_);
+    return held_;
+  }
+
+ private:
+  std::atomic<bool> on_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int held_ = 0;
 };
 
 }  // namespace dp

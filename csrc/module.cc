@@ -815,6 +815,8 @@ void bind_data_client(py::module_& m) {
           py::arg("timeout"))
       .def("close", &dp::DataClient::close, py::call_guard<py::gil_scoped_release>())
       .def("set_paused", &dp::DataClient::set_paused, py::arg("paused"))
+      .def("hold_landed", &dp::DataClient::hold_landed, py::arg("on"),
+           py::call_guard<py::gil_scoped_release>())
       .def("take_dispatch_log", &dp::DataClient::take_dispatch_log)
       .def("set_failover", &dp::DataClient::set_failover, py::arg("on"))
       .def("failover", &dp::DataClient::failover, py::arg("lost"), py::arg("hold"),

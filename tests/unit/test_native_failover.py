@@ -308,3 +308,58 @@ def test_an_answer_landing_while_its_part_is_parked_is_not_taken(cleanup):
         take(cli, 102)
         np.testing.assert_array_equal(xs[2][r], want[2])
     assert good.stats()["retries_answered"] == 1
+
+
+def test_an_answer_landed_as_a_failover_comes_completes_and_seeds_the_new_server(cleanup):
+    """The window between an answer's copy into dst and its part's completion: worker 0 has
+    round 1 of key 1 (on server 1, which announced its leave) in its in-place gradient when the
+    failover comes, worker 1 only half of it. Neither has completed the round, so the failover
+    seeds nothing. Worker 0's part is not parked (pushed again, its gradient would be the sum):
+    it completes, and seeds the key's new server late, and worker 1's push again is answered
+    from that seed. Before, the part was parked, the answer dropped as stale and the sum pushed
+    again as worker 0's gradient."""
+    good, leaving, clients = good_and_scripted(cleanup)
+    n = PART // 4  # one partition, key 1: on server 1
+
+    def push(cli, op, x, rnd):
+        cli.submit(op, 0, x.view(np.uint8), x.view(np.uint8), WIRE_CODE["float32"], 1, rnd,
+                   parts_of(x.nbytes, rnd, 2, key_base=1))
+
+    rng = np.random.default_rng(11)
+    xs = [[rng.standard_normal(n).astype(np.float32) for _ in range(2)] for _ in range(3)]
+    want = [a + b for a, b in xs]
+    for r, cli in enumerate(clients):
+        push(cli, 100, xs[0][r], 0)
+    for r, cli in enumerate(clients):
+        take(cli, 100)
+        np.testing.assert_array_equal(xs[0][r], want[0])
+    leaving.cut = {1}
+    clients[0].hold_landed(True)
+    in1 = clients[1].stats()["bytes_in"]
+    for r, cli in enumerate(clients):
+        push(cli, 101, xs[1][r], 1)
+    assert wait_stat(clients[0], "landed_held", 1) == 1  # in dst, its part not completed
+    np.testing.assert_array_equal(xs[1][0], want[1])
+    wait_stat(clients[1], "bytes_in", in1 + 2 * HDR.size + PART // 2)  # ack, header, half
+    for cli in clients:
+        cli.failover([1], True)
+    for cli in clients:
+        assert cli.wait_seeds(10.0) == ""
+    assert clients[0].stats()["late_seeds"] == 0
+    clients[0].hold_landed(False)
+    take(clients[0], 101)
+    np.testing.assert_array_equal(xs[1][0], want[1])
+    assert clients[0].stats()["late_seeds"] == 1
+    assert clients[0].wait_seeds(10.0) == ""  # the late seed was taken
+    leaving.go_on(1)
+    assert wait_stat(clients[1], "stale_answers", 1) == 1
+    for cli in clients:
+        cli.resume()
+    take(clients[1], 101)
+    np.testing.assert_array_equal(xs[1][1], want[1])
+    assert good.stats()["seeds"] == 1 and good.stats()["retries_answered"] == 1
+    for r, cli in enumerate(clients):
+        push(cli, 102, xs[2][r], 2)
+    for r, cli in enumerate(clients):
+        take(cli, 102)
+        np.testing.assert_array_equal(xs[2][r], want[2])
