@@ -2,8 +2,9 @@
 # The device measurements of issues 38 and 39, in parts of under ten minutes each, for the GPU
 # machine (16 cores, one GPU). Measured on 2026-12-05 (docs/img/h100-2026-12-05/): every part
 # once; on 2026-12-06 (docs/img/h100-2026-12-06/, h200-2026-12-06/): `links` with one thread's
-# codec speeds, `cpu`'s emulated cluster with failover on and off, `sparse` with 4 threads.
-# Still to run: `links` with the codec pool's speeds (the build on main).
+# codec speeds, `cpu`'s emulated cluster with failover on and off, `sparse` with 4 threads;
+# docs/img/h100-2026-12-06b/: `links` with the codec pool's speeds, and `sparse` for 40 steps
+# under scripts/device/netns_losses.sh (the emulated NICs' drops and TCP timeouts).
 #
 #   . .devbundle/setup.sh && bash scripts/device/pending.sh routes   # GPU paths of the route plan
 #   . .devbundle/setup.sh && bash scripts/device/pending.sh cpu      # server CPU, shapes, optimum
