@@ -501,14 +501,13 @@ class ClientImpl : public StreamEvents {
     if (ok && div > 1 && !op.failed && !op.coded && !t.copied)
       scale_into(op.kdt, op.dst + p.spec.offset, p.spec.nbytes / itemsize(op.kdt), div, 1);
     std::vector<Ready> ready;
-    std::pair<std::shared_ptr<Conn>, Out> seed;
     {
       std::lock_guard<std::mutex> g(mu_);
       op.active--;
       if (ok && !p.done && p.parks != t.parks) {
         stale_answers_++;  // it was parked since: it goes again, and this answer is not its
       } else if (ok && !p.done) {
-        if (failover_ && keep_answer_locked(op, p, t)) late_seed_locked(p, &seed);
+        if (failover_ && keep_answer_locked(op, p, t)) late_seed_locked(p);
         release_locked(p);
         busy_locked(p, false);
         p.done = true;
@@ -522,7 +521,6 @@ class ClientImpl : public StreamEvents {
       maybe_report_locked(t.op);
       dispatch_locked(&ready);
     }
-    if (seed.first) seed.first->post(std::move(seed.second));
     send_ready(ready);
   }
 
@@ -785,15 +783,17 @@ class ClientImpl : public StreamEvents {
   }
   // The round of a moved key completed on its old server after the failover's seeding: the
   // key's new server gets it as a late seed (counted in seeds_out_), or the workers whose
-  // parts were parked would push that round again there and wait for this one's push.
-  void late_seed_locked(const Part& p, std::pair<std::shared_ptr<Conn>, Out>* seed) {
+  // parts were parked would push that round again there and wait for this one's push. Posted
+  // here, before the operation completes, so it goes ahead of the key's next push on its lane
+  // (post only queues: it takes the stream's own lock and calls nothing back for a seed).
+  void late_seed_locked(const Part& p) {
     const KeyRecord& k = keys_[p.spec.key];
     if (!seeding_ || servers_[k.owner].conns.empty() || !servers_[k.owner].lost.empty()) return;
     seeds_out_[{p.spec.key, k.round}] = k.owner;
     late_seeds_++;
     const ServerSlot& s = servers_[k.owner];
-    *seed = {s.conns[static_cast<std::size_t>(k.conn) % s.conns.size()],
-             seed_out(rank_, job_, p.spec.key, k)};
+    s.conns[static_cast<std::size_t>(k.conn) % s.conns.size()]->post(
+        seed_out(rank_, job_, p.spec.key, k));
   }
   // The parts in flight to `server` wait for their key's new server; `notify`: tell Python.
   void lost_locked(int server, bool notify) {
