@@ -8,7 +8,10 @@
   ``DistributedOptimizer`` (push_pull), as a job without server-held tables has to;
 - ``ddp``: the dense model under ``torch.nn.parallel.DistributedDataParallel`` with gloo
   (rendezvous through MASTER_ADDR/MASTER_PORT; its bytes are the ring all-reduce's,
-  computed: 2 (W-1)/W of the gradient bytes each way).
+  computed: 2 (W-1)/W of the gradient bytes each way);
+- ``local``: the same model and batch with no communication at all (the tables as
+  ``nn.Embedding`` with sparse gradients, plain SGD): each of the workers trains its own copy,
+  so the step is the model's compute on the same share of the machine.
 
 The model (:func:`table_rows`, :class:`DLRM`): ``--tables`` tables of ``--rows``, rows/10,
 rows/100, ... rows (Criteo-like skew) of ``--dim`` float32, one id per table per sample drawn
@@ -66,13 +69,13 @@ def kill_server(rt: Any, rank: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m byteps_like.bench._sparse_worker")
-    p.add_argument("mode", choices=("sparse", "dense", "ddp", "replicate", "snapshot"),
+    p.add_argument("mode", choices=("sparse", "dense", "ddp", "local", "replicate", "snapshot"),
                    help="replicate, snapshot: sparse, with BYTEPS_SPARSE_SURVIVAL set so")
     p.add_argument("--kill", default="", metavar="SERVER:STEP",
                    help="rank 0 SIGKILLs server rank SERVER as step STEP begins")
     p.add_argument("--sample-out", default="", help="rank 0 writes the first 512 rows of "
                    "every table here at the end (.npy)")
-    p.add_argument("--rank", type=int, default=0, help="ddp")
+    p.add_argument("--rank", type=int, default=0, help="ddp, local")
     p.add_argument("--world", type=int, default=1, help="ddp")
     p.add_argument("--rows", type=int, required=True)
     p.add_argument("--tables", type=int, default=4)
@@ -102,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch.distributed as dist
         dist.init_process_group("gloo", rank=a.rank, world_size=a.world)
         rank, rt = a.rank, None
+    elif a.mode == "local":
+        rank, rt = a.rank, None
     else:
         bps.init()
         rank, rt = bps.rank(), default_runtime()
@@ -111,8 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             bps.SparseEmbedding(n, a.dim, name=f"table{i}", init="uniform", seed=i,
                                optimizer=a.optimizer, lr=a.lr)
             for i, n in enumerate(sizes)]
-    else:
-        embs = [torch.nn.Embedding(n, a.dim) for n in sizes]
+    else:   # local: sparse gradients, as a one-process model of this size would have
+        embs = [torch.nn.Embedding(n, a.dim, sparse=a.mode == "local") for n in sizes]
 
     class DLRM(torch.nn.Module):
         def __init__(self) -> None:
@@ -132,9 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     model: torch.nn.Module = DLRM()
     dense_bytes = sum(p.numel() * 4 for p in model.parameters())
-    if rt is None:   # ddp: the ring all-reduce's bytes, both ways, computed
-        model = torch.nn.parallel.DistributedDataParallel(model)
+    ring = 0
+    if a.mode == "local":
         opt: Any = torch.optim.SGD(model.parameters(), lr=a.lr)
+    elif rt is None:   # ddp: the ring all-reduce's bytes, both ways, computed
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(model.parameters(), lr=a.lr)
         ring = 4 * (a.world - 1) * dense_bytes // a.world
     else:
         opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr),
@@ -192,10 +200,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               "pushpull_bytes": pushpull, "floor_bytes": floor, "steps": a.steps,
               "dense_param_bytes": dense_bytes, "table_rows": sizes, "loss": losses[-1],
               "table_phases": phases, "threads": torch.get_num_threads()}
-    if rt is None:
+    if a.mode == "ddp":
         end_torch_distributed(torch.distributed, result)
     emit(result)
-    bps.shutdown()
+    if rt is not None:
+        bps.shutdown()
     return 0
 
 

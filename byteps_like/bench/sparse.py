@@ -12,7 +12,10 @@ table per sample, an MLP on top) trained by a byteps_like job on bpslaunch's pla
 - ``sparse``: the tables held and updated on the servers (``byteps_like.torch.SparseEmbedding``);
 - ``dense``: the same tables as ``nn.Embedding`` whose whole gradient goes through push_pull;
 - ``ddp``: the dense model under DistributedDataParallel with gloo (no servers; its bytes are
-  the ring all-reduce's, computed).
+  the ring all-reduce's, computed);
+- ``local``: the same model and batch with no communication (as many processes as workers,
+  each training its own copy at once): the model's compute on the same share of the machine,
+  the baseline of the others.
 
 It reports per step (median over the timed steps of the slowest worker): the step time,
 samples/s, the wire bytes of one worker (tables, push_pull) against the floor (each table's
@@ -45,7 +48,7 @@ from .harness import ChildFailed, Job, Proc, base_env, collect, free_port, local
 from .report import drive, exit_on_signals, machine_info, markdown_table, num, report_header
 
 PROG = "python -m byteps_like.bench sparse"
-MODES = ("sparse", "replicate", "snapshot", "dense", "ddp")
+MODES = ("sparse", "replicate", "snapshot", "dense", "ddp", "local")
 #: the modes with server-held tables: replicate and snapshot set BYTEPS_SPARSE_SURVIVAL so
 SPARSE_MODES = ("sparse", "replicate", "snapshot")
 #: --quick: 2 workers, 2 servers, a 1M-row table (+ 3 smaller), 1 Gbit/s NICs
@@ -86,7 +89,7 @@ class Setup:
         return "loopback" if self.rate_bits is None else fmt_cap(self.rate_bits)
 
     def worker_argv(self, mode: str) -> list[str]:
-        steps, warmup = ((self.steps, self.warmup) if mode in SPARSE_MODES
+        steps, warmup = ((self.steps, self.warmup) if mode in (*SPARSE_MODES, "local")
                          else (self.dense_steps, self.dense_warmup))   # dense and ddp
         extra = (["--kill", self.kill] if self.kill and mode in ("replicate", "snapshot")
                  else [])
@@ -161,6 +164,16 @@ def run_ddp(s: Setup) -> tuple[list[dict], dict[str, int]]:
         return collect(ws, "ddp"), {}
 
 
+def run_local(s: Setup) -> tuple[list[dict], dict[str, int]]:
+    """The model with no communication: one process per worker, at once (no servers, no
+    network: with --rate they run in the root namespace, on the same cores)."""
+    with Job("sparse-local") as g:
+        ws = [g.spawn(f"local {r}", s.worker_argv("local") + ["--rank", str(r)],
+                      base_env(force_distributed=False)) for r in range(s.workers)]
+        g.wait(s.timeout, relay=ws[0], relay_prefix="[sparse] local: ")
+        return collect(ws, "local"), {}
+
+
 def run_mode(s: Setup, mode: str) -> tuple[list[dict], dict[str, int]]:
     """One job; the workers' results and the servers' peak RSS. With --rate the scheduler
     and worker i on host w{i}, server j on host s{j}."""
@@ -203,7 +216,7 @@ def server_phases(servers: list[Proc]) -> list[dict]:
 
 
 RUNNERS = {"sparse": run_mode, "replicate": run_mode, "snapshot": run_mode, "dense": run_mode,
-           "ddp": lambda s, _mode: run_ddp(s)}
+           "ddp": lambda s, _mode: run_ddp(s), "local": lambda s, _mode: run_local(s)}
 
 
 def make_record(s: Setup, mode: str, res: list[dict], rss: dict[str, int]) -> dict:
@@ -221,14 +234,14 @@ def make_record(s: Setup, mode: str, res: list[dict], rss: dict[str, int]) -> di
     return {"mode": mode, "rows": s.rows, "tables": table_rows_, "dim": s.dim,
             "batch": s.batch, "zipf": s.zipf, "workers": s.workers,
             "optimizer": s.optimizer if mode in SPARSE_MODES else "sgd",
-            "servers": 0 if mode == "ddp" else s.servers,
+            "servers": 0 if mode in ("ddp", "local") else s.servers,
             "bytes_computed": mode == "ddp",   # the ring all-reduce's, not measured
             "rate": s.rate, "rate_bits": s.rate_bits, "steps": n, "step_s": step,
             "step_times_s": steps, "samples_per_s": s.batch * s.workers / step,
             "bytes_per_step": tables + pushpull, "table_bytes_per_step": tables,
             "pushpull_bytes_per_step": pushpull, "floor_bytes_per_step": floor,
-            "tables_over_floor": (tables / floor if mode in SPARSE_MODES else
-                                  (tables + pushpull) / floor),
+            "tables_over_floor": (None if mode == "local" else tables / floor
+                                  if mode in SPARSE_MODES else (tables + pushpull) / floor),
             "server_peak_rss_bytes": max(rss.values()) if rss else None,
             "table_shard_bytes": shard if mode in SPARSE_MODES else None,
             "dense_param_bytes": res[0]["dense_param_bytes"], "loss": res[0]["loss"],
@@ -330,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "their shard bytes); the dense model trains with SGD")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=None, help="servers (default 2)")
-    p.add_argument("--modes", default="sparse,dense,ddp", help=f"of {', '.join(MODES)}")
+    p.add_argument("--modes", default="sparse,dense,ddp,local",
+                   help=f"of {', '.join(MODES)}")
     uneven.add_link_options(p, parse_rate, "each worker and server")
     p.add_argument("--steps", type=int, default=None, help="timed sparse steps (default 20)")
     p.add_argument("--warmup", type=int, default=None, help="untimed sparse steps (default 3)")

@@ -187,8 +187,8 @@ def test_torch_modules_train_like_dense_tables_in_one_process(workers, servers):
 
 def test_bench_sparse_reports_both_modes_against_the_floor(tmp_path):
     """``bench sparse`` on loopback with a small model: one record per mode with the fields
-    the issue asks for; the sparse tables' bytes stay within 1.2 of the floor and the dense
-    ones carry every row."""
+    the issue asks for; the sparse tables' bytes stay within 1.2 of the floor, the dense
+    ones carry every row, and the local baseline (no communication) sends nothing."""
     pytest.importorskip("torch")
     import json
 
@@ -198,13 +198,16 @@ def test_bench_sparse_reports_both_modes_against_the_floor(tmp_path):
               "--dense-steps", "2", "--dense-warmup", "0", "--json", str(out), timeout=180)
     assert r.returncode == 0, dump(r)
     records = {rec["mode"]: rec for rec in json.loads(out.read_text())}
-    assert set(records) == {"sparse", "dense", "ddp"}
+    assert set(records) == {"sparse", "dense", "ddp", "local"}
     for rec in records.values():
         for key in ("mode", "rows", "dim", "workers", "servers", "rate", "step_s",
                     "bytes_per_step", "floor_bytes_per_step"):
             assert rec[key] is not None, (key, rec)
         assert rec["workers"] == 2 and rec["rate"] == "loopback"
-        assert rec["servers"] == (0 if rec["mode"] == "ddp" else 2)
+        assert rec["servers"] == (0 if rec["mode"] in ("ddp", "local") else 2)
+    local = records["local"]   # the baseline: the same model and steps, nothing on the wire
+    assert local["bytes_per_step"] == 0 and local["steps"] == records["sparse"]["steps"]
+    assert local["step_s"] > 0 and local["tables_over_floor"] is None
     sparse, dense = records["sparse"], records["dense"]
     assert 1.0 <= sparse["tables_over_floor"] <= 1.2, sparse
     rows_bytes = sum(sparse["tables"]) * 64 * 4
