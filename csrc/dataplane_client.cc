@@ -184,7 +184,6 @@ class ClientImpl : public StreamEvents {
   // pushes wait for resume(), and each moving key whose last round this client completed is
   // seeded on its new server first (wait_seeds()).
   void failover(const std::vector<int>& gone, bool hold) {
-    std::vector<std::pair<std::shared_ptr<Conn>, Out>> seeds;
     {
       std::lock_guard<std::mutex> g(mu_);
       prev_gone_.assign(servers_.size(), 0);
@@ -209,13 +208,9 @@ class ClientImpl : public StreamEvents {
         k.retry = true;
         k.owner = now;
         if (!hold || k.round < 0 || servers_[now].conns.empty()) continue;
-        seeds_out_[{kv.first, k.round}] = now;
-        ServerSlot& s = servers_[now];
-        seeds.emplace_back(s.conns[static_cast<std::size_t>(k.conn) % s.conns.size()],
-                           seed_out(rank_, job_, kv.first, k));
+        seed_locked(kv.first, k, now);
       }
     }
-    for (auto& so : seeds) so.first->post(std::move(so.second));
   }
 
   // Waits up to timeout seconds for every seed to be taken: "" when all were, else why not.
@@ -784,16 +779,22 @@ class ClientImpl : public StreamEvents {
   // The round of a moved key completed on its old server after the failover's seeding: the
   // key's new server gets it as a late seed (counted in seeds_out_), or the workers whose
   // parts were parked would push that round again there and wait for this one's push. Posted
-  // here, before the operation completes, so it goes ahead of the key's next push on its lane
-  // (post only queues: it takes the stream's own lock and calls nothing back for a seed).
+  // here, before the operation completes, so it goes ahead of the key's next push.
   void late_seed_locked(const Part& p) {
     const KeyRecord& k = keys_[p.spec.key];
     if (!seeding_ || servers_[k.owner].conns.empty() || !servers_[k.owner].lost.empty()) return;
-    seeds_out_[{p.spec.key, k.round}] = k.owner;
     late_seeds_++;
-    const ServerSlot& s = servers_[k.owner];
+    seed_locked(p.spec.key, k, k.owner);
+  }
+  // Seeds `key` with its last completed round (k) on server `to`, on the key's lane: counted
+  // in seeds_out_ until acknowledged (wait_seeds). Posted holding mu_: post only queues on
+  // the stream (its own lock; a seed has no callback), so the seed is ahead of the key's
+  // next push, which is dispatched under mu_ too.
+  void seed_locked(std::uint64_t key, const KeyRecord& k, int to) {
+    seeds_out_[{key, k.round}] = to;
+    const ServerSlot& s = servers_[to];
     s.conns[static_cast<std::size_t>(k.conn) % s.conns.size()]->post(
-        seed_out(rank_, job_, p.spec.key, k));
+        seed_out(rank_, job_, key, k));
   }
   // The parts in flight to `server` wait for their key's new server; `notify`: tell Python.
   void lost_locked(int server, bool notify) {
