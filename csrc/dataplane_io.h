@@ -383,10 +383,13 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // The loop's tick: a stream not read for its unread replies that has taken no byte of them
   // for kUnreadTimeout is closed (true: it was, counted as unread_closed); not one whose
   // requests wait for the tables' thread (the server's delay, not the peer's).
+  // (A stream is paused when its queue is over its share, but the share grows as other streams
+  // close: one paused for its replies is closed whatever their size now, or it would wait for
+  // a flush its peer never allows.)
   bool drop_if_unread(double now) {
     std::lock_guard<std::mutex> g(wmu_);
     if (closed_ || reading_.load() || unread_ || now - progress_ < kUnreadTimeout ||
-        queued_.load() - held_.load() <= queue_share() / 2)  // paused for its held requests
+        queued_.load() == held_.load())  // paused for its held requests alone
       return false;
     drop_unread_locked();
     return true;
