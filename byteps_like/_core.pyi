@@ -269,6 +269,9 @@ class DataServer:
         the stream is closed; ValueError when the header's nbytes or FLAG_META lie."""
     def table_wake(self) -> None:
         """Make the thread waiting in table_requests return."""
+    def table_serve(self, key: int, kernels: TableKernels) -> None:
+        """Let the I/O threads answer the pulls of table key ``key`` from ``kernels``' shard,
+        by the rules its serve() sets (closed until then)."""
     def rejected(self) -> dict[str, int]:
         """Rejected messages and streams by reason."""
     def stalls(self, min_age: float) -> list[tuple[int, int, float, list[int], bytes]]:
@@ -438,8 +441,10 @@ class TableKernels:
     numpy reference holds them (Adam's 1 - beta and bias corrections in float64 first).
 
     Ids are int64 global rows; one the shard does not hold (negative, another shard's, past its
-    rows) raises ValueError naming it, before anything is changed. Not for two threads at once
-    on one shard (the server serves a table from one thread). ``threads``: how many threads
+    rows) raises ValueError naming it, before anything is changed. Every call holds the shard's
+    lock, which a server's I/O threads hold to answer pulls from the arrays once the shard is
+    registered (DataServer.table_serve; csrc/dataplane_table_pulls.h); Python's own reads and
+    writes of the arrays hold it too (lock, unlock). ``threads``: how many threads
     (the caller's included, from the kernels' pool) make the new rows of one call, each row by
     one of them (the same bits whatever the number), and only as many as the work pays for."""
     def __init__(self, weights: np.ndarray, made: np.ndarray, changed: np.ndarray,
@@ -452,11 +457,28 @@ class TableKernels:
     def make(self, ids: np.ndarray) -> None:
         """Give the rows ``ids`` never made (or forgotten) their initial values and fresh
         state."""
-    def apply(self, ids: np.ndarray, grad: np.ndarray) -> None:
+    def apply(self, ids: np.ndarray, grad: np.ndarray, applied: int = -1) -> None:
         """One optimizer step on the rows ``ids`` (unique: ValueError on a repeat) with their
         summed gradients ``grad`` (``len(ids) x dim`` float32), made first where needed and
         marked changed: SGD ``w -= lr g``; Adagrad ``acc += g g; w -= lr g / (sqrt(acc) +
-        eps)``; lazy Adam, the row's step count ``t`` and moments only."""
+        eps)``; lazy Adam, the row's step count ``t`` and moments only. ``applied`` >= 0: the
+        rounds applied with this step, set for the served pulls in the same hold of the lock
+        (the pulls parked for that round are answered)."""
+    def serve(self, *, open: bool, applied: int, generation: int, rows: int, rank_limit: int,
+              park_limit: int, max_ids: int, max_message: int) -> list[tuple[int, bytes, bytes,
+                                                                            bytes]]:
+        """The rules by which a server's I/O threads answer this shard's SPARSE_PULLs: while
+        ``open``, a pull of round ``applied`` at once and one of the next round parked (at most
+        ``park_limit``), when its rank is below ``rank_limit``, its generation is at least
+        ``generation``, it has at most ``max_ids`` int64 ids, all rows of this shard of a
+        table of ``rows`` rows, and its reply fits ``max_message`` bytes. Returns the parked
+        pulls that may no longer wait, as (stream, header, meta, payload) requests."""
+    def lock(self) -> None:
+        """Take the shard's lock (the GIL released while waiting)."""
+    def unlock(self) -> None:
+        """Give it back (the thread that took it)."""
+    pulls: dict[str, int]
+    """Pulls answered (``answered``) and parked (``parked``) by the I/O threads so far."""
     nrows: int
     """The shard's rows."""
     dim: int

@@ -25,6 +25,7 @@ their reference (:func:`reference_sum_rows`, :func:`reference_initial_rows`,
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import math
@@ -427,10 +428,30 @@ class TableShard:
         return ids // self.shards if self.shards > 1 else ids
 
     # -- checkpoints ------------------------------------------------------------------------------
+    @property
+    def kernels(self):
+        """The compiled kernels bound to these arrays (a server registers them so its I/O
+        threads answer pulls: csrc/dataplane_table_pulls.h)."""
+        return self._kernels
+
+    @contextlib.contextmanager
+    def locked(self):
+        """Hold the shard's lock, which the kernels hold for every call: a server's I/O threads
+        may gather rows from these arrays, so Python's own reads and writes hold it too."""
+        self._kernels.lock()
+        try:
+            yield
+        finally:
+            self._kernels.unlock()
+
     def state(self, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The rows made so far (or the local ``rows``), by global id, and their optimizer
         state (what a checkpoint holds; rows never touched are their initial values, made again
         on a restore). A copy."""
+        with self.locked():
+            return self._state(rows)
+
+    def _state(self, rows: np.ndarray | None) -> dict[str, np.ndarray]:
         local = np.flatnonzero(self.made) if rows is None else rows
         out: dict[str, np.ndarray] = {"ids": local * self.shards + self.shard,
                                       "weights": self.weights[local]}
@@ -446,36 +467,41 @@ class TableShard:
         ids = state["ids"]
         mine = ids % self.shards == self.shard if self.shards > 1 else slice(None)
         local = ids[mine] // self.shards
-        self.made[local] = True
-        self.weights[local] = state["weights"][mine]
-        for name in _STATE:
-            arr = getattr(self, name)
-            if arr is not None:
-                arr[local] = state[name][mine]
+        with self.locked():
+            self.made[local] = True
+            self.weights[local] = state["weights"][mine]
+            for name in _STATE:
+                arr = getattr(self, name)
+                if arr is not None:
+                    arr[local] = state[name][mine]
         return len(local)
 
     def forget(self) -> None:
         """Every row back to its initial value (made again when next touched)."""
-        self.made[:] = False
-        self.changed[:] = False
+        with self.locked():
+            self.made[:] = False
+            self.changed[:] = False
 
     def take_changes(self) -> dict[str, np.ndarray]:
         """The rows updated since the last call and their optimizer state (an incremental
         snapshot; a copy), and from now on none."""
-        rows = np.flatnonzero(self.changed)
-        self.changed[rows] = False
-        return self.state(rows)
+        with self.locked():
+            rows = np.flatnonzero(self.changed)
+            self.changed[rows] = False
+            return self._state(rows)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """The current rows of global ids (a new float32 array, ``len(ids) x dim``), made
         first where never touched (ValueError naming an id this shard does not hold)."""
         return self._kernels.gather(np.ascontiguousarray(ids, np.int64))
 
-    def apply(self, ids: np.ndarray, grad: np.ndarray) -> None:
+    def apply(self, ids: np.ndarray, grad: np.ndarray, applied: int = -1) -> None:
         """One optimizer step on the rows of the unique global ids ``ids`` with their summed
         gradients ``grad`` (float32, ``len(ids) x dim``); ValueError on another shape, a
-        repeated id or an id this shard does not hold (the shard is then untouched)."""
-        self._kernels.apply(np.ascontiguousarray(ids, np.int64), grad)
+        repeated id or an id this shard does not hold (the shard is then untouched).
+        ``applied`` >= 0: the rounds applied after this step, told to the pulls the plane
+        answers (its parked pulls of that round are answered)."""
+        self._kernels.apply(np.ascontiguousarray(ids, np.int64), grad, applied)
 
 
 class NumpyTableShard(TableShard):
@@ -503,9 +529,10 @@ class NumpyTableShard(TableShard):
         self._make(local)
         return self.weights[local]
 
-    def apply(self, ids: np.ndarray, grad: np.ndarray) -> None:
+    def apply(self, ids: np.ndarray, grad: np.ndarray, applied: int = -1) -> None:
         """One optimizer step on the rows of the unique global ids ``ids`` with their summed
-        gradients ``grad`` (float32, ``len(ids) x dim``)."""
+        gradients ``grad`` (float32, ``len(ids) x dim``); ``applied`` is for a served shard's
+        pulls, which this reference has none of."""
         if not len(ids):
             return
         u = self.local(ids)

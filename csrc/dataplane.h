@@ -117,6 +117,7 @@ struct TableMessage {
 };
 
 class ServerImpl;
+class ServedShard;
 class DataServer {
  public:
   // auth_key: the key derived from the job's secret; empty turns authentication off.
@@ -178,8 +179,10 @@ class DataServer {
   std::vector<TableMessage> table_requests(double timeout);
   // ... an answer on the stream a request came on (false: it is closed) ...
   bool table_send(std::uint64_t conn, const Header& h, std::string meta, std::string payload);
-  // ... and a wake-up for the thread waiting in table_requests.
+  // ... and a wake-up for the thread waiting in table_requests. A registered shard's pulls
+  // are answered by the I/O threads themselves when its rules allow (dataplane_table_pulls.h).
   void table_wake();
+  void table_serve(std::uint64_t key, std::shared_ptr<ServedShard> shard);
 
  private:
   std::unique_ptr<ServerImpl> impl_;

@@ -98,6 +98,8 @@ std::map<std::string, std::uint64_t> ServerImpl::stats() {
   s["late_pushes_dropped"] = late_dropped_.load();  // backup workers
   s["backup_rounds"] = backup_rounds_.load();
   s["lag_errors"] = lag_errors_.load();
+  s["table_pulls_answered"] = tables_.pulls_answered();  // on the I/O threads
+  s["table_pulls_parked"] = tables_.pulls_parked();
   return s;
 }
 

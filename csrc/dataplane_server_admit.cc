@@ -32,6 +32,7 @@ ServerImpl::ServerImpl(int num_workers, int server_rank, std::uint32_t job, int 
       joined_(static_cast<std::size_t>(std::max(0, num_workers)), 0),
       required_(num_workers) {
   for (int i = 0; i < std::max(1, io_threads); ++i) loops_.emplace_back(new IoLoop());
+  tables_.identify(&rank_, job_);
 }
 
 ServerImpl::~ServerImpl() { close(); }

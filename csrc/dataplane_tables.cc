@@ -60,6 +60,15 @@ std::uint64_t TableInbox::add_stream(const std::shared_ptr<Conn>& c) {
 
 void TableInbox::put(const std::shared_ptr<Conn>& c, std::uint64_t id, const Header& h,
                      std::string meta, std::string payload) {
+  if (h.type == kSparsePull) {  // answered (or parked) on this thread when its shard allows
+    std::shared_ptr<ServedShard> shard;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = served_.find(h.key);
+      if (it != served_.end()) shard = it->second;
+    }
+    if (shard && shard->take(c, id, h, meta, payload, rank_ ? rank_->load() : 0, job_)) return;
+  }
   const std::int64_t cost =
       static_cast<std::int64_t>(meta.size() + payload.size()) + kTableOverhead;
   c->charge_held(cost);
@@ -120,6 +129,31 @@ std::vector<TableMessage> TableInbox::take(double timeout) {
   return out;
 }
 
+void TableInbox::identify(const std::atomic<int>* rank, std::uint32_t job) {
+  std::lock_guard<std::mutex> g(mu_);
+  rank_ = rank;
+  job_ = job;
+}
+
+void TableInbox::serve(std::uint64_t key, std::shared_ptr<ServedShard> shard) {
+  std::lock_guard<std::mutex> g(mu_);
+  served_[key] = std::move(shard);
+}
+
+std::uint64_t TableInbox::pulls_answered() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::uint64_t n = 0;
+  for (auto& kv : served_) n += kv.second->answered();
+  return n;
+}
+
+std::uint64_t TableInbox::pulls_parked() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::uint64_t n = 0;
+  for (auto& kv : served_) n += kv.second->parked_total();
+  return n;
+}
+
 void TableInbox::nudge() {
   std::lock_guard<std::mutex> g(mu_);
   cv_.notify_all();
@@ -159,6 +193,9 @@ bool DataServer::table_send(std::uint64_t conn, const Header& h, std::string met
   return impl_->tables_.send(conn, h, std::move(meta), std::move(payload));
 }
 void DataServer::table_wake() { impl_->tables_.wake(); }
+void DataServer::table_serve(std::uint64_t key, std::shared_ptr<ServedShard> shard) {
+  impl_->tables_.serve(key, std::move(shard));
+}
 
 // ---- the worker's table client -----------------------------------------------------------
 class TableConn;

@@ -14,6 +14,7 @@
 // thread, its streams, and the answers waiting for the worker's Python thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "dataplane.h"
+#include "dataplane_table_pulls.h"
 
 namespace bps {
 namespace dp {
@@ -54,6 +56,13 @@ class TableInbox {
   // A request (loop thread), charged to its stream until taken.
   void put(const std::shared_ptr<Conn>& c, std::uint64_t id, const Header& h, std::string meta,
            std::string payload);
+  // The server's rank and job, which the pulls answered here carry (dataplane_table_pulls.h).
+  void identify(const std::atomic<int>* rank, std::uint32_t job);
+  // A shard whose pulls the I/O threads answer (table key -> its kernels' ServedShard).
+  void serve(std::uint64_t key, std::shared_ptr<ServedShard> shard);
+  // Pulls answered here and pulls parked here for their round, since the start.
+  std::uint64_t pulls_answered();
+  std::uint64_t pulls_parked();
   // Every request waiting (at most kTableBatch, kTableStreamBatch of a stream), in order per
   // stream, but none of a stream whose replies queued unwritten are over its share
   // (Conn::replies_over_share: a peer that asks faster than it reads is not answered faster
@@ -77,6 +86,9 @@ class TableInbox {
   std::condition_variable cv_;
   std::deque<Held> q_;
   std::unordered_map<std::uint64_t, std::weak_ptr<Conn>> streams_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<ServedShard>> served_;
+  const std::atomic<int>* rank_ = nullptr;
+  std::uint32_t job_ = 0;
   std::uint64_t next_ = 1;
   bool woken_ = false, closed_ = false;
 };

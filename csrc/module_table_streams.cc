@@ -18,6 +18,9 @@
 namespace py = pybind11;
 
 namespace bps {
+
+std::shared_ptr<dp::ServedShard> served_shard(py::handle kernels);  // module_tables.cc
+
 namespace {
 
 dp::Header header_of(const py::bytes& raw) {
@@ -90,6 +93,13 @@ void bind_table_streams(py::module_& m) {
       &server_send, py::is_method(ds), py::name("table_send"), py::arg("stream"),
       py::arg("header"), py::arg("meta"), py::arg("payload"),
       "Answer on a table stream; False when it is closed.");
+  ds.attr("table_serve") = py::cpp_function(
+      [](dp::DataServer& s, std::uint64_t key, py::handle kernels) {
+        s.table_serve(key, served_shard(kernels));
+      },
+      py::is_method(ds), py::name("table_serve"), py::arg("key"), py::arg("kernels"),
+      "Let the I/O threads answer pulls of table key `key` from a TableKernels' shard, by the "
+      "rules its serve() sets.");
   ds.attr("table_wake") = py::cpp_function(
       [](dp::DataServer& s) { s.table_wake(); }, py::is_method(ds), py::name("table_wake"),
       py::call_guard<py::gil_scoped_release>(), "Wake the thread waiting in table_requests.");

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dataplane_table_pulls.h"
 #include "table_kernels.h"
 
 namespace py = pybind11;
@@ -85,12 +86,16 @@ table::InitSpec init_spec(const std::string& init, double a, double b, std::uint
 }
 
 // The kernels of one TableShard, bound to its arrays (kept alive here; never reallocated by
-// the shard: it writes into them in place).
+// the shard: it writes into them in place). The arrays are a ServedShard's, whose lock every
+// call holds: a server's I/O threads may answer pulls from them (dataplane_table_pulls.h).
 class TableKernels {
  public:
   TableKernels(py::object weights, py::object made, py::object changed, py::object acc,
                py::object m, py::object v, py::object t, std::int64_t shard,
                std::int64_t shards, py::dict init, py::dict opt, int threads);
+  ~TableKernels() { sv_->retire(); }
+  TableKernels(const TableKernels&) = delete;
+  TableKernels& operator=(const TableKernels&) = delete;
 
   py::array gather(py::handle ids) {
     py::array a = ids_array(ids, "ids");
@@ -102,6 +107,7 @@ class TableKernels {
     {
       py::gil_scoped_release nogil;
       std::vector<std::int64_t> local(static_cast<std::size_t>(n));
+      std::lock_guard<std::mutex> g(sv_->lock());
       bad = table::to_local(s_, p, n, local.data());
       if (bad == n) table::gather(s_, local.data(), n, o);
     }
@@ -117,13 +123,16 @@ class TableKernels {
     {
       py::gil_scoped_release nogil;
       std::vector<std::int64_t> local(static_cast<std::size_t>(n));
+      std::lock_guard<std::mutex> g(sv_->lock());
       bad = table::to_local(s_, p, n, local.data());
       if (bad == n) table::make_rows(s_, local.data(), n);
     }
     if (bad != n) refuse_id(p[bad]);
   }
 
-  void apply(py::handle ids, py::handle grad) {
+  // applied >= 0: the round this step completes, published to the shard's pulls in the same
+  // hold of its lock (the parked pulls of it are answered).
+  void apply(py::handle ids, py::handle grad, std::int64_t applied) {
     py::array a = ids_array(ids, "ids");
     const std::int64_t n = a.shape(0);
     py::array g = checked<float>(grad, "grad", {n, s_.dim}, false, "float32");
@@ -134,14 +143,47 @@ class TableKernels {
     {
       py::gil_scoped_release nogil;
       std::vector<std::int64_t> local(static_cast<std::size_t>(n));
+      std::lock_guard<std::mutex> g(sv_->lock());
       bad = table::to_local(s_, p, n, local.data());
       repeats = bad == n && table::has_repeats(p, n);
-      if (bad == n && !repeats) table::apply(s_, local.data(), n, gp);
+      if (bad == n && !repeats) {
+        table::apply(s_, local.data(), n, gp);
+        if (applied >= 0) sv_->applied_locked(applied);
+      }
     }
     if (bad != n) refuse_id(p[bad]);
     if (repeats)
       throw py::value_error("table kernels: apply's ids repeat a row; sum the pushes per row "
                             "first (sum_rows)");
+  }
+
+  // The tables' thread's rules for the shard's pulls; returns the parked pulls that may no
+  // longer wait, as (stream, header, meta, payload) requests for it to take.
+  py::list serve(const dp::ServeRules& rules) {
+    std::vector<dp::ReturnedPull> back;
+    {
+      py::gil_scoped_release nogil;
+      back = sv_->serve(rules);
+    }
+    py::list out;
+    for (auto& r : back)
+      out.append(py::make_tuple(r.stream, py::bytes(reinterpret_cast<const char*>(&r.h),
+                                                    sizeof r.h),
+                                py::bytes(), py::bytes(r.ids)));
+    return out;
+  }
+  // Python's own reads and writes of the arrays (restore, forget, snapshots) hold the lock.
+  void lock() {
+    py::gil_scoped_release nogil;
+    sv_->lock().lock();
+  }
+  void unlock() { sv_->lock().unlock(); }
+  std::shared_ptr<dp::ServedShard> served() const { return sv_; }
+  py::dict pulls() const {
+    py::dict d;
+    d["answered"] = sv_->answered();
+    d["parked"] = sv_->parked_total();
+    return d;
   }
 
   std::int64_t nrows() const { return s_.nrows; }
@@ -157,7 +199,8 @@ class TableKernels {
   void bind_state(py::object acc, py::object m, py::object v, py::object t);
 
   std::vector<py::array> keep_;
-  table::Shard s_;
+  std::shared_ptr<dp::ServedShard> sv_ = std::make_shared<dp::ServedShard>();
+  table::Shard& s_ = sv_->s;
 };
 
 TableKernels::TableKernels(py::object weights, py::object made, py::object changed,
@@ -287,6 +330,11 @@ py::array initial_rows(py::handle ids, std::int64_t dim, const std::string& init
 
 }  // namespace
 
+// The ServedShard of a TableKernels (module_table_streams.cc registers it with a server).
+std::shared_ptr<dp::ServedShard> served_shard(py::handle kernels) {
+  return kernels.cast<TableKernels&>().served();
+}
+
 void bind_tables(py::module_& m) {
   py::class_<TableKernels>(m, "TableKernels")
       .def(py::init<py::object, py::object, py::object, py::object, py::object, py::object,
@@ -296,7 +344,30 @@ void bind_tables(py::module_& m) {
            py::arg("init"), py::arg("opt"), py::arg("threads") = 1)
       .def("gather", &TableKernels::gather, py::arg("ids"))
       .def("make", &TableKernels::make, py::arg("ids"))
-      .def("apply", &TableKernels::apply, py::arg("ids"), py::arg("grad"))
+      .def("apply", &TableKernels::apply, py::arg("ids"), py::arg("grad"),
+           py::arg("applied") = -1)
+      .def(
+          "serve",
+          [](TableKernels& k, bool open, std::int64_t applied, std::uint32_t generation,
+             std::int64_t rows, std::int64_t rank_limit, std::int64_t park_limit,
+             std::int64_t max_ids, std::uint64_t max_message) {
+            dp::ServeRules r;
+            r.open = open;
+            r.applied = applied;
+            r.generation = generation;
+            r.rows = rows;
+            r.rank_limit = rank_limit;
+            r.park_limit = park_limit;
+            r.max_ids = max_ids;
+            r.max_message = max_message;
+            return k.serve(r);
+          },
+          py::kw_only(), py::arg("open"), py::arg("applied"), py::arg("generation"),
+          py::arg("rows"), py::arg("rank_limit"), py::arg("park_limit"), py::arg("max_ids"),
+          py::arg("max_message"))
+      .def("lock", &TableKernels::lock)
+      .def("unlock", &TableKernels::unlock)
+      .def_property_readonly("pulls", &TableKernels::pulls)
       .def_property_readonly("nrows", &TableKernels::nrows)
       .def_property_readonly("dim", &TableKernels::dim);
   m.def("table_sum_rows", &sum_rows, py::arg("ids"), py::arg("grads"), py::arg("dim"),

@@ -69,7 +69,8 @@ from ..wire import (
 )
 from .sparse_survival import Survival
 from .stalls import fail_if_left
-from .table import Pushers, Table
+from .table import Pushers, Table, waiting_headers
+from .table_pulls import PlanePulls
 
 if TYPE_CHECKING:
     from .core import Server
@@ -99,6 +100,7 @@ class SparseService(threading.Thread):
         self.required = server.required
         self.round_base = 0   # elastic: the epoch's first round
         self.keep = Survival(self)   # checkpoints, snapshots, rollbacks (sparse_survival.py)
+        self.plane = PlanePulls(self)   # the pulls the plane answers (server/table_pulls.py)
         # where this thread's time goes, per step (a round of the first table): bench sparse
         self.phases = StepPhases()
 
@@ -133,7 +135,7 @@ class SparseService(threading.Thread):
             for stream, header, meta, payload in batch:
                 if not self._control():
                     return
-                self._request(native.table_route(stream), header, meta, payload)
+                self.request(native.table_route(stream), header, meta, payload)
 
     def _control(self) -> bool:
         """Apply the membership changes and saves queued so far; False: stop."""
@@ -151,7 +153,7 @@ class SparseService(threading.Thread):
             else:
                 self.apply_members(*item[1:])
 
-    def _request(self, route: Route, header: bytes, meta: bytes, payload: bytes) -> None:
+    def request(self, route: Route, header: bytes, meta: bytes, payload: bytes) -> None:
         """One request of a table stream (its job and rank checked by the stream)."""
         srv = self.server
         try:
@@ -219,6 +221,7 @@ class SparseService(threading.Thread):
         waiting, table.pending = table.pending, []
         for proute, pmsg, _ids in waiting:
             self._reply_failed(table, proute, pmsg.header)
+        self.plane.reopen(table)   # closed now: what the plane parked is answered here
 
     # -- membership: join() and elastic epochs (docs/sparse.md, "Membership") -------------------
     def apply_members(self, joined: frozenset, left: dict[int, str]) -> None:
@@ -239,13 +242,14 @@ class SparseService(threading.Thread):
         self.ranks.joined, self.ranks.left = frozenset(), {}
         self.required, self.round_base = size, base
         for table in self.tables.values():
-            for route, msg, _ids in table.pending:
-                self.server.reply_error(route, msg.header, ERR_EPOCH, (
+            for route, h in waiting_headers(table, self.plane.closed(table)):
+                self.server.reply_error(route, h, ERR_EPOCH, (
                     f"table {table.spec.name!r}: the membership epoch of round "
-                    f"{msg.header.round} ended (a worker left or joined); the round was dropped"))
+                    f"{h.round} ended (a worker left or joined); the round was dropped"))
             table.pending, table.pushes, table.average = [], {}, None
             table.round_started = None
             table.applied = base
+            self.plane.reopen(table)
         applied()
 
     def _doom_if_left(self, table: Table) -> bool:
@@ -312,8 +316,8 @@ class SparseService(threading.Thread):
                 f"state, over the budget of {srv.budget} bytes (BYTEPS_SERVER_MAX_BYTES); "
                 f"{srv.store_bytes()} bytes are held"))
             return
-        self.tables[h.key] = Table(spec, TableShard(spec, shard, shards), shards, h.rank, need,
-                                   applied=self.round_base, key=h.key)
+        self.plane.add(Table(spec, TableShard(spec, shard, shards), shards, h.rank, need,
+                             applied=self.round_base, key=h.key))
         log.info("server %d: table %s, shard %d of %d%s: %d rows, %d bytes charged", srv.rank,
                  spec.describe(), shard, shards, "" if shard == srv.rank else " (a replica)",
                  nrows, need)
@@ -383,14 +387,12 @@ class SparseService(threading.Thread):
             self.keep.checkpoint(table, route, msg)
 
     def _answer(self, table: Table, route: Route, h: Header, ids: np.ndarray) -> None:
-        srv, t = self.server, time.perf_counter()
+        srv, t = self.server, time.perf_counter()   # (the plane answers most pulls itself)
         rows = table.shard.rows(ids)
-        t = self.phases.add("pull: gather rows", t)
-        hdr = Header(MsgType.SPARSE_ROWS, "float32", Role.SERVER, srv.rank,
-                     generation_flags(generation(h.flags)), srv.job, h.key, h.round, rows.size,
-                     rows.nbytes)
-        srv.send(route, encode(hdr, rows))
-        self.phases.add("pull: reply", t)
+        srv.send(route, encode(Header(MsgType.SPARSE_ROWS, "float32", Role.SERVER, srv.rank,
+                                      generation_flags(generation(h.flags)), srv.job, h.key,
+                                      h.round, rows.size, rows.nbytes), rows))
+        self.phases.add("pull: answer here", t)
 
     def _push(self, table: Table, route: Route, msg: Message) -> None:
         h, spec = msg.header, table.spec
@@ -463,8 +465,8 @@ class SparseService(threading.Thread):
         if table.average and len(order) > 1:   # over the workers that pushed the round
             sums /= np.float32(len(order))
         t = self.phases.add("round: sum pushes", t)
-        table.shard.apply(ids, sums)
-        self.phases.add("round: optimizer", t)
+        table.shard.apply(ids, sums, applied=table.applied + 1)   # the plane's parked pulls
+        self.phases.add("round: optimizer", t)                    # of the next are answered
         table.pushes, table.average = {}, None
         table.round_started = None
         table.applied += 1

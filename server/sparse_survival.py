@@ -37,7 +37,7 @@ from ..embedding import (
 from ..transport import Route
 from ..wire import ERR_ROLLBACK, Message, MsgType, generation
 from . import snapshots
-from .table import Table
+from .table import Table, waiting_headers
 
 if TYPE_CHECKING:
     from .sparse import SparseService
@@ -143,6 +143,7 @@ class Survival:
                 self._save(table, tag, key, route, msg)
                 return
             self.writer.flush()   # a save of the same tag finishes first
+            late = self.svc.plane.closed(table)   # the plane answers no pull while rows are loaded
             if snaps is not None:
                 rnd, n = snapshots.load_job(table.shard, self.directory, snaps,
                                             meta.get("round"), charge=srv.charge)
@@ -156,14 +157,17 @@ class Survival:
                          table.spec.name, tag, n)
             # what was loaded goes into this job's next snapshot: a later rollback rebuilds
             # from the initial rows and the chain, which must hold it
-            table.shard.changed[:] = table.shard.made
+            with table.shard.locked():
+                table.shard.changed[:] = table.shard.made
         except (TableError, OSError, ValueError) as exc:
             what = "snapshots" if snaps is not None else f"checkpoint {tag!r}"
             self.svc.refuse(route, h, "sparse load failed", f"table {table.spec.name!r}: "
                             f"load of {what} from worker rank {h.rank}: {exc}")
+            self.svc.plane.reopen(table, late)
             return
         self._done(table, key, h.round)
         srv.reply(route, MsgType.SPARSE_ACK, h, self.loaded.get((table.key, tag)))
+        self.svc.plane.reopen(table, late)
 
     def _save(self, table: Table, tag: str, key: tuple, route: Route, msg: Message) -> None:
         from ..embedding import checkpoint_path
@@ -254,14 +258,19 @@ class Survival:
         if any(t.applied < upto for t in mine):
             return   # the pushes of the rounds before it are on their way: tried again then
         del self.deferred[tid]
+        late = {t.key: self.svc.plane.closed(t) for t in mine}   # the plane answers none meanwhile
         try:
-            before = self._rebuild(tid, mine, meta, upto)
+            before = self._rebuild(tid, mine, meta, upto, late)
         except (TableError, OSError, ValueError) as exc:
             for r, m in waiting:
                 self.svc.refuse(r, m.header, "rollback failed", f"table {template.spec.name!r}"
                                 f": server {self.rank} cannot go back to round {upto}: {exc}")
+            for t in self._shards_of(tid):
+                self.svc.plane.reopen(t, late.get(t.key, ()))
             return
         self.generation[tid], self.restored_to[tid] = meta["restore"], upto
+        for t in self._shards_of(tid):
+            self.svc.plane.reopen(t)
         self.rollbacks += 1
         self.rounds_rolled_back += max(0, before - upto)
         log.warning("server %d: table %r went back %d round(s) to round %d, the newest "
@@ -270,7 +279,7 @@ class Survival:
         for r, m in waiting:
             self._answer(r, m, tid)
 
-    def _rebuild(self, tid: int, mine: list, meta: dict, upto: int) -> int:
+    def _rebuild(self, tid: int, mine: list, meta: dict, upto: int, late: dict) -> int:
         """Every shard of table ``tid`` this server holds now, rebuilt as of round ``upto``;
         returns the round the tables had reached."""
         self.writer.flush()
@@ -285,7 +294,7 @@ class Survival:
                 self.adopted.add(s)
         for t in self._shards_of(tid):
             snapshots.restore(t.shard, self.folder(t), self.every, upto, charge=srv.charge)
-            self.rewind(t, upto, meta["restore"])
+            self.rewind(t, upto, meta["restore"], late.pop(t.key, ()))
         return before
 
     def adopt(self, template: Table, shard: int) -> None:
@@ -299,19 +308,20 @@ class Survival:
                              f"the server's budget of {self.svc.server.budget} bytes "
                              "(BYTEPS_SERVER_MAX_BYTES)")
         key = wire_key(template.key % MAX_TABLES, shard)
-        self.svc.tables[key] = Table(spec, shard_obj, shards, template.decl_rank, need,
-                                     applied=template.applied, key=key)
+        self.svc.plane.add(Table(spec, shard_obj, shards, template.decl_rank, need,
+                           applied=template.applied, key=key), open_=False)
         log.warning("server %d: took over shard %d of table %r from a lost server",
                     self.rank, shard, spec.name)
 
-    def rewind(self, table: Table, rnd: int, number: int) -> None:
+    def rewind(self, table: Table, rnd: int, number: int, late: list | tuple = ()) -> None:
         """The table went back to round ``rnd`` (a rollback): its open round is dropped and what
-        waited is answered with a rolled_back error."""
-        waiting, table.pending = table.pending, []
+        waited (``late``: the pulls the plane had parked) is answered with a rolled_back
+        error."""
+        waiting, table.pending = waiting_headers(table, list(late)), []
         table.pushes, table.average, table.round_started = {}, None, None
         table.applied = rnd
-        for route, msg, _ids in waiting:
-            self.svc.refuse(route, msg.header, "request from before a rollback", f"table "
+        for route, h in waiting:
+            self.svc.refuse(route, h, "request from before a rollback", f"table "
                             f"{table.spec.name!r}: the tables went back to round {rnd} after "
                             "losing a server", ERR_ROLLBACK, {"round": rnd, "failover": number})
 

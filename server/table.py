@@ -6,7 +6,8 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
 from ..embedding import TableShard, TableSpec
-from ..wire import ERR_MISMATCH
+from ..transport import native
+from ..wire import ERR_MISMATCH, decode_header
 
 
 @dataclass
@@ -40,6 +41,14 @@ class Table:
     @property
     def decl(self) -> dict:
         return {"name": f"table {self.spec.name}"}
+
+
+def waiting_headers(table: Table, late: list) -> list[tuple]:
+    """(route, header) of every request waiting for the table's open round: those this thread
+    holds and ``late``, the pulls the plane had parked (SparseService.closed)."""
+    out: list[tuple] = [(route, msg.header) for route, msg, _ids in table.pending]
+    out += [(native.table_route(stream), decode_header(header)) for stream, header, *_ in late]
+    return out
 
 
 #: worker processes per machine a table job may declare (BYTEPS_LOCAL_SIZE)
