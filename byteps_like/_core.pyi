@@ -489,6 +489,15 @@ def table_sum_rows(ids: list[np.ndarray], grads: list[np.ndarray],
     """One round's pushes summed per row: (unique ids ascending as int64, float32 sums of
     ``unique x dim``), each push's rows (``ids[p]``: int64, ``grads[p]``: ``len(ids[p]) x
     dim`` float32) added in list order, then row order (a push may repeat an id)."""
+def table_split(ids: np.ndarray, shards: int) -> tuple[np.ndarray, np.ndarray]:
+    """A worker's ids (int64, none negative: ValueError) by the shard that holds them (id %
+    shards): (order, counts), order the positions shard by shard in their order within each
+    shard (a stable counting sort), counts the ids of each shard (both int64)."""
+def table_push_records(ids: np.ndarray, grads: np.ndarray, order: np.ndarray,
+                       counts: np.ndarray) -> list[np.ndarray]:
+    """A push's payload for each shard, from table_split's order and counts: a uint8 array of
+    the shard's ids (int64, in order) then their gradient rows (``grads``: ``len(ids) x dim``
+    float32), built in one pass. ValueError when the counts or the order do not fit the ids."""
 def table_initial_rows(ids: np.ndarray, dim: int, init: str, a: float, b: float,
                        seed: int) -> np.ndarray:
     """The initial values of global rows ``ids`` (``len(ids) x dim`` float32): splitmix64 of

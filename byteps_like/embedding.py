@@ -199,10 +199,8 @@ def split_by_shard(ids: np.ndarray, shards: int) -> tuple[np.ndarray, list[np.nd
     ``ids[order]`` is the shards' lists concatenated (a stable order within each shard)."""
     if shards == 1:
         return np.arange(len(ids)), [ids]
-    owner = ids % shards
-    order = np.argsort(owner, kind="stable")
-    bounds = np.cumsum(np.bincount(owner, minlength=shards))[:-1]
-    return order, np.split(ids[order], bounds)
+    order, counts = _core.table_split(np.ascontiguousarray(ids, np.int64), shards)
+    return order, np.split(ids[order], np.cumsum(counts)[:-1])
 
 
 def state_bytes(spec: TableSpec, nrows: int) -> int:

@@ -328,6 +328,63 @@ py::array initial_rows(py::handle ids, std::int64_t dim, const std::string& init
   return out;
 }
 
+// A worker's ids split by shard: (order, counts), see table::split_by_shard.
+py::tuple split_ids(py::handle ids, std::int64_t shards) {
+  if (shards < 1) throw py::value_error("table kernels: shards must be >= 1, not " +
+                                        std::to_string(shards));
+  py::array a = ids_array(ids, "ids");
+  const std::int64_t n = a.shape(0);
+  const auto* p = static_cast<const std::int64_t*>(a.data());
+  for (std::int64_t i = 0; i < n; ++i)
+    if (p[i] < 0) throw py::value_error("table kernels: row id " + std::to_string(p[i]) +
+                                        " is negative");
+  py::array_t<std::int64_t> order(n), counts(shards);
+  std::int64_t* o = order.mutable_data();
+  std::int64_t* c = counts.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    table::split_by_shard(p, n, shards, o, c);
+  }
+  return py::make_tuple(order, counts);
+}
+
+// A push's records per shard (a list of uint8 arrays: the shard's ids, then their rows), from
+// the split's order and counts.
+py::list push_records(py::handle ids, py::handle grads, py::handle order, py::handle counts) {
+  py::array a = ids_array(ids, "ids");
+  const std::int64_t n = a.shape(0);
+  py::array g = checked<float>(grads, "grads", {n, -1}, false, "float32");
+  py::array o = checked<std::int64_t>(order, "order", {n}, false, "int64");
+  py::array c = ids_array(counts, "counts");
+  const std::int64_t dim = g.shape(1), shards = c.shape(0);
+  const auto* op = static_cast<const std::int64_t*>(o.data());
+  const auto* cp = static_cast<const std::int64_t*>(c.data());
+  std::int64_t total = 0;
+  for (std::int64_t s = 0; s < shards; ++s) {
+    if (cp[s] < 0) throw py::value_error("table kernels: a negative count");
+    total += cp[s];
+  }
+  if (total != n) throw py::value_error("table kernels: counts add up to " +
+                                        std::to_string(total) + ", not the " +
+                                        std::to_string(n) + " ids");
+  for (std::int64_t i = 0; i < n; ++i)
+    if (op[i] < 0 || op[i] >= n) throw py::value_error("table kernels: order is not of the ids");
+  py::list out;
+  std::int64_t at = 0;
+  for (std::int64_t s = 0; s < shards; ++s) {
+    py::array_t<std::uint8_t> rec(static_cast<py::ssize_t>(cp[s] * (8 + dim * 4)));
+    std::uint8_t* r = rec.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      table::push_records(static_cast<const std::int64_t*>(a.data()),
+                          static_cast<const float*>(g.data()), dim, op + at, cp[s], r);
+    }
+    at += cp[s];
+    out.append(rec);
+  }
+  return out;
+}
+
 }  // namespace
 
 // The ServedShard of a TableKernels (module_table_streams.cc registers it with a server).
@@ -372,6 +429,11 @@ void bind_tables(py::module_& m) {
       .def_property_readonly("dim", &TableKernels::dim);
   m.def("table_sum_rows", &sum_rows, py::arg("ids"), py::arg("grads"), py::arg("dim"),
         "One round's pushes summed per row: (unique ids, float32 sums), in list order.");
+  m.def("table_split", &split_ids, py::arg("ids"), py::arg("shards"),
+        "A worker's ids by shard (id % shards): (order, counts), a stable counting sort.");
+  m.def("table_push_records", &push_records, py::arg("ids"), py::arg("grads"), py::arg("order"),
+        py::arg("counts"),
+        "A push's records per shard: [the shard's ids (int64) then their rows (float32)].");
   m.def("table_initial_rows", &initial_rows, py::arg("ids"), py::arg("dim"), py::arg("init"),
         py::arg("a"), py::arg("b"), py::arg("seed"),
         "The initial values of global rows `ids` (float32, len(ids) x dim).");

@@ -195,6 +195,26 @@ void apply(Shard& s, const std::int64_t* local, std::int64_t n, const float* gra
   }
 }
 
+void split_by_shard(const std::int64_t* ids, std::int64_t n, std::int64_t shards,
+                    std::int64_t* order, std::int64_t* counts) {
+  std::fill(counts, counts + shards, 0);
+  for (std::int64_t i = 0; i < n; ++i) ++counts[ids[i] % shards];
+  std::vector<std::int64_t> at(static_cast<std::size_t>(shards), 0);
+  for (std::int64_t s = 1; s < shards; ++s) at[s] = at[s - 1] + counts[s - 1];
+  for (std::int64_t i = 0; i < n; ++i) order[at[ids[i] % shards]++] = i;
+}
+
+void push_records(const std::int64_t* ids, const float* grads, std::int64_t dim,
+                  const std::int64_t* order, std::int64_t n, std::uint8_t* out) {
+  auto* out_ids = reinterpret_cast<std::int64_t*>(out);  // (the caller's buffer is aligned)
+  float* out_rows = reinterpret_cast<float*>(out + n * 8);
+  const std::size_t row = static_cast<std::size_t>(dim) * sizeof(float);
+  for (std::int64_t i = 0; i < n; ++i) {
+    out_ids[i] = ids[order[i]];
+    std::memcpy(out_rows + i * dim, grads + order[i] * dim, row);
+  }
+}
+
 void RoundIndex::build(const std::vector<const std::int64_t*>& ids,
                        const std::vector<std::int64_t>& len) {
   len_ = len;

@@ -86,6 +86,17 @@ class RoundIndex {
   std::vector<std::int64_t> len_;
 };
 
+// A worker's request split by shard (id % shards): order (n) lists the ids' positions shard by
+// shard, in their order within each shard (a stable counting sort), and counts (shards) how
+// many each shard has. The ids are non-negative (the caller checked them).
+void split_by_shard(const std::int64_t* ids, std::int64_t n, std::int64_t shards,
+                    std::int64_t* order, std::int64_t* counts);
+
+// A push's records for one shard, in one pass: out = its ids (int64, ids[order[i]]) then their
+// gradient rows (float32, grads[order[i]] of dim values), i over [0, n) (n = the shard's count).
+void push_records(const std::int64_t* ids, const float* grads, std::int64_t dim,
+                  const std::int64_t* order, std::int64_t n, std::uint8_t* out);
+
 // Whether the n ids repeat one (sorted ids are checked in one pass; others are sorted first).
 bool has_repeats(const std::int64_t* ids, std::int64_t n);
 

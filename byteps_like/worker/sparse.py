@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from .. import _core
 from ..embedding import (
     MAX_TABLES,
     Phases,
@@ -254,9 +255,9 @@ class EmbeddingTable:
         else:
             t = ph.add("push: check ids", t)
             order, per_server = self._split(ids)
-            g = g[order]
-            bounds = np.cumsum([0] + [len(p) for p in per_server])
-            payloads = [(p, g[a:b]) for p, a, b in zip(per_server, bounds[:-1], bounds[1:])]
+            # each shard's records (its ids, then their rows) in one pass of the kernels
+            counts = np.fromiter((len(p) for p in per_server), np.int64, len(per_server))
+            payloads = list(zip(per_server, _core.table_push_records(ids, g, order, counts)))
             ph.add("push: split by shard", t)
             metas = [{"average": True}] * len(payloads) if average else None
             if self.owner.pipelined:   # answered by the table's next call
@@ -539,8 +540,8 @@ class _Requests:
             payload: Any = ids
             hdr = Header(mtype, "int64", Role.WORKER, self.push_rank, flags, m.job, key, rnd,
                          len(ids), ids.nbytes)
-        elif mtype is MsgType.SPARSE_PUSH:
-            payload = np.concatenate([ids.view(np.uint8), grads.reshape(-1).view(np.uint8)])
+        elif mtype is MsgType.SPARSE_PUSH:   # grads: the shard's records (push_records)
+            payload = grads
             hdr = Header(mtype, "uint8", Role.WORKER, self.push_rank, flags, m.job, key, rnd,
                          payload.nbytes, payload.nbytes)
         else:

@@ -67,6 +67,28 @@ def test_cyclic_sharding_covers_every_row_once():
     assert np.array_equal(ids[order], np.concatenate(parts))
 
 
+def test_a_push_is_split_into_each_shards_records_as_numpy_would():
+    from byteps_like import _core
+    rng = np.random.default_rng(3)
+    ids = rng.permutation(5000)[:777].astype(np.int64)
+    grads = rng.standard_normal((777, 5)).astype(np.float32)
+    order, counts = _core.table_split(ids, 4)
+    ref = np.argsort(ids % 4, kind="stable")   # the numpy split it replaced
+    assert np.array_equal(order, ref) and counts.tolist() == np.bincount(ids % 4).tolist()
+    records = _core.table_push_records(ids, grads, order, counts)
+    at = 0
+    for s, rec in enumerate(records):
+        n = int(counts[s])
+        want = np.concatenate([ids[ref[at:at + n]].view(np.uint8),
+                               grads[ref[at:at + n]].reshape(-1).view(np.uint8)])
+        assert rec.dtype == np.uint8 and np.array_equal(rec, want)
+        at += n
+    with pytest.raises(ValueError, match="negative"):
+        _core.table_split(np.array([3, -1], np.int64), 2)
+    with pytest.raises(ValueError, match="counts add up"):
+        _core.table_push_records(ids, grads, order, counts[:-1])
+
+
 @pytest.mark.parametrize("init", ["normal", "uniform", "zeros"])
 def test_initial_rows_do_not_depend_on_the_number_of_servers(init):
     spec = TableSpec.make("emb", 10_007, 12, init=init, seed=11)
