@@ -20,6 +20,7 @@
 #endif
 
 #include "dataplane_server_impl.h"
+#include "payload_pool.h"
 
 namespace bps {
 namespace dp {
@@ -160,6 +161,7 @@ void ServerImpl::tick(const std::unordered_map<int, std::shared_ptr<Conn>>& conn
     std::lock_guard<std::mutex> g(trim_mu_, std::adopt_lock);
     if (now - trimmed_at_ > 1.0 && closed_since_trim_.exchange(0) > 0) {
       trimmed_at_ = now;
+      drain_pool();  // the table messages' buffers kept for reuse go back too
 #ifdef __GLIBC__
       malloc_trim(0);
 #endif

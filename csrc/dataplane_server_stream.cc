@@ -14,6 +14,7 @@
 #include "dataplane_server_impl.h"
 #include "crypto.h"
 #include "decl.h"
+#include "payload_pool.h"
 
 namespace bps {
 namespace dp {
@@ -240,7 +241,7 @@ void ServerConn::give_meta() {
 bool ServerConn::after_meta() {
   auto self = shared_from_this();
   if (table_) {  // a table request's payload, read whole (its length was checked)
-    tpay_.assign(static_cast<std::size_t>(h_.nbytes), '\0');
+    tpay_ = pooled(static_cast<std::size_t>(h_.nbytes));
     if (h_.nbytes == 0) return table_payload();
     state_ = kPayload;
     expect(&tpay_[0], tpay_.size());

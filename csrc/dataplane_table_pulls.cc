@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "dataplane_io.h"
+#include "payload_pool.h"
 
 namespace bps {
 namespace dp {
@@ -52,8 +53,7 @@ void ServedShard::answer_locked(Conn& c, const Header& h, const std::string& ids
   std::vector<std::int64_t> global(static_cast<std::size_t>(n)), local(global.size());
   if (n) std::memcpy(global.data(), ids.data(), static_cast<std::size_t>(n) * 8);
   table::to_local(s, global.data(), n, local.data());  // checked by fits_locked
-  auto rows = std::make_shared<std::string>(static_cast<std::size_t>(n * s.dim) * sizeof(float),
-                                            '\0');
+  auto rows = pooled_shared(pooled(static_cast<std::size_t>(n * s.dim) * sizeof(float)));
   table::gather(s, local.data(), n, reinterpret_cast<float*>(&(*rows)[0]));
   Out o;
   o.hdr = make_header(kSparseRows, kRoleServer, server_rank_,

@@ -13,6 +13,7 @@
 #include "dataplane_io.h"
 #include "dataplane_server_impl.h"
 #include "dataplane_ucx.h"
+#include "payload_pool.h"
 
 namespace bps {
 namespace dp {
@@ -39,7 +40,7 @@ Out table_out(const Header& h, std::string meta, std::string payload) {
   o.hdr = h;
   o.meta = std::move(meta);
   if (!payload.empty()) {
-    auto keep = std::make_shared<std::string>(std::move(payload));
+    auto keep = pooled_shared(std::move(payload));  // its buffer serves a later message
     o.payload = keep->data();
     o.plen = o.owned = keep->size();
     o.keep = std::move(keep);
@@ -335,7 +336,7 @@ class TableConn : public FramedConn {
   }
 
   bool after_meta() {
-    payload_.assign(static_cast<std::size_t>(h_.nbytes), '\0');
+    payload_ = pooled(static_cast<std::size_t>(h_.nbytes));
     if (h_.nbytes == 0) return deliver();
     state_ = kPayload;
     expect(&payload_[0], static_cast<std::size_t>(h_.nbytes));

@@ -14,6 +14,7 @@
 #include "crypto.h"
 #include "dataplane.h"
 #include "dataplane_tables.h"
+#include "payload_pool.h"
 
 namespace py = pybind11;
 
@@ -38,7 +39,8 @@ std::string bytes_of(const py::handle& obj) {
   if (obj.is_none()) return std::string();
   Py_buffer view;
   if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
-  std::string out(static_cast<const char*>(view.buf), static_cast<std::size_t>(view.len));
+  std::string out = dp::pooled(static_cast<std::size_t>(view.len));  // (payload_pool.h)
+  if (view.len) std::memcpy(&out[0], view.buf, static_cast<std::size_t>(view.len));
   PyBuffer_Release(&view);
   return out;
 }
@@ -59,6 +61,7 @@ py::list messages(Take take, bool answers) {
   py::list out;
   for (auto& m : v) {
     py::bytes h = header_bytes(m.h), meta(m.meta), payload(m.payload);
+    dp::recycle(std::move(m.payload));
     if (answers)
       out.append(py::make_tuple(m.server, h, meta, payload, m.lost));
     else
