@@ -363,10 +363,13 @@ class PendingRows:
                                  [(p, None) for p in self.per_server], timeout) or {}
         t = time.perf_counter()
         out = np.empty((len(self.ids), table.dim), np.float32)
-        if len(self.ids):
-            out[self.order] = np.concatenate(
-                [np.frombuffer(answers[s], np.float32).reshape(-1, table.dim)
-                 for s in range(len(self.per_server))])
+        at = 0
+        for s, part in enumerate(self.per_server):   # each shard's rows straight to their places
+            n = len(part)
+            if n:
+                out[self.order[at:at + n]] = np.frombuffer(answers[s], np.float32).reshape(
+                    n, table.dim)
+            at += n
         owner.phases.add("pull: place rows", t)
         owner.phases.add("pull (whole call)", self.t0)
         self.rows = out
