@@ -133,6 +133,8 @@ GENERATED = {
     ".venv-mxnet/": "the MXNet environment scripts/setup_mxnet.sh makes",
     ".venv-horovod/": "the Horovod environment docs/cluster-benchmark.md says how to make",
     "./trace": "the trace folder a traced job writes (BYTEPS_TRACE_DIR; docs/observability.md)",
+    ".devbundle/": "the GPU machine's bundle (git-ignored) that ../shared/device/make-bundle.sh "
+                   "builds, with the trees scripts/device/sparse_ab.sh compares",
 }
 _SPAN = re.compile(r"`([^`\n]+)`")
 _LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\s]+)\)")
