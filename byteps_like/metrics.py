@@ -49,6 +49,11 @@ METRIC_NAMES = {
     "byteps_server_table_rounds": ("counter", "Rounds of server-held embedding tables a "
                                               "server applied (docs/sparse.md)."),
     "byteps_server_table_rows_updated": ("counter", "Table rows a server's optimizers updated."),
+    "byteps_server_table_pulls_answered": ("counter", "Table pulls the native plane's I/O "
+                                                      "threads answered themselves "
+                                                      "(docs/sparse.md)."),
+    "byteps_server_table_pulls_parked": ("counter", "Of those, pulls that waited there for "
+                                                    "their round to be applied."),
     "byteps_server_table_bytes": ("gauge", "Bytes a server's tables hold (as charged to "
                                            "BYTEPS_SERVER_MAX_BYTES)."),
     "byteps_server_table_snapshots": ("counter", "Incremental snapshots of table shards a "

@@ -346,6 +346,8 @@ class Server:
                 "byteps_server_pushes": ns["pushes"], "byteps_server_rounds": ns["rounds"],
                 "byteps_server_table_rounds": self.sparse.rounds_applied,
                 "byteps_server_table_rows_updated": self.sparse.rows_updated,
+                "byteps_server_table_pulls_answered": ns["table_pulls_answered"],
+                "byteps_server_table_pulls_parked": ns["table_pulls_parked"],
                 "byteps_server_table_bytes": self.sparse.held_bytes(),
                 **{f"byteps_server_table_{k}": v for k, v in self.sparse.keep.stats().items()},
                 "byteps_server_backup_rounds": ns["backup_rounds"],

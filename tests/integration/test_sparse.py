@@ -91,8 +91,10 @@ def test_two_workers_two_servers_match_the_one_process_reference(cluster, opt, k
 
 
 def test_the_servers_metrics_count_the_tables(cluster):
-    """A step of a new table: every server counts its round and the rows it updated, and its
-    tables' bytes are what it holds for them."""
+    """A step of a new table: every server counts its round and the rows it updated, its
+    tables' bytes are what it holds for them, and the plane's I/O threads answered every pull
+    (each worker pulls each server twice: the first answered at once, the second once the
+    step's pushes are applied)."""
     before = [srv._metrics_sample() for srv in cluster.servers]
 
     def step(w):
@@ -105,6 +107,10 @@ def test_the_servers_metrics_count_the_tables(cluster):
         m = srv._metrics_sample()
         assert m["byteps_server_table_rounds"] == b["byteps_server_table_rounds"] + 1, m
         assert m["byteps_server_table_rows_updated"] == b["byteps_server_table_rows_updated"] + 5
+        answered = m["byteps_server_table_pulls_answered"] - b["byteps_server_table_pulls_answered"]
+        assert answered == 2 * len(cluster.workers), m
+        assert 0 <= m["byteps_server_table_pulls_parked"] - b["byteps_server_table_pulls_parked"] \
+            <= len(cluster.workers)
         assert m["byteps_server_table_bytes"] == sum(t.charged
                                                      for t in srv.sparse.tables.values())
 
