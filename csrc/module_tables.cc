@@ -103,14 +103,8 @@ class TableKernels {
     py::array_t<float> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(s_.dim)});
     float* o = out.mutable_data();
     const auto* p = static_cast<const std::int64_t*>(a.data());
-    std::int64_t bad;
-    {
-      py::gil_scoped_release nogil;
-      std::vector<std::int64_t> local(static_cast<std::size_t>(n));
-      std::lock_guard<std::mutex> g(sv_->lock());
-      bad = table::to_local(s_, p, n, local.data());
-      if (bad == n) table::gather(s_, local.data(), n, o);
-    }
+    const std::int64_t bad =
+        with_local(p, n, [&](const std::int64_t* local) { table::gather(s_, local, n, o); });
     if (bad != n) refuse_id(p[bad]);
     return out;
   }
@@ -119,14 +113,8 @@ class TableKernels {
     py::array a = ids_array(ids, "ids");
     const std::int64_t n = a.shape(0);
     const auto* p = static_cast<const std::int64_t*>(a.data());
-    std::int64_t bad;
-    {
-      py::gil_scoped_release nogil;
-      std::vector<std::int64_t> local(static_cast<std::size_t>(n));
-      std::lock_guard<std::mutex> g(sv_->lock());
-      bad = table::to_local(s_, p, n, local.data());
-      if (bad == n) table::make_rows(s_, local.data(), n);
-    }
+    const std::int64_t bad =
+        with_local(p, n, [&](const std::int64_t* local) { table::make_rows(s_, local, n); });
     if (bad != n) refuse_id(p[bad]);
   }
 
@@ -138,19 +126,13 @@ class TableKernels {
     py::array g = checked<float>(grad, "grad", {n, s_.dim}, false, "float32");
     const auto* p = static_cast<const std::int64_t*>(a.data());
     const auto* gp = static_cast<const float*>(g.data());
-    std::int64_t bad;
     bool repeats = false;
-    {
-      py::gil_scoped_release nogil;
-      std::vector<std::int64_t> local(static_cast<std::size_t>(n));
-      std::lock_guard<std::mutex> g(sv_->lock());
-      bad = table::to_local(s_, p, n, local.data());
-      repeats = bad == n && table::has_repeats(p, n);
-      if (bad == n && !repeats) {
-        table::apply(s_, local.data(), n, gp);
-        if (applied >= 0) sv_->applied_locked(applied);
-      }
-    }
+    const std::int64_t bad = with_local(p, n, [&](const std::int64_t* local) {
+      repeats = table::has_repeats(p, n);
+      if (repeats) return;
+      table::apply(s_, local, n, gp);
+      if (applied >= 0) sv_->applied_locked(applied);
+    });
     if (bad != n) refuse_id(p[bad]);
     if (repeats)
       throw py::value_error("table kernels: apply's ids repeat a row; sum the pushes per row "
@@ -197,6 +179,17 @@ class TableKernels {
                           std::to_string(s_.shards) + " == " + std::to_string(s_.shard) + ")");
   }
   void bind_state(py::object acc, py::object m, py::object v, py::object t);
+  // Without the GIL and holding the shard's lock: the local rows of global ids p[0..n) and,
+  // when the shard holds every one, f(local); returns n, or the index of the first it does not.
+  template <class F>
+  std::int64_t with_local(const std::int64_t* p, std::int64_t n, F&& f) {
+    py::gil_scoped_release nogil;
+    std::vector<std::int64_t> local(static_cast<std::size_t>(n));
+    std::lock_guard<std::mutex> g(sv_->lock());
+    const std::int64_t bad = table::to_local(s_, p, n, local.data());
+    if (bad == n) f(local.data());
+    return bad;
+  }
 
   std::vector<py::array> keep_;
   std::shared_ptr<dp::ServedShard> sv_ = std::make_shared<dp::ServedShard>();
@@ -310,15 +303,22 @@ py::tuple sum_rows(py::list ids, py::list grads, std::int64_t dim) {
   return py::make_tuple(uniq, sums);
 }
 
+// ids as an int64 array none of which is negative (ValueError naming the first that is).
+py::array nonnegative_ids(py::handle ids) {
+  py::array arr = ids_array(ids, "ids");
+  const auto* p = static_cast<const std::int64_t*>(arr.data());
+  for (py::ssize_t i = 0; i < arr.shape(0); ++i)
+    if (p[i] < 0) throw py::value_error("table kernels: row id " + std::to_string(p[i]) +
+                                        " is negative");
+  return arr;
+}
+
 py::array initial_rows(py::handle ids, std::int64_t dim, const std::string& init, double a,
                        double b, std::uint64_t seed) {
   const table::InitSpec spec = init_spec(init, a, b, seed, dim);
-  py::array arr = ids_array(ids, "ids");
+  py::array arr = nonnegative_ids(ids);
   const std::int64_t n = arr.shape(0);
   const auto* p = static_cast<const std::int64_t*>(arr.data());
-  for (std::int64_t i = 0; i < n; ++i)
-    if (p[i] < 0) throw py::value_error("table kernels: row id " + std::to_string(p[i]) +
-                                        " is negative");
   py::array_t<float> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(dim)});
   float* o = out.mutable_data();
   {
@@ -332,12 +332,9 @@ py::array initial_rows(py::handle ids, std::int64_t dim, const std::string& init
 py::tuple split_ids(py::handle ids, std::int64_t shards) {
   if (shards < 1) throw py::value_error("table kernels: shards must be >= 1, not " +
                                         std::to_string(shards));
-  py::array a = ids_array(ids, "ids");
+  py::array a = nonnegative_ids(ids);
   const std::int64_t n = a.shape(0);
   const auto* p = static_cast<const std::int64_t*>(a.data());
-  for (std::int64_t i = 0; i < n; ++i)
-    if (p[i] < 0) throw py::value_error("table kernels: row id " + std::to_string(p[i]) +
-                                        " is negative");
   py::array_t<std::int64_t> order(n), counts(shards);
   std::int64_t* o = order.mutable_data();
   std::int64_t* c = counts.mutable_data();
