@@ -6,6 +6,7 @@ while the shard is closed or gone) reaches the tables' thread untouched."""
 from __future__ import annotations
 
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -149,3 +150,25 @@ def test_closing_a_shard_gives_its_parked_pulls_back_and_a_gone_shard_answers_no
 
 def wait_parked(shard, n: int) -> bool:
     return wait_until(lambda: shard.kernels.pulls["parked"] >= n, 20.0)
+
+
+def test_a_pull_answered_by_the_plane_sees_a_step_whole_never_half_applied(served):
+    """The gather holds the shard's lock that the optimizer step holds: while a thread applies
+    steps of -1 to every row of a zeros table, every answer's rows are equal to each other."""
+    srv, _shard, cli, _where = served
+    flat = TableSpec.make("flat", 1000, 4, init="zeros", optimizer="sgd", lr=1.0)
+    shard = TableShard(flat, SHARD, SHARDS)
+    srv.table_serve(KEY, shard.kernels)
+    shard.kernels.serve(**rules(rows=flat.rows, max_ids=flat.rows))
+    ids = np.arange(SHARD, flat.rows, SHARDS, dtype=np.int64)   # every row of the shard
+    ones = np.ones((len(ids), flat.dim), np.float32)
+    steps, pulls = 400, 200
+    stepper = threading.Thread(target=lambda: [shard.apply(ids, ones) for _ in range(steps)])
+    stepper.start()
+    for _ in range(pulls):
+        assert cli.send(0, *split_frames(pull(3, ids)))
+    got = [rows_of(a)[1] for a in answers(cli, pulls)]
+    stepper.join()
+    for rows in got:
+        assert rows.shape == (len(ids), flat.dim) and np.all(rows == rows[0, 0]), rows
+    assert shard.rows(ids[:1])[0, 0] == -steps
