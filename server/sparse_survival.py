@@ -138,12 +138,14 @@ class Survival:
                             f"while round {h.round} is being pushed; load before the step's "
                             "pushes")
             return
+        # the plane answers no pull while rows are loaded; reopened however the load ends
+        loading = what == "load"
+        late = self.svc.plane.closed(table) if loading else []
         try:
             if what == "save":
                 self._save(table, tag, key, route, msg)
                 return
             self.writer.flush()   # a save of the same tag finishes first
-            late = self.svc.plane.closed(table)   # the plane answers no pull while rows are loaded
             if snaps is not None:
                 rnd, n = snapshots.load_job(table.shard, self.directory, snaps,
                                             meta.get("round"), charge=srv.charge)
@@ -163,11 +165,12 @@ class Survival:
             what = "snapshots" if snaps is not None else f"checkpoint {tag!r}"
             self.svc.refuse(route, h, "sparse load failed", f"table {table.spec.name!r}: "
                             f"load of {what} from worker rank {h.rank}: {exc}")
-            self.svc.plane.reopen(table, late)
             return
+        finally:
+            if loading:
+                self.svc.plane.reopen(table, late)
         self._done(table, key, h.round)
         srv.reply(route, MsgType.SPARSE_ACK, h, self.loaded.get((table.key, tag)))
-        self.svc.plane.reopen(table, late)
 
     def _save(self, table: Table, tag: str, key: tuple, route: Route, msg: Message) -> None:
         from ..embedding import checkpoint_path
@@ -258,19 +261,20 @@ class Survival:
         if any(t.applied < upto for t in mine):
             return   # the pushes of the rounds before it are on their way: tried again then
         del self.deferred[tid]
-        late = {t.key: self.svc.plane.closed(t) for t in mine}   # the plane answers none meanwhile
+        # the plane answers none meanwhile; reopened however the rollback ends (a shard's
+        # late pulls were refused by its rewind, or come back to this thread here)
+        late = {t.key: self.svc.plane.closed(t) for t in mine}
         try:
             before = self._rebuild(tid, mine, meta, upto, late)
+            self.generation[tid], self.restored_to[tid] = meta["restore"], upto
         except (TableError, OSError, ValueError) as exc:
             for r, m in waiting:
                 self.svc.refuse(r, m.header, "rollback failed", f"table {template.spec.name!r}"
                                 f": server {self.rank} cannot go back to round {upto}: {exc}")
+            return
+        finally:
             for t in self._shards_of(tid):
                 self.svc.plane.reopen(t, late.get(t.key, ()))
-            return
-        self.generation[tid], self.restored_to[tid] = meta["restore"], upto
-        for t in self._shards_of(tid):
-            self.svc.plane.reopen(t)
         self.rollbacks += 1
         self.rounds_rolled_back += max(0, before - upto)
         log.warning("server %d: table %r went back %d round(s) to round %d, the newest "
