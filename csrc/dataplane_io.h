@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -144,6 +145,18 @@ class Link {
   // and done with (their buffers may go), or kAgain / kInFlight / kFailed. A UCX link posts
   // whole messages and reports them when UCX is done with them.
   virtual ssize_t write(std::deque<Out>& q) = 0;
+  // The same write in two steps, so that the stream's lock is not held during the system call
+  // (TCP): gather() describes the bytes of q from its front on (under the stream's lock),
+  // write_gathered() writes them (without it: other threads queue meanwhile, and a sender
+  // that holds the GIL does not wait for a socket write of the loop's). false: this link
+  // cannot (UCX), and write() runs under the lock.
+  struct Gathered {
+    static constexpr int kMax = 48;  // a message takes up to 4: header, meta length, meta, payload
+    iovec iov[kMax];
+    int n = 0;
+  };
+  virtual bool gather(const std::deque<Out>&, Gathered*) const { return false; }
+  virtual ssize_t write_gathered(const Gathered&) { return kFailed; }
   virtual void hangup() = 0;   // any thread: the loop sees the stream end soon
   virtual void release() = 0;  // the loop closes the stream: the socket or endpoint goes
   // what the loop should watch: reading unless paused, writing when something waits
@@ -168,21 +181,19 @@ class TcpLink : public Link {
     int n = 0;
     return ::ioctl(fd_, FIONREAD, &n) == 0 && n > 0 ? static_cast<std::size_t>(n) : 0;
   }
-  ssize_t write(std::deque<Out>& q) override {
-    iovec iov[48];
-    int niov = 0;
-    // a message takes up to 4 iovecs: header, meta length, meta, payload
-    for (auto it = q.begin(); it != q.end() && niov + 4 <= 48; ++it) {
-      Out& o = *it;
+  bool gather(const std::deque<Out>& q, Gathered* g) const override {
+    g->n = 0;
+    for (auto it = q.begin(); it != q.end() && g->n + 4 <= Gathered::kMax; ++it) {
+      const Out& o = *it;
       std::size_t skip = o.sent;
       auto add = [&](const void* p, std::size_t len) {
         if (skip >= len) {
           skip -= len;
           return;
         }
-        iov[niov].iov_base = const_cast<char*>(static_cast<const char*>(p) + skip);
-        iov[niov].iov_len = len - skip;
-        ++niov;
+        g->iov[g->n].iov_base = const_cast<char*>(static_cast<const char*>(p) + skip);
+        g->iov[g->n].iov_len = len - skip;
+        ++g->n;
         skip = 0;
       };
       add(&o.hdr, sizeof(Header));
@@ -192,15 +203,23 @@ class TcpLink : public Link {
       }
       if (o.plen) add(o.payload, o.plen);
     }
+    return true;
+  }
+  ssize_t write_gathered(const Gathered& g) override {
     msghdr mh{};
-    mh.msg_iov = iov;
-    mh.msg_iovlen = niov;
+    mh.msg_iov = const_cast<iovec*>(g.iov);
+    mh.msg_iovlen = static_cast<std::size_t>(g.n);
     for (;;) {
       const ssize_t n = ::sendmsg(fd_, &mh, MSG_NOSIGNAL);
       if (n >= 0) return n;
       if (errno == EINTR) continue;
       return errno == EAGAIN || errno == EWOULDBLOCK ? kAgain : kFailed;
     }
+  }
+  ssize_t write(std::deque<Out>& q) override {
+    Gathered g;
+    gather(q, &g);
+    return write_gathered(g);
   }
   void hangup() override { ::shutdown(fd_, SHUT_RDWR); }
   void release() override { ::close(fd_); }
@@ -233,7 +252,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void send(Out&& o) {
     std::vector<std::function<void(bool)>> finished;
     {
-      std::lock_guard<std::mutex> g(wmu_);
+      std::unique_lock<std::mutex> g(wmu_);
       if (!closed_ && outq_.size() >= kMaxQueuedOut) {
         // a peer that does not read, past the share that stopped its reading (answers to
         // pulls that waited can still come): it loses the stream
@@ -243,7 +262,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
         if (o.done) finished.push_back(std::move(o.done));
       } else {
         enqueue_locked(std::move(o));
-        flush_locked(&finished);
+        flush_locked(g, &finished);
         pause_if_over_locked();
       }
     }
@@ -271,8 +290,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void on_writable() {
     std::vector<std::function<void(bool)>> finished;
     {
-      std::lock_guard<std::mutex> g(wmu_);
-      if (!closed_) flush_locked(&finished);
+      std::unique_lock<std::mutex> g(wmu_);
+      if (!closed_) flush_locked(g, &finished);
     }
     for (auto& f : finished) f(true);
   }
@@ -328,8 +347,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void close_now() {
     std::vector<std::function<void(bool)>> dropped;
     {
-      std::lock_guard<std::mutex> g(wmu_);
+      std::unique_lock<std::mutex> g(wmu_);
       if (closed_) return;
+      closing_ = true;  // a write in progress on another thread stops at its next turn
+      written_.wait(g, [&] { return !writing_; });
       closed_ = true;
       closed_flag_ = true;
       for (auto& o : outq_)
@@ -423,9 +444,26 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::atomic<bool> closed_flag_{false};
 
  private:
-  void flush_locked(std::vector<std::function<void(bool)>>* finished) {
+  // Writes what the socket takes now. Over TCP the system call runs without the lock (lk),
+  // one thread at a time (writing_): a thread that finds another writing leaves the queue to
+  // it, and that one writes what was queued meanwhile before it returns (the queue's messages
+  // stay where they are while more are queued: a deque's push_back moves no element).
+  void flush_locked(std::unique_lock<std::mutex>& lk,
+                    std::vector<std::function<void(bool)>>* finished) {
     while (!outq_.empty()) {
-      const ssize_t n = link_->write(outq_);
+      if (writing_ || closing_) return;
+      ssize_t n;
+      Link::Gathered gathered;
+      if (link_->gather(outq_, &gathered)) {
+        writing_ = true;
+        lk.unlock();
+        n = link_->write_gathered(gathered);
+        lk.lock();
+        writing_ = false;
+        if (closing_) written_.notify_all();
+      } else {
+        n = link_->write(outq_);
+      }
       if (n == Link::kInFlight) return;  // the loop calls on_writable when UCX is done
       if (n == Link::kAgain) {
         arm(true);
@@ -516,8 +554,11 @@ class Conn : public std::enable_shared_from_this<Conn> {
   }
 
   std::mutex wmu_;
+  std::condition_variable written_;  // close_now waits on it for a write in progress to end
   std::deque<Out> outq_;
   bool closed_ = false;
+  bool writing_ = false;  // a thread is in the link's write without the lock
+  bool closing_ = false;  // close_now waits for that write: no other begins
   bool unread_ = false;  // closed for leaving its replies unread
   bool armed_out_ = false, armed_in_ = true;
   bool long_ = false;   // outq_ held many messages since it was last empty

@@ -120,6 +120,32 @@ def test_a_stream_whose_requests_wait_is_not_read_until_they_are_taken(kind):
         srv.close()
 
 
+def test_messages_queued_while_the_loop_writes_arrive_whole_and_in_order(kind):
+    """The stream's I/O thread writes a TCP message without the stream's lock, so the sender
+    queues the next ones meanwhile: 600 requests of 0-600 KiB, each filled with its own
+    round, sent back to back while the server takes them, arrive whole, in order, each with
+    its own bytes (a write that lost a queued message's place would mix two rounds)."""
+    srv, port = start_server(kind)
+    cli = client(kind, port)
+    try:
+        rng = np.random.default_rng(7)
+        sizes = rng.integers(0, 600 << 10, 600) // 8
+        got: list = []
+        for rnd, n in enumerate(sizes):
+            assert cli.send(0, *split_frames(pull(3, 1, rnd, np.full(n, rnd, np.int64))))
+            got.extend(srv.table_requests(0.0))
+        got.extend(take(srv, len(sizes) - len(got)))
+        assert len(got) == len(sizes)
+        for rnd, ((_s, h, m, p), n) in enumerate(zip(got, sizes)):
+            msg = decode_parts(h, m, p)
+            assert msg.header.round == rnd
+            ids = np.frombuffer(msg.payload, np.int64)
+            assert ids.size == n and (ids == rnd).all(), rnd
+    finally:
+        cli.close()
+        srv.close()
+
+
 def raw_hello(port: int, rank: int, flags: int) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     s.sendall(HDR.pack(b"BPSL", 1, MsgType.HELLO, 0, Role.WORKER, rank, flags, JOB, 0, 0, 0, 0))
