@@ -113,7 +113,6 @@ class AsyncSnapshots:
         self.every = cfg.server.async_snapshot_seconds
         self.directory = cfg.server.sparse_checkpoint_dir
         self.files = 0
-        self.bytes_written = 0
         self.adopted_from: set[int] = set()
         self._due = threading.Event()
         self._stop = threading.Event()
@@ -156,8 +155,7 @@ class AsyncSnapshots:
             try:
                 taken = time.time()   # before the copy: the values hold every push up to it
                 values = self.server.native.async_values()
-                self.bytes_written += write(self.path, self.server.job, self.server.rank, values,
-                                            taken)
+                write(self.path, self.server.job, self.server.rank, values, taken)
                 self.files += 1
                 if self.files == 1:
                     log.info("server %d: asynchronous snapshots of %d key(s) go to %s every "

@@ -61,8 +61,7 @@ CLIENT_RECV_HWM = 4
 class Server:
     """One server of a job (``run()``, or ``python -m byteps_like.server``)."""
 
-    def __init__(self, cfg: Config, *, context=None, address: str | None = None,
-                 scheduler_address: str | None = None):
+    def __init__(self, cfg: Config, *, context=None, address: str | None = None):
         native.check(cfg)  # the native data plane can serve this job (else a ConfigError)
         self.cfg = cfg
         self.async_mode = cfg.server.enable_async
@@ -112,7 +111,6 @@ class Server:
                                      on_shutdown=lambda: self._done.set(),
                                      on_members=self.on_members,
                                      on_epoch=self.on_epoch if self.elastic else None)
-        self._scheduler_address = scheduler_address
         self.sparse = SparseService(self)  # server-held embedding tables (server/sparse.py)
         # the memory budget (BYTEPS_SERVER_MAX_BYTES): the native plane's, which the tables
         # charge too
@@ -123,7 +121,6 @@ class Server:
         self._summary_lock = threading.Lock()
         self._summarised: dict[str, int] = {}
         self._summary_at = time.monotonic()
-        self.stall_reports = 0
         self._done = threading.Event()
         self.metrics: RoleMetrics | None = None  # byteps_like/metrics.py
         self.ep.on_message = self._on_message
@@ -252,10 +249,10 @@ class Server:
         return int(self.native.stats()["store_bytes"])
 
     # -- rejections: counted by reason, logged at a bounded rate ------------------------------
-    def _reject(self, reason: str, detail: str | None = None) -> int:
-        """Count a rejected message; returns how many of ``reason`` so far. The first
-        REJECT_LOG_FIRST of each reason are logged with ``detail``; the rest only in the summary
-        line log_rejections writes at most every REJECT_SUMMARY_INTERVAL_S."""
+    def _reject(self, reason: str, detail: str | None = None) -> None:
+        """Count a rejected message. The first REJECT_LOG_FIRST of each reason are logged with
+        ``detail``; the rest only in the summary line log_rejections writes at most every
+        REJECT_SUMMARY_INTERVAL_S."""
         with self._reject_lock:
             self.rejected += 1
             n = self.rejected_by_reason[reason] = self.rejected_by_reason.get(reason, 0) + 1
@@ -264,7 +261,6 @@ class Server:
                         detail[:2000], "" if n < REJECT_LOG_FIRST else
                         f" [more of '{reason}' are counted, and summed up every "
                         f"{REJECT_SUMMARY_INTERVAL_S:.0f} s]")
-        return n
 
     def log_rejections(self) -> None:
         """One line with the messages rejected since the last such line, by reason, the native
@@ -298,7 +294,6 @@ class Server:
             return
         stalls = self.stalled_rounds()
         if stalls:
-            self.stall_reports += 1
             self.control.send_stall(stalls[:200])
 
     def report(self) -> dict:
@@ -320,7 +315,7 @@ class Server:
         self.sparse.start()
         self.native.start()
         self.ep.start()
-        self.control.connect_and_register(self._scheduler_address)
+        self.control.connect_and_register()
         self.native.set_rank(self.rank)
         if self.async_snaps is not None:
             self.async_snaps.start()

@@ -114,14 +114,12 @@ class SigtermLeave:
         self.since: float | None = None   # when the leave was announced
         self._before: Any = None
 
-    def install(self) -> bool:
-        """Take SIGTERM when the job can lose this server; False (SIGTERM left as it was)
-        otherwise, or off the main thread."""
-        if not self.server.cfg.can_lose_servers \
-                or threading.current_thread() is not threading.main_thread():
-            return False
-        self._before = signal.signal(signal.SIGTERM, self._signalled)
-        return True
+    def install(self) -> None:
+        """Take SIGTERM when the job can lose this server (else, or off the main thread,
+        SIGTERM is left as it was)."""
+        if self.server.cfg.can_lose_servers \
+                and threading.current_thread() is threading.main_thread():
+            self._before = signal.signal(signal.SIGTERM, self._signalled)
 
     def restore(self) -> None:
         if self._before is not None:

@@ -171,7 +171,6 @@ class Writer(threading.Thread):
         super().__init__(name="bpsl-snapshots", daemon=True)
         self.rank = rank   # the server's, once registered
         self.q: queue.Queue = queue.Queue(WRITER_DEPTH)
-        self.files = 0
         self.bytes_written = 0
         self.seconds = 0.0
         self.failed: str | None = None
@@ -204,7 +203,6 @@ class Writer(threading.Thread):
             t0 = time.monotonic()
             try:
                 shardfile.write(path, spec.to_json(), shard, shards, state)
-                self.files += 1
                 self.bytes_written += os.path.getsize(path)
             except (OSError, ValueError) as exc:
                 error = f"cannot write {path}: {exc}"

@@ -45,13 +45,12 @@ def reset_names() -> None:
     _gather_counter = itertools.count()
 
 
-def broadcast_array(rt: Runtime, arr: np.ndarray, root_rank: int, name: str,
-                    dtype: str | None = None) -> None:
+def broadcast_array(rt: Runtime, arr: np.ndarray, root_rank: int, name: str) -> None:
     """Overwrite ``arr`` in place with the root rank's values."""
     _check_root(rt, root_rank)
     if rt.rank() != root_rank:
         arr[...] = 0
-    rt.push_pull_async(arr, name=name, average=False, out=arr, dtype=dtype).wait()
+    rt.push_pull_async(arr, name=name, average=False, out=arr).wait()
 
 
 _FAILED = -1  # the root could not produce its data: every rank raises instead of waiting

@@ -58,10 +58,9 @@ class ElasticAssigner(Assigner):
     weight > 0, so every worker (a joiner too) computes the same map whatever it declared
     before. Each of those servers should get an equal share, whatever its weight."""
 
-    def __init__(self, num_servers: int, weights: Any = None):
-        w = list(weights) if weights is not None else [1.0] * num_servers
+    def __init__(self, num_servers: int, weights: Any):
         self.num_servers = num_servers
-        eligible = [s for s in range(num_servers) if w[s] > 0] or [0]
+        eligible = [s for s in range(num_servers) if weights[s] > 0] or [0]
         self._reset(eligible, [1.0 / len(eligible)] * num_servers)
 
     def _choose(self, key: int, nbytes: int) -> int:
@@ -86,7 +85,6 @@ class ElasticMembership:
         self._added = 0                  # workers waiting to join the current epoch
         self._start: dict | None = None  # the newest EPOCH_START not adopted yet
         self._started = threading.Event()
-        self.resumes: list[float] = []   # seconds each rejoin() blocked (measurements)
         # called with the new epoch's first round once it is adopted (the server-held tables)
         self.on_new_epoch: list[Any] = []
 
@@ -245,7 +243,6 @@ class ElasticMembership:
                     f"worker rank {m.rank}: no new membership epoch within {limit:g} s "
                     "(rejoin timeout)", min_workers=m.config.elastic.min_workers)
         self._adopt(start)
-        self.resumes.append(time.monotonic() - t0)
 
     def _drop_inflight(self) -> None:
         """Forget every operation of the old epoch: native operations are ignored when their

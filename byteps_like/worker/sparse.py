@@ -516,7 +516,7 @@ class _Requests:
         """Every answer of the request :meth:`start` sent, by shard."""
         t = time.perf_counter()
         try:
-            self._wait(call.table, call, call.mtype, call.rnd, timeout)
+            self._wait(call, timeout)
             self.phases.add(f"{key[1]}: wait for the answers", t)
         finally:
             with self._lock:
@@ -606,8 +606,7 @@ class _Requests:
                              f"{table.name!r} is lost: {copies}; restart the job and load the "
                              "last checkpoint (docs/sparse.md)", role="server", rank=shard)
 
-    def _wait(self, table: EmbeddingTable, call: _Call, mtype: MsgType, rnd: int,
-              timeout: float | None) -> None:
+    def _wait(self, call: _Call, timeout: float | None) -> None:
         rt = self.rt
         limit = rt.config.timeouts.op_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
@@ -617,10 +616,10 @@ class _Requests:
                 rt.elastic_m.check_collective()
             if time.monotonic() > deadline:
                 missing = sorted({srv for srv, _sh in call.want - set(call.got)})
-                raise CommTimeoutError(f"table {table.name!r}: {mtype.name} of step {rnd} on "
-                                       f"worker rank {rt.rank_}: no answer from server(s) "
-                                       f"{missing} within {limit:g} s (a worker that has not "
-                                       "pushed the previous step holds the round open)")
+                raise CommTimeoutError(f"table {call.table.name!r}: {call.mtype.name} of step "
+                                       f"{call.rnd} on worker rank {rt.rank_}: no answer from "
+                                       f"server(s) {missing} within {limit:g} s (a worker that "
+                                       "has not pushed the previous step holds the round open)")
         if call.error is not None:
             raise call.error
 
@@ -874,7 +873,7 @@ class SparseTables(_Requests):
         try:
             for srv in alive:
                 self._send(call, srv, srv)
-            self._wait(table, call, MsgType.SPARSE_LOAD, number, timeout)
+            self._wait(call, timeout)
         finally:
             with self._lock:
                 self._calls.pop(key, None)
