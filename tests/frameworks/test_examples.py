@@ -221,21 +221,23 @@ NO_LAG_BOUND = {"BYTEPS_BACKUP_MAX_LAG": "1000"}
 
 @needs("tensorflow", "keras")
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("workers, backup", [(2, 0), (3, 1)])
-def test_keras_digits_example_trains_with_fit(workers, backup):
+@pytest.mark.parametrize("workers, backup, epochs", [(2, 0, 5), (3, 1, 8)])
+def test_keras_digits_example_trains_with_fit(workers, backup, epochs):
     """Through bps.DistributedPyDataset: with 3 workers and BYTEPS_BACKUP_WORKERS=1 each
     worker's epoch holds ceil(1437 / 2) samples, 23 batches of 32 (15 with b = 0), and the
     epoch-end callbacks (MetricAverageCallback) run without join(), which backup workers
-    refuse."""
+    refuse. With b = 1 a round goes on without the slowest push: on loaded cores one worker
+    can be the slowest in most rounds, and 5 epochs then reached 0.87 once; 8 give the
+    rounds without it room."""
     pytest.importorskip("sklearn")
-    r = bpslaunch([str(ROOT / "examples" / "keras" / "train_digits.py"), "--epochs", "5"],
+    r = bpslaunch([str(ROOT / "examples" / "keras" / "train_digits.py"), "--epochs", str(epochs)],
                   workers=workers, servers=1, timeout=180,
                   env={**TF_ENV, "BYTEPS_BACKUP_WORKERS": str(backup), **NO_LAG_BOUND})
     assert r.rc == 0, r.log
     (line,) = r.lines("final test accuracy:")
     assert float(line.split("accuracy:")[1].split()[0]) >= 0.9, r.log
     batches = math.ceil(math.ceil(1437 / (workers - backup)) / 32)
-    assert len(r.lines(f"[worker 0] {batches}/{batches} - ")) == 5, r.log
+    assert len(r.lines(f"[worker 0] {batches}/{batches} - ")) == epochs, r.log
 
 
 # -- MXNet --------------------------------------------------------------------------------------
