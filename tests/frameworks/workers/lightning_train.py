@@ -62,9 +62,17 @@ class RecordingIO(TorchCheckpointIO):
     rank = -1
 
     def save_checkpoint(self, checkpoint, path, storage_options=None):
-        print(f"SAVED rank {self.rank} {Path(path).name}", flush=True)
+        say(f"SAVED rank {self.rank} {Path(path).name}")
         super().save_checkpoint(checkpoint, path, storage_options)
 
+
+
+def say(text: str) -> None:
+    """One write of a whole line: under plain DDP the ranks share the test's pipe, and print()
+    writes a line's text and its newline apart (unbuffered), so another rank's line came
+    between them once (the test read "rank_min=0RESULT ddp rank 1 ...")."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 def loaders():
     x_train, y_train, x_test, y_test = load_data(0)
@@ -77,14 +85,14 @@ def loaders():
 def check_collectives(strategy, rank: int, size: int, out: Path) -> None:
     got = strategy.all_gather(torch.tensor([rank, 10 * rank]))
     assert got.tolist() == [[r, 10 * r] for r in range(size)], got
-    print(f"CHECK all_gather OK rank {rank}", flush=True)
+    say(f"CHECK all_gather OK rank {rank}")
     x = torch.tensor([1.0 + rank, 2.0], requires_grad=True)
     g = strategy.all_gather(x, sync_grads=True)
     (g * torch.arange(1.0, size + 1).reshape(size, 1)).sum().backward()
     # every rank's loss weights slice r by r + 1: the summed gradient of my slice is
     # size * (rank + 1)
     assert x.grad.tolist() == [size * (rank + 1.0)] * 2, x.grad
-    print(f"CHECK all_gather_grad OK rank {rank}", flush=True)
+    say(f"CHECK all_gather_grad OK rank {rank}")
     for op, want in (("sum", size * (size - 1) / 2), ("mean", (size - 1) / 2),
                      ("max", size - 1), ("min", 0)):
         got = strategy.reduce(torch.tensor([float(rank)]), reduce_op=op)
@@ -94,12 +102,12 @@ def check_collectives(strategy, rank: int, size: int, out: Path) -> None:
     assert strategy.reduce("not a tensor") == "not a tensor"
     assert strategy.reduce_boolean_decision(rank == 0, all=False) is True
     assert strategy.reduce_boolean_decision(rank == 0, all=True) is (size == 1)
-    print(f"CHECK reduce OK rank {rank}", flush=True)
+    say(f"CHECK reduce OK rank {rank}")
     sent = strategy.broadcast(out / f"from-{rank}" if rank == 1 else None, src=1)
     assert sent == out / "from-1", sent
     assert strategy.broadcast({"epoch": rank, "name": f"r{rank}"}) == {"epoch": 0, "name": "r0"}
     strategy.barrier("check")
-    print(f"CHECK broadcast OK rank {rank}", flush=True)
+    say(f"CHECK broadcast OK rank {rank}")
     for call, needle in ((lambda: strategy.reduce(torch.ones(1), reduce_op="prod"), "'prod'"),
                          (lambda: strategy.all_gather(torch.ones(1), group=object()),
                           "process groups are not supported")):
@@ -109,7 +117,7 @@ def check_collectives(strategy, rank: int, size: int, out: Path) -> None:
             assert needle in str(exc), exc
         else:
             raise AssertionError(f"no ValueError ({needle})")
-    print(f"CHECK errors OK rank {rank}", flush=True)
+    say(f"CHECK errors OK rank {rank}")
 
 
 def refit(model, train, rank: int) -> None:
@@ -121,7 +129,7 @@ def refit(model, train, rank: int) -> None:
                          enable_checkpointing=False)
     trainer.fit(model, train)
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
-    print(f"REFIT rank {rank} params {checksum:.9f}", flush=True)
+    say(f"REFIT rank {rank} params {checksum:.9f}")
 
 
 def main() -> int:
@@ -153,11 +161,10 @@ def main() -> int:
         acc = (model(x_test).argmax(1) == y_test).float().mean().item()
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    print(f"RESULT {mode} rank {rank} size {size} acc {acc:.6f} val_acc "
-          f"{metrics['val_acc']:.6f} params {checksum:.9f}", flush=True)
-    print(f"METRICS {mode} rank {rank} " + " ".join(
-        f"{k}={metrics[k]:g}" for k in ("rank_mean", "rank_sum", "rank_max", "rank_min")),
-        flush=True)
+    say(f"RESULT {mode} rank {rank} size {size} acc {acc:.6f} val_acc "
+        f"{metrics['val_acc']:.6f} params {checksum:.9f}")
+    say(f"METRICS {mode} rank {rank} " + " ".join(
+        f"{k}={metrics[k]:g}" for k in ("rank_mean", "rank_sum", "rank_max", "rank_min")))
     if mode == "byteps":
         check_collectives(trainer.strategy, rank, size, out)
         # the best checkpoint restores on every rank to the same weights
@@ -165,8 +172,7 @@ def main() -> int:
         assert Path(ckpt.best_model_path).parent == out / "ckpt-byteps"
         with torch.no_grad():
             best_acc = (best(x_test).argmax(1) == y_test).float().mean().item()
-        print(f"BEST rank {rank} {Path(ckpt.best_model_path).name} acc {best_acc:.6f}",
-              flush=True)
+        say(f"BEST rank {rank} {Path(ckpt.best_model_path).name} acc {best_acc:.6f}")
         refit(model, train, rank)
     return 0
 
