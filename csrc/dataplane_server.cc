@@ -84,6 +84,8 @@ std::map<std::string, std::uint64_t> ServerImpl::stats() {
   s["sum_ns"] = c_.sum_ns;
   s["connections"] = c_.connections;
   s["live_connections"] = static_cast<std::uint64_t>(std::max(0, live_conns_.load()));
+  // streams closed whose memory the loops' tick has not given back yet (0: it has)
+  s["closed_since_trim"] = static_cast<std::uint64_t>(std::max(0, closed_since_trim_.load()));
   s["meta_bytes"] = meta_bytes_.load();
   s["io_threads"] = loops_.size();
   {

@@ -159,12 +159,14 @@ void ServerImpl::tick(const std::unordered_map<int, std::shared_ptr<Conn>>& conn
   // most once a second
   if (closed_since_trim_.load() > 0 && now - trimmed_at_ > 1.0 && trim_mu_.try_lock()) {
     std::lock_guard<std::mutex> g(trim_mu_, std::adopt_lock);
-    if (now - trimmed_at_ > 1.0 && closed_since_trim_.exchange(0) > 0) {
+    const int closed = closed_since_trim_.load();
+    if (now - trimmed_at_ > 1.0 && closed > 0) {
       trimmed_at_ = now;
       drain_pool();  // the table messages' buffers kept for reuse go back too
 #ifdef __GLIBC__
       malloc_trim(0);
 #endif
+      closed_since_trim_ -= closed;  // given back now (stats: closed_since_trim)
     }
   }
 }

@@ -36,8 +36,8 @@ void ServerConn::on_closed() {
   unstage();
   give_meta();
   prove();
+  srv_->closed_since_trim_++;  // before live_conns_: no stream is ever counted in neither
   srv_->live_conns_--;
-  srv_->closed_since_trim_++;
 }
 
 // A stream's share of kReplyBudget: the budget over the streams open now, and only kMinShare
