@@ -248,8 +248,9 @@ class DataServer:
     def stats(self) -> dict[str, int]:
         """Counters: traffic, pushes, rounds, keys, store_bytes, connections (accepted) and
         live_connections, closed_since_trim (streams closed whose memory the I/O loops'
-        tick, at most once a second, has not given back yet), queued_bytes (replies queued unwritten, all streams: each stream's
-        share is 32 MiB over the streams open, at least 16 KiB), paused (streams not read while
+        tick, at most once a second, has not given back yet), queued_bytes (replies queued
+        unwritten, all streams: each stream's share is 32 MiB over the streams open, at least
+        16 KiB), paused (streams not read while
         their replies wait), unread_closed (streams closed for leaving them unread),
         meta_bytes (large meta frames being read, all streams: at most 16 MiB), rejected
         (total), stale_holds (asynchronous pulls a staleness bound held back, each once)."""
